@@ -1,0 +1,54 @@
+"""Golden inputs for the template: the seed's table values and a JPEG made here.
+
+The JPEG is drawn deterministically (a colour gradient with a few shapes, a
+"mug-like" test card) so no download is needed and every run sends the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+TABLE_DATA_INPUT_1 = 1
+TABLE_DATA_INPUT_2 = 2
+IMAGE_SIZE = (320, 240)
+
+
+def golden_jpeg(size: tuple[int, int] = IMAGE_SIZE, quality: int = 90) -> bytes:
+    """Return the bytes of the golden JPEG (same bytes on every call)."""
+    from PIL import Image, ImageDraw
+
+    width, height = size
+    x = np.linspace(0, 255, width, dtype=np.float32)[np.newaxis, :]
+    y = np.linspace(0, 255, height, dtype=np.float32)[:, np.newaxis]
+    pixels = np.stack(
+        [np.broadcast_to(x, (height, width)), np.broadcast_to(y, (height, width)),
+         np.broadcast_to((x + y) / 2, (height, width))],
+        axis=-1,
+    ).astype(np.uint8)
+    image = Image.fromarray(pixels, "RGB")
+    draw = ImageDraw.Draw(image)
+    draw.ellipse((width // 4, height // 4, width // 2, height // 2), fill=(250, 250, 250))
+    draw.rectangle((width // 2, height // 3, 3 * width // 4, 3 * height // 4), fill=(20, 40, 160))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def ensemble_inputs(image: bytes | None = None) -> dict[str, np.ndarray]:
+    """The seed's request to ensemble_multi_modal_model, as name -> array."""
+    data = golden_jpeg() if image is None else image
+    return {
+        "table_data_input_1": np.array([[TABLE_DATA_INPUT_1]], dtype=np.int8),
+        "table_data_input_2": np.array([[TABLE_DATA_INPUT_2]], dtype=np.int8),
+        "image_preprocess_input": np.frombuffer(data, dtype=np.uint8)[np.newaxis, :],
+    }
+
+
+if __name__ == "__main__":
+    import sys
+
+    out = sys.argv[1] if len(sys.argv) > 1 else "golden.jpg"
+    with open(out, "wb") as f:
+        f.write(golden_jpeg())

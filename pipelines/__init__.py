@@ -1,0 +1,1 @@
+"""mlreg's pipelines package: how a model version *moves* (storage, Triton, promotion)."""

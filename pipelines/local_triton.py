@@ -1,0 +1,388 @@
+"""A real ``tritonserver`` on this machine: the binary shipped in the nvidia-pytriton wheel.
+
+The wheel carries Triton with only the python backend.  ``build_backend_dir``
+lays out a backend directory holding that python backend (with the stub built
+for the running Python) and mlreg's Python-based stand-ins for the onnxruntime
+and TensorFlow backends, so ``onnxruntime_onnx`` and ``tensorflow_savedmodel``
+configs load unchanged on CPU.  ``start_server`` checks the stub's shared
+libraries first (a stub that cannot start makes ``load_model`` hang forever),
+picks free ports, waits until the server is live and keeps its log;
+``stop_server`` sends SIGTERM, then SIGKILL after a bound, and removes the
+server's shared-memory regions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from registry.errors import MissingDependencyError, StackError
+
+log = logging.getLogger(__name__)
+
+EXIT_TIMEOUT_S = 5
+START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 15.0
+SHM_DIR = Path("/dev/shm")
+PORT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the wheel's tritonserver, its libraries and the python backend live."""
+
+    server: Path
+    library_dirs: tuple[Path, ...]
+    python_backend: Path
+    stub: Path
+
+
+def python_version_tag() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def locate_triton() -> TritonInstall:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError("nvidia-pytriton", "local", "The local Triton stack")
+    package = Path(next(iter(spec.submodule_search_locations)))
+    root = package / "tritonserver"
+    stub = root / "python_backend_stubs" / python_version_tag() / "triton_python_backend_stub"
+    if not stub.is_file():
+        shipped = sorted(p.name for p in (root / "python_backend_stubs").glob("*"))
+        raise StackError(
+            f"the nvidia-pytriton wheel has no python backend stub for Python "
+            f"{python_version_tag()} (it ships: {', '.join(shipped) or 'none'})",
+            fix="create the virtual environment with one of those Python versions",
+        )
+    libs = tuple(
+        p for p in (package.parent / "nvidia_pytriton.libs", root / "lib") if p.is_dir()
+    )
+    return TritonInstall(
+        server=root / "bin" / "tritonserver",
+        library_dirs=libs,
+        python_backend=root / "backends" / "python",
+        stub=stub,
+    )
+
+
+def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment tritonserver and its python stubs need."""
+    env = dict(os.environ if base is None else base)
+    python_lib = sysconfig.get_config_var("LIBDIR") or ""
+    lib_path = [str(p) for p in install.library_dirs] + [python_lib]
+    if env.get("LD_LIBRARY_PATH"):
+        lib_path.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in lib_path if p)
+    # the stub finds the virtual environment's packages (numpy, ...) through PATH
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env.setdefault("MLREG_STANDIN_THREADS", "1")
+    return env
+
+
+def missing_libraries(binary: Path, env: dict[str, str]) -> list[str]:
+    """Shared libraries ``binary`` needs that the dynamic loader cannot find."""
+    try:
+        out = subprocess.run(
+            ["ldd", str(binary)], env=env, capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except FileNotFoundError:  # no ldd (not glibc): cannot check, the start-up wait still bounds it
+        log.warning("ldd not found; skipping the shared-library check of %s", binary)
+        return []
+    return [line.split("=>")[0].strip() for line in out.splitlines() if "not found" in line]
+
+
+def check_binaries(install: TritonInstall, env: dict[str, str]) -> None:
+    for binary in (install.server, install.stub):
+        missing = missing_libraries(binary, env)
+        if missing:
+            raise StackError(
+                f"{binary} cannot start: shared libraries not found: {', '.join(missing)}",
+                fix="reinstall nvidia-pytriton in this virtual environment "
+                "(pip install --force-reinstall nvidia-pytriton) and make sure the Python "
+                "it was created with has a shared libpython",
+                binary=str(binary),
+            )
+
+
+def build_backend_dir(install: TritonInstall, standins: Path, dest: Path) -> Path:
+    """Write ``dest`` = python backend + one folder per stand-in backend; return it."""
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for source in (
+        install.python_backend / "libtriton_python.so",
+        install.python_backend / "triton_python_backend_utils.py",
+        install.stub,
+    ):
+        _copy_if_changed(source, python_dir / source.name)
+    shared = standins / "standin_base.py"
+    for backend in sorted(p for p in standins.iterdir() if (p / "model.py").is_file()):
+        target = dest / backend.name
+        target.mkdir(exist_ok=True)
+        _copy_if_changed(backend / "model.py", target / "model.py")
+        _copy_if_changed(shared, target / shared.name)
+    return dest
+
+
+def _copy_if_changed(source: Path, target: Path) -> None:
+    if target.exists() and target.stat().st_size == source.stat().st_size and (
+        target.stat().st_mtime >= source.stat().st_mtime
+    ):
+        return
+    shutil.copy2(source, target)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+@dataclass
+class ServerInfo:
+    """What ``mlreg stack status`` shows and what a later command needs to reach the server."""
+
+    pid: int
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+    repository: str
+    log_path: str
+    shm_prefix: str
+    started_at: float
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = asdict(self)
+        data.update(grpc_url=self.grpc_url, http_url=self.http_url, metrics_url=self.metrics_url)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> ServerInfo:
+        fields = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in fields})  # type: ignore[arg-type]
+
+
+def server_command(
+    install: TritonInstall, repository: str, backend_dir: Path, ports: tuple[int, int, int],
+    shm_prefix: str,
+) -> list[str]:
+    grpc, http, metrics = ports
+    return [
+        str(install.server),
+        f"--model-repository={repository}",
+        "--model-control-mode=explicit",
+        f"--backend-directory={backend_dir}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        "--http-address=127.0.0.1", f"--http-port={http}",
+        "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+        "--metrics-address=127.0.0.1", f"--metrics-port={metrics}",
+        "--allow-gpu-metrics=false",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        "--strict-readiness=false",
+    ]
+
+
+def start_server(
+    repository: str | Path,
+    state_dir: Path,
+    standins: Path,
+    *,
+    ports: tuple[int, int, int] | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> tuple[ServerInfo, subprocess.Popen[bytes]]:
+    """Start tritonserver detached from this process's session; return once it is live."""
+    install = locate_triton()
+    env = server_env(install)
+    check_binaries(install, env)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    backend_dir = build_backend_dir(install, standins, state_dir / "backends")
+    if ports is not None:
+        busy = [p for p in ports if port_in_use(p)]
+        if busy:
+            raise StackError(
+                f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 already in use",
+                fix="stop what listens there or choose other ports (omit them to pick free ones)",
+            )
+    last_error: StackError | None = None
+    for _ in range(PORT_ATTEMPTS if ports is None else 1):
+        chosen = ports or (free_port(), free_port(), free_port())
+        try:
+            return _launch(install, env, str(repository), backend_dir, chosen, state_dir, timeout)
+        except _PortRace as race:
+            last_error = race.error
+    assert last_error is not None
+    raise last_error
+
+
+class _PortRace(Exception):
+    def __init__(self, error: StackError) -> None:
+        self.error = error
+
+
+def _launch(
+    install: TritonInstall, env: dict[str, str], repository: str, backend_dir: Path,
+    ports: tuple[int, int, int], state_dir: Path, timeout: float,
+) -> tuple[ServerInfo, subprocess.Popen[bytes]]:
+    log_path = state_dir / "triton.log"
+    shm_prefix = f"mlreg_{os.getpid()}_{ports[0]}_"
+    command = server_command(install, repository, backend_dir, ports, shm_prefix)
+    log.info("starting %s", " ".join(command))
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    info = ServerInfo(
+        pid=process.pid, grpc_port=ports[0], http_port=ports[1], metrics_port=ports[2],
+        repository=repository, log_path=str(log_path), shm_prefix=shm_prefix,
+        started_at=time.time(),
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            text = tail(log_path)
+            error = StackError(
+                f"tritonserver exited with code {process.returncode} while starting:\n{text}",
+                fix=f"read the whole server log: {log_path}",
+            )
+            if "address already in use" in text.lower():
+                raise _PortRace(error)
+            remove_shm(shm_prefix)
+            raise error
+        if http_ok(f"{info.http_url}/v2/health/live"):
+            return info, process
+        time.sleep(0.1)
+    stop_pid(process.pid, shm_prefix, process=process)
+    raise StackError(
+        f"tritonserver did not become live within {timeout:.0f}s",
+        fix=f"read the server log: {log_path}",
+    )
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs a tritonserver (not a zombie, not a recycled pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state != "Z" and b"tritonserver" in cmdline
+
+
+def stop_pid(
+    pid: int, shm_prefix: str, *, grace: float = STOP_GRACE_S,
+    process: subprocess.Popen[bytes] | None = None,
+) -> bool:
+    """SIGTERM the server, SIGKILL its process group after ``grace``; True if it had to be killed."""
+    killed = False
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, grace, process):
+            killed = True
+            log.warning("tritonserver %d did not stop within %.0fs; killing it", pid, grace)
+    with_group = killed or _group_alive(pid)
+    if with_group:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        _wait_gone(pid, 5.0, process)
+    remove_shm(shm_prefix)
+    return killed
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _wait_gone(pid: int, timeout: float, process: subprocess.Popen[bytes] | None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            return True
+        if process is None and not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def remove_shm(prefix: str) -> list[str]:
+    removed = []
+    for region in SHM_DIR.glob(f"{prefix}*"):
+        try:
+            region.unlink()
+            removed.append(region.name)
+        except OSError:
+            log.warning("could not remove shared memory region %s", region)
+    return removed
+
+
+def save_info(info: ServerInfo, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info.to_dict(), indent=2))
+    tmp.replace(path)
+
+
+def load_info(path: Path) -> ServerInfo | None:
+    try:
+        return ServerInfo.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None

@@ -1,0 +1,126 @@
+"""The local stack: one tritonserver per project, its state kept in ``.mlreg/stack``.
+
+``stack_up`` never starts a second server for the same project: when the recorded
+server is still alive it is reused (and asked to load the requested models).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines import local_triton
+from pipelines.local_triton import ServerInfo
+from pipelines.triton import TritonControl
+from registry.errors import MlregError, StackError
+from registry.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StackStatus:
+    running: bool
+    info: ServerInfo | None
+    already_running: bool = False
+    loaded: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {"running": self.running}
+        if self.info is not None:
+            data.update(self.info.to_dict())
+        if self.loaded:
+            data["loaded"] = self.loaded
+        return data
+
+
+def state_file(settings: Settings) -> Path:
+    return settings.stack_dir / "triton.json"
+
+
+def running_server(settings: Settings) -> ServerInfo | None:
+    """The project's recorded server if it is still alive; a stale record is removed."""
+    path = state_file(settings)
+    info = local_triton.load_info(path)
+    if info is None:
+        return None
+    if local_triton.pid_alive(info.pid):
+        return info
+    log.info("removing stale stack state for pid %d", info.pid)
+    local_triton.remove_shm(info.shm_prefix)
+    path.unlink(missing_ok=True)
+    return None
+
+
+def stack_up(
+    settings: Settings,
+    repository: str | Path | None = None,
+    load: list[str] | tuple[str, ...] = (),
+    ports: tuple[int, int, int] | None = None,
+) -> StackStatus:
+    repo = str(repository or settings.local_repository)
+    if "://" not in repo:
+        repo_path = Path(repo).resolve()
+        if not repo_path.is_dir():
+            raise StackError(
+                f"model repository '{repo_path}' does not exist",
+                fix="build one with 'mlreg template build "
+                f"{settings.local_repository}' or pass --repository PATH",
+            )
+        repo = str(repo_path)
+    info = running_server(settings)
+    already = info is not None
+    if info is not None and info.repository != repo:
+        raise StackError(
+            f"the local stack already runs (pid {info.pid}) on another repository: {info.repository}",
+            fix="run 'mlreg stack down' first, or omit --repository",
+        )
+    if info is None:
+        info, _process = local_triton.start_server(
+            repo, settings.stack_dir, settings.backends_source, ports=ports,
+        )
+        local_triton.save_info(info, state_file(settings))
+    status = StackStatus(running=True, info=info, already_running=already)
+    if load:
+        load_models(info, list(load), settings, status)
+    return status
+
+
+def load_models(info: ServerInfo, models: list[str], settings: Settings,
+                status: StackStatus) -> None:
+    with TritonControl(info.grpc_url, timeout=settings.triton_timeout,
+                       load_timeout=settings.triton_timeout * 10) as triton:
+        for model in models:
+            try:
+                triton.load(model)
+            except MlregError as exc:
+                exc.fix = f"{exc.fix}; server log: {info.log_path}"
+                raise
+            status.loaded.append(model)
+
+
+def stack_status(settings: Settings) -> StackStatus:
+    info = running_server(settings)
+    if info is None:
+        return StackStatus(running=False, info=None)
+    status = StackStatus(running=True, info=info)
+    try:
+        with TritonControl(info.grpc_url, timeout=5.0) as triton:
+            status.loaded = sorted(
+                f"{m['name']}:{m.get('version', '')}"
+                for m in triton.repository_index() if m.get("state") == "READY"
+            )
+    except MlregError as exc:
+        log.warning("could not read the repository index: %s", exc)
+    return status
+
+
+def stack_down(settings: Settings) -> ServerInfo | None:
+    """Stop the project's server; return what was stopped (None when nothing ran)."""
+    info = running_server(settings)
+    if info is None:
+        return None
+    local_triton.stop_pid(info.pid, info.shm_prefix)
+    state_file(settings).unlink(missing_ok=True)
+    return info

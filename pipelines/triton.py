@@ -1,0 +1,128 @@
+"""Triton's model-control and inference API over gRPC, with a timeout on every call.
+
+``InferenceServerException`` is translated into ``TritonError`` here and nowhere
+else; UNAVAILABLE (server starting, restarting) is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+
+from registry.errors import TritonError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRY_STATUSES = {"StatusCode.UNAVAILABLE"}
+RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+
+
+class TritonControl:
+    """One Triton server, addressed by its gRPC URL (``host:port``)."""
+
+    def __init__(self, url: str, timeout: float = 30.0, load_timeout: float = 300.0) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.url = url
+        self.timeout = timeout
+        self.load_timeout = load_timeout
+        self._grpc = grpcclient
+        self._client = grpcclient.InferenceServerClient(url=url)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> TritonControl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, what: str, fn: Callable[[], T], *, model: str | None = None,
+              retry: bool = True) -> T:
+        from tritonclient.utils import InferenceServerException
+
+        delays = list(RETRY_DELAYS) if retry else []
+        while True:
+            try:
+                return fn()
+            except InferenceServerException as exc:
+                status = str(exc.status() or "")
+                if status in RETRY_STATUSES and delays:
+                    time.sleep(delays.pop(0))
+                    continue
+                raise self._translate(what, exc, model) from exc
+
+    def _translate(self, what: str, exc: Any, model: str | None) -> TritonError:
+        status = str(exc.status() or "")
+        message = exc.message() or str(exc)
+        where = f"{self.url}" + (f" model '{model}'" if model else "")
+        if status == "StatusCode.UNAVAILABLE":
+            fix = "check that tritonserver runs and listens there ('mlreg stack status')"
+        elif status == "StatusCode.DEADLINE_EXCEEDED":
+            fix = "the server did not answer in time; read its log, or raise MLREG_TRITON_TIMEOUT"
+        elif "failed to poll from model repository" in message or "failed to load" in message:
+            fix = "run 'mlreg validate' on the repository and read the server log for the reason"
+        else:
+            fix = "read the server log for details"
+        return TritonError(f"{what} failed on {where}: {message}", fix=fix, status=status,
+                           model=model, url=self.url)
+
+    # -- health ---------------------------------------------------------------------------------
+
+    def is_live(self) -> bool:
+        return bool(self._call("live check", lambda: self._client.is_server_live(
+            client_timeout=self.timeout)))
+
+    def server_metadata(self) -> dict[str, Any]:
+        meta = self._call("server metadata", lambda: self._client.get_server_metadata(
+            as_json=True, client_timeout=self.timeout))
+        return dict(meta)
+
+    # -- model control --------------------------------------------------------------------------
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        index = self._call("repository index", lambda: self._client.get_model_repository_index(
+            as_json=True, client_timeout=self.timeout))
+        return list(index.get("models", []))
+
+    def load(self, model: str, config: str | None = None) -> None:
+        """Load (or reload) ``model``; returns once Triton says it is loaded, or raises."""
+        log.info("loading %s on %s", model, self.url)
+        self._call("load", lambda: self._client.load_model(
+            model, config=config, client_timeout=self.load_timeout), model=model, retry=False)
+
+    def unload(self, model: str, unload_dependents: bool = False) -> None:
+        self._call("unload", lambda: self._client.unload_model(
+            model, unload_dependents=unload_dependents, client_timeout=self.timeout), model=model)
+
+    def is_ready(self, model: str, version: str = "") -> bool:
+        return bool(self._call("readiness", lambda: self._client.is_model_ready(
+            model, version, client_timeout=self.timeout), model=model))
+
+    def statistics(self, model: str = "") -> list[dict[str, Any]]:
+        stats = self._call("statistics", lambda: self._client.get_inference_statistics(
+            model, as_json=True, client_timeout=self.timeout), model=model or None)
+        return list(stats.get("model_stats", []))
+
+    # -- inference ------------------------------------------------------------------------------
+
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
+              version: str = "") -> dict[str, np.ndarray]:
+        from tritonclient.utils import np_to_triton_dtype
+
+        tensors = []
+        for name, array in inputs.items():
+            tensor = self._grpc.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        requested = [self._grpc.InferRequestedOutput(name) for name in outputs]
+        result = self._call("inference", lambda: self._client.infer(
+            model, tensors, model_version=version, outputs=requested,
+            client_timeout=self.timeout), model=model, retry=False)
+        return {name: result.as_numpy(name) for name in outputs}

@@ -1,0 +1,1 @@
+"""The ``mlreg`` command line: parse, call one core function, render."""

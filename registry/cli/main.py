@@ -1,0 +1,44 @@
+"""Entry point of the ``mlreg`` command."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import typer
+
+from registry import __version__
+from registry.cli import stack, template
+
+app = typer.Typer(
+    name="mlreg",
+    help="Model registry and promotion pipeline for NVIDIA Triton Inference Server.\n\n"
+    "Examples:\n\n"
+    "  mlreg template build .mlreg/model_repository\n\n"
+    "  mlreg stack up --load ensemble_multi_modal_model",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(template.app, name="template")
+app.add_typer(stack.app, name="stack")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlreg {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what happens."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version."),
+) -> None:
+    level = logging.INFO if verbose or os.environ.get("MLREG_DEBUG") == "1" else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+
+
+def main() -> None:
+    app()

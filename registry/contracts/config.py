@@ -1,0 +1,53 @@
+"""Read and write Triton ``config.pbtxt`` files with Triton's own protobuf schema."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from registry.errors import ContractError
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+CONFIG_NAME = "config.pbtxt"
+_LOCATION = re.compile(r"^(\d+):(\d+) : (.*)$", re.S)
+
+
+def parse_config(text: str, source: str = CONFIG_NAME) -> ModelConfig:
+    """Parse config.pbtxt text; a syntax error names file, line and column."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        match = _LOCATION.match(str(exc))
+        where, why = (f"{source}:{match[1]}:{match[2]}", match[3]) if match else (source, str(exc))
+        raise ContractError(
+            f"{where}: cannot parse model configuration: {why}",
+            fix="correct the syntax; the fields are those of Triton's ModelConfig "
+            "(model_config.proto)",
+            file=source,
+        ) from exc
+    return config
+
+
+def load_config(path: Path) -> ModelConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ContractError(
+            f"{path}: cannot read model configuration: {exc}",
+            fix="make it a readable UTF-8 text file",
+            file=str(path),
+        ) from exc
+    return parse_config(text, str(path))
+
+
+def format_config(config: ModelConfig) -> str:
+    from google.protobuf import text_format
+
+    return str(text_format.MessageToString(config))
