@@ -13,7 +13,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[all,dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	set -o pipefail; $(PY) -m pip install --quiet --disable-pip-version-check -e '.[all,dev]' 2>&1 \
+		| { grep -v '^WARNING: Location' || true; }
 	$(PY) -c "import registry, pipelines, tensorflow, tf2onnx, onnxruntime, pytriton, tritonclient.grpc"
 	touch $(STAMP)
 

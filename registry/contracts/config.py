@@ -51,3 +51,15 @@ def format_config(config: ModelConfig) -> str:
     from google.protobuf import text_format
 
     return str(text_format.MessageToString(config))
+
+
+def data_type_name(data_type: int) -> str:
+    """``TYPE_FP32`` -> ``FP32`` (the names signature readers use)."""
+    from tritonclient.grpc import model_config_pb2
+
+    return str(model_config_pb2.DataType.Name(data_type)).removeprefix("TYPE_")
+
+
+def full_shape(config: ModelConfig, dims: list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape as the model sees it: ``[-1] + dims`` when the model batches."""
+    return ((-1,) if config.max_batch_size > 0 else ()) + tuple(int(d) for d in dims)

@@ -1,0 +1,22 @@
+"""Session fixtures shared by unit and integration tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = ROOT / "model_repository_template"
+
+
+@pytest.fixture(scope="session")
+def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The template built once per session (configs, python models, exported artifacts)."""
+    from registry import template
+
+    out = tmp_path_factory.mktemp("repository")
+    template.build(TEMPLATE, out, device="cpu", force=True)
+    return out

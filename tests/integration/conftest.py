@@ -1,0 +1,36 @@
+"""A real tritonserver (the nvidia-pytriton wheel's binary), started once per session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pipelines import local_triton
+from pipelines.triton import TritonControl
+from registry.settings import Settings
+
+
+@dataclass
+class RunningTriton:
+    info: local_triton.ServerInfo
+    control: TritonControl
+    repository: Path
+
+
+@pytest.fixture(scope="session")
+def triton(built_repository: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[RunningTriton]:
+    """tritonserver on the built template with the whole ensemble loaded."""
+    state = tmp_path_factory.mktemp("triton-state")
+    standins = Settings.from_env().backends_source
+    info, process = local_triton.start_server(built_repository, state, standins)
+    control = TritonControl(info.grpc_url, timeout=30.0, load_timeout=300.0)
+    try:
+        control.load("ensemble_multi_modal_model")
+        yield RunningTriton(info, control, built_repository)
+    finally:
+        control.close()
+        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
