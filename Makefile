@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
+	$(VENV)/bin/ruff check registry pipelines tests benchmarks model_repository_template infra
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
 unit: install

@@ -225,9 +225,10 @@ def start_server(
     *,
     ports: tuple[int, int, int] | None = None,
     timeout: float = START_TIMEOUT_S,
+    install: TritonInstall | None = None,
 ) -> tuple[ServerInfo, subprocess.Popen[bytes]]:
     """Start tritonserver detached from this process's session; return once it is live."""
-    install = locate_triton()
+    install = install or locate_triton()
     env = server_env(install)
     check_binaries(install, env)
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ server is still alive it is reused (and asked to load the requested models).
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,10 +78,13 @@ def stack_up(
             fix="run 'mlreg stack down' first, or omit --repository",
         )
     if info is None:
-        info, _process = local_triton.start_server(
+        info, process = local_triton.start_server(
             repo, settings.stack_dir, settings.backends_source, ports=ports,
         )
         local_triton.save_info(info, state_file(settings))
+        with warnings.catch_warnings():  # the server is meant to outlive this process
+            warnings.simplefilter("ignore", ResourceWarning)
+            del process
     status = StackStatus(running=True, info=info, already_running=already)
     if load:
         load_models(info, list(load), settings, status)

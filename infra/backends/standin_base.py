@@ -64,7 +64,7 @@ class StandinModel:
             pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(n, results[n][lo:hi]) for n in self.outputs]
             )
-            for lo, hi in zip(bounds[:-1], bounds[1:])
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=False)
         ]
 
     def respond(self, feed):

@@ -76,7 +76,8 @@ def test_the_article_client_prints_the_prediction(triton: RunningTriton) -> None
                           "--url", triton.info.grpc_url], capture_output=True, text=True,
                          timeout=60, check=False)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("[[") and run.stdout.strip().endswith("]]")
+    assert run.stdout.startswith("[[")
+    assert run.stdout.strip().endswith("]]")
 
 
 def test_corrupt_jpeg_is_an_inference_error_and_the_server_keeps_serving(

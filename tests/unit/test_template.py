@@ -64,7 +64,8 @@ def test_cpu_build_turns_gpu_instance_groups_into_cpu(built_repository: Path) ->
         built = load_config(built_repository / model / "config.pbtxt")
         assert original.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
         assert built.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
-        assert built.input == original.input and built.output == original.output
+        assert built.input == original.input
+        assert built.output == original.output
 
 
 def _onnx_weights(path: Path) -> dict[str, bytes]:
@@ -78,7 +79,8 @@ def test_exports_are_reproducible_for_a_seed(tmp_path: Path, built_repository: P
     template.build(TEMPLATE, tmp_path / "b", models=["table_data_model"], seed=7)
     onnx_file = "table_data_model/1/model/model.onnx"
     first = _onnx_weights(built_repository / onnx_file)
-    assert first and any(first.values())
+    assert first
+    assert any(first.values())
     assert _onnx_weights(tmp_path / "a" / onnx_file) == first
     assert _onnx_weights(tmp_path / "b" / onnx_file) != first
 

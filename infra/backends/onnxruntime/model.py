@@ -39,4 +39,4 @@ class TritonPythonModel(StandinModel):
         )
 
     def run(self, feeds):
-        return dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
+        return dict(zip(self.outputs, self.session.run(self.outputs, feeds), strict=False))

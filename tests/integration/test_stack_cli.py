@@ -1,0 +1,76 @@
+"""`mlreg stack up|status|down` against a real tritonserver process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines import local_triton
+from registry.cli.main import app
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    return CliRunner()
+
+
+def test_up_twice_starts_one_server_and_down_cleans_up(
+    runner: CliRunner, built_repository: Path, tmp_path: Path,
+) -> None:
+    repo = str(built_repository)
+    first = runner.invoke(app, ["stack", "up", "-r", repo, "-l", "table_data_preprocess",
+                                "--json"])
+    assert first.exit_code == 0, first.output
+    info = json.loads(first.output)
+    try:
+        assert info["already_running"] is False
+        assert info["loaded"] == ["table_data_preprocess"]
+        assert local_triton.pid_alive(info["pid"])
+        assert list(Path("/dev/shm").glob(f"{info['shm_prefix']}*"))
+
+        second = runner.invoke(app, ["stack", "up", "-r", repo])
+        assert second.exit_code == 0, second.output
+        assert "tritonserver already running" in second.output
+        assert f"pid          {info['pid']}" in second.output
+
+        other = runner.invoke(app, ["stack", "up", "-r", str(tmp_path)])
+        assert other.exit_code == 7
+        assert "the local stack already runs" in other.output
+
+        status = runner.invoke(app, ["stack", "status", "--json"])
+        assert status.exit_code == 0
+        shown = json.loads(status.output)
+        assert shown["grpc_url"] == info["grpc_url"]
+        assert shown["repository"] == repo
+        assert "table_data_preprocess:1" in shown["loaded"]
+    finally:
+        down = runner.invoke(app, ["stack", "down"])
+    assert down.exit_code == 0
+    assert f"stopped tritonserver (pid {info['pid']})" in down.output
+    assert not local_triton.pid_alive(info["pid"])
+    assert not list(Path("/dev/shm").glob(f"{info['shm_prefix']}*"))
+    assert runner.invoke(app, ["stack", "status"]).exit_code == 1
+
+
+def test_a_model_that_fails_to_load_reports_the_servers_reason(
+    runner: CliRunner, built_repository: Path, tmp_path: Path,
+) -> None:
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(built_repository / "table_data_model", repo / "table_data_model")
+    shutil.rmtree(repo / "table_data_model" / "1" / "model")
+    result = runner.invoke(app, ["stack", "up", "-r", str(repo), "-l", "table_data_model"])
+    try:
+        assert result.exit_code == 6
+        assert "error: load failed on 127.0.0.1:" in result.output
+        assert "model 'table_data_model'" in result.output
+        assert "unable to find" in result.output
+    finally:
+        runner.invoke(app, ["stack", "down"])
