@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 EXPORTER_SUFFIX = "_exporter.py"
 VERSION = "1"
-SKIP = shutil.ignore_patterns("*" + EXPORTER_SUFFIX, "__pycache__", "*.pyc")
+SKIP = shutil.ignore_patterns("*" + EXPORTER_SUFFIX, "__pycache__", "*.pyc", ".gitkeep")
 
 
 @dataclass

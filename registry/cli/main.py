@@ -9,19 +9,22 @@ import typer
 
 from registry import __version__
 from registry.cli import stack, template
+from registry.cli.validate import validate_cmd
 
 app = typer.Typer(
     name="mlreg",
     help="Model registry and promotion pipeline for NVIDIA Triton Inference Server.\n\n"
     "Examples:\n\n"
     "  mlreg template build .mlreg/model_repository\n\n"
-    "  mlreg stack up --load ensemble_multi_modal_model",
+    "  mlreg stack up --load ensemble_multi_modal_model\n\n"
+    "  mlreg validate model_repository_template",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
 app.add_typer(template.app, name="template")
 app.add_typer(stack.app, name="stack")
+app.command("validate")(validate_cmd)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,50 @@
+"""``validate_path``: every contract check on a repository or one model folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from registry.contracts.checks import check_artifacts
+from registry.contracts.ensemble import check_ensembles
+from registry.contracts.findings import Finding
+from registry.contracts.repository import read_repository
+from registry.contracts.rules import check_model
+
+
+@dataclass
+class Report:
+    path: str
+    models: list[str]
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.is_error]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if not f.is_error]
+
+    def summary(self) -> str:
+        return (f"{len(self.models)} model(s) checked: {len(self.errors)} error(s), "
+                f"{len(self.warnings)} warning(s)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "models": self.models, "ok": not self.errors,
+                "errors": len(self.errors), "warnings": len(self.warnings),
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def validate_path(path: Path) -> Report:
+    repo = read_repository(path)
+    report = Report(str(path), sorted(repo.models), list(repo.findings))
+    for entry in repo.models.values():
+        rule_findings = list(check_model(entry))
+        report.findings.extend(rule_findings)
+        broken_files = any(f.rule == "model-file" for f in rule_findings)
+        if not broken_files:
+            report.findings.extend(check_artifacts(entry))
+    report.findings.extend(check_ensembles(repo))
+    return report
