@@ -9,7 +9,7 @@ import typer
 
 from registry import __version__
 from registry.cli import stack, template
-from registry.cli.validate import validate_cmd
+from registry.cli.validate import diff_cmd, validate_cmd
 
 app = typer.Typer(
     name="mlreg",
@@ -25,6 +25,7 @@ app = typer.Typer(
 app.add_typer(template.app, name="template")
 app.add_typer(stack.app, name="stack")
 app.command("validate")(validate_cmd)
+app.command("diff")(diff_cmd)
 
 
 def _version(value: bool) -> None:

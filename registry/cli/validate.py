@@ -34,3 +34,44 @@ def validate_cmd(
         typer.echo(report.summary())
     if report.errors:
         raise typer.Exit(1)
+
+
+def _config_of(path: Path):  # noqa: ANN202 - ModelConfig is imported lazily
+    from registry.contracts.config import CONFIG_NAME, load_config
+    from registry.errors import UsageError
+
+    file = path / CONFIG_NAME if path.is_dir() else path
+    if not file.is_file():
+        raise UsageError(f"'{path}' is neither a config.pbtxt nor a model folder holding one",
+                         fix="pass two model folders (or two config.pbtxt files)")
+    return load_config(file)
+
+
+@handle_errors
+def diff_cmd(
+    old: Path = typer.Argument(..., help="The serving version: model folder or config.pbtxt."),
+    new: Path = typer.Argument(..., help="The candidate version: model folder or config.pbtxt."),
+    repository: Path = typer.Option(None, "--repository", "-r",
+                                    help="Check the new contract against this repository's ensembles."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Compare two versions' tensor contracts; exit 1 when the change is breaking.
+
+    Example: mlreg diff serving/image_model candidate/image_model -r serving
+    """
+    from registry.contracts.diff import diff_model
+    from registry.contracts.repository import read_repository
+
+    repo = read_repository(repository) if repository else None
+    result = diff_model(_config_of(old), _config_of(new), repo)
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        for change in result.changes:
+            typer.echo(change.line())
+        for finding in result.ensemble_findings:
+            typer.echo(f"{finding.severity}: {finding.line()}")
+        verdict = "breaking" if result.breaking else "compatible"
+        typer.echo(f"{result.model}: {len(result.changes)} change(s), {verdict}")
+    if result.breaking:
+        raise typer.Exit(1)

@@ -57,7 +57,7 @@ def _compare(entry: ModelEntry, version: str, io_kind: str, declared: Sequence[A
                         f"unexpected inference {io_kind} '{tensor.name}', allowed {io_kind}s are: "
                         f"{allowed}",
                         f"rename the config {io_kind} to one of [{allowed}] (and every ensemble "
-                        f"mapping that uses it), or re-export the model with a {io_kind} named "
+                        f"mapping that uses it), or re-export the model with an {io_kind} named "
                         f"'{tensor.name}'", tensor=tensor.name, version=version,
                         expected=tensor.name, actual=allowed)
             continue
