@@ -192,3 +192,12 @@ def test_cli_usage_error_and_json(tmp_path: Path, built_repository: Path) -> Non
     result = CliRunner().invoke(app, ["validate", str(built_repository / "image_model"), "--json"])
     assert result.exit_code == 0
     assert '"ok": true' in result.output
+
+
+def test_an_unknown_field_is_a_parse_finding(repo: Path) -> None:
+    edit(repo, "image_preprocess", "max_batch_size: 256", "max_batch_size: 256\nmax_batchsize: 4")
+    (repo / "image_model" / "1" / "model" / "loop").symlink_to(repo / "image_model/1/model/loop")
+    found = errors(repo)
+    assert any(line.startswith("image_preprocess: ") and "config.pbtxt:4:1: cannot parse model "
+               "configuration" in line and "max_batchsize" in line for line in found)
+    assert len(found) == 1
