@@ -48,6 +48,13 @@ def check_ensemble(entry: ModelEntry, repo: Repository) -> Iterator[Finding]:
         yield error("ensemble-steps", name, f"must specify one or more 'step's for ensemble '{name}'",
                     "add ensemble_scheduling { step [ ... ] }")
         return
+    unreadable = sorted({s.model_name for s in steps if s.model_name in repo.models
+                         and repo.models[s.model_name].config is None})
+    if unreadable:
+        yield warning("ensemble-skipped", name,
+                      f"wiring of ensemble '{name}' not checked: the config of "
+                      f"{', '.join(unreadable)} cannot be read", "fix that config first")
+        return
     produced: dict[str, Port] = {t.name: _port(entry, t) for t in config.input}
     writers: dict[str, int] = {}
     consumers: dict[str, list[Port]] = {}
