@@ -6,7 +6,9 @@ server is still alive it is reused (and asked to load the requested models).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,12 +56,62 @@ def running_server(settings: Settings) -> ServerInfo | None:
     return None
 
 
+def s3_state_file(settings: Settings) -> Path:
+    return settings.stack_dir / "s3.json"
+
+
+def running_s3(settings: Settings) -> dict[str, object] | None:
+    """The project's moto_server ({pid, port, uri}) if it is still alive."""
+    path = s3_state_file(settings)
+    try:
+        state = json.loads(path.read_text())
+        cmdline = Path(f"/proc/{int(state['pid'])}/cmdline").read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        path.unlink(missing_ok=True)
+        return None
+    if b"moto_server" not in cmdline:
+        path.unlink(missing_ok=True)
+        return None
+    return dict(state)
+
+
+def start_s3_repository(settings: Settings, source: Path) -> str:
+    """Start moto_server, push ``source`` into it; return the S3 URI Triton should read."""
+    from pipelines import local_s3
+    from pipelines.storage import open_store
+    from pipelines.storage.push import push_path
+
+    for key, value in local_s3.CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    server, process = local_s3.start_s3(settings.stack_dir / "moto.log")
+    uri = server.store_uri("mlreg", "model_repository")
+    s3_state_file(settings).write_text(json.dumps({"pid": server.pid, "port": server.port,
+                                                   "uri": uri}))
+    with warnings.catch_warnings():  # moto_server outlives this process, like tritonserver
+        warnings.simplefilter("ignore", ResourceWarning)
+        del process
+    local_s3.create_bucket(server.endpoint, "mlreg")
+    push_path(open_store(uri), source)
+    return uri
+
+
 def stack_up(
     settings: Settings,
     repository: str | Path | None = None,
     load: list[str] | tuple[str, ...] = (),
     ports: tuple[int, int, int] | None = None,
+    s3: bool = False,
 ) -> StackStatus:
+    if s3 and running_server(settings) is None:
+        source = Path(repository or settings.local_repository).resolve()
+        if not source.is_dir():
+            raise StackError(f"model repository '{source}' does not exist",
+                             fix="build one with 'mlreg template build "
+                             f"{settings.local_repository}' or pass --repository PATH")
+        settings.stack_dir.mkdir(parents=True, exist_ok=True)
+        repository = start_s3_repository(settings, source)
+    elif s3:
+        repository = (running_s3(settings) or {}).get("uri", repository)  # type: ignore[assignment]
     repo = str(repository or settings.local_repository)
     if "://" not in repo:
         repo_path = Path(repo).resolve()
@@ -127,4 +179,10 @@ def stack_down(settings: Settings) -> ServerInfo | None:
         return None
     local_triton.stop_pid(info.pid, info.shm_prefix)
     state_file(settings).unlink(missing_ok=True)
+    s3 = running_s3(settings)
+    if s3 is not None:
+        from pipelines.local_s3 import stop_s3
+
+        stop_s3(int(s3["pid"]))  # type: ignore[call-overload]
+        s3_state_file(settings).unlink(missing_ok=True)
     return info

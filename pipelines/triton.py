@@ -92,10 +92,59 @@ class TritonControl:
         return list(index.get("models", []))
 
     def load(self, model: str, config: str | None = None) -> None:
-        """Load (or reload) ``model``; returns once Triton says it is loaded, or raises."""
+        """Load (or reload) ``model``; returns once Triton says it is loaded, or raises.
+
+        Triton often answers a failed load with a generic "failed to poll from model
+        repository"; the model's real reason is then read from the repository index.
+        """
         log.info("loading %s on %s", model, self.url)
-        self._call("load", lambda: self._client.load_model(
-            model, config=config, client_timeout=self.load_timeout), model=model, retry=False)
+        try:
+            self._call("load", lambda: self._client.load_model(
+                model, config=config, client_timeout=self.load_timeout), model=model, retry=False)
+        except TritonError as exc:
+            reason = self.unavailable_reason(model)
+            if reason and reason not in exc.message:
+                exc.message = f"{exc.message} (server's reason: {reason})"
+            raise
+
+    def unavailable_reason(self, model: str) -> str:
+        """The repository index's reason for ``model`` not being READY ("" when unknown)."""
+        try:
+            index = self.repository_index()
+        except TritonError:
+            return ""
+        reasons = [m.get("reason", "") for m in index
+                   if m.get("name") == model and m.get("state") != "READY"]
+        return "; ".join(r for r in reasons if r)
+
+    def model_states(self) -> dict[str, dict[str, str]]:
+        """model -> version -> state (READY, UNAVAILABLE, LOADING, UNLOADING)."""
+        states: dict[str, dict[str, str]] = {}
+        for entry in self.repository_index():
+            states.setdefault(entry["name"], {})[entry.get("version", "")] = entry.get("state", "")
+        return states
+
+    def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None:
+        """Poll until ``model`` (``version``) is READY; raise with the server's reason otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.is_ready(model, version):
+                return
+            state = self.model_states().get(model, {})
+            current = state.get(version) if version else next(iter(state.values()), None)
+            if current == "UNAVAILABLE":
+                reason = self.unavailable_reason(model) or "no reason given"
+                raise TritonError(f"{self.url}: model '{model}' version {version or 'latest'} "
+                                  f"is UNAVAILABLE: {reason}", fix="read the server log",
+                                  model=model, url=self.url)
+            time.sleep(0.2)
+        raise TritonError(f"{self.url}: model '{model}' was not READY within {timeout:.0f}s",
+                          fix="read the server log; the load may still be running", model=model)
+
+    def model_config(self, model: str) -> dict[str, Any]:
+        result = self._call("model config", lambda: self._client.get_model_config(
+            model, as_json=True, client_timeout=self.timeout), model=model)
+        return dict(result.get("config", {}))
 
     def unload(self, model: str, unload_dependents: bool = False) -> None:
         self._call("unload", lambda: self._client.unload_model(
@@ -126,3 +175,14 @@ class TritonControl:
             model, tensors, model_version=version, outputs=requested,
             client_timeout=self.timeout), model=model, retry=False)
         return {name: result.as_numpy(name) for name in outputs}
+
+
+def server_report(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Version and model states of one server; an unreachable server is reported, not raised."""
+    try:
+        with TritonControl(url, timeout=timeout) as triton:
+            meta = triton.server_metadata()
+            return {"url": url, "version": meta.get("version", "?"),
+                    "extensions": meta.get("extensions", []), "models": triton.model_states()}
+    except TritonError as exc:
+        return {"url": url, "error": exc.message}

@@ -20,3 +20,17 @@ def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("repository")
     template.build(TEMPLATE, out, device="cpu", force=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3-compatible server process (moto_server) on 127.0.0.1, once per session."""
+    from pipelines import local_s3
+
+    for key, value in local_s3.CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    server, process = local_s3.start_s3(tmp_path_factory.mktemp("moto") / "moto.log")
+    try:
+        yield server
+    finally:
+        local_s3.stop_s3(server.pid, process)

@@ -8,7 +8,7 @@ import os
 import typer
 
 from registry import __version__
-from registry.cli import stack, template
+from registry.cli import stack, store, template, triton
 from registry.cli.validate import diff_cmd, validate_cmd
 
 app = typer.Typer(
@@ -24,6 +24,8 @@ app = typer.Typer(
 )
 app.add_typer(template.app, name="template")
 app.add_typer(stack.app, name="stack")
+app.add_typer(store.app, name="store")
+app.add_typer(triton.app, name="triton")
 app.command("validate")(validate_cmd)
 app.command("diff")(diff_cmd)
 

@@ -21,6 +21,8 @@ def up_cmd(
     repository: str = typer.Option(None, "--repository", "-r",
                                    help="Model repository (default: .mlreg/model_repository)."),
     load: list[str] = typer.Option(None, "--load", "-l", help="Load this model (repeatable)."),
+    s3: bool = typer.Option(False, "--s3", help="Serve from a local S3 server (moto_server): the "
+                            "repository is pushed there and Triton reads s3://127.0.0.1:PORT/..."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Start tritonserver (CPU, explicit model control) unless the project's one already runs.
@@ -29,7 +31,7 @@ def up_cmd(
     """
     from pipelines.stack import stack_up
 
-    status = stack_up(Settings.from_env(), repository=repository, load=load or ())
+    status = stack_up(Settings.from_env(), repository=repository, load=load or (), s3=s3)
     if as_json:
         emit_json(status.to_dict() | {"already_running": status.already_running})
         return

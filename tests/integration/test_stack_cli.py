@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines import local_triton
+from pipelines import local_s3, local_triton
 from registry.cli.main import app
 
 pytestmark = pytest.mark.integration
@@ -74,3 +74,26 @@ def test_a_model_that_fails_to_load_reports_the_servers_reason(
         assert "unable to find" in result.output
     finally:
         runner.invoke(app, ["stack", "down"])
+
+
+def test_up_with_s3_serves_from_a_local_s3_server(
+    runner: CliRunner, built_repository: Path, tmp_path: Path,
+) -> None:
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(built_repository / "table_data_preprocess", repo / "table_data_preprocess")
+    result = runner.invoke(app, ["stack", "up", "--s3", "-r", str(repo),
+                                 "-l", "table_data_preprocess", "--json"])
+    try:
+        assert result.exit_code == 0, result.output
+        info = json.loads(result.output)
+        assert info["repository"].startswith("s3://127.0.0.1:")
+        assert info["repository"].endswith("/mlreg/model_repository")
+        assert info["loaded"] == ["table_data_preprocess"]
+        moto_pid = json.loads((tmp_path / "home/stack/s3.json").read_text())["pid"]
+        assert not local_s3.process_gone(moto_pid)
+    finally:
+        down = runner.invoke(app, ["stack", "down"])
+    assert down.exit_code == 0
+    assert local_s3.process_gone(moto_pid)

@@ -1,0 +1,55 @@
+"""Repository stores: ``open_store(uri)`` for a local path, ``s3://bucket/prefix``,
+``s3://host:port/bucket/prefix`` or ``s3://http(s)://host:port/bucket/prefix`` (Triton's syntax)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.storage.base import Manifest, RepositoryStore, UploadResult
+from registry.errors import StorageError
+
+__all__ = ["Manifest", "RepositoryStore", "S3Location", "UploadResult", "open_store", "parse_s3_uri"]
+
+HOST_PORT = re.compile(r"^[A-Za-z0-9.\-]+:\d+$")
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str
+    endpoint_url: str | None
+
+
+def parse_s3_uri(uri: str) -> S3Location:
+    rest = uri[len("s3://"):]
+    endpoint = None
+    for scheme in ("http://", "https://"):
+        if rest.startswith(scheme):
+            host, _, rest = rest[len(scheme):].partition("/")
+            endpoint = scheme + host
+    if endpoint is None:
+        first, _, remainder = rest.partition("/")
+        if HOST_PORT.match(first):
+            endpoint, rest = f"http://{first}", remainder
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise StorageError(f"store URI '{uri}' names no bucket",
+                           fix="use s3://bucket/prefix or s3://host:port/bucket/prefix")
+    return S3Location(bucket, prefix.strip("/"), endpoint)
+
+
+def open_store(uri: str | Path, region: str | None = None) -> RepositoryStore:
+    text = str(uri)
+    if text.startswith("s3://"):
+        from pipelines.storage.s3 import S3Store
+
+        loc = parse_s3_uri(text)
+        return S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region=region, uri=text)
+    if "://" in text:
+        raise StorageError(f"unsupported store URI '{text}'",
+                           fix="use a local folder or an s3:// URI (gs:// and as:// are not supported yet)")
+    from pipelines.storage.local import LocalStore
+
+    return LocalStore(Path(text))

@@ -1,0 +1,101 @@
+"""The local-folder store: the embedded default, which Triton reads directly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from pipelines.storage.base import CHUNK, Progress, RepositoryStore, sha256_file
+from registry.errors import StorageError
+
+
+class LocalStore(RepositoryStore):
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _fail(self, what: str, key: str, exc: OSError) -> StorageError:
+        return StorageError(f"{self.uri}: cannot {what} '{key}': {exc.strerror or exc}",
+                            fix="check the folder exists and is writable", key=key)
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._fail("read", key, exc) from exc
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            tmp.write_bytes(data)
+            tmp.replace(path)  # atomic: readers see the old or the new file
+        except OSError as exc:
+            raise self._fail("write", key, exc) from exc
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise self._fail("create", key, exc) from exc
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink(missing_ok=True)
+        except IsADirectoryError:
+            shutil.rmtree(path)
+        except OSError as exc:
+            raise self._fail("delete", key, exc) from exc
+        parent = path.parent
+        while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
+
+    def children(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if p.is_dir())
+
+    def put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
+        target = self._path(key)
+        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("rb") as src, tmp.open("wb") as dst:
+                while chunk := src.read(CHUNK):
+                    dst.write(chunk)
+                    if progress:
+                        progress(len(chunk))
+            tmp.replace(target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise self._fail("write", key, exc) from exc
+        if target.stat().st_size != path.stat().st_size:
+            raise StorageError(f"{self.uri}: '{key}' was stored with the wrong size",
+                               fix="check the disk is not full, then push again", key=key)
+
+    def stored_digest(self, key: str) -> str | None:
+        path = self._path(key)
+        return sha256_file(path) if path.is_file() else None

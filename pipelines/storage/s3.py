@@ -1,0 +1,174 @@
+"""The S3 store (any S3 endpoint through boto3). botocore errors are translated here only."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipelines.storage.base import Progress, RepositoryStore
+from registry.errors import StorageError
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 60
+MULTIPART_CHUNK = 16 << 20
+MAX_CONCURRENCY = 8
+AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403",
+              "InvalidClientTokenId", "ExpiredToken"}
+EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+
+
+class S3Store(RepositoryStore):
+    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
+                 region: str | None = None, uri: str | None = None,
+                 read_timeout: float = READ_TIMEOUT_S, retries: int = 3) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        self.uri = uri or f"s3://{bucket}/{self.prefix}"
+        config = Config(
+            connect_timeout=CONNECT_TIMEOUT_S, read_timeout=read_timeout,
+            retries={"max_attempts": retries, "mode": "standard"},
+            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            max_pool_connections=MAX_CONCURRENCY * 2,
+        )
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint_url, region_name=region, config=config)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1:] if self.prefix else full
+
+    def _translate(self, what: str, key: str, exc: Exception) -> StorageError:
+        from botocore.exceptions import ClientError, NoCredentialsError
+
+        where = f"{self.uri} ({self.endpoint_url or 'AWS'})"
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            message = exc.response.get("Error", {}).get("Message", "") or code
+            if code in {"NoSuchBucket"}:
+                return StorageError(f"{where}: bucket '{self.bucket}' does not exist",
+                                    fix="create the bucket or correct the store URI", key=key)
+            if code in AUTH_CODES:
+                return StorageError(f"{where}: credentials rejected while trying to {what} '{key}' "
+                                    f"({code}: {message})",
+                                    fix="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the "
+                                    "profile in use", key=key)
+            return StorageError(f"{where}: cannot {what} '{key}': {code}: {message}",
+                                fix="read the message above; rerun to resume", key=key)
+        if isinstance(exc, NoCredentialsError):
+            return StorageError(f"{where}: no AWS credentials found",
+                                fix="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile)")
+        cause = exc.__cause__ or exc
+        return StorageError(f"{where}: cannot {what} '{key}': {type(cause).__name__}: {cause}",
+                            fix="check the endpoint is reachable, then rerun: files already "
+                            "stored are not sent again", key=key)
+
+    def _call(self, what: str, key: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(*args, **kwargs)
+        except (ClientError, BotoCoreError, Boto3Error) as exc:
+            raise self._translate(what, key, exc) from exc
+
+    @staticmethod
+    def _missing(exc: Exception) -> bool:
+        from botocore.exceptions import ClientError
+
+        return isinstance(exc, ClientError) and str(
+            exc.response.get("Error", {}).get("Code")) in {"NoSuchKey", "404", "NotFound"}
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Fail fast when the bucket is missing, the endpoint down or the credentials wrong."""
+        self._call("reach", "", self.client.head_bucket, Bucket=self.bucket)
+
+    def read(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            return bytes(body.read())
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise self._translate("read", key, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - BotoCoreError and friends
+            raise self._translate("read", key, exc) from exc
+
+    def write(self, key: str, data: bytes) -> None:
+        self._call("write", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key),
+                   Body=data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                   IfNoneMatch="*")
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) in EXISTS_CODES:
+                return False
+            raise self._translate("create", key, exc) from exc
+        return True
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        keys: list[str] = []
+        pages = self._call("list", prefix, lambda: list(
+            paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix))))
+        for page in pages:
+            keys.extend(self._rel(o["Key"]) for o in page.get("Contents", []))
+        return sorted(keys)
+
+    def children(self, prefix: str) -> list[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        base = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
+        pages = self._call("list", prefix, lambda: list(
+            paginator.paginate(Bucket=self.bucket, Prefix=base, Delimiter="/")))
+        names: list[str] = []
+        for page in pages:
+            names.extend(p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", []))
+        return sorted(names)
+
+    def put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=MULTIPART_CHUNK,
+                                multipart_chunksize=MULTIPART_CHUNK,
+                                max_concurrency=MAX_CONCURRENCY, use_threads=True)
+        size = path.stat().st_size
+        self._call("upload", key, self.client.upload_file, str(path), self.bucket, self._key(key),
+                   ExtraArgs={"Metadata": {"sha256": sha256}}, Callback=progress, Config=config)
+        head = self._call("verify", key, self.client.head_object, Bucket=self.bucket,
+                          Key=self._key(key))
+        if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha256:
+            raise StorageError(f"{self.uri}: '{key}' was stored with the wrong size or digest",
+                               fix="push again", key=key)
+
+    def stored_digest(self, key: str) -> str | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise self._translate("inspect", key, exc) from exc
+        digest = head.get("Metadata", {}).get("sha256")
+        return str(digest) if digest else None

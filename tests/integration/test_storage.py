@@ -1,0 +1,162 @@
+"""Repository stores against a real S3-compatible server (moto_server) and a local folder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipelines import local_s3
+from pipelines.local_s3 import S3Server
+from pipelines.storage import open_store
+from pipelines.storage.push import push_path
+from pipelines.storage.s3 import S3Store
+from registry.errors import StorageError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def bucket(s3_server: S3Server) -> str:
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    local_s3.create_bucket(s3_server.endpoint, name)
+    return name
+
+
+@pytest.mark.parametrize("kind", ["s3", "local"])
+def test_template_push_is_complete_and_idempotent(
+    kind: str, built_repository: Path, s3_server: S3Server, tmp_path: Path, request,
+) -> None:
+    uri = (s3_server.store_uri(request.getfixturevalue("bucket"), "models/prod") if kind == "s3"
+           else str(tmp_path / "store"))
+    store = open_store(uri)
+    first = push_path(store, built_repository)
+    assert {r.model for r in first} == {p.name for p in built_repository.iterdir()}
+    assert sum(r.bytes_sent for r in first) > 100_000
+    assert store.list_models() == sorted(p.name for p in built_repository.iterdir())
+    for model in store.list_models():
+        assert store.list_versions(model) == ["1"]
+        assert store.read_manifest(model, "1") is not None
+    # the ensemble's empty version folder exists (its manifest doubles as S3's placeholder)
+    assert store.read_manifest("ensemble_multi_modal_model", "1").files == {}
+    again = push_path(store, built_repository)
+    assert sum(r.bytes_sent for r in again) == 0
+    assert all(r.sent == [] for r in again)
+    sent = []
+    (built_repository / "table_data_preprocess" / "1" / "extra.txt").write_text("new")
+    try:
+        changed = push_path(store, built_repository / "table_data_preprocess",
+                            progress=sent.append)
+    finally:
+        (built_repository / "table_data_preprocess" / "1" / "extra.txt").unlink()
+    assert changed[0].sent == ["extra.txt"]
+    assert sum(sent) == 3
+
+
+def test_names_triton_cannot_read_from_s3_are_refused(tmp_path: Path, s3_server, bucket) -> None:
+    bad = tmp_path / "my model"
+    (bad / "1").mkdir(parents=True)
+    (bad / "config.pbtxt").write_text('name: "my model"\n')
+    store = open_store(s3_server.store_uri(bucket))
+    with pytest.raises(StorageError, match=r"model name 'my model' cannot be stored: path parts "
+                                           r"may only use letters, digits"):
+        push_path(store, tmp_path)
+    assert store.list_models() == []
+
+
+def test_interrupted_upload_resumes_sending_only_what_is_missing(
+    tmp_path: Path, s3_server: S3Server, bucket: str,
+) -> None:
+    """The S3 server freezes (SIGSTOP) mid-upload: a real fault, then SIGCONT and rerun."""
+    version = tmp_path / "big_model" / "1"
+    version.mkdir(parents=True)
+    for i in range(4):
+        (version / f"part{i}.bin").write_bytes(os.urandom(2 << 20))
+    store = S3Store(bucket, "p", s3_server.endpoint, read_timeout=1, retries=1)
+    done: list[int] = []
+
+    def freeze_after_first_file(n: int) -> None:
+        done.append(n)
+        if sum(done) >= 2 << 20 and len(done) < 10**6:
+            os.kill(s3_server.pid, signal.SIGSTOP)
+            done.append(10**6)  # freeze once
+
+    try:
+        with pytest.raises(StorageError, match=r"cannot (upload|verify) 'big_model/1/part\d\.bin'"):
+            store.put_version("big_model", "1", version, progress=freeze_after_first_file)
+    finally:
+        os.kill(s3_server.pid, signal.SIGCONT)
+    assert store.read_manifest("big_model", "1") is None
+    resumed = S3Store(bucket, "p", s3_server.endpoint).put_version("big_model", "1", version)
+    assert "part0.bin" in resumed.skipped
+    assert sorted(resumed.sent + resumed.skipped) == [f"part{i}.bin" for i in range(4)]
+    assert len(resumed.sent) < 4
+    assert store.read_manifest("big_model", "1") is not None
+
+
+LOCK_HOLDER = """
+import sys, time
+from pipelines.storage import open_store
+store = open_store(sys.argv[1])
+with store.lock("image_model", owner="holder-process", ttl=60):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+print("released", flush=True)
+"""
+
+
+def test_lock_contention_between_two_processes(s3_server: S3Server, bucket: str) -> None:
+    uri = s3_server.store_uri(bucket, "repo")
+    store = open_store(uri)
+    with subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, uri, "3"], stdout=subprocess.PIPE,
+                          text=True, env=os.environ.copy()) as holder:
+        try:
+            assert holder.stdout.readline().strip() == "locked"
+            with pytest.raises(StorageError,
+                               match="model 'image_model' is locked by holder-process"), \
+                    store.lock("image_model", owner="me"):
+                pass
+            with store.lock("image_model", owner="me", wait=30) as mine:
+                assert mine.owner == "me"
+                assert store.read_lock("image_model").owner == "me"
+                assert holder.stdout.readline().strip() == "released"
+            assert holder.wait(timeout=30) == 0
+        finally:
+            holder.kill()
+    assert store.read_lock("image_model") is None
+
+
+def test_a_stale_lock_is_taken_over(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    with store.lock("m", owner="crashed", ttl=-1):
+        with store.lock("m", owner="next") as mine:
+            assert mine.owner == "next"
+
+
+def test_missing_bucket_and_unreachable_endpoint(s3_server: S3Server) -> None:
+    with pytest.raises(StorageError, match="bucket 'no-such-bucket' does not exist"):
+        open_store(s3_server.store_uri("no-such-bucket")).list_models()
+    from pipelines.local_triton import free_port
+
+    dead = S3Store("b", "", f"http://127.0.0.1:{free_port()}", retries=1)
+    with pytest.raises(StorageError, match=r"cannot list '': EndpointConnectionError"):
+        dead.list_models()
+
+
+def test_wrong_credentials_are_named(tmp_path: Path, monkeypatch) -> None:
+    """A second moto_server with authentication on: bogus keys are rejected for real."""
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+    server, process = local_s3.start_s3(tmp_path / "moto-auth.log")
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG1")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        store = S3Store("models", "", server.endpoint, retries=1)
+        with pytest.raises(StorageError, match="credentials rejected"):
+            store.list_models()
+    finally:
+        local_s3.stop_s3(server.pid, process)
