@@ -49,6 +49,11 @@ class Settings:
         return self.home / "stack"
 
     @property
+    def digest_cache(self) -> Path:
+        """sha256 of local files by (size, mtime, inode): unchanged files are not re-read."""
+        return self.home / "cache" / "digests.json"
+
+    @property
     def local_repository(self) -> Path:
         """The local environment's Triton repository (the default for `mlreg stack up`)."""
         return self.home / "model_repository"

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.storage.base import Manifest, RepositoryStore, UploadResult
+from pipelines.storage.base import DigestCache, Manifest, RepositoryStore, UploadResult
 from registry.errors import StorageError
 
 __all__ = ["Manifest", "RepositoryStore", "S3Location", "UploadResult", "open_store", "parse_s3_uri"]
@@ -40,16 +40,22 @@ def parse_s3_uri(uri: str) -> S3Location:
     return S3Location(bucket, prefix.strip("/"), endpoint)
 
 
-def open_store(uri: str | Path, region: str | None = None) -> RepositoryStore:
+def open_store(uri: str | Path, region: str | None = None,
+               digest_cache: Path | None = None) -> RepositoryStore:
+    """The store for ``uri``; ``digest_cache`` (a JSON file) spares re-hashing unchanged files."""
     text = str(uri)
+    store: RepositoryStore
     if text.startswith("s3://"):
         from pipelines.storage.s3 import S3Store
 
         loc = parse_s3_uri(text)
-        return S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region=region, uri=text)
-    if "://" in text:
+        store = S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region=region, uri=text)
+    elif "://" in text:
         raise StorageError(f"unsupported store URI '{text}'",
                            fix="use a local folder or an s3:// URI (gs:// and as:// are not supported yet)")
-    from pipelines.storage.local import LocalStore
+    else:
+        from pipelines.storage.local import LocalStore
 
-    return LocalStore(Path(text))
+        store = LocalStore(Path(text))
+    store.digests = DigestCache(digest_cache)
+    return store

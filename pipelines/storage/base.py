@@ -62,6 +62,47 @@ def local_files(folder: Path) -> dict[str, Path]:
     return files
 
 
+class DigestCache:
+    """sha256 of local files keyed by (size, mtime, inode), so unchanged files are not re-read.
+
+    Stored as JSON in ``path``; a missing or corrupt cache only costs re-hashing.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries: dict[str, list[Any]] = {}
+        if path is not None:
+            try:
+                self.entries = dict(json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                self.entries = {}
+        self.dirty = False
+
+    def sha256(self, file: Path) -> str:
+        st = file.stat()
+        key = str(file.resolve())
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        cached = self.entries.get(key)
+        if cached and cached[:3] == stamp:
+            return str(cached[3])
+        digest = sha256_file(file)
+        self.entries[key] = [*stamp, digest]
+        self.dirty = True
+        return digest
+
+    def save(self) -> None:
+        if self.path is None or not self.dirty:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(self.entries))
+            tmp.replace(self.path)
+        except OSError:
+            pass  # a cache that cannot be written is only slower next time
+        self.dirty = False
+
+
 @dataclass
 class Manifest:
     files: dict[str, dict[str, Any]]  # rel path -> {"sha256": ..., "size": ...}
@@ -77,9 +118,13 @@ class Manifest:
         return cls(files=dict(data["files"]), created_at=float(data.get("created_at", 0)))
 
     @classmethod
-    def of_folder(cls, files: dict[str, Path]) -> Manifest:
-        return cls({rel: {"sha256": sha256_file(p), "size": p.stat().st_size}
-                    for rel, p in files.items()})
+    def of_folder(cls, files: dict[str, Path], cache: DigestCache | None = None) -> Manifest:
+        digest = cache.sha256 if cache is not None else sha256_file
+        manifest = cls({rel: {"sha256": digest(p), "size": p.stat().st_size}
+                        for rel, p in files.items()})
+        if cache is not None:
+            cache.save()
+        return manifest
 
 
 @dataclass
@@ -113,6 +158,7 @@ class RepositoryStore(ABC):
     """A Triton model repository in some storage. Subclasses implement the primitives."""
 
     uri: str
+    digests: DigestCache
 
     # -- primitives --------------------------------------------------------------------------
 
@@ -185,7 +231,7 @@ class RepositoryStore(ABC):
         if not version.isdigit():
             raise StorageError(f"version '{version}' is not a number", fix="use 1, 2, 3, ...")
         files = local_files(folder)
-        manifest = Manifest.of_folder(files)
+        manifest = Manifest.of_folder(files, self.digests)
         stored = self.read_manifest(model, version)
         result = UploadResult(model, version)
         for rel, path in files.items():

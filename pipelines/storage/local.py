@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pipelines.storage.base import CHUNK, Progress, RepositoryStore, sha256_file
+from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore, sha256_file
 from registry.errors import StorageError
 
 
@@ -14,6 +14,7 @@ class LocalStore(RepositoryStore):
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self.uri = str(self.root)
+        self.digests = DigestCache(None)
 
     def _path(self, key: str) -> Path:
         return self.root / key

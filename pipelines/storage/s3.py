@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipelines.storage.base import Progress, RepositoryStore
+from pipelines.storage.base import DigestCache, Progress, RepositoryStore
 from registry.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ class S3Store(RepositoryStore):
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url
         self.uri = uri or f"s3://{bucket}/{self.prefix}"
+        self.digests = DigestCache(None)
         config = Config(
             connect_timeout=CONNECT_TIMEOUT_S, read_timeout=read_timeout,
             retries={"max_attempts": retries, "mode": "standard"},

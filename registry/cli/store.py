@@ -19,7 +19,8 @@ STORE_HELP = ("Store URI: a folder, s3://bucket/prefix or s3://host:port/bucket/
 def _store(uri: str | None):  # noqa: ANN202 - RepositoryStore, imported lazily
     from pipelines.storage import open_store
 
-    return open_store(uri or Settings.from_env().local_repository)
+    settings = Settings.from_env()
+    return open_store(uri or settings.local_repository, digest_cache=settings.digest_cache)
 
 
 @app.command("push")
