@@ -28,11 +28,14 @@ class StackStatus:
     info: ServerInfo | None
     already_running: bool = False
     loaded: list[str] = field(default_factory=list)
+    mlflow_url: str = ""
 
     def to_dict(self) -> dict[str, object]:
         data: dict[str, object] = {"running": self.running}
         if self.info is not None:
             data.update(self.info.to_dict())
+        if self.mlflow_url:
+            data["mlflow_url"] = self.mlflow_url
         if self.loaded:
             data["loaded"] = self.loaded
         return data
@@ -95,12 +98,50 @@ def start_s3_repository(settings: Settings, source: Path) -> str:
     return uri
 
 
+def mlflow_state_file(settings: Settings) -> Path:
+    return settings.stack_dir / "mlflow.json"
+
+
+def running_mlflow(settings: Settings) -> dict[str, object] | None:
+    """The project's MLflow UI server ({pid, url}) if it is still alive."""
+    from pipelines.local_s3 import process_gone
+
+    path = mlflow_state_file(settings)
+    try:
+        state = json.loads(path.read_text())
+        alive = not process_gone(int(state["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        alive, state = False, None
+    if not alive:
+        path.unlink(missing_ok=True)
+        return None
+    return dict(state)
+
+
+def start_ui(settings: Settings) -> str:
+    """The MLflow UI on the project's embedded registry (started once); returns its URL."""
+    running = running_mlflow(settings)
+    if running is not None:
+        return str(running["url"])
+    from pipelines.local_mlflow import start_mlflow
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    server, process = start_mlflow(f"sqlite:///{settings.home / 'mlflow.db'}", settings.artifact_root,
+                                   settings.stack_dir / "mlflow.log", serve_artifacts=False)
+    mlflow_state_file(settings).write_text(json.dumps({"pid": server.pid, "url": server.url}))
+    with warnings.catch_warnings():  # the UI outlives this process, like tritonserver
+        warnings.simplefilter("ignore", ResourceWarning)
+        del process
+    return server.url
+
+
 def stack_up(
     settings: Settings,
     repository: str | Path | None = None,
     load: list[str] | tuple[str, ...] = (),
     ports: tuple[int, int, int] | None = None,
     s3: bool = False,
+    ui: bool = False,
 ) -> StackStatus:
     if s3 and running_server(settings) is None:
         source = Path(repository or settings.local_repository).resolve()
@@ -138,6 +179,8 @@ def stack_up(
             warnings.simplefilter("ignore", ResourceWarning)
             del process
     status = StackStatus(running=True, info=info, already_running=already)
+    if ui:
+        status.mlflow_url = start_ui(settings)
     if load:
         load_models(info, list(load), settings, status)
     return status
@@ -161,6 +204,7 @@ def stack_status(settings: Settings) -> StackStatus:
     if info is None:
         return StackStatus(running=False, info=None)
     status = StackStatus(running=True, info=info)
+    status.mlflow_url = str((running_mlflow(settings) or {}).get("url", ""))
     try:
         with TritonControl(info.grpc_url, timeout=5.0) as triton:
             status.loaded = sorted(
@@ -179,6 +223,12 @@ def stack_down(settings: Settings) -> ServerInfo | None:
         return None
     local_triton.stop_pid(info.pid, info.shm_prefix)
     state_file(settings).unlink(missing_ok=True)
+    ui = running_mlflow(settings)
+    if ui is not None:
+        from pipelines.local_mlflow import stop_mlflow
+
+        stop_mlflow(int(ui["pid"]))  # type: ignore[call-overload]
+        mlflow_state_file(settings).unlink(missing_ok=True)
     s3 = running_s3(settings)
     if s3 is not None:
         from pipelines.local_s3 import stop_s3

@@ -10,6 +10,8 @@ itself.
 | MLREG_DEBUG           | ``1``: tracebacks on errors                          | off                      |
 | MLREG_NO_PROGRESS     | ``1``: no progress bars                              | off                      |
 | MLREG_TRITON_TIMEOUT  | seconds for one Triton control call (load: x10)      | ``30``                   |
+| MLREG_MLFLOW_TIMEOUT  | seconds for one MLflow request (2 retries)           | ``15``                   |
+| MLFLOW_TRACKING_URI   | the MLflow tracking + registry server  | ``sqlite:///<home>/mlflow.db`` |
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 PROJECT_MARKERS = ("mlreg.toml", ".mlreg", ".git")
 DEFAULT_TRITON_TIMEOUT = 30.0
+DEFAULT_MLFLOW_TIMEOUT = 15.0
 
 
 def find_project_root(start: Path) -> Path:
@@ -43,6 +46,18 @@ class Settings:
     debug: bool = False
     no_progress: bool = False
     triton_timeout: float = DEFAULT_TRITON_TIMEOUT
+    mlflow_uri: str = ""
+    mlflow_timeout: float = DEFAULT_MLFLOW_TIMEOUT
+
+    @property
+    def tracking_uri(self) -> str:
+        """MLFLOW_TRACKING_URI, else the embedded sqlite registry under .mlreg/."""
+        return self.mlflow_uri or f"sqlite:///{self.home / 'mlflow.db'}"
+
+    @property
+    def artifact_root(self) -> Path:
+        """Where the embedded registry keeps artifacts."""
+        return self.home / "artifacts"
 
     @property
     def stack_dir(self) -> Path:
@@ -75,4 +90,6 @@ class Settings:
             debug=_flag(env.get("MLREG_DEBUG")),
             no_progress=_flag(env.get("MLREG_NO_PROGRESS")),
             triton_timeout=float(env.get("MLREG_TRITON_TIMEOUT") or DEFAULT_TRITON_TIMEOUT),
+            mlflow_uri=env.get("MLFLOW_TRACKING_URI", ""),
+            mlflow_timeout=float(env.get("MLREG_MLFLOW_TIMEOUT") or DEFAULT_MLFLOW_TIMEOUT),
         )

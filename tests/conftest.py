@@ -34,3 +34,18 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory):
         yield server
     finally:
         local_s3.stop_s3(server.pid, process)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real `mlflow server` (sqlite, --workers 1, --serve-artifacts), once per session."""
+    from pipelines import local_mlflow
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    server, process = local_mlflow.start_mlflow(
+        f"sqlite:///{root / 'mlflow.db'}", root / "artifacts", root / "mlflow.log",
+        serve_artifacts=True)
+    try:
+        yield server
+    finally:
+        local_mlflow.stop_mlflow(server.pid, process)

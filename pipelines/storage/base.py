@@ -8,7 +8,6 @@ size of every file, written last: a version without it is incomplete) and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import StorageError
+from registry.manifest import sha256_file
 
 MANIFEST = ".mlreg-manifest.json"
 LOCK = ".mlreg-lock.json"
@@ -40,14 +40,6 @@ def check_part(part: str, what: str) -> str:
             fix="rename it with only those characters",
         )
     return part
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def local_files(folder: Path) -> dict[str, Path]:

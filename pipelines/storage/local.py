@@ -6,8 +6,9 @@ import os
 import shutil
 from pathlib import Path
 
-from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore, sha256_file
+from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore
 from registry.errors import StorageError
+from registry.manifest import sha256_file
 
 
 class LocalStore(RepositoryStore):

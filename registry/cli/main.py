@@ -8,7 +8,7 @@ import os
 import typer
 
 from registry import __version__
-from registry.cli import stack, store, template, triton
+from registry.cli import registry, stack, store, template, triton
 from registry.cli.validate import diff_cmd, validate_cmd
 
 app = typer.Typer(
@@ -28,6 +28,11 @@ app.add_typer(store.app, name="store")
 app.add_typer(triton.app, name="triton")
 app.command("validate")(validate_cmd)
 app.command("diff")(diff_cmd)
+app.command("export")(registry.export_cmd)
+app.command("register")(registry.register_cmd)
+app.command("versions")(registry.versions_cmd)
+app.command("show")(registry.show_cmd)
+app.add_typer(registry.alias_app, name="alias")
 
 
 def _version(value: bool) -> None:

@@ -11,8 +11,9 @@ app = typer.Typer(help="Start, inspect and stop the local Triton stack.", no_arg
 
 
 def _describe(data: dict[str, object]) -> None:
-    for key in ("grpc_url", "http_url", "metrics_url", "pid", "repository", "log_path"):
-        typer.echo(f"  {key:<12} {data[key]}")
+    for key in ("grpc_url", "http_url", "metrics_url", "pid", "repository", "log_path", "mlflow_url"):
+        if key in data:
+            typer.echo(f"  {key:<12} {data[key]}")
 
 
 @app.command("up")
@@ -23,6 +24,7 @@ def up_cmd(
     load: list[str] = typer.Option(None, "--load", "-l", help="Load this model (repeatable)."),
     s3: bool = typer.Option(False, "--s3", help="Serve from a local S3 server (moto_server): the "
                             "repository is pushed there and Triton reads s3://127.0.0.1:PORT/..."),
+    ui: bool = typer.Option(True, "--ui/--no-ui", help="Also start the MLflow UI on the local registry."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Start tritonserver (CPU, explicit model control) unless the project's one already runs.
@@ -31,7 +33,7 @@ def up_cmd(
     """
     from pipelines.stack import stack_up
 
-    status = stack_up(Settings.from_env(), repository=repository, load=load or (), s3=s3)
+    status = stack_up(Settings.from_env(), repository=repository, load=load or (), s3=s3, ui=ui)
     if as_json:
         emit_json(status.to_dict() | {"already_running": status.already_running})
         return

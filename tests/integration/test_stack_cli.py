@@ -24,7 +24,7 @@ def test_up_twice_starts_one_server_and_down_cleans_up(
     runner: CliRunner, built_repository: Path, tmp_path: Path,
 ) -> None:
     repo = str(built_repository)
-    first = runner.invoke(app, ["stack", "up", "-r", repo, "-l", "table_data_preprocess",
+    first = runner.invoke(app, ["stack", "up", "-r", repo, "-l", "table_data_preprocess", "--no-ui",
                                 "--json"])
     assert first.exit_code == 0, first.output
     info = json.loads(first.output)
@@ -38,6 +38,10 @@ def test_up_twice_starts_one_server_and_down_cleans_up(
         assert second.exit_code == 0, second.output
         assert "tritonserver already running" in second.output
         assert f"pid          {info['pid']}" in second.output
+        # the second `up` (UI on by default) adds the MLflow UI on the local registry
+        assert "mlflow_url   http://127.0.0.1:" in second.output
+        ui = json.loads((tmp_path / "home/stack/mlflow.json").read_text())
+        assert local_triton.http_ok(f"{ui['url']}/health")
 
         other = runner.invoke(app, ["stack", "up", "-r", str(tmp_path)])
         assert other.exit_code == 7
@@ -56,6 +60,7 @@ def test_up_twice_starts_one_server_and_down_cleans_up(
     assert not local_triton.pid_alive(info["pid"])
     assert not list(Path("/dev/shm").glob(f"{info['shm_prefix']}*"))
     assert runner.invoke(app, ["stack", "status"]).exit_code == 1
+    assert local_s3.process_gone(ui["pid"])
 
 
 def test_a_model_that_fails_to_load_reports_the_servers_reason(
@@ -66,7 +71,7 @@ def test_a_model_that_fails_to_load_reports_the_servers_reason(
     repo = tmp_path / "repo"
     shutil.copytree(built_repository / "table_data_model", repo / "table_data_model")
     shutil.rmtree(repo / "table_data_model" / "1" / "model")
-    result = runner.invoke(app, ["stack", "up", "-r", str(repo), "-l", "table_data_model"])
+    result = runner.invoke(app, ["stack", "up", "-r", str(repo), "-l", "table_data_model", "--no-ui"])
     try:
         assert result.exit_code == 6
         assert "error: load failed on 127.0.0.1:" in result.output
@@ -83,7 +88,7 @@ def test_up_with_s3_serves_from_a_local_s3_server(
 
     repo = tmp_path / "repo"
     shutil.copytree(built_repository / "table_data_preprocess", repo / "table_data_preprocess")
-    result = runner.invoke(app, ["stack", "up", "--s3", "-r", str(repo),
+    result = runner.invoke(app, ["stack", "up", "--s3", "-r", str(repo), "--no-ui",
                                  "-l", "table_data_preprocess", "--json"])
     try:
         assert result.exit_code == 0, result.output

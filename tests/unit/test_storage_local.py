@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.storage import open_store, parse_s3_uri
-from pipelines.storage.base import DigestCache, sha256_file
+from pipelines.storage.base import DigestCache
 from registry.errors import StorageError
+from registry.manifest import sha256_file
 
 
 def test_digest_cache_reuses_and_invalidates(tmp_path: Path) -> None:

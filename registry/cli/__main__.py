@@ -1,0 +1,5 @@
+"""``python -m registry.cli`` runs the mlreg command."""
+
+from registry.cli.main import main
+
+main()

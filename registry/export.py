@@ -1,0 +1,51 @@
+"""``mlreg export``: run the template's exporters, then register every result."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from registry import template
+from registry.contracts.config import CONFIG_NAME, load_config
+from registry.mlflow_registry import MlflowRegistry
+from registry.register import RegisterResult, find_candidate, register
+from registry.settings import Settings
+
+
+def _is_ensemble(model_dir: Path) -> bool:
+    return load_config(model_dir / CONFIG_NAME).platform == "ensemble"
+
+
+def member_versions(registry: MlflowRegistry, model_dir: Path) -> dict[str, str]:
+    """For an ensemble: the registry version of each member it was built against."""
+    config = load_config(model_dir / CONFIG_NAME)
+    members = {}
+    for step in config.ensemble_scheduling.step:
+        if step.model_version > 0:
+            members[step.model_name] = str(step.model_version)
+        else:
+            versions = registry.versions(step.model_name)
+            members[step.model_name] = str(max((int(v.version) for v in versions), default=0))
+    return members
+
+
+def export_models(settings: Settings, registry: MlflowRegistry, models: list[str] | None = None,
+                  seed: int = 0, force: bool = False,
+                  on_model: Callable[[str], None] | None = None) -> list[RegisterResult]:
+    staging = settings.home / "exports"
+    if staging.exists():
+        shutil.rmtree(staging)
+    # registered configs are the template's own (KIND_GPU kept): devices are adapted at deploy
+    built = template.build(settings.template_dir, staging, models=models, seed=seed, device="gpu",
+                           force=True, on_model=on_model)
+    folders = sorted((p for p in staging.iterdir() if (p / CONFIG_NAME).is_file()),
+                     key=lambda p: (_is_ensemble(p), p.name))  # members before ensembles
+    results = []
+    for folder in folders:
+        exporter = template.exporter_path(settings.template_dir / folder.name)
+        members = member_versions(registry, folder) if _is_ensemble(folder) else None
+        info = dict(built.exported.get(folder.name) or {})
+        results.append(register(registry, find_candidate(folder), force=force, exporter=exporter,
+                                export_info=info, members=members))
+    return results
