@@ -52,3 +52,32 @@ if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "golden.jpg"
     with open(out, "wb") as f:
         f.write(golden_jpeg())
+
+
+def decoded_golden_image() -> np.ndarray:
+    """The golden JPEG as image_preprocess outputs it: [1, 3, 256, 256] float32."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(golden_jpeg())) as image:
+        pixels = np.asarray(image.convert("RGB").resize((256, 256)), dtype=np.float32)
+    return np.transpose(pixels, (2, 0, 1))[np.newaxis]
+
+
+def model_inputs(model: str) -> dict[str, np.ndarray] | None:
+    """Golden inputs of each template model (None for a model the template does not know)."""
+    one_hot = {1: [[1, 0, 0]], 2: [[0, 1, 0]]}
+    rng = np.random.default_rng(0)
+    inputs = {
+        "ensemble_multi_modal_model": ensemble_inputs,
+        "table_data_preprocess": lambda: {k: v for k, v in ensemble_inputs().items()
+                                          if k.startswith("table")},
+        "table_data_model": lambda: {
+            "categorical_col_1": np.array(one_hot[TABLE_DATA_INPUT_1], np.float32),
+            "categorical_col_2": np.array(one_hot[TABLE_DATA_INPUT_2], np.float32)},
+        "image_preprocess": lambda: {"image_preprocess_input": ensemble_inputs()["image_preprocess_input"]},
+        "image_model": lambda: {"image": decoded_golden_image()},
+        "multi_modal_model": lambda: {"image": rng.normal(size=(2, 10)).astype(np.float32),
+                                      "table_data": rng.normal(size=(2, 10)).astype(np.float32)},
+    }
+    make = inputs.get(model)
+    return None if make is None else make()

@@ -139,7 +139,20 @@ class LockInfo:
 
     @property
     def stale(self) -> bool:
-        return time.time() > self.expires_at
+        """Expired, or held by a process of this machine that no longer runs (killed)."""
+        if time.time() > self.expires_at:
+            return True
+        host, _, pid = self.owner.rpartition("@")[2].partition(":")
+        if host == socket.gethostname() and pid.isdigit():
+            return not Path(f"/proc/{pid}").exists() or _zombie(int(pid))
+        return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] in {"Z", "X"}
+    except OSError:
+        return True
 
 
 def default_owner() -> str:
@@ -208,6 +221,21 @@ class RepositoryStore(ABC):
         except (ValueError, KeyError) as exc:
             raise StorageError(f"{self.uri}: the manifest of {model}/{version} is unreadable: {exc}",
                                fix="push the version again to rewrite it") from exc
+
+    def get_version(self, model: str, version: str, dest: Path) -> Path:
+        """Download ``<model>/<version>/`` into ``dest`` (the manifest left out); return dest."""
+        dest.mkdir(parents=True, exist_ok=True)
+        prefix = f"{model}/{version}/"
+        for key in self.list_prefix(prefix):
+            rel = key[len(prefix):]
+            if rel == MANIFEST:
+                continue
+            data = self.read(key)
+            if data is None:
+                continue
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(data)
+        return dest
 
     def delete_version(self, model: str, version: str) -> None:
         for key in self.list_prefix(f"{model}/{version}/"):

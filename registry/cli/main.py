@@ -8,7 +8,7 @@ import os
 import typer
 
 from registry import __version__
-from registry.cli import registry, stack, store, template, triton
+from registry.cli import promote, registry, stack, store, template, triton
 from registry.cli.validate import diff_cmd, validate_cmd
 
 app = typer.Typer(
@@ -33,6 +33,10 @@ app.command("register")(registry.register_cmd)
 app.command("versions")(registry.versions_cmd)
 app.command("show")(registry.show_cmd)
 app.add_typer(registry.alias_app, name="alias")
+app.command("promote")(promote.promote_cmd)
+app.command("rollback")(promote.rollback_cmd)
+app.command("status")(promote.status_cmd)
+app.command("history")(promote.history_cmd)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,1 @@
+"""Promotion: a registered version to serving in an environment, checked, swapped, recorded."""

@@ -1,0 +1,87 @@
+"""Environments from the project's ``mlreg.toml``; the embedded default ``local`` needs none.
+
+    [environments.staging]
+    store = "s3://models-bucket/staging"        # Triton's repository syntax
+    targets = ["triton-0.staging:8001", "triton-1.staging:8001"]   # gRPC; the first is the canary
+    alias = "staging"                            # the MLflow alias this environment owns
+    gpu = true                                   # keep KIND_GPU instance groups (default true)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+from registry.errors import UsageError
+from registry.settings import Settings
+
+LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    store: str
+    targets: tuple[str, ...]
+    alias: str
+    gpu: bool
+    local_stack: bool = False  # targets resolved from the running local stack
+
+
+def settings_file(settings: Settings) -> Path:
+    return settings.home.parent / "mlreg.toml"
+
+
+def local_environment(settings: Settings) -> Environment:
+    from registry.template import gpu_available
+
+    return Environment(LOCAL, str(settings.local_repository), (), "local", gpu_available(),
+                       local_stack=True)
+
+
+def load_environments(settings: Settings) -> dict[str, Environment]:
+    envs = {LOCAL: local_environment(settings)}
+    path = settings_file(settings)
+    if not path.is_file():
+        return envs
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read the environments: {exc}",
+                         fix="fix the TOML syntax") from exc
+    for name, raw in (data.get("environments") or {}).items():
+        try:
+            envs[name] = Environment(name, str(raw["store"]), tuple(raw.get("targets", ())),
+                                     str(raw.get("alias", name)), bool(raw.get("gpu", True)))
+        except (KeyError, TypeError) as exc:
+            raise UsageError(f"{path}: environment '{name}' needs at least 'store' ({exc})",
+                             fix='add store = "s3://bucket/prefix" and targets = ["host:8001"]') from exc
+    return envs
+
+
+def environment(settings: Settings, name: str) -> Environment:
+    envs = load_environments(settings)
+    if name not in envs:
+        raise UsageError(f"unknown environment '{name}'",
+                         fix=f"use one of: {', '.join(sorted(envs))} (defined in {settings_file(settings)})")
+    return envs[name]
+
+
+def resolve_targets(settings: Settings, env: Environment) -> tuple[str, ...]:
+    """The gRPC URLs to drive; for ``local``, the running local stack's."""
+    if not env.local_stack:
+        if not env.targets:
+            raise UsageError(f"environment '{env.name}' has no targets",
+                             fix='add targets = ["host:8001"] to its section in mlreg.toml')
+        return env.targets
+    from pipelines.stack import running_server
+
+    info = running_server(settings)
+    if info is None:
+        from registry.errors import PromotionError
+
+        raise PromotionError("the local stack is not running, so environment 'local' has no Triton",
+                             fix="start it with 'mlreg stack up'")
+    return (info.grpc_url,)

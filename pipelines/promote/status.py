@@ -1,0 +1,71 @@
+"""`mlreg status` and `mlreg history`: registry alias vs the store's desired state vs what serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.promote.environments import Environment, resolve_targets
+from pipelines.promote.plan import serving_versions
+from pipelines.storage import open_store
+from pipelines.triton import TritonControl
+from registry.errors import MlregError
+from registry.mlflow_registry import MlflowRegistry
+from registry.settings import Settings
+
+
+def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
+                 models: list[str] | None = None) -> list[dict[str, Any]]:
+    store = open_store(env.store)
+    names = models or store.list_models()
+    try:
+        targets = resolve_targets(settings, env)
+    except MlregError:
+        targets = ()
+    live: dict[str, dict[str, dict[str, str]] | str] = {}
+    for url in targets:
+        try:
+            with TritonControl(url, timeout=5) as triton:
+                live[url] = triton.model_states()
+        except MlregError as exc:
+            live[url] = f"unreachable: {exc.message}"
+    rows = []
+    for model in names:
+        desired = serving_versions(store.read_config(model))
+        try:
+            alias = registry.aliases(model).get(env.alias, "")
+        except MlregError:
+            alias = ""
+        serving: dict[str, Any] = {}
+        for url, states in live.items():
+            serving[url] = states if isinstance(states, str) else sorted(
+                (v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
+        drift = []
+        if alias and desired and desired != [alias] and not _is_ensemble(store, model):
+            drift.append(f"alias {env.alias}=v{alias} but the store serves v{','.join(desired)}")
+        for url, versions in serving.items():
+            if isinstance(versions, list) and versions != desired:
+                drift.append(f"{url} serves v{','.join(versions) or 'nothing'}, "
+                             f"store wants v{','.join(desired) or 'nothing'}")
+            elif isinstance(versions, str):
+                drift.append(f"{url} {versions}")
+        rows.append({"model": model, "alias": alias, "desired": desired, "serving": serving,
+                     "drift": drift})
+    return rows
+
+
+def _is_ensemble(store: Any, model: str) -> bool:
+    text = store.read_config(model) or ""
+    return 'platform: "ensemble"' in text
+
+
+def history(registry: MlflowRegistry, model: str, env: str | None) -> list[dict[str, Any]]:
+    from pipelines.promote.runner import PROMOTIONS_EXPERIMENT
+
+    query = f"tags.mlreg_model = '{model}'" + (f" and tags.environment = '{env}'" if env else "")
+    exp = registry.experiment_id(PROMOTIONS_EXPERIMENT)
+    runs = registry._call("history", lambda: registry.client.search_runs(
+        [exp], filter_string=query, order_by=["attributes.start_time DESC"], max_results=500))
+    return [{"when": run.info.start_time, "environment": run.data.tags.get("environment"),
+             "from": run.data.params.get("from_version"), "to": run.data.params.get("to_version"),
+             "result": run.data.tags.get("result"), "user": run.data.tags.get("user"),
+             "run_id": run.info.run_id} for run in runs]
