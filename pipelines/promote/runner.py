@@ -115,13 +115,13 @@ class Promotion:
                                       "detail": f"{model} version {version} already serves in "
                                       f"'{self.env.name}'"})
                 return result
-            self._stage(result, "validate", lambda: self.validate(plan))
-            if self.options.dry_run:
-                result.ok = True
-                return result
-            if not self.options.skip_quality:
-                self._stage(result, "quality", lambda: self.quality(plan))
             try:
+                self._stage(result, "validate", lambda: self.validate(plan))
+                if self.options.dry_run:
+                    result.ok = True
+                    return result
+                if not self.options.skip_quality:
+                    self._stage(result, "quality", lambda: self.quality(plan))
                 self._stage(result, "assemble", lambda: self.assemble(plan))
                 self._stage(result, "deploy", lambda: self.deploy(plan))
                 self._stage(result, "verify", lambda: self.verify(plan))
