@@ -33,22 +33,18 @@ lint: install
 	$(VENV)/bin/ruff check registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/mypy
 
-# Export the template's models, serve the ensemble on the local Triton, send the seed's request.
+# The whole story on embedded defaults: stack, export + register, promote, request, swap, status.
 demo: install
-	@set -e; \
-	$(MLREG) stack down >/dev/null; \
-	trap '$(MLREG) stack down' EXIT; \
-	echo "== exporting the template into .mlreg/model_repository"; \
-	$(MLREG) template build .mlreg/model_repository --force; \
-	echo "== starting the local Triton and loading the ensemble"; \
-	$(MLREG) stack up --load ensemble_multi_modal_model; \
-	url=$$($(MLREG) stack status --json | $(PY) -c "import json,sys; print(json.load(sys.stdin)['grpc_url'])"); \
-	echo "== the seed's request (table 1, 2 + the golden JPEG) to ensemble_multi_modal_model"; \
-	$(PY) model_repository_template/multi_modal_client.py --url $$url
+	bash infra/demo.sh
 
 bench: install
 	$(PY) benchmarks/serve_ensemble.py
+	$(PY) benchmarks/validate.py
+	$(PY) benchmarks/storage.py
+	$(PY) benchmarks/registry.py
+	$(PY) benchmarks/promote.py
 
 clean:
 	-$(MLREG) stack down
+	-MLREG_HOME=$(CURDIR)/.mlreg/demo $(MLREG) stack down
 	rm -rf .mlreg

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,9 +31,18 @@ class MlflowRegistry:
         self.settings = settings
         self.uri = settings.tracking_uri
         self._client: Any = None
+        self._lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        """Import MLflow and open the client in the background (it takes seconds)."""
+        threading.Thread(target=lambda: self.client, daemon=True).start()
 
     @property
     def client(self) -> Any:
+        with self._lock:
+            return self._open()
+
+    def _open(self) -> Any:
         if self._client is None:
             os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(self.settings.mlflow_timeout))
             os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "2"

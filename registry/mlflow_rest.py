@@ -50,3 +50,8 @@ def search_versions(base: str, name: str, timeout: float) -> list[dict[str, Any]
 def aliases(base: str, name: str, timeout: float) -> dict[str, str]:
     model = _get(base, "registered-models/get", {"name": name}, timeout)["registered_model"]
     return {a["alias"]: str(a["version"]) for a in model.get("aliases", [])}
+
+
+def ping(base: str, timeout: float) -> None:
+    """Raise RegistryError unless the tracking server answers."""
+    _get(base, "experiments/search", {"max_results": 1}, timeout)

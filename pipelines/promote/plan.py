@@ -13,6 +13,7 @@ from typing import Any
 
 from pipelines.promote.environments import Environment
 from pipelines.storage.base import RepositoryStore
+from registry import mlflow_sqlite
 from registry.contracts.config import CONFIG_NAME, format_config, load_config, parse_config
 from registry.errors import PromotionError
 from registry.mlflow_registry import MlflowRegistry
@@ -94,8 +95,9 @@ def desired_config(text: str, versions: list[str], gpu: bool,
 
 def fetch_version(registry: MlflowRegistry, model: str, version: str, workdir: Path) -> Path:
     """Download a registered version as a Triton model folder ``workdir/<model>``."""
-    mv = registry.version(model, version)
-    tags = dict(mv.tags or {})
+    record = mlflow_sqlite.model_version(registry.uri, model, version)
+    local = record.local_source() if record else None
+    tags = record.tags if record else dict(registry.version(model, version).tags or {})
     if tags.get("validation") == "failed":
         raise PromotionError(
             f"{model} version {version} failed validation when it was registered",
@@ -104,6 +106,15 @@ def fetch_version(registry: MlflowRegistry, model: str, version: str, workdir: P
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
+    if local is not None and (local.parent / CONFIG_NAME).is_file():
+        # the embedded registry's artifacts are local files: copy them, no MLflow import needed
+        shutil.copy2(local.parent / CONFIG_NAME, folder / CONFIG_NAME)
+        if local.is_dir():
+            shutil.copytree(local, folder / version)
+        else:
+            (folder / version).mkdir()
+        return folder
+    mv = registry.version(model, version)
     download = workdir / f".download-{model}-{version}"
     registry.download(mv.run_id, CONFIG_NAME, download)
     shutil.copy2(download / CONFIG_NAME, folder / CONFIG_NAME)

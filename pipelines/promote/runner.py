@@ -21,7 +21,14 @@ import numpy as np
 
 from pipelines.promote import checks, quality
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.promote.plan import Plan, Step, build_plan, desired_config
+from pipelines.promote.plan import (
+    Plan,
+    Step,
+    build_plan,
+    desired_config,
+    ensemble_pins,
+    serving_versions,
+)
 from pipelines.storage import open_store
 from pipelines.storage.base import RepositoryStore
 from pipelines.triton import TritonControl
@@ -93,8 +100,32 @@ class Promotion:
 
     # -- the pipeline --------------------------------------------------------------------------
 
+    def already_serving(self, model: str, version: str, targets: tuple[str, ...]) -> bool:
+        """The fast no-op check (no MLflow import): the store wants exactly this version, it is
+        complete, every ensemble pins it, and every target serves exactly it."""
+        if serving_versions(self.store.read_config(model)) != [version]:
+            return False
+        if self.store.read_manifest(model, version) is None:
+            return False
+        for ensemble in self.store.list_models():
+            text = self.store.read_config(ensemble) or ""
+            if 'platform: "ensemble"' in text and ensemble_pins(text).get(model, version) not in (
+                    version, "-1"):
+                return False
+        for url in targets:
+            with TritonControl(url, timeout=5) as triton:
+                states = triton.model_states().get(model, {})
+            if sorted(v for v, state in states.items() if state == "READY") != [version]:
+                return False
+        return True
+
     def run(self, model: str, version: str) -> PromotionResult:
         targets = resolve_targets(self.settings, self.env)
+        if not self.options.dry_run and self.already_serving(model, version, targets):
+            result = PromotionResult(Plan(self.env, targets, model, version), ok=True)
+            result.stages.append({"stage": "noop", "status": "ok", "seconds": 0.0, "detail":
+                                  f"{model} version {version} already serves in '{self.env.name}'"})
+            return result
         self._preconditions(targets)
         with tempfile.TemporaryDirectory(prefix="mlreg-promote-") as tmp, \
                 self.store.lock(model, wait=0):
@@ -144,11 +175,17 @@ class Promotion:
 
     def _preconditions(self, targets: tuple[str, ...]) -> None:
         """Triton, store and MLflow reachable before anything starts."""
+        from registry import mlflow_rest, mlflow_sqlite
+
+        self.registry.warm_up()  # MLflow's import overlaps with the work below
         for url in targets:
             with TritonControl(url, timeout=5) as triton:
                 triton.is_live()
         self.store.list_models()
-        self.registry.experiment_id(PROMOTIONS_EXPERIMENT)
+        if self.registry.uri.startswith(("http://", "https://")):
+            mlflow_rest.ping(self.registry.uri, self.settings.mlflow_timeout)
+        elif mlflow_sqlite.database(self.registry.uri) is None:
+            self.registry.experiment_id(PROMOTIONS_EXPERIMENT)  # creates the embedded registry
 
     def validate(self, plan: Plan) -> str:
         errors = checks.contract_errors(plan, self.store)

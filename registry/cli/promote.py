@@ -51,7 +51,7 @@ def _run(model: str, version: str, env: str, as_json: bool, **options: object) -
                        f"{'changes' if step.previous_config != step.config_text else 'unchanged'}, "
                        f"serving v{','.join(step.previous_versions) or 'nothing'} -> v{step.version}")
         typer.echo(f"  load on: {', '.join(plan.targets)} (first = canary)")
-    elif plan.noop:
+    elif result.stages and result.stages[-1]["stage"] == "noop":
         typer.echo(f"{model} version {version} already serves in '{env}': nothing to do")
     else:
         typer.echo(f"promoted {model} version {version} to '{env}' "

@@ -1,0 +1,161 @@
+"""Promotion on the local stack, side by side with a bare baseline, in one run.
+
+(a) `mlreg promote image_model --version N --skip-quality` (whole CLI process; the quality stage is
+    timed separately) vs a bare baseline script doing only upload + load_model + wait-until-ready.
+    Target: <= 1.3x.
+(b) ensemble traffic during promotions (image_model swapped back and forth until >= 10,000
+    requests were sent during promotions): failed requests (target 0), p99 latency during vs before.
+(c) promoting the version already serving.  Target: a no-op in < 2 s.
+
+    .venv/bin/python benchmarks/promote.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "model_repository_template"))
+
+from golden_inputs import ensemble_inputs  # noqa: E402
+
+from pipelines.stack import stack_down, stack_up  # noqa: E402
+from pipelines.triton import TritonControl  # noqa: E402
+from registry.settings import Settings  # noqa: E402
+
+BASELINE = """
+import shutil, sys, time
+from pathlib import Path
+import tritonclient.grpc as grpcclient
+repo, url, version, source = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+began = time.perf_counter()
+shutil.copytree(source, repo / "image_model" / version)  # the upload (local store)
+config = (repo / "image_model" / "config.pbtxt").read_text()
+import re
+config = re.sub(r"version_policy \\{.*?\\n\\}\\n", "", config, flags=re.S)
+config += "version_policy { specific { versions: [%s] } }\\n" % version
+(repo / "image_model" / "config.pbtxt").write_text(config)
+client = grpcclient.InferenceServerClient(url)
+client.load_model("image_model", client_timeout=300)
+while not client.is_model_ready("image_model", version):
+    time.sleep(0.05)
+print(time.perf_counter() - began)
+"""
+
+
+def cli(env: dict[str, str], *args: str) -> tuple[float, str]:
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "registry.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"mlreg {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - began, proc.stdout
+
+
+class Traffic:
+    def __init__(self, url: str, threads: int = 8) -> None:
+        self.url, self.stop, self.lock = url, threading.Event(), threading.Lock()
+        self.records: list[tuple[float, float, bool]] = []  # (start, latency, ok)
+        self.threads = [threading.Thread(target=self.worker) for _ in range(threads)]
+
+    def worker(self) -> None:
+        inputs = ensemble_inputs()
+        with TritonControl(self.url, timeout=30) as triton:
+            deadline = time.monotonic() + 900
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                began = time.monotonic()
+                try:
+                    triton.infer("ensemble_multi_modal_model", inputs, ["multi_modal_output"])
+                    ok = True
+                except Exception:  # noqa: BLE001 - counted
+                    ok = False
+                with self.lock:
+                    self.records.append((began, time.monotonic() - began, ok))
+
+    def window(self, start: float, end: float) -> list[tuple[float, float, bool]]:
+        with self.lock:
+            return [r for r in self.records if start <= r[0] < end]
+
+
+def p99(records: list[tuple[float, float, bool]]) -> float:
+    ordered = sorted(r[1] for r in records)
+    return 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="mlreg-bench-promote-"))
+    env = {**os.environ, "MLREG_HOME": str(work / ".mlreg"), "MLREG_NO_PROGRESS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    settings = Settings.from_env(env=env)
+    settings.local_repository.mkdir(parents=True)
+    info = stack_up(settings, ui=False).info
+    assert info is not None
+    try:
+        cli(env, "export")
+        cli(env, "promote", "ensemble_multi_modal_model", "--version", "1", "--skip-quality")
+        versions = []
+        for seed in (7, 8, 9):
+            _, out = cli(env, "export", "image_model", "--seed", str(seed), "--json")
+            versions.append(json.loads(out)["versions"][0]["version"])
+        # (a) mlreg promote vs the bare baseline
+        quality_s, _ = cli(env, "promote", "image_model", "--version", versions[0])  # with quality
+        ours_s, out = cli(env, "promote", "image_model", "--version", versions[1], "--skip-quality",
+                          "--json")
+        stages = {s["stage"]: s["seconds"] for s in json.loads(out)["stages"]}
+        source = settings.home / "exports" / "image_model" / "1"
+        cli(env, "export", "image_model", "--seed", "10")
+        proc = subprocess.run([sys.executable, "-c", BASELINE, str(settings.local_repository),
+                               info.grpc_url, "99", str(source)], capture_output=True, text=True,
+                              check=True)
+        baseline_s = float(proc.stdout.strip())
+        # restore the store's desired state for image_model (baseline wrote version 99)
+        cli(env, "promote", "image_model", "--version", versions[1], "--skip-quality")
+        shutil.rmtree(settings.local_repository / "image_model" / "99", ignore_errors=True)
+
+        # (b) traffic during promotions
+        traffic = Traffic(info.grpc_url)
+        for thread in traffic.threads:
+            thread.start()
+        time.sleep(10)
+        before = traffic.window(0, time.monotonic())
+        during: list[tuple[float, float, bool]] = []
+        flip = [versions[2], versions[1]]
+        promotions = 0
+        deadline = time.monotonic() + 600
+        while len(during) < 10_000 and time.monotonic() < deadline:
+            start = time.monotonic()
+            cli(env, "promote", "image_model", "--version", flip[promotions % 2], "--skip-quality")
+            during.extend(traffic.window(start, time.monotonic()))
+            promotions += 1
+        traffic.stop.set()
+        for thread in traffic.threads:
+            thread.join()
+        # (c) the version already serving
+        noop = [cli(env, "promote", "image_model", "--version", flip[(promotions - 1) % 2])[0]
+                for _ in range(3)]
+    finally:
+        stack_down(settings)
+    failed = sum(1 for r in during if not r[2])
+    print(f"(a) mlreg promote (no quality)   {ours_s:6.2f} s   stages: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
+    print(f"    baseline upload+load+ready   {baseline_s:6.2f} s   ratio {ours_s / baseline_s:.2f} "
+          "(target <= 1.3)")
+    print(f"    quality stage, reported apart: a full promotion with it took {quality_s:.2f} s")
+    print(f"(b) {len(during):,} ensemble requests during {promotions} promotions: {failed} failed "
+          f"(target 0); p99 before {p99(before):.1f} ms, during {p99(during):.1f} ms")
+    print(f"(c) promoting the serving version: median {statistics.median(noop):.2f} s (target < 2)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

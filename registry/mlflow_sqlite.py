@@ -1,0 +1,52 @@
+"""Read-only queries on the embedded registry's sqlite file, without importing MLflow.
+
+MLflow's import costs 3-5 s.  The promotion's resolve step only needs a version's run, source
+and tags, which the embedded registry keeps in ``model_versions`` / ``model_version_tags``; this
+reader answers those and returns None on anything unexpected, so callers fall back to the MLflow
+client (``registry.mlflow_registry``), the one place that writes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    name: str
+    version: str
+    run_id: str
+    source: str
+    tags: dict[str, str]
+
+    def local_source(self) -> Path | None:
+        """The artifact folder on disk when the source is a file:// URI."""
+        parsed = urlparse(self.source)
+        return Path(unquote(parsed.path)) if parsed.scheme == "file" else None
+
+
+def database(tracking_uri: str) -> Path | None:
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path = Path(tracking_uri.removeprefix("sqlite:///"))
+    return path if path.is_file() else None
+
+
+def model_version(tracking_uri: str, name: str, version: str) -> VersionRecord | None:
+    db = database(tracking_uri)
+    if db is None:
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            row = conn.execute("SELECT source, run_id FROM model_versions WHERE name = ? AND "
+                               "version = ?", (name, int(version))).fetchone()
+            if row is None:
+                return None
+            tags = dict(conn.execute("SELECT key, value FROM model_version_tags WHERE name = ? "
+                                     "AND version = ?", (name, int(version))).fetchall())
+    except (sqlite3.Error, ValueError):
+        return None
+    return VersionRecord(name, str(version), str(row[1] or ""), str(row[0] or ""), tags)
