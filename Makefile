@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	set -o pipefail; $(PY) -m pip install --quiet --disable-pip-version-check -e '.[all,dev]' 2>&1 \
 		| { grep -v '^WARNING: Location' || true; }
-	$(PY) -c "import registry, pipelines, tensorflow, tf2onnx, onnxruntime, pytriton, tritonclient.grpc"
+	$(PY) -c "import registry, pipelines, tensorflow, tf2onnx, onnxruntime, pytriton, tritonclient.grpc, mlflow, boto3, great_expectations, moto"
 	touch $(STAMP)
 
 test: install
