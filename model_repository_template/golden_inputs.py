@@ -81,3 +81,19 @@ def model_inputs(model: str) -> dict[str, np.ndarray] | None:
     }
     make = inputs.get(model)
     return None if make is None else make()
+
+
+# What the quality gate expects of each model's outputs on the golden inputs, beyond "finite, the
+# configured shape": a declared value range, and the largest change against the serving version
+# that is still a pass (no tolerance declared: the change is reported, not judged).
+QUALITY = {
+    "table_data_preprocess": {
+        "table_data_output_1": {"min": 0.0, "max": 1.0, "tolerance": 0.0},
+        "table_data_output_2": {"min": 0.0, "max": 1.0, "tolerance": 0.0},
+    },
+    "image_preprocess": {"image_preprocess_output": {"min": 0.0, "max": 255.0, "tolerance": 0.0}},
+}
+
+
+def quality_spec(model: str) -> dict[str, dict[str, float]]:
+    return QUALITY.get(model, {})

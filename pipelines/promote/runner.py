@@ -207,7 +207,9 @@ class Promotion:
         if self.preflight.failures:
             raise PromotionError("quality gate failed:\n  " + "\n  ".join(self.preflight.failures),
                                  fix="fix the model; its outputs on the golden inputs are not sane")
-        return f"golden inputs passed on {', '.join(self.preflight.checked)}"
+        changes = ", ".join(f"{k} max|Δ| {v:.3g}" for k, v in self.preflight.changes.items())
+        return (f"golden inputs passed on {', '.join(self.preflight.checked)}"
+                + (f"; against serving: {changes}" if changes else ""))
 
     def assemble(self, plan: Plan) -> str:
         sent = 0

@@ -179,6 +179,25 @@ def test_the_quality_gate_catches_a_model_that_cannot_load(stack: Stack, tmp_pat
     assert stack.serving("table_data_preprocess") == ["1"]
 
 
+def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving_version(
+    stack: Stack, tmp_path: Path,
+) -> None:
+    folder = tmp_path / "table_data_preprocess"
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    code = folder / "1" / "model.py"
+    original = "return (flat == VOCAB[np.newaxis, :]).astype(np.float32)"
+    assert original in code.read_text()
+    code.write_text(code.read_text().replace(original, f"return 2 * {original.removeprefix('return ')}"))
+    version = register(stack.registry, find_candidate(folder)).version
+    with pytest.raises(PromotionError, match="quality gate failed") as info:
+        stack.promote("table_data_preprocess", version)
+    message = info.value.message
+    assert "table_data_preprocess/table_data_output_1: expect_column_values_to_be_between " \
+           "min_value=0.0, max_value=1.0 failed" in message
+    assert "changed by up to 1 against serving v1, declared tolerance 0.0" in message
+    assert stack.serving("table_data_preprocess") == ["1"]
+
+
 def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Path) -> None:
     version = _failing_version(stack, tmp_path)  # same bytes: the version registered above
     with pytest.raises(PromotionError, match="rolled back, the previous versions serve") as info:
