@@ -140,6 +140,8 @@ class Promotion:
                 return ", ".join(f"{s.model} v{s.version} ({s.role})" for s in plan.steps)
 
             self._stage(result, "resolve", resolve)
+            if self._wants_onnx(plan):
+                self._stage(result, "convert", lambda: self.convert(plan))
             if plan.noop:
                 result.ok = True
                 result.stages.append({"stage": "noop", "status": "ok", "seconds": 0.0,
@@ -187,6 +189,39 @@ class Promotion:
         elif mlflow_sqlite.database(self.registry.uri) is None:
             self.registry.experiment_id(PROMOTIONS_EXPERIMENT)  # creates the embedded registry
 
+    def _wants_onnx(self, plan: Plan) -> bool:
+        """--serve-as onnx, or auto and a target whose Triton has no TensorFlow backend."""
+        step = plan.step(plan.model)
+        if step.folder is None or 'platform: "tensorflow_savedmodel"' not in step.config_text:
+            return False
+        if self.options.serve_as == "onnx":
+            return True
+        if self.options.serve_as != "auto":
+            return False
+        from pipelines.promote.convert import needs_onnx
+
+        for url in plan.targets:
+            with TritonControl(url, timeout=5) as triton:
+                if needs_onnx(str(triton.server_metadata().get("version", ""))):
+                    return True
+        return False
+
+    def convert(self, plan: Plan) -> str:
+        from pipelines.promote.convert import convert_step
+
+        step = plan.step(plan.model)
+        golden = quality.golden_inputs(self.settings, step.model, step.config_text)
+        converted, parity = convert_step(step, golden, self.registry, self.env.gpu)
+        plan.steps[plan.steps.index(step)] = converted
+        plan.version = converted.version
+        for other in plan.steps:  # ensembles re-pointed to the SavedModel version: to the ONNX one
+            if other.role == "ensemble":
+                other.config_text = desired_config(other.config_text, [other.version], self.env.gpu,
+                                                   {step.model: converted.version})
+        worst = max(parity.values(), default=0.0)
+        return (f"{step.model} v{step.version} (SavedModel) -> v{converted.version} (ONNX), "
+                f"parity max |diff| {worst:.2g}")
+
     def validate(self, plan: Plan) -> str:
         errors = checks.contract_errors(plan, self.store)
         if errors:
@@ -224,17 +259,45 @@ class Promotion:
         for step in plan.steps:
             if step.noop:
                 continue
+            overlap = step.role != "ensemble" and not self._platform_changes(step)
             versions = sorted(set(step.previous_versions) | {step.version}, key=int) \
-                if step.role != "ensemble" else [step.version]
+                if overlap else [step.version]
+            if step.role != "ensemble" and not overlap:
+                self._follow_latest(plan, step)
             if step not in self.changed:
                 self.changed.append(step)
-            self.store.write_config(step.model, desired_config(step.config_text, versions,
-                                                               self.env.gpu))
-            for triton in self.controls(plan):  # the first target is the canary
-                with triton:
-                    triton.load(step.model)
-                    triton.wait_ready(step.model, step.version)
+            self._write_and_load(plan, step, desired_config(step.config_text, versions,
+                                                            self.env.gpu))
         return ", ".join(f"{s.model} v{s.version}" for s in plan.steps if not s.noop)
+
+    def _write_and_load(self, plan: Plan, step: Step, config_text: str) -> None:
+        self.store.write_config(step.model, config_text)
+        for triton in self.controls(plan):  # the first target is the canary
+            with triton:
+                triton.load(step.model)
+                triton.wait_ready(step.model, step.version)
+
+    @staticmethod
+    def _platform_changes(step: Step) -> bool:
+        """Old and new versions cannot share one config (e.g. SavedModel -> ONNX)."""
+        if step.previous_config is None:
+            return False
+        from registry.contracts.config import parse_config
+
+        old, new = parse_config(step.previous_config), parse_config(step.config_text)
+        return (old.platform, old.backend) != (new.platform, new.backend)
+
+    def _follow_latest(self, plan: Plan, step: Step) -> None:
+        """Before a swap without overlap, ensembles pinned to the old version follow the latest
+        loaded version (-1): Triton keeps the old one until the new one is READY, so no request
+        through them fails; they are pinned to the new version right after."""
+        for other in plan.steps:
+            if other.role == "ensemble" and other.previous_config is not None:
+                if other not in self.changed:
+                    self.changed.append(other)
+                self._write_and_load(plan, other, desired_config(
+                    other.previous_config, other.previous_versions or [other.version],
+                    self.env.gpu, {step.model: "-1"}))
 
     def verify(self, plan: Plan) -> str:
         for triton in self.controls(plan):
@@ -274,7 +337,14 @@ class Promotion:
 
     def rollback(self, plan: Plan) -> str:
         restored = []
-        for step in reversed(self.changed):
+        # members and models first, so that the ensembles' old pins find their versions loaded
+        order = [s for s in reversed(self.changed) if s.role != "ensemble"] + [
+            s for s in reversed(self.changed) if s.role == "ensemble"]
+        seen: list[Step] = []
+        for step in order:
+            if any(step is done for done in seen):
+                continue
+            seen.append(step)
             if step.previous_config is None:
                 self.store.delete(f"{step.model}/config.pbtxt")
                 for triton in self.controls(plan):

@@ -66,7 +66,9 @@ def promote_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
     allow_breaking: bool = typer.Option(False, "--allow-breaking",
                                         help="Allow a contract-breaking change."),
-    serve_as: str = typer.Option("auto", "--serve-as", help="auto | native | onnx (see README)."),
+    serve_as: str = typer.Option("auto", "--serve-as", help="auto | native | onnx: a SavedModel is "
+                                 "converted to ONNX (tf2onnx, parity-checked, registered) for onnx, "
+                                 "or for auto when a target's Triton has no TensorFlow backend."),
     skip_quality: bool = typer.Option(False, "--skip-quality", help="Skip the pre-flight quality gate."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document for CI."),
 ) -> None:
@@ -76,9 +78,8 @@ def promote_cmd(
     """
     from registry.errors import UsageError
 
-    if serve_as not in {"auto", "native"}:
-        raise UsageError(f"--serve-as {serve_as} is not implemented yet",
-                         fix="use --serve-as native (or auto) until SavedModel→ONNX conversion lands")
+    if serve_as not in {"auto", "native", "onnx"}:
+        raise UsageError(f"unknown --serve-as '{serve_as}'", fix="use auto, native or onnx")
     _run(model, version, env, as_json, dry_run=dry_run, allow_breaking=allow_breaking,
          skip_quality=skip_quality, serve_as=serve_as)
 

@@ -243,6 +243,26 @@ def test_a_killed_promotion_leaves_a_consistent_state_and_a_rerun_completes(stac
     assert stack.serving("image_model") == [v3.version]
 
 
+def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
+    [saved] = export_models(stack.settings, stack.registry, ["image_model"], seed=12)
+    result = stack.promote("image_model", saved.version, serve_as="onnx", skip_quality=True)
+    stages = {s["stage"]: s["detail"] for s in result.stages}
+    onnx_version = result.plan.version
+    assert onnx_version != saved.version
+    assert f"image_model v{saved.version} (SavedModel) -> v{onnx_version} (ONNX)" in stages["convert"]
+    assert stack.serving("image_model") == [onnx_version]
+    store = open_store(stack.settings.local_repository)
+    assert 'platform: "onnxruntime_onnx"' in store.read_config("image_model")
+    assert (stack.settings.local_repository / "image_model" / onnx_version / "model.onnx").is_file()
+    assert f"model_version: {onnx_version}" in store.read_config(ENSEMBLE)
+    mv = stack.registry.version("image_model", onnx_version)
+    assert mv.tags["derived_from"] == saved.version
+    assert mv.tags["platform"] == "onnxruntime_onnx"
+    with TritonControl(stack.url) as triton:
+        out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
+    assert np.isfinite(out["multi_modal_output"]).all()
+
+
 def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
     holder = ("import sys, time\nfrom pipelines.storage import open_store\n"
               "with open_store(sys.argv[1]).lock('image_model', owner='ci-job-41@elsewhere:1'):\n"

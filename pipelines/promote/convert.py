@@ -1,0 +1,113 @@
+"""Serve a SavedModel as ONNX: NVIDIA's Triton containers after 25.02 have no TensorFlow backend.
+
+The SavedModel's serving signature is converted with the tf2onnx CLI (a separate process, so
+TensorFlow never loads into the CLI), the config is rewritten for ``onnxruntime_onnx``, the two
+artifacts must agree on the golden inputs (onnxruntime vs TensorFlow, in a worker process), and
+the derived artifact is registered in MLflow as a new version with ``derived_from`` lineage.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.promote.plan import Step, desired_config
+from registry.contracts.config import CONFIG_NAME, format_config, parse_config
+from registry.errors import MissingDependencyError, PromotionError
+from registry.mlflow_registry import MlflowRegistry
+from registry.register import Candidate, register
+
+OPSET = 13
+PARITY_RTOL = 1e-4
+PARITY_ATOL = 1e-4
+TF_BACKEND_LAST = (2, 55)  # Triton 2.55 = container 25.02, the last one with the TensorFlow backend
+
+PARITY_WORKER = """
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np, onnxruntime as ort, tensorflow as tf
+saved_model, onnx_path, golden = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
+feeds = {k: golden[k] for k in golden.files}
+tf_out = tf.saved_model.load(saved_model).signatures["serving_default"](
+    **{k: tf.constant(v) for k, v in feeds.items()})
+session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+names = [o.name for o in session.get_outputs()]
+report = {}
+for name, value in zip(names, session.run(names, feeds)):
+    reference = tf_out[name].numpy()
+    report[name] = float(np.abs(value.astype(np.float64) - reference).max(initial=0.0))
+print(json.dumps(report))
+"""
+
+
+def needs_onnx(server_version: str) -> bool:
+    """True for a Triton release without the TensorFlow backend."""
+    try:
+        major, minor = (int(p) for p in server_version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) > TF_BACKEND_LAST
+
+
+def convert_step(step: Step, golden: dict[str, np.ndarray], registry: MlflowRegistry,
+                 gpu: bool) -> tuple[Step, dict[str, float]]:
+    """Convert ``step``'s SavedModel; return the step for the registered ONNX version + parity."""
+    import importlib.util
+
+    if importlib.util.find_spec("tf2onnx") is None:
+        raise MissingDependencyError("tf2onnx", "export", "Serving a SavedModel as ONNX")
+    assert step.folder is not None
+    config = parse_config(step.config_text)
+    saved_model = step.folder / step.version / (config.default_model_filename or "model.savedmodel")
+    derived = step.folder.parent / f"onnx-{step.model}"
+    (derived / step.version).mkdir(parents=True, exist_ok=True)
+    onnx_path = derived / step.version / "model.onnx"
+    run = subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model),
+                          "--signature_def", "serving_default", "--opset", str(OPSET),
+                          "--output", str(onnx_path)], capture_output=True, text=True, check=False)
+    if run.returncode != 0 or not onnx_path.is_file():
+        raise PromotionError(f"tf2onnx could not convert {step.model} v{step.version}: "
+                             f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
+                             fix="serve it natively (--serve-as native) on a Triton with TensorFlow")
+    parity = _parity(saved_model, onnx_path, golden)
+    worst = max(parity.values(), default=0.0)
+    if worst > PARITY_ATOL + PARITY_RTOL * 1e3:
+        raise PromotionError(f"the ONNX conversion of {step.model} v{step.version} differs from the "
+                             f"SavedModel by up to {worst:.3g} on the golden inputs",
+                             fix="check the model's ops with tf2onnx, or serve it natively")
+    config.platform = "onnxruntime_onnx"
+    config.backend = ""
+    config.default_model_filename = "model.onnx"
+    config.ClearField("version_policy")
+    (derived / CONFIG_NAME).write_text(format_config(config))
+    result = register(registry, Candidate(step.model, derived / step.version, derived / CONFIG_NAME),
+                      export_info={"derived_from": f"{step.model} v{step.version}",
+                                   "tf2onnx_opset": OPSET,
+                                   "parity_max_abs_diff": worst})
+    registry.set_version_tag(step.model, result.version, "derived_from", step.version)
+    final = derived.parent / f"{step.model}-onnx-v{result.version}"
+    final.mkdir(parents=True, exist_ok=True)
+    (derived / step.version).rename(final / result.version)
+    (final / CONFIG_NAME).write_text((derived / CONFIG_NAME).read_text())
+    converted = Step(step.model, result.version, step.role, final,
+                     desired_config((final / CONFIG_NAME).read_text(), [result.version], gpu),
+                     step.previous_config, step.previous_versions, upload=True)
+    return converted, parity
+
+
+def _parity(saved_model: Path, onnx_path: Path, golden: dict[str, np.ndarray]) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="mlreg-parity-") as tmp:
+        inputs = Path(tmp) / "golden.npz"
+        np.savez(inputs, **golden)
+        run = subprocess.run([sys.executable, "-c", PARITY_WORKER, str(saved_model), str(onnx_path),
+                              str(inputs)], capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise PromotionError(f"parity check of the ONNX conversion failed: "
+                             f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
+                             fix="serve it natively (--serve-as native)")
+    return {k: float(v) for k, v in json.loads(run.stdout.strip().splitlines()[-1]).items()}
