@@ -69,3 +69,9 @@ def history(registry: MlflowRegistry, model: str, env: str | None) -> list[dict[
              "from": run.data.params.get("from_version"), "to": run.data.params.get("to_version"),
              "result": run.data.tags.get("result"), "user": run.data.tags.get("user"),
              "run_id": run.info.run_id} for run in runs]
+
+
+def previous_version(registry: MlflowRegistry, model: str, env: str) -> str | None:
+    """The version promoted in ``env`` before the current one (what `mlreg rollback` returns to)."""
+    done = [h for h in history(registry, model, env) if h["result"] == "promoted"]
+    return str(done[1]["to"]) if len(done) > 1 else None

@@ -96,16 +96,14 @@ def rollback_cmd(
 
     Example: mlreg rollback image_model --to-version 1
     """
-    from pipelines.promote.status import history
+    from pipelines.promote.status import previous_version
     from registry.errors import UsageError
 
     if to_version is None:
-        _, _, registry = _context(env)
-        done = [h for h in history(registry, model, env) if h["result"] == "promoted"]
-        if len(done) < 2:
+        to_version = previous_version(_context(env)[2], model, env)
+        if to_version is None:
             raise UsageError(f"no earlier promotion of {model} in '{env}' to return to",
                              fix="pass --to-version N")
-        to_version = str(done[1]["to"])
     _run(model, to_version, env, as_json, allow_breaking=True, skip_quality=True)
 
 

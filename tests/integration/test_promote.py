@@ -263,6 +263,23 @@ def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
     assert np.isfinite(out["multi_modal_output"]).all()
 
 
+def test_rollback_returns_to_the_previous_promotion(stack: Stack) -> None:
+    from pipelines.promote.status import history
+
+    promoted = [h["to"] for h in history(stack.registry, "image_model", "local")
+                if h["result"] == "promoted"]
+    current, previous = promoted[0], promoted[1]
+    assert stack.serving("image_model") == [current]
+    with _cli(stack, "rollback", "image_model", "--json") as proc:
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["plan"]["version"] == previous
+    assert stack.serving("image_model") == [previous]
+    assert stack.registry.aliases("image_model")["local"] == previous
+    with TritonControl(stack.url) as triton:
+        triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
+
+
 def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
     holder = ("import sys, time\nfrom pipelines.storage import open_store\n"
               "with open_store(sys.argv[1]).lock('image_model', owner='ci-job-41@elsewhere:1'):\n"
