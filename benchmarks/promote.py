@@ -1,8 +1,8 @@
 """Promotion on the local stack, side by side with a bare baseline, in one run.
 
 (a) `mlreg promote image_model --version N --skip-quality` (whole CLI process; the quality stage is
-    timed separately) vs a bare baseline script doing only upload + load_model + wait-until-ready.
-    Target: <= 1.3x.
+    timed separately) vs a bare baseline script doing only upload + load_model + wait-until-ready,
+    timed the same way (whole process) and, stricter, from inside the script.  Target: <= 1.3x.
 (b) ensemble traffic during promotions (image_model swapped back and forth until >= 10,000
     requests were sent during promotions): failed requests (target 0), p99 latency during vs before.
 (c) promoting the version already serving.  Target: a no-op in < 2 s.
@@ -114,10 +114,12 @@ def main() -> int:
         stages = {s["stage"]: s["seconds"] for s in json.loads(out)["stages"]}
         source = settings.home / "exports" / "image_model" / "1"
         cli(env, "export", "image_model", "--seed", "10")
+        began = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", BASELINE, str(settings.local_repository),
                                info.grpc_url, "99", str(source)], capture_output=True, text=True,
                               check=True)
-        baseline_s = float(proc.stdout.strip())
+        baseline_process_s = time.perf_counter() - began  # as `mlreg promote` is timed
+        baseline_s = float(proc.stdout.strip())  # from inside, Python start and imports left out
         # restore the store's desired state for image_model (baseline wrote version 99)
         cli(env, "promote", "image_model", "--version", versions[1], "--skip-quality")
         shutil.rmtree(settings.local_repository / "image_model" / "99", ignore_errors=True)
@@ -148,8 +150,10 @@ def main() -> int:
     failed = sum(1 for r in during if not r[2])
     print(f"(a) mlreg promote (no quality)   {ours_s:6.2f} s   stages: "
           + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
-    print(f"    baseline upload+load+ready   {baseline_s:6.2f} s   ratio {ours_s / baseline_s:.2f} "
-          "(target <= 1.3)")
+    print(f"    baseline script, whole process {baseline_process_s:6.2f} s   ratio "
+          f"{ours_s / baseline_process_s:.2f} (target <= 1.3)")
+    print(f"    baseline timed from inside     {baseline_s:6.2f} s   ratio {ours_s / baseline_s:.2f} "
+          "(the stricter reading)")
     print(f"    quality stage, reported apart: a full promotion with it took {quality_s:.2f} s")
     print(f"(b) {len(during):,} ensemble requests during {promotions} promotions: {failed} failed "
           f"(target 0); p99 before {p99(before):.1f} ms, during {p99(during):.1f} ms")

@@ -41,7 +41,8 @@ def start_mlflow(backend_uri: str, artifacts: Path, log_path: Path, *, serve_art
         command += ["--serve-artifacts", "--artifacts-destination", str(artifacts)]
     else:
         command += ["--no-serve-artifacts", "--default-artifact-root", artifacts.as_uri()]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {"MLFLOW_DISABLE_TELEMETRY": "true", **os.environ,
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     artifacts.mkdir(parents=True, exist_ok=True)

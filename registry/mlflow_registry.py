@@ -48,6 +48,9 @@ class MlflowRegistry:
             os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "2"
             os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
             os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+            # MLflow 3 sends usage telemetry from a background thread that holds every command's
+            # exit for ~1 s (longer offline); a team can opt in with MLFLOW_DISABLE_TELEMETRY=false
+            os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
             for noisy in ("mlflow", "alembic"):
                 logging.getLogger(noisy).setLevel(logging.WARNING)
             if self.uri.startswith("sqlite:///"):
@@ -58,6 +61,9 @@ class MlflowRegistry:
         return self._client
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
+        # MLflow is imported once, under the lock, by whichever thread gets there first: importing
+        # its modules from two threads at once breaks protobuf's descriptor pool (seen for real)
+        self.client  # noqa: B018
         from mlflow.exceptions import MlflowException
 
         try:
@@ -99,6 +105,7 @@ class MlflowRegistry:
         return str(run.info.run_id)
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
+        self.client  # noqa: B018 - imports MLflow under the lock (see _call)
         from mlflow.entities import Metric, Param
 
         stamp = 0
@@ -128,6 +135,7 @@ class MlflowRegistry:
     # -- registered models ----------------------------------------------------------------------
 
     def ensure_model(self, name: str, description: str) -> None:
+        self.client  # noqa: B018 - imports MLflow under the lock (see _call)
         from mlflow.exceptions import MlflowException
 
         try:

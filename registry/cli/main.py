@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import sys
 
 import typer
 
@@ -56,4 +58,12 @@ def root(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    finally:
+        # Every object is garbage at exit; sweeping MLflow's and SQLAlchemy's object graph
+        # at interpreter shutdown costs over a second per command (measured).  Output is
+        # flushed first; open files and connections still close as their references drop.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        gc.freeze()

@@ -22,8 +22,21 @@ def debug() -> bool:
     return os.environ.get("MLREG_DEBUG", "").strip() in {"1", "true", "yes"}
 
 
+_emitted: list[bool] = []  # whether this command already wrote its JSON document
+
+
 def emit_json(data: object) -> None:
+    _emitted.append(True)
     typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def error_document(exc: BaseException, code: int) -> dict[str, object]:
+    """What ``--json`` prints on stdout when a command fails before its own document."""
+    if isinstance(exc, MlregError):
+        return {"ok": False, "error": exc.message, "fix": exc.fix, "exit_code": code,
+                "kind": type(exc).__name__}
+    return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}", "fix": "",
+            "exit_code": code, "kind": "InternalError"}
 
 
 def fail(exc: BaseException) -> typer.Exit:
@@ -56,6 +69,9 @@ def handle_errors(fn: F) -> F:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the one place errors reach users
-            raise fail(exc) from None
+            failure = fail(exc)
+            if kwargs.get("as_json") and not _emitted:  # CI reads stdout: one document always
+                emit_json(error_document(exc, failure.exit_code))
+            raise failure from None
 
     return wrapper  # type: ignore[return-value]

@@ -59,6 +59,11 @@ class Stack:
     registry: MlflowRegistry
     url: str
     env_vars: dict[str, str]
+    log: Path
+
+    def instance_starts(self, model: str) -> int:
+        """How many instances of ``model`` (any version) the server has initialized so far."""
+        return self.log.read_text(errors="replace").count(f"ModelInstanceInitialize: {model}_")
 
     def promote(self, model: str, version: str, **options: object) -> object:
         env = environment(self.settings, "local")
@@ -84,7 +89,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         export_models(settings, registry)
         assert status.info is not None
-        yield Stack(settings, registry, status.info.grpc_url, env_vars)
+        yield Stack(settings, registry, status.info.grpc_url, env_vars, Path(status.info.log_path))
     finally:
         stack_down(settings)
 
@@ -104,42 +109,56 @@ def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) ->
     assert [s["stage"] for s in again.stages] == ["noop"]  # the fast path: nothing was touched
 
 
-def test_a_new_version_swaps_in_under_traffic_with_no_failed_request(stack: Stack) -> None:
-    [new] = export_models(stack.settings, stack.registry, ["image_model"], seed=7)
-    assert new.version == "2"
-    stop = threading.Event()
-    counts = {"ok": 0, "failed": 0}
-    errors: list[str] = []
-    lock = threading.Lock()
+class Traffic:
+    """Ensemble requests from 4 threads while a promotion runs; every answer counted."""
 
-    def traffic() -> None:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.counts = {"ok": 0, "failed": 0}
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self.send) for _ in range(4)]
+
+    def send(self) -> None:
         inputs = golden().ensemble_inputs()
-        with TritonControl(stack.url, timeout=30) as triton:
+        with TritonControl(self.url, timeout=30) as triton:
             deadline = time.monotonic() + 300
-            while not stop.is_set() and time.monotonic() < deadline:
+            while not self.stop.is_set() and time.monotonic() < deadline:
                 try:
                     triton.infer(ENSEMBLE, inputs, ["multi_modal_output"])
                     key = "ok"
                 except MlregError as exc:
                     key = "failed"
-                    errors.append(exc.message)
-                with lock:
-                    counts[key] += 1
+                    self.errors.append(exc.message)
+                with self.lock:
+                    self.counts[key] += 1
 
-    threads = [threading.Thread(target=traffic) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    try:
+    def __enter__(self) -> Traffic:
+        for thread in self.threads:
+            thread.start()
         time.sleep(1)
-        before = counts["ok"]
-        stack.promote("image_model", "2", skip_quality=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         time.sleep(1)
-    finally:
-        stop.set()
-        for thread in threads:
+        self.stop.set()
+        for thread in self.threads:
             thread.join(timeout=60)
-    assert counts["failed"] == 0, errors[:3]
-    assert counts["ok"] > before > 0
+
+
+def test_a_new_version_swaps_in_under_traffic_with_no_failed_request(stack: Stack) -> None:
+    [new] = export_models(stack.settings, stack.registry, ["image_model"], seed=7)
+    assert new.version == "2"
+    with Traffic(stack.url) as traffic:
+        before = traffic.counts["ok"]
+        starts = stack.instance_starts("image_model")
+        stack.promote("image_model", "2", skip_quality=True)
+    assert traffic.counts["failed"] == 0, traffic.errors[:3]
+    assert traffic.counts["ok"] > before > 0
+    # one instance started: the new version's; the old one kept serving without being loaded
+    # again (Triton reloads every version when the model folder gains an entry: see storage/base)
+    assert stack.instance_starts("image_model") == starts + 1
     assert stack.serving("image_model") == ["2"]
     assert stack.desired("image_model") == ["2"]
     assert stack.registry.aliases("image_model")["local"] == "2"
@@ -218,6 +237,18 @@ def _cli(stack: Stack, *args: str, **kwargs: object) -> subprocess.Popen[str]:
                             env={**os.environ, **stack.env_vars}, **kwargs)  # type: ignore[call-overload]
 
 
+def test_an_unknown_version_is_refused_with_one_json_document(stack: Stack) -> None:
+    """Also the race behind it: MLflow imported by the warm-up thread and the lookup at once."""
+    with _cli(stack, "promote", "image_model", "--version", "99", "--json") as proc:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 4, err  # RegistryError
+    document = json.loads(out)
+    assert document["ok"] is False
+    assert "Model Version (name=image_model, version=99) not found" in document["error"]
+    assert document["fix"] == "check the name and version ('mlreg versions MODEL')"
+    assert "Traceback" not in err
+
+
 def test_a_killed_promotion_leaves_a_consistent_state_and_a_rerun_completes(stack: Stack) -> None:
     [v3] = export_models(stack.settings, stack.registry, ["image_model"], seed=11)
     rng = random.Random(7)
@@ -245,7 +276,10 @@ def test_a_killed_promotion_leaves_a_consistent_state_and_a_rerun_completes(stac
 
 def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
     [saved] = export_models(stack.settings, stack.registry, ["image_model"], seed=12)
-    result = stack.promote("image_model", saved.version, serve_as="onnx", skip_quality=True)
+    with Traffic(stack.url) as traffic:  # the platform changes: no overlap, ensembles follow -1
+        result = stack.promote("image_model", saved.version, serve_as="onnx", skip_quality=True)
+    assert traffic.counts["failed"] == 0, traffic.errors[:3]
+    assert traffic.counts["ok"] > 0
     stages = {s["stage"]: s["detail"] for s in result.stages}
     onnx_version = result.plan.version
     assert onnx_version != saved.version

@@ -140,6 +140,11 @@ def test_a_stale_lock_is_taken_over(tmp_path: Path) -> None:
     with store.lock("m", owner="crashed", ttl=-1):
         with store.lock("m", owner="next") as mine:
             assert mine.owner == "next"
+            # the lock stays out of the model folder (Triton would reload every version) and
+            # is no folder at the root (Triton would take it for a model)
+            assert not (tmp_path / "m").exists()
+            assert store.list_models() == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_bucket_and_unreachable_endpoint(s3_server: S3Server) -> None:
