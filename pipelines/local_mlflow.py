@@ -6,15 +6,13 @@ Started lean (FACTS.md): ``--workers 1`` and job execution off, about 0.5 GB and
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.local_s3 import process_gone
-from pipelines.local_triton import free_port, http_ok, tail
+from pipelines.local_triton import free_port, http_ok
+from pipelines.processes import stop_group, wait_answering
 from registry.errors import StackError
 
 START_TIMEOUT_S = 90.0
@@ -50,14 +48,9 @@ def start_mlflow(backend_uri: str, artifacts: Path, log_path: Path, *, serve_art
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     server = MlflowServer(process.pid, port)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise StackError(f"mlflow server exited with code {process.returncode}:\n{tail(log_path)}",
-                             fix=f"read its log: {log_path}")
-        if http_ok(f"{server.url}/health", timeout=2.0):
-            return server, process
-        time.sleep(0.2)
+    if wait_answering(process, lambda: http_ok(f"{server.url}/health", timeout=2.0),
+                      "mlflow server", log_path, START_TIMEOUT_S, interval=0.2):
+        return server, process
     stop_mlflow(server.pid, process)
     raise StackError(f"mlflow server did not answer within {START_TIMEOUT_S:.0f}s",
                      fix=f"read its log: {log_path}")
@@ -65,18 +58,4 @@ def start_mlflow(backend_uri: str, artifacts: Path, log_path: Path, *, serve_art
 
 def stop_mlflow(pid: int, process: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM stops the server and its workers (FACTS.md); SIGKILL the group after 15 s."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if (process.poll() is not None) if process is not None else process_gone(pid):
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    if process is not None:
-        process.wait(timeout=5)
+    stop_group(pid, process, grace=15)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.local_triton import free_port, http_ok
+from pipelines.processes import stop_group, wait_answering
 from registry.errors import MissingDependencyError, StackError
 
 START_TIMEOUT_S = 30.0
@@ -51,44 +49,15 @@ def start_s3(log_path: Path, port: int | None = None) -> tuple[S3Server, subproc
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
     server = S3Server(process.pid, port)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise StackError(f"moto_server exited with code {process.returncode}",
-                             fix=f"read its log: {log_path}")
-        if http_ok(f"{server.endpoint}/moto-api/"):
-            return server, process
-        time.sleep(0.1)
+    if wait_answering(process, lambda: http_ok(f"{server.endpoint}/moto-api/"), "moto_server",
+                      log_path, START_TIMEOUT_S):
+        return server, process
     stop_s3(server.pid, process)
     raise StackError("moto_server did not answer within 30s", fix=f"read its log: {log_path}")
 
 
 def stop_s3(pid: int, process: subprocess.Popen[bytes] | None = None) -> None:
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    if process is not None:
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(pid, signal.SIGKILL)
-            process.wait(timeout=5)
-        return
-    deadline = time.monotonic() + 10
-    while not process_gone(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not process_gone(pid):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def process_gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (absent, or a zombie waiting to be reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] in {"Z", "X"}
+    stop_group(pid, process, grace=10)
 
 
 def create_bucket(endpoint: str, bucket: str) -> None:

@@ -104,7 +104,7 @@ def mlflow_state_file(settings: Settings) -> Path:
 
 def running_mlflow(settings: Settings) -> dict[str, object] | None:
     """The project's MLflow UI server ({pid, url}) if it is still alive."""
-    from pipelines.local_s3 import process_gone
+    from pipelines.processes import process_gone
 
     path = mlflow_state_file(settings)
     try:

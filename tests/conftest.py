@@ -12,6 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "model_repository_template"
 
 
+def failing_python_model(reason: str) -> str:
+    """A python-backend model.py whose ``initialize`` raises: a model that cannot load, for real."""
+    return f'''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("{reason}")
+
+    def execute(self, requests):
+        return []
+'''
+
+
 @pytest.fixture(scope="session")
 def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The template built once per session (configs, python models, exported artifacts)."""

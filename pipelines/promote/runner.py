@@ -382,7 +382,8 @@ class Promotion:
         (folder / step.version).mkdir(parents=True, exist_ok=True)
         (folder / "config.pbtxt").write_text(step.config_text)
         return register(self.registry, Candidate(step.model, folder / step.version,
-                                                 folder / "config.pbtxt")).version
+                                                 folder / "config.pbtxt"),
+                        members=ensemble_pins(step.config_text)).version
 
     def _record_safely(self, result: PromotionResult) -> None:
         """The promotion as an MLflow run (who, when, from -> to, targets, store, stages)."""

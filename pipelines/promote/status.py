@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.promote.plan import serving_versions
+from pipelines.promote.plan import ensemble_pins, serving_versions
 from pipelines.storage import open_store
 from pipelines.triton import TritonControl
 from registry.errors import MlregError
@@ -40,7 +40,13 @@ def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
             serving[url] = states if isinstance(states, str) else sorted(
                 (v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
         drift = []
-        if alias and desired and desired != [alias] and not _is_ensemble(store, model):
+        config = store.read_config(model) or ""
+        if 'platform: "ensemble"' in config:
+            # an ensemble's Triton folder keeps its number when it is re-pointed; its registered
+            # version changes: compare the member versions the alias's version pins instead
+            if alias:
+                drift.extend(_pin_drift(registry, model, alias, env.alias, config))
+        elif alias and desired and desired != [alias]:
             drift.append(f"alias {env.alias}=v{alias} but the store serves v{','.join(desired)}")
         for url, versions in serving.items():
             if isinstance(versions, list) and versions != desired:
@@ -53,9 +59,22 @@ def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
     return rows
 
 
-def _is_ensemble(store: Any, model: str) -> bool:
-    text = store.read_config(model) or ""
-    return 'platform: "ensemble"' in text
+def _pin_drift(registry: MlflowRegistry, model: str, version: str, alias: str,
+               config: str) -> list[str]:
+    try:
+        tags = registry.version(model, version).tags or {}
+    except MlregError as exc:
+        return [f"alias {alias}=v{version} cannot be read: {exc.message}"]
+    pins = ensemble_pins(config)
+    drift = []
+    for key, wanted in sorted(tags.items()):
+        member = key.removeprefix("member_")
+        stored = pins.get(member)
+        if key.startswith("member_") and stored is not None and int(stored) > 0 \
+                and stored != wanted:
+            drift.append(f"alias {alias}=v{version} pins {member} v{wanted}, "
+                         f"the store's config pins v{stored}")
+    return drift
 
 
 def history(registry: MlflowRegistry, model: str, env: str | None) -> list[dict[str, Any]]:

@@ -35,22 +35,12 @@ from registry.export import export_models
 from registry.mlflow_registry import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
-from tests.conftest import ROOT, TEMPLATE
+from tests.conftest import ROOT, TEMPLATE, failing_python_model
 from tests.integration.test_serving import ENSEMBLE, golden
 
 pytestmark = pytest.mark.integration
 
-FAILING_INIT = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        raise RuntimeError("cannot open the vocabulary file")
-
-    def execute(self, requests):
-        return []
-'''
+FAILING_INIT = failing_python_model("cannot open the vocabulary file")
 
 
 @dataclass
@@ -164,6 +154,22 @@ def test_a_new_version_swaps_in_under_traffic_with_no_failed_request(stack: Stac
     assert stack.registry.aliases("image_model")["local"] == "2"
     ensemble = open_store(stack.settings.local_repository).read_config(ENSEMBLE)
     assert 'model_name: "image_model"\n    model_version: 2' in ensemble
+
+
+def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
+    env = environment(stack.settings, "local")
+    [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
+    assert row["drift"] == []  # the re-pointed ensemble was registered with the pins it serves
+    store = open_store(stack.settings.local_repository)
+    serving = store.read_config(ENSEMBLE)
+    pinned = 'model_name: "image_model"\n    model_version: 2'
+    store.write_config(ENSEMBLE, serving.replace(pinned, pinned[:-1] + "1"))
+    try:
+        [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
+    finally:
+        store.write_config(ENSEMBLE, serving)
+    assert row["drift"] == [f"alias local=v{row['alias']} pins image_model v2, "
+                            "the store's config pins v1"]
 
 
 def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, tmp_path: Path

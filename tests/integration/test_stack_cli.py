@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipelines import local_s3, local_triton
+from pipelines import local_triton, processes
 from registry.cli.main import app
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def test_up_twice_starts_one_server_and_down_cleans_up(
     assert not local_triton.pid_alive(info["pid"])
     assert not list(Path("/dev/shm").glob(f"{info['shm_prefix']}*"))
     assert runner.invoke(app, ["stack", "status"]).exit_code == 1
-    assert local_s3.process_gone(ui["pid"])
+    assert processes.process_gone(ui["pid"])
 
 
 def test_a_model_that_fails_to_load_reports_the_servers_reason(
@@ -97,8 +97,8 @@ def test_up_with_s3_serves_from_a_local_s3_server(
         assert info["repository"].endswith("/mlreg/model_repository")
         assert info["loaded"] == ["table_data_preprocess"]
         moto_pid = json.loads((tmp_path / "home/stack/s3.json").read_text())["pid"]
-        assert not local_s3.process_gone(moto_pid)
+        assert not processes.process_gone(moto_pid)
     finally:
         down = runner.invoke(app, ["stack", "down"])
     assert down.exit_code == 0
-    assert local_s3.process_gone(moto_pid)
+    assert processes.process_gone(moto_pid)

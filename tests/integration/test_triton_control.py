@@ -16,21 +16,12 @@ from pipelines.storage.push import push_path
 from pipelines.triton import TritonControl
 from registry.errors import TritonError
 from registry.settings import Settings
+from tests.conftest import failing_python_model
 from tests.integration.test_serving import ENSEMBLE, golden
 
 pytestmark = pytest.mark.integration
 
-FAILING_MODEL = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        raise RuntimeError("weights checksum mismatch in initialize")
-
-    def execute(self, requests):
-        return []
-'''
+FAILING_MODEL = failing_python_model("weights checksum mismatch in initialize")
 
 
 def test_triton_loads_the_template_from_s3_and_answers_the_seed_request(
