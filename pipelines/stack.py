@@ -65,14 +65,21 @@ def s3_state_file(settings: Settings) -> Path:
 
 def running_s3(settings: Settings) -> dict[str, object] | None:
     """The project's moto_server ({pid, port, uri}) if it is still alive."""
-    path = s3_state_file(settings)
+    return _live_state(s3_state_file(settings), b"moto_server")
+
+
+def _live_state(path: Path, marker: bytes) -> dict[str, object] | None:
+    """A helper server's recorded state if its process still runs (and is still that server:
+    ``marker`` in its command line, so a reused pid does not count); a stale record is removed."""
+    from pipelines.processes import process_gone
+
     try:
         state = json.loads(path.read_text())
-        cmdline = Path(f"/proc/{int(state['pid'])}/cmdline").read_bytes()
+        pid = int(state["pid"])
+        alive = marker in Path(f"/proc/{pid}/cmdline").read_bytes() and not process_gone(pid)
     except (OSError, ValueError, KeyError, TypeError):
-        path.unlink(missing_ok=True)
-        return None
-    if b"moto_server" not in cmdline:
+        alive = False
+    if not alive:
         path.unlink(missing_ok=True)
         return None
     return dict(state)
@@ -104,18 +111,7 @@ def mlflow_state_file(settings: Settings) -> Path:
 
 def running_mlflow(settings: Settings) -> dict[str, object] | None:
     """The project's MLflow UI server ({pid, url}) if it is still alive."""
-    from pipelines.processes import process_gone
-
-    path = mlflow_state_file(settings)
-    try:
-        state = json.loads(path.read_text())
-        alive = not process_gone(int(state["pid"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        alive, state = False, None
-    if not alive:
-        path.unlink(missing_ok=True)
-        return None
-    return dict(state)
+    return _live_state(mlflow_state_file(settings), b"mlflow")
 
 
 def start_ui(settings: Settings) -> str:
