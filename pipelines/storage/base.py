@@ -193,6 +193,18 @@ class RepositoryStore(ABC):
     def delete(self, key: str) -> None: ...
 
     @abstractmethod
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and a token that changes with every write; None when absent."""
+
+    @abstractmethod
+    def replace(self, key: str, data: bytes, token: str) -> bool:
+        """Write only if the object is still the one ``token`` names; False otherwise (atomic)."""
+
+    @abstractmethod
+    def delete_if_unchanged(self, key: str, token: str) -> None:
+        """Delete only if the object is still the one ``token`` names."""
+
+    @abstractmethod
     def list_prefix(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (recursively), relative to the store root."""
 
@@ -287,41 +299,49 @@ class RepositoryStore(ABC):
     # -- locking -----------------------------------------------------------------------------
 
     def read_lock(self, model: str) -> LockInfo | None:
-        data = self.read(lock_key(model))
-        if data is None:
-            return None
-        try:
-            raw = json.loads(data)
-            return LockInfo(str(raw["owner"]), float(raw["expires_at"]))
-        except (ValueError, KeyError, TypeError):
-            return LockInfo("(unreadable lock)", 0.0)
+        found = self.read_versioned(lock_key(model))
+        return None if found is None else _parse_lock(found[0])
 
     @contextmanager
     def lock(self, model: str, owner: str | None = None, ttl: float = 900.0,
              wait: float = 0.0) -> Iterator[LockInfo]:
-        """Hold ``model``'s lock; wait up to ``wait`` seconds for another holder, take stale ones."""
+        """Hold ``model``'s lock; wait up to ``wait`` seconds for another holder, take stale ones.
+
+        A stale lock (expired, or its holder on this machine is gone) is taken over with a
+        compare-and-swap on the lock object itself, so of two processes taking over the same
+        stale lock exactly one wins."""
         check_part(model, "model name")
         me = LockInfo(owner or default_owner(), time.time() + ttl)
+        mine = json.dumps(me.__dict__).encode()
         key = lock_key(model)
         deadline = time.monotonic() + wait
-        while not self.create(key, json.dumps(me.__dict__).encode()):
-            held = self.read_lock(model)
-            if held is not None and held.stale:
-                if self.read_lock(model) == held:  # still the same expired holder
-                    self.delete(key)  # take it over, then race for it again
+        while not self.create(key, mine):
+            found = self.read_versioned(key)
+            if found is None:
+                continue  # released meanwhile: race for it again
+            held = _parse_lock(found[0])
+            if held.stale:
+                if self.replace(key, mine, found[1]):
+                    break  # taken over
                 continue
             if time.monotonic() >= deadline:
-                holder = held.owner if held else "someone"
                 raise StorageError(
-                    f"{self.uri}: model '{model}' is locked by {holder}"
-                    + (f" until {time.strftime('%H:%M:%S', time.localtime(held.expires_at))}"
-                       if held else ""),
+                    f"{self.uri}: model '{model}' is locked by {held.owner} until "
+                    f"{time.strftime('%H:%M:%S', time.localtime(held.expires_at))}",
                     fix="wait for that promotion to finish; a crashed holder's lock expires by itself",
-                    model=model, holder=holder)
+                    model=model, holder=held.owner)
             time.sleep(0.2)
         try:
             yield me
         finally:
-            held = self.read_lock(model)
-            if held is not None and held.owner == me.owner:
-                self.delete(key)
+            found = self.read_versioned(key)
+            if found is not None and _parse_lock(found[0]).owner == me.owner:
+                self.delete_if_unchanged(key, found[1])  # not a lock taken over meanwhile
+
+
+def _parse_lock(data: bytes) -> LockInfo:
+    try:
+        raw = json.loads(data)
+        return LockInfo(str(raw["owner"]), float(raw["expires_at"]))
+    except (ValueError, KeyError, TypeError):
+        return LockInfo("(unreadable lock)", 0.0)  # stale: taken over by compare-and-swap

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore
 from registry.errors import StorageError
@@ -44,16 +49,59 @@ class LocalStore(RepositoryStore):
 
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
+        tmp = path.with_name(f".{path.name}.new{os.getpid()}.{secrets.token_hex(4)}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            tmp.write_bytes(data)
+            os.link(tmp, path)  # atomic, and readers never see the file empty
         except FileExistsError:
             return False
         except OSError as exc:
             raise self._fail("create", key, exc) from exc
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        finally:
+            tmp.unlink(missing_ok=True)
         return True
+
+    # Compare-and-swap on one file: writers hold an exclusive flock on it, readers a shared one;
+    # the token is the content's digest plus the inode, so a file made anew never matches.
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            with self._path(key).open("rb") as f:
+                fcntl.flock(f, fcntl.LOCK_SH)
+                data = f.read()
+                return data, _token(data, os.fstat(f.fileno()).st_ino)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._fail("read", key, exc) from exc
+
+    def _locked_if_unchanged(self, key: str, token: str, change: Callable[[BinaryIO], None]) -> bool:
+        path = self._path(key)
+        try:
+            with path.open("r+b") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                inode = os.fstat(f.fileno()).st_ino
+                if _token(f.read(), inode) != token or os.stat(path).st_ino != inode:
+                    return False
+                change(f)
+                return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise self._fail("write", key, exc) from exc
+
+    def replace(self, key: str, data: bytes, token: str) -> bool:
+        def overwrite(f: BinaryIO) -> None:
+            f.seek(0)
+            f.truncate()
+            f.write(data)
+            f.flush()
+
+        return self._locked_if_unchanged(key, token, overwrite)
+
+    def delete_if_unchanged(self, key: str, token: str) -> None:
+        self._locked_if_unchanged(key, token, lambda _: self._path(key).unlink())
 
     def delete(self, key: str) -> None:
         path = self._path(key)
@@ -101,3 +149,7 @@ class LocalStore(RepositoryStore):
     def stored_digest(self, key: str) -> str | None:
         path = self._path(key)
         return sha256_file(path) if path.is_file() else None
+
+
+def _token(data: bytes, inode: int) -> str:
+    return f"{hashlib.sha256(data).hexdigest()}:{inode}"

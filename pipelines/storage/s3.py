@@ -125,6 +125,46 @@ class S3Store(RepositoryStore):
             raise self._translate("create", key, exc) from exc
         return True
 
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            found = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return bytes(found["Body"].read()), str(found["ETag"])
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise self._translate("read", key, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - BotoCoreError and friends
+            raise self._translate("read", key, exc) from exc
+
+    def replace(self, key: str, data: bytes, token: str) -> bool:
+        """S3 conditional write: If-Match the ETag that was read."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfMatch=token)
+        except ClientError as exc:
+            if self._missing(exc) or str(exc.response.get("Error", {}).get("Code")) in EXISTS_CODES:
+                return False
+            raise self._translate("replace", key, exc) from exc
+        return True
+
+    def delete_if_unchanged(self, key: str, token: str) -> None:
+        """S3 conditional delete (If-Match); where the endpoint has none, a plain delete."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=token)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code"))
+            if self._missing(exc) or code in EXISTS_CODES:
+                return  # gone, or taken over meanwhile: not ours to delete
+            if code in {"NotImplemented", "InvalidArgument", "501"}:
+                self.delete(key)
+                return
+            raise self._translate("delete", key, exc) from exc
+
     def delete(self, key: str) -> None:
         self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -14,9 +16,11 @@ import pytest
 from pipelines import local_s3
 from pipelines.local_s3 import S3Server
 from pipelines.storage import open_store
+from pipelines.storage.base import RepositoryStore, lock_key
 from pipelines.storage.push import push_path
 from pipelines.storage.s3 import S3Store
 from registry.errors import StorageError
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -145,6 +149,63 @@ def test_a_stale_lock_is_taken_over(tmp_path: Path) -> None:
             assert not (tmp_path / "m").exists()
             assert store.list_models() == []
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> RepositoryStore:
+    if request.param == "local":
+        return open_store(str(tmp_path / "repo"))
+    server: S3Server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("bucket")
+    return open_store(server.store_uri(bucket, f"cas-{tmp_path.name}"))
+
+
+def test_compare_and_swap_only_replaces_what_was_read(any_store: RepositoryStore) -> None:
+    assert any_store.create("k.json", b"one")
+    assert not any_store.create("k.json", b"two")
+    data, token = any_store.read_versioned("k.json") or (b"", "")
+    assert data == b"one"
+    assert any_store.replace("k.json", b"two", token)
+    assert not any_store.replace("k.json", b"three", token)  # the token names the old object
+    any_store.delete_if_unchanged("k.json", token)  # stale token: nothing deleted
+    data, fresh = any_store.read_versioned("k.json") or (b"", "")
+    assert data == b"two"
+    any_store.delete_if_unchanged("k.json", fresh)
+    assert any_store.read_versioned("k.json") is None
+    assert not any_store.replace("k.json", b"four", fresh)  # gone: nothing to replace
+
+
+TAKE_OVER = """
+import sys, time
+from pathlib import Path
+from pipelines.storage import open_store
+store, go = open_store(sys.argv[1]), Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.001)
+try:
+    with store.lock("m", owner=f"taker-{sys.argv[3]}"):
+        print("won", flush=True)
+        time.sleep(3)
+except Exception as exc:
+    print("lost", exc, flush=True)
+"""
+
+
+def test_one_of_many_takes_over_a_stale_lock(any_store: RepositoryStore, tmp_path: Path) -> None:
+    """Six processes find the same expired lock at once: exactly one may take it over."""
+    assert any_store.create(lock_key("m"), json.dumps({"owner": "gone@elsewhere:1",
+                                                        "expires_at": 0}).encode())
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", TAKE_OVER, any_store.uri, str(go), str(i)],
+                              stdout=subprocess.PIPE, text=True, env=os.environ.copy(), cwd=ROOT)
+             for i in range(6)]
+    time.sleep(3)  # all of them imported and waiting
+    go.touch()
+    outputs = [p.communicate(timeout=60)[0] for p in procs]
+    winners = [o for o in outputs if o.startswith("won")]
+    assert len(winners) == 1, outputs
+    assert all("is locked by taker-" in o for o in outputs if not o.startswith("won")), outputs
+    assert any_store.read_lock("m") is None  # the winner released it
 
 
 def test_missing_bucket_and_unreachable_endpoint(s3_server: S3Server) -> None:
