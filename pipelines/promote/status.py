@@ -54,8 +54,11 @@ def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
                              f"store wants v{','.join(desired) or 'nothing'}")
             elif isinstance(versions, str):
                 drift.append(f"{url} {versions}")
-        rows.append({"model": model, "alias": alias, "desired": desired, "serving": serving,
-                     "drift": drift})
+        row: dict[str, Any] = {"model": model, "alias": alias, "desired": desired,
+                               "serving": serving, "drift": drift}
+        if 'platform: "ensemble"' in config:
+            row["pins"] = ensemble_pins(config)  # its alias names a registered version, not a folder
+        rows.append(row)
     return rows
 
 

@@ -127,6 +127,8 @@ def status_cmd(
                                 for u, v in r["serving"].items()) or "-"
             typer.echo(f"{r['model']:<30} {r['alias'] or '-':>6} {','.join(r['desired']) or '-':>8}  "
                        f"{serving}")
+            if "pins" in r:
+                typer.echo("  pins: " + ", ".join(f"{m} v{v}" for m, v in sorted(r["pins"].items())))
             for line in r["drift"]:
                 typer.echo(f"  drift: {line}")
     if any(r["drift"] for r in rows):

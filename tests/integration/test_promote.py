@@ -160,6 +160,7 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
     env = environment(stack.settings, "local")
     [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
     assert row["drift"] == []  # the re-pointed ensemble was registered with the pins it serves
+    assert row["pins"]["image_model"] == "2"
     store = open_store(stack.settings.local_repository)
     serving = store.read_config(ENSEMBLE)
     pinned = 'model_name: "image_model"\n    model_version: 2'
