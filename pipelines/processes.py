@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pipelines.local_triton import tail
 from registry.errors import StackError
 
 
@@ -28,8 +29,6 @@ def wait_answering(process: subprocess.Popen[bytes], answers: Callable[[], bool]
                    log_path: Path,
                    timeout: float, interval: float = 0.1) -> bool:
     """Poll ``answers()`` until True; False after ``timeout``; StackError if the process exits."""
-    from pipelines.local_triton import tail
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -30,7 +30,8 @@ def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
             live[url] = f"unreachable: {exc.message}"
     rows = []
     for model in names:
-        desired = serving_versions(store.read_config(model))
+        config = store.read_config(model) or ""
+        desired = serving_versions(config)
         try:
             alias = registry.aliases(model).get(env.alias, "")
         except MlregError:
@@ -40,7 +41,6 @@ def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
             serving[url] = states if isinstance(states, str) else sorted(
                 (v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
         drift = []
-        config = store.read_config(model) or ""
         if 'platform: "ensemble"' in config:
             # an ensemble's Triton folder keeps its number when it is re-pointed; its registered
             # version changes: compare the member versions the alias's version pins instead

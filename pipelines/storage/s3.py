@@ -97,32 +97,26 @@ class S3Store(RepositoryStore):
         self._call("reach", "", self.client.head_bucket, Bucket=self.bucket)
 
     def read(self, key: str) -> bytes | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-            return bytes(body.read())
-        except ClientError as exc:
-            if self._missing(exc):
-                return None
-            raise self._translate("read", key, exc) from exc
-        except Exception as exc:  # noqa: BLE001 - BotoCoreError and friends
-            raise self._translate("read", key, exc) from exc
+        found = self.read_versioned(key)
+        return None if found is None else found[0]
 
     def write(self, key: str, data: bytes) -> None:
         self._call("write", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key),
                    Body=data)
 
     def create(self, key: str, data: bytes) -> bool:
+        return self._put_if(key, data, IfNoneMatch="*")
+
+    def _put_if(self, key: str, data: bytes, **condition: str) -> bool:
+        """A conditional write (If-None-Match / If-Match); False when the condition fails."""
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
-                                   IfNoneMatch="*")
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
         except ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code")) in EXISTS_CODES:
+            if self._missing(exc) or str(exc.response.get("Error", {}).get("Code")) in EXISTS_CODES:
                 return False
-            raise self._translate("create", key, exc) from exc
+            raise self._translate("write", key, exc) from exc
         return True
 
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
@@ -140,15 +134,7 @@ class S3Store(RepositoryStore):
 
     def replace(self, key: str, data: bytes, token: str) -> bool:
         """S3 conditional write: If-Match the ETag that was read."""
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfMatch=token)
-        except ClientError as exc:
-            if self._missing(exc) or str(exc.response.get("Error", {}).get("Code")) in EXISTS_CODES:
-                return False
-            raise self._translate("replace", key, exc) from exc
-        return True
+        return self._put_if(key, data, IfMatch=token)
 
     def delete_if_unchanged(self, key: str, token: str) -> None:
         """S3 conditional delete (If-Match); where the endpoint has none, a plain delete."""

@@ -61,6 +61,7 @@ def handle_errors(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _emitted.clear()  # per command, also when several run in one process (tests)
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
