@@ -7,7 +7,7 @@ MLREG := $(VENV)/bin/mlreg
 STAMP := $(VENV)/.mlreg-installed
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install test unit integration demo lint bench clean
+.PHONY: install system-deps test unit integration demo lint bench clean
 
 install: $(STAMP)
 
@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import registry, pipelines, tensorflow, tf2onnx, onnxruntime, pytriton, tritonclient.grpc, mlflow, boto3, great_expectations, moto"
 	touch $(STAMP)
 
-test: install
-	$(VENV)/bin/ruff check registry pipelines tests benchmarks model_repository_template infra
+# Debian packages the tests need (PostgreSQL, kubectl, Chromium, gcc): installed when missing.
+system-deps:
+	bash .ci/system-deps.sh
+
+test: install system-deps
+	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
@@ -30,7 +34,7 @@ integration: install
 	$(VENV)/bin/pytest tests/integration
 
 lint: install
-	$(VENV)/bin/ruff check registry pipelines tests benchmarks model_repository_template infra
+	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/mypy
 
 # The whole story on embedded defaults: stack, export + register, promote, request, swap, status.

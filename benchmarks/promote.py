@@ -62,7 +62,7 @@ print(time.perf_counter() - began)
 
 def cli(env: dict[str, str], *args: str) -> tuple[float, str]:
     began = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "registry.cli", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "mlreg", *args], capture_output=True,
                           text=True, env=env, cwd=ROOT, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"mlreg {' '.join(args)} failed:\n{proc.stderr[-3000:]}")

@@ -74,7 +74,7 @@ def main() -> int:
             base.append(timed([sys.executable, "-c", BASELINE, f"baseline_{i}",
                                str(built / "image_model" / "1")], env))
             folder = renamed_copy(built / "image_model", f"image_model_{i}", work / "copies")
-            ours.append(timed([sys.executable, "-m", "registry.cli", "register", folder.name,
+            ours.append(timed([sys.executable, "-m", "mlreg", "register", folder.name,
                                str(folder)], env))
         import logging
 
@@ -89,7 +89,7 @@ def main() -> int:
         for _ in range(args.versions):
             client.create_model_version("many_versions", source, run_id=run.info.run_id,
                                         tags={"validation": "passed"})
-        listing = [timed([sys.executable, "-m", "registry.cli", "versions", "many_versions"], env)
+        listing = [timed([sys.executable, "-m", "mlreg", "versions", "many_versions"], env)
                    for _ in range(args.runs)]
     finally:
         local_mlflow.stop_mlflow(server.pid, process)

@@ -27,7 +27,7 @@ from registry.settings import Settings  # noqa: E402
 
 CLI_NO_TF = (
     "import sys\n"
-    "from registry.cli.main import app\n"
+    "from mlreg.cli.main import app\n"
     "try:\n    app(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
     "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
     "sys.exit(code)\n"

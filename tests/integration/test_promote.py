@@ -239,7 +239,7 @@ def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Pat
 
 
 def _cli(stack: Stack, *args: str, **kwargs: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "registry.cli", *args], cwd=ROOT, text=True,
+    return subprocess.Popen([sys.executable, "-m", "mlreg", *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, **stack.env_vars}, **kwargs)  # type: ignore[call-overload]
 

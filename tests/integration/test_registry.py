@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from registry.cli.main import app
+from mlreg.cli.main import app
 from registry.errors import RegistryError
 from registry.mlflow_registry import MlflowRegistry
 from registry.register import find_candidate, register
@@ -50,7 +50,7 @@ def copy_model(built: Path, model: str, name: str, dest: Path) -> Path:
 
 def mlreg(*args: str, env: Settings) -> subprocess.CompletedProcess[str]:
     """The CLI as a separate process (each export in a fresh process, as users run it)."""
-    return subprocess.run([sys.executable, "-m", "registry.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "mlreg", *args], capture_output=True,
                           text=True, timeout=300, check=False, cwd=ROOT, env=os.environ.copy())
 
 

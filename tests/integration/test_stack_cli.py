@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mlreg.cli.main import app
 from pipelines import local_triton, processes
-from registry.cli.main import app
 
 pytestmark = pytest.mark.integration
 

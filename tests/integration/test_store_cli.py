@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mlreg.cli.main import app
 from pipelines import local_s3
-from registry.cli.main import app
 from tests.integration.conftest import RunningTriton
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from registry.cli.main import app
+from mlreg.cli.main import app
 
 
 @pytest.fixture

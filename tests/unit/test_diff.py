@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from registry.cli.main import app
+from mlreg.cli.main import app
 from registry.contracts.config import load_config
 from registry.contracts.diff import diff_configs, diff_model
 from registry.contracts.repository import read_repository

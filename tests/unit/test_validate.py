@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from registry.cli.main import app
+from mlreg.cli.main import app
 from registry.contracts.validate import validate_path
 from tests.conftest import TEMPLATE
 

@@ -6,7 +6,7 @@ import time
 
 import typer
 
-from registry.cli.output import emit_json, handle_errors
+from mlreg.cli.output import emit_json, handle_errors
 from registry.settings import Settings
 
 

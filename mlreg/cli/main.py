@@ -9,9 +9,9 @@ import sys
 
 import typer
 
+from mlreg.cli import promote, registry, stack, store, template, triton
+from mlreg.cli.validate import diff_cmd, validate_cmd
 from registry import __version__
-from registry.cli import promote, registry, stack, store, template, triton
-from registry.cli.validate import diff_cmd, validate_cmd
 
 app = typer.Typer(
     name="mlreg",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from registry.cli.output import emit_json, handle_errors
+from mlreg.cli.output import emit_json, handle_errors
 from registry.settings import Settings
 
 app = typer.Typer(help="The model repository template (the seed's multimodal ensemble).",

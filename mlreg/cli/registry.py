@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from registry.cli.output import emit_json, handle_errors
+from mlreg.cli.output import emit_json, handle_errors
 from registry.settings import Settings
 
 alias_app = typer.Typer(help="Set or remove a registered model's aliases.", no_args_is_help=True)

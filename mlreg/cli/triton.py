@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from registry.cli.output import emit_json, handle_errors
+from mlreg.cli.output import emit_json, handle_errors
 from registry.settings import Settings
 
 app = typer.Typer(help="Inspect Triton servers through the model-control API.", no_args_is_help=True)

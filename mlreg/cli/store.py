@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from registry.cli.output import emit_json, handle_errors
-from registry.cli.progress import byte_progress
+from mlreg.cli.output import emit_json, handle_errors
+from mlreg.cli.progress import byte_progress
 from registry.settings import Settings
 
 app = typer.Typer(help="Push and list versioned model folders in a store (local folder or S3).",

@@ -1,5 +1,0 @@
-"""``python -m registry.cli`` runs the mlreg command."""
-
-from registry.cli.main import main
-
-main()
