@@ -23,6 +23,7 @@ system-deps:
 	bash .ci/system-deps.sh
 
 test: install system-deps
+	$(VENV)/bin/ruff format --check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
@@ -34,6 +35,7 @@ integration: install
 	$(VENV)/bin/pytest tests/integration
 
 lint: install
+	$(VENV)/bin/ruff format --check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/mypy
 

@@ -62,8 +62,9 @@ print(time.perf_counter() - began)
 
 def cli(env: dict[str, str], *args: str) -> tuple[float, str]:
     began = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "mlreg", *args], capture_output=True,
-                          text=True, env=env, cwd=ROOT, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlreg", *args], capture_output=True, text=True, env=env, cwd=ROOT, check=False
+    )
     if proc.returncode != 0:
         raise SystemExit(f"mlreg {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return time.perf_counter() - began, proc.stdout
@@ -118,9 +119,10 @@ def main() -> int:
         quality_s, _ = cli(env, "promote", "image_model", "--version", versions[0])  # with quality
         ours: list[float] = []
         stage_runs: list[dict[str, float]] = []
-        for version in versions[1:1 + ROUNDS]:
-            seconds, out = cli(env, "promote", "image_model", "--version", version,
-                               "--skip-quality", "--json")
+        for version in versions[1 : 1 + ROUNDS]:
+            seconds, out = cli(
+                env, "promote", "image_model", "--version", version, "--skip-quality", "--json"
+            )
             ours.append(seconds)
             stage_runs.append({s["stage"]: s["seconds"] for s in json.loads(out)["stages"]})
         source = settings.home / "exports" / "image_model" / "1"
@@ -129,9 +131,20 @@ def main() -> int:
         baseline_inside: list[float] = []
         for number in range(99, 99 - ROUNDS, -1):
             began = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-c", BASELINE, str(settings.local_repository),
-                                   info.grpc_url, str(number), str(source)], capture_output=True,
-                                  text=True, check=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    BASELINE,
+                    str(settings.local_repository),
+                    info.grpc_url,
+                    str(number),
+                    str(source),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             baseline_process.append(time.perf_counter() - began)  # as `mlreg promote` is timed
             baseline_inside.append(float(proc.stdout.strip()))  # Python start, imports left out
         # restore the store's desired state for image_model (the baseline wrote 99, 98, ...)
@@ -162,23 +175,35 @@ def main() -> int:
         for thread in traffic.threads:
             thread.join()
         # (c) the version already serving
-        noop = [cli(env, "promote", "image_model", "--version", flip[(promotions - 1) % 2])[0]
-                for _ in range(3)]
+        noop = [
+            cli(env, "promote", "image_model", "--version", flip[(promotions - 1) % 2])[0] for _ in range(3)
+        ]
     finally:
         stack_down(settings)
     failed = sum(1 for r in during if not r[2])
-    print(f"(a) medians of {ROUNDS} runs each; mlreg promote: "
-          + ", ".join(f"{x:.2f}" for x in ours) + "; baseline (process): "
-          + ", ".join(f"{x:.2f}" for x in baseline_process))
-    print(f"    mlreg promote (no quality)     {ours_s:6.2f} s   stages: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
-    print(f"    baseline script, whole process {baseline_process_s:6.2f} s   ratio "
-          f"{ours_s / baseline_process_s:.2f} (target <= 1.3)")
-    print(f"    baseline timed from inside     {baseline_s:6.2f} s   ratio {ours_s / baseline_s:.2f} "
-          "(the stricter reading)")
+    print(
+        f"(a) medians of {ROUNDS} runs each; mlreg promote: "
+        + ", ".join(f"{x:.2f}" for x in ours)
+        + "; baseline (process): "
+        + ", ".join(f"{x:.2f}" for x in baseline_process)
+    )
+    print(
+        f"    mlreg promote (no quality)     {ours_s:6.2f} s   stages: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+    )
+    print(
+        f"    baseline script, whole process {baseline_process_s:6.2f} s   ratio "
+        f"{ours_s / baseline_process_s:.2f} (target <= 1.3)"
+    )
+    print(
+        f"    baseline timed from inside     {baseline_s:6.2f} s   ratio {ours_s / baseline_s:.2f} "
+        "(the stricter reading)"
+    )
     print(f"    quality stage, reported apart: a full promotion with it took {quality_s:.2f} s")
-    print(f"(b) {len(during):,} ensemble requests during {promotions} promotions: {failed} failed "
-          f"(target 0); p99 before {p99(before):.1f} ms, during {p99(during):.1f} ms")
+    print(
+        f"(b) {len(during):,} ensemble requests during {promotions} promotions: {failed} failed "
+        f"(target 0); p99 before {p99(before):.1f} ms, during {p99(during):.1f} ms"
+    )
     print(f"(c) promoting the serving version: median {statistics.median(noop):.2f} s (target < 2)")
     return 0
 

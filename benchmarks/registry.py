@@ -65,17 +65,20 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="mlreg-bench-registry-"))
     built = work / "built"
     template.build(Settings.from_env().template_dir, built, models=["image_model"], device="gpu")
-    server, process = local_mlflow.start_mlflow(f"sqlite:///{work / 'mlflow.db'}", work / "artifacts",
-                                                work / "mlflow.log", serve_artifacts=True)
+    server, process = local_mlflow.start_mlflow(
+        f"sqlite:///{work / 'mlflow.db'}", work / "artifacts", work / "mlflow.log", serve_artifacts=True
+    )
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.url, "MLREG_HOME": str(work / "home")}
     try:
         ours, base = [], []
         for i in range(args.runs):
-            base.append(timed([sys.executable, "-c", BASELINE, f"baseline_{i}",
-                               str(built / "image_model" / "1")], env))
+            base.append(
+                timed(
+                    [sys.executable, "-c", BASELINE, f"baseline_{i}", str(built / "image_model" / "1")], env
+                )
+            )
             folder = renamed_copy(built / "image_model", f"image_model_{i}", work / "copies")
-            ours.append(timed([sys.executable, "-m", "mlreg", "register", folder.name,
-                               str(folder)], env))
+            ours.append(timed([sys.executable, "-m", "mlreg", "register", folder.name, str(folder)], env))
         import logging
 
         from mlflow.tracking import MlflowClient
@@ -87,10 +90,12 @@ def main() -> int:
         run = client.create_run(exp)
         source = f"{run.info.artifact_uri}/model"
         for _ in range(args.versions):
-            client.create_model_version("many_versions", source, run_id=run.info.run_id,
-                                        tags={"validation": "passed"})
-        listing = [timed([sys.executable, "-m", "mlreg", "versions", "many_versions"], env)
-                   for _ in range(args.runs)]
+            client.create_model_version(
+                "many_versions", source, run_id=run.info.run_id, tags={"validation": "passed"}
+            )
+        listing = [
+            timed([sys.executable, "-m", "mlreg", "versions", "many_versions"], env) for _ in range(args.runs)
+        ]
     finally:
         local_mlflow.stop_mlflow(server.pid, process)
     ratio = statistics.median(ours) / statistics.median(base)
@@ -98,8 +103,7 @@ def main() -> int:
     print(f"    mlreg register                          {statistics.median(ours):6.2f} s")
     print(f"    baseline log_artifacts + create_model_version {statistics.median(base):6.2f} s")
     print(f"    ratio {ratio:.2f} (target <= 1.3)")
-    print(f"(b) mlreg versions on {args.versions} versions: {statistics.median(listing):.2f} s "
-          f"(target < 2)")
+    print(f"(b) mlreg versions on {args.versions} versions: {statistics.median(listing):.2f} s (target < 2)")
     return 0
 
 

@@ -39,8 +39,9 @@ BATCHED = "multi_modal_model"
 
 def batch_histogram(control: TritonControl) -> Counter[int]:
     stats = control.statistics(BATCHED)[0]
-    return Counter({int(b["batch_size"]): int(b["compute_infer"]["count"])
-                    for b in stats.get("batch_stats", [])})
+    return Counter(
+        {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+    )
 
 
 def run_level(url: str, concurrency: int, seconds: float) -> dict[str, object]:
@@ -82,7 +83,8 @@ def run_level(url: str, concurrency: int, seconds: float) -> dict[str, object]:
         "throughput_rps": len(latencies) / wall,
         "p50_ms": 1000 * statistics.median(ordered) if ordered else float("nan"),
         "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-        if ordered else float("nan"),
+        if ordered
+        else float("nan"),
     }
 
 
@@ -117,14 +119,20 @@ def main() -> int:
     finally:
         local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
 
-    print(f"server live: {report['server_live_s']:.2f}s   "
-          f"start-to-ready (ensemble + 5 members loaded): {report['start_to_ready_s']:.2f}s")
-    print(f"{'concurrency':>11} {'requests':>9} {'failed':>7} {'req/s':>8} {'p50 ms':>8} "
-          f"{'p99 ms':>8}  multi_modal_model executed batch sizes {{size: executions}}")
+    print(
+        f"server live: {report['server_live_s']:.2f}s   "
+        f"start-to-ready (ensemble + 5 members loaded): {report['start_to_ready_s']:.2f}s"
+    )
+    print(
+        f"{'concurrency':>11} {'requests':>9} {'failed':>7} {'req/s':>8} {'p50 ms':>8} "
+        f"{'p99 ms':>8}  multi_modal_model executed batch sizes {{size: executions}}"
+    )
     for level in report["levels"]:  # type: ignore[union-attr]
-        print(f"{level['concurrency']:>11} {level['requests']:>9} {level['failed']:>7} "
-              f"{level['throughput_rps']:>8.1f} {level['p50_ms']:>8.1f} {level['p99_ms']:>8.1f}  "
-              f"{level['batch_sizes']}")
+        print(
+            f"{level['concurrency']:>11} {level['requests']:>9} {level['failed']:>7} "
+            f"{level['throughput_rps']:>8.1f} {level['p50_ms']:>8.1f} {level['p99_ms']:>8.1f}  "
+            f"{level['batch_sizes']}"
+        )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0

@@ -44,8 +44,14 @@ print(json.dumps({"seconds": time.perf_counter() - began,
 
 
 def run(code: str, *args: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                         check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -74,15 +80,23 @@ def main() -> int:
         local_s3.stop_s3(server.pid, process)
     mib = size / (1 << 20)
     print(f"{'':34} {'seconds':>8} {'MiB/s':>8} {'peak RSS MB':>12} {'bytes sent':>14}")
-    print(f"{'boto3 upload_file (baseline)':34} {baseline['seconds']:8.2f} "
-          f"{mib / baseline['seconds']:8.1f} {baseline['rss_mb']:12.0f} {size:14,}")
-    print(f"{'store.put_version (first upload)':34} {first['seconds']:8.2f} "
-          f"{mib / first['seconds']:8.1f} {first['rss_mb']:12.0f} {int(first['bytes_sent']):14,}")
-    print(f"{'store.put_version (unchanged)':34} {again['seconds']:8.2f} {'':>8} "
-          f"{again['rss_mb']:12.0f} {int(again['bytes_sent']):14,}")
-    print(f"throughput ratio store/baseline: {baseline['seconds'] / first['seconds']:.2f} "
-          f"(target >= 0.9); re-upload: {100 * again['seconds'] / first['seconds']:.1f}% of the "
-          f"first upload's time (target < 5%), {int(again['bytes_sent'])} bytes sent (target 0)")
+    print(
+        f"{'boto3 upload_file (baseline)':34} {baseline['seconds']:8.2f} "
+        f"{mib / baseline['seconds']:8.1f} {baseline['rss_mb']:12.0f} {size:14,}"
+    )
+    print(
+        f"{'store.put_version (first upload)':34} {first['seconds']:8.2f} "
+        f"{mib / first['seconds']:8.1f} {first['rss_mb']:12.0f} {int(first['bytes_sent']):14,}"
+    )
+    print(
+        f"{'store.put_version (unchanged)':34} {again['seconds']:8.2f} {'':>8} "
+        f"{again['rss_mb']:12.0f} {int(again['bytes_sent']):14,}"
+    )
+    print(
+        f"throughput ratio store/baseline: {baseline['seconds'] / first['seconds']:.2f} "
+        f"(target >= 0.9); re-upload: {100 * again['seconds'] / first['seconds']:.1f}% of the "
+        f"first upload's time (target < 5%), {int(again['bytes_sent'])} bytes sent (target 0)"
+    )
     return 0
 
 

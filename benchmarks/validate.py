@@ -57,18 +57,22 @@ def synthetic_repository(root: Path, models: int = 500, steps: int = 50) -> Path
 
     def identity_model(path: Path) -> None:
         graph = helper.make_graph(
-            [helper.make_node("Identity", ["x"], ["y"])], "g",
+            [helper.make_node("Identity", ["x"], ["y"])],
+            "g",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        )
         onnx.save(helper.make_model(graph), str(path))
 
     root.mkdir(parents=True, exist_ok=True)
     source = root / "_model.onnx"
     identity_model(source)
     data = source.read_bytes()
-    config = ('name: "{n}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-              'input [{{ name: "x" data_type: TYPE_FP32 dims: [4] }}]\n'
-              'output [{{ name: "y" data_type: TYPE_FP32 dims: [4] }}]\n')
+    config = (
+        'name: "{n}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [{{ name: "x" data_type: TYPE_FP32 dims: [4] }}]\n'
+        'output [{{ name: "y" data_type: TYPE_FP32 dims: [4] }}]\n'
+    )
     repo = root / "repo"
     for i in range(models):
         name = f"m{i:03d}"
@@ -77,13 +81,16 @@ def synthetic_repository(root: Path, models: int = 500, steps: int = 50) -> Path
         (repo / name / "config.pbtxt").write_text(config.format(n=name))
     step_text = "".join(
         f'{{ model_name: "m{i:03d}" model_version: 1 input_map {{ key: "x" value: "t{i}" }} '
-        f'output_map {{ key: "y" value: "t{i + 1}" }} }},' for i in range(steps)).rstrip(",")
+        f'output_map {{ key: "y" value: "t{i + 1}" }} }},'
+        for i in range(steps)
+    ).rstrip(",")
     (repo / "chain" / "1").mkdir(parents=True)
     (repo / "chain" / "config.pbtxt").write_text(
         'name: "chain"\nplatform: "ensemble"\nmax_batch_size: 8\n'
         'input [{ name: "t0" data_type: TYPE_FP32 dims: [4] }]\n'
         f'output [{{ name: "t{steps}" data_type: TYPE_FP32 dims: [4] }}]\n'
-        f"ensemble_scheduling {{ step [ {step_text} ] }}\n")
+        f"ensemble_scheduling {{ step [ {step_text} ] }}\n"
+    )
     return repo
 
 
@@ -101,9 +108,12 @@ def onnx_with_external_weights(folder: Path, size: int) -> Path:
     with (folder / "weights.bin").open("wb") as f:
         f.truncate(count * 4)
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [count])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [count])], initializer=[weights])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [count])],
+        initializer=[weights],
+    )
     path = folder / "model.onnx"
     onnx.save(helper.make_model(graph), str(path))
     return path
@@ -146,8 +156,10 @@ def main() -> int:
     small = onnx_with_external_weights(work / "small", 1 << 20)
     large = onnx_with_external_weights(work / "large", 2 << 30)
     t_small, t_large = read_time(small, 20), read_time(large, 20)
-    print(f"(c) ONNX signature read: 1 MB {1000 * t_small:.2f} ms, 2 GB {1000 * t_large:.2f} ms, "
-          f"ratio {t_large / t_small:.2f}  (target <= 1.5)")
+    print(
+        f"(c) ONNX signature read: 1 MB {1000 * t_small:.2f} ms, 2 GB {1000 * t_large:.2f} ms, "
+        f"ratio {t_large / t_small:.2f}  (target <= 1.5)"
+    )
     return 0
 
 

@@ -23,8 +23,11 @@ def golden_jpeg(size: tuple[int, int] = IMAGE_SIZE, quality: int = 90) -> bytes:
     x = np.linspace(0, 255, width, dtype=np.float32)[np.newaxis, :]
     y = np.linspace(0, 255, height, dtype=np.float32)[:, np.newaxis]
     pixels = np.stack(
-        [np.broadcast_to(x, (height, width)), np.broadcast_to(y, (height, width)),
-         np.broadcast_to((x + y) / 2, (height, width))],
+        [
+            np.broadcast_to(x, (height, width)),
+            np.broadcast_to(y, (height, width)),
+            np.broadcast_to((x + y) / 2, (height, width)),
+        ],
         axis=-1,
     ).astype(np.uint8)
     image = Image.fromarray(pixels, "RGB")
@@ -69,15 +72,19 @@ def model_inputs(model: str) -> dict[str, np.ndarray] | None:
     rng = np.random.default_rng(0)
     inputs = {
         "ensemble_multi_modal_model": ensemble_inputs,
-        "table_data_preprocess": lambda: {k: v for k, v in ensemble_inputs().items()
-                                          if k.startswith("table")},
+        "table_data_preprocess": lambda: {
+            k: v for k, v in ensemble_inputs().items() if k.startswith("table")
+        },
         "table_data_model": lambda: {
             "categorical_col_1": np.array(one_hot[TABLE_DATA_INPUT_1], np.float32),
-            "categorical_col_2": np.array(one_hot[TABLE_DATA_INPUT_2], np.float32)},
+            "categorical_col_2": np.array(one_hot[TABLE_DATA_INPUT_2], np.float32),
+        },
         "image_preprocess": lambda: {"image_preprocess_input": ensemble_inputs()["image_preprocess_input"]},
         "image_model": lambda: {"image": decoded_golden_image()},
-        "multi_modal_model": lambda: {"image": rng.normal(size=(2, 10)).astype(np.float32),
-                                      "table_data": rng.normal(size=(2, 10)).astype(np.float32)},
+        "multi_modal_model": lambda: {
+            "image": rng.normal(size=(2, 10)).astype(np.float32),
+            "table_data": rng.normal(size=(2, 10)).astype(np.float32),
+        },
     }
     make = inputs.get(model)
     return None if make is None else make()

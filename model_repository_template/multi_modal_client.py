@@ -31,8 +31,7 @@ def infer(url: str, model_name: str, image: bytes | None = None, timeout: float 
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     outputs = [triton_client.InferRequestedOutput("multi_modal_output")]
-    result = client.infer(model_name=model_name, inputs=inputs, outputs=outputs,
-                          client_timeout=timeout)
+    result = client.infer(model_name=model_name, inputs=inputs, outputs=outputs, client_timeout=timeout)
     return result.as_numpy("multi_modal_output")
 
 
@@ -40,8 +39,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model_name", default="ensemble_multi_modal_model", help="Model name")
     parser.add_argument("--image", help="Path to an image (default: the golden JPEG)")
-    parser.add_argument("--url", default="localhost:8001",
-                        help="Inference server gRPC URL. Default is localhost:8001.")
+    parser.add_argument(
+        "--url", default="localhost:8001", help="Inference server gRPC URL. Default is localhost:8001."
+    )
     args = parser.parse_args()
     image = load_image(args.image) if args.image else None
     try:

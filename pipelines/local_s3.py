@@ -13,8 +13,11 @@ from pipelines.processes import stop_group, wait_answering
 from registry.errors import MissingDependencyError, StackError
 
 START_TIMEOUT_S = 30.0
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "mlreg", "AWS_SECRET_ACCESS_KEY": "mlreg-secret",
-               "AWS_DEFAULT_REGION": "us-east-1"}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "mlreg",
+    "AWS_SECRET_ACCESS_KEY": "mlreg-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @dataclass
@@ -45,12 +48,17 @@ def start_s3(log_path: Path, port: int | None = None) -> tuple[S3Server, subproc
     port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
-        process = subprocess.Popen([*moto_command(), "-H", "127.0.0.1", "-p", str(port)],
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [*moto_command(), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     server = S3Server(process.pid, port)
-    if wait_answering(process, lambda: http_ok(f"{server.endpoint}/moto-api/"), "moto_server",
-                      log_path, START_TIMEOUT_S):
+    if wait_answering(
+        process, lambda: http_ok(f"{server.endpoint}/moto-api/"), "moto_server", log_path, START_TIMEOUT_S
+    ):
         return server, process
     stop_s3(server.pid, process)
     raise StackError("moto_server did not answer within 30s", fix=f"read its log: {log_path}")

@@ -68,9 +68,7 @@ def locate_triton() -> TritonInstall:
             f"{python_version_tag()} (it ships: {', '.join(shipped) or 'none'})",
             fix="create the virtual environment with one of those Python versions",
         )
-    libs = tuple(
-        p for p in (package.parent / "nvidia_pytriton.libs", root / "lib") if p.is_dir()
-    )
+    libs = tuple(p for p in (package.parent / "nvidia_pytriton.libs", root / "lib") if p.is_dir())
     return TritonInstall(
         server=root / "bin" / "tritonserver",
         library_dirs=libs,
@@ -139,8 +137,10 @@ def build_backend_dir(install: TritonInstall, standins: Path, dest: Path) -> Pat
 
 
 def _copy_if_changed(source: Path, target: Path) -> None:
-    if target.exists() and target.stat().st_size == source.stat().st_size and (
-        target.stat().st_mtime >= source.stat().st_mtime
+    if (
+        target.exists()
+        and target.stat().st_size == source.stat().st_size
+        and (target.stat().st_mtime >= source.stat().st_mtime)
     ):
         return
     shutil.copy2(source, target)
@@ -199,7 +199,10 @@ class ServerInfo:
 
 
 def server_command(
-    install: TritonInstall, repository: str, backend_dir: Path, ports: tuple[int, int, int],
+    install: TritonInstall,
+    repository: str,
+    backend_dir: Path,
+    ports: tuple[int, int, int],
     shm_prefix: str,
 ) -> list[str]:
     grpc, http, metrics = ports
@@ -209,9 +212,12 @@ def server_command(
         "--model-control-mode=explicit",
         f"--backend-directory={backend_dir}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        "--http-address=127.0.0.1", f"--http-port={http}",
-        "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
-        "--metrics-address=127.0.0.1", f"--metrics-port={metrics}",
+        "--http-address=127.0.0.1",
+        f"--http-port={http}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={grpc}",
+        "--metrics-address=127.0.0.1",
+        f"--metrics-port={metrics}",
         "--allow-gpu-metrics=false",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         "--strict-readiness=false",
@@ -257,8 +263,13 @@ class _PortRace(Exception):
 
 
 def _launch(
-    install: TritonInstall, env: dict[str, str], repository: str, backend_dir: Path,
-    ports: tuple[int, int, int], state_dir: Path, timeout: float,
+    install: TritonInstall,
+    env: dict[str, str],
+    repository: str,
+    backend_dir: Path,
+    ports: tuple[int, int, int],
+    state_dir: Path,
+    timeout: float,
 ) -> tuple[ServerInfo, subprocess.Popen[bytes]]:
     log_path = state_dir / "triton.log"
     shm_prefix = f"mlreg_{os.getpid()}_{ports[0]}_"
@@ -266,12 +277,21 @@ def _launch(
     log.info("starting %s", " ".join(command))
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            command,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     info = ServerInfo(
-        pid=process.pid, grpc_port=ports[0], http_port=ports[1], metrics_port=ports[2],
-        repository=repository, log_path=str(log_path), shm_prefix=shm_prefix,
+        pid=process.pid,
+        grpc_port=ports[0],
+        http_port=ports[1],
+        metrics_port=ports[2],
+        repository=repository,
+        log_path=str(log_path),
+        shm_prefix=shm_prefix,
         started_at=time.time(),
     )
     deadline = time.monotonic() + timeout
@@ -324,7 +344,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def stop_pid(
-    pid: int, shm_prefix: str, *, grace: float = STOP_GRACE_S,
+    pid: int,
+    shm_prefix: str,
+    *,
+    grace: float = STOP_GRACE_S,
     process: subprocess.Popen[bytes] | None = None,
 ) -> bool:
     """SIGTERM the server, SIGKILL its process group after ``grace``; True if it had to be killed."""

@@ -25,23 +25,29 @@ def process_gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] in {"Z", "X"}
 
 
-def wait_answering(process: subprocess.Popen[bytes], answers: Callable[[], bool], what: str,
-                   log_path: Path,
-                   timeout: float, interval: float = 0.1) -> bool:
+def wait_answering(
+    process: subprocess.Popen[bytes],
+    answers: Callable[[], bool],
+    what: str,
+    log_path: Path,
+    timeout: float,
+    interval: float = 0.1,
+) -> bool:
     """Poll ``answers()`` until True; False after ``timeout``; StackError if the process exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise StackError(f"{what} exited with code {process.returncode}:\n{tail(log_path)}",
-                             fix=f"read its log: {log_path}")
+            raise StackError(
+                f"{what} exited with code {process.returncode}:\n{tail(log_path)}",
+                fix=f"read its log: {log_path}",
+            )
         if answers():
             return True
         time.sleep(interval)
     return False
 
 
-def stop_group(pid: int, process: subprocess.Popen[bytes] | None = None,
-               grace: float = 10.0) -> bool:
+def stop_group(pid: int, process: subprocess.Popen[bytes] | None = None, grace: float = 10.0) -> bool:
     """SIGTERM the process group, SIGKILL it after ``grace`` seconds; True if it was killed."""
     try:
         os.killpg(pid, signal.SIGTERM)

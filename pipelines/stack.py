@@ -95,8 +95,7 @@ def start_s3_repository(settings: Settings, source: Path) -> str:
         os.environ.setdefault(key, value)
     server, process = local_s3.start_s3(settings.stack_dir / "moto.log")
     uri = server.store_uri("mlreg", "model_repository")
-    s3_state_file(settings).write_text(json.dumps({"pid": server.pid, "port": server.port,
-                                                   "uri": uri}))
+    s3_state_file(settings).write_text(json.dumps({"pid": server.pid, "port": server.port, "uri": uri}))
     with warnings.catch_warnings():  # moto_server outlives this process, like tritonserver
         warnings.simplefilter("ignore", ResourceWarning)
         del process
@@ -122,8 +121,12 @@ def start_ui(settings: Settings) -> str:
     from pipelines.local_mlflow import start_mlflow
 
     settings.home.mkdir(parents=True, exist_ok=True)
-    server, process = start_mlflow(f"sqlite:///{settings.home / 'mlflow.db'}", settings.artifact_root,
-                                   settings.stack_dir / "mlflow.log", serve_artifacts=False)
+    server, process = start_mlflow(
+        f"sqlite:///{settings.home / 'mlflow.db'}",
+        settings.artifact_root,
+        settings.stack_dir / "mlflow.log",
+        serve_artifacts=False,
+    )
     mlflow_state_file(settings).write_text(json.dumps({"pid": server.pid, "url": server.url}))
     with warnings.catch_warnings():  # the UI outlives this process, like tritonserver
         warnings.simplefilter("ignore", ResourceWarning)
@@ -142,9 +145,11 @@ def stack_up(
     if s3 and running_server(settings) is None:
         source = Path(repository or settings.local_repository).resolve()
         if not source.is_dir():
-            raise StackError(f"model repository '{source}' does not exist",
-                             fix="build one with 'mlreg template build "
-                             f"{settings.local_repository}' or pass --repository PATH")
+            raise StackError(
+                f"model repository '{source}' does not exist",
+                fix="build one with 'mlreg template build "
+                f"{settings.local_repository}' or pass --repository PATH",
+            )
         settings.stack_dir.mkdir(parents=True, exist_ok=True)
         repository = start_s3_repository(settings, source)
     elif s3:
@@ -168,7 +173,10 @@ def stack_up(
         )
     if info is None:
         info, process = local_triton.start_server(
-            repo, settings.stack_dir, settings.backends_source, ports=ports,
+            repo,
+            settings.stack_dir,
+            settings.backends_source,
+            ports=ports,
         )
         local_triton.save_info(info, state_file(settings))
         with warnings.catch_warnings():  # the server is meant to outlive this process
@@ -182,10 +190,10 @@ def stack_up(
     return status
 
 
-def load_models(info: ServerInfo, models: list[str], settings: Settings,
-                status: StackStatus) -> None:
-    with TritonControl(info.grpc_url, timeout=settings.triton_timeout,
-                       load_timeout=settings.triton_timeout * 10) as triton:
+def load_models(info: ServerInfo, models: list[str], settings: Settings, status: StackStatus) -> None:
+    with TritonControl(
+        info.grpc_url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10
+    ) as triton:
         for model in models:
             try:
                 triton.load(model)
@@ -205,7 +213,8 @@ def stack_status(settings: Settings) -> StackStatus:
         with TritonControl(info.grpc_url, timeout=5.0) as triton:
             status.loaded = sorted(
                 f"{m['name']}:{m.get('version', '')}"
-                for m in triton.repository_index() if m.get("state") == "READY"
+                for m in triton.repository_index()
+                if m.get("state") == "READY"
             )
     except MlregError as exc:
         log.warning("could not read the repository index: %s", exc)

@@ -43,8 +43,7 @@ class TritonControl:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, what: str, fn: Callable[[], T], *, model: str | None = None,
-              retry: bool = True) -> T:
+    def _call(self, what: str, fn: Callable[[], T], *, model: str | None = None, retry: bool = True) -> T:
         from tritonclient.utils import InferenceServerException
 
         delays = list(RETRY_DELAYS) if retry else []
@@ -70,25 +69,31 @@ class TritonControl:
             fix = "run 'mlreg validate' on the repository and read the server log for the reason"
         else:
             fix = "read the server log for details"
-        return TritonError(f"{what} failed on {where}: {message}", fix=fix, status=status,
-                           model=model, url=self.url)
+        return TritonError(
+            f"{what} failed on {where}: {message}", fix=fix, status=status, model=model, url=self.url
+        )
 
     # -- health ---------------------------------------------------------------------------------
 
     def is_live(self) -> bool:
-        return bool(self._call("live check", lambda: self._client.is_server_live(
-            client_timeout=self.timeout)))
+        return bool(
+            self._call("live check", lambda: self._client.is_server_live(client_timeout=self.timeout))
+        )
 
     def server_metadata(self) -> dict[str, Any]:
-        meta = self._call("server metadata", lambda: self._client.get_server_metadata(
-            as_json=True, client_timeout=self.timeout))
+        meta = self._call(
+            "server metadata",
+            lambda: self._client.get_server_metadata(as_json=True, client_timeout=self.timeout),
+        )
         return dict(meta)
 
     # -- model control --------------------------------------------------------------------------
 
     def repository_index(self) -> list[dict[str, Any]]:
-        index = self._call("repository index", lambda: self._client.get_model_repository_index(
-            as_json=True, client_timeout=self.timeout))
+        index = self._call(
+            "repository index",
+            lambda: self._client.get_model_repository_index(as_json=True, client_timeout=self.timeout),
+        )
         return list(index.get("models", []))
 
     def load(self, model: str, config: str | None = None) -> None:
@@ -99,8 +104,12 @@ class TritonControl:
         """
         log.info("loading %s on %s", model, self.url)
         try:
-            self._call("load", lambda: self._client.load_model(
-                model, config=config, client_timeout=self.load_timeout), model=model, retry=False)
+            self._call(
+                "load",
+                lambda: self._client.load_model(model, config=config, client_timeout=self.load_timeout),
+                model=model,
+                retry=False,
+            )
         except TritonError as exc:
             reason = self.unavailable_reason(model)
             if reason and reason not in exc.message:
@@ -113,8 +122,7 @@ class TritonControl:
             index = self.repository_index()
         except TritonError:
             return ""
-        reasons = [m.get("reason", "") for m in index
-                   if m.get("name") == model and m.get("state") != "READY"]
+        reasons = [m.get("reason", "") for m in index if m.get("name") == model and m.get("state") != "READY"]
         return "; ".join(r for r in reasons if r)
 
     def model_states(self) -> dict[str, dict[str, str]]:
@@ -134,35 +142,58 @@ class TritonControl:
             current = state.get(version) if version else next(iter(state.values()), None)
             if current == "UNAVAILABLE":
                 reason = self.unavailable_reason(model) or "no reason given"
-                raise TritonError(f"{self.url}: model '{model}' version {version or 'latest'} "
-                                  f"is UNAVAILABLE: {reason}", fix="read the server log",
-                                  model=model, url=self.url)
+                raise TritonError(
+                    f"{self.url}: model '{model}' version {version or 'latest'} is UNAVAILABLE: {reason}",
+                    fix="read the server log",
+                    model=model,
+                    url=self.url,
+                )
             time.sleep(0.2)
-        raise TritonError(f"{self.url}: model '{model}' was not READY within {timeout:.0f}s",
-                          fix="read the server log; the load may still be running", model=model)
+        raise TritonError(
+            f"{self.url}: model '{model}' was not READY within {timeout:.0f}s",
+            fix="read the server log; the load may still be running",
+            model=model,
+        )
 
     def model_config(self, model: str) -> dict[str, Any]:
-        result = self._call("model config", lambda: self._client.get_model_config(
-            model, as_json=True, client_timeout=self.timeout), model=model)
+        result = self._call(
+            "model config",
+            lambda: self._client.get_model_config(model, as_json=True, client_timeout=self.timeout),
+            model=model,
+        )
         return dict(result.get("config", {}))
 
     def unload(self, model: str, unload_dependents: bool = False) -> None:
-        self._call("unload", lambda: self._client.unload_model(
-            model, unload_dependents=unload_dependents, client_timeout=self.timeout), model=model)
+        self._call(
+            "unload",
+            lambda: self._client.unload_model(
+                model, unload_dependents=unload_dependents, client_timeout=self.timeout
+            ),
+            model=model,
+        )
 
     def is_ready(self, model: str, version: str = "") -> bool:
-        return bool(self._call("readiness", lambda: self._client.is_model_ready(
-            model, version, client_timeout=self.timeout), model=model))
+        return bool(
+            self._call(
+                "readiness",
+                lambda: self._client.is_model_ready(model, version, client_timeout=self.timeout),
+                model=model,
+            )
+        )
 
     def statistics(self, model: str = "") -> list[dict[str, Any]]:
-        stats = self._call("statistics", lambda: self._client.get_inference_statistics(
-            model, as_json=True, client_timeout=self.timeout), model=model or None)
+        stats = self._call(
+            "statistics",
+            lambda: self._client.get_inference_statistics(model, as_json=True, client_timeout=self.timeout),
+            model=model or None,
+        )
         return list(stats.get("model_stats", []))
 
     # -- inference ------------------------------------------------------------------------------
 
-    def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
-              version: str = "") -> dict[str, np.ndarray]:
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
+    ) -> dict[str, np.ndarray]:
         from tritonclient.utils import np_to_triton_dtype
 
         tensors = []
@@ -171,9 +202,14 @@ class TritonControl:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         requested = [self._grpc.InferRequestedOutput(name) for name in outputs]
-        result = self._call("inference", lambda: self._client.infer(
-            model, tensors, model_version=version, outputs=requested,
-            client_timeout=self.timeout), model=model, retry=False)
+        result = self._call(
+            "inference",
+            lambda: self._client.infer(
+                model, tensors, model_version=version, outputs=requested, client_timeout=self.timeout
+            ),
+            model=model,
+            retry=False,
+        )
         return {name: result.as_numpy(name) for name in outputs}
 
 
@@ -182,7 +218,11 @@ def server_report(url: str, timeout: float = 10.0) -> dict[str, Any]:
     try:
         with TritonControl(url, timeout=timeout) as triton:
             meta = triton.server_metadata()
-            return {"url": url, "version": meta.get("version", "?"),
-                    "extensions": meta.get("extensions", []), "models": triton.model_states()}
+            return {
+                "url": url,
+                "version": meta.get("version", "?"),
+                "extensions": meta.get("extensions", []),
+                "models": triton.model_states(),
+            }
     except TritonError as exc:
         return {"url": url, "error": exc.message}

@@ -30,22 +30,37 @@ def member_versions(registry: MlflowRegistry, model_dir: Path) -> dict[str, str]
     return members
 
 
-def export_models(settings: Settings, registry: MlflowRegistry, models: list[str] | None = None,
-                  seed: int = 0, force: bool = False,
-                  on_model: Callable[[str], None] | None = None) -> list[RegisterResult]:
+def export_models(
+    settings: Settings,
+    registry: MlflowRegistry,
+    models: list[str] | None = None,
+    seed: int = 0,
+    force: bool = False,
+    on_model: Callable[[str], None] | None = None,
+) -> list[RegisterResult]:
     staging = settings.home / "exports"
     if staging.exists():
         shutil.rmtree(staging)
     # registered configs are the template's own (KIND_GPU kept): devices are adapted at deploy
-    built = template.build(settings.template_dir, staging, models=models, seed=seed, device="gpu",
-                           force=True, on_model=on_model)
-    folders = sorted((p for p in staging.iterdir() if (p / CONFIG_NAME).is_file()),
-                     key=lambda p: (_is_ensemble(p), p.name))  # members before ensembles
+    built = template.build(
+        settings.template_dir, staging, models=models, seed=seed, device="gpu", force=True, on_model=on_model
+    )
+    folders = sorted(
+        (p for p in staging.iterdir() if (p / CONFIG_NAME).is_file()), key=lambda p: (_is_ensemble(p), p.name)
+    )  # members before ensembles
     results = []
     for folder in folders:
         exporter = template.exporter_path(settings.template_dir / folder.name)
         members = member_versions(registry, folder) if _is_ensemble(folder) else None
         info = dict(built.exported.get(folder.name) or {})
-        results.append(register(registry, find_candidate(folder), force=force, exporter=exporter,
-                                export_info=info, members=members))
+        results.append(
+            register(
+                registry,
+                find_candidate(folder),
+                force=force,
+                exporter=exporter,
+                export_info=info,
+                members=members,
+            )
+        )
     return results

@@ -23,10 +23,12 @@ class GitState:
 
 def git_state(folder: Path) -> GitState:
     """The commit of the checkout holding ``folder`` ("unknown" outside git)."""
+
     def git(*args: str) -> str:
         try:
-            out = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True,
-                                 timeout=10, check=False)
+            out = subprocess.run(
+                ["git", *args], cwd=folder, capture_output=True, text=True, timeout=10, check=False
+            )
         except (OSError, subprocess.TimeoutExpired):
             return ""
         return out.stdout.strip() if out.returncode == 0 else ""
@@ -44,19 +46,33 @@ VOLATILE = {"fingerprint.pb"}
 
 def digest_of_manifest(files: dict[str, dict[str, Any]]) -> str:
     """One sha256 for a whole version folder (names, sizes and file digests)."""
-    lines = "".join(f"{rel}\0{meta['size']}\0{meta['sha256']}\n" for rel, meta in sorted(files.items())
-                    if rel.rsplit("/", 1)[-1] not in VOLATILE)
+    lines = "".join(
+        f"{rel}\0{meta['size']}\0{meta['sha256']}\n"
+        for rel, meta in sorted(files.items())
+        if rel.rsplit("/", 1)[-1] not in VOLATILE
+    )
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def contract_of(config: ModelConfig) -> dict[str, Any]:
     """The promises a config makes to callers: tensors with full shapes, batching, platform."""
-    def tensors(items: Any) -> list[dict[str, Any]]:
-        return [{"name": t.name, "dtype": data_type_name(t.data_type),
-                 "shape": list(full_shape(config, list(t.dims)))} for t in items]
 
-    return {"platform": config.platform or config.backend, "max_batch_size": config.max_batch_size,
-            "inputs": tensors(config.input), "outputs": tensors(config.output)}
+    def tensors(items: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "dtype": data_type_name(t.data_type),
+                "shape": list(full_shape(config, list(t.dims))),
+            }
+            for t in items
+        ]
+
+    return {
+        "platform": config.platform or config.backend,
+        "max_batch_size": config.max_batch_size,
+        "inputs": tensors(config.input),
+        "outputs": tensors(config.output),
+    }
 
 
 def digest_of_contract(contract: dict[str, Any]) -> str:
@@ -76,10 +92,16 @@ class Lineage:
     validation: str = "passed"
 
     def tags(self) -> dict[str, str]:
-        tags = {"git_commit": self.git.commit, "git_dirty": str(self.git.dirty).lower(),
-                "artifact_digest": self.artifact_digest, "contract_digest": self.contract_digest,
-                "framework": self.framework, "platform": self.platform,
-                "validation": self.validation, "mlreg": "1"}
+        tags = {
+            "git_commit": self.git.commit,
+            "git_dirty": str(self.git.dirty).lower(),
+            "artifact_digest": self.artifact_digest,
+            "contract_digest": self.contract_digest,
+            "framework": self.framework,
+            "platform": self.platform,
+            "validation": self.validation,
+            "mlreg": "1",
+        }
         if self.exporter_sha256:
             tags["exporter_sha256"] = self.exporter_sha256
         tags.update({f"member_{name}": version for name, version in self.members.items()})
@@ -88,20 +110,32 @@ class Lineage:
 
 def describe(lineage: Lineage, contract: dict[str, Any], findings: list[str]) -> str:
     """The version's markdown description, so the MLflow UI tells the story without mlreg."""
-    rows = [f"| {io} | `{t['name']}` | {t['dtype']} | `{t['shape']}` |"
-            for io, key in (("input", "inputs"), ("output", "outputs")) for t in contract[key]]
+    rows = [
+        f"| {io} | `{t['name']}` | {t['dtype']} | `{t['shape']}` |"
+        for io, key in (("input", "inputs"), ("output", "outputs"))
+        for t in contract[key]
+    ]
     members = "".join(f"\n- `{m}` version {v}" for m, v in sorted(lineage.members.items()))
     problems = "".join(f"\n- {line}" for line in findings) or "\n- none"
-    return "\n".join([
-        f"**{lineage.model}** — {lineage.platform}, max_batch_size {contract['max_batch_size']}",
-        "", "| | tensor | type | shape |", "|---|---|---|---|", *rows, "",
-        "**Lineage**", "",
-        f"- git commit `{lineage.git.commit}`" + (" (dirty working tree)" if lineage.git.dirty else ""),
-        f"- artifact sha256 `{lineage.artifact_digest}`",
-        f"- contract sha256 `{lineage.contract_digest}`",
-        f"- framework {lineage.framework}"
-        + (f", exporter sha256 `{lineage.exporter_sha256}`" if lineage.exporter_sha256 else ""),
-        *([f"- built against members:{members}"] if lineage.members else []), "",
-        f"**Validation: {lineage.validation}**{problems}", "",
-        f"Promote with `mlreg promote {lineage.model} --version <this version>`.",
-    ])
+    return "\n".join(
+        [
+            f"**{lineage.model}** — {lineage.platform}, max_batch_size {contract['max_batch_size']}",
+            "",
+            "| | tensor | type | shape |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            "**Lineage**",
+            "",
+            f"- git commit `{lineage.git.commit}`" + (" (dirty working tree)" if lineage.git.dirty else ""),
+            f"- artifact sha256 `{lineage.artifact_digest}`",
+            f"- contract sha256 `{lineage.contract_digest}`",
+            f"- framework {lineage.framework}"
+            + (f", exporter sha256 `{lineage.exporter_sha256}`" if lineage.exporter_sha256 else ""),
+            *([f"- built against members:{members}"] if lineage.members else []),
+            "",
+            f"**Validation: {lineage.validation}**{problems}",
+            "",
+            f"Promote with `mlreg promote {lineage.model} --version <this version>`.",
+        ]
+    )

@@ -32,12 +32,17 @@ def folder_files(folder: Path) -> dict[str, Path]:
             if not target.is_relative_to(root):
                 raise RegistryError(
                     f"{path} is a link to {target}, outside the folder being registered",
-                    fix="copy the file into the folder instead of linking to it", file=str(path))
+                    fix="copy the file into the folder instead of linking to it",
+                    file=str(path),
+                )
         if path.is_file():
             files[path.relative_to(folder).as_posix()] = path
         elif not path.is_dir():
-            raise RegistryError(f"{path} is not a regular file (a broken link or a device?)",
-                                fix="remove it or replace it with the real file", file=str(path))
+            raise RegistryError(
+                f"{path} is not a regular file (a broken link or a device?)",
+                fix="remove it or replace it with the real file",
+                file=str(path),
+            )
     return files
 
 
@@ -47,6 +52,9 @@ def manifest_of(folder: Path) -> dict[str, dict[str, Any]]:
         try:
             out[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
         except OSError as exc:
-            raise RegistryError(f"cannot read {path}: {exc.strerror or exc}",
-                                fix="check the file's permissions", file=str(path)) from exc
+            raise RegistryError(
+                f"cannot read {path}: {exc.strerror or exc}",
+                fix="check the file's permissions",
+                file=str(path),
+            ) from exc
     return out

@@ -74,16 +74,22 @@ class MlflowRegistry:
             message = exc.message if hasattr(exc, "message") else str(exc)
             if "RESOURCE_DOES_NOT_EXIST" in code:
                 fix = "check the name and version ('mlreg versions MODEL')"
-            elif "Max retries exceeded" in message or "ConnectionError" in message or (
-                    "timed out" in message.lower()):
+            elif (
+                "Max retries exceeded" in message
+                or "ConnectionError" in message
+                or ("timed out" in message.lower())
+            ):
                 fix = f"check the tracking server at {self.uri} is up (MLFLOW_TRACKING_URI)"
             else:
                 fix = "read the message above"
-            raise RegistryError(f"MLflow ({self.uri}): {what} failed: {message.splitlines()[0]}",
-                                fix=fix, code=code) from exc
+            raise RegistryError(
+                f"MLflow ({self.uri}): {what} failed: {message.splitlines()[0]}", fix=fix, code=code
+            ) from exc
         except OSError as exc:  # requests' ConnectionError is an OSError
-            raise RegistryError(f"MLflow ({self.uri}): {what} failed: {exc}",
-                                fix=f"check the tracking server at {self.uri} is up") from exc
+            raise RegistryError(
+                f"MLflow ({self.uri}): {what} failed: {exc}",
+                fix=f"check the tracking server at {self.uri} is up",
+            ) from exc
 
     # -- experiments and runs ------------------------------------------------------------------
 
@@ -95,13 +101,15 @@ class MlflowRegistry:
         if self.uri.startswith("sqlite:"):
             self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
             location = self.settings.artifact_root.as_uri()
-        return str(self._call("experiment creation", lambda: self.client.create_experiment(
-            name, artifact_location=location)))
+        return str(
+            self._call(
+                "experiment creation", lambda: self.client.create_experiment(name, artifact_location=location)
+            )
+        )
 
     def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
         exp_id = self.experiment_id(experiment)
-        run = self._call("run creation", lambda: self.client.create_run(
-            exp_id, run_name=name, tags=tags))
+        run = self._call("run creation", lambda: self.client.create_run(exp_id, run_name=name, tags=tags))
         return str(run.info.run_id)
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
@@ -109,16 +117,20 @@ class MlflowRegistry:
         from mlflow.entities import Metric, Param
 
         stamp = 0
-        self._call("logging", lambda: self.client.log_batch(
-            run_id, params=[Param(k, str(v)) for k, v in params.items()],
-            metrics=[Metric(k, float(v), stamp, 0) for k, v in metrics.items()]))
+        self._call(
+            "logging",
+            lambda: self.client.log_batch(
+                run_id,
+                params=[Param(k, str(v)) for k, v in params.items()],
+                metrics=[Metric(k, float(v), stamp, 0) for k, v in metrics.items()],
+            ),
+        )
 
     def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
         self._call("artifact upload", lambda: self.client.log_artifacts(run_id, str(folder), path))
 
     def finish_run(self, run_id: str, ok: bool) -> None:
-        self._call("run update", lambda: self.client.set_terminated(
-            run_id, "FINISHED" if ok else "FAILED"))
+        self._call("run update", lambda: self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED"))
 
     def discard_run(self, run_id: str) -> None:
         """Best effort: a run whose version was not created must not linger as a success."""
@@ -141,13 +153,22 @@ class MlflowRegistry:
         try:
             self.client.get_registered_model(name)
         except MlflowException:
-            self._call("model registration", lambda: self.client.create_registered_model(
-                name, tags={"mlreg": "1"}, description=description))
+            self._call(
+                "model registration",
+                lambda: self.client.create_registered_model(
+                    name, tags={"mlreg": "1"}, description=description
+                ),
+            )
 
-    def create_version(self, name: str, source: str, run_id: str, tags: dict[str, str],
-                       description: str) -> str:
-        version = self._call("version creation", lambda: self.client.create_model_version(
-            name, source, run_id=run_id, tags=tags, description=description))
+    def create_version(
+        self, name: str, source: str, run_id: str, tags: dict[str, str], description: str
+    ) -> str:
+        version = self._call(
+            "version creation",
+            lambda: self.client.create_model_version(
+                name, source, run_id=run_id, tags=tags, description=description
+            ),
+        )
         return str(version.version)
 
     def find_by_tag(self, name: str, key: str, value: str) -> list[Any]:
@@ -155,8 +176,12 @@ class MlflowRegistry:
         return list(self._call("version search", lambda: self.client.search_model_versions(query)))
 
     def versions(self, name: str) -> list[Any]:
-        return list(self._call("version search", lambda: self.client.search_model_versions(
-            f"name='{name}'", max_results=200_000)))
+        return list(
+            self._call(
+                "version search",
+                lambda: self.client.search_model_versions(f"name='{name}'", max_results=200_000),
+            )
+        )
 
     def version(self, name: str, version: str) -> Any:
         return self._call("version lookup", lambda: self.client.get_model_version(name, version))
@@ -176,5 +201,6 @@ class MlflowRegistry:
         self._call("tag update", lambda: self.client.set_model_version_tag(name, version, key, value))
 
     def download(self, run_id: str, path: str, dest: Path) -> Path:
-        return Path(self._call("artifact download", lambda: self.client.download_artifacts(
-            run_id, path, str(dest))))
+        return Path(
+            self._call("artifact download", lambda: self.client.download_artifacts(run_id, path, str(dest)))
+        )

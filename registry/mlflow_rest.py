@@ -24,13 +24,18 @@ def _get(base: str, path: str, params: dict[str, Any], timeout: float) -> dict[s
         except ValueError:
             body = {}
         code = body.get("error_code", str(exc.code))
-        raise RegistryError(f"MLflow ({base}): {path} failed: {code}: {body.get('message', exc)}",
-                            fix="check the model name ('mlreg versions MODEL')"
-                            if "DOES_NOT_EXIST" in code else "read the message above",
-                            code=code) from exc
+        raise RegistryError(
+            f"MLflow ({base}): {path} failed: {code}: {body.get('message', exc)}",
+            fix="check the model name ('mlreg versions MODEL')"
+            if "DOES_NOT_EXIST" in code
+            else "read the message above",
+            code=code,
+        ) from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise RegistryError(f"MLflow ({base}): {path} failed: {exc}",
-                            fix=f"check the tracking server at {base} is up (MLFLOW_TRACKING_URI)") from exc
+        raise RegistryError(
+            f"MLflow ({base}): {path} failed: {exc}",
+            fix=f"check the tracking server at {base} is up (MLFLOW_TRACKING_URI)",
+        ) from exc
 
 
 def search_versions(base: str, name: str, timeout: float) -> list[dict[str, Any]]:

@@ -41,12 +41,18 @@ def model_version(tracking_uri: str, name: str, version: str) -> VersionRecord |
         return None
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            row = conn.execute("SELECT source, run_id FROM model_versions WHERE name = ? AND "
-                               "version = ?", (name, int(version))).fetchone()
+            row = conn.execute(
+                "SELECT source, run_id FROM model_versions WHERE name = ? AND version = ?",
+                (name, int(version)),
+            ).fetchone()
             if row is None:
                 return None
-            tags = dict(conn.execute("SELECT key, value FROM model_version_tags WHERE name = ? "
-                                     "AND version = ?", (name, int(version))).fetchall())
+            tags = dict(
+                conn.execute(
+                    "SELECT key, value FROM model_version_tags WHERE name = ? AND version = ?",
+                    (name, int(version)),
+                ).fetchall()
+            )
     except (sqlite3.Error, ValueError):
         return None
     return VersionRecord(name, str(version), str(row[1] or ""), str(row[0] or ""), tags)

@@ -14,19 +14,33 @@ from registry.lineage import contract_of
 from registry.mlflow_registry import MlflowRegistry
 from registry.settings import Settings
 
-LINEAGE_TAGS = ("git_commit", "git_dirty", "artifact_digest", "contract_digest", "framework",
-                "platform", "exporter_sha256", "validation")
+LINEAGE_TAGS = (
+    "git_commit",
+    "git_dirty",
+    "artifact_digest",
+    "contract_digest",
+    "framework",
+    "platform",
+    "exporter_sha256",
+    "validation",
+)
 
 
 def _when(millis: Any) -> str:
     return datetime.fromtimestamp(int(millis) / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _row(version: str, created: Any, tags: dict[str, str], by_version: dict[str, list[str]]
-         ) -> dict[str, Any]:
+def _row(
+    version: str, created: Any, tags: dict[str, str], by_version: dict[str, list[str]]
+) -> dict[str, Any]:
     promoted = sorted(k.removeprefix("promoted_") for k in tags if k.startswith("promoted_"))
-    return {"version": version, "created": _when(created), "aliases": by_version.get(version, []),
-            "validation": tags.get("validation", "unknown"), "promoted": promoted}
+    return {
+        "version": version,
+        "created": _when(created),
+        "aliases": by_version.get(version, []),
+        "validation": tags.get("validation", "unknown"),
+        "promoted": promoted,
+    }
 
 
 def list_versions(settings: Settings, model: str) -> list[dict[str, Any]]:
@@ -35,8 +49,14 @@ def list_versions(settings: Settings, model: str) -> list[dict[str, Any]]:
     if uri.startswith(("http://", "https://")):
         raw = mlflow_rest.search_versions(uri, model, settings.mlflow_timeout)
         alias_map = mlflow_rest.aliases(uri, model, settings.mlflow_timeout) if raw else {}
-        entries = [(str(v["version"]), v.get("creation_timestamp", 0),
-                    {t["key"]: t["value"] for t in v.get("tags", [])}) for v in raw]
+        entries = [
+            (
+                str(v["version"]),
+                v.get("creation_timestamp", 0),
+                {t["key"]: t["value"] for t in v.get("tags", [])},
+            )
+            for v in raw
+        ]
     else:
         registry = MlflowRegistry(settings)
         found = registry.versions(model)
@@ -59,10 +79,15 @@ def show_version(settings: Settings, model: str, version: str) -> dict[str, Any]
         manifest = json.loads(registry.download(mv.run_id, "manifest.json", Path(tmp)).read_text())
         validation = json.loads(registry.download(mv.run_id, "validation.json", Path(tmp)).read_text())
     return {
-        "model": model, "version": str(mv.version), "created": _when(mv.creation_timestamp),
-        "run_id": mv.run_id, "source": mv.source, "aliases": aliases,
+        "model": model,
+        "version": str(mv.version),
+        "created": _when(mv.creation_timestamp),
+        "run_id": mv.run_id,
+        "source": mv.source,
+        "aliases": aliases,
         "lineage": {k: tags[k] for k in LINEAGE_TAGS if k in tags},
         "members": {k.removeprefix("member_"): v for k, v in tags.items() if k.startswith("member_")},
-        "contract": contract_of(config), "validation": validation,
+        "contract": contract_of(config),
+        "validation": validation,
         "files": manifest["files"],
     }

@@ -34,9 +34,14 @@ from registry.mlflow_registry import MlflowRegistry
 
 log = logging.getLogger(__name__)
 MODEL_NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.\-_]*$")
-FRAMEWORKS = {"onnxruntime_onnx": "onnx", "tensorflow_savedmodel": "tensorflow",
-              "python": "python", "ensemble": "ensemble", "pytorch_libtorch": "pytorch",
-              "tensorrt_plan": "tensorrt"}
+FRAMEWORKS = {
+    "onnxruntime_onnx": "onnx",
+    "tensorflow_savedmodel": "tensorflow",
+    "python": "python",
+    "ensemble": "ensemble",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+}
 
 
 @dataclass
@@ -58,15 +63,23 @@ class RegisterResult:
     findings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "version": self.version, "created": self.created,
-                "validation": self.validation, "run_id": self.run_id, "findings": self.findings}
+        return {
+            "model": self.model,
+            "version": self.version,
+            "created": self.created,
+            "validation": self.validation,
+            "run_id": self.run_id,
+            "findings": self.findings,
+        }
 
 
 def check_model_name(name: str) -> str:
     if not MODEL_NAME.match(name):
-        raise RegistryError(f"invalid model name '{name}': use letters, digits, '.', '-' and '_' "
-                            "(Triton's rule for repository paths), starting with a letter or digit",
-                            fix="rename the model folder (and config.pbtxt's name)")
+        raise RegistryError(
+            f"invalid model name '{name}': use letters, digits, '.', '-' and '_' "
+            "(Triton's rule for repository paths), starting with a letter or digit",
+            fix="rename the model folder (and config.pbtxt's name)",
+        )
     return name
 
 
@@ -80,19 +93,26 @@ def find_candidate(path: Path, config: Path | None = None) -> Candidate:
         name = load_config(config).name or path.resolve().parent.name
         return Candidate(check_model_name(name), path, config)
     if not (path / CONFIG_NAME).is_file():
-        raise RegistryError(f"'{path}' holds no {CONFIG_NAME}",
-                            fix="pass a Triton model folder, or a version folder with --config PATH")
-    versions = sorted((p for p in path.iterdir() if p.is_dir() and p.name.isdigit()),
-                      key=lambda p: int(p.name))
+        raise RegistryError(
+            f"'{path}' holds no {CONFIG_NAME}",
+            fix="pass a Triton model folder, or a version folder with --config PATH",
+        )
+    versions = sorted(
+        (p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    )
     if len(versions) != 1:
         found = ", ".join(p.name for p in versions) or "none"
-        raise RegistryError(f"'{path}' must hold exactly one version folder (found: {found})",
-                            fix="pass the version folder itself with --config <model>/config.pbtxt")
+        raise RegistryError(
+            f"'{path}' must hold exactly one version folder (found: {found})",
+            fix="pass the version folder itself with --config <model>/config.pbtxt",
+        )
     cfg = load_config(path / CONFIG_NAME)
     name = path.resolve().name
     if cfg.name and cfg.name != name:
-        raise RegistryError(f"folder '{name}' holds the config of model '{cfg.name}'",
-                            fix="make the folder name and config.pbtxt's name equal")
+        raise RegistryError(
+            f"folder '{name}' holds the config of model '{cfg.name}'",
+            fix="make the folder name and config.pbtxt's name equal",
+        )
     return Candidate(check_model_name(name), versions[0], path / CONFIG_NAME)
 
 
@@ -119,35 +139,62 @@ def _signature(entry: ModelEntry) -> dict[str, Any]:
     return sig.to_dict() if sig is not None else {"contract": "config.pbtxt (no artifact signature)"}
 
 
-def register(registry: MlflowRegistry, candidate: Candidate, *, force: bool = False,
-             exporter: Path | None = None, export_info: dict[str, Any] | None = None,
-             members: dict[str, str] | None = None) -> RegisterResult:
+def register(
+    registry: MlflowRegistry,
+    candidate: Candidate,
+    *,
+    force: bool = False,
+    exporter: Path | None = None,
+    export_info: dict[str, Any] | None = None,
+    members: dict[str, str] | None = None,
+) -> RegisterResult:
     config = load_config(candidate.config_path)
     manifest = manifest_of(candidate.version_dir)
     config_sha = sha256_file(candidate.config_path)
     artifact_digest = digest_of_manifest(
-        {**manifest, CONFIG_NAME: {"sha256": config_sha, "size": candidate.config_path.stat().st_size}})
+        {**manifest, CONFIG_NAME: {"sha256": config_sha, "size": candidate.config_path.stat().st_size}}
+    )
     if not force:
         for existing in registry.find_by_tag(candidate.name, "artifact_digest", artifact_digest):
             tags = existing.tags or {}
-            return RegisterResult(candidate.name, str(existing.version), False,
-                                  tags.get("validation", "unknown"), str(existing.run_id or ""))
+            return RegisterResult(
+                candidate.name,
+                str(existing.version),
+                False,
+                tags.get("validation", "unknown"),
+                str(existing.run_id or ""),
+            )
     errors, signature = validate_candidate(candidate)
     contract = contract_of(config)
     platform = kind(ModelEntry(candidate.name, candidate.version_dir, config))
     lineage = Lineage(
         # the code that made the artifact: the exporter's checkout, else the folder's own
-        model=candidate.name, git=git_state((exporter or candidate.version_dir).resolve().parent),
-        artifact_digest=artifact_digest, contract_digest=digest_of_contract(contract),
-        framework=FRAMEWORKS.get(platform, platform), platform=platform,
+        model=candidate.name,
+        git=git_state((exporter or candidate.version_dir).resolve().parent),
+        artifact_digest=artifact_digest,
+        contract_digest=digest_of_contract(contract),
+        framework=FRAMEWORKS.get(platform, platform),
+        platform=platform,
         exporter_sha256=sha256_file(exporter) if exporter else "",
-        members=members or {}, validation="failed" if errors else "passed")
+        members=members or {},
+        validation="failed" if errors else "passed",
+    )
     description = describe(lineage, contract, errors)
-    run_id = registry.start_run("mlreg-exports", f"{candidate.name}-export",
-                                {"mlreg_model": candidate.name})
+    run_id = registry.start_run("mlreg-exports", f"{candidate.name}-export", {"mlreg_model": candidate.name})
     try:
-        version = _record(registry, run_id, candidate, config_sha, manifest, signature, contract,
-                          lineage, errors, description, export_info or {})
+        version = _record(
+            registry,
+            run_id,
+            candidate,
+            config_sha,
+            manifest,
+            signature,
+            contract,
+            lineage,
+            errors,
+            description,
+            export_info or {},
+        )
     except BaseException:
         registry.discard_run(run_id)
         raise
@@ -155,25 +202,44 @@ def register(registry: MlflowRegistry, candidate: Candidate, *, force: bool = Fa
     return RegisterResult(candidate.name, version, True, lineage.validation, run_id, errors)
 
 
-def _record(registry: MlflowRegistry, run_id: str, candidate: Candidate, config_sha: str,
-            manifest: dict[str, Any], signature: dict[str, Any], contract: dict[str, Any],
-            lineage: Lineage, errors: list[str], description: str,
-            export_info: dict[str, Any]) -> str:
+def _record(
+    registry: MlflowRegistry,
+    run_id: str,
+    candidate: Candidate,
+    config_sha: str,
+    manifest: dict[str, Any],
+    signature: dict[str, Any],
+    contract: dict[str, Any],
+    lineage: Lineage,
+    errors: list[str],
+    description: str,
+    export_info: dict[str, Any],
+) -> str:
     tensors = len(contract["inputs"]) + len(contract["outputs"])
     params = {"platform": lineage.platform, "framework": lineage.framework, **export_info}
-    registry.log(run_id, params, {"artifact_bytes": sum(m["size"] for m in manifest.values()),
-                                  "tensor_count": tensors, "file_count": len(manifest)})
+    registry.log(
+        run_id,
+        params,
+        {
+            "artifact_bytes": sum(m["size"] for m in manifest.values()),
+            "tensor_count": tensors,
+            "file_count": len(manifest),
+        },
+    )
     with tempfile.TemporaryDirectory(prefix="mlreg-register-") as tmp:
         meta = Path(tmp)
         (meta / CONFIG_NAME).write_bytes(candidate.config_path.read_bytes())
         (meta / "signature.json").write_text(json.dumps(signature, indent=1))
-        (meta / "manifest.json").write_text(json.dumps(
-            {"files": manifest, "config_sha256": config_sha}, indent=1, sort_keys=True))
-        (meta / "validation.json").write_text(json.dumps(
-            {"validation": lineage.validation, "errors": errors}, indent=1))
+        (meta / "manifest.json").write_text(
+            json.dumps({"files": manifest, "config_sha256": config_sha}, indent=1, sort_keys=True)
+        )
+        (meta / "validation.json").write_text(
+            json.dumps({"validation": lineage.validation, "errors": errors}, indent=1)
+        )
         registry.log_artifacts(run_id, meta)
     registry.log_artifacts(run_id, candidate.version_dir, "model")
-    registry.ensure_model(candidate.name, f"Triton model `{candidate.name}` ({lineage.platform}), "
-                          "registered by mlreg.")
+    registry.ensure_model(
+        candidate.name, f"Triton model `{candidate.name}` ({lineage.platform}), registered by mlreg."
+    )
     source = registry.artifact_uri(run_id) + "/model"
     return registry.create_version(candidate.name, source, run_id, lineage.tags(), description)

@@ -38,8 +38,10 @@ class BuildResult:
 
 def template_models(template: Path) -> list[Path]:
     if not template.is_dir():
-        raise TemplateError(f"template folder '{template}' does not exist",
-                            fix="set MLREG_TEMPLATE_DIR to the model repository template")
+        raise TemplateError(
+            f"template folder '{template}' does not exist",
+            fix="set MLREG_TEMPLATE_DIR to the model repository template",
+        )
     return sorted(p for p in template.iterdir() if (p / CONFIG_NAME).is_file())
 
 
@@ -55,8 +57,10 @@ def load_exporter(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not callable(getattr(module, "export", None)):
-        raise TemplateError(f"exporter {path} defines no export(version_dir, seed) function",
-                            fix="add `def export(version_dir: Path, seed: int = 0) -> dict`")
+        raise TemplateError(
+            f"exporter {path} defines no export(version_dir, seed) function",
+            fix="add `def export(version_dir: Path, seed: int = 0) -> dict`",
+        )
     return module
 
 
@@ -85,8 +89,7 @@ def gpu_available() -> bool:
     if shutil.which("nvidia-smi") is None:
         return False
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20,
-                             check=False)
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and "GPU" in out.stdout
@@ -104,15 +107,22 @@ def rewrite_for_cpu(config_path: Path) -> bool:
     for group in groups:
         group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
         del group.gpus[:]
-    header = ("# Written by 'mlreg template build --device cpu': the template's KIND_GPU\n"
-              "# instance groups run as KIND_CPU on this machine (no GPU).\n")
+    header = (
+        "# Written by 'mlreg template build --device cpu': the template's KIND_GPU\n"
+        "# instance groups run as KIND_CPU on this machine (no GPU).\n"
+    )
     config_path.write_text(header + format_config(config))
     return True
 
 
 def build(
-    template: Path, out: Path, *, models: list[str] | None = None, seed: int = 0,
-    device: str = "auto", force: bool = False,
+    template: Path,
+    out: Path,
+    *,
+    models: list[str] | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    force: bool = False,
     on_model: Callable[[str], None] | None = None,
 ) -> BuildResult:
     """Write the complete, loadable repository to ``out``."""
@@ -122,11 +132,14 @@ def build(
     names = [p.name for p in available]
     unknown = sorted(set(models or []) - set(names))
     if unknown:
-        raise TemplateError(f"no model named {', '.join(unknown)} in the template",
-                            fix=f"choose from: {', '.join(names)}")
+        raise TemplateError(
+            f"no model named {', '.join(unknown)} in the template", fix=f"choose from: {', '.join(names)}"
+        )
     if out.exists() and any(out.iterdir()) and not force:
-        raise TemplateError(f"'{out}' exists and is not empty",
-                            fix="pass --force to overwrite the models it holds, or choose another OUT")
+        raise TemplateError(
+            f"'{out}' exists and is not empty",
+            fix="pass --force to overwrite the models it holds, or choose another OUT",
+        )
     cpu = device == "cpu" or (device == "auto" and not gpu_available())
     result = BuildResult(out=out, models=[])
     for model_dir in available:

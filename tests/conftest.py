@@ -58,8 +58,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
 
     root = tmp_path_factory.mktemp("mlflow-server")
     server, process = local_mlflow.start_mlflow(
-        f"sqlite:///{root / 'mlflow.db'}", root / "artifacts", root / "mlflow.log",
-        serve_artifacts=True)
+        f"sqlite:///{root / 'mlflow.db'}", root / "artifacts", root / "mlflow.log", serve_artifacts=True
+    )
     try:
         yield server
     finally:

@@ -45,8 +45,7 @@ class StandinModel:
 
     def execute(self, requests):
         feeds = [
-            {n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs}
-            for r in requests
+            {n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs} for r in requests
         ]
         if self.batching and len(feeds) > 1:
             try:

@@ -50,8 +50,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what happens."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
 ) -> None:
     level = logging.INFO if verbose or os.environ.get("MLREG_DEBUG") == "1" else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

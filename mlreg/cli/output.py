@@ -33,10 +33,20 @@ def emit_json(data: object) -> None:
 def error_document(exc: BaseException, code: int) -> dict[str, object]:
     """What ``--json`` prints on stdout when a command fails before its own document."""
     if isinstance(exc, MlregError):
-        return {"ok": False, "error": exc.message, "fix": exc.fix, "exit_code": code,
-                "kind": type(exc).__name__}
-    return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}", "fix": "",
-            "exit_code": code, "kind": "InternalError"}
+        return {
+            "ok": False,
+            "error": exc.message,
+            "fix": exc.fix,
+            "exit_code": code,
+            "kind": type(exc).__name__,
+        }
+    return {
+        "ok": False,
+        "error": f"internal error: {type(exc).__name__}: {exc}",
+        "fix": "",
+        "exit_code": code,
+        "kind": "InternalError",
+    }
 
 
 def fail(exc: BaseException) -> typer.Exit:

@@ -20,7 +20,8 @@ def byte_progress(label: str, quiet: bool = False) -> Iterator[Callable[[int], N
         return
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
-    with Progress(*Progress.get_default_columns()[:1], DownloadColumn(), TransferSpeedColumn(),
-                  transient=True) as bar:
+    with Progress(
+        *Progress.get_default_columns()[:1], DownloadColumn(), TransferSpeedColumn(), transient=True
+    ) as bar:
         task = bar.add_task(label, total=None)
         yield lambda n: bar.advance(task, n)

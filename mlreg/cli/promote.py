@@ -23,6 +23,7 @@ def _on_stage(quiet: bool):  # noqa: ANN202
         if not quiet:
             mark = "✓" if status == "ok" else "✗"
             typer.echo(f"{mark} {stage:<9} {seconds:6.2f}s  {detail}", err=True)
+
     return report
 
 
@@ -31,8 +32,7 @@ def _run(model: str, version: str, env: str, as_json: bool, **options: object) -
     from registry.errors import PromotionError
 
     settings, environment, registry = _context(env)
-    promotion = Promotion(settings, environment, registry,
-                          Options(on_stage=_on_stage(as_json), **options))  # type: ignore[arg-type]
+    promotion = Promotion(settings, environment, registry, Options(on_stage=_on_stage(as_json), **options))  # type: ignore[arg-type]
     try:
         result = promotion.run(model, version)
     except PromotionError as exc:
@@ -46,16 +46,20 @@ def _run(model: str, version: str, env: str, as_json: bool, **options: object) -
     if options.get("dry_run"):
         typer.echo(f"plan (dry run) for {model} v{version} in '{env}' ({environment.store}):")
         for step in plan.steps:
-            typer.echo(f"  {step.role:<8} {step.model} v{step.version}: "
-                       f"{'upload, ' if step.upload else ''}config "
-                       f"{'changes' if step.previous_config != step.config_text else 'unchanged'}, "
-                       f"serving v{','.join(step.previous_versions) or 'nothing'} -> v{step.version}")
+            typer.echo(
+                f"  {step.role:<8} {step.model} v{step.version}: "
+                f"{'upload, ' if step.upload else ''}config "
+                f"{'changes' if step.previous_config != step.config_text else 'unchanged'}, "
+                f"serving v{','.join(step.previous_versions) or 'nothing'} -> v{step.version}"
+            )
         typer.echo(f"  load on: {', '.join(plan.targets)} (first = canary)")
     elif result.stages and result.stages[-1]["stage"] == "noop":
         typer.echo(f"{model} version {version} already serves in '{env}': nothing to do")
     else:
-        typer.echo(f"promoted {model} version {version} to '{env}' "
-                   f"(alias '{environment.alias}'); MLflow run {result.run_id}")
+        typer.echo(
+            f"promoted {model} version {version} to '{env}' "
+            f"(alias '{environment.alias}'); MLflow run {result.run_id}"
+        )
 
 
 @handle_errors
@@ -64,11 +68,14 @@ def promote_cmd(
     version: str = typer.Option(..., "--version", "-V", help="Registered version to promote."),
     env: str = typer.Option("local", "--env", "-e", help="Environment (mlreg.toml); default local."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
-    allow_breaking: bool = typer.Option(False, "--allow-breaking",
-                                        help="Allow a contract-breaking change."),
-    serve_as: str = typer.Option("auto", "--serve-as", help="auto | native | onnx: a SavedModel is "
-                                 "converted to ONNX (tf2onnx, parity-checked, registered) for onnx, "
-                                 "or for auto when a target's Triton has no TensorFlow backend."),
+    allow_breaking: bool = typer.Option(False, "--allow-breaking", help="Allow a contract-breaking change."),
+    serve_as: str = typer.Option(
+        "auto",
+        "--serve-as",
+        help="auto | native | onnx: a SavedModel is "
+        "converted to ONNX (tf2onnx, parity-checked, registered) for onnx, "
+        "or for auto when a target's Triton has no TensorFlow backend.",
+    ),
     skip_quality: bool = typer.Option(False, "--skip-quality", help="Skip the pre-flight quality gate."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document for CI."),
 ) -> None:
@@ -80,15 +87,24 @@ def promote_cmd(
 
     if serve_as not in {"auto", "native", "onnx"}:
         raise UsageError(f"unknown --serve-as '{serve_as}'", fix="use auto, native or onnx")
-    _run(model, version, env, as_json, dry_run=dry_run, allow_breaking=allow_breaking,
-         skip_quality=skip_quality, serve_as=serve_as)
+    _run(
+        model,
+        version,
+        env,
+        as_json,
+        dry_run=dry_run,
+        allow_breaking=allow_breaking,
+        skip_quality=skip_quality,
+        serve_as=serve_as,
+    )
 
 
 @handle_errors
 def rollback_cmd(
     model: str = typer.Argument(..., help="Registered model name."),
-    to_version: str = typer.Option(None, "--to-version", help="Version to return to "
-                                   "(default: the one promoted before the current)."),
+    to_version: str = typer.Option(
+        None, "--to-version", help="Version to return to (default: the one promoted before the current)."
+    ),
     env: str = typer.Option("local", "--env", "-e", help="Environment; default local."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document for CI."),
 ) -> None:
@@ -102,8 +118,9 @@ def rollback_cmd(
     if to_version is None:
         to_version = previous_version(_context(env)[2], model, env)
         if to_version is None:
-            raise UsageError(f"no earlier promotion of {model} in '{env}' to return to",
-                             fix="pass --to-version N")
+            raise UsageError(
+                f"no earlier promotion of {model} in '{env}' to return to", fix="pass --to-version N"
+            )
     _run(model, to_version, env, as_json, allow_breaking=True, skip_quality=True)
 
 
@@ -123,10 +140,15 @@ def status_cmd(
     else:
         typer.echo(f"{'MODEL':<30} {'ALIAS':>6} {'DESIRED':>8}  SERVING")
         for r in rows:
-            serving = "; ".join(f"{u}: {','.join(v) if isinstance(v, list) else v}"
-                                for u, v in r["serving"].items()) or "-"
-            typer.echo(f"{r['model']:<30} {r['alias'] or '-':>6} {','.join(r['desired']) or '-':>8}  "
-                       f"{serving}")
+            serving = (
+                "; ".join(
+                    f"{u}: {','.join(v) if isinstance(v, list) else v}" for u, v in r["serving"].items()
+                )
+                or "-"
+            )
+            typer.echo(
+                f"{r['model']:<30} {r['alias'] or '-':>6} {','.join(r['desired']) or '-':>8}  {serving}"
+            )
             if "pins" in r:
                 typer.echo("  pins: " + ", ".join(f"{m} v{v}" for m, v in sorted(r["pins"].items())))
             for line in r["drift"]:
@@ -151,5 +173,7 @@ def history_cmd(
         return
     for h in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(h["when"] / 1000))
-        typer.echo(f"{when}  {h['environment']:<10} v{h['from']} -> v{h['to']}  {h['result']:<12} "
-                   f"{h['user']}  run {h['run_id']}")
+        typer.echo(
+            f"{when}  {h['environment']:<10} v{h['from']} -> v{h['to']}  {h['result']:<12} "
+            f"{h['user']}  run {h['run_id']}"
+        )

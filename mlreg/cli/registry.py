@@ -38,16 +38,17 @@ def export_cmd(
     from registry.mlflow_registry import MlflowRegistry
 
     settings = Settings.from_env()
-    results = export_models(settings, MlflowRegistry(settings), models or None, seed=seed,
-                            force=force)
+    results = export_models(settings, MlflowRegistry(settings), models or None, seed=seed, force=force)
     _print_results(results, as_json)
 
 
 @handle_errors
 def register_cmd(
     model: str = typer.Argument(..., help="The registered model's name."),
-    path: Path = typer.Argument(..., help="A Triton model folder (config.pbtxt + one version folder) "
-                                "or a version folder with --config."),
+    path: Path = typer.Argument(
+        ...,
+        help="A Triton model folder (config.pbtxt + one version folder) or a version folder with --config.",
+    ),
     config: Path = typer.Option(None, "--config", help="config.pbtxt, when PATH is a version folder."),
     force: bool = typer.Option(False, "--force", help="Register even when identical bytes are registered."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -62,8 +63,10 @@ def register_cmd(
 
     candidate = find_candidate(path, config)
     if candidate.name != model:
-        raise UsageError(f"'{path}' holds model '{candidate.name}', not '{model}'",
-                         fix=f"run 'mlreg register {candidate.name} {path}' or fix the config's name")
+        raise UsageError(
+            f"'{path}' holds model '{candidate.name}', not '{model}'",
+            fix=f"run 'mlreg register {candidate.name} {path}' or fix the config's name",
+        )
     result = register(MlflowRegistry(Settings.from_env()), candidate, force=force)
     _print_results([result], as_json)
 
@@ -85,8 +88,10 @@ def versions_cmd(
         return
     typer.echo(f"{'VERSION':>7}  {'CREATED (UTC)':<19}  {'VALIDATION':<10}  {'ALIASES':<20}  PROMOTED")
     for r in rows:
-        typer.echo(f"{r['version']:>7}  {r['created']:<19}  {r['validation']:<10}  "
-                   f"{','.join(r['aliases']) or '-':<20}  {','.join(r['promoted']) or '-'}")
+        typer.echo(
+            f"{r['version']:>7}  {r['created']:<19}  {r['validation']:<10}  "
+            f"{','.join(r['aliases']) or '-':<20}  {','.join(r['promoted']) or '-'}"
+        )
 
 
 @handle_errors
@@ -102,8 +107,10 @@ def show_cmd(
     if as_json:
         emit_json(data)
         return
-    typer.echo(f"{model} version {data['version']} (created {data['created']} UTC, aliases: "
-               f"{', '.join(data['aliases']) or '-'})")
+    typer.echo(
+        f"{model} version {data['version']} (created {data['created']} UTC, aliases: "
+        f"{', '.join(data['aliases']) or '-'})"
+    )
     typer.echo("lineage:")
     for key, value in data["lineage"].items():
         typer.echo(f"  {key:<16} {value}")

@@ -19,11 +19,16 @@ def _describe(data: dict[str, object]) -> None:
 @app.command("up")
 @handle_errors
 def up_cmd(
-    repository: str = typer.Option(None, "--repository", "-r",
-                                   help="Model repository (default: .mlreg/model_repository)."),
+    repository: str = typer.Option(
+        None, "--repository", "-r", help="Model repository (default: .mlreg/model_repository)."
+    ),
     load: list[str] = typer.Option(None, "--load", "-l", help="Load this model (repeatable)."),
-    s3: bool = typer.Option(False, "--s3", help="Serve from a local S3 server (moto_server): the "
-                            "repository is pushed there and Triton reads s3://127.0.0.1:PORT/..."),
+    s3: bool = typer.Option(
+        False,
+        "--s3",
+        help="Serve from a local S3 server (moto_server): the "
+        "repository is pushed there and Triton reads s3://127.0.0.1:PORT/...",
+    ),
     ui: bool = typer.Option(True, "--ui/--no-ui", help="Also start the MLflow UI on the local registry."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -70,5 +75,6 @@ def down_cmd() -> None:
     from pipelines.stack import stack_down
 
     info = stack_down(Settings.from_env())
-    typer.echo("the local stack was not running" if info is None
-               else f"stopped tritonserver (pid {info.pid})")
+    typer.echo(
+        "the local stack was not running" if info is None else f"stopped tritonserver (pid {info.pid})"
+    )

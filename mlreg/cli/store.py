@@ -10,10 +10,13 @@ from mlreg.cli.output import emit_json, handle_errors
 from mlreg.cli.progress import byte_progress
 from registry.settings import Settings
 
-app = typer.Typer(help="Push and list versioned model folders in a store (local folder or S3).",
-                  no_args_is_help=True)
-STORE_HELP = ("Store URI: a folder, s3://bucket/prefix or s3://host:port/bucket/prefix "
-              "(default: .mlreg/model_repository).")
+app = typer.Typer(
+    help="Push and list versioned model folders in a store (local folder or S3).", no_args_is_help=True
+)
+STORE_HELP = (
+    "Store URI: a folder, s3://bucket/prefix or s3://host:port/bucket/prefix "
+    "(default: .mlreg/model_repository)."
+)
 
 
 def _store(uri: str | None):  # noqa: ANN202 - RepositoryStore, imported lazily
@@ -43,8 +46,10 @@ def push_cmd(
         emit_json({"store": target.uri, "versions": [r.to_dict() for r in results]})
         return
     for r in results:
-        typer.echo(f"{r.model}/{r.version}: sent {len(r.sent)} file(s) ({r.bytes_sent:,} bytes), "
-                   f"skipped {len(r.skipped)} unchanged")
+        typer.echo(
+            f"{r.model}/{r.version}: sent {len(r.sent)} file(s) ({r.bytes_sent:,} bytes), "
+            f"skipped {len(r.skipped)} unchanged"
+        )
     total = sum(r.bytes_sent for r in results)
     typer.echo(f"pushed {len(results)} version(s) to {target.uri}: {total:,} bytes sent")
 
@@ -61,9 +66,14 @@ def ls_cmd(
     for model in target.list_models():
         for version in target.list_versions(model) or [""]:
             manifest = target.read_manifest(model, version) if version else None
-            rows.append({"model": model, "version": version,
-                         "manifest": "complete" if manifest else "missing",
-                         "files": len(manifest.files) if manifest else 0})
+            rows.append(
+                {
+                    "model": model,
+                    "version": version,
+                    "manifest": "complete" if manifest else "missing",
+                    "files": len(manifest.files) if manifest else 0,
+                }
+            )
     if as_json:
         emit_json({"store": target.uri, "versions": rows})
         return

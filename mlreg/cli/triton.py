@@ -13,8 +13,9 @@ app = typer.Typer(help="Inspect Triton servers through the model-control API.", 
 @app.command("status")
 @handle_errors
 def status_cmd(
-    url: list[str] = typer.Option(None, "--url", "-u",
-                                  help="gRPC URL host:port (repeatable; default: the local stack)."),
+    url: list[str] = typer.Option(
+        None, "--url", "-u", help="gRPC URL host:port (repeatable; default: the local stack)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Server version and the models and versions each server has loaded.
@@ -31,8 +32,10 @@ def status_cmd(
 
         info = running_server(settings)
         if info is None:
-            raise UsageError("no --url given and the local stack is not running",
-                             fix="pass --url host:port or start it with 'mlreg stack up'")
+            raise UsageError(
+                "no --url given and the local stack is not running",
+                fix="pass --url host:port or start it with 'mlreg stack up'",
+            )
         urls = [info.grpc_url]
     reports = [server_report(u, timeout=settings.triton_timeout) for u in urls]
     if as_json:

@@ -42,8 +42,10 @@ def _config_of(path: Path):  # noqa: ANN202 - ModelConfig is imported lazily
 
     file = path / CONFIG_NAME if path.is_dir() else path
     if not file.is_file():
-        raise UsageError(f"'{path}' is neither a config.pbtxt nor a model folder holding one",
-                         fix="pass two model folders (or two config.pbtxt files)")
+        raise UsageError(
+            f"'{path}' is neither a config.pbtxt nor a model folder holding one",
+            fix="pass two model folders (or two config.pbtxt files)",
+        )
     return load_config(file)
 
 
@@ -51,8 +53,9 @@ def _config_of(path: Path):  # noqa: ANN202 - ModelConfig is imported lazily
 def diff_cmd(
     old: Path = typer.Argument(..., help="The serving version: model folder or config.pbtxt."),
     new: Path = typer.Argument(..., help="The candidate version: model folder or config.pbtxt."),
-    repository: Path = typer.Option(None, "--repository", "-r",
-                                    help="Check the new contract against this repository's ensembles."),
+    repository: Path = typer.Option(
+        None, "--repository", "-r", help="Check the new contract against this repository's ensembles."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Compare two versions' tensor contracts; exit 1 when the change is breaking.

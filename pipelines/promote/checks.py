@@ -48,8 +48,11 @@ def contract_errors(plan: Plan, store: RepositoryStore) -> list[str]:
                 findings.extend(check_artifacts(entry, [step.version]))
         involved = {s.model for s in plan.steps}
         findings.extend(f for f in check_ensembles(repo))
-        return [f.line() for f in findings
-                if f.is_error and (f.model in involved or f.rule.startswith("ensemble"))]
+        return [
+            f.line()
+            for f in findings
+            if f.is_error and (f.model in involved or f.rule.startswith("ensemble"))
+        ]
 
 
 def breaking_changes(plan: Plan) -> list[str]:

@@ -54,8 +54,9 @@ def needs_onnx(server_version: str) -> bool:
     return (major, minor) > TF_BACKEND_LAST
 
 
-def convert_step(step: Step, golden: dict[str, np.ndarray], registry: MlflowRegistry,
-                 gpu: bool) -> tuple[Step, dict[str, float]]:
+def convert_step(
+    step: Step, golden: dict[str, np.ndarray], registry: MlflowRegistry, gpu: bool
+) -> tuple[Step, dict[str, float]]:
     """Convert ``step``'s SavedModel; return the step for the registered ONNX version + parity."""
     import importlib.util
 
@@ -67,36 +68,67 @@ def convert_step(step: Step, golden: dict[str, np.ndarray], registry: MlflowRegi
     derived = step.folder.parent / f"onnx-{step.model}"
     (derived / step.version).mkdir(parents=True, exist_ok=True)
     onnx_path = derived / step.version / "model.onnx"
-    run = subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model),
-                          "--signature_def", "serving_default", "--opset", str(OPSET),
-                          "--output", str(onnx_path)], capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tf2onnx.convert",
+            "--saved-model",
+            str(saved_model),
+            "--signature_def",
+            "serving_default",
+            "--opset",
+            str(OPSET),
+            "--output",
+            str(onnx_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if run.returncode != 0 or not onnx_path.is_file():
-        raise PromotionError(f"tf2onnx could not convert {step.model} v{step.version}: "
-                             f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
-                             fix="serve it natively (--serve-as native) on a Triton with TensorFlow")
+        raise PromotionError(
+            f"tf2onnx could not convert {step.model} v{step.version}: "
+            f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
+            fix="serve it natively (--serve-as native) on a Triton with TensorFlow",
+        )
     parity = _parity(saved_model, onnx_path, golden)
     worst = max(parity.values(), default=0.0)
     if worst > PARITY_ATOL + PARITY_RTOL * 1e3:
-        raise PromotionError(f"the ONNX conversion of {step.model} v{step.version} differs from the "
-                             f"SavedModel by up to {worst:.3g} on the golden inputs",
-                             fix="check the model's ops with tf2onnx, or serve it natively")
+        raise PromotionError(
+            f"the ONNX conversion of {step.model} v{step.version} differs from the "
+            f"SavedModel by up to {worst:.3g} on the golden inputs",
+            fix="check the model's ops with tf2onnx, or serve it natively",
+        )
     config.platform = "onnxruntime_onnx"
     config.backend = ""
     config.default_model_filename = "model.onnx"
     config.ClearField("version_policy")
     (derived / CONFIG_NAME).write_text(format_config(config))
-    result = register(registry, Candidate(step.model, derived / step.version, derived / CONFIG_NAME),
-                      export_info={"derived_from": f"{step.model} v{step.version}",
-                                   "tf2onnx_opset": OPSET,
-                                   "parity_max_abs_diff": worst})
+    result = register(
+        registry,
+        Candidate(step.model, derived / step.version, derived / CONFIG_NAME),
+        export_info={
+            "derived_from": f"{step.model} v{step.version}",
+            "tf2onnx_opset": OPSET,
+            "parity_max_abs_diff": worst,
+        },
+    )
     registry.set_version_tag(step.model, result.version, "derived_from", step.version)
     final = derived.parent / f"{step.model}-onnx-v{result.version}"
     final.mkdir(parents=True, exist_ok=True)
     (derived / step.version).rename(final / result.version)
     (final / CONFIG_NAME).write_text((derived / CONFIG_NAME).read_text())
-    converted = Step(step.model, result.version, step.role, final,
-                     desired_config((final / CONFIG_NAME).read_text(), [result.version], gpu),
-                     step.previous_config, step.previous_versions, upload=True)
+    converted = Step(
+        step.model,
+        result.version,
+        step.role,
+        final,
+        desired_config((final / CONFIG_NAME).read_text(), [result.version], gpu),
+        step.previous_config,
+        step.previous_versions,
+        upload=True,
+    )
     return converted, parity
 
 
@@ -104,10 +136,16 @@ def _parity(saved_model: Path, onnx_path: Path, golden: dict[str, np.ndarray]) -
     with tempfile.TemporaryDirectory(prefix="mlreg-parity-") as tmp:
         inputs = Path(tmp) / "golden.npz"
         np.savez(inputs, **golden)
-        run = subprocess.run([sys.executable, "-c", PARITY_WORKER, str(saved_model), str(onnx_path),
-                              str(inputs)], capture_output=True, text=True, check=False)
+        run = subprocess.run(
+            [sys.executable, "-c", PARITY_WORKER, str(saved_model), str(onnx_path), str(inputs)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if run.returncode != 0:
-        raise PromotionError(f"parity check of the ONNX conversion failed: "
-                             f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
-                             fix="serve it natively (--serve-as native)")
+        raise PromotionError(
+            f"parity check of the ONNX conversion failed: "
+            f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
+            fix="serve it natively (--serve-as native)",
+        )
     return {k: float(v) for k, v in json.loads(run.stdout.strip().splitlines()[-1]).items()}

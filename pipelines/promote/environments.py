@@ -1,10 +1,10 @@
 """Environments from the project's ``mlreg.toml``; the embedded default ``local`` needs none.
 
-    [environments.staging]
-    store = "s3://models-bucket/staging"        # Triton's repository syntax
-    targets = ["triton-0.staging:8001", "triton-1.staging:8001"]   # gRPC; the first is the canary
-    alias = "staging"                            # the MLflow alias this environment owns
-    gpu = true                                   # keep KIND_GPU instance groups (default true)
+[environments.staging]
+store = "s3://models-bucket/staging"        # Triton's repository syntax
+targets = ["triton-0.staging:8001", "triton-1.staging:8001"]   # gRPC; the first is the canary
+alias = "staging"                            # the MLflow alias this environment owns
+gpu = true                                   # keep KIND_GPU instance groups (default true)
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ def settings_file(settings: Settings) -> Path:
 def local_environment(settings: Settings) -> Environment:
     from registry.template import gpu_available
 
-    return Environment(LOCAL, str(settings.local_repository), (), "local", gpu_available(),
-                       local_stack=True)
+    return Environment(LOCAL, str(settings.local_repository), (), "local", gpu_available(), local_stack=True)
 
 
 def load_environments(settings: Settings) -> dict[str, Environment]:
@@ -49,23 +48,31 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read the environments: {exc}",
-                         fix="fix the TOML syntax") from exc
+        raise UsageError(f"{path}: cannot read the environments: {exc}", fix="fix the TOML syntax") from exc
     for name, raw in (data.get("environments") or {}).items():
         try:
-            envs[name] = Environment(name, str(raw["store"]), tuple(raw.get("targets", ())),
-                                     str(raw.get("alias", name)), bool(raw.get("gpu", True)))
+            envs[name] = Environment(
+                name,
+                str(raw["store"]),
+                tuple(raw.get("targets", ())),
+                str(raw.get("alias", name)),
+                bool(raw.get("gpu", True)),
+            )
         except (KeyError, TypeError) as exc:
-            raise UsageError(f"{path}: environment '{name}' needs at least 'store' ({exc})",
-                             fix='add store = "s3://bucket/prefix" and targets = ["host:8001"]') from exc
+            raise UsageError(
+                f"{path}: environment '{name}' needs at least 'store' ({exc})",
+                fix='add store = "s3://bucket/prefix" and targets = ["host:8001"]',
+            ) from exc
     return envs
 
 
 def environment(settings: Settings, name: str) -> Environment:
     envs = load_environments(settings)
     if name not in envs:
-        raise UsageError(f"unknown environment '{name}'",
-                         fix=f"use one of: {', '.join(sorted(envs))} (defined in {settings_file(settings)})")
+        raise UsageError(
+            f"unknown environment '{name}'",
+            fix=f"use one of: {', '.join(sorted(envs))} (defined in {settings_file(settings)})",
+        )
     return envs[name]
 
 
@@ -73,8 +80,10 @@ def resolve_targets(settings: Settings, env: Environment) -> tuple[str, ...]:
     """The gRPC URLs to drive; for ``local``, the running local stack's."""
     if not env.local_stack:
         if not env.targets:
-            raise UsageError(f"environment '{env.name}' has no targets",
-                             fix='add targets = ["host:8001"] to its section in mlreg.toml')
+            raise UsageError(
+                f"environment '{env.name}' has no targets",
+                fix='add targets = ["host:8001"] to its section in mlreg.toml',
+            )
         return env.targets
     from pipelines.stack import running_server
 
@@ -82,6 +91,8 @@ def resolve_targets(settings: Settings, env: Environment) -> tuple[str, ...]:
     if info is None:
         from registry.errors import PromotionError
 
-        raise PromotionError("the local stack is not running, so environment 'local' has no Triton",
-                             fix="start it with 'mlreg stack up'")
+        raise PromotionError(
+            "the local stack is not running, so environment 'local' has no Triton",
+            fix="start it with 'mlreg stack up'",
+        )
     return (info.grpc_url,)

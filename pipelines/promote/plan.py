@@ -25,22 +25,30 @@ class Step:
 
     model: str
     version: str
-    role: str                       # "member", "model" or "ensemble"
-    folder: Path | None             # local Triton model folder (config + <version>/); None: re-point
-    config_text: str                # the desired config written to the store at the end
-    previous_config: str | None     # the store's config before this promotion (rollback)
-    previous_versions: list[str]    # versions serving before
+    role: str  # "member", "model" or "ensemble"
+    folder: Path | None  # local Triton model folder (config + <version>/); None: re-point
+    config_text: str  # the desired config written to the store at the end
+    previous_config: str | None  # the store's config before this promotion (rollback)
+    previous_versions: list[str]  # versions serving before
     upload: bool = True
 
     @property
     def noop(self) -> bool:
-        return self.previous_versions == [self.version] and not self.upload and (
-            self.previous_config == self.config_text)
+        return (
+            self.previous_versions == [self.version]
+            and not self.upload
+            and (self.previous_config == self.config_text)
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "version": self.version, "role": self.role,
-                "upload": self.upload, "from": self.previous_versions,
-                "config_changes": self.previous_config != self.config_text}
+        return {
+            "model": self.model,
+            "version": self.version,
+            "role": self.role,
+            "upload": self.upload,
+            "from": self.previous_versions,
+            "config_changes": self.previous_config != self.config_text,
+        }
 
 
 @dataclass
@@ -60,9 +68,15 @@ class Plan:
         return next(s for s in self.steps if s.model == model)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"environment": self.env.name, "store": self.env.store, "targets": list(self.targets),
-                "model": self.model, "version": self.version, "noop": self.noop,
-                "steps": [s.to_dict() for s in self.steps]}
+        return {
+            "environment": self.env.name,
+            "store": self.env.store,
+            "targets": list(self.targets),
+            "model": self.model,
+            "version": self.version,
+            "noop": self.noop,
+            "steps": [s.to_dict() for s in self.steps],
+        }
 
 
 def serving_versions(config_text: str | None) -> list[str]:
@@ -75,8 +89,7 @@ def serving_versions(config_text: str | None) -> list[str]:
     return []
 
 
-def desired_config(text: str, versions: list[str], gpu: bool,
-                   pins: dict[str, str] | None = None) -> str:
+def desired_config(text: str, versions: list[str], gpu: bool, pins: dict[str, str] | None = None) -> str:
     """``text`` with version_policy = exactly ``versions``, devices adapted, ensemble pins set."""
     from tritonclient.grpc import model_config_pb2
 
@@ -101,7 +114,8 @@ def fetch_version(registry: MlflowRegistry, model: str, version: str, workdir: P
     if tags.get("validation") == "failed":
         raise PromotionError(
             f"{model} version {version} failed validation when it was registered",
-            fix=f"see 'mlreg show {model} --version {version}', fix the model and register again")
+            fix=f"see 'mlreg show {model} --version {version}', fix the model and register again",
+        )
     folder = workdir / model
     if folder.exists():
         shutil.rmtree(folder)
@@ -128,12 +142,18 @@ def fetch_version(registry: MlflowRegistry, model: str, version: str, workdir: P
 
 
 def ensemble_pins(config_text: str) -> dict[str, str]:
-    return {s.model_name: str(s.model_version)
-            for s in parse_config(config_text).ensemble_scheduling.step}
+    return {s.model_name: str(s.model_version) for s in parse_config(config_text).ensemble_scheduling.step}
 
 
-def build_plan(registry: MlflowRegistry, store: RepositoryStore, env: Environment,
-               targets: tuple[str, ...], model: str, version: str, workdir: Path) -> Plan:
+def build_plan(
+    registry: MlflowRegistry,
+    store: RepositoryStore,
+    env: Environment,
+    targets: tuple[str, ...],
+    model: str,
+    version: str,
+    workdir: Path,
+) -> Plan:
     plan = Plan(env, targets, model, version, workdir=workdir)
     folder = fetch_version(registry, model, version, workdir)
     text = (folder / CONFIG_NAME).read_text()
@@ -141,46 +161,79 @@ def build_plan(registry: MlflowRegistry, store: RepositoryStore, env: Environmen
         for member, pinned in ensemble_pins(text).items():
             member_version = pinned if int(pinned) > 0 else _latest(registry, member)
             if member_version not in serving_versions(store.read_config(member)):
-                plan.steps.append(_step(registry, store, env, member, member_version, "member",
-                                        workdir, final=True))
-    plan.steps.append(_step(registry, store, env, model, version, "model", workdir, final=False,
-                            folder=folder))
+                plan.steps.append(
+                    _step(registry, store, env, member, member_version, "member", workdir, final=True)
+                )
+    plan.steps.append(
+        _step(registry, store, env, model, version, "model", workdir, final=False, folder=folder)
+    )
     for ensemble, ens_text in _ensembles_using(store, model):
         pins = ensemble_pins(ens_text)
         if pins.get(model) not in (version, "-1"):
             current = store.read_config(ensemble)
             serving = serving_versions(current)
-            plan.steps.append(Step(ensemble, serving[-1] if serving else "1", "ensemble", None,
-                                   desired_config(ens_text, serving or ["1"], env.gpu,
-                                                  {model: version}),
-                                   current, serving, upload=False))
+            plan.steps.append(
+                Step(
+                    ensemble,
+                    serving[-1] if serving else "1",
+                    "ensemble",
+                    None,
+                    desired_config(ens_text, serving or ["1"], env.gpu, {model: version}),
+                    current,
+                    serving,
+                    upload=False,
+                )
+            )
     return plan
 
 
 def _latest(registry: MlflowRegistry, model: str) -> str:
     versions = [int(v.version) for v in registry.versions(model)]
     if not versions:
-        raise PromotionError(f"ensemble member '{model}' has no registered version",
-                             fix=f"register it first ('mlreg export {model}')")
+        raise PromotionError(
+            f"ensemble member '{model}' has no registered version",
+            fix=f"register it first ('mlreg export {model}')",
+        )
     return str(max(versions))
 
 
-def _step(registry: MlflowRegistry, store: RepositoryStore, env: Environment, model: str,
-          version: str, role: str, workdir: Path, final: bool, folder: Path | None = None) -> Step:
+def _step(
+    registry: MlflowRegistry,
+    store: RepositoryStore,
+    env: Environment,
+    model: str,
+    version: str,
+    role: str,
+    workdir: Path,
+    final: bool,
+    folder: Path | None = None,
+) -> Step:
     folder = folder or fetch_version(registry, model, version, workdir)
     previous = store.read_config(model)
     serving = serving_versions(previous)
     stored = store.read_manifest(model, version) is not None
     text = (folder / CONFIG_NAME).read_text()
-    return Step(model, version, role, folder, desired_config(text, [version], env.gpu), previous,
-                serving, upload=not stored)
+    return Step(
+        model,
+        version,
+        role,
+        folder,
+        desired_config(text, [version], env.gpu),
+        previous,
+        serving,
+        upload=not stored,
+    )
 
 
 def _ensembles_using(store: RepositoryStore, model: str) -> list[tuple[str, str]]:
     found = []
     for name in store.list_models():
         text = store.read_config(name)
-        if text and name != model and parse_config(text).platform == "ensemble" and any(
-                s.model_name == model for s in parse_config(text).ensemble_scheduling.step):
+        if (
+            text
+            and name != model
+            and parse_config(text).platform == "ensemble"
+            and any(s.model_name == model for s in parse_config(text).ensemble_scheduling.step)
+        ):
             found.append((name, text))
     return found

@@ -35,12 +35,16 @@ class QualityReport:
     failures: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     changes: dict[str, float] = field(default_factory=dict)  # model/output -> max |new - serving|
-    previous: dict[str, str] = field(default_factory=dict)   # model -> serving version compared
+    previous: dict[str, str] = field(default_factory=dict)  # model -> serving version compared
 
     def to_dict(self) -> dict[str, Any]:
-        return {"checked": self.checked, "failures": self.failures, "changes": self.changes,
-                "compared_with": self.previous,
-                "outputs": {m: {n: a.tolist() for n, a in o.items()} for m, o in self.outputs.items()}}
+        return {
+            "checked": self.checked,
+            "failures": self.failures,
+            "changes": self.changes,
+            "compared_with": self.previous,
+            "outputs": {m: {n: a.tolist() for n, a in o.items()} for m, o in self.outputs.items()},
+        }
 
 
 @lru_cache(maxsize=4)
@@ -74,9 +78,13 @@ def golden_inputs(settings: Settings, model: str, config_text: str) -> dict[str,
 
     config = parse_config(config_text)
     batch = (1,) if config.max_batch_size > 0 else ()
-    return {t.name: np.zeros(batch + tuple(max(int(d), 1) for d in t.dims),
-                             dtype=triton_to_np_dtype(data_type_name(t.data_type)))
-            for t in config.input}
+    return {
+        t.name: np.zeros(
+            batch + tuple(max(int(d), 1) for d in t.dims),
+            dtype=triton_to_np_dtype(data_type_name(t.data_type)),
+        )
+        for t in config.input
+    }
 
 
 def output_names(config_text: str) -> list[str]:
@@ -100,8 +108,9 @@ def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[s
         if source is not None and old and store.read_manifest(step.model, old[-1]) is not None:
             # the serving version beside the candidate: its answers are the regression reference
             store.get_version(step.model, old[-1], target / old[-1])
-            (target / CONFIG_NAME).write_text(desired_config(step.config_text, [old[-1], step.version],
-                                                             gpu=False))
+            (target / CONFIG_NAME).write_text(
+                desired_config(step.config_text, [old[-1], step.version], gpu=False)
+            )
         run.append(step.model)
     for step in list(plan.steps):
         if parse_config(step.config_text).platform != "ensemble":
@@ -131,12 +140,16 @@ def _batch_definition() -> Any:
         logging.getLogger(name).setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    return (context.data_sources.add_pandas("mlreg").add_dataframe_asset("outputs")
-            .add_batch_definition_whole_dataframe("all"))
+    return (
+        context.data_sources.add_pandas("mlreg")
+        .add_dataframe_asset("outputs")
+        .add_batch_definition_whole_dataframe("all")
+    )
 
 
-def _expectations(name: str, values: np.ndarray, expected_shape: tuple[int, ...],
-                  ranges: list[tuple[float, float]]) -> list[str]:
+def _expectations(
+    name: str, values: np.ndarray, expected_shape: tuple[int, ...], ranges: list[tuple[float, float]]
+) -> list[str]:
     """A great_expectations suite on one output: not null, finite, element count, value ranges."""
     import great_expectations as gx
     import pandas as pd
@@ -144,19 +157,23 @@ def _expectations(name: str, values: np.ndarray, expected_shape: tuple[int, ...]
     batch_def = _batch_definition()
     suite = gx.ExpectationSuite(name=f"mlreg-{name}")
     suite.add_expectation(gx.expectations.ExpectColumnValuesToNotBeNull(column="value"))
-    suite.add_expectation(gx.expectations.ExpectColumnValuesToBeBetween(
-        column="value", min_value=-1e30, max_value=1e30))
-    suite.add_expectation(gx.expectations.ExpectTableRowCountToEqual(
-        value=int(np.prod(expected_shape))))
+    suite.add_expectation(
+        gx.expectations.ExpectColumnValuesToBeBetween(column="value", min_value=-1e30, max_value=1e30)
+    )
+    suite.add_expectation(gx.expectations.ExpectTableRowCountToEqual(value=int(np.prod(expected_shape))))
     for low, high in ranges:
-        suite.add_expectation(gx.expectations.ExpectColumnValuesToBeBetween(
-            column="value", min_value=low, max_value=high))
+        suite.add_expectation(
+            gx.expectations.ExpectColumnValuesToBeBetween(column="value", min_value=low, max_value=high)
+        )
     frame = pd.DataFrame({"value": values.astype(np.float64, copy=False).ravel()})
     result = batch_def.get_batch(batch_parameters={"dataframe": frame}).validate(suite)
-    return [f"{name}: {getattr(r.expectation_config, 'type', 'expectation')} "
-            f"{_kwargs(r.expectation_config)} failed: {r.result.get('unexpected_count', '')} "
-            f"unexpected value(s), e.g. {r.result.get('partial_unexpected_list', [])[:3]}"
-            for r in result.results if not r.success]
+    return [
+        f"{name}: {getattr(r.expectation_config, 'type', 'expectation')} "
+        f"{_kwargs(r.expectation_config)} failed: {r.result.get('unexpected_count', '')} "
+        f"unexpected value(s), e.g. {r.result.get('partial_unexpected_list', [])[:3]}"
+        for r in result.results
+        if not r.success
+    ]
 
 
 def _kwargs(config: Any) -> str:
@@ -171,16 +188,16 @@ def preflight(plan: Plan, store: RepositoryStore, settings: Settings) -> Quality
         models = scratch_repository(plan, store, root)
         info, process = local_triton.start_server(root, Path(tmp) / "state", settings.backends_source)
         try:
-            with TritonControl(info.grpc_url, timeout=settings.triton_timeout,
-                               load_timeout=settings.triton_timeout * 10) as triton:
+            with TritonControl(
+                info.grpc_url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10
+            ) as triton:
                 for model in models:
                     triton.load(model)
                 for model in models:
                     step = plan.step(model)
                     old = [v for v in step.previous_versions if v != step.version]
                     reference = old[-1] if old and (root / model / old[-1]).is_dir() else ""
-                    _check_model(triton, settings, step.config_text, model, step.version,
-                                 reference, report)
+                    _check_model(triton, settings, step.config_text, model, step.version, reference, report)
         finally:
             local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
     return report
@@ -189,8 +206,15 @@ def preflight(plan: Plan, store: RepositoryStore, settings: Settings) -> Quality
 LEARNED_FACTOR = 100.0  # a learned range: within 100x the serving version's largest magnitude
 
 
-def _check_model(triton: TritonControl, settings: Settings, config_text: str, model: str,
-                 version: str, reference: str, report: QualityReport) -> None:
+def _check_model(
+    triton: TritonControl,
+    settings: Settings,
+    config_text: str,
+    model: str,
+    version: str,
+    reference: str,
+    report: QualityReport,
+) -> None:
     inputs = golden_inputs(settings, model, config_text)
     names = output_names(config_text)
     ensemble = parse_config(config_text).platform == "ensemble"
@@ -210,8 +234,9 @@ def _check_model(triton: TritonControl, settings: Settings, config_text: str, mo
         if -1 in expected:
             expected = outputs[out.name].shape
         if outputs[out.name].shape != expected:
-            report.failures.append(f"{model}/{out.name}: shape {outputs[out.name].shape}, "
-                                   f"config says {expected}")
+            report.failures.append(
+                f"{model}/{out.name}: shape {outputs[out.name].shape}, config says {expected}"
+            )
         spec = declared.get(out.name, {})
         ranges = [(float(spec["min"]), float(spec["max"]))] if "min" in spec and "max" in spec else []
         old = serving.get(out.name)
@@ -223,8 +248,8 @@ def _check_model(triton: TritonControl, settings: Settings, config_text: str, mo
             if "tolerance" in spec and change > float(spec["tolerance"]):
                 report.failures.append(
                     f"{model}/{out.name}: changed by up to {change:.6g} against serving v{reference}, "
-                    f"declared tolerance {spec['tolerance']}")
-        report.failures.extend(_expectations(f"{model}/{out.name}", outputs[out.name], expected,
-                                             ranges))
+                    f"declared tolerance {spec['tolerance']}"
+                )
+        report.failures.extend(_expectations(f"{model}/{out.name}", outputs[out.name], expected, ranges))
     report.outputs[model] = outputs
     report.checked.append(model)

@@ -51,8 +51,14 @@ class PromotionResult:
     run_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "rolled_back": self.rolled_back, "error": self.error,
-                "promotion_run": self.run_id, "plan": self.plan.to_dict(), "stages": self.stages}
+        return {
+            "ok": self.ok,
+            "rolled_back": self.rolled_back,
+            "error": self.error,
+            "promotion_run": self.run_id,
+            "plan": self.plan.to_dict(),
+            "stages": self.stages,
+        }
 
 
 @dataclass
@@ -65,8 +71,9 @@ class Options:
 
 
 class Promotion:
-    def __init__(self, settings: Settings, env: Environment, registry: MlflowRegistry,
-                 options: Options) -> None:
+    def __init__(
+        self, settings: Settings, env: Environment, registry: MlflowRegistry, options: Options
+    ) -> None:
         self.settings = settings
         self.env = env
         self.registry = registry
@@ -84,8 +91,7 @@ class Promotion:
         except BaseException as exc:
             seconds = time.perf_counter() - began
             message = exc.message if isinstance(exc, MlregError) else f"{type(exc).__name__}: {exc}"
-            result.stages.append({"stage": name, "status": "failed", "seconds": seconds,
-                                  "detail": message})
+            result.stages.append({"stage": name, "status": "failed", "seconds": seconds, "detail": message})
             if self.options.on_stage:
                 self.options.on_stage(name, "failed", seconds, message)
             raise
@@ -95,8 +101,12 @@ class Promotion:
             self.options.on_stage(name, "ok", seconds, detail)
 
     def controls(self, plan: Plan) -> list[TritonControl]:
-        return [TritonControl(url, timeout=self.settings.triton_timeout,
-                              load_timeout=self.settings.triton_timeout * 10) for url in plan.targets]
+        return [
+            TritonControl(
+                url, timeout=self.settings.triton_timeout, load_timeout=self.settings.triton_timeout * 10
+            )
+            for url in plan.targets
+        ]
 
     # -- the pipeline --------------------------------------------------------------------------
 
@@ -110,7 +120,9 @@ class Promotion:
         for ensemble in self.store.list_models():
             text = self.store.read_config(ensemble) or ""
             if 'platform: "ensemble"' in text and ensemble_pins(text).get(model, version) not in (
-                    version, "-1"):
+                version,
+                "-1",
+            ):
                 return False
         for url in targets:
             with TritonControl(url, timeout=5) as triton:
@@ -123,19 +135,23 @@ class Promotion:
         targets = resolve_targets(self.settings, self.env)
         if not self.options.dry_run and self.already_serving(model, version, targets):
             result = PromotionResult(Plan(self.env, targets, model, version), ok=True)
-            result.stages.append({"stage": "noop", "status": "ok", "seconds": 0.0, "detail":
-                                  f"{model} version {version} already serves in '{self.env.name}'"})
+            result.stages.append(
+                {
+                    "stage": "noop",
+                    "status": "ok",
+                    "seconds": 0.0,
+                    "detail": f"{model} version {version} already serves in '{self.env.name}'",
+                }
+            )
             return result
         self._preconditions(targets)
-        with tempfile.TemporaryDirectory(prefix="mlreg-promote-") as tmp, \
-                self.store.lock(model, wait=0):
+        with tempfile.TemporaryDirectory(prefix="mlreg-promote-") as tmp, self.store.lock(model, wait=0):
             plan = Plan(self.env, targets, model, version)
             result = PromotionResult(plan)
 
             def resolve() -> str:
                 nonlocal plan
-                plan = build_plan(self.registry, self.store, self.env, targets, model, version,
-                                  Path(tmp))
+                plan = build_plan(self.registry, self.store, self.env, targets, model, version, Path(tmp))
                 result.plan = plan
                 return ", ".join(f"{s.model} v{s.version} ({s.role})" for s in plan.steps)
 
@@ -144,9 +160,14 @@ class Promotion:
                 self._stage(result, "convert", lambda: self.convert(plan))
             if plan.noop:
                 result.ok = True
-                result.stages.append({"stage": "noop", "status": "ok", "seconds": 0.0,
-                                      "detail": f"{model} version {version} already serves in "
-                                      f"'{self.env.name}'"})
+                result.stages.append(
+                    {
+                        "stage": "noop",
+                        "status": "ok",
+                        "seconds": 0.0,
+                        "detail": f"{model} version {version} already serves in '{self.env.name}'",
+                    }
+                )
                 return result
             try:
                 self._stage(result, "validate", lambda: self.validate(plan))
@@ -167,10 +188,15 @@ class Promotion:
                 self._record_safely(result)
                 raise PromotionError(
                     f"promotion of {model} version {version} to '{self.env.name}' failed: "
-                    f"{result.error}" + ("; rolled back, the previous versions serve"
-                                         if result.rolled_back else "; nothing was changed"),
+                    f"{result.error}"
+                    + (
+                        "; rolled back, the previous versions serve"
+                        if result.rolled_back
+                        else "; nothing was changed"
+                    ),
                     fix="read the stage report; the MLflow alias was not moved",
-                    result=result) from exc
+                    result=result,
+                ) from exc
             self._stage(result, "record", lambda: self.record(result))
             result.ok = True
             return result
@@ -216,43 +242,54 @@ class Promotion:
         plan.version = converted.version
         for other in plan.steps:  # ensembles re-pointed to the SavedModel version: to the ONNX one
             if other.role == "ensemble":
-                other.config_text = desired_config(other.config_text, [other.version], self.env.gpu,
-                                                   {step.model: converted.version})
+                other.config_text = desired_config(
+                    other.config_text, [other.version], self.env.gpu, {step.model: converted.version}
+                )
         worst = max(parity.values(), default=0.0)
-        return (f"{step.model} v{step.version} (SavedModel) -> v{converted.version} (ONNX), "
-                f"parity max |diff| {worst:.2g}")
+        return (
+            f"{step.model} v{step.version} (SavedModel) -> v{converted.version} (ONNX), "
+            f"parity max |diff| {worst:.2g}"
+        )
 
     def validate(self, plan: Plan) -> str:
         errors = checks.contract_errors(plan, self.store)
         if errors:
-            raise PromotionError("contract check failed:\n  " + "\n  ".join(errors),
-                                 fix="fix the model or its config and register a new version")
+            raise PromotionError(
+                "contract check failed:\n  " + "\n  ".join(errors),
+                fix="fix the model or its config and register a new version",
+            )
         breaking = checks.breaking_changes(plan)
         if breaking and not self.options.allow_breaking:
             raise PromotionError(
                 f"{plan.model} version {plan.version} breaks the contract of the serving version:\n  "
                 + "\n  ".join(breaking),
                 fix="promote with --allow-breaking once every ensemble using it is updated in "
-                "the same promotion, or keep the contract")
-        return f"{len(plan.steps)} model(s) checked" + (f", {len(breaking)} breaking change(s) "
-                                                        "allowed" if breaking else "")
+                "the same promotion, or keep the contract",
+            )
+        return f"{len(plan.steps)} model(s) checked" + (
+            f", {len(breaking)} breaking change(s) allowed" if breaking else ""
+        )
 
     def quality(self, plan: Plan) -> str:
         self.preflight = quality.preflight(plan, self.store, self.settings)
         if self.preflight.failures:
-            raise PromotionError("quality gate failed:\n  " + "\n  ".join(self.preflight.failures),
-                                 fix="fix the model; its outputs on the golden inputs are not sane")
+            raise PromotionError(
+                "quality gate failed:\n  " + "\n  ".join(self.preflight.failures),
+                fix="fix the model; its outputs on the golden inputs are not sane",
+            )
         changes = ", ".join(f"{k} max|Δ| {v:.3g}" for k, v in self.preflight.changes.items())
-        return (f"golden inputs passed on {', '.join(self.preflight.checked)}"
-                + (f"; against serving: {changes}" if changes else ""))
+        return f"golden inputs passed on {', '.join(self.preflight.checked)}" + (
+            f"; against serving: {changes}" if changes else ""
+        )
 
     def assemble(self, plan: Plan) -> str:
         sent = 0
         for step in plan.steps:
             if step.upload and step.folder is not None:
                 self.changed.append(step)
-                sent += self.store.put_version(step.model, step.version,
-                                               step.folder / step.version).bytes_sent
+                sent += self.store.put_version(
+                    step.model, step.version, step.folder / step.version
+                ).bytes_sent
         return f"{sent:,} bytes uploaded to {self.store.uri}"
 
     def deploy(self, plan: Plan) -> str:
@@ -260,14 +297,14 @@ class Promotion:
             if step.noop:
                 continue
             overlap = step.role != "ensemble" and not self._platform_changes(step)
-            versions = sorted(set(step.previous_versions) | {step.version}, key=int) \
-                if overlap else [step.version]
+            versions = (
+                sorted(set(step.previous_versions) | {step.version}, key=int) if overlap else [step.version]
+            )
             if step.role != "ensemble" and not overlap:
                 self._follow_latest(plan, step)
             if step not in self.changed:
                 self.changed.append(step)
-            self._write_and_load(plan, step, desired_config(step.config_text, versions,
-                                                            self.env.gpu))
+            self._write_and_load(plan, step, desired_config(step.config_text, versions, self.env.gpu))
         return ", ".join(f"{s.model} v{s.version}" for s in plan.steps if not s.noop)
 
     def _write_and_load(self, plan: Plan, step: Step, config_text: str) -> None:
@@ -295,9 +332,16 @@ class Promotion:
             if other.role == "ensemble" and other.previous_config is not None:
                 if other not in self.changed:
                     self.changed.append(other)
-                self._write_and_load(plan, other, desired_config(
-                    other.previous_config, other.previous_versions or [other.version],
-                    self.env.gpu, {step.model: "-1"}))
+                self._write_and_load(
+                    plan,
+                    other,
+                    desired_config(
+                        other.previous_config,
+                        other.previous_versions or [other.version],
+                        self.env.gpu,
+                        {step.model: "-1"},
+                    ),
+                )
 
     def verify(self, plan: Plan) -> str:
         for triton in self.controls(plan):
@@ -318,8 +362,10 @@ class Promotion:
             if not np.isfinite(array).all():
                 raise PromotionError(f"{triton.url}: {step.model}/{name} answered non-finite values")
             if name in expected and not np.allclose(array, expected[name], rtol=1e-4, atol=1e-4):
-                raise PromotionError(f"{triton.url}: {step.model}/{name} differs from the pre-flight "
-                                     "answer on the same golden inputs")
+                raise PromotionError(
+                    f"{triton.url}: {step.model}/{name} differs from the pre-flight "
+                    "answer on the same golden inputs"
+                )
 
     def finalize(self, plan: Plan) -> str:
         """Only the new versions serve now: old versions unload."""
@@ -339,7 +385,8 @@ class Promotion:
         restored = []
         # members and models first, so that the ensembles' old pins find their versions loaded
         order = [s for s in reversed(self.changed) if s.role != "ensemble"] + [
-            s for s in reversed(self.changed) if s.role == "ensemble"]
+            s for s in reversed(self.changed) if s.role == "ensemble"
+        ]
         seen: list[Step] = []
         for step in order:
             if any(step is done for done in seen):
@@ -381,9 +428,11 @@ class Promotion:
         folder = plan.workdir / f"repointed-{step.model}"
         (folder / step.version).mkdir(parents=True, exist_ok=True)
         (folder / "config.pbtxt").write_text(step.config_text)
-        return register(self.registry, Candidate(step.model, folder / step.version,
-                                                 folder / "config.pbtxt"),
-                        members=ensemble_pins(step.config_text)).version
+        return register(
+            self.registry,
+            Candidate(step.model, folder / step.version, folder / "config.pbtxt"),
+            members=ensemble_pins(step.config_text),
+        ).version
 
     def _record_safely(self, result: PromotionResult) -> None:
         """The promotion as an MLflow run (who, when, from -> to, targets, store, stages)."""
@@ -396,21 +445,37 @@ class Promotion:
         except StopIteration:
             previous = "unknown"
         try:
-            run_id = self.registry.start_run(PROMOTIONS_EXPERIMENT, f"{plan.model}-v{plan.version}-"
-                                             f"{self.env.name}", {
-                "mlreg_model": plan.model, "mlreg_version": plan.version, "environment": self.env.name,
-                "result": "promoted" if not result.error else
-                ("rolled back" if result.rolled_back else "refused"), "user": getpass.getuser()})
-            self.registry.log(run_id, {"from_version": previous, "to_version": plan.version,
-                                       "targets": ",".join(plan.targets), "store": self.env.store},
-                              {f"{s['stage']}_seconds": s["seconds"] for s in result.stages})
+            run_id = self.registry.start_run(
+                PROMOTIONS_EXPERIMENT,
+                f"{plan.model}-v{plan.version}-{self.env.name}",
+                {
+                    "mlreg_model": plan.model,
+                    "mlreg_version": plan.version,
+                    "environment": self.env.name,
+                    "result": "promoted"
+                    if not result.error
+                    else ("rolled back" if result.rolled_back else "refused"),
+                    "user": getpass.getuser(),
+                },
+            )
+            self.registry.log(
+                run_id,
+                {
+                    "from_version": previous,
+                    "to_version": plan.version,
+                    "targets": ",".join(plan.targets),
+                    "store": self.env.store,
+                },
+                {f"{s['stage']}_seconds": s["seconds"] for s in result.stages},
+            )
             with tempfile.TemporaryDirectory() as tmp:
                 (Path(tmp) / "report.json").write_text(json.dumps(result.to_dict(), indent=1))
                 self.registry.log_artifacts(run_id, Path(tmp))
             self.registry.finish_run(run_id, ok=not result.error)
             result.run_id = run_id
             if not result.error:
-                self.registry.set_version_tag(plan.model, plan.version,
-                                              f"promotion_run_{self.env.name}", run_id)
+                self.registry.set_version_tag(
+                    plan.model, plan.version, f"promotion_run_{self.env.name}", run_id
+                )
         except MlregError as exc:
             log.warning("could not record the promotion in MLflow: %s", exc)

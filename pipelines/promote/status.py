@@ -13,8 +13,9 @@ from registry.mlflow_registry import MlflowRegistry
 from registry.settings import Settings
 
 
-def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
-                 models: list[str] | None = None) -> list[dict[str, Any]]:
+def model_status(
+    settings: Settings, env: Environment, registry: MlflowRegistry, models: list[str] | None = None
+) -> list[dict[str, Any]]:
     store = open_store(env.store)
     names = models or store.list_models()
     try:
@@ -38,8 +39,11 @@ def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
             alias = ""
         serving: dict[str, Any] = {}
         for url, states in live.items():
-            serving[url] = states if isinstance(states, str) else sorted(
-                (v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
+            serving[url] = (
+                states
+                if isinstance(states, str)
+                else sorted((v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
+            )
         drift = []
         if 'platform: "ensemble"' in config:
             # an ensemble's Triton folder keeps its number when it is re-pointed; its registered
@@ -50,20 +54,26 @@ def model_status(settings: Settings, env: Environment, registry: MlflowRegistry,
             drift.append(f"alias {env.alias}=v{alias} but the store serves v{','.join(desired)}")
         for url, versions in serving.items():
             if isinstance(versions, list) and versions != desired:
-                drift.append(f"{url} serves v{','.join(versions) or 'nothing'}, "
-                             f"store wants v{','.join(desired) or 'nothing'}")
+                drift.append(
+                    f"{url} serves v{','.join(versions) or 'nothing'}, "
+                    f"store wants v{','.join(desired) or 'nothing'}"
+                )
             elif isinstance(versions, str):
                 drift.append(f"{url} {versions}")
-        row: dict[str, Any] = {"model": model, "alias": alias, "desired": desired,
-                               "serving": serving, "drift": drift}
+        row: dict[str, Any] = {
+            "model": model,
+            "alias": alias,
+            "desired": desired,
+            "serving": serving,
+            "drift": drift,
+        }
         if 'platform: "ensemble"' in config:
             row["pins"] = ensemble_pins(config)  # its alias names a registered version, not a folder
         rows.append(row)
     return rows
 
 
-def _pin_drift(registry: MlflowRegistry, model: str, version: str, alias: str,
-               config: str) -> list[str]:
+def _pin_drift(registry: MlflowRegistry, model: str, version: str, alias: str, config: str) -> list[str]:
     try:
         tags = registry.version(model, version).tags or {}
     except MlregError as exc:
@@ -73,10 +83,10 @@ def _pin_drift(registry: MlflowRegistry, model: str, version: str, alias: str,
     for key, wanted in sorted(tags.items()):
         member = key.removeprefix("member_")
         stored = pins.get(member)
-        if key.startswith("member_") and stored is not None and int(stored) > 0 \
-                and stored != wanted:
-            drift.append(f"alias {alias}=v{version} pins {member} v{wanted}, "
-                         f"the store's config pins v{stored}")
+        if key.startswith("member_") and stored is not None and int(stored) > 0 and stored != wanted:
+            drift.append(
+                f"alias {alias}=v{version} pins {member} v{wanted}, the store's config pins v{stored}"
+            )
     return drift
 
 
@@ -85,12 +95,24 @@ def history(registry: MlflowRegistry, model: str, env: str | None) -> list[dict[
 
     query = f"tags.mlreg_model = '{model}'" + (f" and tags.environment = '{env}'" if env else "")
     exp = registry.experiment_id(PROMOTIONS_EXPERIMENT)
-    runs = registry._call("history", lambda: registry.client.search_runs(
-        [exp], filter_string=query, order_by=["attributes.start_time DESC"], max_results=500))
-    return [{"when": run.info.start_time, "environment": run.data.tags.get("environment"),
-             "from": run.data.params.get("from_version"), "to": run.data.params.get("to_version"),
-             "result": run.data.tags.get("result"), "user": run.data.tags.get("user"),
-             "run_id": run.info.run_id} for run in runs]
+    runs = registry._call(
+        "history",
+        lambda: registry.client.search_runs(
+            [exp], filter_string=query, order_by=["attributes.start_time DESC"], max_results=500
+        ),
+    )
+    return [
+        {
+            "when": run.info.start_time,
+            "environment": run.data.tags.get("environment"),
+            "from": run.data.params.get("from_version"),
+            "to": run.data.params.get("to_version"),
+            "result": run.data.tags.get("result"),
+            "user": run.data.tags.get("user"),
+            "run_id": run.info.run_id,
+        }
+        for run in runs
+    ]
 
 
 def previous_version(registry: MlflowRegistry, model: str, env: str) -> str | None:

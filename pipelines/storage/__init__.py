@@ -23,11 +23,11 @@ class S3Location:
 
 
 def parse_s3_uri(uri: str) -> S3Location:
-    rest = uri[len("s3://"):]
+    rest = uri[len("s3://") :]
     endpoint = None
     for scheme in ("http://", "https://"):
         if rest.startswith(scheme):
-            host, _, rest = rest[len(scheme):].partition("/")
+            host, _, rest = rest[len(scheme) :].partition("/")
             endpoint = scheme + host
     if endpoint is None:
         first, _, remainder = rest.partition("/")
@@ -35,13 +35,15 @@ def parse_s3_uri(uri: str) -> S3Location:
             endpoint, rest = f"http://{first}", remainder
     bucket, _, prefix = rest.partition("/")
     if not bucket:
-        raise StorageError(f"store URI '{uri}' names no bucket",
-                           fix="use s3://bucket/prefix or s3://host:port/bucket/prefix")
+        raise StorageError(
+            f"store URI '{uri}' names no bucket", fix="use s3://bucket/prefix or s3://host:port/bucket/prefix"
+        )
     return S3Location(bucket, prefix.strip("/"), endpoint)
 
 
-def open_store(uri: str | Path, region: str | None = None,
-               digest_cache: Path | None = None) -> RepositoryStore:
+def open_store(
+    uri: str | Path, region: str | None = None, digest_cache: Path | None = None
+) -> RepositoryStore:
     """The store for ``uri``; ``digest_cache`` (a JSON file) spares re-hashing unchanged files."""
     text = str(uri)
     store: RepositoryStore
@@ -51,8 +53,10 @@ def open_store(uri: str | Path, region: str | None = None,
         loc = parse_s3_uri(text)
         store = S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region=region, uri=text)
     elif "://" in text:
-        raise StorageError(f"unsupported store URI '{text}'",
-                           fix="use a local folder or an s3:// URI (gs:// and as:// are not supported yet)")
+        raise StorageError(
+            f"unsupported store URI '{text}'",
+            fix="use a local folder or an s3:// URI (gs:// and as:// are not supported yet)",
+        )
     else:
         from pipelines.storage.local import LocalStore
 

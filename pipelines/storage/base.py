@@ -112,8 +112,7 @@ class Manifest:
     created_at: float = field(default_factory=time.time)
 
     def to_json(self) -> str:
-        return json.dumps({"files": self.files, "created_at": self.created_at}, indent=1,
-                          sort_keys=True)
+        return json.dumps({"files": self.files, "created_at": self.created_at}, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
@@ -123,8 +122,7 @@ class Manifest:
     @classmethod
     def of_folder(cls, files: dict[str, Path], cache: DigestCache | None = None) -> Manifest:
         digest = cache.sha256 if cache is not None else sha256_file
-        manifest = cls({rel: {"sha256": digest(p), "size": p.stat().st_size}
-                        for rel, p in files.items()})
+        manifest = cls({rel: {"sha256": digest(p), "size": p.stat().st_size} for rel, p in files.items()})
         if cache is not None:
             cache.save()
         return manifest
@@ -139,8 +137,13 @@ class UploadResult:
     bytes_sent: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "version": self.version, "sent": self.sent,
-                "skipped": self.skipped, "bytes_sent": self.bytes_sent}
+        return {
+            "model": self.model,
+            "version": self.version,
+            "sent": self.sent,
+            "skipped": self.skipped,
+            "bytes_sent": self.bytes_sent,
+        }
 
 
 @dataclass
@@ -242,15 +245,17 @@ class RepositoryStore(ABC):
         try:
             return Manifest.from_json(data)
         except (ValueError, KeyError) as exc:
-            raise StorageError(f"{self.uri}: the manifest of {model}/{version} is unreadable: {exc}",
-                               fix="push the version again to rewrite it") from exc
+            raise StorageError(
+                f"{self.uri}: the manifest of {model}/{version} is unreadable: {exc}",
+                fix="push the version again to rewrite it",
+            ) from exc
 
     def get_version(self, model: str, version: str, dest: Path) -> Path:
         """Download ``<model>/<version>/`` into ``dest`` (the manifest left out); return dest."""
         dest.mkdir(parents=True, exist_ok=True)
         prefix = f"{model}/{version}/"
         for key in self.list_prefix(prefix):
-            rel = key[len(prefix):]
+            rel = key[len(prefix) :]
             if rel == MANIFEST:
                 continue
             data = self.read(key)
@@ -266,8 +271,9 @@ class RepositoryStore(ABC):
                 self.delete(key)
         self.delete(f"{model}/{version}/{MANIFEST}")  # last: an interrupted delete is incomplete
 
-    def put_version(self, model: str, version: str, folder: Path,
-                    progress: Progress | None = None) -> UploadResult:
+    def put_version(
+        self, model: str, version: str, folder: Path, progress: Progress | None = None
+    ) -> UploadResult:
         """Upload ``folder`` as ``<model>/<version>/``; only files not already stored are sent."""
         check_part(model, "model name")
         check_part(version, "version")
@@ -303,8 +309,9 @@ class RepositoryStore(ABC):
         return None if found is None else _parse_lock(found[0])
 
     @contextmanager
-    def lock(self, model: str, owner: str | None = None, ttl: float = 900.0,
-             wait: float = 0.0) -> Iterator[LockInfo]:
+    def lock(
+        self, model: str, owner: str | None = None, ttl: float = 900.0, wait: float = 0.0
+    ) -> Iterator[LockInfo]:
         """Hold ``model``'s lock; wait up to ``wait`` seconds for another holder, take stale ones.
 
         A stale lock (expired, or its holder on this machine is gone) is taken over with a
@@ -329,7 +336,9 @@ class RepositoryStore(ABC):
                     f"{self.uri}: model '{model}' is locked by {held.owner} until "
                     f"{time.strftime('%H:%M:%S', time.localtime(held.expires_at))}",
                     fix="wait for that promotion to finish; a crashed holder's lock expires by itself",
-                    model=model, holder=held.owner)
+                    model=model,
+                    holder=held.owner,
+                )
             time.sleep(0.2)
         try:
             yield me

@@ -26,8 +26,11 @@ class LocalStore(RepositoryStore):
         return self.root / key
 
     def _fail(self, what: str, key: str, exc: OSError) -> StorageError:
-        return StorageError(f"{self.uri}: cannot {what} '{key}': {exc.strerror or exc}",
-                            fix="check the folder exists and is writable", key=key)
+        return StorageError(
+            f"{self.uri}: cannot {what} '{key}': {exc.strerror or exc}",
+            fix="check the folder exists and is writable",
+            key=key,
+        )
 
     def read(self, key: str) -> bytes | None:
         try:
@@ -143,8 +146,11 @@ class LocalStore(RepositoryStore):
             tmp.unlink(missing_ok=True)
             raise self._fail("write", key, exc) from exc
         if target.stat().st_size != path.stat().st_size:
-            raise StorageError(f"{self.uri}: '{key}' was stored with the wrong size",
-                               fix="check the disk is not full, then push again", key=key)
+            raise StorageError(
+                f"{self.uri}: '{key}' was stored with the wrong size",
+                fix="check the disk is not full, then push again",
+                key=key,
+            )
 
     def stored_digest(self, key: str) -> str | None:
         path = self._path(key)

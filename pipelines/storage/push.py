@@ -17,18 +17,23 @@ def model_folders(path: Path) -> list[Path]:
         raise StorageError(f"'{path}' is not a folder", fix="pass a model folder or a repository")
     models = sorted(p for p in path.iterdir() if (p / CONFIG).is_file())
     if not models:
-        raise StorageError(f"'{path}' holds no model folder (no */config.pbtxt)",
-                           fix="pass a model folder or a repository of model folders")
+        raise StorageError(
+            f"'{path}' holds no model folder (no */config.pbtxt)",
+            fix="pass a model folder or a repository of model folders",
+        )
     return models
 
 
-def push_model(store: RepositoryStore, folder: Path, progress: Progress | None = None,
-               versions: list[str] | None = None) -> list[UploadResult]:
+def push_model(
+    store: RepositoryStore, folder: Path, progress: Progress | None = None, versions: list[str] | None = None
+) -> list[UploadResult]:
     model = check_part(folder.name, "model name")
-    local_versions = sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()),
-                            key=int)
-    results = [store.put_version(model, v, folder / v, progress)
-               for v in local_versions if versions is None or v in versions]
+    local_versions = sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
+    results = [
+        store.put_version(model, v, folder / v, progress)
+        for v in local_versions
+        if versions is None or v in versions
+    ]
     # config last: it is what makes Triton see the model with its new versions
     text = (folder / CONFIG).read_text()
     if store.read_config(model) != text:
@@ -36,8 +41,12 @@ def push_model(store: RepositoryStore, folder: Path, progress: Progress | None =
     return results
 
 
-def push_path(store: RepositoryStore, path: Path, progress: Progress | None = None,
-              on_model: Callable[[str], None] | None = None) -> list[UploadResult]:
+def push_path(
+    store: RepositoryStore,
+    path: Path,
+    progress: Progress | None = None,
+    on_model: Callable[[str], None] | None = None,
+) -> list[UploadResult]:
     results: list[UploadResult] = []
     folders = model_folders(path)
     for folder in folders:  # check every name before sending anything

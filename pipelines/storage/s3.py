@@ -15,15 +15,28 @@ CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 60
 MULTIPART_CHUNK = 16 << 20
 MAX_CONCURRENCY = 8
-AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403",
-              "InvalidClientTokenId", "ExpiredToken"}
+AUTH_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "403",
+    "InvalidClientTokenId",
+    "ExpiredToken",
+}
 EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 
 
 class S3Store(RepositoryStore):
-    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
-                 region: str | None = None, uri: str | None = None,
-                 read_timeout: float = READ_TIMEOUT_S, retries: int = 3) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        uri: str | None = None,
+        read_timeout: float = READ_TIMEOUT_S,
+        retries: int = 3,
+    ) -> None:
         import boto3
         from botocore.config import Config
 
@@ -33,13 +46,15 @@ class S3Store(RepositoryStore):
         self.uri = uri or f"s3://{bucket}/{self.prefix}"
         self.digests = DigestCache(None)
         config = Config(
-            connect_timeout=CONNECT_TIMEOUT_S, read_timeout=read_timeout,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            read_timeout=read_timeout,
             retries={"max_attempts": retries, "mode": "standard"},
             s3={"addressing_style": "path" if endpoint_url else "auto"},
             max_pool_connections=MAX_CONCURRENCY * 2,
         )
         self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url, region_name=region, config=config)
+            "s3", endpoint_url=endpoint_url, region_name=region, config=config
+        )
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -47,7 +62,7 @@ class S3Store(RepositoryStore):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _rel(self, full: str) -> str:
-        return full[len(self.prefix) + 1:] if self.prefix else full
+        return full[len(self.prefix) + 1 :] if self.prefix else full
 
     def _translate(self, what: str, key: str, exc: Exception) -> StorageError:
         from botocore.exceptions import ClientError, NoCredentialsError
@@ -57,22 +72,33 @@ class S3Store(RepositoryStore):
             code = str(exc.response.get("Error", {}).get("Code", ""))
             message = exc.response.get("Error", {}).get("Message", "") or code
             if code in {"NoSuchBucket"}:
-                return StorageError(f"{where}: bucket '{self.bucket}' does not exist",
-                                    fix="create the bucket or correct the store URI", key=key)
+                return StorageError(
+                    f"{where}: bucket '{self.bucket}' does not exist",
+                    fix="create the bucket or correct the store URI",
+                    key=key,
+                )
             if code in AUTH_CODES:
-                return StorageError(f"{where}: credentials rejected while trying to {what} '{key}' "
-                                    f"({code}: {message})",
-                                    fix="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the "
-                                    "profile in use", key=key)
-            return StorageError(f"{where}: cannot {what} '{key}': {code}: {message}",
-                                fix="read the message above; rerun to resume", key=key)
+                return StorageError(
+                    f"{where}: credentials rejected while trying to {what} '{key}' ({code}: {message})",
+                    fix="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile in use",
+                    key=key,
+                )
+            return StorageError(
+                f"{where}: cannot {what} '{key}': {code}: {message}",
+                fix="read the message above; rerun to resume",
+                key=key,
+            )
         if isinstance(exc, NoCredentialsError):
-            return StorageError(f"{where}: no AWS credentials found",
-                                fix="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile)")
+            return StorageError(
+                f"{where}: no AWS credentials found",
+                fix="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile)",
+            )
         cause = exc.__cause__ or exc
-        return StorageError(f"{where}: cannot {what} '{key}': {type(cause).__name__}: {cause}",
-                            fix="check the endpoint is reachable, then rerun: files already "
-                            "stored are not sent again", key=key)
+        return StorageError(
+            f"{where}: cannot {what} '{key}': {type(cause).__name__}: {cause}",
+            fix="check the endpoint is reachable, then rerun: files already stored are not sent again",
+            key=key,
+        )
 
     def _call(self, what: str, key: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from boto3.exceptions import Boto3Error
@@ -87,8 +113,11 @@ class S3Store(RepositoryStore):
     def _missing(exc: Exception) -> bool:
         from botocore.exceptions import ClientError
 
-        return isinstance(exc, ClientError) and str(
-            exc.response.get("Error", {}).get("Code")) in {"NoSuchKey", "404", "NotFound"}
+        return isinstance(exc, ClientError) and str(exc.response.get("Error", {}).get("Code")) in {
+            "NoSuchKey",
+            "404",
+            "NotFound",
+        }
 
     # -- primitives ----------------------------------------------------------------------------
 
@@ -101,8 +130,7 @@ class S3Store(RepositoryStore):
         return None if found is None else found[0]
 
     def write(self, key: str, data: bytes) -> None:
-        self._call("write", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key),
-                   Body=data)
+        self._call("write", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
 
     def create(self, key: str, data: bytes) -> bool:
         return self._put_if(key, data, IfNoneMatch="*")
@@ -157,8 +185,9 @@ class S3Store(RepositoryStore):
     def list_prefix(self, prefix: str) -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         keys: list[str] = []
-        pages = self._call("list", prefix, lambda: list(
-            paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix))))
+        pages = self._call(
+            "list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)))
+        )
         for page in pages:
             keys.extend(self._rel(o["Key"]) for o in page.get("Contents", []))
         return sorted(keys)
@@ -166,27 +195,40 @@ class S3Store(RepositoryStore):
     def children(self, prefix: str) -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         base = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
-        pages = self._call("list", prefix, lambda: list(
-            paginator.paginate(Bucket=self.bucket, Prefix=base, Delimiter="/")))
+        pages = self._call(
+            "list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=base, Delimiter="/"))
+        )
         names: list[str] = []
         for page in pages:
-            names.extend(p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", []))
+            names.extend(p["Prefix"][len(base) :].rstrip("/") for p in page.get("CommonPrefixes", []))
         return sorted(names)
 
     def put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
         from boto3.s3.transfer import TransferConfig
 
-        config = TransferConfig(multipart_threshold=MULTIPART_CHUNK,
-                                multipart_chunksize=MULTIPART_CHUNK,
-                                max_concurrency=MAX_CONCURRENCY, use_threads=True)
+        config = TransferConfig(
+            multipart_threshold=MULTIPART_CHUNK,
+            multipart_chunksize=MULTIPART_CHUNK,
+            max_concurrency=MAX_CONCURRENCY,
+            use_threads=True,
+        )
         size = path.stat().st_size
-        self._call("upload", key, self.client.upload_file, str(path), self.bucket, self._key(key),
-                   ExtraArgs={"Metadata": {"sha256": sha256}}, Callback=progress, Config=config)
-        head = self._call("verify", key, self.client.head_object, Bucket=self.bucket,
-                          Key=self._key(key))
+        self._call(
+            "upload",
+            key,
+            self.client.upload_file,
+            str(path),
+            self.bucket,
+            self._key(key),
+            ExtraArgs={"Metadata": {"sha256": sha256}},
+            Callback=progress,
+            Config=config,
+        )
+        head = self._call("verify", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
         if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha256:
-            raise StorageError(f"{self.uri}: '{key}' was stored with the wrong size or digest",
-                               fix="push again", key=key)
+            raise StorageError(
+                f"{self.uri}: '{key}' was stored with the wrong size or digest", fix="push again", key=key
+            )
 
     def stored_digest(self, key: str) -> str | None:
         from botocore.exceptions import ClientError

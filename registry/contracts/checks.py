@@ -12,8 +12,12 @@ from registry.contracts.rules import kind, model_file
 from registry.contracts.signature import Signature, TensorSpec, read_onnx, read_saved_model
 from registry.errors import ContractError
 
-READERS = {"onnxruntime_onnx": read_onnx, "onnxruntime": read_onnx,
-           "tensorflow_savedmodel": read_saved_model, "tensorflow": read_saved_model}
+READERS = {
+    "onnxruntime_onnx": read_onnx,
+    "onnxruntime": read_onnx,
+    "tensorflow_savedmodel": read_saved_model,
+    "tensorflow": read_saved_model,
+}
 
 
 def read_signature(entry: ModelEntry, version: str) -> Signature | None:
@@ -28,8 +32,14 @@ def check_signature(entry: ModelEntry, version: str) -> Iterator[Finding]:
     try:
         signature = read_signature(entry, version)
     except ContractError as exc:
-        yield error("artifact", entry.name, exc.message, exc.fix or "", version=version,
-                    file=str(exc.context.get("file", "")))
+        yield error(
+            "artifact",
+            entry.name,
+            exc.message,
+            exc.fix or "",
+            version=version,
+            file=str(exc.context.get("file", "")),
+        )
         return
     if signature is None:
         return
@@ -44,8 +54,9 @@ def _dims(spec: TensorSpec) -> tuple[int, ...] | None:
     return tuple(d if isinstance(d, int) else -1 for d in spec.shape)
 
 
-def _compare(entry: ModelEntry, version: str, io_kind: str, declared: Sequence[Any],
-             actual: Sequence[TensorSpec]) -> Iterator[Finding]:
+def _compare(
+    entry: ModelEntry, version: str, io_kind: str, declared: Sequence[Any], actual: Sequence[TensorSpec]
+) -> Iterator[Finding]:
     config = entry.config
     assert config is not None
     by_name = {t.name: t for t in actual}
@@ -53,37 +64,53 @@ def _compare(entry: ModelEntry, version: str, io_kind: str, declared: Sequence[A
     for tensor in declared:
         spec = by_name.get(tensor.name)
         if spec is None:
-            yield error(f"{io_kind}-name", entry.name,
-                        f"unexpected inference {io_kind} '{tensor.name}', allowed {io_kind}s are: "
-                        f"{allowed}",
-                        f"rename the config {io_kind} to one of [{allowed}] (and every ensemble "
-                        f"mapping that uses it), or re-export the model with an {io_kind} named "
-                        f"'{tensor.name}'", tensor=tensor.name, version=version,
-                        expected=tensor.name, actual=allowed)
+            yield error(
+                f"{io_kind}-name",
+                entry.name,
+                f"unexpected inference {io_kind} '{tensor.name}', allowed {io_kind}s are: {allowed}",
+                f"rename the config {io_kind} to one of [{allowed}] (and every ensemble "
+                f"mapping that uses it), or re-export the model with an {io_kind} named "
+                f"'{tensor.name}'",
+                tensor=tensor.name,
+                version=version,
+                expected=tensor.name,
+                actual=allowed,
+            )
             continue
         yield from _compare_tensor(entry, version, io_kind, tensor, spec)
     declared_names = {t.name for t in declared}
     missing = [t.name for t in actual if t.name not in declared_names]
     if io_kind == "input" and missing:
-        yield error("input-count", entry.name,
-                    f"unable to load model '{entry.name}', configuration expects {len(declared)} "
-                    f"inputs, model provides {len(actual)}",
-                    f"declare the model input(s) {', '.join(missing)} in config.pbtxt",
-                    version=version, expected=str(len(actual)), actual=str(len(declared)))
+        yield error(
+            "input-count",
+            entry.name,
+            f"unable to load model '{entry.name}', configuration expects {len(declared)} "
+            f"inputs, model provides {len(actual)}",
+            f"declare the model input(s) {', '.join(missing)} in config.pbtxt",
+            version=version,
+            expected=str(len(actual)),
+            actual=str(len(declared)),
+        )
 
 
-def _compare_tensor(entry: ModelEntry, version: str, io_kind: str, tensor: Any,
-                    spec: TensorSpec) -> Iterator[Finding]:
+def _compare_tensor(
+    entry: ModelEntry, version: str, io_kind: str, tensor: Any, spec: TensorSpec
+) -> Iterator[Finding]:
     config = entry.config
     assert config is not None
     want = data_type_name(tensor.data_type)
     if spec.dtype != want:
-        yield error("data-type", entry.name,
-                    f"unexpected datatype TYPE_{want} for inference {io_kind} '{tensor.name}', "
-                    f"expecting TYPE_{spec.dtype}",
-                    f"set data_type: TYPE_{spec.dtype} (or re-export the model with {want})",
-                    tensor=tensor.name, version=version, expected=f"TYPE_{spec.dtype}",
-                    actual=f"TYPE_{want}")
+        yield error(
+            "data-type",
+            entry.name,
+            f"unexpected datatype TYPE_{want} for inference {io_kind} '{tensor.name}', "
+            f"expecting TYPE_{spec.dtype}",
+            f"set data_type: TYPE_{spec.dtype} (or re-export the model with {want})",
+            tensor=tensor.name,
+            version=version,
+            expected=f"TYPE_{spec.dtype}",
+            actual=f"TYPE_{want}",
+        )
     model_dims = _dims(spec)
     if model_dims is None:
         return
@@ -91,32 +118,47 @@ def _compare_tensor(entry: ModelEntry, version: str, io_kind: str, tensor: Any,
     config_dims = full_shape(config, shown)
     batching = config.max_batch_size > 0
     if batching and (not model_dims or model_dims[0] != -1):
-        yield error("batch-dim", entry.name,
-                    f"model '{entry.name}', tensor '{tensor.name}': for the model to support "
-                    f"batching the shape should have at least 1 dimension and the first dimension "
-                    f"must be -1; but shape expected by the model is {shape_text(model_dims)}",
-                    "set max_batch_size: 0 and put every dimension in dims, or re-export with a "
-                    "variable batch dimension", tensor=tensor.name, version=version,
-                    actual=shape_text(model_dims))
+        yield error(
+            "batch-dim",
+            entry.name,
+            f"model '{entry.name}', tensor '{tensor.name}': for the model to support "
+            f"batching the shape should have at least 1 dimension and the first dimension "
+            f"must be -1; but shape expected by the model is {shape_text(model_dims)}",
+            "set max_batch_size: 0 and put every dimension in dims, or re-export with a "
+            "variable batch dimension",
+            tensor=tensor.name,
+            version=version,
+            actual=shape_text(model_dims),
+        )
         return
     if _dims_match(model_dims, config_dims, exact=(io_kind == "output")):
         return
     if batching:
-        specified = (f"{len(config_dims)} dimensions (an initial batch dimension because "
-                     f"max_batch_size > 0 followed by the explicit tensor shape, making complete "
-                     f"shape {shape_text(config_dims)})")
+        specified = (
+            f"{len(config_dims)} dimensions (an initial batch dimension because "
+            f"max_batch_size > 0 followed by the explicit tensor shape, making complete "
+            f"shape {shape_text(config_dims)})"
+        )
         fix = f"set dims: {shape_text(model_dims[1:])}"
     else:
         specified = f"{len(config_dims)} dimensions (shape {shape_text(config_dims)})"
-        fix = (f"the model has a batch dimension: set max_batch_size > 0 with dims: "
-               f"{shape_text(model_dims[1:])}" if model_dims and model_dims[0] == -1
-               and len(model_dims) == len(config_dims) + 1
-               else f"set dims: {shape_text(model_dims)}")
-    yield error("shape", entry.name,
-                f"model '{entry.name}', tensor '{tensor.name}': the model expects "
-                f"{len(model_dims)} dimensions (shape {shape_text(model_dims)}) but the model "
-                f"configuration specifies {specified}", fix, tensor=tensor.name, version=version,
-                expected=shape_text(model_dims), actual=shape_text(config_dims))
+        fix = (
+            f"the model has a batch dimension: set max_batch_size > 0 with dims: {shape_text(model_dims[1:])}"
+            if model_dims and model_dims[0] == -1 and len(model_dims) == len(config_dims) + 1
+            else f"set dims: {shape_text(model_dims)}"
+        )
+    yield error(
+        "shape",
+        entry.name,
+        f"model '{entry.name}', tensor '{tensor.name}': the model expects "
+        f"{len(model_dims)} dimensions (shape {shape_text(model_dims)}) but the model "
+        f"configuration specifies {specified}",
+        fix,
+        tensor=tensor.name,
+        version=version,
+        expected=shape_text(model_dims),
+        actual=shape_text(config_dims),
+    )
 
 
 def _dims_match(model: tuple[int, ...], config: tuple[int, ...], exact: bool) -> bool:

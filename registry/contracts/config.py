@@ -28,8 +28,7 @@ def parse_config(text: str, source: str = CONFIG_NAME) -> ModelConfig:
         where, why = (f"{source}:{match[1]}:{match[2]}", match[3]) if match else (source, str(exc))
         raise ContractError(
             f"{where}: cannot parse model configuration: {why}",
-            fix="correct the syntax; the fields are those of Triton's ModelConfig "
-            "(model_config.proto)",
+            fix="correct the syntax; the fields are those of Triton's ModelConfig (model_config.proto)",
             file=source,
         ) from exc
     return config

@@ -37,8 +37,13 @@ class Change:
         return f"{self.impact}: {self.kind}{where}: {self.old or '-'} -> {self.new or '-'}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "tensor": self.tensor, "impact": self.impact,
-                "old": self.old, "new": self.new}
+        return {
+            "kind": self.kind,
+            "tensor": self.tensor,
+            "impact": self.impact,
+            "old": self.old,
+            "new": self.new,
+        }
 
 
 @dataclass
@@ -50,17 +55,22 @@ class ContractDiff:
     @property
     def breaking(self) -> bool:
         return any(c.impact == "breaking" for c in self.changes) or any(
-            f.is_error for f in self.ensemble_findings)
+            f.is_error for f in self.ensemble_findings
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "breaking": self.breaking,
-                "changes": [c.to_dict() for c in self.changes],
-                "ensemble_findings": [f.to_dict() for f in self.ensemble_findings]}
+        return {
+            "model": self.model,
+            "breaking": self.breaking,
+            "changes": [c.to_dict() for c in self.changes],
+            "ensemble_findings": [f.to_dict() for f in self.ensemble_findings],
+        }
 
 
 def _tensors(config: ModelConfig, io: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    return {t.name: (data_type_name(t.data_type), full_shape(config, list(t.dims)))
-            for t in getattr(config, io)}
+    return {
+        t.name: (data_type_name(t.data_type), full_shape(config, list(t.dims))) for t in getattr(config, io)
+    }
 
 
 def _generalizes(wide: tuple[int, ...], narrow: tuple[int, ...]) -> bool:
@@ -84,14 +94,25 @@ def diff_configs(old: ModelConfig, new: ModelConfig) -> list[Change]:
                 changes.append(Change("retyped", name, "breaking", old_type, new_type))
             if old_shape != new_shape:
                 # inputs may widen (accept more), outputs may narrow (promise more)
-                ok = (_generalizes(new_shape, old_shape) if io == "input"
-                      else _generalizes(old_shape, new_shape))
-                changes.append(Change("reshaped", name, "compatible" if ok else "breaking",
-                                      shape_text(old_shape), shape_text(new_shape)))
+                ok = (
+                    _generalizes(new_shape, old_shape)
+                    if io == "input"
+                    else _generalizes(old_shape, new_shape)
+                )
+                changes.append(
+                    Change(
+                        "reshaped",
+                        name,
+                        "compatible" if ok else "breaking",
+                        shape_text(old_shape),
+                        shape_text(new_shape),
+                    )
+                )
     if new.max_batch_size != old.max_batch_size:
         impact = "compatible" if new.max_batch_size > old.max_batch_size > 0 else "breaking"
-        changes.append(Change("max-batch-size", None, impact, str(old.max_batch_size),
-                              str(new.max_batch_size)))
+        changes.append(
+            Change("max-batch-size", None, impact, str(old.max_batch_size), str(new.max_batch_size))
+        )
     return changes
 
 
@@ -101,9 +122,13 @@ def _spec(spec: tuple[str, tuple[int, ...]]) -> str:
 
 def users_of(repo: Repository, model: str) -> list[ModelEntry]:
     """Ensembles in ``repo`` with a step that runs ``model``."""
-    return [e for e in repo.models.values()
-            if e.config is not None and kind(e) == "ensemble"
-            and any(s.model_name == model for s in e.config.ensemble_scheduling.step)]
+    return [
+        e
+        for e in repo.models.values()
+        if e.config is not None
+        and kind(e) == "ensemble"
+        and any(s.model_name == model for s in e.config.ensemble_scheduling.step)
+    ]
 
 
 def diff_model(old: ModelConfig, new: ModelConfig, repo: Repository | None = None) -> ContractDiff:

@@ -71,8 +71,9 @@ def read_model(path: Path, repo: Repository) -> None:
     try:
         config = load_config(path / CONFIG_NAME)
     except ContractError as exc:
-        repo.findings.append(error("config-parse", printable(name), exc.message,
-                                   exc.fix or "", file=str(path / CONFIG_NAME)))
+        repo.findings.append(
+            error("config-parse", printable(name), exc.message, exc.fix or "", file=str(path / CONFIG_NAME))
+        )
         config = None
     repo.models[name] = ModelEntry(name, path, config)
 
@@ -80,8 +81,9 @@ def read_model(path: Path, repo: Repository) -> None:
 def read_repository(path: Path) -> Repository:
     """``path`` is a repository (folders of models) or one model folder."""
     if not _is_dir(path):
-        raise ContractError(f"'{path}' is not a folder",
-                            fix="pass a model repository folder or one model folder")
+        raise ContractError(
+            f"'{path}' is not a folder", fix="pass a model repository folder or one model folder"
+        )
     if _has_config(path):
         repo = Repository(path.parent)
         read_model(path, repo)
@@ -102,13 +104,22 @@ def read_repository(path: Path) -> Repository:
     if without_config:
         shown = ", ".join(without_config[:MAX_LISTED])
         more = f" and {len(without_config) - MAX_LISTED} more" if len(without_config) > MAX_LISTED else ""
-        repo.findings.append(warning(
-            "no-config", "(repository)",
-            f"{len(without_config)} folder(s) hold no {CONFIG_NAME}: {shown}{more}",
-            "Triton cannot load a model without config.pbtxt (no auto-complete in explicit "
-            "mode for mlreg); add one or remove the folder"))
+        repo.findings.append(
+            warning(
+                "no-config",
+                "(repository)",
+                f"{len(without_config)} folder(s) hold no {CONFIG_NAME}: {shown}{more}",
+                "Triton cannot load a model without config.pbtxt (no auto-complete in explicit "
+                "mode for mlreg); add one or remove the folder",
+            )
+        )
     if not repo.models and not without_config:
-        repo.findings.append(error("empty-repository", "(repository)",
-                                   f"'{path}' holds no model folders",
-                                   "point at a repository: one folder per model, each with config.pbtxt"))
+        repo.findings.append(
+            error(
+                "empty-repository",
+                "(repository)",
+                f"'{path}' holds no model folders",
+                "point at a repository: one folder per model, each with config.pbtxt",
+            )
+        )
     return repo

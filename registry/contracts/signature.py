@@ -18,12 +18,36 @@ from registry.errors import ContractError
 Dim = int | str
 
 ONNX_TYPES = {
-    1: "FP32", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64",
-    8: "BYTES", 9: "BOOL", 10: "FP16", 11: "FP64", 12: "UINT32", 13: "UINT64", 16: "BF16",
+    1: "FP32",
+    2: "UINT8",
+    3: "INT8",
+    4: "UINT16",
+    5: "INT16",
+    6: "INT32",
+    7: "INT64",
+    8: "BYTES",
+    9: "BOOL",
+    10: "FP16",
+    11: "FP64",
+    12: "UINT32",
+    13: "UINT64",
+    16: "BF16",
 }
 TF_TYPES = {
-    1: "FP32", 2: "FP64", 3: "INT32", 4: "UINT8", 5: "INT16", 6: "INT8", 7: "BYTES",
-    9: "INT64", 10: "BOOL", 14: "BF16", 17: "UINT16", 19: "FP16", 22: "UINT32", 23: "UINT64",
+    1: "FP32",
+    2: "FP64",
+    3: "INT32",
+    4: "UINT8",
+    5: "INT16",
+    6: "INT8",
+    7: "BYTES",
+    9: "INT64",
+    10: "BOOL",
+    14: "BF16",
+    17: "UINT16",
+    19: "FP16",
+    22: "UINT32",
+    23: "UINT64",
 }
 SAVED_MODEL_INIT_OP = "__saved_model_init_op"
 
@@ -35,8 +59,11 @@ class TensorSpec:
     shape: tuple[Dim, ...] | None  # None: unknown rank
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype,
-                "shape": None if self.shape is None else list(self.shape)}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": None if self.shape is None else list(self.shape),
+        }
 
 
 @dataclass(frozen=True)
@@ -46,8 +73,11 @@ class Signature:
     source: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "inputs": [t.to_dict() for t in self.inputs],
-                "outputs": [t.to_dict() for t in self.outputs]}
+        return {
+            "source": self.source,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
 
 
 # -- ONNX --------------------------------------------------------------------------------------
@@ -98,38 +128,58 @@ def _saved_model_class() -> Any:
     F = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(name="mlreg_saved_model.proto", package="mlreg_tf")
 
-    def message(name: str, fields: list[tuple[str, int, int, int, str]],
-                parent: Any = None) -> Any:
+    def message(name: str, fields: list[tuple[str, int, int, int, str]], parent: Any = None) -> Any:
         msg = (parent.nested_type if parent is not None else file.message_type).add(name=name)
         for fname, number, ftype, label, type_name in fields:
-            msg.field.add(name=fname, number=number, type=ftype, label=label,
-                          type_name=type_name or None)
+            msg.field.add(name=fname, number=number, type=ftype, label=label, type_name=type_name or None)
         return msg
 
     opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
     message("Dim", [("size", 1, F.TYPE_INT64, opt, ""), ("name", 2, F.TYPE_STRING, opt, "")])
-    message("TensorShapeProto", [("dim", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.Dim"),
-                                 ("unknown_rank", 3, F.TYPE_BOOL, opt, "")])
-    message("TensorInfo", [("name", 1, F.TYPE_STRING, opt, ""),
-                           ("dtype", 2, F.TYPE_INT32, opt, ""),
-                           ("tensor_shape", 3, F.TYPE_MESSAGE, opt, ".mlreg_tf.TensorShapeProto")])
-    signature = message("SignatureDef", [
-        ("inputs", 1, F.TYPE_MESSAGE, rep, ".mlreg_tf.SignatureDef.InputsEntry"),
-        ("outputs", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.SignatureDef.OutputsEntry"),
-        ("method_name", 3, F.TYPE_STRING, opt, "")])
+    message(
+        "TensorShapeProto",
+        [("dim", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.Dim"), ("unknown_rank", 3, F.TYPE_BOOL, opt, "")],
+    )
+    message(
+        "TensorInfo",
+        [
+            ("name", 1, F.TYPE_STRING, opt, ""),
+            ("dtype", 2, F.TYPE_INT32, opt, ""),
+            ("tensor_shape", 3, F.TYPE_MESSAGE, opt, ".mlreg_tf.TensorShapeProto"),
+        ],
+    )
+    signature = message(
+        "SignatureDef",
+        [
+            ("inputs", 1, F.TYPE_MESSAGE, rep, ".mlreg_tf.SignatureDef.InputsEntry"),
+            ("outputs", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.SignatureDef.OutputsEntry"),
+            ("method_name", 3, F.TYPE_STRING, opt, ""),
+        ],
+    )
     for entry in ("InputsEntry", "OutputsEntry"):
-        nested = message(entry, [("key", 1, F.TYPE_STRING, opt, ""),
-                                 ("value", 2, F.TYPE_MESSAGE, opt, ".mlreg_tf.TensorInfo")],
-                         parent=signature)
+        nested = message(
+            entry,
+            [("key", 1, F.TYPE_STRING, opt, ""), ("value", 2, F.TYPE_MESSAGE, opt, ".mlreg_tf.TensorInfo")],
+            parent=signature,
+        )
         nested.options.map_entry = True
-    meta = message("MetaGraphDef", [
-        ("signature_def", 5, F.TYPE_MESSAGE, rep, ".mlreg_tf.MetaGraphDef.SignatureDefEntry")])
-    entry = message("SignatureDefEntry", [("key", 1, F.TYPE_STRING, opt, ""),
-                                          ("value", 2, F.TYPE_MESSAGE, opt,
-                                           ".mlreg_tf.SignatureDef")], parent=meta)
+    meta = message(
+        "MetaGraphDef",
+        [("signature_def", 5, F.TYPE_MESSAGE, rep, ".mlreg_tf.MetaGraphDef.SignatureDefEntry")],
+    )
+    entry = message(
+        "SignatureDefEntry",
+        [("key", 1, F.TYPE_STRING, opt, ""), ("value", 2, F.TYPE_MESSAGE, opt, ".mlreg_tf.SignatureDef")],
+        parent=meta,
+    )
     entry.options.map_entry = True
-    message("SavedModel", [("saved_model_schema_version", 1, F.TYPE_INT64, opt, ""),
-                           ("meta_graphs", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.MetaGraphDef")])
+    message(
+        "SavedModel",
+        [
+            ("saved_model_schema_version", 1, F.TYPE_INT64, opt, ""),
+            ("meta_graphs", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.MetaGraphDef"),
+        ],
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("mlreg_tf.SavedModel"))

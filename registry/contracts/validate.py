@@ -28,13 +28,20 @@ class Report:
         return [f for f in self.findings if not f.is_error]
 
     def summary(self) -> str:
-        return (f"{len(self.models)} model(s) checked: {len(self.errors)} error(s), "
-                f"{len(self.warnings)} warning(s)")
+        return (
+            f"{len(self.models)} model(s) checked: {len(self.errors)} error(s), "
+            f"{len(self.warnings)} warning(s)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "models": self.models, "ok": not self.errors,
-                "errors": len(self.errors), "warnings": len(self.warnings),
-                "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "path": self.path,
+            "models": self.models,
+            "ok": not self.errors,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
 
 def validate_path(path: Path) -> Report:

@@ -21,8 +21,7 @@ class RunningTriton:
 
 
 @pytest.fixture(scope="session")
-def triton(built_repository: Path, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[RunningTriton]:
+def triton(built_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
     """tritonserver on the built template with the whole ensemble loaded."""
     state = tmp_path_factory.mktemp("triton-state")
     standins = Settings.from_env().backends_source

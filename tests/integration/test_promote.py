@@ -61,8 +61,9 @@ class Stack:
 
     def serving(self, model: str) -> list[str]:
         with TritonControl(self.url) as triton:
-            return sorted((v for v, s in triton.model_states().get(model, {}).items()
-                           if s == "READY"), key=int)
+            return sorted(
+                (v for v, s in triton.model_states().get(model, {}).items() if s == "READY"), key=int
+            )
 
     def desired(self, model: str) -> list[str]:
         return serving_versions(open_store(self.settings.local_repository).read_config(model))
@@ -87,9 +88,23 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) -> None:
     result = stack.promote(ENSEMBLE, "1")
     assert [s["stage"] for s in result.stages] == [
-        "resolve", "validate", "quality", "assemble", "deploy", "verify", "finalize", "record"]
-    for model in ("table_data_preprocess", "table_data_model", "image_preprocess", "image_model",
-                  "multi_modal_model", ENSEMBLE):
+        "resolve",
+        "validate",
+        "quality",
+        "assemble",
+        "deploy",
+        "verify",
+        "finalize",
+        "record",
+    ]
+    for model in (
+        "table_data_preprocess",
+        "table_data_model",
+        "image_preprocess",
+        "image_model",
+        "multi_modal_model",
+        ENSEMBLE,
+    ):
         assert stack.serving(model) == ["1"], model
         assert stack.registry.aliases(model)["local"] == "1"
     with TritonControl(stack.url) as triton:
@@ -169,12 +184,10 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
         [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
     finally:
         store.write_config(ENSEMBLE, serving)
-    assert row["drift"] == [f"alias local=v{row['alias']} pins image_model v2, "
-                            "the store's config pins v1"]
+    assert row["drift"] == [f"alias local=v{row['alias']} pins image_model v2, the store's config pins v1"]
 
 
-def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, tmp_path: Path
-                                                                  ) -> None:
+def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, tmp_path: Path) -> None:
     folder = tmp_path / "table_data_preprocess"
     shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
     config = folder / "config.pbtxt"
@@ -184,8 +197,7 @@ def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, 
     with pytest.raises(PromotionError, match="(?s)contract check failed:.*nothing was changed") as info:
         stack.promote("table_data_preprocess", version)
     assert "table_data_output_1" in info.value.message
-    assert open_store(stack.settings.local_repository).read_config(
-        "table_data_preprocess") == store_before
+    assert open_store(stack.settings.local_repository).read_config("table_data_preprocess") == store_before
     assert stack.serving("table_data_preprocess") == ["1"]
     assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
 
@@ -206,7 +218,8 @@ def test_the_quality_gate_catches_a_model_that_cannot_load(stack: Stack, tmp_pat
 
 
 def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving_version(
-    stack: Stack, tmp_path: Path,
+    stack: Stack,
+    tmp_path: Path,
 ) -> None:
     folder = tmp_path / "table_data_preprocess"
     shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
@@ -218,8 +231,10 @@ def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving
     with pytest.raises(PromotionError, match="quality gate failed") as info:
         stack.promote("table_data_preprocess", version)
     message = info.value.message
-    assert "table_data_preprocess/table_data_output_1: expect_column_values_to_be_between " \
-           "min_value=0.0, max_value=1.0 failed" in message
+    assert (
+        "table_data_preprocess/table_data_output_1: expect_column_values_to_be_between "
+        "min_value=0.0, max_value=1.0 failed" in message
+    )
     assert "changed by up to 1 against serving v1, declared tolerance 0.0" in message
     assert stack.serving("table_data_preprocess") == ["1"]
 
@@ -239,9 +254,15 @@ def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Pat
 
 
 def _cli(stack: Stack, *args: str, **kwargs: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "mlreg", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **stack.env_vars}, **kwargs)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlreg", *args],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **stack.env_vars},
+        **kwargs,
+    )  # type: ignore[call-overload]
 
 
 def test_an_unknown_version_is_refused_with_one_json_document(stack: Stack) -> None:
@@ -260,21 +281,22 @@ def test_a_killed_promotion_leaves_a_consistent_state_and_a_rerun_completes(stac
     [v3] = export_models(stack.settings, stack.registry, ["image_model"], seed=11)
     rng = random.Random(7)
     for attempt in range(2):
-        with _cli(stack, "promote", "image_model", "--version", v3.version, "--skip-quality",
-                  start_new_session=True) as proc:
+        with _cli(
+            stack, "promote", "image_model", "--version", v3.version, "--skip-quality", start_new_session=True
+        ) as proc:
             time.sleep(rng.uniform(2.0, 6.0))
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-        rows = model_status(stack.settings, environment(stack.settings, "local"), stack.registry,
-                            ["image_model", ENSEMBLE])
+        rows = model_status(
+            stack.settings, environment(stack.settings, "local"), stack.registry, ["image_model", ENSEMBLE]
+        )
         image = rows[0]
         live = image["serving"][stack.url]
         assert live, f"attempt {attempt}: nothing serves image_model"
         assert set(live) <= {"2", v3.version}
         with TritonControl(stack.url) as triton:
             triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
-    with _cli(stack, "promote", "image_model", "--version", v3.version, "--skip-quality",
-              "--json") as proc:
+    with _cli(stack, "promote", "image_model", "--version", v3.version, "--skip-quality", "--json") as proc:
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert json.loads(out)["ok"] is True
@@ -307,8 +329,7 @@ def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
 def test_rollback_returns_to_the_previous_promotion(stack: Stack) -> None:
     from pipelines.promote.status import history
 
-    promoted = [h["to"] for h in history(stack.registry, "image_model", "local")
-                if h["result"] == "promoted"]
+    promoted = [h["to"] for h in history(stack.registry, "image_model", "local") if h["result"] == "promoted"]
     current, previous = promoted[0], promoted[1]
     assert stack.serving("image_model") == [current]
     with _cli(stack, "rollback", "image_model", "--json") as proc:
@@ -322,15 +343,20 @@ def test_rollback_returns_to_the_previous_promotion(stack: Stack) -> None:
 
 
 def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
-    holder = ("import sys, time\nfrom pipelines.storage import open_store\n"
-              "with open_store(sys.argv[1]).lock('image_model', owner='ci-job-41@elsewhere:1'):\n"
-              "    print('locked', flush=True); time.sleep(20)\n")
-    with subprocess.Popen([sys.executable, "-c", holder, str(stack.settings.local_repository)],
-                          cwd=ROOT, stdout=subprocess.PIPE, text=True) as proc:
+    holder = (
+        "import sys, time\nfrom pipelines.storage import open_store\n"
+        "with open_store(sys.argv[1]).lock('image_model', owner='ci-job-41@elsewhere:1'):\n"
+        "    print('locked', flush=True); time.sleep(20)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", holder, str(stack.settings.local_repository)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
         try:
             assert proc.stdout.readline().strip() == "locked"
-            with pytest.raises(MlregError, match="model 'image_model' is locked by "
-                                                 "ci-job-41@elsewhere:1"):
+            with pytest.raises(MlregError, match="model 'image_model' is locked by ci-job-41@elsewhere:1"):
                 stack.promote("image_model", "2", skip_quality=True)
         finally:
             proc.kill()
@@ -342,22 +368,30 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
 
     before = stack.serving("image_model")
     toml = stack.settings.home.parent / "mlreg.toml"
-    toml.write_text(f'[environments.dead]\nstore = "{stack.settings.local_repository}"\n'
-                    f'targets = ["127.0.0.1:{free_port()}"]\nalias = "dead"\n'
-                    f'[environments.nostore]\nstore = "s3://127.0.0.1:{free_port()}/b/p"\n'
-                    f'targets = ["{stack.url}"]\nalias = "nostore"\n')
+    toml.write_text(
+        f'[environments.dead]\nstore = "{stack.settings.local_repository}"\n'
+        f'targets = ["127.0.0.1:{free_port()}"]\nalias = "dead"\n'
+        f'[environments.nostore]\nstore = "s3://127.0.0.1:{free_port()}/b/p"\n'
+        f'targets = ["{stack.url}"]\nalias = "nostore"\n'
+    )
     try:
         for env_name, error in (("dead", TritonError), ("nostore", StorageError)):
             env = environment(stack.settings, env_name)
             with pytest.raises(error):
                 Promotion(stack.settings, env, stack.registry, Options(skip_quality=True)).run(
-                    "image_model", "2")
-        offline = Settings.from_env(env={**stack.env_vars,
-                                         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
-                                         "MLREG_MLFLOW_TIMEOUT": "2"})
+                    "image_model", "2"
+                )
+        offline = Settings.from_env(
+            env={
+                **stack.env_vars,
+                "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
+                "MLREG_MLFLOW_TIMEOUT": "2",
+            }
+        )
         with pytest.raises(RegistryError, match="check the tracking server"):
-            Promotion(offline, environment(offline, "local"), MlflowRegistry(offline),
-                      Options(skip_quality=True)).run("image_model", "2")
+            Promotion(
+                offline, environment(offline, "local"), MlflowRegistry(offline), Options(skip_quality=True)
+            ).run("image_model", "2")
     finally:
         toml.unlink()
     assert stack.serving("image_model") == before

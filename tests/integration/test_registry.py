@@ -50,12 +50,18 @@ def copy_model(built: Path, model: str, name: str, dest: Path) -> Path:
 
 def mlreg(*args: str, env: Settings) -> subprocess.CompletedProcess[str]:
     """The CLI as a separate process (each export in a fresh process, as users run it)."""
-    return subprocess.run([sys.executable, "-m", "mlreg", *args], capture_output=True,
-                          text=True, timeout=300, check=False, cwd=ROOT, env=os.environ.copy())
+    return subprocess.run(
+        [sys.executable, "-m", "mlreg", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+        env=os.environ.copy(),
+    )
 
 
-def test_register_is_idempotent_and_queryable(env: Settings, built_repository: Path,
-                                              tmp_path: Path) -> None:
+def test_register_is_idempotent_and_queryable(env: Settings, built_repository: Path, tmp_path: Path) -> None:
     name = unique("table_data_model")
     folder = copy_model(built_repository, "table_data_model", name, tmp_path)
     registry = MlflowRegistry(env)
@@ -72,29 +78,37 @@ def test_register_is_idempotent_and_queryable(env: Settings, built_repository: P
     assert listed.exit_code == 0, listed.output
     rows = json.loads(listed.output)["versions"]
     assert [(r["version"], r["aliases"], r["validation"]) for r in rows] == [
-        ("2", [], "passed"), ("1", ["staging"], "passed")]
+        ("2", [], "passed"),
+        ("1", ["staging"], "passed"),
+    ]
     assert runner.invoke(app, ["alias", "rm", name, "staging"]).exit_code == 0
-    assert json.loads(runner.invoke(app, ["versions", name, "--json"]).output)["versions"][1][
-        "aliases"] == []
+    assert json.loads(runner.invoke(app, ["versions", name, "--json"]).output)["versions"][1]["aliases"] == []
 
 
-def test_version_tags_and_description_carry_the_lineage(env: Settings, built_repository: Path,
-                                                         tmp_path: Path) -> None:
+def test_version_tags_and_description_carry_the_lineage(
+    env: Settings, built_repository: Path, tmp_path: Path
+) -> None:
     name = unique("image_model")
-    result = register(MlflowRegistry(env), find_candidate(
-        copy_model(built_repository, "image_model", name, tmp_path)),
+    result = register(
+        MlflowRegistry(env),
+        find_candidate(copy_model(built_repository, "image_model", name, tmp_path)),
         exporter=ROOT / "model_repository_template/image_model/image_model_exporter.py",
-        export_info={"seed": 0, "tensorflow": "2.x"})
+        export_info={"seed": 0, "tensorflow": "2.x"},
+    )
     mv = MlflowRegistry(env).version(name, result.version)
     tags = mv.tags
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True, check=False).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
     assert tags["git_commit"] == (commit or "unknown")
     assert tags["git_dirty"] in {"true", "false"}
     for key in ("artifact_digest", "contract_digest", "exporter_sha256"):
         assert len(tags[key]) == 64
     assert (tags["framework"], tags["platform"], tags["validation"]) == (
-        "tensorflow", "tensorflow_savedmodel", "passed")
+        "tensorflow",
+        "tensorflow_savedmodel",
+        "passed",
+    )
     assert "| input | `image` | FP32 | `[-1, 3, 256, 256]` |" in mv.description
     assert f"- artifact sha256 `{tags['artifact_digest']}`" in mv.description
     assert f"Promote with `mlreg promote {name} --version" in mv.description
@@ -124,16 +138,18 @@ def test_export_registers_and_reexport_is_idempotent(env: Settings) -> None:
     assert run.data.metrics["tensor_count"] == 3
 
 
-def test_a_contract_failure_is_registered_but_tagged_failed(env: Settings, built_repository: Path,
-                                                           tmp_path: Path) -> None:
+def test_a_contract_failure_is_registered_but_tagged_failed(
+    env: Settings, built_repository: Path, tmp_path: Path
+) -> None:
     name = unique("image_model")
     folder = copy_model(built_repository, "image_model", name, tmp_path)
     config = folder / "config.pbtxt"
     config.write_text(config.read_text().replace('name: "output"', 'name: "output_0"'))
     result = register(MlflowRegistry(env), find_candidate(folder))
     assert result.validation == "failed"
-    assert any("unexpected inference output 'output_0', allowed outputs are: output" in f
-               for f in result.findings)
+    assert any(
+        "unexpected inference output 'output_0', allowed outputs are: output" in f for f in result.findings
+    )
     mv = MlflowRegistry(env).version(name, result.version)
     assert mv.tags["validation"] == "failed"
     assert "**Validation: failed**" in mv.description
@@ -162,15 +178,16 @@ def test_bad_input_gets_a_clear_error(env: Settings, built_repository: Path, tmp
 
 
 def test_tracking_server_down_fails_fast_and_writes_nothing(
-    built_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    built_repository: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from pipelines.local_triton import free_port
 
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("MLREG_MLFLOW_TIMEOUT", "2")
-    folder = copy_model(built_repository, "table_data_preprocess", "table_data_preprocess",
-                        tmp_path / "m")
+    folder = copy_model(built_repository, "table_data_preprocess", "table_data_preprocess", tmp_path / "m")
     result = CliRunner().invoke(app, ["register", "table_data_preprocess", str(folder)])
     assert result.exit_code == 4
     assert "error: MLflow (http://127.0.0.1:" in result.output
@@ -181,7 +198,10 @@ def test_tracking_server_down_fails_fast_and_writes_nothing(
 
 
 def test_a_failure_after_the_run_started_leaves_no_orphan(
-    mlflow_server, built_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    mlflow_server,
+    built_repository: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """MOCK, said plainly: the registry refusing the version *after* the run was created cannot
     be provoked on demand against a healthy server, so create_version is made to fail here."""
@@ -198,7 +218,7 @@ def test_a_failure_after_the_run_started_leaves_no_orphan(
     with pytest.raises(RegistryError, match="simulated"):
         register(registry, find_candidate(folder))
     runs = registry.client.search_runs(
-        [registry.experiment_id()], filter_string=f"tags.mlreg_model = '{name}'",
-        run_view_type=1)  # ACTIVE_ONLY
+        [registry.experiment_id()], filter_string=f"tags.mlreg_model = '{name}'", run_view_type=1
+    )  # ACTIVE_ONLY
     assert runs == []
     assert registry.find_by_tag(name, "validation", "passed") == []

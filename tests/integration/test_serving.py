@@ -14,8 +14,14 @@ from tests.integration.conftest import RunningTriton
 
 pytestmark = pytest.mark.integration
 ENSEMBLE = "ensemble_multi_modal_model"
-MODELS = ["ensemble_multi_modal_model", "image_model", "image_preprocess", "multi_modal_model",
-          "table_data_model", "table_data_preprocess"]
+MODELS = [
+    "ensemble_multi_modal_model",
+    "image_model",
+    "image_preprocess",
+    "multi_modal_model",
+    "table_data_model",
+    "table_data_preprocess",
+]
 
 
 def golden():
@@ -36,7 +42,8 @@ def expected_prediction(repository: Path, table: tuple[int, int], image: np.ndar
     one_hot = [(np.array([[v]]) == vocab).astype(np.float32) for v in table]
     onnx_path = repository / "table_data_model/1/model/model.onnx"
     table_out = ort.InferenceSession(str(onnx_path)).run(
-        ["table_model_output"], {"categorical_col_1": one_hot[0], "categorical_col_2": one_hot[1]})[0]
+        ["table_model_output"], {"categorical_col_1": one_hot[0], "categorical_col_2": one_hot[1]}
+    )[0]
     image_sig = tf.saved_model.load(str(repository / "image_model/1/model")).signatures
     image_out = image_sig["serving_default"](image=tf.constant(image))["output"].numpy()
     multi = tf.saved_model.load(str(repository / "multi_modal_model/1/model")).signatures
@@ -72,9 +79,13 @@ def test_the_article_client_prints_the_prediction(triton: RunningTriton) -> None
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, str(TEMPLATE / "multi_modal_client.py"),
-                          "--url", triton.info.grpc_url], capture_output=True, text=True,
-                         timeout=60, check=False)
+    run = subprocess.run(
+        [sys.executable, str(TEMPLATE / "multi_modal_client.py"), "--url", triton.info.grpc_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("[[")
     assert run.stdout.strip().endswith("]]")
@@ -102,17 +113,16 @@ def test_table_preprocess_is_batched_and_out_of_vocabulary_is_all_zero(
         {"table_data_input_1": values, "table_data_input_2": values[::-1].copy()},
         ["table_data_output_1", "table_data_output_2"],
     )
-    np.testing.assert_array_equal(
-        out["table_data_output_1"], [[1, 0, 0], [0, 0, 1], [0, 0, 0]])
-    np.testing.assert_array_equal(
-        out["table_data_output_2"], [[0, 0, 0], [0, 0, 1], [1, 0, 0]])
+    np.testing.assert_array_equal(out["table_data_output_1"], [[1, 0, 0], [0, 0, 1], [0, 0, 0]])
+    np.testing.assert_array_equal(out["table_data_output_2"], [[0, 0, 0], [0, 0, 1], [1, 0, 0]])
 
 
 def test_image_preprocess_handles_a_batch_of_images(triton: RunningTriton) -> None:
     jpeg = np.frombuffer(golden().golden_jpeg(), dtype=np.uint8)
     batch = np.stack([jpeg, jpeg])
-    out = triton.control.infer("image_preprocess", {"image_preprocess_input": batch},
-                               ["image_preprocess_output"])["image_preprocess_output"]
+    out = triton.control.infer(
+        "image_preprocess", {"image_preprocess_input": batch}, ["image_preprocess_output"]
+    )["image_preprocess_output"]
     assert out.shape == (2, 3, 256, 256)
     np.testing.assert_allclose(out[0], decoded_golden_image()[0])
     np.testing.assert_array_equal(out[0], out[1])
@@ -120,8 +130,7 @@ def test_image_preprocess_handles_a_batch_of_images(triton: RunningTriton) -> No
 
 def test_dynamic_batching_merges_concurrent_requests(triton: RunningTriton) -> None:
     def one(i: int) -> np.ndarray:
-        feeds = {"image": np.full((1, 10), i, np.float32),
-                 "table_data": np.ones((1, 10), np.float32)}
+        feeds = {"image": np.full((1, 10), i, np.float32), "table_data": np.ones((1, 10), np.float32)}
         return triton.control.infer("multi_modal_model", feeds, ["output"])["output"]
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:

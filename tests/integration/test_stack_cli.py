@@ -21,11 +21,14 @@ def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
 
 
 def test_up_twice_starts_one_server_and_down_cleans_up(
-    runner: CliRunner, built_repository: Path, tmp_path: Path,
+    runner: CliRunner,
+    built_repository: Path,
+    tmp_path: Path,
 ) -> None:
     repo = str(built_repository)
-    first = runner.invoke(app, ["stack", "up", "-r", repo, "-l", "table_data_preprocess", "--no-ui",
-                                "--json"])
+    first = runner.invoke(
+        app, ["stack", "up", "-r", repo, "-l", "table_data_preprocess", "--no-ui", "--json"]
+    )
     assert first.exit_code == 0, first.output
     info = json.loads(first.output)
     try:
@@ -64,7 +67,9 @@ def test_up_twice_starts_one_server_and_down_cleans_up(
 
 
 def test_a_model_that_fails_to_load_reports_the_servers_reason(
-    runner: CliRunner, built_repository: Path, tmp_path: Path,
+    runner: CliRunner,
+    built_repository: Path,
+    tmp_path: Path,
 ) -> None:
     import shutil
 
@@ -82,14 +87,17 @@ def test_a_model_that_fails_to_load_reports_the_servers_reason(
 
 
 def test_up_with_s3_serves_from_a_local_s3_server(
-    runner: CliRunner, built_repository: Path, tmp_path: Path,
+    runner: CliRunner,
+    built_repository: Path,
+    tmp_path: Path,
 ) -> None:
     import shutil
 
     repo = tmp_path / "repo"
     shutil.copytree(built_repository / "table_data_preprocess", repo / "table_data_preprocess")
-    result = runner.invoke(app, ["stack", "up", "--s3", "-r", str(repo), "--no-ui",
-                                 "-l", "table_data_preprocess", "--json"])
+    result = runner.invoke(
+        app, ["stack", "up", "--s3", "-r", str(repo), "--no-ui", "-l", "table_data_preprocess", "--json"]
+    )
     try:
         assert result.exit_code == 0, result.output
         info = json.loads(result.output)

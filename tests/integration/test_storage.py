@@ -34,10 +34,17 @@ def bucket(s3_server: S3Server) -> str:
 
 @pytest.mark.parametrize("kind", ["s3", "local"])
 def test_template_push_is_complete_and_idempotent(
-    kind: str, built_repository: Path, s3_server: S3Server, tmp_path: Path, request,
+    kind: str,
+    built_repository: Path,
+    s3_server: S3Server,
+    tmp_path: Path,
+    request,
 ) -> None:
-    uri = (s3_server.store_uri(request.getfixturevalue("bucket"), "models/prod") if kind == "s3"
-           else str(tmp_path / "store"))
+    uri = (
+        s3_server.store_uri(request.getfixturevalue("bucket"), "models/prod")
+        if kind == "s3"
+        else str(tmp_path / "store")
+    )
     store = open_store(uri)
     first = push_path(store, built_repository)
     assert {r.model for r in first} == {p.name for p in built_repository.iterdir()}
@@ -54,8 +61,7 @@ def test_template_push_is_complete_and_idempotent(
     sent = []
     (built_repository / "table_data_preprocess" / "1" / "extra.txt").write_text("new")
     try:
-        changed = push_path(store, built_repository / "table_data_preprocess",
-                            progress=sent.append)
+        changed = push_path(store, built_repository / "table_data_preprocess", progress=sent.append)
     finally:
         (built_repository / "table_data_preprocess" / "1" / "extra.txt").unlink()
     assert changed[0].sent == ["extra.txt"]
@@ -67,14 +73,19 @@ def test_names_triton_cannot_read_from_s3_are_refused(tmp_path: Path, s3_server,
     (bad / "1").mkdir(parents=True)
     (bad / "config.pbtxt").write_text('name: "my model"\n')
     store = open_store(s3_server.store_uri(bucket))
-    with pytest.raises(StorageError, match=r"model name 'my model' cannot be stored: path parts "
-                                           r"may only use letters, digits"):
+    with pytest.raises(
+        StorageError,
+        match=r"model name 'my model' cannot be stored: path parts "
+        r"may only use letters, digits",
+    ):
         push_path(store, tmp_path)
     assert store.list_models() == []
 
 
 def test_interrupted_upload_resumes_sending_only_what_is_missing(
-    tmp_path: Path, s3_server: S3Server, bucket: str,
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
 ) -> None:
     """The S3 server freezes (SIGSTOP) mid-upload: a real fault, then SIGCONT and rerun."""
     version = tmp_path / "big_model" / "1"
@@ -121,13 +132,18 @@ print("released", flush=True)
 def test_lock_contention_between_two_processes(s3_server: S3Server, bucket: str) -> None:
     uri = s3_server.store_uri(bucket, "repo")
     store = open_store(uri)
-    with subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, uri, "3"], stdout=subprocess.PIPE,
-                          text=True, env=os.environ.copy()) as holder:
+    with subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, uri, "3"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    ) as holder:
         try:
             assert holder.stdout.readline().strip() == "locked"
-            with pytest.raises(StorageError,
-                               match="model 'image_model' is locked by holder-process"), \
-                    store.lock("image_model", owner="me"):
+            with (
+                pytest.raises(StorageError, match="model 'image_model' is locked by holder-process"),
+                store.lock("image_model", owner="me"),
+            ):
                 pass
             with store.lock("image_model", owner="me", wait=30) as mine:
                 assert mine.owner == "me"
@@ -193,12 +209,20 @@ except Exception as exc:
 
 def test_one_of_many_takes_over_a_stale_lock(any_store: RepositoryStore, tmp_path: Path) -> None:
     """Six processes find the same expired lock at once: exactly one may take it over."""
-    assert any_store.create(lock_key("m"), json.dumps({"owner": "gone@elsewhere:1",
-                                                        "expires_at": 0}).encode())
+    assert any_store.create(
+        lock_key("m"), json.dumps({"owner": "gone@elsewhere:1", "expires_at": 0}).encode()
+    )
     go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", TAKE_OVER, any_store.uri, str(go), str(i)],
-                              stdout=subprocess.PIPE, text=True, env=os.environ.copy(), cwd=ROOT)
-             for i in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TAKE_OVER, any_store.uri, str(go), str(i)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+            cwd=ROOT,
+        )
+        for i in range(6)
+    ]
     time.sleep(3)  # all of them imported and waiting
     go.touch()
     outputs = [p.communicate(timeout=60)[0] for p in procs]

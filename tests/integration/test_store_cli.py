@@ -29,20 +29,20 @@ def test_store_push_then_ls_on_s3(runner: CliRunner, built_repository: Path, s3_
     first = runner.invoke(app, ["store", "push", str(built_repository), "--store", uri])
     assert first.exit_code == 0, first.output
     assert "image_model/1: sent 4 file(s)" in first.output
-    second = runner.invoke(app, ["store", "push", str(built_repository / "image_model"),
-                                 "--store", uri, "--json"])
+    second = runner.invoke(
+        app, ["store", "push", str(built_repository / "image_model"), "--store", uri, "--json"]
+    )
     assert json.loads(second.output)["versions"][0]["skipped"] != []
     assert json.loads(second.output)["versions"][0]["sent"] == []
     listing = runner.invoke(app, ["store", "ls", "--store", uri])
     assert listing.exit_code == 0
-    assert any(line.split() == ["image_model", "1", "complete", "4"]
-               for line in listing.output.splitlines())
+    assert any(line.split() == ["image_model", "1", "complete", "4"] for line in listing.output.splitlines())
 
 
-def test_store_push_to_a_missing_bucket(runner: CliRunner, built_repository: Path,
-                                        s3_server) -> None:
-    result = runner.invoke(app, ["store", "push", str(built_repository),
-                                 "--store", s3_server.store_uri("nope-bucket")])
+def test_store_push_to_a_missing_bucket(runner: CliRunner, built_repository: Path, s3_server) -> None:
+    result = runner.invoke(
+        app, ["store", "push", str(built_repository), "--store", s3_server.store_uri("nope-bucket")]
+    )
     assert result.exit_code == 5
     assert "bucket 'nope-bucket' does not exist" in result.output
     assert "fix: create the bucket or correct the store URI" in result.output

@@ -25,14 +25,15 @@ FAILING_MODEL = failing_python_model("weights checksum mismatch in initialize")
 
 
 def test_triton_loads_the_template_from_s3_and_answers_the_seed_request(
-    built_repository: Path, s3_server: S3Server, tmp_path: Path,
+    built_repository: Path,
+    s3_server: S3Server,
+    tmp_path: Path,
 ) -> None:
     bucket = f"t-{uuid.uuid4().hex[:10]}"
     local_s3.create_bucket(s3_server.endpoint, bucket)
     uri = s3_server.store_uri(bucket, "models")
     push_path(open_store(uri), built_repository)
-    info, process = local_triton.start_server(uri, tmp_path / "state",
-                                              Settings.from_env().backends_source)
+    info, process = local_triton.start_server(uri, tmp_path / "state", Settings.from_env().backends_source)
     try:
         with TritonControl(info.grpc_url, load_timeout=300) as triton:
             triton.load(ENSEMBLE)
@@ -45,12 +46,12 @@ def test_triton_loads_the_template_from_s3_and_answers_the_seed_request(
 
 
 def test_a_failed_reload_reports_the_reason_and_the_old_version_keeps_serving(
-    built_repository: Path, tmp_path: Path,
+    built_repository: Path,
+    tmp_path: Path,
 ) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(built_repository / "table_data_preprocess", repo / "table_data_preprocess")
-    info, process = local_triton.start_server(repo, tmp_path / "state",
-                                              Settings.from_env().backends_source)
+    info, process = local_triton.start_server(repo, tmp_path / "state", Settings.from_env().backends_source)
     try:
         with TritonControl(info.grpc_url, load_timeout=120) as triton:
             triton.load("table_data_preprocess")
@@ -60,9 +61,12 @@ def test_a_failed_reload_reports_the_reason_and_the_old_version_keeps_serving(
                 triton.load("table_data_preprocess")
             assert triton.is_ready("table_data_preprocess", "1")
             ones = np.ones((1, 1), np.int8)
-            out = triton.infer("table_data_preprocess",
-                               {"table_data_input_1": ones, "table_data_input_2": ones},
-                               ["table_data_output_1"], version="1")
+            out = triton.infer(
+                "table_data_preprocess",
+                {"table_data_input_1": ones, "table_data_input_2": ones},
+                ["table_data_output_1"],
+                version="1",
+            )
             np.testing.assert_array_equal(out["table_data_output_1"], [[1, 0, 0]])
     finally:
         local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
@@ -70,6 +74,8 @@ def test_a_failed_reload_reports_the_reason_and_the_old_version_keeps_serving(
 
 def test_an_unreachable_server_fails_fast_with_what_to_check() -> None:
     url = f"127.0.0.1:{local_triton.free_port()}"
-    with TritonControl(url, timeout=2) as triton, \
-            pytest.raises(TritonError, match=rf"live check failed on {url}"):
+    with (
+        TritonControl(url, timeout=2) as triton,
+        pytest.raises(TritonError, match=rf"live check failed on {url}"),
+    ):
         triton.is_live()

@@ -37,7 +37,8 @@ def test_stack_down_when_nothing_runs(runner: CliRunner) -> None:
 
 
 def test_stack_up_on_a_missing_repository_names_it_and_the_fix(
-    runner: CliRunner, tmp_path: Path,
+    runner: CliRunner,
+    tmp_path: Path,
 ) -> None:
     result = runner.invoke(app, ["stack", "up", "--repository", str(tmp_path / "nope")])
     assert result.exit_code == 7
@@ -54,10 +55,12 @@ def test_template_build_of_an_unknown_model(runner: CliRunner, tmp_path: Path) -
 
 
 def test_template_build_of_python_models_needs_no_export(
-    runner: CliRunner, tmp_path: Path,
+    runner: CliRunner,
+    tmp_path: Path,
 ) -> None:
-    result = runner.invoke(app, ["template", "build", str(tmp_path / "out"),
-                                 "-m", "table_data_preprocess", "--json"])
+    result = runner.invoke(
+        app, ["template", "build", str(tmp_path / "out"), "-m", "table_data_preprocess", "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert '"table_data_preprocess"' in result.output
     assert (tmp_path / "out/table_data_preprocess/1/model.py").is_file()

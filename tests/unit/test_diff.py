@@ -25,10 +25,10 @@ def test_identical_versions_have_no_change(built_repository: Path) -> None:
 def test_classifies_each_kind_of_change(built_repository: Path) -> None:
     old = config(built_repository, "table_data_model")
     new = config(built_repository, "table_data_model")
-    new.input[0].dims[0] = -1          # input widened: compatible
-    new.input[1].data_type = 2         # TYPE_UINT8: breaking
+    new.input[0].dims[0] = -1  # input widened: compatible
+    new.input[1].data_type = 2  # TYPE_UINT8: breaking
     new.output.add(name="extra", data_type=11, dims=[1])  # new output: compatible
-    new.max_batch_size = 512           # larger batches: compatible
+    new.max_batch_size = 512  # larger batches: compatible
     lines = [c.line() for c in diff_configs(old, new)]
     assert lines == [
         "compatible: reshaped 'categorical_col_1': [-1,3] -> [-1,-1]",
@@ -55,22 +55,26 @@ def test_a_reshaped_output_breaks_the_ensemble_that_uses_it(built_repository: Pa
     assert result.breaking
     [finding] = result.ensemble_findings
     assert finding.model == "ensemble_multi_modal_model"
-    assert "tensor 'image_model_output' has shape [-1,12] from image_model ('output') but " \
-           "multi_modal_model ('image') expects [-1,10]" in finding.message
+    assert (
+        "tensor 'image_model_output' has shape [-1,12] from image_model ('output') but "
+        "multi_modal_model ('image') expects [-1,10]" in finding.message
+    )
 
 
 def test_cli_diff_exit_codes(built_repository: Path, tmp_path: Path) -> None:
     runner = CliRunner()
-    same = runner.invoke(app, ["diff", str(built_repository / "image_model"),
-                               str(built_repository / "image_model")])
+    same = runner.invoke(
+        app, ["diff", str(built_repository / "image_model"), str(built_repository / "image_model")]
+    )
     assert same.exit_code == 0
     assert same.output.strip() == "image_model: 0 change(s), compatible"
     candidate = tmp_path / "image_model"
     shutil.copytree(built_repository / "image_model", candidate, ignore=shutil.ignore_patterns("1"))
     text = (candidate / "config.pbtxt").read_text().replace("data_type: TYPE_FP32", "data_type: TYPE_FP16", 1)
     (candidate / "config.pbtxt").write_text(text)
-    broken = runner.invoke(app, ["diff", str(built_repository / "image_model"), str(candidate),
-                                 "-r", str(built_repository)])
+    broken = runner.invoke(
+        app, ["diff", str(built_repository / "image_model"), str(candidate), "-r", str(built_repository)]
+    )
     assert broken.exit_code == 1
     assert "breaking: retyped 'image': FP32 -> FP16" in broken.output
     assert "image_model: 1 change(s), breaking" in broken.output

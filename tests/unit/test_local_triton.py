@@ -29,22 +29,37 @@ def broken_stub(tmp_path: Path) -> Path:
         pytest.skip("needs gcc to build a binary with a missing library")
     (tmp_path / "gone.c").write_text("int gone(void) { return 1; }\n")
     (tmp_path / "stub.c").write_text("int gone(void);\nint main(void) { return gone(); }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libmlreggone.so",
-                    tmp_path / "gone.c"], check=True)
-    subprocess.run(["gcc", "-o", tmp_path / "triton_python_backend_stub", tmp_path / "stub.c",
-                    f"-L{tmp_path}", "-lmlreggone"], check=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", tmp_path / "libmlreggone.so", tmp_path / "gone.c"], check=True
+    )
+    subprocess.run(
+        [
+            "gcc",
+            "-o",
+            tmp_path / "triton_python_backend_stub",
+            tmp_path / "stub.c",
+            f"-L{tmp_path}",
+            "-lmlreggone",
+        ],
+        check=True,
+    )
     (tmp_path / "libmlreggone.so").unlink()
     return tmp_path / "triton_python_backend_stub"
 
 
 def test_a_stub_with_a_missing_library_is_reported_before_the_server_starts(
-    broken_stub: Path, tmp_path: Path,
+    broken_stub: Path,
+    tmp_path: Path,
 ) -> None:
     install = dataclasses.replace(local_triton.locate_triton(), stub=broken_stub)
-    with pytest.raises(StackError, match=r"cannot start: shared libraries not found: "
-                                         r"libmlreggone\.so"):
-        local_triton.start_server(tmp_path, tmp_path / "state", Settings.from_env().backends_source,
-                                  install=install)
+    with pytest.raises(
+        StackError,
+        match=r"cannot start: shared libraries not found: "
+        r"libmlreggone\.so",
+    ):
+        local_triton.start_server(
+            tmp_path, tmp_path / "state", Settings.from_env().backends_source, install=install
+        )
     assert not (tmp_path / "state" / "triton.log").exists()
 
 
@@ -55,15 +70,19 @@ def test_busy_ports_are_refused_with_the_port_named(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         ports = (port, local_triton.free_port(), local_triton.free_port())
         with pytest.raises(StackError, match=rf"port\(s\) {port} on 127.0.0.1 already in use"):
-            local_triton.start_server(tmp_path, tmp_path / "state",
-                                      Settings.from_env().backends_source, ports=ports)
+            local_triton.start_server(
+                tmp_path, tmp_path / "state", Settings.from_env().backends_source, ports=ports
+            )
 
 
 def test_backend_dir_holds_the_python_backend_and_the_standins(tmp_path: Path) -> None:
     install = local_triton.locate_triton()
     dest = local_triton.build_backend_dir(install, Settings.from_env().backends_source, tmp_path)
     assert sorted(p.name for p in (dest / "python").iterdir()) == [
-        "libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"]
+        "libtriton_python.so",
+        "triton_python_backend_stub",
+        "triton_python_backend_utils.py",
+    ]
     for backend in ("onnxruntime", "tensorflow"):
         assert (dest / backend / "model.py").is_file()
         assert (dest / backend / "standin_base.py").is_file()
@@ -77,8 +96,16 @@ def test_pid_alive_is_false_for_processes_that_are_not_tritonserver() -> None:
 
 
 def test_server_info_round_trips(tmp_path: Path) -> None:
-    info = local_triton.ServerInfo(pid=1, grpc_port=2, http_port=3, metrics_port=4,
-                                   repository="/r", log_path="/l", shm_prefix="p", started_at=5.0)
+    info = local_triton.ServerInfo(
+        pid=1,
+        grpc_port=2,
+        http_port=3,
+        metrics_port=4,
+        repository="/r",
+        log_path="/l",
+        shm_prefix="p",
+        started_at=5.0,
+    )
     local_triton.save_info(info, tmp_path / "s.json")
     loaded = local_triton.load_info(tmp_path / "s.json")
     assert loaded == info

@@ -30,9 +30,18 @@ def seed_literal(tmp_path_factory: pytest.TempPathFactory) -> Path:
         target = work / "model" if model == "table_data_model" else repo / model / "1" / "model"
         keras_model.export(str(target), verbose=False)
     subprocess.run(
-        [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(work / "model"),
-         "--output", str(repo / "table_data_model/1/model/model.onnx")],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "tf2onnx.convert",
+            "--saved-model",
+            str(work / "model"),
+            "--output",
+            str(repo / "table_data_model/1/model/model.onnx"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     return repo
 
@@ -49,13 +58,17 @@ def test_each_fault_of_the_article_is_named_with_its_fix(seed_literal: Path) -> 
 
     # 1. batching: the ensemble batches, the table-data models declare no max_batch_size
     for member in ("table_data_preprocess", "table_data_model"):
-        assert (f"ensemble_multi_modal_model: ensemble ensemble_multi_modal_model allows maximum "
-                f"batch size 256, but it contains model {member} which only allows maximum batch "
-                f"size to be 0 — fix: set max_batch_size: 256") in "\n".join(f.line() for f in errors)
+        assert (
+            f"ensemble_multi_modal_model: ensemble ensemble_multi_modal_model allows maximum "
+            f"batch size 256, but it contains model {member} which only allows maximum batch "
+            f"size to be 0 — fix: set max_batch_size: 256"
+        ) in "\n".join(f.line() for f in errors)
     # 2. the ONNX batch dimension is not in the config
     line = by_rule[("shape", "table_data_model", "categorical_col_1")]
-    assert "the model expects 2 dimensions (shape [-1,3]) but the model configuration specifies " \
-           "1 dimensions (shape [3])" in line
+    assert (
+        "the model expects 2 dimensions (shape [-1,3]) but the model configuration specifies "
+        "1 dimensions (shape [3])" in line
+    )
     assert "fix: the model has a batch dimension: set max_batch_size > 0 with dims: [3]" in line
     # 3. Keras' SavedModel export names the output output_0, the configs say output
     for model in ("image_model", "multi_modal_model"):

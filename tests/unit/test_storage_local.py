@@ -49,10 +49,13 @@ def test_deleted_files_disappear_from_the_version(tmp_path: Path) -> None:
     assert store.list_versions("m") == []
 
 
-@pytest.mark.parametrize(("uri", "message"), [
-    ("gs://bucket/p", "unsupported store URI 'gs://bucket/p'"),
-    ("s3://", "store URI 's3://' names no bucket"),
-])
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("gs://bucket/p", "unsupported store URI 'gs://bucket/p'"),
+        ("s3://", "store URI 's3://' names no bucket"),
+    ],
+)
 def test_bad_store_uris(uri: str, message: str) -> None:
     with pytest.raises(StorageError, match=message):
         open_store(uri) if uri.startswith("gs") else parse_s3_uri(uri)

@@ -13,8 +13,12 @@ from registry.errors import TemplateError
 from tests.conftest import TEMPLATE
 
 SEED_MODELS = {
-    "table_data_preprocess", "table_data_model", "image_preprocess", "image_model",
-    "multi_modal_model", "ensemble_multi_modal_model",
+    "table_data_preprocess",
+    "table_data_model",
+    "image_preprocess",
+    "image_model",
+    "multi_modal_model",
+    "ensemble_multi_modal_model",
 }
 ARTIFACT_READERS = {
     "onnxruntime_onnx": read_onnx,
@@ -40,12 +44,10 @@ def test_artifact_tensors_equal_the_config(built_repository: Path, model: str) -
     signature = ARTIFACT_READERS[config.platform](artifact)
 
     def as_contract(tensors):  # name -> (dtype, shape with symbolic dims as -1)
-        return {t.name: (t.dtype, tuple(d if isinstance(d, int) else -1 for d in t.shape))
-                for t in tensors}
+        return {t.name: (t.dtype, tuple(d if isinstance(d, int) else -1 for d in t.shape)) for t in tensors}
 
     for declared, actual in ((config.input, signature.inputs), (config.output, signature.outputs)):
-        expected = {t.name: (data_type_name(t.data_type), full_shape(config, t.dims))
-                    for t in declared}
+        expected = {t.name: (data_type_name(t.data_type), full_shape(config, t.dims)) for t in declared}
         assert as_contract(actual) == expected
 
 

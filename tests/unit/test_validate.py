@@ -47,61 +47,84 @@ def test_the_template_source_only_warns_that_artifacts_are_not_exported() -> Non
     report = validate_path(TEMPLATE)
     assert report.errors == []
     assert sorted(f.model for f in report.warnings) == [
-        "image_model", "multi_modal_model", "table_data_model"]
+        "image_model",
+        "multi_modal_model",
+        "table_data_model",
+    ]
 
 
 def test_missing_max_batch_size_is_the_seeds_fault(repo: Path) -> None:
     for model in ("table_data_preprocess", "table_data_model"):
         edit(repo, model, "max_batch_size: 256", "")
     found = errors(repo)
-    assert ("ensemble_multi_modal_model: ensemble ensemble_multi_modal_model allows maximum batch "
-            "size 256, but it contains model table_data_model which only allows maximum batch size "
-            "to be 0 — fix: set max_batch_size: 256 (or more) in table_data_model/config.pbtxt, or "
-            "lower the ensemble's max_batch_size") in found
-    assert ("table_data_model/categorical_col_1: model 'table_data_model', tensor "
-            "'categorical_col_1': the model expects 2 dimensions (shape [-1,3]) but the model "
-            "configuration specifies 1 dimensions (shape [3]) — fix: the model has a batch "
-            "dimension: set max_batch_size > 0 with dims: [3]") in found
+    assert (
+        "ensemble_multi_modal_model: ensemble ensemble_multi_modal_model allows maximum batch "
+        "size 256, but it contains model table_data_model which only allows maximum batch size "
+        "to be 0 — fix: set max_batch_size: 256 (or more) in table_data_model/config.pbtxt, or "
+        "lower the ensemble's max_batch_size"
+    ) in found
+    assert (
+        "table_data_model/categorical_col_1: model 'table_data_model', tensor "
+        "'categorical_col_1': the model expects 2 dimensions (shape [-1,3]) but the model "
+        "configuration specifies 1 dimensions (shape [3]) — fix: the model has a batch "
+        "dimension: set max_batch_size > 0 with dims: [3]"
+    ) in found
 
 
 def test_an_output_name_the_artifact_does_not_have(repo: Path) -> None:
     edit(repo, "image_model", 'name: "output"', 'name: "output_0"')
     found = errors(repo)
-    assert any(line.startswith("image_model/output_0: unexpected inference output 'output_0', "
-                               "allowed outputs are: output — fix: rename the config output")
-               for line in found)
-    assert any("output 'output' of step 3 (image_model) of ensemble 'ensemble_multi_modal_model' "
-               "is not an output of the model; allowed outputs are: output_0" in line
-               for line in found)
+    assert any(
+        line.startswith(
+            "image_model/output_0: unexpected inference output 'output_0', "
+            "allowed outputs are: output — fix: rename the config output"
+        )
+        for line in found
+    )
+    assert any(
+        "output 'output' of step 3 (image_model) of ensemble 'ensemble_multi_modal_model' "
+        "is not an output of the model; allowed outputs are: output_0" in line
+        for line in found
+    )
 
 
 def test_a_data_type_that_differs_from_the_artifact(repo: Path) -> None:
     edit(repo, "table_data_model", "TYPE_FP32", "TYPE_INT8")
     found = errors(repo)
-    assert ("table_data_model/categorical_col_1: unexpected datatype TYPE_INT8 for inference input "
-            "'categorical_col_1', expecting TYPE_FP32 — fix: set data_type: TYPE_FP32 (or "
-            "re-export the model with INT8)") in found
-    assert any("tensor 'preprocessed_table_data_1' is TYPE_FP32 from table_data_preprocess" in line
-               for line in found)
+    assert (
+        "table_data_model/categorical_col_1: unexpected datatype TYPE_INT8 for inference input "
+        "'categorical_col_1', expecting TYPE_FP32 — fix: set data_type: TYPE_FP32 (or "
+        "re-export the model with INT8)"
+    ) in found
+    assert any(
+        "tensor 'preprocessed_table_data_1' is TYPE_FP32 from table_data_preprocess" in line for line in found
+    )
 
 
 def test_a_malformed_config_names_file_line_and_column(repo: Path) -> None:
     (repo / "image_model" / "config.pbtxt").write_text('name: "image_model"\nplatform: [oops\n')
     found = lines(repo)
-    assert any(line.startswith("error: image_model: ") and "config.pbtxt:2:" in line
-               and "cannot parse model configuration" in line for line in found)
+    assert any(
+        line.startswith("error: image_model: ")
+        and "config.pbtxt:2:" in line
+        and "cannot parse model configuration" in line
+        for line in found
+    )
 
 
 def test_an_empty_config_needs_a_platform(repo: Path) -> None:
     (repo / "table_data_model" / "config.pbtxt").write_text("")
-    assert ("table_data_model: must specify 'platform' or 'backend' for 'table_data_model' — fix: "
-            'add platform: "onnxruntime_onnx" (or backend: "python", ...)') in errors(repo)
+    assert (
+        "table_data_model: must specify 'platform' or 'backend' for 'table_data_model' — fix: "
+        'add platform: "onnxruntime_onnx" (or backend: "python", ...)'
+    ) in errors(repo)
 
 
 def test_binary_garbage_where_the_onnx_model_should_be(repo: Path) -> None:
     (repo / "table_data_model/1/model/model.onnx").write_bytes(os.urandom(64) + b"\xff" * 64)
-    assert any(line.startswith("table_data_model: ") and "not a readable ONNX model" in line
-               for line in errors(repo))
+    assert any(
+        line.startswith("table_data_model: ") and "not a readable ONNX model" in line for line in errors(repo)
+    )
 
 
 def test_a_truncated_saved_model(repo: Path) -> None:
@@ -113,52 +136,80 @@ def test_a_truncated_saved_model(repo: Path) -> None:
 def test_a_missing_version_folder(repo: Path) -> None:
     shutil.rmtree(repo / "multi_modal_model" / "1")
     found = errors(repo)
-    assert any(line.startswith("multi_modal_model: at least one version must be available")
-               for line in found)
-    assert any("step 4 (multi_modal_model) of ensemble 'ensemble_multi_modal_model' pins version 1"
-               in line for line in found)
+    assert any(line.startswith("multi_modal_model: at least one version must be available") for line in found)
+    assert any(
+        "step 4 (multi_modal_model) of ensemble 'ensemble_multi_modal_model' pins version 1" in line
+        for line in found
+    )
 
 
 def test_a_missing_model_file(repo: Path) -> None:
     shutil.rmtree(repo / "image_model" / "1" / "model")
-    assert any(line.startswith("image_model: unable to find '") and "image_model/1/model' for "
-               "model 'image_model'" in line for line in errors(repo))
+    assert any(
+        line.startswith("image_model: unable to find '")
+        and "image_model/1/model' for model 'image_model'" in line
+        for line in errors(repo)
+    )
 
 
 def test_reshape_with_a_different_element_count(repo: Path) -> None:
     edit(repo, "table_data_model", "dims: [ 10 ]", "dims: [ 10 ]\n    reshape: { shape: [ 3 ] }")
-    assert any("model output 'table_model_output' has different size for dims and reshape" in line
-               for line in errors(repo))
+    assert any(
+        "model output 'table_model_output' has different size for dims and reshape" in line
+        for line in errors(repo)
+    )
 
 
 def test_preferred_batch_size_above_max_batch_size(repo: Path) -> None:
     edit(repo, "multi_modal_model", "preferred_batch_size: 4", "preferred_batch_size: 512")
-    assert ("multi_modal_model: dynamic batching preferred size must be <= max batch size for "
-            "multi_modal_model — fix: lower it to at most 256 or raise max_batch_size") in errors(repo)
+    assert (
+        "multi_modal_model: dynamic batching preferred size must be <= max batch size for "
+        "multi_modal_model — fix: lower it to at most 256 or raise max_batch_size"
+    ) in errors(repo)
 
 
 def test_version_policy_naming_a_missing_version(repo: Path) -> None:
-    edit(repo, "image_model", "max_batch_size: 256",
-         "max_batch_size: 256\nversion_policy: { specific: { versions: [ 1, 3 ] } }")
-    assert any(line.startswith("image_model: version_policy of model 'image_model' names version 3")
-               for line in errors(repo))
+    edit(
+        repo,
+        "image_model",
+        "max_batch_size: 256",
+        "max_batch_size: 256\nversion_policy: { specific: { versions: [ 1, 3 ] } }",
+    )
+    assert any(
+        line.startswith("image_model: version_policy of model 'image_model' names version 3")
+        for line in errors(repo)
+    )
 
 
 def test_ensemble_wiring_faults(repo: Path) -> None:
-    edit(repo, "ensemble_multi_modal_model",
-         'input_map { key: "table_data_input_2" value: "table_data_input_2" }', "")
-    edit(repo, "ensemble_multi_modal_model",
-         'output_map { key: "output" value: "image_model_output" }',
-         'output_map { key: "output" value: "table_data_model_output" }')
+    edit(
+        repo,
+        "ensemble_multi_modal_model",
+        'input_map { key: "table_data_input_2" value: "table_data_input_2" }',
+        "",
+    )
+    edit(
+        repo,
+        "ensemble_multi_modal_model",
+        'output_map { key: "output" value: "image_model_output" }',
+        'output_map { key: "output" value: "table_data_model_output" }',
+    )
     found = errors(repo)
-    assert any("input 'table_data_input_2' of step 0 (table_data_preprocess) of ensemble "
-               "'ensemble_multi_modal_model' is not mapped" in line for line in found)
-    assert any("ensemble tensor 'table_data_model_output' can appear in an output map only once"
-               in line for line in found)
-    assert any("ensemble input 'table_data_input_2'" in line and "not used" in line
-               for line in found)
-    assert any("ensemble tensor 'image_model_output'" in line and "neither an ensemble input nor "
-               "written by any step" in line for line in found)
+    assert any(
+        "input 'table_data_input_2' of step 0 (table_data_preprocess) of ensemble "
+        "'ensemble_multi_modal_model' is not mapped" in line
+        for line in found
+    )
+    assert any(
+        "ensemble tensor 'table_data_model_output' can appear in an output map only once" in line
+        for line in found
+    )
+    assert any("ensemble input 'table_data_input_2'" in line and "not used" in line for line in found)
+    assert any(
+        "ensemble tensor 'image_model_output'" in line
+        and "neither an ensemble input nor written by any step" in line
+        for line in found
+    )
 
 
 def test_ensembles_that_contain_each_other(repo: Path) -> None:
@@ -168,9 +219,11 @@ def test_ensembles_that_contain_each_other(repo: Path) -> None:
             f'name: "{a}"\nplatform: "ensemble"\ninput [{{ name: "x" data_type: TYPE_FP32 dims: [1] }}]\n'
             f'output [{{ name: "y" data_type: TYPE_FP32 dims: [1] }}]\n'
             f'ensemble_scheduling {{ step [{{ model_name: "{b}" model_version: -1 '
-            f'input_map {{ key: "x" value: "x" }} output_map {{ key: "y" value: "y" }} }}] }}\n')
-    assert any("circular dependency between ensembles: loop_a -> loop_b -> loop_a" in line
-               for line in errors(repo))
+            f'input_map {{ key: "x" value: "x" }} output_map {{ key: "y" value: "y" }} }}] }}\n'
+        )
+    assert any(
+        "circular dependency between ensembles: loop_a -> loop_b -> loop_a" in line for line in errors(repo)
+    )
 
 
 def test_odd_folders_are_findings_not_tracebacks(repo: Path) -> None:
@@ -198,6 +251,10 @@ def test_an_unknown_field_is_a_parse_finding(repo: Path) -> None:
     edit(repo, "image_preprocess", "max_batch_size: 256", "max_batch_size: 256\nmax_batchsize: 4")
     (repo / "image_model" / "1" / "model" / "loop").symlink_to(repo / "image_model/1/model/loop")
     found = errors(repo)
-    assert any(line.startswith("image_preprocess: ") and "config.pbtxt:4:1: cannot parse model "
-               "configuration" in line and "max_batchsize" in line for line in found)
+    assert any(
+        line.startswith("image_preprocess: ")
+        and "config.pbtxt:4:1: cannot parse model configuration" in line
+        and "max_batchsize" in line
+        for line in found
+    )
     assert len(found) == 1

@@ -26,9 +26,7 @@ class TritonPythonModel(StandinModel):
         if os.path.isdir(path):
             path = os.path.join(path, "model.onnx")
         if not os.path.isfile(path):
-            raise pb_utils.TritonModelException(
-                f"unable to find '{path}' for model '{config['name']}'"
-            )
+            raise pb_utils.TritonModelException(f"unable to find '{path}' for model '{config['name']}'")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads()
         options.inter_op_num_threads = 1

@@ -32,8 +32,7 @@ class TritonPythonModel(StandinModel):
         self.tf = tf
         if not os.path.isfile(os.path.join(path, "saved_model.pb")):
             raise pb_utils.TritonModelException(
-                f"unable to find a SavedModel (saved_model.pb) in '{path}' "
-                f"for model '{config['name']}'"
+                f"unable to find a SavedModel (saved_model.pb) in '{path}' for model '{config['name']}'"
             )
         key = config.get("parameters", {}).get("signature_key", {}).get("string_value")
         key = key or "serving_default"
@@ -43,9 +42,7 @@ class TritonPythonModel(StandinModel):
                 f"unable to load model '{config['name']}': the SavedModel has no signature '{key}'"
             )
         self.signature = self.saved_model.signatures[key]
-        return set(self.signature.structured_input_signature[1]), set(
-            self.signature.structured_outputs
-        )
+        return set(self.signature.structured_input_signature[1]), set(self.signature.structured_outputs)
 
     def run(self, feeds):
         results = self.signature(**{n: self.tf.constant(v) for n, v in feeds.items()})
