@@ -13,7 +13,7 @@ import numpy as np
 import tritonclient.grpc as triton_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from golden_inputs import ensemble_inputs  # noqa: E402
+from golden_inputs import ensemble_inputs
 
 TRITON_DTYPES = {np.dtype(np.int8): "INT8", np.dtype(np.uint8): "UINT8"}
 

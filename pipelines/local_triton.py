@@ -318,7 +318,7 @@ def _launch(
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False

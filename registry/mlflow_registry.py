@@ -138,7 +138,7 @@ class MlflowRegistry:
             self.client.set_tag(run_id, "mlreg_orphaned", "true")
             self.client.set_terminated(run_id, "FAILED")
             self.client.delete_run(run_id)
-        except Exception as exc:  # noqa: BLE001 - the original error matters more
+        except Exception as exc:
             log.warning("could not clean up run %s: %s", run_id, exc)
 
     def artifact_uri(self, run_id: str) -> str:

@@ -16,7 +16,7 @@ PAGE = 1000
 def _get(base: str, path: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
     url = f"{base.rstrip('/')}/api/2.0/mlflow/{path}?{urllib.parse.urlencode(params)}"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - user's server
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return dict(json.loads(response.read()))
     except urllib.error.HTTPError as exc:
         try:

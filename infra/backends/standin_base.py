@@ -50,7 +50,7 @@ class StandinModel:
         if self.batching and len(feeds) > 1:
             try:
                 return self.execute_batched(feeds)
-            except Exception:  # noqa: BLE001 - fall back to one run per request
+            except Exception:
                 pass
         return [self.respond(feed) for feed in feeds]
 
@@ -69,7 +69,7 @@ class StandinModel:
     def respond(self, feed):
         try:
             results = self.run(feed)
-        except Exception as exc:  # noqa: BLE001 - reported on the request
+        except Exception as exc:
             error = pb_utils.TritonError(f"{self.backend}: {exc}")
             return pb_utils.InferenceResponse(error=error)
         return pb_utils.InferenceResponse(

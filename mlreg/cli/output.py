@@ -79,7 +79,7 @@ def handle_errors(fn: F) -> F:
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
-        except Exception as exc:  # noqa: BLE001 - the one place errors reach users
+        except Exception as exc:
             failure = fail(exc)
             if kwargs.get("as_json") and not _emitted:  # CI reads stdout: one document always
                 emit_json(error_document(exc, failure.exit_code))

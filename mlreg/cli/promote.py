@@ -10,7 +10,7 @@ from mlreg.cli.output import emit_json, handle_errors
 from registry.settings import Settings
 
 
-def _context(env_name: str):  # noqa: ANN202 - imported lazily
+def _context(env_name: str):
     from pipelines.promote.environments import environment
     from registry.mlflow_registry import MlflowRegistry
 
@@ -18,7 +18,7 @@ def _context(env_name: str):  # noqa: ANN202 - imported lazily
     return settings, environment(settings, env_name), MlflowRegistry(settings)
 
 
-def _on_stage(quiet: bool):  # noqa: ANN202
+def _on_stage(quiet: bool):
     def report(stage: str, status: str, seconds: float, detail: str) -> None:
         if not quiet:
             mark = "✓" if status == "ok" else "✗"

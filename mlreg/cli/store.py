@@ -19,7 +19,7 @@ STORE_HELP = (
 )
 
 
-def _store(uri: str | None):  # noqa: ANN202 - RepositoryStore, imported lazily
+def _store(uri: str | None):
     from pipelines.storage import open_store
 
     settings = Settings.from_env()

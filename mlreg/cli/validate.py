@@ -36,7 +36,7 @@ def validate_cmd(
         raise typer.Exit(1)
 
 
-def _config_of(path: Path):  # noqa: ANN202 - ModelConfig is imported lazily
+def _config_of(path: Path):
     from registry.contracts.config import CONFIG_NAME, load_config
     from registry.errors import UsageError
 

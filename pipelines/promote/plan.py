@@ -135,7 +135,7 @@ def fetch_version(registry: MlflowRegistry, model: str, version: str, workdir: P
     try:
         registry.download(mv.run_id, "model", download)
         shutil.copytree(download / "model", folder / version)
-    except Exception:  # noqa: BLE001 - an ensemble or an empty version has no files
+    except Exception:
         (folder / version).mkdir()
     shutil.rmtree(download, ignore_errors=True)
     return folder

@@ -157,7 +157,7 @@ class S3Store(RepositoryStore):
             if self._missing(exc):
                 return None
             raise self._translate("read", key, exc) from exc
-        except Exception as exc:  # noqa: BLE001 - BotoCoreError and friends
+        except Exception as exc:
             raise self._translate("read", key, exc) from exc
 
     def replace(self, key: str, data: bytes, token: str) -> bool:

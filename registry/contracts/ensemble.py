@@ -106,7 +106,7 @@ def check_ensemble(entry: ModelEntry, repo: Repository) -> Iterator[Finding]:
             )
 
 
-def _check_step(
+def _check_step(  # noqa: C901 - to split
     entry: ModelEntry,
     repo: Repository,
     index: int,

@@ -105,7 +105,7 @@ def read_onnx(path: Path) -> Signature:
         path = path / "model.onnx"
     try:
         model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ValueError...
+    except Exception as exc:
         raise ContractError(
             f"{path}: not a readable ONNX model: {exc}",
             fix="re-export the model (tf2onnx / torch.onnx.export) and check the file is complete",
