@@ -4,6 +4,8 @@
 set -euo pipefail
 packages=(
   gcc            # tests/unit/test_local_triton.py builds a real ELF whose library is missing
+  kubectl        # tests/integration/test_infra.py renders infra/k8s overlays (kubectl kustomize)
+  postgresql     # tests/integration/test_postgres.py runs MLflow on a real PostgreSQL server
 )
 missing=()
 for p in "${packages[@]}"; do
