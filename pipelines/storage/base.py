@@ -10,6 +10,19 @@ Why the lock is a file at the root and not in the model folder: Triton (2.51, lo
 so a lock beside the versions would make each promotion load the old version a second time next to
 the new one (measured: the swap took 1.6x as long on this machine).  Triton reads only folders at
 the root as models; files there are ignored, locally and on S3.
+
+Verifying bytes before a load (``verify_version``; the logic is in :mod:`pipelines.storage.verify`):
+every file of ``<model>/<version>/`` must match the manifest (size and sha256, no file missing, none
+added), the manifest's ``digest`` must match its own contents, and, when ``expected_digest`` is given
+(the ``artifact_digest`` tag registration recorded in MLflow), the manifest's digest must equal it.
+A mismatch raises :class:`StorageError` naming each file, and changes nothing.  A file is hashed
+once: its digest is reused only while the bytes provably did not change -- locally while (size,
+mtime_ns, inode, ctime_ns) are the same (ctime cannot be set back by a user), on S3 while the
+object's (size, ETag, VersionId, LastModified) are the ones recorded when the digest was computed
+(at upload or at the last verification); S3 metadata such as ``x-amz-meta-sha256`` is never trusted.
+
+Symbolic links: a link under a model folder that leaves it is refused by ``put_version`` and
+``push`` (:mod:`registry.contracts.links`, the rule ``register`` and ``validate`` apply too).
 """
 
 from __future__ import annotations
@@ -24,17 +37,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from registry.contracts.links import refuse_outside_links
 from registry.errors import StorageError
-from registry.manifest import sha256_file
+from registry.manifest import CONFIG_ENTRY, digest_of_manifest, sha256_file
 
 MANIFEST = ".mlreg-manifest.json"
 LOCK_PREFIX = ".mlreg-lock."
+ROOT_MARKER = ".mlreg-root.json"  # written by `mlreg store init`: a file at the root, never a model
 CONFIG = "config.pbtxt"
 NAME_PART = re.compile(r"^[0-9A-Za-z.\-_]+$")
 CHUNK = 1 << 20
 Progress = Callable[[int], None]  # bytes just sent
+
+if TYPE_CHECKING:
+    from pipelines.storage.verify import Verification
 
 
 def lock_key(model: str) -> str:
@@ -54,7 +72,9 @@ def check_part(part: str, what: str) -> str:
 
 
 def local_files(folder: Path) -> dict[str, Path]:
-    """Relative POSIX path -> file, for every file under ``folder`` (names checked)."""
+    """Relative POSIX path -> file, for every file under the version folder ``folder`` (names
+    checked; links leaving the model folder, ``folder``'s parent, refused)."""
+    refuse_outside_links(folder.parent, folder, StorageError)
     files = {}
     for path in sorted(folder.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
@@ -65,9 +85,19 @@ def local_files(folder: Path) -> dict[str, Path]:
     return files
 
 
-class DigestCache:
-    """sha256 of local files keyed by (size, mtime, inode), so unchanged files are not re-read.
+Stamp = list[Any]  # what identifies one state of a file's bytes (JSON-serialisable)
 
+
+def file_stamp(st: os.stat_result) -> Stamp:
+    """A local file's bytes are unchanged while size, mtime_ns, inode and ctime_ns are."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+class DigestCache:
+    """sha256 of files and objects, keyed by a stamp that changes whenever the bytes may have.
+
+    Local files: ``str(path.resolve()) -> [size, mtime_ns, inode, ctime_ns, sha256]``; objects:
+    ``"s3:<endpoint>/<bucket>/<key>" -> [size, etag, version_id, last_modified_s, sha256]``.
     Stored as JSON in ``path``; a missing or corrupt cache only costs re-hashing.
     """
 
@@ -81,16 +111,30 @@ class DigestCache:
                 self.entries = {}
         self.dirty = False
 
-    def sha256(self, file: Path) -> str:
-        st = file.stat()
-        key = str(file.resolve())
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    def lookup(self, key: str, stamp: Stamp) -> str | None:
+        """The digest recorded for exactly this ``stamp``, else None."""
         cached = self.entries.get(key)
-        if cached and cached[:3] == stamp:
-            return str(cached[3])
-        digest = sha256_file(file)
+        if isinstance(cached, list) and len(cached) == len(stamp) + 1 and cached[:-1] == stamp:
+            return str(cached[-1])
+        return None
+
+    def remember(self, key: str, stamp: Stamp, digest: str) -> None:
         self.entries[key] = [*stamp, digest]
         self.dirty = True
+
+    def forget(self, key: str) -> None:
+        if self.entries.pop(key, None) is not None:
+            self.dirty = True
+
+    def sha256(self, file: Path) -> str:
+        key = str(file.resolve())
+        stamp = file_stamp(file.stat())
+        cached = self.lookup(key, stamp)
+        if cached is not None:
+            return cached
+        digest = sha256_file(file)
+        if file_stamp(file.stat()) == stamp:  # not changed while it was read
+            self.remember(key, stamp, digest)
         return digest
 
     def save(self) -> None:
@@ -108,21 +152,53 @@ class DigestCache:
 
 @dataclass
 class Manifest:
+    """A version's bytes: every file's sha256 and size, and the config it was pushed with.
+
+    ``digest`` is :func:`registry.manifest.digest_of_manifest` over the files plus a
+    ``config.pbtxt`` entry for ``config``: the ``artifact_digest`` MLflow holds for the version.
+    The JSON carries it as ``"digest"``, so an edited manifest no longer matches itself."""
+
     files: dict[str, dict[str, Any]]  # rel path -> {"sha256": ..., "size": ...}
     created_at: float = field(default_factory=time.time)
+    config: dict[str, Any] | None = None  # {"sha256": ..., "size": ...} of the model's config.pbtxt
+    recorded_digest: str | None = None  # the "digest" field as read (None: written before digests)
+
+    @property
+    def digest(self) -> str:
+        files = dict(self.files)
+        if self.config is not None:
+            files[CONFIG_ENTRY] = self.config
+        return digest_of_manifest(files)
 
     def to_json(self) -> str:
-        return json.dumps({"files": self.files, "created_at": self.created_at}, indent=1, sort_keys=True)
+        data: dict[str, Any] = {"files": self.files, "created_at": self.created_at, "digest": self.digest}
+        if self.config is not None:
+            data["config"] = self.config
+        return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
         data = json.loads(text)
-        return cls(files=dict(data["files"]), created_at=float(data.get("created_at", 0)))
+        config = data.get("config")
+        return cls(
+            files=dict(data["files"]),
+            created_at=float(data.get("created_at", 0)),
+            config=dict(config) if config is not None else None,
+            recorded_digest=str(data["digest"]) if data.get("digest") else None,
+        )
 
     @classmethod
-    def of_folder(cls, files: dict[str, Path], cache: DigestCache | None = None) -> Manifest:
+    def of_folder(
+        cls, files: dict[str, Path], cache: DigestCache | None = None, config: Path | None = None
+    ) -> Manifest:
         digest = cache.sha256 if cache is not None else sha256_file
-        manifest = cls({rel: {"sha256": digest(p), "size": p.stat().st_size} for rel, p in files.items()})
+
+        def entry(path: Path) -> dict[str, Any]:
+            return {"sha256": digest(path), "size": path.stat().st_size}
+
+        manifest = cls(
+            {rel: entry(p) for rel, p in files.items()}, config=entry(config) if config is not None else None
+        )
         if cache is not None:
             cache.save()
         return manifest
@@ -221,7 +297,24 @@ class RepositoryStore(ABC):
 
     @abstractmethod
     def stored_digest(self, key: str) -> str | None:
-        """The sha256 recorded with the stored object, None when absent or unknown."""
+        """The sha256 recorded with the stored object, None when absent or unknown (a hint only:
+        metadata is not proof of the bytes)."""
+
+    @abstractmethod
+    def object_stamps(self, prefix: str) -> dict[str, Stamp]:
+        """Key -> stamp (``stamp[0]`` is the size) of every object under ``prefix``, in one listing."""
+
+    @abstractmethod
+    def hash_object(self, key: str) -> tuple[str, Stamp] | None:
+        """Read the object once: its sha256 and the stamp of the bytes read; None when absent."""
+
+    @abstractmethod
+    def cache_key(self, key: str) -> str:
+        """The object's key in the digest cache."""
+
+    def outside_links(self, model: str, version: str) -> list[str]:
+        """Links in the stored version that leave its model folder (only a local folder has links)."""
+        return []
 
     # -- repository operations ---------------------------------------------------------------
 
@@ -265,6 +358,49 @@ class RepositoryStore(ABC):
             (dest / rel).write_bytes(data)
         return dest
 
+    def check_version(
+        self, model: str, version: str, expected_digest: str | None = None, hashing: str = "changed"
+    ) -> Verification:
+        """Compare the stored version with its manifest (and ``expected_digest``); never raises on
+        a mismatch: the problems are in the result.  ``hashing``: ``"all"`` re-hashes every file,
+        ``"changed"`` only files whose digest the cache cannot prove, ``"none"`` hashes nothing
+        (files it cannot prove are reported unverified)."""
+        from pipelines.storage.verify import check_version
+
+        return check_version(self, model, version, expected_digest, hashing)
+
+    def verify_version(
+        self, model: str, version: str, expected_digest: str | None = None, *, full: bool = False
+    ) -> Verification:
+        """Refuse (StorageError naming each bad file) unless every file of ``<model>/<version>/``
+        matches the manifest and the manifest matches ``expected_digest`` (the version's
+        ``artifact_digest`` in MLflow) when given.  Reads only; changes nothing.  ``full``
+        re-hashes every file instead of reusing digests the cache proves."""
+        result = self.check_version(model, version, expected_digest, "all" if full else "changed")
+        result.raise_if_bad()
+        return result
+
+    def init_root(self) -> bool:
+        """Write the root marker (a file at the root: never a model for Triton) so that Triton
+        can start on an empty S3 prefix; False when it was there already."""
+        from pipelines.storage.verify import root_marker
+
+        return self.create(ROOT_MARKER, root_marker(self.uri))
+
+    def _stored_matches(self, key: str, digest: str, stamps: dict[str, Stamp]) -> bool:
+        """Whether the stored object holds exactly ``digest``: proven by the cache, else hashed."""
+        stamp = stamps.get(key)
+        if stamp is None:
+            return False
+        cached = self.digests.lookup(self.cache_key(key), stamp)
+        if cached is None:
+            found = self.hash_object(key)
+            if found is None:
+                return False
+            cached, read_stamp = found
+            self.digests.remember(self.cache_key(key), read_stamp, cached)
+        return cached == digest
+
     def delete_version(self, model: str, version: str) -> None:
         for key in self.list_prefix(f"{model}/{version}/"):
             if not key.endswith(MANIFEST):
@@ -272,33 +408,49 @@ class RepositoryStore(ABC):
         self.delete(f"{model}/{version}/{MANIFEST}")  # last: an interrupted delete is incomplete
 
     def put_version(
-        self, model: str, version: str, folder: Path, progress: Progress | None = None
+        self,
+        model: str,
+        version: str,
+        folder: Path,
+        progress: Progress | None = None,
+        config: Path | None = None,
     ) -> UploadResult:
-        """Upload ``folder`` as ``<model>/<version>/``; only files not already stored are sent."""
+        """Upload ``folder`` as ``<model>/<version>/``; only files not already stored are sent.
+
+        ``config`` (default: ``folder``'s parent's config.pbtxt when there is one) is the model's
+        registered config: recorded in the manifest, so that its digest is MLflow's
+        ``artifact_digest``.  A file is skipped only when the stored bytes are proven equal (by the
+        digest cache, else by hashing the stored copy), so a push also repairs a changed file."""
         check_part(model, "model name")
         check_part(version, "version")
         if not version.isdigit():
             raise StorageError(f"version '{version}' is not a number", fix="use 1, 2, 3, ...")
         files = local_files(folder)
-        manifest = Manifest.of_folder(files, self.digests)
+        if config is None and (folder.parent / CONFIG).is_file():
+            config = folder.parent / CONFIG
+        manifest = Manifest.of_folder(files, self.digests, config)
         stored = self.read_manifest(model, version)
+        stamps = self.object_stamps(f"{model}/{version}/")
         result = UploadResult(model, version)
-        for rel, path in files.items():
-            key = f"{model}/{version}/{rel}"
-            digest = manifest.files[rel]["sha256"]
-            known = stored.files.get(rel, {}).get("sha256") if stored else self.stored_digest(key)
-            if known == digest:
-                result.skipped.append(rel)
-                continue
-            self.delete(f"{model}/{version}/{MANIFEST}")  # the version is incomplete from here
-            self.put_file(key, path, digest, progress)
-            result.sent.append(rel)
-            result.bytes_sent += int(manifest.files[rel]["size"])
-        for key in self.list_prefix(f"{model}/{version}/"):
+        try:
+            for rel, path in files.items():
+                key = f"{model}/{version}/{rel}"
+                digest = manifest.files[rel]["sha256"]
+                known = stored.files.get(rel, {}).get("sha256") if stored else self.stored_digest(key)
+                if known == digest and self._stored_matches(key, digest, stamps):
+                    result.skipped.append(rel)
+                    continue
+                self.delete(f"{model}/{version}/{MANIFEST}")  # the version is incomplete from here
+                self.put_file(key, path, digest, progress)
+                result.sent.append(rel)
+                result.bytes_sent += int(manifest.files[rel]["size"])
+        finally:
+            self.digests.save()
+        for key in stamps:
             rel = key.split("/", 2)[2]
             if rel != MANIFEST and rel not in files:  # files the new version no longer has
                 self.delete(key)
-        if result.sent or stored is None or stored.files != manifest.files:
+        if result.sent or stored is None or _differs(stored, manifest):
             self.write(f"{model}/{version}/{MANIFEST}", manifest.to_json().encode())
         return result
 
@@ -346,6 +498,15 @@ class RepositoryStore(ABC):
             found = self.read_versioned(key)
             if found is not None and _parse_lock(found[0]).owner == me.owner:
                 self.delete_if_unchanged(key, found[1])  # not a lock taken over meanwhile
+
+
+def _differs(stored: Manifest, manifest: Manifest) -> bool:
+    """Whether the stored manifest must be rewritten (other files, other config, or edited)."""
+    return (
+        stored.files != manifest.files
+        or stored.config != manifest.config
+        or stored.recorded_digest != manifest.digest
+    )
 
 
 def _parse_lock(data: bytes) -> LockInfo:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore
+from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore, Stamp, file_stamp
+from registry.contracts.links import outside_links
 from registry.errors import StorageError
 from registry.manifest import sha256_file
 
@@ -132,12 +133,16 @@ class LocalStore(RepositoryStore):
         return sorted(p.name for p in base.iterdir() if p.is_dir())
 
     def put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
+        """Copy, hashing the bytes as they are written: the stored copy's digest is proven once,
+        here, and remembered for its stamp (no second read before a load)."""
         target = self._path(key)
         tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        digest = hashlib.sha256()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with path.open("rb") as src, tmp.open("wb") as dst:
                 while chunk := src.read(CHUNK):
+                    digest.update(chunk)
                     dst.write(chunk)
                     if progress:
                         progress(len(chunk))
@@ -145,16 +150,49 @@ class LocalStore(RepositoryStore):
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise self._fail("write", key, exc) from exc
-        if target.stat().st_size != path.stat().st_size:
+        if digest.hexdigest() != sha256:
             raise StorageError(
-                f"{self.uri}: '{key}' was stored with the wrong size",
-                fix="check the disk is not full, then push again",
+                f"{self.uri}: '{path}' changed while it was stored as '{key}' "
+                f"(sha256 {digest.hexdigest()}, expected {sha256})",
+                fix="push again once nothing writes to the folder",
                 key=key,
             )
+        self.digests.remember(self.cache_key(key), file_stamp(target.stat()), sha256)
 
     def stored_digest(self, key: str) -> str | None:
         path = self._path(key)
-        return sha256_file(path) if path.is_file() else None
+        return self.digests.sha256(path) if path.is_file() else None
+
+    def cache_key(self, key: str) -> str:
+        return str(self._path(key).resolve())
+
+    def object_stamps(self, prefix: str) -> dict[str, Stamp]:
+        stamps = {}
+        for key in self.list_prefix(prefix):
+            try:
+                stamps[key] = file_stamp(self._path(key).stat())
+            except OSError:
+                continue  # gone meanwhile (or a broken link): missing
+        return stamps
+
+    def hash_object(self, key: str) -> tuple[str, Stamp] | None:
+        path = self._path(key)
+        try:
+            before = file_stamp(path.stat())
+            digest = sha256_file(path)
+            after = file_stamp(path.stat())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._fail("read", key, exc) from exc
+        return digest, after if after == before else [after[0], 0, 0, 0]  # changed while read
+
+    def outside_links(self, model: str, version: str) -> list[str]:
+        folder = self._path(model)
+        return [
+            link.link.relative_to(folder / version).as_posix() if link.link != folder / version else "."
+            for link in outside_links(folder, folder / version)
+        ]
 
 
 def _token(data: bytes, inode: int) -> str:

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipelines.storage.base import DigestCache, Progress, RepositoryStore
+from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore, Stamp
 from registry.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,13 @@ AUTH_CODES = {
     "ExpiredToken",
 }
 EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+UNSUPPORTED_CODES = {"NotImplemented", "501", "MethodNotAllowed", "405"}
+
+
+def object_stamp(size: Any, etag: Any, version_id: Any, last_modified: Any) -> Stamp:
+    """What proves an object's bytes unchanged: size, ETag, VersionId ("null" when the bucket keeps
+    no versions) and LastModified in whole seconds (set by the server, not by clients)."""
+    return [int(size), str(etag), str(version_id or "null"), int(last_modified.timestamp())]
 
 
 class S3Store(RepositoryStore):
@@ -229,6 +236,9 @@ class S3Store(RepositoryStore):
             raise StorageError(
                 f"{self.uri}: '{key}' was stored with the wrong size or digest", fix="push again", key=key
             )
+        # the digest of what was just sent, remembered for the object's ETag/VersionId/LastModified
+        stamp = object_stamp(head["ContentLength"], head["ETag"], head.get("VersionId"), head["LastModified"])
+        self.digests.remember(self.cache_key(key), stamp, sha256)
 
     def stored_digest(self, key: str) -> str | None:
         from botocore.exceptions import ClientError
@@ -241,3 +251,62 @@ class S3Store(RepositoryStore):
             raise self._translate("inspect", key, exc) from exc
         digest = head.get("Metadata", {}).get("sha256")
         return str(digest) if digest else None
+
+    def cache_key(self, key: str) -> str:
+        return f"s3:{self.endpoint_url or 'aws'}/{self.bucket}/{self._key(key)}"
+
+    def object_stamps(self, prefix: str) -> dict[str, Stamp]:
+        """One listing of the object versions under ``prefix`` (the latest of each key); where
+        the endpoint lists no versions, a plain listing (VersionId "null")."""
+        from botocore.exceptions import ClientError
+
+        paginator = self.client.get_paginator("list_object_versions")
+        try:
+            pages = list(paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)))
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) not in UNSUPPORTED_CODES:
+                raise self._translate("list", prefix, exc) from exc
+            return self._plain_stamps(prefix)
+        except Exception as exc:
+            raise self._translate("list", prefix, exc) from exc
+        stamps: dict[str, Stamp] = {}
+        for page in pages:
+            for obj in page.get("Versions", []):
+                if obj.get("IsLatest"):
+                    stamps[self._rel(obj["Key"])] = object_stamp(
+                        obj["Size"], obj["ETag"], obj.get("VersionId"), obj["LastModified"]
+                    )
+        return stamps
+
+    def _plain_stamps(self, prefix: str) -> dict[str, Stamp]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        pages = self._call(
+            "list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)))
+        )
+        return {
+            self._rel(o["Key"]): object_stamp(o["Size"], o["ETag"], None, o["LastModified"])
+            for page in pages
+            for o in page.get("Contents", [])
+        }
+
+    def hash_object(self, key: str) -> tuple[str, Stamp] | None:
+        """Stream the object through sha256 (nothing kept in memory or on disk)."""
+        import hashlib
+
+        from botocore.exceptions import ClientError
+
+        digest = hashlib.sha256()
+        try:
+            found = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            for chunk in found["Body"].iter_chunks(CHUNK):
+                digest.update(chunk)
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise self._translate("read", key, exc) from exc
+        except Exception as exc:
+            raise self._translate("read", key, exc) from exc
+        stamp = object_stamp(
+            found["ContentLength"], found["ETag"], found.get("VersionId"), found["LastModified"]
+        )
+        return digest.hexdigest(), stamp

@@ -1,0 +1,209 @@
+"""Checking a stored version's bytes against its manifest and the digest registered in MLflow.
+
+Called through :meth:`RepositoryStore.verify_version` (raises) and
+:meth:`RepositoryStore.check_version` (reports).  What is checked, in order:
+
+1. the manifest exists and its ``digest`` field matches its own contents (an edited manifest);
+2. the manifest's digest equals ``expected_digest`` (MLflow's ``artifact_digest``), when given;
+3. every file it lists is stored with its size and sha256, and no other file is stored (a file
+   Triton would read that nobody registered); locally, no link in the version leaves the model.
+
+Digests are reused from the cache only for a stamp that proves the bytes unchanged (see
+:mod:`pipelines.storage.base`); everything else is read and hashed once, and remembered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from registry.errors import StorageError
+
+if TYPE_CHECKING:
+    from pipelines.storage.base import Manifest, RepositoryStore, Stamp
+
+HASHING = ("all", "changed", "none")
+MAX_NAMED = 10
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    file: str  # path inside the version folder (or the manifest's name)
+    problem: str  # missing | size | sha256 | unexpected | link | manifest | digest
+    expected: str = ""
+    actual: str = ""
+
+    def line(self) -> str:
+        what = {
+            "missing": "is missing from the store",
+            "size": "changed size",
+            "sha256": "changed: its sha256 differs from the manifest",
+            "unexpected": "is stored but not in the manifest",
+            "link": "is a link leaving the model folder",
+            "manifest": "was edited: its digest field does not match its contents",
+            "digest": "does not match the digest registered in MLflow",
+            "incomplete": "is missing: the version is incomplete (an upload did not finish)",
+        }.get(self.problem, self.problem)
+        detail = f" (expected {self.expected}, found {self.actual})" if self.expected or self.actual else ""
+        return f"{self.file} {what}{detail}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"file": self.file, "problem": self.problem, "expected": self.expected, "actual": self.actual}
+
+
+@dataclass
+class Verification:
+    store: str
+    model: str
+    version: str
+    digest: str | None = None  # the manifest's version digest
+    files: int = 0
+    bytes: int = 0
+    hashed_bytes: int = 0  # bytes read and hashed by this check
+    reused: int = 0  # files whose digest the cache proved
+    unverified: list[str] = field(default_factory=list)  # files not hashed (hashing="none")
+    problems: list[FileProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.unverified
+
+    @property
+    def status(self) -> str:
+        """verified | corrupt | incomplete | unverified."""
+        if any(p.problem == "incomplete" for p in self.problems):
+            return "incomplete"
+        if self.problems:
+            return "corrupt"
+        return "unverified" if self.unverified else "verified"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "version": self.version,
+            "status": self.status,
+            "digest": self.digest,
+            "files": self.files,
+            "bytes": self.bytes,
+            "hashed_bytes": self.hashed_bytes,
+            "reused": self.reused,
+            "unverified": self.unverified,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+    def raise_if_bad(self) -> None:
+        """StorageError naming every bad file (the first ``MAX_NAMED``) unless all is verified."""
+        if not self.problems:
+            return
+        where = f"{self.store}: {self.model}/{self.version}"
+        lines = [p.line() for p in self.problems[:MAX_NAMED]]
+        if len(self.problems) > MAX_NAMED:
+            lines.append(f"... and {len(self.problems) - MAX_NAMED} more")
+        raise StorageError(
+            f"{where} does not match what was registered; refusing to use it:\n  " + "\n  ".join(lines),
+            fix=f"push the registered version again (mlreg promote {self.model} --version {self.version} "
+            "re-uploads what differs), then run 'mlreg store verify' on it",
+            model=self.model,
+            version=self.version,
+            files=[p.file for p in self.problems],
+        )
+
+
+def check_version(
+    store: RepositoryStore,
+    model: str,
+    version: str,
+    expected_digest: str | None = None,
+    hashing: str = "changed",
+) -> Verification:
+    """See :meth:`RepositoryStore.check_version`."""
+    from pipelines.storage.base import MANIFEST
+
+    if hashing not in HASHING:
+        raise ValueError(f"hashing must be one of {HASHING}")
+    result = Verification(store.uri, model, version)
+    manifest = store.read_manifest(model, version)
+    if manifest is None:
+        result.problems.append(FileProblem(MANIFEST, "incomplete"))
+        return result
+    result.digest = manifest.digest
+    result.problems.extend(_manifest_problems(manifest, expected_digest))
+    result.problems.extend(FileProblem(link, "link") for link in store.outside_links(model, version))
+    _check_files(store, manifest, f"{model}/{version}/", hashing, result)
+    store.digests.save()
+    return result
+
+
+def _manifest_problems(manifest: Manifest, expected: str | None) -> list[FileProblem]:
+    from pipelines.storage.base import MANIFEST
+
+    problems = []
+    if manifest.recorded_digest is not None and manifest.recorded_digest != manifest.digest:
+        problems.append(FileProblem(MANIFEST, "manifest", manifest.recorded_digest, manifest.digest))
+    if expected is not None and expected != manifest.digest:
+        found = manifest.digest if manifest.config is not None else f"{manifest.digest} (no config recorded)"
+        problems.append(FileProblem(MANIFEST, "digest", expected, found))
+    return problems
+
+
+def _check_files(
+    store: RepositoryStore, manifest: Manifest, prefix: str, hashing: str, result: Verification
+) -> None:
+    from pipelines.storage.base import MANIFEST
+
+    stamps = store.object_stamps(prefix)
+    for rel in sorted(stamps.keys() - {prefix + f for f in manifest.files} - {prefix + MANIFEST}):
+        result.problems.append(FileProblem(rel[len(prefix) :], "unexpected"))
+    for rel, meta in sorted(manifest.files.items()):
+        result.files += 1
+        result.bytes += int(meta["size"])
+        stamp = stamps.get(prefix + rel)
+        if stamp is None:
+            result.problems.append(FileProblem(rel, "missing"))
+        elif int(stamp[0]) != int(meta["size"]):
+            result.problems.append(FileProblem(rel, "size", f"{meta['size']} bytes", f"{stamp[0]} bytes"))
+        else:
+            _check_digest(store, prefix + rel, rel, str(meta["sha256"]), stamp, hashing, result)
+
+
+def _check_digest(
+    store: RepositoryStore,
+    key: str,
+    rel: str,
+    expected: str,
+    stamp: Stamp,
+    hashing: str,
+    result: Verification,
+) -> None:
+    cache_key = store.cache_key(key)
+    actual = store.digests.lookup(cache_key, stamp) if hashing != "all" else None
+    if actual is not None:
+        result.reused += 1
+    elif hashing == "none":
+        result.unverified.append(rel)
+        return
+    else:
+        found = store.hash_object(key)
+        if found is None:
+            result.problems.append(FileProblem(rel, "missing"))
+            return
+        actual, read_stamp = found
+        result.hashed_bytes += int(read_stamp[0])
+        store.digests.remember(cache_key, read_stamp, actual)
+    if actual != expected:
+        result.problems.append(FileProblem(rel, "sha256", f"sha256 {expected}", f"sha256 {actual}"))
+
+
+def root_marker(uri: str) -> bytes:
+    """The root marker's contents: what it is for, for whoever finds it in a bucket."""
+    return json.dumps(
+        {
+            "what": "mlreg model repository root (Triton ignores files at the root)",
+            "why": "Triton refuses to start on an S3 prefix that holds no object",
+            "store": uri,
+            "created_at": time.time(),
+        },
+        indent=1,
+    ).encode()
