@@ -81,3 +81,35 @@ class TemplateError(MlregError):
     """The model repository template cannot be built."""
 
     exit_code = 11
+
+
+class SettingsError(MlregError):
+    """The environment cannot be used: an MLREG_* variable, MLFLOW_TRACKING_URI or the state folder."""
+
+    exit_code = 12
+
+
+class OutputClosedError(MlregError):
+    """Whatever read mlreg's output stopped reading (a closed pipe: ``mlreg status | head -1``)."""
+
+    exit_code = 141  # the shell's code for a process ended by SIGPIPE (128 + 13)
+
+
+EXIT_CODES: dict[str, int] = {
+    cls.__name__: cls.exit_code
+    for cls in (
+        MlregError,
+        UsageError,
+        ContractError,
+        RegistryError,
+        StorageError,
+        TritonError,
+        StackError,
+        PromotionError,
+        MissingDependencyError,
+        TemplateError,
+        SettingsError,
+        OutputClosedError,
+    )
+}
+"""One error class, one exit code, in every command (a CLI test pins the table)."""

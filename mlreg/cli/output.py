@@ -1,88 +1,269 @@
-"""Rendering shared by every command: errors, JSON, plain lines."""
+"""The one output sink of the ``mlreg`` command.
+
+Commands never format text themselves: they hand results to an ``Output`` (``sink(ctx, as_json)``),
+which prints either one JSON document (``--json``) or what people read — ``rich`` tables
+(``render_table``), ``key value`` fields and plain lines.  Every failure, from a bad option to a
+closed pipe, is reported in one place (``report``, called by ``MlregGroup.main``):
+``error: what, where`` and ``fix: what to do`` on stderr, the error class's exit code
+(``registry.errors``), one JSON error document on stdout with ``--json``, and a traceback only
+with ``MLREG_DEBUG=1``.
+
+Importing this module stays cheap (``mlreg --help`` loads it): ``rich`` is imported only when a
+table is drawn.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-import traceback
-from collections.abc import Callable
-from functools import wraps
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
-from registry.errors import MlregError
+try:  # typer >= 0.24 carries its own click
+    from typer import _click
+except ImportError:  # pragma: no cover - older typer
+    import click as _click  # type: ignore[no-redef]
+
+from registry.errors import MlregError, OutputClosedError, SettingsError, UsageError
+from registry.settings import env_flag
 
 F = TypeVar("F", bound=Callable[..., Any])
 INTERNAL_ERROR_EXIT = 70
+INTERRUPTED_EXIT = 130
 
 
-def debug() -> bool:
-    return os.environ.get("MLREG_DEBUG", "").strip() in {"1", "true", "yes"}
+class _Run:
+    """What the error handler needs to know about the command that runs now."""
+
+    def __init__(self) -> None:
+        self.json = False
+        self.emitted = False
+        self.debug: bool | None = None  # the Settings' value once the root callback read it
+
+    def reset(self, argv: Sequence[str]) -> None:
+        options = argv[: list(argv).index("--")] if "--" in argv else argv
+        self.json = "--json" in options
+        self.emitted = False
+        self.debug = None
+
+    @property
+    def debugging(self) -> bool:
+        return env_flag("MLREG_DEBUG") if self.debug is None else self.debug
 
 
-_emitted: list[bool] = []  # whether this command already wrote its JSON document
+RUN = _Run()
+
+
+def render_table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    *,
+    title: str | None = None,
+    right: Collection[str] = (),
+) -> None:
+    """Print ``rows`` under ``columns`` as a ``rich`` table on stdout (``right``: right-aligned columns).
+
+    Cells are never cut or wrapped when stdout is not a terminal, so ``grep``/``awk`` see whole rows.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, box=None, pad_edge=False, header_style="bold", title_justify="left")
+    for name in columns:
+        table.add_column(name, justify="right" if name in right else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*("-" if cell is None or cell == "" else str(cell) for cell in row))
+    terminal = sys.stdout.isatty()
+    console = Console(file=sys.stdout, width=None if terminal else 10_000, soft_wrap=not terminal)
+    console.print(table, overflow="ignore", crop=False)
+
+
+class Output:
+    """One command's results: a JSON document with ``--json``, else lines and tables for people."""
+
+    def __init__(self, as_json: bool = False) -> None:
+        self.json = as_json
+
+    def document(self, data: object) -> None:
+        """The command's one JSON document (stdout)."""
+        RUN.emitted = True
+        typer.echo(json.dumps(data, indent=2, default=str))
+
+    def result(self, data: object, human: Callable[[], None]) -> None:
+        """``data`` as JSON with ``--json``, else whatever ``human`` prints."""
+        if self.json:
+            self.document(data)
+        else:
+            human()
+
+    def line(self, text: str = "") -> None:
+        if not self.json:
+            typer.echo(text)
+
+    def note(self, text: str) -> None:
+        """A line about progress (stderr), never mixed into a JSON document."""
+        if not self.json:
+            typer.echo(text, err=True)
+
+    def table(
+        self,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[object]],
+        *,
+        title: str | None = None,
+        right: Collection[str] = (),
+    ) -> None:
+        if not self.json:
+            render_table(columns, rows, title=title, right=right)
+
+    def fields(self, pairs: Mapping[str, object], indent: int = 2) -> None:
+        """``key  value`` lines, keys aligned."""
+        if self.json or not pairs:
+            return
+        width = max(len(k) for k in pairs)
+        for key, value in pairs.items():
+            typer.echo(f"{' ' * indent}{key:<{width}}  {value}")
 
 
 def emit_json(data: object) -> None:
-    _emitted.append(True)
-    typer.echo(json.dumps(data, indent=2, default=str))
+    """The command's JSON document (kept for commands not yet on ``Output``)."""
+    Output(True).document(data)
+
+
+def handle_errors(fn: F) -> F:
+    """No longer needed: ``MlregGroup`` reports every failure.  Kept so older commands still import."""
+    return fn
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+
+def _as_mlreg_error(exc: BaseException) -> MlregError | None:
+    """The user-facing error ``exc`` stands for; None for a bug (an internal error)."""
+    if isinstance(exc, MlregError):
+        return exc
+    if isinstance(exc, _click.exceptions.UsageError):
+        command = exc.ctx.command_path if exc.ctx is not None else "mlreg"
+        return UsageError(exc.format_message(), fix=f"see '{command} --help'")
+    if isinstance(exc, _click.exceptions.ClickException):
+        return UsageError(exc.format_message(), fix="see 'mlreg --help'")
+    if isinstance(exc, BrokenPipeError):
+        return closed_pipe()
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": '{exc.filename}'" if exc.filename else ""
+        return MlregError(
+            f"{exc.strerror}{where}", fix="check that the path exists and that you may read and write there"
+        )
+    return None
+
+
+def closed_pipe() -> OutputClosedError:
+    return OutputClosedError(
+        "the program reading mlreg's output closed it before the end (a closed pipe)",
+        fix="let the reader take all of it (e.g. 'mlreg status | less'); "
+        "ignore this if you wanted only the first lines",
+    )
 
 
 def error_document(exc: BaseException, code: int) -> dict[str, object]:
     """What ``--json`` prints on stdout when a command fails before its own document."""
-    if isinstance(exc, MlregError):
+    error = _as_mlreg_error(exc)
+    if error is None:
         return {
             "ok": False,
-            "error": exc.message,
-            "fix": exc.fix,
+            "error": f"internal error: {type(exc).__name__}: {exc}",
+            "fix": "",
             "exit_code": code,
-            "kind": type(exc).__name__,
+            "kind": "InternalError",
         }
     return {
         "ok": False,
-        "error": f"internal error: {type(exc).__name__}: {exc}",
-        "fix": "",
+        "error": error.message,
+        "fix": error.fix,
         "exit_code": code,
-        "kind": "InternalError",
+        "kind": type(error).__name__,
     }
 
 
-def fail(exc: BaseException) -> typer.Exit:
-    """Print a failure the way users see it and return the Exit to raise."""
-    if debug():
+def _print_failure(exc: BaseException, error: MlregError | None) -> int:
+    if RUN.debugging:
+        import traceback
+
         traceback.print_exception(exc, file=sys.stderr)
-    if isinstance(exc, MlregError):
-        typer.echo(f"error: {exc.message}", err=True)
-        if exc.fix:
-            typer.echo(f"fix: {exc.fix}", err=True)
-        code = exc.exit_code
-    else:
+    if error is None:
         typer.echo(f"error: internal error: {type(exc).__name__}: {exc}", err=True)
-        code = INTERNAL_ERROR_EXIT
-    if not debug():
+        typer.echo("fix: this is a bug in mlreg: report it with the traceback (MLREG_DEBUG=1)", err=True)
+        return INTERNAL_ERROR_EXIT
+    if isinstance(exc, _click.exceptions.UsageError) and exc.ctx is not None:
+        typer.echo(exc.ctx.get_usage(), err=True)
+    typer.echo(f"error: {error.message}", err=True)
+    if error.fix:
+        typer.echo(f"fix: {error.fix}", err=True)
+    if not RUN.debugging and not isinstance(error, (UsageError, SettingsError, OutputClosedError)):
         typer.echo("(set MLREG_DEBUG=1 for the traceback)", err=True)
-    return typer.Exit(code)
+    return error.exit_code
 
 
-def handle_errors(fn: F) -> F:
-    """Turn every exception of a command into one clear message and an exit code."""
+def report(exc: BaseException) -> int:
+    """Print a failure the way users see it; return the exit code.  The one place errors go."""
+    if isinstance(exc, KeyboardInterrupt):
+        typer.echo("interrupted", err=True)
+        return INTERRUPTED_EXIT
+    if isinstance(exc, _click.exceptions.NoArgsIsHelpError):
+        typer.echo(exc.format_message())
+        return UsageError.exit_code
+    if isinstance(exc, typer.Abort):
+        typer.echo("aborted", err=True)
+        return 1
+    error = _as_mlreg_error(exc)
+    if isinstance(error, OutputClosedError):
+        _silence_stdout()
+    code = _print_failure(exc, error)
+    if RUN.json and not RUN.emitted and not isinstance(error, OutputClosedError):
+        Output(True).document(error_document(exc, code))  # CI reads stdout: one document, always
+    return code
 
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _emitted.clear()  # per command, also when several run in one process (tests)
+
+def _silence_stdout() -> None:
+    """After a closed pipe: later writes and the exit's flush go nowhere instead of failing again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests' captured stdout)
+        pass
+
+
+class MlregGroup(TyperGroup):
+    """The root command: runs a command and sends every failure to ``report``."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        RUN.reset(argv)
         try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort):
-            raise
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+            outcome = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            code = outcome if isinstance(outcome, int) else 0
+            sys.stdout.flush()
         except Exception as exc:
-            failure = fail(exc)
-            if kwargs.get("as_json") and not _emitted:  # CI reads stdout: one document always
-                emit_json(error_document(exc, failure.exit_code))
-            raise failure from None
+            code = report(exc)
+        except KeyboardInterrupt as exc:
+            code = report(exc)
+        if standalone_mode:
+            sys.exit(code)
+        return code
 
-    return wrapper  # type: ignore[return-value]
+    def invoke(self, ctx: _click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:  # typer would turn it into a bare exit 1
+            raise closed_pipe() from None
