@@ -38,6 +38,22 @@ START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 15.0
 SHM_DIR = Path("/dev/shm")
 PORT_ATTEMPTS = 3
+# The one list of Triton's control arguments of every server mlreg drives: infra/compose/compose.yaml
+# and infra/k8s/base/triton.yaml pass exactly these (tests/integration/test_infra.py compares them
+# with server_command below). A replica loads the store's desired state on start (--load-model=*)
+# and reports not-ready while a model it holds is not. The local stack departs on purpose in
+# LOCAL_DEPARTURES only: it loads models on demand (stack up --load), and a failed load on it (the
+# quality gate's scratch servers, tests) must not turn it not-ready (FACTS.md, strict readiness).
+FLEET_SERVER_ARGS = (
+    "--model-control-mode=explicit",
+    "--load-model=*",
+    "--strict-readiness=true",
+    f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+    "--allow-metrics=true",
+    "--metrics-port=8002",
+)
+LOCAL_DEPARTURES = {"--load-model": None, "--strict-readiness": "false", "--metrics-port": "<free port>"}
+LOCAL_SERVER_ARGS = tuple(a for a in FLEET_SERVER_ARGS if a.partition("=")[0] not in LOCAL_DEPARTURES)
 
 
 @dataclass(frozen=True)
@@ -209,7 +225,7 @@ def server_command(
     return [
         str(install.server),
         f"--model-repository={repository}",
-        "--model-control-mode=explicit",
+        *LOCAL_SERVER_ARGS,  # explicit mode, exit timeout, metrics: shared with infra/
         f"--backend-directory={backend_dir}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         "--http-address=127.0.0.1",
@@ -219,7 +235,6 @@ def server_command(
         "--metrics-address=127.0.0.1",
         f"--metrics-port={metrics}",
         "--allow-gpu-metrics=false",
-        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         "--strict-readiness=false",
     ]
 

@@ -1,0 +1,507 @@
+"""infra/compose and infra/k8s checked with the real tools, offline.
+
+Kubernetes: every overlay rendered by ``kubectl kustomize`` (Debian's kubectl) and validated by
+``kubernetes-validate --strict`` (bundled schemas); compose by ``check-jsonschema`` against the
+compose specification. Then what the schemas cannot say: probes, resources, pinned images, no
+credentials in the manifests, the headless Service that mlreg's fleet discovery reads, one list
+of Triton's server arguments, the store initialised before Triton starts, and mlreg.toml
+environments that name what the manifests deploy.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomllib
+import yaml
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+INFRA = ROOT / "infra"
+COMPOSE_DIR = INFRA / "compose"
+K8S = INFRA / "k8s"
+OVERLAYS = ("dev", "staging", "production")
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|CREDENTIAL", re.IGNORECASE)
+VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def venv_tool(name: str) -> str:
+    exe = Path(sys.executable).parent / name
+    if exe.is_file():
+        return str(exe)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} not found: pip install -e '.[dev]'")
+    return found
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl not found: bash .ci/system-deps.sh installs Debian's kubectl")
+    return found
+
+
+@cache
+def rendered(overlay: str) -> str:
+    out = subprocess.run(
+        [kubectl(), "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def documents(overlay: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(rendered(overlay)) if d]
+
+
+def find(overlay: str, kind: str, name: str) -> dict[str, Any]:
+    [doc] = [d for d in documents(overlay) if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def config_map(overlay: str, prefix: str) -> dict[str, str]:
+    [doc] = [
+        d
+        for d in documents(overlay)
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith(prefix + "-")
+    ]
+    return dict(doc["data"])
+
+
+def pod_specs(overlay: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in documents(overlay):
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+
+
+def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def flag_map(args: list[str]) -> dict[str, str | None]:
+    """``--name=value`` arguments as {--name: value} (``None`` for a bare flag)."""
+    flags: dict[str, str | None] = {}
+    for arg in args:
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            flags[name] = value if eq else None
+    return flags
+
+
+def env_example() -> dict[str, str]:
+    values = {}
+    for line in (COMPOSE_DIR / ".env.example").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """Compose's variable syntax (${VAR}, ${VAR:-default}, ${VAR:?error}, $$) over parsed YAML."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op, arg = match.groups()
+        current = env.get(name)
+        if op in (":-", "-"):
+            return current if current else (arg or "")
+        if op in (":?", "?") and not current:
+            raise KeyError(f"{name}: {arg}")
+        return current or ""
+
+    return VARIABLE.sub(substitute, value)
+
+
+def compose(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """compose.yaml as ``docker compose config`` would see it with .env.example (+ ``env``)."""
+    raw = yaml.safe_load((COMPOSE_DIR / "compose.yaml").read_text())
+    return dict(interpolate(raw, {**env_example(), **(env or {})}))
+
+
+def image_pinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")
+
+
+# --- Kubernetes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_overlay_renders_and_passes_strict_schema_validation(overlay: str, tmp_path: Path) -> None:
+    manifest = tmp_path / f"{overlay}.yaml"
+    manifest.write_text(rendered(overlay))
+    out = subprocess.run(
+        [venv_tool("kubernetes-validate"), "--strict", "--quiet", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    kinds = {d["kind"] for d in documents(overlay)}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Namespace"} <= kinds
+    assert {d["metadata"].get("namespace") for d in documents(overlay) if d["kind"] != "Namespace"} == {
+        f"mlreg-{overlay}"
+    }
+
+
+def test_strict_validation_rejects_a_misspelt_field(tmp_path: Path) -> None:
+    """The validator is really strict: the same manifest with one field misspelt fails."""
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(rendered("staging").replace("readinessProbe:", "readinesProbe:"))
+    out = subprocess.run(
+        [venv_tool("kubernetes-validate"), "--strict", "--quiet", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "'readinesProbe' was unexpected" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_triton_has_probes_gpu_metrics_and_runs_as_non_root(overlay: str) -> None:
+    deployment = find(overlay, "Deployment", "triton")
+    template = deployment["spec"]["template"]
+    [triton] = template["spec"]["containers"]
+    assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert triton[probe]["httpGet"]["port"] == "http"
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert triton["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(ports["metrics"])
+    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in template["spec"]["volumes"])
+    mounts = {m["mountPath"] for m in triton["volumeMounts"]}
+    assert "/dev/shm" in mounts
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_has_requests_a_memory_limit_and_a_pinned_image(overlay: str) -> None:
+    for workload, spec in pod_specs(overlay):
+        for container in containers(spec):
+            where = f"{overlay}: {workload}/{container['name']}"
+            assert image_pinned(container["image"]), where
+            resources = container.get("resources", {})
+            assert {"cpu", "memory"} <= set(resources.get("requests", {})), where
+            assert "memory" in resources.get("limits", {}), where
+            assert container.get("securityContext", {}).get("allowPrivilegeEscalation") is False, where
+        for container in spec["containers"]:
+            assert {"livenessProbe", "readinessProbe"} <= set(container), f"{workload}/{container['name']}"
+        assert spec["securityContext"]["runAsNonRoot"] is True, workload
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_credentials_in_the_manifests(overlay: str) -> None:
+    docs = documents(overlay)
+    assert not [d for d in docs if d["kind"] == "Secret"], "Secrets are created out of band"
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            for key, value in doc["data"].items():
+                assert not SECRET_NAME.search(key), (doc["metadata"]["name"], key)
+                assert "@" not in value or "$(" in value, (key, value)  # no user:password@host
+    for workload, spec in pod_specs(overlay):
+        for container in containers(spec):
+            for env in container.get("env", []):
+                if SECRET_NAME.search(env["name"]):
+                    assert "secretKeyRef" in env.get("valueFrom", {}), (workload, env["name"])
+            for ref in container.get("envFrom", []):
+                assert set(ref) == {"secretRef"} or set(ref) == {"configMapRef"}
+            for arg in [*container.get("args", []), *container.get("command", [])]:
+                # credentials reach a command line only as $(VAR) from a Secret-backed variable
+                assert not re.search(r"://[^/$\s]+:[^/$\s]+@", arg), (workload, arg)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_headless_service_selects_exactly_the_triton_pods(overlay: str) -> None:
+    deployment = find(overlay, "Deployment", "triton")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    headless = find(overlay, "Service", "triton-replicas")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    selector = headless["spec"]["selector"]
+    assert selector == deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    # no other workload's pods carry those labels
+    for doc in documents(overlay):
+        if doc["kind"] in ("Deployment", "StatefulSet") and doc["metadata"]["name"] != "triton":
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            assert not selector.items() <= labels.items(), doc["metadata"]["name"]
+    grpc = {p["name"]: p for p in headless["spec"]["ports"]}["grpc"]
+    assert (grpc["port"], grpc["targetPort"]) == (8001, "grpc")
+    clients = find(overlay, "Service", "triton")
+    assert clients["spec"]["type"] == "ClusterIP"
+    assert clients["spec"]["selector"] == selector
+    pdb = find(overlay, "PodDisruptionBudget", "triton")
+    assert pdb["spec"]["selector"]["matchLabels"] == selector
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_store_is_initialised_before_triton_starts(overlay: str) -> None:
+    spec = find(overlay, "Deployment", "triton")["spec"]["template"]["spec"]
+    [init] = spec["initContainers"]
+    [triton] = spec["containers"]
+    assert init["command"] == ["mlreg", "store", "init", "--store", "$(MLREG_STORE)"]
+    assert flag_map(triton["args"])["--model-repository"] == "$(MLREG_STORE)"
+    for container in (init, triton):
+        [store] = [e for e in container["env"] if e["name"] == "MLREG_STORE"]
+        assert store["valueFrom"]["configMapKeyRef"]["name"].startswith("mlreg-store-")
+    assert config_map(overlay, "mlreg-store")["MLREG_STORE"] == f"s3://mlreg-models/{overlay}"
+
+
+def test_production_scales_on_queue_time_and_uses_irsa() -> None:
+    hpa = find("production", "HorizontalPodAutoscaler", "triton")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "triton"}
+    [metric] = hpa["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == "triton_queue_avg_time_us"
+    assert hpa["spec"]["minReplicas"] == find("production", "Deployment", "triton")["spec"]["replicas"]
+    for account in ("triton", "mlflow"):
+        annotations = find("production", "ServiceAccount", account)["metadata"]["annotations"]
+        assert annotations["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
+    assert not [d for d in documents("staging") if d["kind"] == "HorizontalPodAutoscaler"]
+
+
+def test_dev_runs_postgresql_in_the_namespace_for_mlflow() -> None:
+    postgres = find("dev", "StatefulSet", "postgres")
+    assert postgres["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
+    assert (
+        config_map("dev", "mlflow-config")["DB_HOST"]
+        == find("dev", "Service", "postgres")["metadata"]["name"]
+    )
+    for overlay in ("staging", "production"):
+        assert not [d for d in documents(overlay) if d["kind"] == "StatefulSet"]
+        assert config_map(overlay, "mlflow-config")["DB_HOST"].endswith(".example.internal")
+
+
+def test_mlflow_runs_the_compose_server_on_postgresql_with_s3_artifacts() -> None:
+    [container] = find("staging", "Deployment", "mlflow")["spec"]["template"]["spec"]["containers"]
+    flags = flag_map(container["args"])
+    assert (
+        flags["--backend-store-uri"]
+        == "postgresql://$(DB_USER):$(DB_PASSWORD)@$(DB_HOST):$(DB_PORT)/$(DB_NAME)"
+    )
+    assert "--serve-artifacts" in flags
+    assert config_map("staging", "mlflow-config")["ARTIFACTS_DESTINATION"].startswith("s3://")
+    command = compose()["services"]["mlflow"]["command"]
+    compose_flags = {a for a in command if a.startswith("--")}
+    assert compose_flags == set(flags), "compose and Kubernetes run MLflow with the same options"
+
+
+# --- one list of Triton's server arguments -------------------------------------------------------
+
+
+def compose_triton_args() -> list[str]:
+    command = compose()["services"]["triton"]["command"]
+    assert command[0] == "tritonserver"
+    return list(command[1:])
+
+
+def k8s_triton_args(overlay: str) -> list[str]:
+    [triton] = find(overlay, "Deployment", "triton")["spec"]["template"]["spec"]["containers"]
+    assert triton["command"] == ["tritonserver"]
+    return list(triton["args"])
+
+
+def test_triton_server_arguments_agree_across_launcher_compose_and_kubernetes() -> None:
+    from pipelines import local_triton
+
+    fleet = flag_map(list(local_triton.FLEET_SERVER_ARGS))
+    assert fleet["--model-control-mode"] == "explicit"
+    assert fleet["--load-model"] == "*"
+    assert fleet["--strict-readiness"] == "true"
+    deployed = {"compose": flag_map(compose_triton_args())}
+    deployed.update({overlay: flag_map(k8s_triton_args(overlay)) for overlay in OVERLAYS})
+    for where, flags in deployed.items():
+        assert {k: flags.get(k) for k in fleet} == fleet, where
+    # compose and every overlay differ only in where the repository is
+    shapes = {
+        where: {k: v for k, v in f.items() if k != "--model-repository"} for where, f in deployed.items()
+    }
+    assert len({tuple(sorted(s.items())) for s in shapes.values()}) == 1, shapes
+    # the local launcher: the same control arguments, departing only where LOCAL_DEPARTURES says
+    install = local_triton.TritonInstall(Path("tritonserver"), (), Path("python"), Path("stub"))
+    local = flag_map(local_triton.server_command(install, "/repo", Path("/backends"), (1, 2, 3), "p_"))
+    for flag, value in fleet.items():
+        if flag in local_triton.LOCAL_DEPARTURES:
+            expected = local_triton.LOCAL_DEPARTURES[flag]
+            if expected is None:
+                assert flag not in local, flag
+            elif not expected.startswith("<"):
+                assert local[flag] == expected, flag
+            else:
+                assert flag in local, flag
+        else:
+            assert local.get(flag) == value, flag
+
+
+# --- compose -------------------------------------------------------------------------------------
+
+
+def test_compose_file_passes_the_compose_specification_schema(tmp_path: Path) -> None:
+    tool = venv_tool("check-jsonschema")
+    ok = subprocess.run(
+        [tool, "--builtin-schema", "vendor.compose-spec", str(COMPOSE_DIR / "compose.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = tmp_path / "compose.yaml"
+    bad.write_text((COMPOSE_DIR / "compose.yaml").read_text().replace("shm_size:", "shm_sise:"))
+    refused = subprocess.run(
+        [tool, "--builtin-schema", "vendor.compose-spec", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 1
+    assert "'shm_sise' was unexpected" in refused.stdout
+
+
+def test_compose_triton_reserves_a_gpu_and_starts_after_the_store_init() -> None:
+    services = compose()["services"]
+    triton = services["triton"]
+    [device] = triton["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia"
+    assert device["capabilities"] == ["gpu"]
+    assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
+    assert triton["depends_on"]["store-init"]["condition"] == "service_completed_successfully"
+    init = services["store-init"]
+    assert init["command"][:4] == ["mlreg", "store", "init", "--store"]
+    assert init["command"][4] == flag_map(compose_triton_args())["--model-repository"]
+    assert init["depends_on"]["buckets"]["condition"] == "service_completed_successfully"
+    assert services["mlflow"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name, service in services.items():
+        assert image_pinned(service["image"]), name
+        if service.get("restart") != "no":
+            assert "healthcheck" in service, name
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)  # published on loopback unless set
+
+
+def test_compose_takes_every_credential_from_the_environment() -> None:
+    raw = yaml.safe_load((COMPOSE_DIR / "compose.yaml").read_text())
+    for name, service in raw["services"].items():
+        env = service.get("environment", {})
+        for key, value in env.items():
+            if SECRET_NAME.search(key):
+                assert str(value).startswith("${"), (name, key)
+                assert ":?" in str(value), (name, key)  # refuses to start without it
+    example = env_example()
+    for key, value in example.items():
+        if SECRET_NAME.search(key):
+            assert value.startswith("CHANGE-ME"), key
+    with pytest.raises(KeyError, match="POSTGRES_PASSWORD: set POSTGRES_PASSWORD in .env"):
+        interpolate(raw["services"]["postgres"], {})
+
+
+def test_pinned_images_match_the_versions_mlreg_is_tested_with() -> None:
+    import mlflow
+
+    from pipelines.promote.convert import TF_BACKEND_LAST
+
+    services = compose()["services"]
+    assert services["mlflow"]["image"] == f"mlreg-mlflow:{mlflow.__version__}"
+    assert services["mlflow"]["build"]["args"]["MLFLOW_VERSION"] == mlflow.__version__
+    dockerfile = (COMPOSE_DIR / "mlflow.Dockerfile").read_text()
+    assert f"ARG MLFLOW_VERSION={mlflow.__version__}" in dockerfile
+    assert "psycopg2" in dockerfile
+    assert "boto3" in dockerfile
+    # container 25.02 = Triton 2.55, the last release with the TensorFlow backend
+    assert services["triton"]["image"] == "nvcr.io/nvidia/tritonserver:25.02-py3"
+    assert TF_BACKEND_LAST == (2, 55)
+    k8s_images = {c["image"] for o in OVERLAYS for _, spec in pod_specs(o) for c in containers(spec)}
+    assert services["triton"]["image"] in k8s_images
+    assert f"registry.example.com/mlreg/mlflow:{mlflow.__version__}" in k8s_images
+    assert services["postgres"]["image"] in k8s_images
+
+
+# --- mlreg's environments ------------------------------------------------------------------------
+
+
+def test_k8s_environments_discover_the_headless_service_and_serve_the_overlay_store(tmp_path: Path) -> None:
+    data = tomllib.loads((K8S / "mlreg.toml").read_text())["environments"]
+    assert set(data) == set(OVERLAYS)
+    for overlay, env in data.items():
+        headless = find(overlay, "Service", "triton-replicas")
+        grpc = {p["name"]: p["port"] for p in headless["spec"]["ports"]}["grpc"]
+        namespace = headless["metadata"]["namespace"]
+        assert env["discover"] == f"dns:{headless['metadata']['name']}.{namespace}.svc.cluster.local:{grpc}"
+        assert env["store"] == config_map(overlay, "mlreg-store")["MLREG_STORE"]
+        assert env["alias"] == overlay
+    envs = load_with_mlreg(K8S / "mlreg.toml", tmp_path)
+    assert {name: envs[name].store for name in OVERLAYS} == {n: e["store"] for n, e in data.items()}
+
+
+def test_compose_environment_targets_the_published_ports(tmp_path: Path) -> None:
+    env = tomllib.loads((COMPOSE_DIR / "mlreg.toml").read_text())["environments"]["production"]
+    services = compose()["services"]
+    repository = flag_map(compose_triton_args())["--model-repository"] or ""
+    assert repository.startswith("s3://minio:9000/")
+    # the same bucket/prefix, reached from the host through MinIO's published port
+    assert env["store"] == repository.replace("s3://minio:9000/", "s3://127.0.0.1:9000/")
+    assert "127.0.0.1:9000:9000" in services["minio"]["ports"]
+    [target] = env["targets"]
+    assert f"{target}:8001" in services["triton"]["ports"]
+    envs = load_with_mlreg(COMPOSE_DIR / "mlreg.toml", tmp_path)
+    assert envs["production"].targets == ("127.0.0.1:8001",)
+
+
+def load_with_mlreg(toml: Path, tmp_path: Path) -> dict[str, Any]:
+    """The environments as mlreg itself reads them (a project whose mlreg.toml is ``toml``)."""
+    from pipelines.promote.environments import load_environments
+    from registry.settings import Settings
+
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(toml, project / "mlreg.toml")
+    settings = Settings.from_env(env={"MLREG_HOME": str(project / ".mlreg")}, cwd=project)
+    return dict(load_environments(settings))
+
+
+def test_the_store_init_command_the_infra_runs_exists() -> None:
+    from typer.testing import CliRunner
+
+    from mlreg.cli.main import app
+
+    result = CliRunner().invoke(app, ["store", "init", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--store" in result.output
