@@ -69,6 +69,9 @@ def render_table(
 
     Cells are never cut or wrapped when stdout is not a terminal, so ``grep``/``awk`` see whole rows.
     """
+    import io
+    import shutil
+
     from rich.console import Console
     from rich.table import Table
 
@@ -78,8 +81,11 @@ def render_table(
     for row in rows:
         table.add_row(*("-" if cell is None or cell == "" else str(cell) for cell in row))
     terminal = sys.stdout.isatty()
-    console = Console(file=sys.stdout, width=None if terminal else 10_000, soft_wrap=not terminal)
-    console.print(table, overflow="ignore", crop=False)
+    width = shutil.get_terminal_size().columns if terminal else 10_000
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, force_terminal=terminal, soft_wrap=not terminal).print(table)
+    for line in buffer.getvalue().splitlines():
+        typer.echo(line.rstrip())
 
 
 class Output:

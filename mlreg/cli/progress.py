@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from registry.settings import Settings, env_flag
 
-def enabled() -> bool:
-    return sys.stderr.isatty() and os.environ.get("MLREG_NO_PROGRESS", "") not in {"1", "true"}
+
+def enabled(settings: Settings | None = None) -> bool:
+    """Bars only on a terminal and unless ``Settings.no_progress`` (MLREG_NO_PROGRESS) is on."""
+    off = settings.no_progress if settings is not None else env_flag("MLREG_NO_PROGRESS")
+    return sys.stderr.isatty() and not off
 
 
 @contextmanager
-def byte_progress(label: str, quiet: bool = False) -> Iterator[Callable[[int], None] | None]:
+def byte_progress(
+    label: str, quiet: bool = False, settings: Settings | None = None
+) -> Iterator[Callable[[int], None] | None]:
     """A callback taking bytes just sent, drawing a transfer bar (None when bars are off)."""
-    if quiet or not enabled():
+    if quiet or not enabled(settings):
         yield None
         return
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn

@@ -3,144 +3,181 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mlreg.cli.output import emit_json, handle_errors
-from registry.settings import Settings
+from mlreg.cli.common import JsonFlag, ModelName, ModelVersion, settings_of
+from mlreg.cli.output import Output
+
+if TYPE_CHECKING:
+    from registry.register import RegisterResult
+    from registry.settings import Settings
 
 alias_app = typer.Typer(help="Set or remove a registered model's aliases.", no_args_is_help=True)
+Force = Annotated[bool, typer.Option("--force", help="Register even when identical bytes are registered.")]
 
 
-def _print_results(results: list, as_json: bool) -> None:  # type: ignore[type-arg]
-    if as_json:
-        emit_json({"versions": [r.to_dict() for r in results]})
-        return
-    for r in results:
-        verb = "registered" if r.created else "unchanged, matches"
-        typer.echo(f"{r.model}: {verb} version {r.version} (validation {r.validation})")
-        for line in r.findings:
-            typer.echo(f"  error: {line}")
+def _print_results(out: Output, results: list[RegisterResult]) -> None:
+    def human() -> None:
+        for r in results:
+            verb = "registered" if r.created else "unchanged, matches"
+            out.line(f"{r.model}: {verb} version {r.version} (validation {r.validation})")
+            for line in r.findings:
+                out.line(f"  error: {line}")
+
+    out.result({"versions": [r.to_dict() for r in results]}, human)
 
 
-@handle_errors
+def _registry(settings: Settings) -> Any:
+    from registry.mlflow_registry import MlflowRegistry
+
+    return MlflowRegistry(settings)
+
+
 def export_cmd(
-    models: list[str] = typer.Argument(None, help="Template models to export (default: all)."),
-    seed: int = typer.Option(0, help="Random seed of the exported weights (another seed, another version)."),
-    force: bool = typer.Option(False, "--force", help="Register even when identical bytes are registered."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ctx: typer.Context,
+    models: Annotated[
+        list[str] | None, typer.Argument(help="Template models to export (default: all).")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Random seed of the exported weights (another seed, another version).")
+    ] = 0,
+    force: Force = False,
+    changed: Annotated[
+        bool,
+        typer.Option("--changed", help="List only versions the --against alias does not hold yet (for CI)."),
+    ] = False,
+    against: Annotated[str, typer.Option("--against", help="The alias --changed compares with.")] = "staging",
+    as_json: JsonFlag = False,
 ) -> None:
     """Run the template's exporters and register every result as an MLflow model version.
 
     Example: mlreg export image_model --seed 7
     """
-    from registry.export import export_models
-    from registry.mlflow_registry import MlflowRegistry
+    from registry.export import changed_versions, export_models
 
-    settings = Settings.from_env()
-    results = export_models(settings, MlflowRegistry(settings), models or None, seed=seed, force=force)
-    _print_results(results, as_json)
+    settings = settings_of(ctx)
+    registry = _registry(settings)
+    results = export_models(settings, registry, models or None, seed=seed, force=force)
+    if changed:
+        results = changed_versions(registry, results, against)
+    _print_results(Output(as_json), results)
 
 
-@handle_errors
 def register_cmd(
-    model: str = typer.Argument(..., help="The registered model's name."),
-    path: Path = typer.Argument(
-        ...,
-        help="A Triton model folder (config.pbtxt + one version folder) or a version folder with --config.",
-    ),
-    config: Path = typer.Option(None, "--config", help="config.pbtxt, when PATH is a version folder."),
-    force: bool = typer.Option(False, "--force", help="Register even when identical bytes are registered."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ctx: typer.Context,
+    model: ModelName,
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="A Triton model folder (config.pbtxt + one version folder), "
+            "or a version folder with --config."
+        ),
+    ],
+    config: Annotated[
+        Path | None, typer.Option("--config", help="config.pbtxt, when PATH is a version folder.")
+    ] = None,
+    force: Force = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Register a version exported elsewhere (validated; a failing contract is tagged validation=failed).
 
     Example: mlreg register image_model build/image_model
     """
     from registry.errors import UsageError
-    from registry.mlflow_registry import MlflowRegistry
     from registry.register import find_candidate, register
 
+    settings = settings_of(ctx)
     candidate = find_candidate(path, config)
     if candidate.name != model:
         raise UsageError(
             f"'{path}' holds model '{candidate.name}', not '{model}'",
             fix=f"run 'mlreg register {candidate.name} {path}' or fix the config's name",
         )
-    result = register(MlflowRegistry(Settings.from_env()), candidate, force=force)
-    _print_results([result], as_json)
+    result = register(_registry(settings), candidate, force=force)
+    _print_results(Output(as_json), [result])
 
 
-@handle_errors
-def versions_cmd(
-    model: str = typer.Argument(..., help="The registered model's name."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-) -> None:
-    """List a model's versions: created, aliases, validation status, where promoted."""
+def _require_model(settings: Settings, model: str) -> None:
+    """A RegistryError when ``model`` is not a registered model (it has no versions either)."""
+    from registry.errors import RegistryError
+
+    try:
+        _registry(settings).aliases(model)
+    except RegistryError as exc:
+        if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
+            raise
+        raise RegistryError(
+            f"no registered model named '{model}' in MLflow ({settings.tracking_uri})",
+            fix="check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
+        ) from exc
+
+
+def versions_cmd(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False) -> None:
+    """List a model's versions: created, aliases, validation status, where promoted.
+
+    Exit 4 when MODEL is not a registered model.
+    """
     from registry.queries import list_versions
 
-    rows = list_versions(Settings.from_env(), model)
-    if as_json:
-        emit_json({"model": model, "versions": rows})
-        return
+    settings = settings_of(ctx)
+    rows = list_versions(settings, model)
     if not rows:
-        typer.echo(f"{model}: no versions registered")
-        return
-    typer.echo(f"{'VERSION':>7}  {'CREATED (UTC)':<19}  {'VALIDATION':<10}  {'ALIASES':<20}  PROMOTED")
-    for r in rows:
-        typer.echo(
-            f"{r['version']:>7}  {r['created']:<19}  {r['validation']:<10}  "
-            f"{','.join(r['aliases']) or '-':<20}  {','.join(r['promoted']) or '-'}"
+        _require_model(settings, model)
+    out = Output(as_json)
+    if out.json:
+        out.document({"model": model, "versions": rows})
+    elif not rows:
+        out.line(f"{model}: no versions registered")
+    else:
+        out.table(
+            ["VERSION", "CREATED (UTC)", "VALIDATION", "ALIASES", "PROMOTED"],
+            (
+                [r["version"], r["created"], r["validation"], ",".join(r["aliases"]), ",".join(r["promoted"])]
+                for r in rows
+            ),
+            right={"VERSION"},
         )
 
 
-@handle_errors
-def show_cmd(
-    model: str = typer.Argument(..., help="The registered model's name."),
-    version: str = typer.Option(..., "--version", "-V", help="The version to show."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-) -> None:
+def _show_human(out: Output, model: str, data: dict[str, Any]) -> None:
+    aliases = ", ".join(data["aliases"]) or "-"
+    out.line(f"{model} version {data['version']} (created {data['created']} UTC, aliases: {aliases})")
+    out.line("lineage:")
+    members = {f"member {m}": f"version {v}" for m, v in sorted(data["members"].items())}
+    out.fields({**data["lineage"], **members})
+    contract = data["contract"]
+    out.line(f"contract: {contract['platform']}, max_batch_size {contract['max_batch_size']}")
+    tensors = [
+        [io[:-1], t["name"], t["dtype"], str(t["shape"])]
+        for io in ("inputs", "outputs")
+        for t in contract[io]
+    ]
+    out.table(["", "TENSOR", "DTYPE", "SHAPE"], tensors)
+    out.line(f"files ({len(data['files'])}):")
+    files = [[rel, f"{meta['size']:,}", meta["sha256"][:12]] for rel, meta in sorted(data["files"].items())]
+    out.table(["FILE", "BYTES", "SHA256"], files, right={"BYTES"})
+
+
+def show_cmd(ctx: typer.Context, model: ModelName, version: ModelVersion, as_json: JsonFlag = False) -> None:
     """Show one version: lineage, contract and files."""
     from registry.queries import show_version
 
-    data = show_version(Settings.from_env(), model, version)
-    if as_json:
-        emit_json(data)
-        return
-    typer.echo(
-        f"{model} version {data['version']} (created {data['created']} UTC, aliases: "
-        f"{', '.join(data['aliases']) or '-'})"
-    )
-    typer.echo("lineage:")
-    for key, value in data["lineage"].items():
-        typer.echo(f"  {key:<16} {value}")
-    for member, mv in sorted(data["members"].items()):
-        typer.echo(f"  member           {member} version {mv}")
-    contract = data["contract"]
-    typer.echo(f"contract: {contract['platform']}, max_batch_size {contract['max_batch_size']}")
-    for io in ("inputs", "outputs"):
-        for t in contract[io]:
-            typer.echo(f"  {io[:-1]:<6} {t['name']:<28} {t['dtype']:<6} {t['shape']}")
-    typer.echo(f"files ({len(data['files'])}):")
-    for rel, meta in sorted(data["files"].items()):
-        typer.echo(f"  {rel:<50} {meta['size']:>10,}  {meta['sha256'][:12]}")
+    data = show_version(settings_of(ctx), model, version)
+    out = Output(as_json)
+    out.result(data, lambda: _show_human(out, model, data))
 
 
 @alias_app.command("set")
-@handle_errors
-def alias_set(model: str, alias: str, version: str) -> None:
+def alias_set(ctx: typer.Context, model: ModelName, alias: str, version: str) -> None:
     """Point ALIAS of MODEL at VERSION.  Example: mlreg alias set image_model staging 2"""
-    from registry.mlflow_registry import MlflowRegistry
-
-    MlflowRegistry(Settings.from_env()).set_alias(model, alias, version)
-    typer.echo(f"{model}@{alias} -> version {version}")
+    _registry(settings_of(ctx)).set_alias(model, alias, version)
+    Output().line(f"{model}@{alias} -> version {version}")
 
 
 @alias_app.command("rm")
-@handle_errors
-def alias_rm(model: str, alias: str) -> None:
+def alias_rm(ctx: typer.Context, model: ModelName, alias: str) -> None:
     """Remove ALIAS from MODEL.  Example: mlreg alias rm image_model staging"""
-    from registry.mlflow_registry import MlflowRegistry
-
-    MlflowRegistry(Settings.from_env()).delete_alias(model, alias)
-    typer.echo(f"{model}@{alias} removed")
+    _registry(settings_of(ctx)).delete_alias(model, alias)
+    Output().line(f"{model}@{alias} removed")

@@ -2,79 +2,97 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from mlreg.cli.output import emit_json, handle_errors
-from registry.settings import Settings
+from mlreg.cli.common import JsonFlag, settings_of
+from mlreg.cli.output import Output
 
 app = typer.Typer(help="Start, inspect and stop the local Triton stack.", no_args_is_help=True)
+SHOWN = ("grpc_url", "http_url", "metrics_url", "pid", "repository", "log_path", "mlflow_url", "loaded")
 
 
-def _describe(data: dict[str, object]) -> None:
-    for key in ("grpc_url", "http_url", "metrics_url", "pid", "repository", "log_path", "mlflow_url"):
-        if key in data:
-            typer.echo(f"  {key:<12} {data[key]}")
+def _describe(out: Output, data: dict[str, object]) -> None:
+    shown = {key: data[key] for key in SHOWN if key in data}
+    if isinstance(shown.get("loaded"), list):
+        shown["loaded"] = ", ".join(shown["loaded"]) or "(none)"  # type: ignore[arg-type]
+    out.fields(shown)
 
 
 @app.command("up")
-@handle_errors
 def up_cmd(
-    repository: str = typer.Option(
-        None, "--repository", "-r", help="Model repository (default: .mlreg/model_repository)."
-    ),
-    load: list[str] = typer.Option(None, "--load", "-l", help="Load this model (repeatable)."),
-    s3: bool = typer.Option(
-        False,
-        "--s3",
-        help="Serve from a local S3 server (moto_server): the "
-        "repository is pushed there and Triton reads s3://127.0.0.1:PORT/...",
-    ),
-    ui: bool = typer.Option(True, "--ui/--no-ui", help="Also start the MLflow UI on the local registry."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ctx: typer.Context,
+    repository: Annotated[
+        str | None,
+        typer.Option(
+            "--repository",
+            "-r",
+            help="Model repository (default: .mlreg/model_repository, created empty if missing).",
+        ),
+    ] = None,
+    load: Annotated[
+        list[str] | None, typer.Option("--load", "-l", help="Load this model (repeatable).")
+    ] = None,
+    s3: Annotated[
+        bool,
+        typer.Option(
+            "--s3",
+            help="Serve from a local S3 server (moto_server): the "
+            "repository is pushed there and Triton reads s3://127.0.0.1:PORT/...",
+        ),
+    ] = False,
+    ui: Annotated[
+        bool, typer.Option("--ui/--no-ui", help="Also start the MLflow UI on the local registry.")
+    ] = True,
+    as_json: JsonFlag = False,
 ) -> None:
     """Start tritonserver (CPU, explicit model control) unless the project's one already runs.
+
+    With no --repository and nothing built yet, the server starts on an empty repository,
+    ready for 'mlreg promote'.
 
     Example: mlreg stack up --repository .mlreg/model_repository --load ensemble_multi_modal_model
     """
     from pipelines.stack import stack_up
 
-    status = stack_up(Settings.from_env(), repository=repository, load=load or (), s3=s3, ui=ui)
-    if as_json:
-        emit_json(status.to_dict() | {"already_running": status.already_running})
+    status = stack_up(settings_of(ctx), repository=repository, load=load or (), s3=s3, ui=ui)
+    out = Output(as_json)
+    if out.json:
+        out.document(status.to_dict() | {"already_running": status.already_running})
         return
-    data = status.to_dict()
-    typer.echo("tritonserver already running" if status.already_running else "tritonserver started")
-    _describe(data)
-    if status.loaded:
-        typer.echo(f"  loaded       {', '.join(status.loaded)}")
+    out.line("tritonserver already running" if status.already_running else "tritonserver started")
+    _describe(out, status.to_dict())
 
 
 @app.command("status")
-@handle_errors
-def status_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+def status_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Show the local stack: URLs, pid, repository and loaded models (exit 1 when not running)."""
     from pipelines.stack import stack_status
 
-    status = stack_status(Settings.from_env())
-    if as_json:
-        emit_json(status.to_dict())
+    status = stack_status(settings_of(ctx))
+    out = Output(as_json)
+    if out.json:
+        out.document(status.to_dict())
     elif not status.running:
-        typer.echo("the local stack is not running (start it with 'mlreg stack up')")
+        out.line("the local stack is not running (start it with 'mlreg stack up')")
     else:
-        typer.echo("tritonserver running")
-        _describe(status.to_dict())
-        typer.echo(f"  loaded       {', '.join(status.loaded) or '(none)'}")
+        out.line("tritonserver running")
+        _describe(out, status.to_dict() | {"loaded": status.loaded})
     if not status.running:
         raise typer.Exit(1)
 
 
 @app.command("down")
-@handle_errors
-def down_cmd() -> None:
+def down_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Stop the local stack (SIGTERM, then SIGKILL after a bound) and clean its shared memory."""
     from pipelines.stack import stack_down
 
-    info = stack_down(Settings.from_env())
-    typer.echo(
-        "the local stack was not running" if info is None else f"stopped tritonserver (pid {info.pid})"
+    info = stack_down(settings_of(ctx))
+    out = Output(as_json)
+    out.result(
+        {"stopped": info is not None, "pid": info.pid if info else None},
+        lambda: out.line(
+            "the local stack was not running" if info is None else f"stopped tritonserver (pid {info.pid})"
+        ),
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from mlreg.cli.output import emit_json, handle_errors
-from registry.settings import Settings
+from mlreg.cli.common import JsonFlag, settings_of
+from mlreg.cli.output import Output
 
 app = typer.Typer(
     help="The model repository template (the seed's multimodal ensemble).", no_args_is_help=True
@@ -15,17 +16,21 @@ app = typer.Typer(
 
 
 @app.command("build")
-@handle_errors
 def build_cmd(
-    out: Path = typer.Argument(..., help="Folder to write the repository to."),
-    model: list[str] = typer.Option(None, "--model", "-m", help="Build only this model (repeatable)."),
-    seed: int = typer.Option(0, help="Random seed of the exported weights."),
-    device: str = typer.Option(
-        "auto",
-        help="auto | cpu | gpu: KIND_GPU groups become KIND_CPU for cpu (auto: when no GPU is visible).",
-    ),
-    force: bool = typer.Option(False, "--force", help="Overwrite models already in OUT."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ctx: typer.Context,
+    out_dir: Annotated[Path, typer.Argument(metavar="OUT", help="Folder to write the repository to.")],
+    model: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="Build only this model (repeatable).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed of the exported weights.")] = 0,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="auto | cpu | gpu: KIND_GPU groups become KIND_CPU for cpu (auto: when no GPU is visible)."
+        ),
+    ] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite models already in OUT.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Write the complete, loadable repository (configs, python models, exported artifacts).
 
@@ -33,31 +38,27 @@ def build_cmd(
     """
     from registry import template
 
-    settings = Settings.from_env()
-
-    def progress(name: str) -> None:
-        if not as_json:
-            typer.echo(f"  {name}", err=True)
-
+    settings = settings_of(ctx, state=False)
+    out = Output(as_json)
     result = template.build(
         settings.template_dir,
-        out.resolve(),
+        out_dir.resolve(),
         models=model or None,
         seed=seed,
         device=device,
         force=force,
-        on_model=progress,
+        on_model=lambda name: out.note(f"  {name}"),
     )
-    if as_json:
-        emit_json(
-            {
-                "out": str(result.out),
-                "models": result.models,
-                "exported": result.exported,
-                "cpu_rewritten": result.cpu_rewritten,
-            }
-        )
-        return
-    typer.echo(f"built {len(result.models)} models into {result.out}")
-    if result.cpu_rewritten:
-        typer.echo(f"KIND_GPU -> KIND_CPU (no GPU here): {', '.join(result.cpu_rewritten)}")
+    document = {
+        "out": str(result.out),
+        "models": result.models,
+        "exported": result.exported,
+        "cpu_rewritten": result.cpu_rewritten,
+    }
+
+    def human() -> None:
+        out.line(f"built {len(result.models)} models into {result.out}")
+        if result.cpu_rewritten:
+            out.line(f"KIND_GPU -> KIND_CPU (no GPU here): {', '.join(result.cpu_rewritten)}")
+
+    out.result(document, human)

@@ -2,30 +2,46 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import typer
 
-from mlreg.cli.output import emit_json, handle_errors
-from registry.settings import Settings
+from mlreg.cli.common import JsonFlag, settings_of
+from mlreg.cli.output import Output
 
 app = typer.Typer(help="Inspect Triton servers through the model-control API.", no_args_is_help=True)
 
 
+def _human(out: Output, reports: list[dict[str, Any]]) -> None:
+    for report in reports:
+        if "error" in report:
+            out.line(f"{report['url']}: unreachable: {report['error']}")
+            continue
+        out.line(f"{report['url']}: Triton {report['version']}")
+        rows = [
+            [model, ", ".join(f"{v or '-'}:{s}" for v, s in sorted(versions.items()))]
+            for model, versions in sorted(report["models"].items())
+        ]
+        out.table(["MODEL", "VERSION:STATE"], rows)
+
+
 @app.command("status")
-@handle_errors
 def status_cmd(
-    url: list[str] = typer.Option(
-        None, "--url", "-u", help="gRPC URL host:port (repeatable; default: the local stack)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ctx: typer.Context,
+    url: Annotated[
+        list[str] | None,
+        typer.Option("--url", "-u", help="gRPC URL host:port (repeatable; default: the local stack)."),
+    ] = None,
+    as_json: JsonFlag = False,
 ) -> None:
-    """Server version and the models and versions each server has loaded.
+    """Server version and the models and versions each server has loaded (exit 6 if one is unreachable).
 
     Example: mlreg triton status --url triton-0:8001 --url triton-1:8001
     """
     from pipelines.triton import server_report
-    from registry.errors import UsageError
+    from registry.errors import TritonError, UsageError
 
-    settings = Settings.from_env()
+    settings = settings_of(ctx, state=False)
     urls = list(url or [])
     if not urls:
         from pipelines.stack import running_server
@@ -38,15 +54,7 @@ def status_cmd(
             )
         urls = [info.grpc_url]
     reports = [server_report(u, timeout=settings.triton_timeout) for u in urls]
-    if as_json:
-        emit_json({"servers": reports})
-    for report in [] if as_json else reports:
-        if "error" in report:
-            typer.echo(f"{report['url']}: unreachable: {report['error']}")
-            continue
-        typer.echo(f"{report['url']}: Triton {report['version']}")
-        for model, versions in sorted(report["models"].items()):
-            shown = ", ".join(f"{v or '-'}:{s}" for v, s in sorted(versions.items()))
-            typer.echo(f"  {model:<30} {shown}")
+    out = Output(as_json)
+    out.result({"servers": reports}, lambda: _human(out, reports))
     if any("error" in r for r in reports):
-        raise typer.Exit(6)
+        raise typer.Exit(TritonError.exit_code)

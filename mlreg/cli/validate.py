@@ -1,18 +1,22 @@
-"""``mlreg validate``: the offline contract check."""
+"""``mlreg validate`` and ``mlreg diff``: the offline contract checks."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mlreg.cli.output import emit_json, handle_errors
+from mlreg.cli.common import JsonFlag
+from mlreg.cli.output import Output
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 
-@handle_errors
 def validate_cmd(
-    path: Path = typer.Argument(..., help="A model repository folder or one model folder."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    path: Annotated[Path, typer.Argument(help="A model repository folder or one model folder.")],
+    as_json: JsonFlag = False,
 ) -> None:
     """Check config.pbtxt files, model signatures and ensemble wiring offline, with Triton's rules.
 
@@ -26,17 +30,19 @@ def validate_cmd(
     if not path.exists():
         raise UsageError(f"'{path}' does not exist", fix="pass a model repository or model folder")
     report = validate_path(path)
-    if as_json:
-        emit_json(report.to_dict())
-    else:
+    out = Output(as_json)
+
+    def human() -> None:
         for finding in report.findings:
-            typer.echo(f"{finding.severity}: {finding.line()}")
-        typer.echo(report.summary())
+            out.line(f"{finding.severity}: {finding.line()}")
+        out.line(report.summary())
+
+    out.result(report.to_dict(), human)
     if report.errors:
         raise typer.Exit(1)
 
 
-def _config_of(path: Path):
+def _config_of(path: Path) -> ModelConfig:
     from registry.contracts.config import CONFIG_NAME, load_config
     from registry.errors import UsageError
 
@@ -49,14 +55,16 @@ def _config_of(path: Path):
     return load_config(file)
 
 
-@handle_errors
 def diff_cmd(
-    old: Path = typer.Argument(..., help="The serving version: model folder or config.pbtxt."),
-    new: Path = typer.Argument(..., help="The candidate version: model folder or config.pbtxt."),
-    repository: Path = typer.Option(
-        None, "--repository", "-r", help="Check the new contract against this repository's ensembles."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    old: Annotated[Path, typer.Argument(help="The serving version: model folder or config.pbtxt.")],
+    new: Annotated[Path, typer.Argument(help="The candidate version: model folder or config.pbtxt.")],
+    repository: Annotated[
+        Path | None,
+        typer.Option(
+            "--repository", "-r", help="Check the new contract against this repository's ensembles."
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Compare two versions' tensor contracts; exit 1 when the change is breaking.
 
@@ -67,14 +75,16 @@ def diff_cmd(
 
     repo = read_repository(repository) if repository else None
     result = diff_model(_config_of(old), _config_of(new), repo)
-    if as_json:
-        emit_json(result.to_dict())
-    else:
+    out = Output(as_json)
+
+    def human() -> None:
         for change in result.changes:
-            typer.echo(change.line())
+            out.line(change.line())
         for finding in result.ensemble_findings:
-            typer.echo(f"{finding.severity}: {finding.line()}")
+            out.line(f"{finding.severity}: {finding.line()}")
         verdict = "breaking" if result.breaking else "compatible"
-        typer.echo(f"{result.model}: {len(result.changes)} change(s), {verdict}")
+        out.line(f"{result.model}: {len(result.changes)} change(s), {verdict}")
+
+    out.result(result.to_dict(), human)
     if result.breaking:
         raise typer.Exit(1)
