@@ -9,6 +9,7 @@ from registry.contracts.config import data_type_name, full_shape
 from registry.contracts.findings import Finding, error, shape_text
 from registry.contracts.repository import ModelEntry
 from registry.contracts.rules import kind, model_file
+from registry.contracts.scheduling import control_tensors
 from registry.contracts.signature import Signature, TensorSpec, read_onnx, read_saved_model
 from registry.errors import ContractError
 
@@ -44,7 +45,9 @@ def check_signature(entry: ModelEntry, version: str) -> Iterator[Finding]:
     if signature is None:
         return
     assert entry.config is not None
-    yield from _compare(entry, version, "input", entry.config.input, signature.inputs)
+    yield from _compare(
+        entry, version, "input", entry.config.input, signature.inputs, _overridable(signature)
+    )
     yield from _compare(entry, version, "output", entry.config.output, signature.outputs)
 
 
@@ -54,8 +57,24 @@ def _dims(spec: TensorSpec) -> tuple[int, ...] | None:
     return tuple(d if isinstance(d, int) else -1 for d in spec.shape)
 
 
+def _config_type(dtype: str) -> str:
+    """A signature's data type as config.pbtxt spells it: BYTES is TYPE_STRING in model_config.proto."""
+    return "STRING" if dtype == "BYTES" else dtype
+
+
+def _overridable(signature: Signature) -> set[str]:
+    """ONNX initializers: a config may declare one as an input (ONNX lets a graph input override an
+    initializer, and Triton's onnxruntime backend accepts it); it need not."""
+    return set(getattr(signature, "initializers", ()))
+
+
 def _compare(
-    entry: ModelEntry, version: str, io_kind: str, declared: Sequence[Any], actual: Sequence[TensorSpec]
+    entry: ModelEntry,
+    version: str,
+    io_kind: str,
+    declared: Sequence[Any],
+    actual: Sequence[TensorSpec],
+    overridable: set[str] | None = None,
 ) -> Iterator[Finding]:
     config = entry.config
     assert config is not None
@@ -63,6 +82,8 @@ def _compare(
     allowed = ", ".join(sorted(by_name))
     for tensor in declared:
         spec = by_name.get(tensor.name)
+        if spec is None and tensor.name in (overridable or set()):
+            continue  # an initializer overridden as an input: its type and shape are the weight's
         if spec is None:
             yield error(
                 f"{io_kind}-name",
@@ -78,18 +99,29 @@ def _compare(
             )
             continue
         yield from _compare_tensor(entry, version, io_kind, tensor, spec)
-    declared_names = {t.name for t in declared}
+    if io_kind == "input":
+        yield from _undeclared_inputs(entry, version, declared, actual)
+
+
+def _undeclared_inputs(
+    entry: ModelEntry, version: str, declared: Sequence[Any], actual: Sequence[TensorSpec]
+) -> Iterator[Finding]:
+    """Model inputs the config does not list; the sequence batcher's control tensors count as listed."""
+    assert entry.config is not None
+    controls = control_tensors(entry.config)
+    declared_names = {t.name for t in declared} | controls
     missing = [t.name for t in actual if t.name not in declared_names]
-    if io_kind == "input" and missing:
+    if missing:
+        expects = len([t for t in declared if t.name]) + len(controls)
         yield error(
             "input-count",
             entry.name,
-            f"unable to load model '{entry.name}', configuration expects {len(declared)} "
+            f"unable to load model '{entry.name}', configuration expects {expects} "
             f"inputs, model provides {len(actual)}",
             f"declare the model input(s) {', '.join(missing)} in config.pbtxt",
             version=version,
             expected=str(len(actual)),
-            actual=str(len(declared)),
+            actual=str(expects),
         )
 
 
@@ -99,16 +131,16 @@ def _compare_tensor(
     config = entry.config
     assert config is not None
     want = data_type_name(tensor.data_type)
-    if spec.dtype != want:
+    has = _config_type(spec.dtype)
+    if has != want:
         yield error(
             "data-type",
             entry.name,
-            f"unexpected datatype TYPE_{want} for inference {io_kind} '{tensor.name}', "
-            f"expecting TYPE_{spec.dtype}",
-            f"set data_type: TYPE_{spec.dtype} (or re-export the model with {want})",
+            f"unexpected datatype TYPE_{want} for inference {io_kind} '{tensor.name}', expecting TYPE_{has}",
+            f"set data_type: TYPE_{has} (or re-export the model with {want})",
             tensor=tensor.name,
             version=version,
-            expected=f"TYPE_{spec.dtype}",
+            expected=f"TYPE_{has}",
             actual=f"TYPE_{want}",
         )
     model_dims = _dims(spec)

@@ -1,12 +1,21 @@
-"""Ensemble wiring checks (core ``ValidateEnsembleSchedulingConfig`` and ``ensemble_utils.cc``)."""
+"""Ensemble checks, in Triton's two stages.
+
+1. The config alone (core ``ValidateEnsembleSchedulingConfig``): steps, maps and the data flow built
+   from the steps' own maps.  A missing member does not change this stage, so it causes no cascade.
+2. Against the members' configs (``ensemble_utils.cc`` ``ValidateEnsembleConfig``): members that are
+   not available (said once), batch sizes, map keys and tensor consistency.  A batching ensemble may
+   hold a non-batching member "as long as the expanded shapes are consistent": Triton accepts a tensor
+   when its dims *or* its full shapes agree.  When only the dims agree the request fails at inference
+   (``[1,1]`` sent where ``[1]`` is taken): mlreg adds that as its own finding, labelled ``[mlreg]``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from registry.contracts.config import data_type_name, full_shape
+from registry.contracts.config import data_type_name
 from registry.contracts.findings import Finding, error, shape_text, warning
 from registry.contracts.repository import ModelEntry, Repository
 from registry.contracts.rules import kind
@@ -14,22 +23,34 @@ from registry.contracts.rules import kind
 
 @dataclass(frozen=True)
 class Port:
-    """One end of an ensemble edge: a tensor as some model declares it."""
+    """An ensemble tensor as some model declares it (Triton's ``TensorNode``)."""
 
     owner: str
     name: str
     dtype: str
-    shape: tuple[int, ...]  # full shape, batch dimension included
+    dims: tuple[int, ...]
+    batching: bool
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The full shape, batch dimension included."""
+        return ((-1,) if self.batching else ()) + self.dims
 
 
-def _port(entry: ModelEntry, tensor: Any) -> Port:
+def _port(entry: ModelEntry, tensor: Any, use_reshape: bool = False) -> Port:
     assert entry.config is not None
+    dims = tensor.reshape.shape if use_reshape and tensor.HasField("reshape") else tensor.dims
     return Port(
-        entry.name, tensor.name, data_type_name(tensor.data_type), full_shape(entry.config, list(tensor.dims))
+        entry.name,
+        tensor.name,
+        data_type_name(tensor.data_type),
+        tuple(int(d) for d in dims),
+        entry.config.max_batch_size > 0,
     )
 
 
 def _compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Triton's CompareDimsWithWildcard."""
     return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
 
 
@@ -43,208 +64,351 @@ def check_ensembles(repo: Repository) -> Iterator[Finding]:
 def check_ensemble(entry: ModelEntry, repo: Repository) -> Iterator[Finding]:
     config = entry.config
     assert config is not None
+    if not config.HasField("ensemble_scheduling"):
+        return  # reported by the scheduler rule
+    yield from check_scheduling(entry)
+    if config.ensemble_scheduling.step:
+        yield from check_members(entry, repo)
+
+
+# -- stage 1: the ensemble's own config ---------------------------------------------------------
+
+
+@dataclass
+class _Node:
+    written: bool = False
+    ready: bool = False
+    readers: list[int] = field(default_factory=list)
+    prev: list[str] = field(default_factory=list)
+    next: list[str] = field(default_factory=list)
+
+
+def check_scheduling(entry: ModelEntry) -> Iterator[Finding]:
+    config = entry.config
+    assert config is not None
     name = entry.name
+    if config.HasField("optimization"):
+        yield error(
+            "ensemble-scheduling",
+            name,
+            f"optimization should not be specified for ensemble '{name}'",
+            "remove optimization",
+        )
+    if len(config.model_warmup):
+        yield error(
+            "ensemble-scheduling",
+            name,
+            f"model_warmup can not be specified for ensemble '{name}'",
+            "warm up the member models instead",
+        )
     steps = list(config.ensemble_scheduling.step)
     if not steps:
         yield error(
             "ensemble-steps",
             name,
-            f"must specify one or more 'step's for ensemble '{name}'",
+            f"must specify 'step' for ensemble '{name}'",
             "add ensemble_scheduling { step [ ... ] }",
         )
         return
-    unreadable = sorted(
-        {
-            s.model_name
-            for s in steps
-            if s.model_name in repo.models and repo.models[s.model_name].config is None
-        }
+    graph: dict[str, _Node] = {}
+    for index, step in enumerate(steps):
+        yield from _link_step(name, index, step, graph)
+    yield from _check_flow(entry, graph)
+
+
+def _link_step(name: str, index: int, step: Any, graph: dict[str, _Node]) -> Iterator[Finding]:
+    where = f"step {index} of ensemble '{name}'"
+    for field_name, value in (("model_name", step.model_name), ("input_map", step.input_map)):
+        if not value:
+            yield error("ensemble-map", name, f"must specify '{field_name}' in {where}", f"set {field_name}")
+    if not step.output_map:
+        yield error("ensemble-map", name, f"must specify 'output_map' in {where}", "map the model's outputs")
+    written = []
+    for tensor in step.output_map.values():
+        node = graph.setdefault(tensor, _Node())
+        if node.written:
+            yield error(
+                "ensemble-map",
+                name,
+                f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble '{name}' "
+                f"step {index}",
+                "give each step output its own ensemble tensor name",
+                tensor=tensor,
+            )
+            continue
+        node.written = True
+        written.append(tensor)
+    for tensor in step.input_map.values():
+        node = graph.setdefault(tensor, _Node())
+        node.readers.append(index)
+        for out in written:
+            graph[out].prev.append(tensor)
+            node.next.append(out)
+
+
+def _propagate(graph: dict[str, _Node], inputs: list[str]) -> None:
+    queue = [t for t in inputs if t in graph]
+    for tensor in queue:
+        graph[tensor].ready = True
+    while queue:
+        for nxt in graph[queue.pop(0)].next:
+            node = graph[nxt]
+            if not node.ready and all(graph[p].ready for p in node.prev):
+                node.ready = True
+                queue.append(nxt)
+
+
+def _check_flow(entry: ModelEntry, graph: dict[str, _Node]) -> Iterator[Finding]:
+    config = entry.config
+    assert config is not None
+    name = entry.name
+    inputs = [t.name for t in config.input]
+    outputs = {t.name for t in config.output}
+    for tensor in inputs:
+        if tensor not in graph:
+            yield error(
+                "ensemble-input",
+                name,
+                f"ensemble input '{tensor}' for ensemble {name}' is not used",
+                f"map '{tensor}' in some step's input_map, or remove the input",
+                tensor=tensor,
+            )
+    _propagate(graph, inputs)
+    for tensor in sorted(outputs):
+        yield from _check_output(name, tensor, graph)
+    for tensor, node in graph.items():
+        if tensor in outputs or (node.ready and node.next):
+            continue
+        if not node.ready and not node.written and tensor not in inputs:
+            why = ": it is read by a step but is neither an ensemble input nor written by any step"
+            fix = f"declare '{tensor}' as an ensemble input or map a step output to it"
+        elif not node.ready:
+            why = ": it is written by a step whose inputs are never all written"
+            fix = "connect that step's inputs to ensemble inputs or other steps' outputs"
+        else:
+            why = ": it is written but never read"
+            fix = "read the tensor in some step's input_map, make it an ensemble output, or remove it"
+        yield error(
+            "ensemble-map",
+            name,
+            f"ensemble tensor '{tensor}' is unused in ensemble '{name}'{why}",
+            fix,
+            tensor=tensor,
+        )
+
+
+def _check_output(name: str, tensor: str, graph: dict[str, _Node]) -> Iterator[Finding]:
+    node = graph.get(tensor)
+    if node is None:
+        yield error(
+            "ensemble-output",
+            name,
+            f"ensemble output '{tensor}' for ensemble {name}' is not used",
+            f"map some step's output to '{tensor}' in its output_map",
+            tensor=tensor,
+        )
+        return
+    if node.ready:
+        return
+    source, seen = tensor, set()
+    while True:
+        pending = [p for p in graph[source].prev if not graph[p].ready and p not in seen]
+        if not pending:
+            break
+        source = pending[0]
+        seen.add(source)
+    detail = (
+        f": at least one of its depending tensors, '{source}', is not connected" if source != tensor else ""
     )
+    yield error(
+        "ensemble-output",
+        name,
+        f"output '{tensor}' for ensemble '{name}' is not written{detail}",
+        f"map some step's output to '{tensor}' and connect that step's inputs",
+        tensor=tensor,
+    )
+
+
+# -- stage 2: against the members ----------------------------------------------------------------
+
+
+def check_members(entry: ModelEntry, repo: Repository) -> Iterator[Finding]:
+    config = entry.config
+    assert config is not None
+    name = entry.name
+    steps = list(config.ensemble_scheduling.step)
+    missing = sorted({s.model_name for s in steps if s.model_name not in repo.models})
+    if missing:
+        yield error(
+            "ensemble-member",
+            name,
+            f"ensemble {name} contains models that are not available or ambiguous: {', '.join(missing)}",
+            "add the model(s) to the repository or fix the steps' model_name",
+        )
+    unreadable = sorted({s.model_name for s in steps if s.model_name in repo.models} - set(_readable(repo)))
     if unreadable:
         yield warning(
             "ensemble-skipped",
             name,
-            f"wiring of ensemble '{name}' not checked: the config of {', '.join(unreadable)} cannot be read",
+            f"the steps of ensemble '{name}' running {', '.join(unreadable)} are not checked against "
+            "the model: its config cannot be read",
             "fix that config first",
+            origin="mlreg",
         )
-        return
-    produced: dict[str, Port] = {t.name: _port(entry, t) for t in config.input}
-    writers: dict[str, int] = {}
-    consumers: dict[str, list[Port]] = {}
+    nodes: dict[str, Port] = {}
+    for tensor in config.input:
+        nodes.setdefault(tensor.name, _port(entry, tensor, use_reshape=True))
+    for tensor in config.output:
+        nodes.setdefault(tensor.name, _port(entry, tensor, use_reshape=True))
     for index, step in enumerate(steps):
-        yield from _check_step(entry, repo, index, step, produced, writers, consumers)
-    yield from _check_edges(entry, produced, consumers)
-    outputs = {t.name: _port(entry, t) for t in config.output}
-    for out_name, port in outputs.items():
-        if out_name not in writers:
-            yield error(
-                "ensemble-output",
-                name,
-                f"no data will be written to ensemble output '{out_name}' for ensemble '{name}'",
-                f"map some step's output to '{out_name}' in its output_map",
-                tensor=out_name,
-            )
-        elif out_name in produced:
-            yield from _edge(name, produced[out_name], port, out_name)
-    for in_name in (t.name for t in config.input):
-        if in_name not in consumers:
-            yield error(
-                "ensemble-input",
-                name,
-                f"ensemble input '{in_name}' for ensemble {name}' not used",
-                f"map '{in_name}' in some step's input_map, or remove the input",
-                tensor=in_name,
-            )
-    for tensor in writers:
-        if tensor not in consumers and tensor not in outputs:
-            yield warning(
-                "unused-tensor",
-                name,
-                f"ensemble tensor '{tensor}' is written but never read",
-                "remove the output_map entry or use the tensor",
-                tensor=tensor,
-            )
+        member = repo.models.get(step.model_name)
+        if member is not None and member.config is not None:
+            yield from _check_step(entry, member, index, step, nodes)
 
 
-def _check_step(  # noqa: C901 - to split
-    entry: ModelEntry,
-    repo: Repository,
-    index: int,
-    step: Any,
-    produced: dict[str, Port],
-    writers: dict[str, int],
-    consumers: dict[str, list[Port]],
+def _readable(repo: Repository) -> list[str]:
+    return [n for n, e in repo.models.items() if e.config is not None]
+
+
+def _check_step(
+    entry: ModelEntry, member: ModelEntry, index: int, step: Any, nodes: dict[str, Port]
 ) -> Iterator[Finding]:
-    name = entry.name
-    assert entry.config is not None
-    member = repo.models.get(step.model_name)
-    where = f"step {index} ({step.model_name}) of ensemble '{name}'"
-    if member is None or member.config is None:
-        yield error(
-            "ensemble-member",
-            name,
-            f"ensemble {name} contains models that are not available: {step.model_name}",
-            f"add the model '{step.model_name}' to the repository or fix the step's model_name",
-        )
-        return
+    yield from _check_version(entry, member, index, step)
+    yield from _check_batch_size(entry, member)
+    yield from _check_step_inputs(entry, member, step, nodes)
+    yield from _check_step_outputs(entry, member, step, nodes)
+
+
+def _check_version(entry: ModelEntry, member: ModelEntry, index: int, step: Any) -> Iterator[Finding]:
     unexported = member.exporter is not None and not member.versions()
     if step.model_version > 0 and not unexported and str(step.model_version) not in member.versions():
         yield error(
             "ensemble-version",
-            name,
-            f"{where} pins version {step.model_version}, which '{step.model_name}' does not have",
+            entry.name,
+            f"step {index} ({step.model_name}) of ensemble '{entry.name}' pins version {step.model_version}, "
+            f"which '{step.model_name}' does not have",
             f"use one of its versions ({', '.join(member.versions()) or 'none'}) or -1 for latest",
             version=str(step.model_version),
         )
+
+
+def _check_batch_size(entry: ModelEntry, member: ModelEntry) -> Iterator[Finding]:
+    assert entry.config is not None
+    assert member.config is not None
     mbs, member_mbs = entry.config.max_batch_size, member.config.max_batch_size
-    if mbs > 0 and member_mbs < mbs:
+    if 0 < member_mbs < mbs:
         yield error(
             "ensemble-batch",
-            name,
-            f"ensemble {name} allows maximum batch size {mbs}, but it contains model "
-            f"{step.model_name} which only allows maximum batch size to be {member_mbs}",
-            f"set max_batch_size: {mbs} (or more) in {step.model_name}/config.pbtxt, or lower "
+            entry.name,
+            f"ensemble {entry.name} allows maximum batch size {mbs}, but it contains model "
+            f"{member.name} which only allows maximum batch size to be {member_mbs}",
+            f"set max_batch_size: {mbs} (or more) in {member.name}/config.pbtxt, or lower "
             f"the ensemble's max_batch_size",
             expected=f">= {mbs}",
             actual=str(member_mbs),
         )
-    if not step.input_map:
-        yield error("ensemble-map", name, f"must specify 'input_map' in {where}", "map the model's inputs")
-    if not step.output_map:
-        yield error("ensemble-map", name, f"must specify 'output_map' in {where}", "map the model's outputs")
+
+
+def _check_step_inputs(
+    entry: ModelEntry, member: ModelEntry, step: Any, nodes: dict[str, Port]
+) -> Iterator[Finding]:
+    assert member.config is not None
+    name = entry.name
     member_inputs = {t.name: t for t in member.config.input}
-    member_outputs = {t.name: t for t in member.config.output}
     for key, tensor in step.input_map.items():
         if key not in member_inputs:
             yield error(
                 "ensemble-map",
                 name,
-                f"in ensemble {name}, input '{key}' of {where} is not an input of the model; "
-                f"allowed inputs are: {', '.join(sorted(member_inputs))}",
-                "use the member model's input names as input_map keys",
+                f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input {key} "
+                f"in model {member.name}",
+                f"use an input of {member.name} as input_map key: {', '.join(sorted(member_inputs))}",
                 tensor=key,
             )
+    for key, declared in member_inputs.items():
+        if key not in step.input_map:
+            if not declared.optional:
+                yield error(
+                    "ensemble-map",
+                    name,
+                    f"in ensemble {name}, input {key} in model {member.name} is not mapped to any "
+                    "ensemble tensors",
+                    f'add input_map {{ key: "{key}" value: "<tensor>" }} to the step of {member.name}',
+                    tensor=key,
+                )
             continue
-        consumers.setdefault(tensor, []).append(_port(member, member_inputs[key]))
-    for key, tensor in member_inputs.items():
-        if key not in step.input_map and not tensor.optional:
-            yield error(
-                "ensemble-map",
-                name,
-                f"in ensemble {name}, input '{key}' of {where} is not mapped",
-                f'add input_map {{ key: "{key}" value: "<tensor>" }}',
-                tensor=key,
-            )
+        yield from _register(name, step.input_map[key], _port(member, declared), nodes)
+
+
+def _check_step_outputs(
+    entry: ModelEntry, member: ModelEntry, step: Any, nodes: dict[str, Port]
+) -> Iterator[Finding]:
+    assert member.config is not None
+    name = entry.name
+    member_outputs = {t.name: t for t in member.config.output}
     for key, tensor in step.output_map.items():
         if key not in member_outputs:
             yield error(
                 "ensemble-map",
                 name,
-                f"in ensemble {name}, output '{key}' of {where} is not an output of the model; "
-                f"allowed outputs are: {', '.join(sorted(member_outputs))}",
-                "use the member model's output names as output_map keys",
+                f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing output {key} "
+                f"in model {member.name}",
+                f"use an output of {member.name} as output_map key: {', '.join(sorted(member_outputs))}",
                 tensor=key,
             )
             continue
-        if tensor in writers or any(t.name == tensor for t in entry.config.input):
-            yield error(
-                "ensemble-map",
-                name,
-                f"ensemble tensor '{tensor}' can appear in an output map only once for "
-                f"ensemble '{name}' step {index}",
-                "give each step output its own ensemble tensor name",
-                tensor=tensor,
-            )
-            continue
-        writers[tensor] = index
-        produced[tensor] = _port(member, member_outputs[key])
+        yield from _register(name, tensor, _port(member, member_outputs[key]), nodes)
 
 
-def _check_edges(
-    entry: ModelEntry, produced: dict[str, Port], consumers: dict[str, list[Port]]
-) -> Iterator[Finding]:
-    for tensor, ports in consumers.items():
-        source = produced.get(tensor)
-        if source is None:
-            yield error(
-                "ensemble-map",
-                entry.name,
-                f"ensemble tensor '{tensor}' of ensemble '{entry.name}' is read by "
-                f"{', '.join(p.owner for p in ports)} but is neither an ensemble input nor "
-                "written by any step",
-                f"declare '{tensor}' as an ensemble input or map a step output to it",
-                tensor=tensor,
-            )
-            continue
-        for port in ports:
-            yield from _edge(entry.name, source, port, tensor)
-
-
-def _edge(ensemble: str, source: Port, target: Port, tensor: str) -> Iterator[Finding]:
-    if source.dtype != target.dtype:
+def _register(ensemble: str, tensor: str, port: Port, nodes: dict[str, Port]) -> Iterator[Finding]:
+    """Triton's ValidateTensorConsistency against the tensor's first declaration, and mlreg's full-shape
+    check that Triton leaves to inference."""
+    first = nodes.setdefault(tensor, port)
+    if first is port:
+        return
+    prefix = f"in ensemble {ensemble}, ensemble tensor {tensor}: "
+    if first.dtype != port.dtype:
         yield error(
             "ensemble-dtype",
             ensemble,
-            f"in ensemble {ensemble}, tensor '{tensor}' is TYPE_{source.dtype} from "
-            f"{source.owner} ('{source.name}') but {target.owner} ('{target.name}') "
-            f"expects TYPE_{target.dtype}",
+            f"{prefix}inconsistent data type: TYPE_{first.dtype} is inferred from model {first.owner} while "
+            f"TYPE_{port.dtype} is inferred from model {port.owner}",
             "make both sides declare the same data_type",
             tensor=tensor,
-            expected=f"TYPE_{target.dtype}",
-            actual=f"TYPE_{source.dtype}",
+            expected=f"TYPE_{first.dtype}",
+            actual=f"TYPE_{port.dtype}",
         )
-    if not _compatible(source.shape, target.shape):
+    if not _compatible(first.dims, port.dims) and not _compatible(first.shape, port.shape):
         yield error(
             "ensemble-shape",
             ensemble,
-            f"in ensemble {ensemble}, tensor '{tensor}' has shape {shape_text(source.shape)} "
-            f"from {source.owner} ('{source.name}') but {target.owner} ('{target.name}') "
-            f"expects {shape_text(target.shape)} (full shapes, batch dimension included)",
+            f"{prefix}inconsistent shape: {shape_text(first.shape)} is inferred from model {first.owner} "
+            f"while {shape_text(port.shape)} is inferred from model {port.owner}",
             "make the dims agree; a batching model (max_batch_size > 0) adds a leading -1",
             tensor=tensor,
-            expected=shape_text(target.shape),
-            actual=shape_text(source.shape),
+            expected=shape_text(first.shape),
+            actual=shape_text(port.shape),
         )
+    elif not _compatible(first.shape, port.shape):
+        yield _batch_shape_fault(ensemble, tensor, first, port)
+
+
+def _batch_shape_fault(ensemble: str, tensor: str, first: Port, port: Port) -> Finding:
+    batching, single = (first, port) if first.batching else (port, first)
+    return error(
+        "ensemble-shape",
+        ensemble,
+        f"in ensemble {ensemble}, tensor '{tensor}' has full shape {shape_text(first.shape)} in "
+        f"{first.owner} ('{first.name}') but {shape_text(port.shape)} in {port.owner} ('{port.name}'): "
+        f"Triton loads this, but inference fails: {batching.owner} batches (its full shape has the "
+        f"batch dimension) and {single.owner} does not",
+        f"set max_batch_size > 0 in {single.owner}/config.pbtxt (its dims stay without the batch "
+        f"dimension), or put the batch dimension in its dims: {shape_text((-1, *single.dims))}",
+        tensor=tensor,
+        expected=shape_text(first.shape),
+        actual=shape_text(port.shape),
+        origin="mlreg",
+    )
 
 
 def check_cycles(repo: Repository) -> Iterator[Finding]:

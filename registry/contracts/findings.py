@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Severity = Literal["error", "warning"]
+# "triton": Triton itself refuses the config (its wording); "mlreg": a fault or a policy mlreg adds
+# beyond Triton (a config Triton loads but that fails at inference, or a practice mlreg asks for).
+Origin = Literal["triton", "mlreg"]
 
 
 def printable(text: str) -> str:
@@ -29,6 +32,7 @@ class Finding:
     expected: str | None = None
     actual: str | None = None
     file: str | None = None
+    origin: Origin = "triton"
 
     @property
     def is_error(self) -> bool:
@@ -36,7 +40,8 @@ class Finding:
 
     def line(self) -> str:
         where = printable(self.model) + (f"/{printable(self.tensor)}" if self.tensor else "")
-        text = f"{where}: {printable(self.message)}"
+        label = "[mlreg] " if self.origin == "mlreg" else ""
+        text = f"{where}: {label}{printable(self.message)}"
         return f"{text} — fix: {self.fix}" if self.fix else text
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from registry.contracts.autocomplete import Resolved, resolve
 from registry.contracts.config import CONFIG_NAME, load_config
 from registry.contracts.findings import Finding, error, printable, warning
 from registry.errors import ContractError
@@ -22,6 +24,12 @@ class ModelEntry:
     name: str
     path: Path
     config: ModelConfig | None
+
+    @cached_property
+    def resolved(self) -> Resolved:
+        """platform / backend / model file name as Triton's auto-complete fills them."""
+        assert self.config is not None
+        return resolve(self.name, self.config, self.path)
 
     @property
     def exporter(self) -> Path | None:
@@ -109,8 +117,9 @@ def read_repository(path: Path) -> Repository:
                 "no-config",
                 "(repository)",
                 f"{len(without_config)} folder(s) hold no {CONFIG_NAME}: {shown}{more}",
-                "Triton cannot load a model without config.pbtxt (no auto-complete in explicit "
-                "mode for mlreg); add one or remove the folder",
+                "mlreg checks only models with a config.pbtxt (Triton may auto-complete one); add one "
+                "or remove the folder",
+                origin="mlreg",
             )
         )
     if not repo.models and not without_config:

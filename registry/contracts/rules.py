@@ -1,52 +1,56 @@
-"""Triton's per-model configuration rules (core ``model_config_utils.cc``), checked offline."""
+"""Triton's per-model configuration rules (core ``model_config_utils.cc``), checked offline.
+
+Messages use Triton's wording (``ValidateModelConfig`` and friends) so a user can search for them;
+a finding with ``origin="mlreg"`` is a rule mlreg adds beyond Triton and is labelled so.
+"""
 
 from __future__ import annotations
 
 import ast
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from registry.contracts.findings import Finding, error, shape_text, warning
+from registry.contracts.findings import Finding, error, warning
+from registry.contracts.groups import check_instance_groups, check_runtime
+from registry.contracts.io_rules import check_io
 from registry.contracts.repository import ModelEntry
+from registry.contracts.scheduling import check_batching, check_scheduler_kind, check_sequence_batching
 
-PLATFORM_BACKEND = {
-    "onnxruntime_onnx": "onnxruntime",
+# backend type of each platform / backend Triton knows (GetBackendTypeFromPlatform / GetBackendType)
+PLATFORM_TYPE = {
     "tensorflow_savedmodel": "tensorflow",
     "tensorflow_graphdef": "tensorflow",
-    "pytorch_libtorch": "pytorch",
     "tensorrt_plan": "tensorrt",
-    "ensemble": "",
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
 }
-DEFAULT_FILENAME = {
-    "onnxruntime_onnx": "model.onnx",
-    "onnxruntime": "model.onnx",
-    "tensorflow_savedmodel": "model.savedmodel",
-    "tensorflow_graphdef": "model.graphdef",
-    "tensorflow": "model.savedmodel",
-    "pytorch_libtorch": "model.pt",
-    "pytorch": "model.pt",
-    "tensorrt_plan": "model.plan",
-    "tensorrt": "model.plan",
-    "python": "model.py",
-}
+KNOWN_BACKEND_TYPES = {"tensorflow", "tensorrt", "onnxruntime", "pytorch"}
 
 
 def kind(entry: ModelEntry) -> str:
-    """The platform, else the backend ("ensemble", "onnxruntime_onnx", "python", ...)."""
+    """The platform, else the backend ("ensemble", "onnxruntime_onnx", "python", ...), auto-completed."""
     assert entry.config is not None
-    return entry.config.platform or entry.config.backend
+    resolved = entry.resolved
+    return resolved.platform or resolved.backend
 
 
-def check_model(entry: ModelEntry) -> Iterator[Finding]:
+def check_model(entry: ModelEntry, gpus: int | None = None) -> Iterator[Finding]:
+    """Every per-model rule; ``gpus``: the GPUs the serving machine has (None: unknown)."""
     if entry.config is None:
         return
     yield from check_name(entry)
-    yield from check_platform(entry)
+    platform_ok = True
+    for finding in check_platform(entry):
+        platform_ok = platform_ok and not finding.is_error
+        yield finding
     yield from check_batching(entry)
+    yield from check_sequence_batching(entry)
+    yield from check_scheduler_kind(entry)
     yield from check_io(entry)
-    yield from check_instance_groups(entry)
-    yield from check_versions(entry)
+    yield from check_instance_groups(entry, gpus)
+    if platform_ok:
+        yield from check_runtime(entry)
+        yield from check_versions(entry)
 
 
 def check_name(entry: ModelEntry) -> Iterator[Finding]:
@@ -65,175 +69,67 @@ def check_name(entry: ModelEntry) -> Iterator[Finding]:
 
 
 def check_platform(entry: ModelEntry) -> Iterator[Finding]:
+    """Auto-complete first (as Triton does), then ValidateModelConfig's platform/backend rules."""
     config = entry.config
     assert config is not None
-    platform, backend = config.platform, config.backend
-    if not platform and not backend:
+    resolved = entry.resolved
+    if resolved.error:
         yield error(
             "platform",
             entry.name,
-            f"must specify 'platform' or 'backend' for '{entry.name}'",
-            'add platform: "onnxruntime_onnx" (or backend: "python", ...)',
+            resolved.error,
+            'add platform: "onnxruntime_onnx" (or backend: "python", ...), or put the model file '
+            "(model.onnx, model.savedmodel, model.py, ...) in the version folder",
         )
-    elif platform and platform not in PLATFORM_BACKEND:
+        return
+    platform, backend = resolved.platform, resolved.backend
+    if not backend and platform != "ensemble":
         yield error(
             "platform",
             entry.name,
             f"unexpected platform type '{platform}' for {entry.name}",
-            f"use one of: {', '.join(sorted(PLATFORM_BACKEND))}",
+            f"use one of: ensemble, {', '.join(sorted(PLATFORM_TYPE))}, or name a backend",
             actual=platform,
         )
-    elif platform and backend and PLATFORM_BACKEND[platform] != backend:
+        return
+    if backend and platform == "ensemble":
+        yield error(
+            "platform",
+            entry.name,
+            f"Ensemble model '{entry.name}' must have platform type 'ensemble' and empty backend type",
+            "remove 'backend' from the ensemble's config",
+            actual=backend,
+        )
+        return
+    if backend in KNOWN_BACKEND_TYPES and PLATFORM_TYPE.get(platform) != backend:
         yield error(
             "platform",
             entry.name,
             f"unexpected 'platform' and 'backend' pair, got:{platform}, {backend}",
-            f"drop 'backend' or set it to '{PLATFORM_BACKEND[platform]}'",
-            expected=PLATFORM_BACKEND[platform],
-            actual=backend,
+            f"drop 'platform' or set the pair of backend '{backend}'",
+            expected=backend,
+            actual=platform,
         )
-
-
-def check_batching(entry: ModelEntry) -> Iterator[Finding]:
-    config = entry.config
-    assert config is not None
-    mbs = config.max_batch_size
-    if mbs < 0:
-        yield error(
-            "max-batch-size",
-            entry.name,
-            f"'max_batch_size' must be non-negative value for {entry.name}",
-            "use 0 (no batching) or the largest batch the model accepts",
-            actual=str(mbs),
-        )
-    if not config.HasField("dynamic_batching"):
         return
-    if mbs == 0:
+    if not config.platform and not config.backend:
         yield warning(
-            "dynamic-batching",
+            "platform",
             entry.name,
-            "dynamic batching is configured but max_batch_size is 0, so nothing is batched",
-            "set max_batch_size > 0 or remove dynamic_batching",
+            f"no 'platform' or 'backend' given; Triton's auto-complete serves it with backend "
+            f"'{backend}' (from {resolved.filled_from})",
+            f'add backend: "{backend}" to config.pbtxt: explicit is better',
+            origin="mlreg",
         )
-    for size in config.dynamic_batching.preferred_batch_size:
-        if size < 1:
-            yield error(
-                "preferred-batch-size",
-                entry.name,
-                f"dynamic batching preferred size must be positive for {entry.name}",
-                "use sizes >= 1",
-                actual=str(size),
-            )
-        elif mbs > 0 and size > mbs:
-            yield error(
-                "preferred-batch-size",
-                entry.name,
-                f"dynamic batching preferred size must be <= max batch size for {entry.name}",
-                f"lower it to at most {mbs} or raise max_batch_size",
-                expected=f"<= {mbs}",
-                actual=str(size),
-            )
-
-
-def _segments(dims: list[int]) -> list[int]:
-    """Element counts between variable-size (-1) dimensions."""
-    counts, current = [], 1
-    for dim in dims:
-        if dim == -1:
-            counts.append(current)
-            current = 1
-        else:
-            current *= dim
-    return [*counts, current]
-
-
-def check_io(entry: ModelEntry) -> Iterator[Finding]:
-    config = entry.config
-    assert config is not None
-    for io_kind, tensors in (("input", config.input), ("output", config.output)):
-        for tensor in tensors:
-            yield from _check_tensor(entry, io_kind, tensor)
-
-
-def _check_tensor(entry: ModelEntry, io_kind: str, tensor: object) -> Iterator[Finding]:
-    name = tensor.name  # type: ignore[attr-defined]
-    dims = list(tensor.dims)  # type: ignore[attr-defined]
-    if not name:
-        yield error(
-            "io-name", entry.name, f"model {io_kind} must specify 'name'", f"give every {io_kind} a name"
-        )
-    if tensor.data_type == 0:  # type: ignore[attr-defined]
-        yield error(
-            "data-type",
-            entry.name,
-            f"model {io_kind} '{name}' must specify 'data_type'",
-            "add data_type: TYPE_FP32 (or the tensor's real type)",
-            tensor=name,
-        )
-    if not dims:
-        yield error(
-            "dims",
-            entry.name,
-            f"model {io_kind} '{name}' must specify 'dims'",
-            "add dims: [ ... ] without the batch dimension",
-            tensor=name,
-        )
-    bad = [d for d in dims if d < -1 or d == 0]
-    if bad:
-        yield error(
-            "dims",
-            entry.name,
-            f"model {io_kind} '{name}' dimension must be integer >= 1, or -1 to indicate a "
-            f"variable-size dimension",
-            "fix the dims",
-            tensor=name,
-            actual=shape_text(dims),
-        )
-    if tensor.HasField("reshape") and dims and not bad:  # type: ignore[attr-defined]
-        reshape = list(tensor.reshape.shape)  # type: ignore[attr-defined]
-        if dims.count(-1) != reshape.count(-1) or _segments(dims) != _segments(reshape):
-            yield error(
-                "reshape",
-                entry.name,
-                f"model {io_kind} '{name}' has different size for dims and reshape",
-                "make dims and reshape hold the same number of elements, with -1 in matching places",
-                tensor=name,
-                expected=shape_text(dims),
-                actual=shape_text(reshape),
-            )
-    elif math.prod(d for d in dims if d > 0) > 2**40:
-        yield warning(
-            "dims",
-            entry.name,
-            f"model {io_kind} '{name}' is implausibly large",
-            "check the dims",
-            tensor=name,
-            actual=shape_text(dims),
-        )
-
-
-def check_instance_groups(entry: ModelEntry) -> Iterator[Finding]:
-    config = entry.config
-    assert config is not None
-    for i, group in enumerate(config.instance_group):
-        label = group.name or f"{entry.name}_{i}"
-        if group.count < 0:
-            yield error(
-                "instance-group",
-                entry.name,
-                f"instance group {label} of model {entry.name} must have count >= 1",
-                "set count: 1 or more",
-                actual=str(group.count),
-            )
 
 
 def model_file(entry: ModelEntry, version: str) -> Path | None:
     """The file or folder Triton will load for ``version`` (None for ensembles)."""
     assert entry.config is not None
+    resolved = entry.resolved
     if kind(entry) == "ensemble":
         return None
-    name = entry.config.default_model_filename or DEFAULT_FILENAME.get(kind(entry), "model")
-    if entry.config.backend == "python" and not entry.config.platform:
+    name = resolved.filename or "model"
+    if resolved.backend == "python" and not resolved.platform:
         name = "model.py"
     return entry.path / version / name
 
@@ -249,6 +145,7 @@ def check_versions(entry: ModelEntry) -> Iterator[Finding]:
             f"template model '{entry.name}' has no version folder yet; its artifact is "
             f"made by {entry.exporter.name}",
             "build a loadable repository with 'mlreg template build OUT' and validate OUT",
+            origin="mlreg",
         )
         return
     if not versions:
@@ -298,7 +195,7 @@ def check_artifact(entry: ModelEntry, version: str) -> Iterator[Finding]:
             file=str(path),
         )
         return
-    if entry.config is not None and entry.config.backend == "python" and not entry.config.platform:
+    if entry.resolved.backend == "python" and not entry.resolved.platform:
         yield from check_python_model(entry, version, path)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,9 @@ from registry.contracts.ensemble import check_ensembles
 from registry.contracts.findings import Finding
 from registry.contracts.repository import read_repository
 from registry.contracts.rules import check_model
+from registry.errors import UsageError
+
+GPUS_ENV = "MLREG_GPUS"
 
 
 @dataclass
@@ -44,11 +48,25 @@ class Report:
         }
 
 
-def validate_path(path: Path) -> Report:
+def gpus_from_env() -> int | None:
+    """The serving machine's GPU count from ``MLREG_GPUS``; None (unknown) when unset."""
+    text = os.environ.get(GPUS_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise UsageError(
+            f"{GPUS_ENV}={text!r} is not a GPU count", fix=f"set {GPUS_ENV} to 0, 1, 2, ... or unset it"
+        )
+    return int(text)
+
+
+def validate_path(path: Path, gpus: int | None = None) -> Report:
+    """Every check; ``gpus``: the serving machine's GPU count (default: ``MLREG_GPUS``, else unknown)."""
+    gpus = gpus if gpus is not None else gpus_from_env()
     repo = read_repository(path)
     report = Report(str(path), sorted(repo.models), list(repo.findings))
     for entry in repo.models.values():
-        rule_findings = list(check_model(entry))
+        rule_findings = list(check_model(entry, gpus))
         report.findings.extend(rule_findings)
         broken_files = any(f.rule == "model-file" for f in rule_findings)
         if not broken_files:

@@ -56,8 +56,9 @@ def test_a_reshaped_output_breaks_the_ensemble_that_uses_it(built_repository: Pa
     [finding] = result.ensemble_findings
     assert finding.model == "ensemble_multi_modal_model"
     assert (
-        "tensor 'image_model_output' has shape [-1,12] from image_model ('output') but "
-        "multi_modal_model ('image') expects [-1,10]" in finding.message
+        "in ensemble ensemble_multi_modal_model, ensemble tensor image_model_output: inconsistent "
+        "shape: [-1,12] is inferred from model image_model while [-1,10] is inferred from model "
+        "multi_modal_model" in finding.message
     )
 
 

@@ -56,19 +56,40 @@ def test_the_template_source_only_warns_that_artifacts_are_not_exported() -> Non
 def test_missing_max_batch_size_is_the_seeds_fault(repo: Path) -> None:
     for model in ("table_data_preprocess", "table_data_model"):
         edit(repo, model, "max_batch_size: 256", "")
-    found = errors(repo)
-    assert (
-        "ensemble_multi_modal_model: ensemble ensemble_multi_modal_model allows maximum batch "
-        "size 256, but it contains model table_data_model which only allows maximum batch size "
-        "to be 0 — fix: set max_batch_size: 256 (or more) in table_data_model/config.pbtxt, or "
-        "lower the ensemble's max_batch_size"
-    ) in found
+    report = validate_path(repo)
+    found = [f.line() for f in report.errors]
+    # Triton lets a batching ensemble hold non-batching members: no batch-size finding ...
+    assert not [f for f in report.findings if f.rule == "ensemble-batch"]
+    # ... but the full shapes disagree, which fails at inference: mlreg's own finding, labelled
+    [fault] = [f for f in report.errors if f.rule == "ensemble-shape" and f.tensor == "table_data_input_1"]
+    assert fault.origin == "mlreg"
+    assert fault.line() == (
+        "ensemble_multi_modal_model/table_data_input_1: [mlreg] in ensemble ensemble_multi_modal_model, "
+        "tensor 'table_data_input_1' has full shape [-1,1] in ensemble_multi_modal_model "
+        "('table_data_input_1') but [1] in table_data_preprocess ('table_data_input_1'): Triton loads "
+        "this, but inference fails: ensemble_multi_modal_model batches (its full shape has the batch "
+        "dimension) and table_data_preprocess does not — fix: set max_batch_size > 0 in "
+        "table_data_preprocess/config.pbtxt (its dims stay without the batch dimension), or put the "
+        "batch dimension in its dims: [-1,1]"
+    )
     assert (
         "table_data_model/categorical_col_1: model 'table_data_model', tensor "
         "'categorical_col_1': the model expects 2 dimensions (shape [-1,3]) but the model "
         "configuration specifies 1 dimensions (shape [3]) — fix: the model has a batch "
         "dimension: set max_batch_size > 0 with dims: [3]"
     ) in found
+
+
+def test_a_member_with_a_smaller_max_batch_size(repo: Path) -> None:
+    edit(repo, "table_data_model", "max_batch_size: 256", "max_batch_size: 8")
+    [finding] = [f for f in validate_path(repo).errors if f.rule == "ensemble-batch"]
+    assert finding.origin == "triton"
+    assert finding.line() == (
+        "ensemble_multi_modal_model: ensemble ensemble_multi_modal_model allows maximum batch "
+        "size 256, but it contains model table_data_model which only allows maximum batch size "
+        "to be 8 — fix: set max_batch_size: 256 (or more) in table_data_model/config.pbtxt, or "
+        "lower the ensemble's max_batch_size"
+    )
 
 
 def test_an_output_name_the_artifact_does_not_have(repo: Path) -> None:
@@ -82,8 +103,9 @@ def test_an_output_name_the_artifact_does_not_have(repo: Path) -> None:
         for line in found
     )
     assert any(
-        "output 'output' of step 3 (image_model) of ensemble 'ensemble_multi_modal_model' "
-        "is not an output of the model; allowed outputs are: output_0" in line
+        "in ensemble ensemble_multi_modal_model, ensemble tensor image_model_output is mapped from "
+        "non-existing output output in model image_model — fix: use an output of image_model as "
+        "output_map key: output_0" in line
         for line in found
     )
 
@@ -97,7 +119,10 @@ def test_a_data_type_that_differs_from_the_artifact(repo: Path) -> None:
         "re-export the model with INT8)"
     ) in found
     assert any(
-        "tensor 'preprocessed_table_data_1' is TYPE_FP32 from table_data_preprocess" in line for line in found
+        "in ensemble ensemble_multi_modal_model, ensemble tensor preprocessed_table_data_1: inconsistent "
+        "data type: TYPE_FP32 is inferred from model table_data_preprocess while TYPE_INT8 is inferred "
+        "from model table_data_model" in line
+        for line in found
     )
 
 
@@ -114,10 +139,34 @@ def test_a_malformed_config_names_file_line_and_column(repo: Path) -> None:
 
 def test_an_empty_config_needs_a_platform(repo: Path) -> None:
     (repo / "table_data_model" / "config.pbtxt").write_text("")
-    assert (
-        "table_data_model: must specify 'platform' or 'backend' for 'table_data_model' — fix: "
-        'add platform: "onnxruntime_onnx" (or backend: "python", ...)'
-    ) in errors(repo)
+    # Triton auto-completes first: the version folder holds 'model/' (not model.onnx), so nothing
+    # tells the backend and the folder name is not of the form model.<backend>
+    found = errors(repo)
+    assert any(
+        line.startswith(
+            "table_data_model: Invalid model name: Could not determine backend for model "
+            "'table_data_model' with no backend in model configuration. Expected model name of the "
+            "form 'model.<backend_name>'. — fix: "
+        )
+        for line in found
+    )
+
+
+def test_a_config_without_platform_is_auto_completed_from_the_model_file(repo: Path) -> None:
+    model = repo / "table_data_model"
+    (model / "1" / "model" / "model.onnx").rename(model / "1" / "model.onnx")
+    (model / "1" / "model").rmdir()
+    edit(repo, "table_data_model", 'platform: "onnxruntime_onnx"', "")
+    edit(repo, "table_data_model", 'default_model_filename: "model"', "")
+    edit(repo, "table_data_model", 'name: "categorical_col_1"', 'name: "X"')
+    report = validate_path(model)
+    [notice] = report.warnings
+    assert notice.origin == "mlreg"
+    assert "Triton's auto-complete serves it with backend 'onnxruntime' (from 1/model.onnx)" in notice.line()
+    assert any(
+        "unexpected inference input 'X', allowed inputs are: categorical_col_1, categorical_col_2" in line
+        for line in (f.line() for f in report.errors)
+    )
 
 
 def test_binary_garbage_where_the_onnx_model_should_be(repo: Path) -> None:
@@ -195,21 +244,35 @@ def test_ensemble_wiring_faults(repo: Path) -> None:
         'output_map { key: "output" value: "table_data_model_output" }',
     )
     found = errors(repo)
+    assert (
+        "ensemble_multi_modal_model/table_data_input_2: in ensemble ensemble_multi_modal_model, input "
+        "table_data_input_2 in model table_data_preprocess is not mapped to any ensemble tensors — fix: "
+        'add input_map { key: "table_data_input_2" value: "<tensor>" } to the step of table_data_preprocess'
+    ) in found
     assert any(
-        "input 'table_data_input_2' of step 0 (table_data_preprocess) of ensemble "
-        "'ensemble_multi_modal_model' is not mapped" in line
+        "ensemble tensor 'table_data_model_output' can appear in an output map only once for ensemble "
+        "'ensemble_multi_modal_model' step 3" in line
         for line in found
     )
     assert any(
-        "ensemble tensor 'table_data_model_output' can appear in an output map only once" in line
+        "ensemble input 'table_data_input_2' for ensemble ensemble_multi_modal_model' is not used" in line
         for line in found
     )
-    assert any("ensemble input 'table_data_input_2'" in line and "not used" in line for line in found)
     assert any(
-        "ensemble tensor 'image_model_output'" in line
-        and "neither an ensemble input nor written by any step" in line
+        "ensemble tensor 'image_model_output' is unused in ensemble 'ensemble_multi_modal_model': it is "
+        "read by a step but is neither an ensemble input nor written by any step" in line
         for line in found
     )
+
+
+def test_a_missing_member_is_reported_once_without_a_cascade(repo: Path) -> None:
+    shutil.rmtree(repo / "image_model")
+    found = errors(repo)
+    assert found == [
+        "ensemble_multi_modal_model: ensemble ensemble_multi_modal_model contains models that are not "
+        "available or ambiguous: image_model — fix: add the model(s) to the repository or fix the "
+        "steps' model_name"
+    ]
 
 
 def test_ensembles_that_contain_each_other(repo: Path) -> None:
