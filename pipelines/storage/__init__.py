@@ -10,7 +10,15 @@ from pathlib import Path
 from pipelines.storage.base import DigestCache, Manifest, RepositoryStore, UploadResult
 from registry.errors import StorageError
 
-__all__ = ["Manifest", "RepositoryStore", "S3Location", "UploadResult", "open_store", "parse_s3_uri"]
+__all__ = [
+    "Manifest",
+    "RepositoryStore",
+    "S3Location",
+    "UploadResult",
+    "ensure_root",
+    "open_store",
+    "parse_s3_uri",
+]
 
 HOST_PORT = re.compile(r"^[A-Za-z0-9.\-]+:\d+$")
 
@@ -63,3 +71,12 @@ def open_store(
         store = LocalStore(Path(text))
     store.digests = DigestCache(digest_cache)
     return store
+
+
+def ensure_root(uri: str | Path, region: str | None = None) -> bool:
+    """Write the root marker when the repository holds no object at all (a fresh S3 prefix, on
+    which Triton refuses to start); True when it was written.  A local folder needs none."""
+    store = open_store(uri, region)
+    if not store.is_empty():
+        return False
+    return store.init_root()

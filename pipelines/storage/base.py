@@ -380,6 +380,10 @@ class RepositoryStore(ABC):
         result.raise_if_bad()
         return result
 
+    def is_empty(self) -> bool:
+        """True when the repository holds no object (S3: Triton cannot start on it)."""
+        return False
+
     def init_root(self) -> bool:
         """Write the root marker (a file at the root: never a model for Triton) so that Triton
         can start on an empty S3 prefix; False when it was there already."""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.storage.base import CONFIG, Progress, RepositoryStore, UploadResult, check_part
+from registry.contracts.links import refuse_outside_links
 from registry.errors import StorageError
 
 
@@ -28,6 +29,7 @@ def push_model(
     store: RepositoryStore, folder: Path, progress: Progress | None = None, versions: list[str] | None = None
 ) -> list[UploadResult]:
     model = check_part(folder.name, "model name")
+    refuse_outside_links(folder, error=StorageError)  # before anything is sent
     local_versions = sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
     results = [
         store.put_version(model, v, folder / v, progress)
@@ -49,8 +51,9 @@ def push_path(
 ) -> list[UploadResult]:
     results: list[UploadResult] = []
     folders = model_folders(path)
-    for folder in folders:  # check every name before sending anything
+    for folder in folders:  # check every name and link before sending anything
         check_part(folder.name, "model name")
+        refuse_outside_links(folder, error=StorageError)
     for folder in folders:
         if on_model:
             on_model(folder.name)

@@ -132,6 +132,13 @@ class S3Store(RepositoryStore):
         """Fail fast when the bucket is missing, the endpoint down or the credentials wrong."""
         self._call("reach", "", self.client.head_bucket, Bucket=self.bucket)
 
+    def is_empty(self) -> bool:
+        base = f"{self.prefix}/" if self.prefix else ""
+        found = self._call(
+            "list", "", self.client.list_objects_v2, Bucket=self.bucket, Prefix=base, MaxKeys=1
+        )
+        return not found.get("Contents")
+
     def read(self, key: str) -> bytes | None:
         found = self.read_versioned(key)
         return None if found is None else found[0]

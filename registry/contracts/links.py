@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from registry.contracts.findings import Finding, error
 from registry.errors import ContractError, MlregError
 
 FIX = "copy the file or folder into the model folder instead of linking to it"
@@ -63,3 +64,11 @@ def refuse_outside_links(
     if links:
         more = f" (and {len(links) - 1} more link(s) leaving it)" if len(links) > 1 else ""
         raise error(links[0].message() + more, fix=FIX, file=str(links[0].link))
+
+
+def link_findings(model: str, model_folder: Path) -> list[Finding]:
+    """One ``outside-link`` error finding per link leaving ``model_folder`` (for ``validate``)."""
+    return [
+        error("outside-link", model, link.message(), FIX, file=str(link.link))
+        for link in outside_links(model_folder)
+    ]

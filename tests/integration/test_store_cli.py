@@ -36,7 +36,7 @@ def test_store_push_then_ls_on_s3(runner: CliRunner, built_repository: Path, s3_
     assert json.loads(second.output)["versions"][0]["sent"] == []
     listing = runner.invoke(app, ["store", "ls", "--store", uri])
     assert listing.exit_code == 0
-    assert any(line.split() == ["image_model", "1", "complete", "4"] for line in listing.output.splitlines())
+    assert any(line.split() == ["image_model", "1", "verified", "4"] for line in listing.output.splitlines())
 
 
 def test_store_push_to_a_missing_bucket(runner: CliRunner, built_repository: Path, s3_server) -> None:
