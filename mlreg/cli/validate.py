@@ -17,8 +17,15 @@ if TYPE_CHECKING:
 def validate_cmd(
     path: Annotated[Path, typer.Argument(help="A model repository folder or one model folder.")],
     as_json: JsonFlag = False,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", min=0, help="GPUs of the serving machine (default: MLREG_GPUS; unknown)."),
+    ] = None,
 ) -> None:
     """Check config.pbtxt files, model signatures and ensemble wiring offline, with Triton's rules.
+
+    Findings Triton itself refuses use its wording; '[mlreg]' marks what mlreg adds beyond Triton
+    (configs Triton loads that fail at inference, and policy).
 
     Exit 0 when no error was found, 1 when any error finding, 2 for usage errors.
 
@@ -29,7 +36,7 @@ def validate_cmd(
 
     if not path.exists():
         raise UsageError(f"'{path}' does not exist", fix="pass a model repository or model folder")
-    report = validate_path(path)
+    report = validate_path(path, gpus=gpus)
     out = Output(as_json)
 
     def human() -> None:
