@@ -139,3 +139,78 @@ def describe(lineage: Lineage, contract: dict[str, Any], findings: list[str]) ->
             f"Promote with `mlreg promote {lineage.model} --version <this version>`.",
         ]
     )
+
+
+# -- the version as an MLflow Model ----------------------------------------------------------------
+
+# Triton's data types as numpy dtype names (MLflow's TensorSpec); BF16 has no numpy type
+NUMPY_DTYPES = {
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+    "BF16": "float32",
+    "STRING": "object",
+}
+FLAVOR = "triton"
+VERSION_FOLDER = "1"  # the version folder's name inside the logged Triton model folder
+
+
+def tensor_specs(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A contract's tensors as MLflow tensor specs (name, numpy dtype, shape with -1 for batch)."""
+    return [
+        {"name": t["name"], "dtype": NUMPY_DTYPES.get(t["dtype"], "object"), "shape": list(t["shape"])}
+        for t in tensors
+    ]
+
+
+def flavors_of(name: str, contract: dict[str, Any], model_file: str | None) -> dict[str, dict[str, Any]]:
+    """The MLmodel flavors of a Triton model folder logged as ``<name>/config.pbtxt`` + ``<name>/1/``.
+
+    ``triton`` keeps the layout NVIDIA's mlflow-triton plugin reads (``data`` names the model folder);
+    the framework flavor is added where MLflow has one, pointing at the file inside the version folder.
+    ``model_file`` is the file Triton loads, relative to the version folder (None for ensembles).
+    """
+    platform = contract["platform"]
+    flavors: dict[str, dict[str, Any]] = {
+        FLAVOR: {
+            "data": name,
+            "model_name": name,
+            "version_folder": VERSION_FOLDER,
+            "config": f"{name}/config.pbtxt",
+            "platform": platform,
+            "max_batch_size": contract["max_batch_size"],
+        }
+    }
+    path = f"{name}/{VERSION_FOLDER}/{model_file}" if model_file else None
+    if platform == "onnxruntime_onnx" and path:
+        from importlib.metadata import version
+
+        flavors["onnx"] = {
+            "onnx_version": version("onnx"),
+            "data": path,
+            "providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        }
+    elif platform == "tensorflow_savedmodel" and path:
+        flavors["tensorflow"] = {
+            "saved_model_dir": path,
+            "model_type": "tf2-module",
+            "meta_graph_tags": ["serve"],
+            "signature_def_key": "serving_default",
+        }
+    elif platform == "python" and path:
+        # metadata only: loading a TritonPythonModel needs Triton's triton_python_backend_utils
+        flavors["python"] = {
+            "model_file": path,
+            "class": "TritonPythonModel",
+            "runtime": "triton python backend",
+        }
+    return flavors

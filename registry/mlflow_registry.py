@@ -10,20 +10,42 @@ so ``mlreg versions`` does not pay MLflow's multi-second import.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from registry.errors import RegistryError
+from registry.lineage import VERSION_FOLDER
 from registry.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 EXPORTS_EXPERIMENT = "mlreg-exports"
+
+
+@dataclass
+class LoggedTritonModel:
+    """What ``MlflowRegistry.log_model`` logs: a Triton model folder with its MLmodel facts."""
+
+    name: str
+    config_path: Path
+    version_dir: Path
+    flavors: dict[str, dict[str, Any]]
+    inputs: list[dict[str, Any]]  # tensor specs: name, numpy dtype, shape (-1 = batch/variable)
+    outputs: list[dict[str, Any]]
+    tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class MlflowRegistry:
@@ -32,6 +54,8 @@ class MlflowRegistry:
         self.uri = settings.tracking_uri
         self._client: Any = None
         self._lock = threading.Lock()
+        self._experiments: dict[str, str] = {}
+        self._logged: dict[str, str] = {}  # run id -> the model id it logged (removed if discarded)
 
     def warm_up(self) -> None:
         """Import MLflow and open the client in the background (it takes seconds)."""
@@ -94,18 +118,21 @@ class MlflowRegistry:
     # -- experiments and runs ------------------------------------------------------------------
 
     def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
+        if name in self._experiments:
+            return self._experiments[name]
         existing = self._call("experiment lookup", lambda: self.client.get_experiment_by_name(name))
         if existing is not None:
-            return str(existing.experiment_id)
+            self._experiments[name] = str(existing.experiment_id)
+            return self._experiments[name]
         location = None
         if self.uri.startswith("sqlite:"):
             self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
             location = self.settings.artifact_root.as_uri()
-        return str(
-            self._call(
-                "experiment creation", lambda: self.client.create_experiment(name, artifact_location=location)
-            )
+        created = self._call(
+            "experiment creation", lambda: self.client.create_experiment(name, artifact_location=location)
         )
+        self._experiments[name] = str(created)
+        return self._experiments[name]
 
     def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
         exp_id = self.experiment_id(experiment)
@@ -138,11 +165,72 @@ class MlflowRegistry:
             self.client.set_tag(run_id, "mlreg_orphaned", "true")
             self.client.set_terminated(run_id, "FAILED")
             self.client.delete_run(run_id)
+            if run_id in self._logged:
+                self.client.delete_logged_model(self._logged.pop(run_id))
         except Exception as exc:
             log.warning("could not clean up run %s: %s", run_id, exc)
 
     def artifact_uri(self, run_id: str) -> str:
         return str(self._call("run lookup", lambda: self.client.get_run(run_id)).info.artifact_uri)
+
+    # -- logged models (MLflow 3) ----------------------------------------------------------------
+
+    def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str:
+        """Log a Triton model folder as an MLflow Model linked to ``run_id``; returns its model id.
+
+        The artifact is ``MLmodel`` + ``<name>/config.pbtxt`` + ``<name>/1/`` (the version folder's
+        bytes are uploaded once, straight from where they are).
+        """
+        exp_id = self.experiment_id(experiment)
+        logged = self._call(
+            "model logging",
+            lambda: self.client.create_logged_model(
+                exp_id,
+                name=model.name,
+                source_run_id=run_id,
+                tags=model.tags,
+                params=model.params,
+                model_type="triton",
+            ),
+        )
+        model_id = str(logged.model_id)
+        self._logged[run_id] = model_id
+        with tempfile.TemporaryDirectory(prefix="mlreg-mlmodel-") as tmp:
+            root = Path(tmp)
+            (root / model.name).mkdir()
+            (root / model.name / "config.pbtxt").write_bytes(model.config_path.read_bytes())
+            self._mlmodel(run_id, model_id, model).save(str(root / "MLmodel"))
+            self._call("artifact upload", lambda: self.client.log_model_artifacts(model_id, tmp))
+        if any(model.version_dir.iterdir()):
+            folder = f"{model.name}/{VERSION_FOLDER}"
+            self._call(
+                "artifact upload",
+                lambda: self.client.log_model_artifacts(model_id, str(model.version_dir), folder),
+            )
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
+        self._call(
+            "model update", lambda: self.client.finalize_logged_model(model_id, LoggedModelStatus.READY)
+        )
+        self._call("run update", lambda: self.client.log_outputs(run_id, [LoggedModelOutput(model_id, 0)]))
+        return model_id
+
+    @staticmethod
+    def _mlmodel(run_id: str, model_id: str, model: LoggedTritonModel) -> Any:
+        import numpy as np
+        from mlflow.models import Model, ModelSignature
+        from mlflow.types.schema import Schema, TensorSpec
+
+        def schema(specs: list[dict[str, Any]]) -> Any:
+            return Schema([TensorSpec(np.dtype(s["dtype"]), tuple(s["shape"]), s["name"]) for s in specs])
+
+        signature = None
+        if model.inputs and model.outputs:
+            signature = ModelSignature(schema(model.inputs), schema(model.outputs))
+        mlmodel = Model(run_id=run_id, model_id=model_id, signature=signature, metadata=model.metadata)
+        for flavor, conf in model.flavors.items():
+            mlmodel.add_flavor(flavor, **conf)
+        return mlmodel
 
     # -- registered models ----------------------------------------------------------------------
 
@@ -161,18 +249,35 @@ class MlflowRegistry:
             )
 
     def create_version(
-        self, name: str, source: str, run_id: str, tags: dict[str, str], description: str
+        self,
+        name: str,
+        source: str,
+        run_id: str,
+        tags: dict[str, str],
+        description: str,
+        model_id: str | None = None,
     ) -> str:
+        if model_id:
+            # the embedded store resolves ``models:/<id>`` with MLflow's global tracking URI
+            import mlflow
+
+            mlflow.set_tracking_uri(self.uri)
         version = self._call(
             "version creation",
             lambda: self.client.create_model_version(
-                name, source, run_id=run_id, tags=tags, description=description
+                name, source, run_id=run_id, tags=tags, description=description, model_id=model_id
             ),
         )
+        if model_id:  # the logged model lists its registered versions (as mlflow.register_model does)
+            link = json.dumps([{"name": name, "version": str(version.version)}])
+            self._call(
+                "model tag update",
+                lambda: self.client.set_logged_model_tags(model_id, {"mlflow.modelVersions": link}),
+            )
         return str(version.version)
 
-    def find_by_tag(self, name: str, key: str, value: str) -> list[Any]:
-        query = f"name='{name}' and tags.{key}='{value}'"
+    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
+        query = f"name='{name}' and tags.`{key}` {'LIKE' if like else '='} '{value}'"
         return list(self._call("version search", lambda: self.client.search_model_versions(query)))
 
     def versions(self, name: str) -> list[Any]:
@@ -200,7 +305,158 @@ class MlflowRegistry:
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         self._call("tag update", lambda: self.client.set_model_version_tag(name, version, key, value))
 
-    def download(self, run_id: str, path: str, dest: Path) -> Path:
-        return Path(
-            self._call("artifact download", lambda: self.client.download_artifacts(run_id, path, str(dest)))
+    # -- where versions run ----------------------------------------------------------------------
+
+    def record_deployment(
+        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
+    ) -> None:
+        """Record in MLflow that ``model`` ``version`` serves in ``env`` after promotion ``run_id``.
+
+        The version's tags say when (``promoted_<env>``), by which run (``promotion_run_<env>``) and
+        on which replicas (``serving_<env>``; removed from the version served before); the run links
+        back (tags + the version's logged model as the run's input); the registered model's tag
+        ``deployed_<env>`` and description list every environment and its version.
+        """
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        replicas = ",".join(targets)
+        for previous in self.find_by_tag(model, f"serving_{env}", "%", like=True):
+            if str(previous.version) != str(version):
+                self._call(
+                    "tag removal",
+                    partial(
+                        self.client.delete_model_version_tag, model, str(previous.version), f"serving_{env}"
+                    ),
+                )
+        for key, value in (
+            (f"promoted_{env}", stamp),
+            (f"promotion_run_{env}", run_id),
+            (f"serving_{env}", replicas or "-"),
+        ):
+            self.set_version_tag(model, version, key, value)
+        self._link_run(model, version, env, run_id)
+        entry = json.dumps({"version": str(version), "when": stamp, "run": run_id, "targets": list(targets)})
+        self._call(
+            "model tag update", lambda: self.client.set_registered_model_tag(model, f"deployed_{env}", entry)
         )
+        self._describe(model)
+
+    def forget_deployment(self, model: str, env: str) -> None:
+        """``model`` serves nowhere in ``env`` any more: its serving tag, entry and row go."""
+        for previous in self.find_by_tag(model, f"serving_{env}", "%", like=True):
+            self._call(
+                "tag removal",
+                partial(self.client.delete_model_version_tag, model, str(previous.version), f"serving_{env}"),
+            )
+        if f"deployed_{env}" in self.deployments(model):
+            self._call(
+                "model tag removal",
+                partial(self.client.delete_registered_model_tag, model, f"deployed_{env}"),
+            )
+        self._describe(model)
+
+    def _describe(self, model: str) -> None:
+        registered = self._call("model lookup", lambda: self.client.get_registered_model(model))
+        text = describe_deployments(registered.description or "", deployments_of(dict(registered.tags or {})))
+        self._call("model update", lambda: self.client.update_registered_model(model, description=text))
+
+    def _link_run(self, model: str, version: str, env: str, run_id: str) -> None:
+        mv = self.version(model, version)
+        for key, value in (
+            ("mlreg_model_version", f"models:/{model}/{version}"),
+            ("mlreg_environment", env),
+        ):
+            self._call("run tag", partial(self.client.set_tag, run_id, key, value))
+        model_id = getattr(mv, "model_id", None) or _model_id(str(mv.source or ""))
+        if model_id:
+            from mlflow.entities import LoggedModelInput
+
+            self._call(
+                "run update", lambda: self.client.log_inputs(run_id, models=[LoggedModelInput(model_id)])
+            )
+
+    def deployments(self, model: str) -> dict[str, dict[str, Any]]:
+        """environment -> {version, when, run, targets}, from the registered model's tags."""
+        registered = self._call("model lookup", lambda: self.client.get_registered_model(model))
+        return deployments_of(dict(registered.tags or {}))
+
+    def download(self, run_id: str, path: str, dest: Path) -> Path:
+        """A run's artifact at ``path``, downloaded into ``dest``.
+
+        An export run whose version is an MLflow Model keeps the version folder in its logged model,
+        not in the run: its ``model`` path resolves to ``<name>/1`` of that logged model, so readers
+        written for the older layout (config.pbtxt + model/ in the run) read both.
+        """
+        try:
+            got = Path(
+                self._call(
+                    "artifact download", lambda: self.client.download_artifacts(run_id, path, str(dest))
+                )
+            )
+        except RegistryError:
+            if path != "model":
+                raise
+            got = dest / path
+        if path == "model" and not got.exists():
+            return self._download_logged_version(run_id, dest / path) or got
+        return got
+
+    def _download_logged_version(self, run_id: str, target: Path) -> Path | None:
+        run = self._call("run lookup", lambda: self.client.get_run(run_id))
+        outputs = getattr(run, "outputs", None)
+        ids = [o.model_id for o in (getattr(outputs, "model_outputs", None) or [])]
+        if not ids:
+            return None
+        import mlflow
+
+        logged = self._call("model lookup", lambda: self.client.get_logged_model(ids[0]))
+        mlflow.set_tracking_uri(self.uri)  # mlflow-artifacts:/ URIs resolve against it
+        uri = f"{logged.artifact_location}/{logged.name}/{VERSION_FOLDER}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="mlreg-download-", dir=target.parent) as tmp:
+            try:
+                got = self._call(
+                    "artifact download",
+                    lambda: mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp),
+                )
+            except RegistryError:
+                return None  # an ensemble's version folder is empty: nothing was logged
+            shutil.move(got, target)
+        return target
+
+
+def _model_id(source: str) -> str:
+    """``models:/m-...`` (a logged model) -> its id; registry URIs (``models:/name/1``) -> ""."""
+    rest = source.removeprefix("models:/") if source.startswith("models:/") else ""
+    return rest if rest.startswith("m-") and "/" not in rest else ""
+
+
+def deployments_of(tags: dict[str, str]) -> dict[str, dict[str, Any]]:
+    found = {}
+    for key, value in tags.items():
+        if key.startswith("deployed_"):
+            try:
+                found[key.removeprefix("deployed_")] = dict(json.loads(value))
+            except (ValueError, TypeError):
+                continue
+    return dict(sorted(found.items()))
+
+
+DEPLOYMENTS_HEADING = "**Environments**"
+
+
+def describe_deployments(description: str, deployments: dict[str, dict[str, Any]]) -> str:
+    """The registered model's description with its environments table (replaced, never appended twice)."""
+    head = description.split(DEPLOYMENTS_HEADING, 1)[0].rstrip()
+    if not deployments:
+        return head
+    rows = [
+        f"| {env} | {d.get('version', '?')} | {d.get('when', '')} | {', '.join(d.get('targets', [])) or '-'} "
+        f"| `{d.get('run', '')}` |"
+        for env, d in deployments.items()
+    ]
+    table = [
+        "| environment | version | promoted | replicas | promotion run |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+    return "\n".join([head, "", DEPLOYMENTS_HEADING, "", *table]).lstrip()

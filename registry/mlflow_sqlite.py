@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from registry.lineage import VERSION_FOLDER
+
 
 @dataclass(frozen=True)
 class VersionRecord:
@@ -21,11 +23,24 @@ class VersionRecord:
     run_id: str
     source: str
     tags: dict[str, str]
+    storage_location: str = ""
 
     def local_source(self) -> Path | None:
-        """The artifact folder on disk when the source is a file:// URI."""
-        parsed = urlparse(self.source)
-        return Path(unquote(parsed.path)) if parsed.scheme == "file" else None
+        """The version folder on disk (its parent holds config.pbtxt) when artifacts are local files.
+
+        A version logged as an MLflow Model (source ``models:/<id>``) keeps the Triton model folder
+        ``<name>/config.pbtxt`` + ``<name>/1/`` in the logged model's storage location; an older
+        version's source is the run's ``model`` folder, next to the run's ``config.pbtxt``.
+        """
+        if self.source.startswith("models:/"):
+            root = _file_path(self.storage_location)
+            return root / self.name / VERSION_FOLDER if root else None
+        return _file_path(self.source)
+
+
+def _file_path(uri: str) -> Path | None:
+    parsed = urlparse(uri)
+    return Path(unquote(parsed.path)) if parsed.scheme == "file" else None
 
 
 def database(tracking_uri: str) -> Path | None:
@@ -42,7 +57,7 @@ def model_version(tracking_uri: str, name: str, version: str) -> VersionRecord |
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
             row = conn.execute(
-                "SELECT source, run_id FROM model_versions WHERE name = ? AND version = ?",
+                "SELECT source, run_id, storage_location FROM model_versions WHERE name = ? AND version = ?",
                 (name, int(version)),
             ).fetchone()
             if row is None:
@@ -55,4 +70,4 @@ def model_version(tracking_uri: str, name: str, version: str) -> VersionRecord |
             )
     except (sqlite3.Error, ValueError):
         return None
-    return VersionRecord(name, str(version), str(row[1] or ""), str(row[0] or ""), tags)
+    return VersionRecord(name, str(version), str(row[1] or ""), str(row[0] or ""), tags, str(row[2] or ""))

@@ -19,7 +19,7 @@ from typing import Any
 from registry.contracts.checks import check_artifacts, read_signature
 from registry.contracts.config import CONFIG_NAME, load_config
 from registry.contracts.repository import ModelEntry
-from registry.contracts.rules import check_model, kind
+from registry.contracts.rules import check_model, kind, model_file
 from registry.errors import ContractError, RegistryError
 from registry.lineage import (
     Lineage,
@@ -27,10 +27,12 @@ from registry.lineage import (
     describe,
     digest_of_contract,
     digest_of_manifest,
+    flavors_of,
     git_state,
+    tensor_specs,
 )
 from registry.manifest import manifest_of, sha256_file
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow_registry import EXPORTS_EXPERIMENT, LoggedTritonModel, MlflowRegistry
 
 log = logging.getLogger(__name__)
 MODEL_NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.\-_]*$")
@@ -180,7 +182,9 @@ def register(
         validation="failed" if errors else "passed",
     )
     description = describe(lineage, contract, errors)
-    run_id = registry.start_run("mlreg-exports", f"{candidate.name}-export", {"mlreg_model": candidate.name})
+    run_id = registry.start_run(
+        EXPORTS_EXPERIMENT, f"{candidate.name}-export", {"mlreg_model": candidate.name}
+    )
     try:
         version = _record(
             registry,
@@ -237,9 +241,43 @@ def _record(
             json.dumps({"validation": lineage.validation, "errors": errors}, indent=1)
         )
         registry.log_artifacts(run_id, meta)
-    registry.log_artifacts(run_id, candidate.version_dir, "model")
     registry.ensure_model(
         candidate.name, f"Triton model `{candidate.name}` ({lineage.platform}), registered by mlreg."
     )
-    source = registry.artifact_uri(run_id) + "/model"
-    return registry.create_version(candidate.name, source, run_id, lineage.tags(), description)
+    tags = lineage.tags()
+    model_id = registry.log_model(
+        run_id,
+        EXPORTS_EXPERIMENT,
+        logged_model(candidate, contract, tags, {k: str(v) for k, v in params.items()}),
+    )
+    return registry.create_version(
+        candidate.name,
+        f"models:/{model_id}",
+        run_id,
+        {**tags, "mlflow_model": "triton"},
+        description,
+        model_id,
+    )
+
+
+def logged_model(
+    candidate: Candidate, contract: dict[str, Any], tags: dict[str, str], params: dict[str, str]
+) -> LoggedTritonModel:
+    """The candidate as an MLflow Model: the Triton folder, its flavors and the contract as signature."""
+    config = load_config(candidate.config_path)
+    entry = ModelEntry(candidate.name, candidate.version_dir.parent, config)
+    path = model_file(entry, candidate.version_dir.name)
+    inner = path.name if path else None
+    if path is not None and path.is_dir() and (path / "model.onnx").is_file():
+        inner = f"{path.name}/model.onnx"  # an ONNX model folder (external data): the graph file
+    return LoggedTritonModel(
+        name=candidate.name,
+        config_path=candidate.config_path,
+        version_dir=candidate.version_dir,
+        flavors=flavors_of(candidate.name, contract, inner),
+        inputs=tensor_specs(contract["inputs"]),
+        outputs=tensor_specs(contract["outputs"]),
+        tags=tags,
+        params=params,
+        metadata={"mlreg": {k: v for k, v in tags.items() if k != "mlreg"}},
+    )
