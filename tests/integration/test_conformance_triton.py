@@ -1,0 +1,78 @@
+"""Differential: each conformance case loaded on a real tritonserver 2.51 (the nvidia-pytriton wheel's
+binary, explicit mode, python backend), Triton's verdict and reason against the corpus and mlreg's.
+
+Config errors reach the client only as a failed load ("failed to poll from model repository" or the
+status message); the reason is read from the repository index and the server log.  Cases that only
+a backend decides (``decided-by: backend``) are not loaded: the local stack's onnxruntime and
+tensorflow backends are stand-ins, not NVIDIA's C++ backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pipelines import local_triton
+from pipelines.triton import TritonControl, TritonError
+from registry.contracts.validate import validate_path
+from registry.settings import Settings
+from tests.conformance.corpus import Case, load_cases, materialize
+
+CASES = [c for c in load_cases() if c.decided_by == "core"]
+GPUS = 0  # this machine has no GPU: Triton's instance-group verdicts are those of a 0-GPU server
+
+
+@dataclass
+class Server:
+    control: TritonControl
+    log: Path
+    repository: Path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One tritonserver over every core case (model names are unique across the corpus)."""
+    repository = tmp_path_factory.mktemp("conformance") / "repository"
+    repository.mkdir()
+    for case in CASES:
+        materialize(case, repository)
+    state = tmp_path_factory.mktemp("conformance-state")
+    info, process = local_triton.start_server(repository, state, Settings.from_env().backends_source)
+    control = TritonControl(info.grpc_url, timeout=30.0, load_timeout=120.0)
+    try:
+        yield Server(control, Path(info.log_path), repository)
+    finally:
+        control.close()
+        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+
+
+def triton_verdict(server: Server, case: Case) -> tuple[str, str]:
+    """('accept' | 'reject', the server's reason: load error, index reason and new log lines)."""
+    before = server.log.read_text(errors="replace")
+    try:
+        server.control.load(case.load)
+    except TritonError as exc:
+        new_log = server.log.read_text(errors="replace")[len(before) :]
+        return "reject", f"{exc.message}\n{new_log}"
+    return "accept", ""
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_triton_and_mlreg_agree(server: Server, case: Case, tmp_path: Path) -> None:
+    verdict, reason = triton_verdict(server, case)
+    assert verdict == case.verdict, f"Triton: {verdict} {reason}"
+    if verdict == "reject":
+        assert case.message in reason, reason
+        assert case.names in reason
+    # mlreg on the same case: the same verdict (or, labelled [mlreg], a fault Triton leaves to inference)
+    materialize(case, tmp_path)
+    errors = validate_path(tmp_path, gpus=GPUS).errors
+    triton_errors = [f for f in errors if f.origin == "triton"]
+    assert ("reject" if triton_errors else "accept") == verdict, [f.line() for f in errors]
+    if verdict == "reject":
+        assert any(case.message in f.line() and case.names in f.line() for f in triton_errors)
+    if case.mlreg != verdict:
+        assert any(f.origin == "mlreg" and case.message in f.line() for f in errors)
