@@ -11,11 +11,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.local_triton import free_port, http_ok
-from pipelines.processes import stop_group, wait_answering
-from registry.errors import StackError
+from pipelines.local_triton import free_port
+from pipelines.processes import ManagedProcess, stop_process
 
 START_TIMEOUT_S = 90.0
+STOP_GRACE_S = 15.0  # SIGTERM stops the server and its workers (FACTS.md)
 
 
 @dataclass
@@ -28,10 +28,10 @@ class MlflowServer:
         return f"http://127.0.0.1:{self.port}"
 
 
-def start_mlflow(
-    backend_uri: str, artifacts: Path, log_path: Path, *, serve_artifacts: bool, port: int | None = None
-) -> tuple[MlflowServer, subprocess.Popen[bytes]]:
-    port = port or free_port()
+def mlflow_process(
+    backend_uri: str, artifacts: Path, log_path: Path, *, serve_artifacts: bool, port: int
+) -> ManagedProcess:
+    """``mlflow server`` on 127.0.0.1:``port`` (sqlite or any backend store) as a managed process."""
     exe = Path(sys.executable).parent / "mlflow"
     command = [
         str(exe) if exe.is_file() else "mlflow",
@@ -51,33 +51,29 @@ def start_mlflow(
         command += ["--no-serve-artifacts", "--default-artifact-root", artifacts.as_uri()]
     env = {"MLFLOW_DISABLE_TELEMETRY": "true", **os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    artifacts.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    server = MlflowServer(process.pid, port)
-    if wait_answering(
-        process,
-        lambda: http_ok(f"{server.url}/health", timeout=2.0),
-        "mlflow server",
-        log_path,
-        START_TIMEOUT_S,
-        interval=0.2,
-    ):
-        return server, process
-    stop_mlflow(server.pid, process)
-    raise StackError(
-        f"mlflow server did not answer within {START_TIMEOUT_S:.0f}s", fix=f"read its log: {log_path}"
+    return ManagedProcess(
+        name="mlflow server",
+        argv=command,
+        health_url=f"http://127.0.0.1:{port}/health",
+        log_path=log_path,
+        marker="mlflow",
+        env=env,
+        start_timeout=START_TIMEOUT_S,
+        stop_grace=STOP_GRACE_S,
+        health_interval=0.2,
     )
+
+
+def start_mlflow(
+    backend_uri: str, artifacts: Path, log_path: Path, *, serve_artifacts: bool, port: int | None = None
+) -> tuple[MlflowServer, subprocess.Popen[bytes]]:
+    port = port or free_port()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    managed = mlflow_process(backend_uri, artifacts, log_path, serve_artifacts=serve_artifacts, port=port)
+    process = managed.start()
+    return MlflowServer(process.pid, port), process
 
 
 def stop_mlflow(pid: int, process: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM stops the server and its workers (FACTS.md); SIGKILL the group after 15 s."""
-    stop_group(pid, process, grace=15)
+    stop_process(pid, process, grace=STOP_GRACE_S, marker=None if process else "mlflow")

@@ -8,11 +8,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.local_triton import free_port, http_ok
-from pipelines.processes import stop_group, wait_answering
-from registry.errors import MissingDependencyError, StackError
+from pipelines.local_triton import free_port
+from pipelines.processes import ManagedProcess, stop_process
+from registry.errors import MissingDependencyError
 
 START_TIMEOUT_S = 30.0
+STOP_GRACE_S = 10.0
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "mlreg",
     "AWS_SECRET_ACCESS_KEY": "mlreg-secret",
@@ -44,28 +45,27 @@ def moto_command() -> list[str]:
     return [found]
 
 
+def moto_process(log_path: Path, port: int) -> ManagedProcess:
+    """moto_server on 127.0.0.1:``port`` as a managed process."""
+    return ManagedProcess(
+        name="moto_server",
+        argv=[*moto_command(), "-H", "127.0.0.1", "-p", str(port)],
+        health_url=f"http://127.0.0.1:{port}/moto-api/",
+        log_path=log_path,
+        marker="moto_server",
+        start_timeout=START_TIMEOUT_S,
+        stop_grace=STOP_GRACE_S,
+    )
+
+
 def start_s3(log_path: Path, port: int | None = None) -> tuple[S3Server, subprocess.Popen[bytes]]:
     port = port or free_port()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [*moto_command(), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    server = S3Server(process.pid, port)
-    if wait_answering(
-        process, lambda: http_ok(f"{server.endpoint}/moto-api/"), "moto_server", log_path, START_TIMEOUT_S
-    ):
-        return server, process
-    stop_s3(server.pid, process)
-    raise StackError("moto_server did not answer within 30s", fix=f"read its log: {log_path}")
+    process = moto_process(log_path, port).start()
+    return S3Server(process.pid, port), process
 
 
 def stop_s3(pid: int, process: subprocess.Popen[bytes] | None = None) -> None:
-    stop_group(pid, process, grace=10)
+    stop_process(pid, process, grace=STOP_GRACE_S, marker=None if process else "moto_server")
 
 
 def create_bucket(endpoint: str, bucket: str) -> None:

@@ -7,12 +7,14 @@ and TensorFlow backends, so ``onnxruntime_onnx`` and ``tensorflow_savedmodel``
 configs load unchanged on CPU.  ``start_server`` checks the stub's shared
 libraries first (a stub that cannot start makes ``load_model`` hang forever),
 picks free ports, waits until the server is live and keeps its log;
-``stop_server`` sends SIGTERM, then SIGKILL after a bound, and removes the
-server's shared-memory regions.
+``stop_pid`` sends SIGTERM, then SIGKILL after a bound, and removes the
+server's shared-memory regions.  Start, health check and stop are the managed
+process of ``pipelines.processes``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -24,11 +26,12 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipelines.processes import ManagedProcess, group_alive, process_runs, stop_process
+from pipelines.processes import http_ok as http_ok  # re-exported for callers of the first launcher
+from pipelines.processes import tail as tail
 from registry.errors import MissingDependencyError, StackError
 
 log = logging.getLogger(__name__)
@@ -277,6 +280,24 @@ class _PortRace(Exception):
         self.error = error
 
 
+def triton_process(
+    command: list[str], env: dict[str, str], http_port: int, log_path: Path, timeout: float
+) -> ManagedProcess:
+    """tritonserver as a managed process: live on /v2/health/live; SIGTERM to the server only (it
+    stops its python stubs itself), the group SIGKILLed after the grace period."""
+    return ManagedProcess(
+        name="tritonserver",
+        argv=command,
+        health_url=f"http://127.0.0.1:{http_port}/v2/health/live",
+        log_path=log_path,
+        marker="tritonserver",
+        env=env,
+        start_timeout=timeout,
+        stop_grace=STOP_GRACE_S,
+        term_group=False,
+    )
+
+
 def _launch(
     install: TritonInstall,
     env: dict[str, str],
@@ -289,16 +310,13 @@ def _launch(
     log_path = state_dir / "triton.log"
     shm_prefix = f"mlreg_{os.getpid()}_{ports[0]}_"
     command = server_command(install, repository, backend_dir, ports, shm_prefix)
-    log.info("starting %s", " ".join(command))
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    try:
+        process = triton_process(command, env, ports[1], log_path, timeout).start()
+    except StackError as error:
+        remove_shm(shm_prefix)
+        if "address already in use" in error.message.lower():
+            raise _PortRace(error) from None
+        raise
     info = ServerInfo(
         pid=process.pid,
         grpc_port=ports[0],
@@ -309,53 +327,12 @@ def _launch(
         shm_prefix=shm_prefix,
         started_at=time.time(),
     )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            text = tail(log_path)
-            error = StackError(
-                f"tritonserver exited with code {process.returncode} while starting:\n{text}",
-                fix=f"read the whole server log: {log_path}",
-            )
-            if "address already in use" in text.lower():
-                raise _PortRace(error)
-            remove_shm(shm_prefix)
-            raise error
-        if http_ok(f"{info.http_url}/v2/health/live"):
-            return info, process
-        time.sleep(0.1)
-    stop_pid(process.pid, shm_prefix, process=process)
-    raise StackError(
-        f"tritonserver did not become live within {timeout:.0f}s",
-        fix=f"read the server log: {log_path}",
-    )
-
-
-def http_ok(url: str, timeout: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def tail(path: Path, lines: int = 20) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+    return info, process
 
 
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs a tritonserver (not a zombie, not a recycled pid)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state != "Z" and b"tritonserver" in cmdline
+    return process_runs(pid, "tritonserver")
 
 
 def stop_pid(
@@ -366,40 +343,13 @@ def stop_pid(
     process: subprocess.Popen[bytes] | None = None,
 ) -> bool:
     """SIGTERM the server, SIGKILL its process group after ``grace``; True if it had to be killed."""
-    killed = False
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        if not _wait_gone(pid, grace, process):
-            killed = True
-            log.warning("tritonserver %d did not stop within %.0fs; killing it", pid, grace)
-    with_group = killed or _group_alive(pid)
-    if with_group:
-        try:
+    marker = None if process is not None else "tritonserver"
+    killed = stop_process(pid, process, grace=grace, term_group=False, marker=marker)
+    if group_alive(pid):  # python stubs left behind by a server that died
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        _wait_gone(pid, 5.0, process)
     remove_shm(shm_prefix)
     return killed
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _wait_gone(pid: int, timeout: float, process: subprocess.Popen[bytes] | None) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            return True
-        if process is None and not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def remove_shm(prefix: str) -> list[str]:

@@ -6,14 +6,13 @@ server is still alive it is reused (and asked to load the requested models).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines import local_triton
+from pipelines import local_triton, processes
 from pipelines.local_triton import ServerInfo
 from pipelines.triton import TritonControl
 from registry.errors import MlregError, StackError
@@ -51,11 +50,10 @@ def running_server(settings: Settings) -> ServerInfo | None:
     info = local_triton.load_info(path)
     if info is None:
         return None
-    if local_triton.pid_alive(info.pid):
+    if processes.running(path, "tritonserver") is not None:
         return info
-    log.info("removing stale stack state for pid %d", info.pid)
+    log.info("removed stale stack state for pid %d", info.pid)
     local_triton.remove_shm(info.shm_prefix)
-    path.unlink(missing_ok=True)
     return None
 
 
@@ -65,24 +63,7 @@ def s3_state_file(settings: Settings) -> Path:
 
 def running_s3(settings: Settings) -> dict[str, object] | None:
     """The project's moto_server ({pid, port, uri}) if it is still alive."""
-    return _live_state(s3_state_file(settings), b"moto_server")
-
-
-def _live_state(path: Path, marker: bytes) -> dict[str, object] | None:
-    """A helper server's recorded state if its process still runs (and is still that server:
-    ``marker`` in its command line, so a reused pid does not count); a stale record is removed."""
-    from pipelines.processes import process_gone
-
-    try:
-        state = json.loads(path.read_text())
-        pid = int(state["pid"])
-        alive = marker in Path(f"/proc/{pid}/cmdline").read_bytes() and not process_gone(pid)
-    except (OSError, ValueError, KeyError, TypeError):
-        alive = False
-    if not alive:
-        path.unlink(missing_ok=True)
-        return None
-    return dict(state)
+    return processes.running(s3_state_file(settings), "moto_server")
 
 
 def start_s3_repository(settings: Settings, source: Path) -> str:
@@ -95,7 +76,9 @@ def start_s3_repository(settings: Settings, source: Path) -> str:
         os.environ.setdefault(key, value)
     server, process = local_s3.start_s3(settings.stack_dir / "moto.log")
     uri = server.store_uri("mlreg", "model_repository")
-    s3_state_file(settings).write_text(json.dumps({"pid": server.pid, "port": server.port, "uri": uri}))
+    processes.write_state(
+        s3_state_file(settings), {"pid": server.pid, "marker": "moto_server", "port": server.port, "uri": uri}
+    )
     with warnings.catch_warnings():  # moto_server outlives this process, like tritonserver
         warnings.simplefilter("ignore", ResourceWarning)
         del process
@@ -110,7 +93,7 @@ def mlflow_state_file(settings: Settings) -> Path:
 
 def running_mlflow(settings: Settings) -> dict[str, object] | None:
     """The project's MLflow UI server ({pid, url}) if it is still alive."""
-    return _live_state(mlflow_state_file(settings), b"mlflow")
+    return processes.running(mlflow_state_file(settings), "mlflow")
 
 
 def start_ui(settings: Settings) -> str:
@@ -127,11 +110,42 @@ def start_ui(settings: Settings) -> str:
         settings.stack_dir / "mlflow.log",
         serve_artifacts=False,
     )
-    mlflow_state_file(settings).write_text(json.dumps({"pid": server.pid, "url": server.url}))
+    processes.write_state(
+        mlflow_state_file(settings), {"pid": server.pid, "marker": "mlflow", "url": server.url}
+    )
     with warnings.catch_warnings():  # the UI outlives this process, like tritonserver
         warnings.simplefilter("ignore", ResourceWarning)
         del process
     return server.url
+
+
+def _local_repository(settings: Settings, repository: str | Path | None) -> Path:
+    """The folder Triton serves: ``repository``, which must exist, or the project's local repository,
+    created empty when nothing was built yet (``mlreg promote`` fills it)."""
+    if repository is None:
+        settings.local_repository.mkdir(parents=True, exist_ok=True)
+        return settings.local_repository.resolve()
+    path = Path(repository).resolve()
+    if not path.is_dir():
+        raise StackError(
+            f"model repository '{path}' does not exist",
+            fix=f"build one with 'mlreg template build {path}', or omit --repository to start "
+            "on the project's repository (empty until 'mlreg promote')",
+        )
+    return path
+
+
+def _repository(settings: Settings, repository: str | Path | None, s3: bool) -> str:
+    """What Triton reads: a local folder, an S3 URI (``--s3``: the folder pushed to moto_server)."""
+    if s3 and running_server(settings) is None:
+        source = _local_repository(settings, repository)
+        settings.stack_dir.mkdir(parents=True, exist_ok=True)
+        return start_s3_repository(settings, source)
+    if s3:
+        return str((running_s3(settings) or {}).get("uri", repository))
+    if repository is not None and "://" in str(repository):
+        return str(repository)
+    return str(_local_repository(settings, repository))
 
 
 def stack_up(
@@ -142,29 +156,11 @@ def stack_up(
     s3: bool = False,
     ui: bool = False,
 ) -> StackStatus:
-    if s3 and running_server(settings) is None:
-        source = Path(repository or settings.local_repository).resolve()
-        if not source.is_dir():
-            raise StackError(
-                f"model repository '{source}' does not exist",
-                fix="build one with 'mlreg template build "
-                f"{settings.local_repository}' or pass --repository PATH",
-            )
-        settings.stack_dir.mkdir(parents=True, exist_ok=True)
-        repository = start_s3_repository(settings, source)
-    elif s3:
-        repository = (running_s3(settings) or {}).get("uri", repository)  # type: ignore[assignment]
-    repo = str(repository or settings.local_repository)
-    if "://" not in repo:
-        repo_path = Path(repo).resolve()
-        if not repo_path.is_dir():
-            raise StackError(
-                f"model repository '{repo_path}' does not exist",
-                fix="build one with 'mlreg template build "
-                f"{settings.local_repository}' or pass --repository PATH",
-            )
-        repo = str(repo_path)
     info = running_server(settings)
+    if info is not None and repository is None:  # `mlreg stack up` again: the running one
+        repo = info.repository
+    else:
+        repo = _repository(settings, repository, s3)
     already = info is not None
     if info is not None and info.repository != repo:
         raise StackError(
@@ -172,6 +168,10 @@ def stack_up(
             fix="run 'mlreg stack down' first, or omit --repository",
         )
     if info is None:
+        if repo.startswith("s3://"):  # Triton refuses an S3 prefix holding no object: mark its root
+            from pipelines.storage import ensure_root
+
+            ensure_root(repo)
         info, process = local_triton.start_server(
             repo,
             settings.stack_dir,
