@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from registry.contracts.config import CONFIG_NAME, format_config, load_config
+from registry.contracts.config import CONFIG_NAME, format_config, load_config, model_config_pb2
 from registry.errors import MissingDependencyError, TemplateError
 
 log = logging.getLogger(__name__)
@@ -97,15 +97,14 @@ def gpu_available() -> bool:
 
 def rewrite_for_cpu(config_path: Path) -> bool:
     """Turn KIND_GPU instance groups into KIND_CPU; True when the config changed."""
-    from tritonclient.grpc import model_config_pb2
-
+    kinds = model_config_pb2().ModelInstanceGroup
     config = load_config(config_path)
-    gpu = model_config_pb2.ModelInstanceGroup.KIND_GPU
+    gpu = kinds.KIND_GPU
     groups = [g for g in config.instance_group if g.kind == gpu]
     if not groups:
         return False
     for group in groups:
-        group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+        group.kind = kinds.KIND_CPU
         del group.gpus[:]
     header = (
         "# Written by 'mlreg template build --device cpu': the template's KIND_GPU\n"

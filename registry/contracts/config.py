@@ -1,9 +1,19 @@
-"""Read and write Triton ``config.pbtxt`` files with Triton's own protobuf schema."""
+"""Read and write Triton ``config.pbtxt`` files with Triton's own protobuf schema.
+
+The schema is tritonclient's generated ``model_config_pb2``.  It lives in the package
+``tritonclient.grpc``, whose ``__init__`` imports gRPC and numpy (~0.3 s, more than the whole
+offline validation): ``model_config_pb2()`` loads the generated file alone, registered under its
+own module name, so a later ``import tritonclient.grpc`` reuses it (one descriptor, one class).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
+from functools import lru_cache
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from registry.errors import ContractError
@@ -13,14 +23,36 @@ if TYPE_CHECKING:
 
 CONFIG_NAME = "config.pbtxt"
 _LOCATION = re.compile(r"^(\d+):(\d+) : (.*)$", re.S)
+PB2_MODULE = "tritonclient.grpc.model_config_pb2"
+
+
+@lru_cache(maxsize=1)
+def model_config_pb2() -> ModuleType:
+    """tritonclient's ``model_config_pb2`` module, without importing ``tritonclient.grpc``."""
+    if PB2_MODULE in sys.modules:
+        return sys.modules[PB2_MODULE]
+    package = importlib.util.find_spec("tritonclient")
+    locations = list(package.submodule_search_locations or []) if package else []
+    files = [Path(p) / "grpc" / "model_config_pb2.py" for p in locations]
+    path = next((f for f in files if f.is_file()), None)
+    spec = importlib.util.spec_from_file_location(PB2_MODULE, path) if path else None
+    if spec is None or spec.loader is None:  # an unusual layout: the ordinary import
+        return importlib.import_module(PB2_MODULE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PB2_MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[PB2_MODULE]
+        raise
+    return module
 
 
 def parse_config(text: str, source: str = CONFIG_NAME) -> ModelConfig:
     """Parse config.pbtxt text; a syntax error names file, line and column."""
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
 
-    config = model_config_pb2.ModelConfig()
+    config = model_config_pb2().ModelConfig()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
@@ -54,9 +86,7 @@ def format_config(config: ModelConfig) -> str:
 
 def data_type_name(data_type: int) -> str:
     """``TYPE_FP32`` -> ``FP32`` (the names signature readers use)."""
-    from tritonclient.grpc import model_config_pb2
-
-    return str(model_config_pb2.DataType.Name(data_type)).removeprefix("TYPE_")
+    return str(model_config_pb2().DataType.Name(data_type)).removeprefix("TYPE_")
 
 
 def full_shape(config: ModelConfig, dims: list[int] | tuple[int, ...]) -> tuple[int, ...]:

@@ -3,7 +3,7 @@
 ``TensorSpec.shape`` is the artifact's full shape (batch dimension included);
 an unknown dimension is ``-1`` and a named symbolic one (ONNX ``dim_param``)
 keeps its name.  Data types use Triton's names (``FP32``, ``INT8``, ...).
-Neither reader imports TensorFlow nor loads ONNX external weights.
+Neither reader imports TensorFlow or ``onnx``, nor loads ONNX external weights.
 """
 
 from __future__ import annotations
@@ -71,19 +71,98 @@ class Signature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     source: str
+    initializers: tuple[str, ...] = ()  # ONNX: the graph's initializer (weight) names, sorted
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "source": self.source,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
         }
+        if self.initializers:
+            found["initializers"] = list(self.initializers)
+        return found
+
+
+# -- minimal protobuf schemas -------------------------------------------------------------------
+#
+# Importing ``onnx`` (and TensorFlow's ``saved_model_pb2``) costs more than the whole validation:
+# the two readers parse the files with message classes built at runtime from the few fields they
+# read, numbered as in onnx/onnx.proto and tensorflow's saved_model.proto / meta_graph.proto.
+# Every other field (weights, graph nodes) is skipped as an unknown field.
+
+# (name, number, type, repeated, message type): one field of a minimal message
+Field = tuple[str, int, str, bool, str]
+_SCALAR = {"int64": 3, "int32": 5, "bool": 8, "string": 9, "message": 11}
+
+
+def _add_message(container: Any, name: str, fields: list[Field], package: str) -> Any:
+    from google.protobuf import descriptor_pb2
+
+    F = descriptor_pb2.FieldDescriptorProto
+    msg = container.add(name=name)
+    for fname, number, ftype, repeated, type_name in fields:
+        msg.field.add(
+            name=fname,
+            number=number,
+            type=_SCALAR[ftype],
+            label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL,
+            type_name=f".{package}.{type_name}" if type_name else None,
+        )
+    return msg
+
+
+def _map_entry(parent: Any, name: str, value_type: str, package: str) -> None:
+    key_value: list[Field] = [("key", 1, "string", False, ""), ("value", 2, "message", False, value_type)]
+    _add_message(parent.nested_type, name, key_value, package).options.map_entry = True
+
+
+def _message_class(package: str, messages: dict[str, list[Field]], root: str, maps: Any = None) -> Any:
+    """A message class for ``package.root`` from ``messages``; ``maps(file)`` adds map entries."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    file = descriptor_pb2.FileDescriptorProto(name=f"{package}.proto", package=package)
+    for name, fields in messages.items():
+        _add_message(file.message_type, name, fields, package)
+    if maps is not None:
+        maps(file)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{root}"))
 
 
 # -- ONNX --------------------------------------------------------------------------------------
 
+ONNX_MESSAGES: dict[str, list[Field]] = {
+    "ModelProto": [("ir_version", 1, "int64", False, ""), ("graph", 7, "message", False, "GraphProto")],
+    "GraphProto": [
+        ("initializer", 5, "message", True, "TensorProto"),
+        ("input", 11, "message", True, "ValueInfoProto"),
+        ("output", 12, "message", True, "ValueInfoProto"),
+        ("sparse_initializer", 15, "message", True, "SparseTensorProto"),
+    ],
+    "TensorProto": [("name", 8, "string", False, "")],
+    "SparseTensorProto": [("values", 1, "message", False, "TensorProto")],
+    "ValueInfoProto": [("name", 1, "string", False, ""), ("type", 2, "message", False, "TypeProto")],
+    "TypeProto": [("tensor_type", 1, "message", False, "TensorType")],
+    "TensorType": [
+        ("elem_type", 1, "int32", False, ""),
+        ("shape", 2, "message", False, "TensorShapeProto"),
+    ],
+    "TensorShapeProto": [("dim", 1, "message", True, "Dimension")],
+    "Dimension": [("dim_value", 1, "int64", False, ""), ("dim_param", 2, "string", False, "")],
+}
+
+
+@lru_cache(maxsize=1)
+def _onnx_model_class() -> Any:
+    """A minimal ModelProto: graph inputs, outputs and initializer names (onnx.proto numbers)."""
+    return _message_class("mlreg_onnx", ONNX_MESSAGES, "ModelProto")
+
 
 def _onnx_tensor(value: Any) -> TensorSpec:
+    if not value.type.HasField("tensor_type"):
+        return TensorSpec(value.name, "UNSUPPORTED(not a tensor)", None)
     tensor_type = value.type.tensor_type
     dtype = ONNX_TYPES.get(tensor_type.elem_type, f"UNSUPPORTED({tensor_type.elem_type})")
     if not tensor_type.HasField("shape"):
@@ -97,92 +176,83 @@ def _onnx_tensor(value: Any) -> TensorSpec:
     return TensorSpec(value.name, dtype, tuple(dims))
 
 
-def read_onnx(path: Path) -> Signature:
-    """Graph inputs (minus initializers) and outputs of an ONNX file or a folder holding model.onnx."""
-    import onnx
+def _onnx_unreadable(path: Path, why: str) -> ContractError:
+    return ContractError(
+        f"{path}: not a readable ONNX model: {why}",
+        fix="re-export the model (tf2onnx / torch.onnx.export) and check the file is complete",
+        file=str(path),
+    )
 
+
+def _parse_onnx(path: Path) -> Any:
+    from google.protobuf.message import DecodeError
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _onnx_unreadable(path, exc.strerror or str(exc)) from exc
+    if not data:
+        raise _onnx_unreadable(path, "the file is empty (0 bytes)")
+    try:
+        model = _onnx_model_class().FromString(data)
+    except DecodeError as exc:
+        raise _onnx_unreadable(path, "its bytes do not parse as an ONNX ModelProto (truncated?)") from exc
+    if not model.HasField("graph") or not model.ir_version:
+        raise _onnx_unreadable(path, "the file holds no ONNX graph (no ir_version or graph)")
+    return model
+
+
+def read_onnx(path: Path) -> Signature:
+    """Graph inputs (minus initializers) and outputs of an ONNX file or a folder holding model.onnx.
+
+    Initializer names are kept in ``Signature.initializers`` (a graph input of the same name is
+    a weight with a default, not a request input).  External weights are never opened.
+    """
     if path.is_dir():
         path = path / "model.onnx"
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ContractError(
-            f"{path}: not a readable ONNX model: {exc}",
-            fix="re-export the model (tf2onnx / torch.onnx.export) and check the file is complete",
-            file=str(path),
-        ) from exc
-    initializers = {init.name for init in model.graph.initializer}
-    inputs = tuple(_onnx_tensor(v) for v in model.graph.input if v.name not in initializers)
-    outputs = tuple(_onnx_tensor(v) for v in model.graph.output)
-    return Signature(inputs, outputs, str(path))
+    graph = _parse_onnx(path).graph
+    names = [init.name for init in graph.initializer]
+    names += [sparse.values.name for sparse in graph.sparse_initializer]
+    initializers = frozenset(names)
+    inputs = tuple(_onnx_tensor(v) for v in graph.input if v.name not in initializers)
+    outputs = tuple(_onnx_tensor(v) for v in graph.output)
+    return Signature(inputs, outputs, str(path), initializers=tuple(sorted(initializers)))
 
 
 # -- SavedModel --------------------------------------------------------------------------------
+
+SAVED_MODEL_MESSAGES: dict[str, list[Field]] = {
+    "Dim": [("size", 1, "int64", False, ""), ("name", 2, "string", False, "")],
+    "TensorShapeProto": [("dim", 2, "message", True, "Dim"), ("unknown_rank", 3, "bool", False, "")],
+    "TensorInfo": [
+        ("name", 1, "string", False, ""),
+        ("dtype", 2, "int32", False, ""),
+        ("tensor_shape", 3, "message", False, "TensorShapeProto"),
+    ],
+    "SignatureDef": [
+        ("inputs", 1, "message", True, "SignatureDef.InputsEntry"),
+        ("outputs", 2, "message", True, "SignatureDef.OutputsEntry"),
+        ("method_name", 3, "string", False, ""),
+    ],
+    "MetaGraphDef": [("signature_def", 5, "message", True, "MetaGraphDef.SignatureDefEntry")],
+    "SavedModel": [
+        ("saved_model_schema_version", 1, "int64", False, ""),
+        ("meta_graphs", 2, "message", True, "MetaGraphDef"),
+    ],
+}
+
+
+def _saved_model_maps(file: Any) -> None:
+    by_name = {m.name: m for m in file.message_type}
+    _map_entry(by_name["SignatureDef"], "InputsEntry", "TensorInfo", "mlreg_tf")
+    _map_entry(by_name["SignatureDef"], "OutputsEntry", "TensorInfo", "mlreg_tf")
+    _map_entry(by_name["MetaGraphDef"], "SignatureDefEntry", "SignatureDef", "mlreg_tf")
 
 
 @lru_cache(maxsize=1)
 def _saved_model_class() -> Any:
     """A minimal SavedModel message class (field numbers from TensorFlow's .proto files)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    F = descriptor_pb2.FieldDescriptorProto
-    file = descriptor_pb2.FileDescriptorProto(name="mlreg_saved_model.proto", package="mlreg_tf")
-
-    def message(name: str, fields: list[tuple[str, int, int, int, str]], parent: Any = None) -> Any:
-        msg = (parent.nested_type if parent is not None else file.message_type).add(name=name)
-        for fname, number, ftype, label, type_name in fields:
-            msg.field.add(name=fname, number=number, type=ftype, label=label, type_name=type_name or None)
-        return msg
-
-    opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
-    message("Dim", [("size", 1, F.TYPE_INT64, opt, ""), ("name", 2, F.TYPE_STRING, opt, "")])
-    message(
-        "TensorShapeProto",
-        [("dim", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.Dim"), ("unknown_rank", 3, F.TYPE_BOOL, opt, "")],
-    )
-    message(
-        "TensorInfo",
-        [
-            ("name", 1, F.TYPE_STRING, opt, ""),
-            ("dtype", 2, F.TYPE_INT32, opt, ""),
-            ("tensor_shape", 3, F.TYPE_MESSAGE, opt, ".mlreg_tf.TensorShapeProto"),
-        ],
-    )
-    signature = message(
-        "SignatureDef",
-        [
-            ("inputs", 1, F.TYPE_MESSAGE, rep, ".mlreg_tf.SignatureDef.InputsEntry"),
-            ("outputs", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.SignatureDef.OutputsEntry"),
-            ("method_name", 3, F.TYPE_STRING, opt, ""),
-        ],
-    )
-    for entry in ("InputsEntry", "OutputsEntry"):
-        nested = message(
-            entry,
-            [("key", 1, F.TYPE_STRING, opt, ""), ("value", 2, F.TYPE_MESSAGE, opt, ".mlreg_tf.TensorInfo")],
-            parent=signature,
-        )
-        nested.options.map_entry = True
-    meta = message(
-        "MetaGraphDef",
-        [("signature_def", 5, F.TYPE_MESSAGE, rep, ".mlreg_tf.MetaGraphDef.SignatureDefEntry")],
-    )
-    entry = message(
-        "SignatureDefEntry",
-        [("key", 1, F.TYPE_STRING, opt, ""), ("value", 2, F.TYPE_MESSAGE, opt, ".mlreg_tf.SignatureDef")],
-        parent=meta,
-    )
-    entry.options.map_entry = True
-    message(
-        "SavedModel",
-        [
-            ("saved_model_schema_version", 1, F.TYPE_INT64, opt, ""),
-            ("meta_graphs", 2, F.TYPE_MESSAGE, rep, ".mlreg_tf.MetaGraphDef"),
-        ],
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("mlreg_tf.SavedModel"))
+    return _message_class("mlreg_tf", SAVED_MODEL_MESSAGES, "SavedModel", _saved_model_maps)
 
 
 def _tf_tensor(key: str, info: Any) -> TensorSpec:

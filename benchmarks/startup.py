@@ -1,0 +1,112 @@
+"""Start-up cost of the CLI, side by side with its baselines, in one run (issue 9).
+
+Each command is a whole process, run N times in turn (interleaved, so that a busy machine
+slows all of them alike); the medians are printed side by side:
+
+- ``python -c pass``                          the interpreter alone (same venv)
+- ``python -c "import onnx, google.protobuf"`` what reading ONNX through the onnx package costs
+- ``mlreg --help``                            target < 0.1 s
+- ``mlreg validate <built template>``         target < 0.15 s, TensorFlow/grpc/onnx never imported
+- the same validation without the CLI          ``validate_path`` in a bare process: what the CLI
+                                               layer (typer, its pydantic coercion) adds on top
+
+    .venv/bin/python benchmarks/startup.py [--runs 15] [--built PATH]
+
+Without ``--built`` the template is built once into a temporary folder (exports the Keras
+models: ~15 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HEAVY = ("tensorflow", "mlflow", "boto3", "grpc", "onnx", "tritonclient.grpc")
+# `mlreg validate` in-process through the CLI entry, then a look at sys.modules (not timed apart).
+VALIDATE_CHECK = (
+    "import sys\nfrom mlreg.cli.main import main\nsys.argv = ['mlreg', 'validate', sys.argv[1]]\n"
+    "try:\n    main()\nexcept SystemExit:\n    pass\n"
+    f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+)
+NO_CLI = (
+    "import sys\nfrom pathlib import Path\nfrom registry.contracts.validate import validate_path\n"
+    "sys.exit(1 if validate_path(Path(sys.argv[1])).errors else 0)\n"
+)
+
+
+def mlreg_command() -> list[str]:
+    script = Path(sys.executable).parent / "mlreg"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "mlreg"]
+
+
+def run_once(command: list[str], env: dict[str, str]) -> float:
+    began = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    elapsed = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return elapsed
+
+
+def measure(commands: dict[str, list[str]], runs: int, env: dict[str, str]) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {label: [] for label in commands}
+    for command in commands.values():  # one warm-up each (page cache, .pyc files)
+        run_once(command, env)
+    for _ in range(runs):
+        for label, command in commands.items():
+            times[label].append(run_once(command, env))
+    return times
+
+
+def built_template(given: str | None) -> Path:
+    if given:
+        return Path(given).resolve()
+    from registry import template
+    from registry.settings import Settings
+
+    out = Path(tempfile.mkdtemp(prefix="mlreg-bench-startup-")) / "built"
+    template.build(Settings.from_env().template_dir, out, device="cpu", force=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--built", help="an already built template (skips the ~15 s build)")
+    args = parser.parse_args()
+    built = built_template(args.built)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MLREG_NO_PROGRESS": "1"}
+    py, mlreg = sys.executable, mlreg_command()
+    commands = {
+        "python -c pass": [py, "-c", "pass"],
+        'python -c "import onnx, google.protobuf"': [py, "-c", "import onnx, google.protobuf"],
+        "mlreg --help": [*mlreg, "--help"],
+        "mlreg validate <built template>": [*mlreg, "validate", str(built)],
+        "validate_path(<built template>), no CLI": [py, "-c", NO_CLI, str(built)],
+    }
+    times = measure(commands, args.runs, env)
+    targets = {"mlreg --help": 0.1, "mlreg validate <built template>": 0.15}
+    base = statistics.median(times["python -c pass"])
+    print(f"whole processes, median of {args.runs} (interleaved), template: {built}")
+    for label, values in times.items():
+        median = statistics.median(values)
+        target = f"  (target < {targets[label]})" if label in targets else ""
+        print(f"  {label:45s} {median:6.3f} s  min {min(values):6.3f}  +{median - base:6.3f} s{target}")
+    heavy = subprocess.run(
+        [py, "-c", VALIDATE_CHECK, str(built)], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+    print(f"heavy modules imported by `mlreg validate`: {heavy.splitlines()[-1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""`mlreg validate` stays light: none of the heavy dependencies is imported (dvc's test_imports pattern).
+
+Each check runs in a fresh interpreter (a subprocess), so what this test process has already
+imported does not count; the CLI runs in-process there through its real entry point, and
+``sys.modules`` is read afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = (
+    "tensorflow",
+    "keras",
+    "tf2onnx",
+    "mlflow",
+    "sqlalchemy",
+    "boto3",
+    "botocore",
+    "grpc",
+    "tritonclient.grpc",
+    "tritonclient.utils",
+    "onnx",
+    "onnxruntime",
+    "numpy",
+    "pandas",
+    "great_expectations",
+    "pytriton",
+)
+RUN_CLI = """
+import json, sys
+from mlreg.cli.main import main
+heavy, sys.argv = sys.argv[1].split(","), ["mlreg", *sys.argv[2:]]
+try:
+    main()
+    code = 0
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"exit": code, "heavy": sorted(m for m in heavy if m in sys.modules)}))
+"""
+
+
+def run_cli(*args: str) -> tuple[dict[str, object], str]:
+    """The CLI's last line (exit code and heavy modules found) and what it printed before it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_CLI, ",".join(HEAVY), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    *printed, last = proc.stdout.strip().splitlines()
+    return json.loads(last), "\n".join(printed)
+
+
+def test_validate_of_the_built_template_imports_no_heavy_module(built_repository: Path) -> None:
+    result, printed = run_cli("validate", str(built_repository))
+    assert result == {"exit": 0, "heavy": []}
+    # the ONNX model and both SavedModels were read (an artifact mismatch would be an error)
+    assert "6 model(s) checked: 0 error(s)" in printed
+
+
+def test_validate_of_the_source_template_imports_no_heavy_module() -> None:
+    result, printed = run_cli("validate", str(ROOT / "model_repository_template"))
+    assert result == {"exit": 0, "heavy": []}
+    assert "6 model(s) checked: 0 error(s)" in printed
+
+
+def test_help_imports_no_heavy_module() -> None:
+    result, printed = run_cli("--help")
+    assert result == {"exit": 0, "heavy": []}
+    assert "validate" in printed
+
+
+PB2_THEN_GRPC = """
+import sys
+from registry.contracts.config import model_config_pb2, parse_config
+config = parse_config('name: "m" max_batch_size: 4 instance_group [{ kind: KIND_GPU }]')
+assert "grpc" not in sys.modules and "tritonclient.grpc" not in sys.modules
+import tritonclient.grpc
+from tritonclient.grpc import service_pb2
+assert tritonclient.grpc.model_config_pb2 is model_config_pb2()
+print(service_pb2.ModelConfigResponse(config=config).config.instance_group[0].kind)
+"""
+
+
+def test_the_config_schema_loads_without_grpc_and_is_the_one_tritonclient_uses() -> None:
+    """Loaded first without gRPC, the schema is the same module (and classes) tritonclient.grpc gets."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PB2_THEN_GRPC], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1"  # KIND_GPU, carried into tritonclient's own message
