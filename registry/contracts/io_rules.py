@@ -181,10 +181,13 @@ def _check_format(entry: ModelEntry, io_kind: str, tensor: Any) -> Iterator[Find
 
 def check_batch_io(entry: ModelEntry) -> Iterator[Finding]:
     """``batch_input`` / ``batch_output``: kinds, source counts, sources and targets that exist."""
-    from tritonclient.grpc import model_config_pb2
-
     config = entry.config
     assert config is not None
+    if not config.batch_input and not config.batch_output:
+        return
+    from registry.contracts.config import model_config_pb2 as schema  # no grpc import
+
+    model_config_pb2 = schema()
     inputs = {t.name for t in config.input}
     outputs = {t.name for t in config.output}
     for batch_input in config.batch_input:

@@ -175,7 +175,9 @@ def _control_names(entry: ModelEntry, batcher: Any) -> Iterator[Finding]:
 
 
 def _control_kind(entry: ModelEntry, batcher: Any, control_kind: str) -> Iterator[Finding]:
-    from tritonclient.grpc import model_config_pb2
+    from registry.contracts.config import model_config_pb2 as schema  # no grpc import
+
+    model_config_pb2 = schema()
 
     kinds = model_config_pb2.ModelSequenceBatching.Control.Kind
     found = [
@@ -233,7 +235,9 @@ def _boolean_control(
 
 
 def _corrid(entry: ModelEntry, name: str, control: Any, given: list[str]) -> Iterator[Finding]:
-    from tritonclient.grpc import model_config_pb2
+    from registry.contracts.config import model_config_pb2 as schema  # no grpc import
+
+    model_config_pb2 = schema()
 
     if given:
         yield error(
