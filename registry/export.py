@@ -64,3 +64,18 @@ def export_models(
             )
         )
     return results
+
+
+def changed_versions(
+    registry: MlflowRegistry, results: list[RegisterResult], alias: str
+) -> list[RegisterResult]:
+    """The results an environment owning ``alias`` does not have yet (``mlreg export --changed``):
+    a version registered just now, or one newer than the version the alias holds (registered by
+    an earlier export, e.g. a pull request's plan).  An ensemble re-pointed by a promotion holds a
+    newer alias than its template's version, so it is not listed again."""
+    changed = []
+    for r in results:
+        held = registry.aliases(r.model).get(alias)
+        if r.created or held is None or int(r.version) > int(held):
+            changed.append(r)
+    return changed

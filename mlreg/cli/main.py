@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlreg.cli import promote, registry, stack, store, template, triton
+from mlreg.cli import promote, registry, report, stack, store, template, triton
 from mlreg.cli.common import AppState
 from mlreg.cli.output import MlregGroup
 from mlreg.cli.validate import diff_cmd, validate_cmd
@@ -42,6 +42,7 @@ app.command("promote")(promote.promote_cmd)
 app.command("rollback")(promote.rollback_cmd)
 app.command("status")(promote.status_cmd)
 app.command("history")(promote.history_cmd)
+app.command("report")(report.report_cmd)
 
 
 def _version(value: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import typer
 
@@ -64,9 +65,15 @@ def _run(model: str, version: str, env: str, as_json: bool, **options: object) -
 
 @handle_errors
 def promote_cmd(
-    model: str = typer.Argument(..., help="Registered model name."),
-    version: str = typer.Option(..., "--version", "-V", help="Registered version to promote."),
+    model: str = typer.Argument(None, help="Registered model name."),
+    version: str = typer.Option(None, "--version", "-V", help="Registered version to promote."),
     env: str = typer.Option("local", "--env", "-e", help="Environment (mlreg.toml); default local."),
+    from_alias: str = typer.Option(
+        None, "--from-alias", help="Promote every version this alias holds that --env lacks (CI)."
+    ),
+    from_file: Path = typer.Option(
+        None, "--from-file", help="Promote the versions an 'mlreg export --changed --json' listed (CI)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
     allow_breaking: bool = typer.Option(False, "--allow-breaking", help="Allow a contract-breaking change."),
     serve_as: str = typer.Option(
@@ -87,6 +94,17 @@ def promote_cmd(
 
     if serve_as not in {"auto", "native", "onnx"}:
         raise UsageError(f"unknown --serve-as '{serve_as}'", fix="use auto, native or onnx")
+    options = dict(
+        dry_run=dry_run, allow_breaking=allow_breaking, skip_quality=skip_quality, serve_as=serve_as
+    )
+    if from_alias or from_file:  # several versions, members first: mlreg/cli/report.py
+        from mlreg.cli.report import promote_many_cmd
+
+        return promote_many_cmd(env, from_alias, from_file, as_json, **options)
+    if not model or not version:
+        raise UsageError(
+            "no version to promote", fix="pass MODEL --version N (or --from-alias / --from-file)"
+        )
     _run(
         model,
         version,

@@ -1,0 +1,147 @@
+"""What the CI workflows ask for, one call each: promote a list of versions, report on it.
+
+A workflow never loops in YAML: ``mlreg promote --from-file exported.json`` promotes the
+versions an ``mlreg export --changed --json`` listed, ``mlreg promote --from-alias staging``
+the versions another environment's alias holds (production takes exactly what staging
+serves, never a re-export).  Members go before ensembles.  The result is one document: per
+version the promotion report (plan + stages), the contract diff against what the environment
+serves, and the error with its fix; ``mlreg report`` renders it as the job summary.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from registry.errors import MlregError, UsageError
+from registry.register import check_model_name
+from registry.settings import Settings
+
+OnStage = Callable[[str, str, float, str], None]
+
+
+@dataclass
+class BatchResult:
+    environment: str
+    alias: str
+    dry_run: bool
+    mlflow: str
+    promotions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(p["ok"] for p in self.promotions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "promotions",
+            "ok": self.ok,
+            "environment": self.environment,
+            "alias": self.alias,
+            "dry_run": self.dry_run,
+            "mlflow": self.mlflow,
+            "promotions": self.promotions,
+        }
+
+
+def versions_from_export(path: Path) -> list[tuple[str, str]]:
+    """The (model, version) pairs an ``mlreg export --json`` document lists, in its order."""
+    try:
+        data = json.loads(path.read_text())
+        pairs = [(str(v["model"]), str(v["version"])) for v in data["versions"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(
+            f"{path}: not an 'mlreg export --json' document ({type(exc).__name__}: {exc})",
+            fix="pass the file 'mlreg export --changed --json > FILE' wrote",
+        ) from exc
+    for model, _ in pairs:
+        check_model_name(model)
+    return pairs
+
+
+def versions_from_alias(registry: Any, source: str, target: str) -> list[tuple[str, str]]:
+    """Every model whose ``source`` alias names a version the ``target`` alias does not."""
+    models = registry._call("model search", lambda: list(registry.client.search_registered_models()))
+    pairs = []
+    for model in sorted(models, key=lambda m: m.name):
+        aliases = dict(getattr(model, "aliases", None) or {})
+        wanted = aliases.get(source)
+        if wanted is not None and aliases.get(target) != str(wanted):
+            pairs.append((model.name, str(wanted)))
+    return pairs
+
+
+def members_first(registry: Any, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Ensembles after every other model (an ensemble pins the versions of its members)."""
+
+    def is_ensemble(pair: tuple[str, str]) -> bool:
+        tags = dict(registry.version(*pair).tags or {})
+        return tags.get("platform") == "ensemble" or any(k.startswith("member_") for k in tags)
+
+    flags = {pair: is_ensemble(pair) for pair in pairs}
+    return sorted(pairs, key=lambda pair: flags[pair])
+
+
+def contract_diff(result: Any) -> list[dict[str, Any]]:
+    """The promoted model's contract changes against the config its environment serves now."""
+    from registry.contracts.config import parse_config
+    from registry.contracts.diff import diff_configs
+
+    try:
+        step = result.plan.step(result.plan.model)
+    except StopIteration:
+        return []
+    if step.previous_config is None:
+        return [
+            {"kind": "first deployment", "tensor": None, "impact": "compatible", "old": None, "new": None}
+        ]
+    try:
+        changes = diff_configs(parse_config(step.previous_config), parse_config(step.config_text))
+    except MlregError as exc:
+        return [{"kind": "unreadable", "tensor": None, "impact": "breaking", "old": None, "new": exc.message}]
+    return [c.to_dict() for c in changes]
+
+
+def _entry(model: str, version: str, result: Any, error: MlregError | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"model": model, "version": version, "ok": error is None}
+    if result is not None:
+        entry["report"] = result.to_dict()
+        entry["contract_diff"] = contract_diff(result)
+    if error is not None:
+        entry["error"] = error.message
+        entry["fix"] = error.fix or ""
+        entry["exit_code"] = error.exit_code
+    return entry
+
+
+def promote_many(
+    settings: Settings,
+    env_name: str,
+    pairs: list[tuple[str, str]],
+    dry_run: bool,
+    on_stage: OnStage | None = None,
+    **options: Any,
+) -> BatchResult:
+    """Promote each (model, version) in order.  A real run stops at the first failure (an
+    ensemble must not be promoted over a member that failed); a dry run plans every one."""
+    from pipelines.promote.environments import environment
+    from pipelines.promote.runner import Options, Promotion
+    from registry.mlflow_registry import MlflowRegistry
+
+    env = environment(settings, env_name)
+    registry = MlflowRegistry(settings)
+    batch = BatchResult(env.name, env.alias, dry_run, settings.tracking_uri)
+    for model, version in members_first(registry, pairs):
+        if batch.promotions and not batch.ok and not dry_run:
+            batch.promotions.append({"model": model, "version": version, "ok": False, "skipped": True})
+            continue
+        opts = Options(dry_run=dry_run, on_stage=on_stage, **options)
+        try:
+            result = Promotion(settings, env, registry, opts).run(model, version)
+            batch.promotions.append(_entry(model, version, result, None))
+        except MlregError as exc:
+            batch.promotions.append(_entry(model, version, exc.context.get("result"), exc))
+    return batch

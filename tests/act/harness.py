@@ -1,0 +1,259 @@
+"""One local stack for running the workflows with act, shared by the tests and the benchmark.
+
+A real ``moto_server`` holds the ``staging`` and ``production`` Triton repositories (one bucket,
+two prefixes), one real ``tritonserver`` per environment reads its prefix, a real ``mlflow
+server`` is the registry.  The project under test is a scratch git repository holding the
+template, the workflows and an ``mlreg.toml`` naming those stores and servers.
+
+act runs a workflow's jobs on this machine (``-P ubuntu-latest=-self-hosted``, no Docker); the
+actions that would need the network are mapped with ``--local-repository`` to the local
+stand-ins next to this file.  No cache or artifact server is started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines import local_mlflow, local_s3, local_triton
+from pipelines.triton import TritonControl
+from registry.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = ROOT / ".venv" / "bin"
+ACT = VENV_BIN / "act"
+STANDINS = {
+    "actions/setup-python": "setup-python",
+    "aws-actions/configure-aws-credentials": "configure-aws-credentials",
+    "actions/upload-artifact": "upload-artifact",
+}
+ENSEMBLE = "ensemble_multi_modal_model"
+BUCKET = "models"
+GIT = [
+    "git",
+    "-c",
+    "user.name=mlreg-tests",
+    "-c",
+    "user.email=tests@mlreg.invalid",
+    "-c",
+    "commit.gpgsign=false",
+]
+
+
+def local_repositories() -> list[str]:
+    """``--local-repository owner/name@SHA=stand-in`` for every pinned action the workflows use
+    (actions/checkout excepted: act checks out the local repository itself)."""
+    text = "".join(p.read_text() for p in sorted((ROOT / ".github" / "workflows").glob("*.yml")))
+    args = []
+    for repo, sha in sorted(set(re.findall(r"uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40})", text))):
+        if repo != "actions/checkout":
+            args += ["--local-repository", f"{repo}@{sha}={ROOT / 'tests' / 'act' / STANDINS[repo]}"]
+    return args
+
+
+@dataclass
+class ActRun:
+    returncode: int
+    seconds: float
+    records: list[dict[str, object]]
+
+    def summary(self, job: str) -> str:
+        """The job's ``$GITHUB_STEP_SUMMARY`` (act's JSON log carries it whole)."""
+        return "".join(
+            str(r["content"]) for r in self.records if r.get("command") == "summary" and r.get("jobID") == job
+        )
+
+    @property
+    def output(self) -> str:
+        return "".join(str(r.get("msg", "")) + ("" if r.get("raw_output") else "\n") for r in self.records)
+
+    def job_result(self, job: str) -> str:
+        results = [str(r["jobResult"]) for r in self.records if r.get("jobID") == job and "jobResult" in r]
+        return results[-1] if results else "not run"
+
+    def job_seconds(self, job: str) -> float:
+        """From the job's first to its last log record (act stamps whole seconds)."""
+        stamps = [str(r["time"]) for r in self.records if r.get("jobID") == job and "time" in r]
+        if not stamps:
+            return 0.0
+        parse = lambda s: time.mktime(time.strptime(s[:19], "%Y-%m-%dT%H:%M:%S"))  # noqa: E731
+        return parse(stamps[-1]) - parse(stamps[0])
+
+
+@dataclass
+class WorkflowStack:
+    root: Path  # scratch folder
+    repo: Path  # the project under test (a git repository)
+    mlflow_url: str
+    targets: dict[str, str]  # environment -> Triton gRPC URL
+    runs: dict[str, ActRun] = field(default_factory=dict)
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    def env(self) -> dict[str, str]:
+        """The environment of a direct ``mlreg`` run: what the workflows' jobs see."""
+        return {
+            "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.root / "home"),
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+            "MLREG_NO_PROGRESS": "1",
+            "MLREG_TEMPLATE_DIR": "model_repository_template",
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            **local_s3.CREDENTIALS,
+        }
+
+    def mlreg(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(VENV_BIN / "mlreg"), *args], cwd=self.repo, env=self.env(), capture_output=True, text=True
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"mlreg {' '.join(args)}: exit {done.returncode}\n{done.stderr[-3000:]}")
+        return done
+
+    def commit(self, message: str, edits: dict[str, str]) -> str:
+        """Append text to template files and commit; returns the commit."""
+        for rel, text in edits.items():
+            path = self.repo / rel
+            path.write_text(path.read_text() + text)
+        subprocess.run([*GIT, "add", "-A"], cwd=self.repo, check=True)
+        subprocess.run([*GIT, "commit", "-qm", message], cwd=self.repo, check=True)
+        return self.head()
+
+    def replace(self, rel: str, old: str, new: str) -> None:
+        path = self.repo / rel
+        assert old in path.read_text(), (rel, old)
+        path.write_text(path.read_text().replace(old, new))
+
+    def head(self) -> str:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=self.repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    def act(self, event: str, workflow: str, payload: dict[str, object]) -> ActRun:
+        """Run ``workflow``'s jobs for ``event`` with act in host mode; the JSON log is parsed."""
+        event_file = self.root / f"event-{event}.json"
+        event_file.write_text(json.dumps(payload))
+        command = [
+            str(ACT),
+            event,
+            "-W",
+            f".github/workflows/{workflow}",
+            "-e",
+            str(event_file),
+            "-P",
+            "ubuntu-latest=-self-hosted",
+            "--no-cache-server",
+            "--json",
+            *local_repositories(),
+            "-s",
+            f"MLFLOW_TRACKING_URI={self.mlflow_url}",
+            "-s",
+            "AWS_ROLE_ARN=arn:aws:iam::123456789012:role/mlreg-deploy",
+            "-s",
+            "AWS_REGION=us-east-1",
+        ]
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.root / "home"),
+            "MLREG_ACT_ARTIFACTS": str(self.artifacts),
+            "MLREG_ACT_VENV": str(VENV_BIN.parent),
+        }
+        began = time.perf_counter()
+        done = subprocess.run(command, cwd=self.repo, env=env, capture_output=True, text=True, timeout=900)
+        seconds = time.perf_counter() - began
+        records = []
+        for line in done.stdout.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                records.append({"msg": line})
+        records += [{"msg": line} for line in done.stderr.splitlines()]
+        return ActRun(done.returncode, seconds, records)
+
+    def aliases(self, model: str, alias: str) -> str | None:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=self.mlflow_url, registry_uri=self.mlflow_url)
+        return dict(client.get_registered_model(model).aliases or {}).get(alias)
+
+    def serving(self, env: str, model: str) -> list[str]:
+        with TritonControl(self.targets[env], timeout=10) as triton:
+            states = triton.model_states().get(model, {})
+        return sorted((v for v, s in states.items() if s == "READY"), key=int)
+
+
+def _toml(s3: local_s3.S3Server, targets: dict[str, str]) -> str:
+    return "".join(
+        f'[environments.{env}]\nstore = "{s3.store_uri(BUCKET, env)}"\n'
+        f'targets = ["{url}"]\nalias = "{env}"\ngpu = false\n\n'
+        for env, url in targets.items()
+    )
+
+
+def _placeholders(s3: local_s3.S3Server, prefixes: tuple[str, ...]) -> None:
+    """S3 has no empty folders, and Triton refuses a repository path that does not exist."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1")
+    for prefix in prefixes:
+        client.put_object(Bucket=BUCKET, Key=f"{prefix}/.mlreg-keep", Body=b"")
+
+
+def _project(repo: Path, toml: str) -> None:
+    repo.mkdir(parents=True)
+    shutil.copytree(
+        ROOT / "model_repository_template",
+        repo / "model_repository_template",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    shutil.copytree(ROOT / ".github", repo / ".github")
+    (repo / "mlreg.toml").write_text(toml)
+    (repo / ".gitignore").write_text(".mlreg/\n__pycache__/\n*.json\n")
+    subprocess.run([*GIT, "init", "-q", "-b", "main"], cwd=repo, check=True)
+    subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "the template"], cwd=repo, check=True)
+
+
+@contextmanager
+def workflow_stack(root: Path) -> Iterator[WorkflowStack]:
+    """The stack, with the template exported and ensemble v1 serving in staging and production."""
+    for key, value in local_s3.CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    (root / "home").mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stop:
+        s3, s3_process = local_s3.start_s3(root / "logs" / "moto.log")
+        stop.callback(local_s3.stop_s3, s3.pid, s3_process)
+        local_s3.create_bucket(s3.endpoint, BUCKET)
+        _placeholders(s3, ("staging", "production"))
+        mlflow, mlflow_process = local_mlflow.start_mlflow(
+            f"sqlite:///{root / 'mlflow.db'}",
+            root / "mlflow-artifacts",
+            root / "logs" / "mlflow.log",
+            serve_artifacts=True,
+        )
+        stop.callback(local_mlflow.stop_mlflow, mlflow.pid, mlflow_process)
+        targets = {}
+        for env in ("staging", "production"):
+            standins = Settings.from_env().backends_source
+            info, process = local_triton.start_server(
+                s3.store_uri(BUCKET, env), root / f"triton-{env}", standins
+            )
+            stop.callback(local_triton.stop_pid, info.pid, info.shm_prefix, process=process)
+            targets[env] = info.grpc_url
+        stack = WorkflowStack(root, root / "repo", mlflow.url, targets)
+        _project(stack.repo, _toml(s3, targets))
+        stack.mlreg("export")
+        for env in targets:
+            stack.mlreg("promote", ENSEMBLE, "--version", "1", "--env", env, "--skip-quality")
+        shutil.rmtree(stack.repo / ".mlreg", ignore_errors=True)  # act copies the work tree
+        yield stack
