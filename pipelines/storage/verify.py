@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,14 +125,18 @@ def check_version(
     if hashing not in HASHING:
         raise ValueError(f"hashing must be one of {HASHING}")
     result = Verification(store.uri, model, version)
-    manifest = store.read_manifest(model, version)
+    prefix = f"{model}/{version}/"
+    with ThreadPoolExecutor(1) as pool:  # the listing and the manifest's read, at once
+        listing = pool.submit(store.object_stamps, prefix)
+        manifest = store.read_manifest(model, version)
+        stamps = listing.result()
     if manifest is None:
         result.problems.append(FileProblem(MANIFEST, "incomplete"))
         return result
     result.digest = manifest.digest
     result.problems.extend(_manifest_problems(manifest, expected_digest))
     result.problems.extend(FileProblem(link, "link") for link in store.outside_links(model, version))
-    _check_files(store, manifest, f"{model}/{version}/", hashing, result)
+    _check_files(store, manifest, prefix, stamps, hashing, result)
     store.digests.save()
     return result
 
@@ -149,11 +154,15 @@ def _manifest_problems(manifest: Manifest, expected: str | None) -> list[FilePro
 
 
 def _check_files(
-    store: RepositoryStore, manifest: Manifest, prefix: str, hashing: str, result: Verification
+    store: RepositoryStore,
+    manifest: Manifest,
+    prefix: str,
+    stamps: dict[str, Stamp],
+    hashing: str,
+    result: Verification,
 ) -> None:
     from pipelines.storage.base import MANIFEST
 
-    stamps = store.object_stamps(prefix)
     for rel in sorted(stamps.keys() - {prefix + f for f in manifest.files} - {prefix + MANIFEST}):
         result.problems.append(FileProblem(rel[len(prefix) :], "unexpected"))
     for rel, meta in sorted(manifest.files.items()):

@@ -20,6 +20,7 @@ from pipelines.storage.base import RepositoryStore, lock_key
 from pipelines.storage.push import push_path
 from pipelines.storage.s3 import S3Store
 from registry.errors import StorageError
+from registry.manifest import sha256_file
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -52,7 +53,17 @@ def test_template_push_is_complete_and_idempotent(
     assert store.list_models() == sorted(p.name for p in built_repository.iterdir())
     for model in store.list_models():
         assert store.list_versions(model) == ["1"]
-        assert store.read_manifest(model, "1") is not None
+        manifest = store.read_manifest(model, "1")
+        version = built_repository / model / "1"
+        assert manifest is not None
+        assert manifest.files == {
+            p.relative_to(version).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size}
+            for p in version.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
+        config = built_repository / model / "config.pbtxt"
+        assert manifest.config == {"sha256": sha256_file(config), "size": config.stat().st_size}
+        assert store.verify_version(model, "1").status == "verified"
     # the ensemble's empty version folder exists (its manifest doubles as S3's placeholder)
     assert store.read_manifest("ensemble_multi_modal_model", "1").files == {}
     again = push_path(store, built_repository)
@@ -115,7 +126,11 @@ def test_interrupted_upload_resumes_sending_only_what_is_missing(
     assert "part0.bin" in resumed.skipped
     assert sorted(resumed.sent + resumed.skipped) == [f"part{i}.bin" for i in range(4)]
     assert len(resumed.sent) < 4
-    assert store.read_manifest("big_model", "1") is not None
+    manifest = store.read_manifest("big_model", "1")
+    assert manifest is not None
+    assert manifest.files == {
+        f"part{i}.bin": {"sha256": sha256_file(version / f"part{i}.bin"), "size": 2 << 20} for i in range(4)
+    }
 
 
 LOCK_HOLDER = """
@@ -254,3 +269,96 @@ def test_wrong_credentials_are_named(tmp_path: Path, monkeypatch) -> None:
             store.list_models()
     finally:
         local_s3.stop_s3(server.pid, process)
+
+
+# -- bytes verified before a load, on a real S3 server -------------------------------------------
+
+
+def s3_version(tmp_path: Path, s3_server: S3Server, bucket: str) -> tuple[RepositoryStore, Path, str]:
+    folder = tmp_path / "src" / "m"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    (folder / "1" / "model.py").write_text("SIGN = 1\n")
+    (folder / "1" / "weights.bin").write_bytes(os.urandom(20 << 20))  # multipart upload
+    uri = s3_server.store_uri(bucket, f"v-{tmp_path.name}")
+    store = open_store(uri, digest_cache=tmp_path / "digests.json")
+    store.put_version("m", "1", folder / "1")
+    return store, folder, uri
+
+
+def test_an_s3_object_replaced_with_its_sha256_metadata_kept_is_refused(
+    tmp_path: Path, s3_server: S3Server, bucket: str
+) -> None:
+    store, folder, uri = s3_version(tmp_path, s3_server, bucket)
+    proven = store.verify_version("m", "1", store.read_manifest("m", "1").digest)
+    assert (proven.reused, proven.hashed_bytes) == (2, 0)  # the ETags recorded at upload prove it
+    assert isinstance(store, S3Store)
+    key = f"{store.prefix}/m/1/model.py"
+    head = store.client.head_object(Bucket=bucket, Key=key)
+    store.client.put_object(Bucket=bucket, Key=key, Body=b"SIGN = 7\n", Metadata=head["Metadata"])
+    assert store.client.head_object(Bucket=bucket, Key=key)["Metadata"] == {
+        "sha256": sha256_file(folder / "1" / "model.py")
+    }
+    # a fresh process with the same digest cache: the object's ETag no longer matches the record
+    again = open_store(uri, digest_cache=tmp_path / "digests.json")
+    registered = sha256_file(folder / "1" / "model.py")
+    with pytest.raises(
+        StorageError,
+        match=r"m/1 does not match what was registered; refusing to use it:\n  model\.py changed: its "
+        rf"sha256 differs from the manifest \(expected sha256 {registered}, found sha256 [0-9a-f]{{64}}\)",
+    ):
+        again.verify_version("m", "1")
+    assert again.read("m/1/model.py") == b"SIGN = 7\n"  # refused, nothing changed
+    repaired = again.put_version("m", "1", folder / "1")
+    assert (repaired.sent, repaired.skipped) == (["model.py"], ["weights.bin"])
+    assert again.verify_version("m", "1").status == "verified"
+
+
+def test_without_a_recorded_etag_s3_bytes_are_hashed_once(
+    tmp_path: Path, s3_server: S3Server, bucket: str
+) -> None:
+    store, folder, uri = s3_version(tmp_path, s3_server, bucket)
+    elsewhere = open_store(uri, digest_cache=tmp_path / "other-machine.json")
+    first = elsewhere.verify_version("m", "1")
+    assert (first.reused, first.hashed_bytes) == (0, (20 << 20) + 9)
+    second = open_store(uri, digest_cache=tmp_path / "other-machine.json").verify_version("m", "1")
+    assert (second.reused, second.hashed_bytes) == (2, 0)
+    full = elsewhere.verify_version("m", "1", full=True)
+    assert full.hashed_bytes == (20 << 20) + 9
+
+
+def test_a_wrong_sha256_in_an_s3_manifest_is_refused(
+    tmp_path: Path, s3_server: S3Server, bucket: str
+) -> None:
+    store, folder, _ = s3_version(tmp_path, s3_server, bucket)
+    registered = store.read_manifest("m", "1").digest
+    data = json.loads(store.read("m/1/.mlreg-manifest.json") or b"")
+    data["files"]["weights.bin"]["sha256"] = "f" * 64
+    store.write("m/1/.mlreg-manifest.json", json.dumps(data).encode())
+    with pytest.raises(StorageError, match=r"(?s)\.mlreg-manifest\.json was edited.*weights\.bin changed"):
+        store.verify_version("m", "1", registered)
+
+
+def test_triton_starts_on_a_fresh_s3_prefix_only_after_init(
+    tmp_path: Path, s3_server: S3Server, bucket: str
+) -> None:
+    from pipelines import local_triton
+    from pipelines.storage import ensure_root
+    from registry.errors import StackError
+    from registry.settings import Settings
+
+    uri = s3_server.store_uri(bucket, "fresh/staging")
+    standins = Settings.from_env().backends_source
+    with pytest.raises(StackError, match=r"tritonserver exited with code \d+ while starting"):
+        local_triton.start_server(uri, tmp_path / "bare", standins, timeout=120)
+    assert ensure_root(uri) is True
+    assert ensure_root(uri) is False  # not empty any more: left alone
+    info, process = local_triton.start_server(uri, tmp_path / "state", standins, timeout=120)
+    try:
+        from pipelines.triton import TritonControl
+
+        with TritonControl(info.grpc_url) as triton:
+            assert triton.model_states() == {}
+    finally:
+        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+    assert open_store(uri).list_models() == []
