@@ -10,6 +10,7 @@ from typing import Any
 from registry.contracts.checks import check_artifacts
 from registry.contracts.ensemble import check_ensembles
 from registry.contracts.findings import Finding
+from registry.contracts.links import link_findings
 from registry.contracts.repository import read_repository
 from registry.contracts.rules import check_model
 from registry.errors import UsageError
@@ -66,6 +67,7 @@ def validate_path(path: Path, gpus: int | None = None) -> Report:
     repo = read_repository(path)
     report = Report(str(path), sorted(repo.models), list(repo.findings))
     for entry in repo.models.values():
+        report.findings.extend(link_findings(entry.name, entry.path))
         rule_findings = list(check_model(entry, gpus))
         report.findings.extend(rule_findings)
         broken_files = any(f.rule == "model-file" for f in rule_findings)
