@@ -362,3 +362,22 @@ def test_triton_starts_on_a_fresh_s3_prefix_only_after_init(
     finally:
         local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
     assert open_store(uri).list_models() == []
+
+
+def test_stack_up_on_an_empty_s3_prefix_marks_its_root(
+    tmp_path: Path, s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipelines import stack
+    from registry.settings import Settings
+
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    settings = Settings.from_env()
+    uri = s3_server.store_uri(bucket, "new-env")
+    try:
+        status = stack.stack_up(settings, repository=uri)
+        assert status.running
+        assert status.info is not None
+        assert status.info.repository == uri
+    finally:
+        stack.stack_down(settings)
+    assert json.loads(open_store(uri).read(".mlreg-root.json") or b"{}")["store"] == uri
