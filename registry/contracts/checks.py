@@ -100,7 +100,8 @@ def _compare(
             continue
         yield from _compare_tensor(entry, version, io_kind, tensor, spec)
     if io_kind == "input":
-        yield from _undeclared_inputs(entry, version, declared, actual)
+        real = [t for t in declared if t.name not in (overridable or set()) or t.name in by_name]
+        yield from _undeclared_inputs(entry, version, real, actual)
 
 
 def _undeclared_inputs(

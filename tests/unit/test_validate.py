@@ -321,3 +321,59 @@ def test_an_unknown_field_is_a_parse_finding(repo: Path) -> None:
         for line in found
     )
     assert len(found) == 1
+
+
+def _corpus_model(case: str, tmp_path: Path) -> Path:
+    from tests.conformance.corpus import load_cases, materialize
+
+    [found] = [c for c in load_cases() if c.name == case]
+    materialize(found, tmp_path)
+    return tmp_path
+
+
+def test_the_gpu_count_comes_from_the_option_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = _corpus_model("instance_group_gpu_without_gpus", tmp_path)
+    unknown = CliRunner().invoke(app, ["validate", str(repo)])
+    assert unknown.exit_code == 0, unknown.output  # GPU count unknown: KIND_GPU may be right
+    none = CliRunner().invoke(app, ["validate", str(repo), "--gpus", "0"])
+    assert none.exit_code == 1
+    assert (
+        "error: ig_gpu: instance group ig_gpu_0 of model ig_gpu has kind KIND_GPU but no GPUs are available"
+        in none.output
+    )
+    monkeypatch.setenv("MLREG_GPUS", "0")
+    assert CliRunner().invoke(app, ["validate", str(repo)]).exit_code == 1
+    assert CliRunner().invoke(app, ["validate", str(repo), "--gpus", "1"]).exit_code == 0
+    edit(repo, "ig_gpu", "kind: KIND_GPU", "kind: KIND_GPU gpus: [ 3 ]")
+    [finding] = validate_path(repo, gpus=2).errors
+    assert finding.message == (
+        "instance group ig_gpu_0 of model ig_gpu specifies invalid or unsupported gpu id 3. GPUs with at "
+        "least the minimum required CUDA compute compatibility of 6.000000 are: 0, 1"
+    )
+    monkeypatch.setenv("MLREG_GPUS", "two")
+    bad = CliRunner().invoke(app, ["validate", str(repo)])
+    assert bad.exit_code == 2
+    assert "error: MLREG_GPUS='two' is not a GPU count" in bad.output
+
+
+def test_string_tensors_are_type_string_in_the_config(tmp_path: Path) -> None:
+    repo = _corpus_model("onnx_string_initializer_and_sequence_controls", tmp_path)
+    assert validate_path(repo).errors == []  # TYPE_STRING, the START control, the initializer W
+    edit(repo, "onnx_mixed", 'name: "TEXT" data_type: TYPE_STRING', 'name: "TEXT" data_type: TYPE_INT32')
+    config = repo / "onnx_mixed" / "config.pbtxt"
+    config.write_text(config.read_text().split("sequence_batching")[0])
+    assert errors(repo) == [
+        "onnx_mixed/TEXT: unexpected datatype TYPE_INT32 for inference input 'TEXT', expecting "
+        "TYPE_STRING — fix: set data_type: TYPE_STRING (or re-export the model with INT32)",
+        "onnx_mixed: unable to load model 'onnx_mixed', configuration expects 1 inputs, model "
+        "provides 2 — fix: declare the model input(s) START in config.pbtxt",
+    ]
+
+
+def test_findings_say_who_refuses_them_in_json(tmp_path: Path) -> None:
+    repo = _corpus_model("ensemble_batch_shape_fault_beyond_triton", tmp_path)
+    result = CliRunner().invoke(app, ["validate", str(repo), "--json"])
+    assert result.exit_code == 1
+    assert '"origin": "mlreg"' in result.output
