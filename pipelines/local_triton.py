@@ -33,6 +33,7 @@ from pipelines.processes import ManagedProcess, group_alive, process_runs, stop_
 from pipelines.processes import http_ok as http_ok  # re-exported for callers of the first launcher
 from pipelines.processes import tail as tail
 from registry.errors import MissingDependencyError, StackError
+from registry.settings import QUIET_TENSORFLOW
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,8 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in lib_path if p)
     # the stub finds the virtual environment's packages (numpy, ...) through PATH
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    for key, value in QUIET_TENSORFLOW.items():  # the stand-in TensorFlow backend: no start-up lines
+        env.setdefault(key, value)
     env.setdefault("MLREG_STANDIN_THREADS", "1")
     return env
 

@@ -59,12 +59,28 @@ def root(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
-    import logging
-
     ctx.obj = state = AppState.from_env()
     debug = state.settings.debug if state.settings is not None else False
-    level = logging.INFO if verbose or debug else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    _configure_logging(verbose or debug, quiet_tensorflow=not debug)
+
+
+def _configure_logging(verbose: bool, quiet_tensorflow: bool) -> None:
+    """Log level for mlreg and MLflow; TensorFlow's start-up lines (C++ and absl) silenced here and in every
+    child process (exporters, tf2onnx, tritonserver's stand-in backend) unless MLREG_DEBUG is on."""
+    import logging
+    import os
+
+    from registry.settings import QUIET_TENSORFLOW
+
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "INFO" if verbose else "WARNING")  # its own handler
+    if quiet_tensorflow:
+        for key, value in QUIET_TENSORFLOW.items():
+            os.environ.setdefault(key, value)
+        for noisy in ("absl", "tensorflow", "tf2onnx", "h5py"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 def main() -> None:

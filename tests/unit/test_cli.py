@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from mlreg.cli.main import app
+from tests.conftest import TEMPLATE
 
 
 @pytest.fixture
@@ -64,3 +67,151 @@ def test_template_build_of_python_models_needs_no_export(
     assert result.exit_code == 0, result.output
     assert '"table_data_preprocess"' in result.output
     assert (tmp_path / "out/table_data_preprocess/1/model.py").is_file()
+
+
+# -- the CLI contract: one error class, one exit code, one JSON document -------------------------
+
+
+def test_every_error_class_has_its_own_exit_code() -> None:
+    from registry.errors import EXIT_CODES
+
+    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES)
+    assert EXIT_CODES["UsageError"] == 2
+    assert EXIT_CODES["SettingsError"] == 12
+
+
+def test_a_bad_option_is_a_usage_error_with_the_fix(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["versions", "image_model", "--bogus"])
+    assert result.exit_code == 2
+    assert "error: No such option: --bogus" in result.stderr
+    assert "fix: see 'mlreg versions --help'" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_json_usage_errors_print_one_json_document(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["versions", "--bogus", "--json"])
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document == {
+        "ok": False,
+        "error": "No such option: --bogus",
+        "fix": "see 'mlreg versions --help'",
+        "exit_code": 2,
+        "kind": "UsageError",
+    }
+    missing = runner.invoke(app, ["show", "image_model", "--json"])  # --version is required
+    assert missing.exit_code == 2
+    assert json.loads(missing.stdout)["error"] == "Missing option '--version' / '-V'."
+
+
+def test_an_unsupported_tracking_uri_is_a_settings_error_in_every_command(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "foo://registry.example")
+    for command in (["versions", "m"], ["show", "m", "-V", "1"], ["alias", "set", "m", "a", "1"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 12, (command, result.output)
+        assert (
+            "error: MLFLOW_TRACKING_URI='foo://registry.example': MLflow keeps no model registry "
+            "at a 'foo' URI" in result.stderr
+        )
+        assert "fix: use sqlite:///PATH, http(s)://HOST:PORT" in result.stderr
+        assert "internal error" not in result.output
+
+
+def test_a_bad_timeout_is_named_but_help_still_works(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLREG_TRITON_TIMEOUT", "soon")
+    assert runner.invoke(app, ["stack", "status", "--help"]).exit_code == 0
+    result = runner.invoke(app, ["stack", "status"])
+    assert result.exit_code == 12
+    assert "error: MLREG_TRITON_TIMEOUT='soon' is not a number of seconds" in result.stderr
+    assert "fix: set MLREG_TRITON_TIMEOUT to e.g. 30" in result.stderr
+
+
+def test_an_unusable_mlreg_home_is_named(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "a-file" / "home"))
+    result = runner.invoke(app, ["stack", "status", "--json"])
+    assert result.exit_code == 12
+    assert (
+        f"error: the state folder MLREG_HOME={tmp_path / 'a-file' / 'home'} cannot be used: "
+        f"'{tmp_path / 'a-file'}' is a file, not a folder" in result.stderr
+    )
+    assert "fix: set MLREG_HOME to a writable folder" in result.stderr
+    assert json.loads(result.stdout)["kind"] == "SettingsError"
+
+
+def test_a_missing_mlreg_home_is_fine_and_not_created(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "not" / "yet"))
+    result = runner.invoke(app, ["stack", "status"])
+    assert result.exit_code == 1
+    assert "the local stack is not running" in result.output
+    assert not (tmp_path / "not").exists()
+
+
+def test_versions_of_an_unknown_model_exits_4(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["versions", "no_such_model"])
+    assert result.exit_code == 4
+    assert "error: no registered model named 'no_such_model' in MLflow (sqlite:///" in result.stderr
+    assert "fix: check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one" in result.stderr
+
+
+def test_a_closed_pipe_is_reported_with_its_own_exit_code(tmp_path: Path) -> None:
+    """A real closed pipe: the reader's end is closed before mlreg writes a line."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLREG_HOME": str(tmp_path / "home")}
+    env.pop("MLREG_DEBUG", None)
+    with subprocess.Popen(
+        [sys.executable, "-m", "mlreg", "validate", str(TEMPLATE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    ) as process:
+        stdout, stderr_pipe = process.stdout, process.stderr
+        assert stdout is not None
+        assert stderr_pipe is not None
+        stdout.close()
+        stderr = stderr_pipe.read().decode()
+    assert process.returncode == 141, stderr
+    assert "error: the program reading mlreg's output closed it before the end (a closed pipe)" in stderr
+    assert "internal error" not in stderr
+    assert "Traceback" not in stderr
+
+
+def test_tables_are_rich_tables_with_whole_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    from mlreg.cli.output import render_table
+
+    render_table(
+        ["MODEL", "VERSION"],
+        [["ensemble_multi_modal_model_with_a_long_name", 12], ["m", None]],
+        right={"VERSION"},
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "MODEL                                        VERSION",
+        "ensemble_multi_modal_model_with_a_long_name       12",
+        "m                                                  -",
+    ]
+
+
+def test_register_findings_name_the_users_folder_not_a_scratch_copy(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    model = tmp_path / "build" / "table_data_preprocess"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text((TEMPLATE / "table_data_preprocess" / "config.pbtxt").read_text())
+    (model / "1" / "other.py").write_text("x = 1\n")  # model.py is missing
+    result = runner.invoke(app, ["register", "table_data_preprocess", str(model)])
+    assert result.exit_code == 0, result.output
+    assert "table_data_preprocess: registered version 1 (validation failed)" in result.stdout
+    assert f"error: table_data_preprocess: unable to find '{model / '1' / 'model.py'}'" in result.stdout
+    assert "mlreg-validate-" not in result.output
+    assert "INFO mlflow" not in result.output  # MLflow's own start-up lines stay out of the CLI's output
