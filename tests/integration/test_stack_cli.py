@@ -110,3 +110,27 @@ def test_up_with_s3_serves_from_a_local_s3_server(
         down = runner.invoke(app, ["stack", "down"])
     assert down.exit_code == 0
     assert processes.process_gone(moto_pid)
+
+
+def test_up_with_nothing_built_serves_an_empty_repository_ready_for_promote(
+    runner: CliRunner,
+    tmp_path: Path,
+) -> None:
+    result = runner.invoke(app, ["stack", "up", "--no-ui", "--json"])
+    try:
+        assert result.exit_code == 0, result.output
+        info = json.loads(result.stdout)
+        repository = tmp_path / "home" / "model_repository"
+        assert info["repository"] == str(repository)
+        assert list(repository.iterdir()) == []
+        assert local_triton.http_ok(f"{info['http_url']}/v2/health/live")
+        again = runner.invoke(app, ["stack", "up", "--no-ui"])  # no --repository: the running one
+        assert again.exit_code == 0, again.output
+        assert "tritonserver already running" in again.stdout
+        state = json.loads((tmp_path / "home/stack/triton.json").read_text())
+        assert state["pid"] == info["pid"]
+    finally:
+        down = runner.invoke(app, ["stack", "down", "--json"])
+    assert json.loads(down.stdout) == {"stopped": True, "pid": info["pid"]}
+    assert processes.process_gone(info["pid"])
+    assert not (tmp_path / "home/stack/triton.json").exists()
