@@ -314,7 +314,7 @@ def test_mlflow_runs_the_compose_server_on_postgresql_with_s3_artifacts() -> Non
     flags = flag_map(container["args"])
     assert (
         flags["--backend-store-uri"]
-        == "postgresql://$(DB_USER):$(DB_PASSWORD)@$(DB_HOST):$(DB_PORT)/$(DB_NAME)"
+        == "postgresql+psycopg2://$(DB_USER):$(DB_PASSWORD)@$(DB_HOST):$(DB_PORT)/$(DB_NAME)"
     )
     assert "--serve-artifacts" in flags
     assert config_map("staging", "mlflow-config")["ARTIFACTS_DESTINATION"].startswith("s3://")
