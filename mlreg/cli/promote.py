@@ -1,73 +1,77 @@
-"""`mlreg promote`, `rollback`, `status`, `history`: thin wrappers over pipelines.promote."""
+"""`mlreg promote`, `rollback`, `status`, `history`: parse, call ``mlreg.service``, render."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mlreg.cli.output import emit_json, handle_errors
-from registry.settings import Settings
+from mlreg.cli.common import EnvName, JsonFlag, settings_of
+from mlreg.cli.output import Output
+
+if TYPE_CHECKING:
+    from pipelines.promote.reports import PromotionResult
+    from pipelines.promote.runner import OnStage
 
 
-def _context(env_name: str):
-    from pipelines.promote.environments import environment
-    from registry.mlflow_registry import MlflowRegistry
-
-    settings = Settings.from_env()
-    return settings, environment(settings, env_name), MlflowRegistry(settings)
-
-
-def _on_stage(quiet: bool):
+def _stage_lines(out: Output) -> OnStage:
     def report(stage: str, status: str, seconds: float, detail: str) -> None:
-        if not quiet:
-            mark = "✓" if status == "ok" else "✗"
-            typer.echo(f"{mark} {stage:<9} {seconds:6.2f}s  {detail}", err=True)
+        out.note(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}")
 
     return report
 
 
-def _run(model: str, version: str, env: str, as_json: bool, **options: object) -> None:
-    from pipelines.promote.runner import Options, Promotion
-    from registry.errors import PromotionError
+def _promotion(out: Output, call: Callable[[], PromotionResult]) -> PromotionResult:
+    """Run ``call``; with --json a failed promotion still prints its report (then the error)."""
+    from pipelines.promote.reports import PromotionFailed
 
-    settings, environment, registry = _context(env)
-    promotion = Promotion(settings, environment, registry, Options(on_stage=_on_stage(as_json), **options))  # type: ignore[arg-type]
     try:
-        result = promotion.run(model, version)
-    except PromotionError as exc:
-        if as_json and "result" in exc.context:
-            emit_json(exc.context["result"].to_dict())  # type: ignore[attr-defined]
+        result = call()
+    except PromotionFailed as exc:
+        if out.json:
+            out.document(exc.result.to_dict())
         raise
-    if as_json:
-        emit_json(result.to_dict())
-        return
+    return result
+
+
+def _render(out: Output, result: PromotionResult, alias: str) -> None:
     plan = result.plan
-    if options.get("dry_run"):
-        typer.echo(f"plan (dry run) for {model} v{version} in '{env}' ({environment.store}):")
-        for step in plan.steps:
-            typer.echo(
-                f"  {step.role:<8} {step.model} v{step.version}: "
-                f"{'upload, ' if step.upload else ''}config "
-                f"{'changes' if step.previous_config != step.config_text else 'unchanged'}, "
-                f"serving v{','.join(step.previous_versions) or 'nothing'} -> v{step.version}"
-            )
-        typer.echo(f"  load on: {', '.join(plan.targets)} (first = canary)")
-    elif result.stages and result.stages[-1]["stage"] == "noop":
-        typer.echo(f"{model} version {version} already serves in '{env}': nothing to do")
+    if out.json:
+        out.document(result.to_dict())
+    elif result.noop:
+        out.line(f"{plan.model} version {plan.version} already serves in '{plan.env.name}': nothing to do")
+    elif "record" not in result.stage_names():
+        out.line(f"plan (dry run) for {plan.model} v{plan.version} in '{plan.env.name}' ({plan.env.store}):")
+        out.table(
+            ["ROLE", "MODEL", "VERSION", "UPLOAD", "CONFIG", "SERVING NOW"],
+            [
+                [
+                    s.role.value,
+                    s.model,
+                    s.version,
+                    "yes" if s.upload else "no",
+                    "changes" if s.previous_config != s.config_text else "unchanged",
+                    ",".join(s.previous_versions) or "nothing",
+                ]
+                for s in plan.steps
+            ],
+        )
+        out.line(f"load on: {', '.join(plan.targets)} (first = canary)")
     else:
-        typer.echo(
-            f"promoted {model} version {version} to '{env}' "
-            f"(alias '{environment.alias}'); MLflow run {result.run_id}"
+        out.line(
+            f"promoted {plan.model} version {plan.version} to '{plan.env.name}' "
+            f"(alias '{alias}'); MLflow run {result.run_id}"
         )
 
 
-@handle_errors
 def promote_cmd(
+    ctx: typer.Context,
     model: str = typer.Argument(None, help="Registered model name."),
     version: str = typer.Option(None, "--version", "-V", help="Registered version to promote."),
-    env: str = typer.Option("local", "--env", "-e", help="Environment (mlreg.toml); default local."),
+    env: EnvName = "local",
     from_alias: str = typer.Option(
         None, "--from-alias", help="Promote every version this alias holds that --env lacks (CI)."
     ),
@@ -84,16 +88,15 @@ def promote_cmd(
         "or for auto when a target's Triton has no TensorFlow backend.",
     ),
     skip_quality: bool = typer.Option(False, "--skip-quality", help="Skip the pre-flight quality gate."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON document for CI."),
+    as_json: JsonFlag = False,
 ) -> None:
     """Promote a registered version: validate, quality gate, upload, swap with no failed request.
 
     Example: mlreg promote image_model --version 2
     """
+    from mlreg import service
     from registry.errors import UsageError
 
-    if serve_as not in {"auto", "native", "onnx"}:
-        raise UsageError(f"unknown --serve-as '{serve_as}'", fix="use auto, native or onnx")
     options = dict(
         dry_run=dry_run, allow_breaking=allow_breaking, skip_quality=skip_quality, serve_as=serve_as
     )
@@ -105,93 +108,112 @@ def promote_cmd(
         raise UsageError(
             "no version to promote", fix="pass MODEL --version N (or --from-alias / --from-file)"
         )
-    _run(
-        model,
-        version,
-        env,
-        as_json,
-        dry_run=dry_run,
-        allow_breaking=allow_breaking,
-        skip_quality=skip_quality,
-        serve_as=serve_as,
+    settings, out = settings_of(ctx), Output(as_json)
+    result = _promotion(
+        out,
+        lambda: service.promote(
+            settings,
+            env,
+            model,
+            version,
+            dry_run=dry_run,
+            allow_breaking=allow_breaking,
+            skip_quality=skip_quality,
+            serve_as=serve_as,
+            on_stage=_stage_lines(out),
+        ),
     )
+    _render(out, result, result.plan.env.alias)
 
 
-@handle_errors
 def rollback_cmd(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help="Registered model name."),
     to_version: str = typer.Option(
         None, "--to-version", help="Version to return to (default: the one promoted before the current)."
     ),
-    env: str = typer.Option("local", "--env", "-e", help="Environment; default local."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON document for CI."),
+    env: EnvName = "local",
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
+    as_json: JsonFlag = False,
 ) -> None:
     """Serve an earlier version again (a promotion without the quality gate).
 
     Example: mlreg rollback image_model --to-version 1
     """
-    from pipelines.promote.status import previous_version
-    from registry.errors import UsageError
+    from mlreg import service
 
-    if to_version is None:
-        to_version = previous_version(_context(env)[2], model, env)
-        if to_version is None:
-            raise UsageError(
-                f"no earlier promotion of {model} in '{env}' to return to", fix="pass --to-version N"
-            )
-    _run(model, to_version, env, as_json, allow_breaking=True, skip_quality=True)
+    settings, out = settings_of(ctx), Output(as_json)
+    result = _promotion(
+        out,
+        lambda: service.rollback(
+            settings, env, model, to_version, dry_run=dry_run, on_stage=_stage_lines(out)
+        ),
+    )
+    _render(out, result, result.plan.env.alias)
 
 
-@handle_errors
 def status_cmd(
+    ctx: typer.Context,
     model: str = typer.Argument(None, help="One model (default: every model in the store)."),
-    env: str = typer.Option("local", "--env", "-e", help="Environment; default local."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    env: EnvName = "local",
+    as_json: JsonFlag = False,
 ) -> None:
-    """Registry alias vs the store's desired state vs what each Triton serves (drift flagged)."""
-    from pipelines.promote.status import model_status
+    """Registry alias vs the store's desired state vs what each Triton serves (drift: exit 1)."""
+    from mlreg import service
 
-    settings, environment, registry = _context(env)
-    rows = model_status(settings, environment, registry, [model] if model else None)
-    if as_json:
-        emit_json({"environment": env, "models": rows})
-    else:
-        typer.echo(f"{'MODEL':<30} {'ALIAS':>6} {'DESIRED':>8}  SERVING")
-        for r in rows:
-            serving = (
-                "; ".join(
-                    f"{u}: {','.join(v) if isinstance(v, list) else v}" for u, v in r["serving"].items()
-                )
-                or "-"
-            )
-            typer.echo(
-                f"{r['model']:<30} {r['alias'] or '-':>6} {','.join(r['desired']) or '-':>8}  {serving}"
-            )
-            if "pins" in r:
-                typer.echo("  pins: " + ", ".join(f"{m} v{v}" for m, v in sorted(r["pins"].items())))
-            for line in r["drift"]:
-                typer.echo(f"  drift: {line}")
-    if any(r["drift"] for r in rows):
+    out = Output(as_json)
+    report = service.status(settings_of(ctx), env, model)
+    out.result(report.to_dict(), lambda: _status_table(out, report.models))
+    if report.drift:
         raise typer.Exit(1)
 
 
-@handle_errors
+def _status_table(out: Output, rows: list[dict[str, Any]]) -> None:
+    def serving(row: dict[str, Any]) -> str:
+        found = row["serving"]
+        return "; ".join(f"{u}: {','.join(v) if isinstance(v, list) else v}" for u, v in found.items())
+
+    out.table(
+        ["MODEL", "ALIAS", "DESIRED", "SERVING"],
+        [[r["model"], r["alias"], ",".join(r["desired"]), serving(r)] for r in rows],
+        right=["ALIAS", "DESIRED"],
+    )
+    for r in rows:
+        pins = r.get("pins")
+        if isinstance(pins, dict):
+            out.line(f"{r['model']} pins: " + ", ".join(f"{m} v{v}" for m, v in sorted(pins.items())))
+        for line in r["drift"]:
+            out.line(f"{r['model']} drift: {line}")
+
+
 def history_cmd(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help="Registered model name."),
     env: str = typer.Option(None, "--env", "-e", help="Only this environment."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    as_json: JsonFlag = False,
 ) -> None:
     """Every promotion of MODEL: when, where, from → to, result, who."""
-    from pipelines.promote.status import history
+    from mlreg import service
 
-    _, _, registry = _context(env or "local")
-    rows = history(registry, model, env)
-    if as_json:
-        emit_json({"model": model, "promotions": rows})
-        return
-    for h in rows:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(h["when"] / 1000))
-        typer.echo(
-            f"{when}  {h['environment']:<10} v{h['from']} -> v{h['to']}  {h['result']:<12} "
-            f"{h['user']}  run {h['run_id']}"
-        )
+    out = Output(as_json)
+    rows = service.history(settings_of(ctx), model, env)
+    out.result(
+        {"model": model, "promotions": rows},
+        lambda: out.table(
+            ["WHEN", "ENV", "FROM", "TO", "RESULT", "USER", "RUN"],
+            [
+                [
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(h["when"] / 1000)),
+                    h["environment"],
+                    h["from"],
+                    h["to"],
+                    h["result"],
+                    h["user"],
+                    h["run_id"],
+                ]
+                for h in rows
+            ],
+        ),
+    )
+    if not rows:
+        out.line(f"no promotion of {model} yet")

@@ -54,7 +54,7 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
             envs[name] = Environment(
                 name,
                 str(raw["store"]),
-                tuple(raw.get("targets", ())),
+                _targets(path, name, raw.get("targets", [])),
                 str(raw.get("alias", name)),
                 bool(raw.get("gpu", True)),
             )
@@ -64,6 +64,16 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
                 fix='add store = "s3://bucket/prefix" and targets = ["host:8001"]',
             ) from exc
     return envs
+
+
+def _targets(path: Path, name: str, raw: object) -> tuple[str, ...]:
+    """``targets`` must be a list of "host:port" strings (a bare string is not iterated per character)."""
+    if not isinstance(raw, list) or not all(isinstance(t, str) and t.strip() for t in raw):
+        raise UsageError(
+            f"{path}: environment '{name}': targets must be a list of \"host:port\" strings, not {raw!r}",
+            fix=f'write targets = ["host:8001"] (a list, even for one server) in [environments.{name}]',
+        )
+    return tuple(t.strip() for t in raw)
 
 
 def environment(settings: Settings, name: str) -> Environment:

@@ -7,16 +7,57 @@ changes while planning, so ``--dry-run`` prints exactly this.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from pipelines.promote.environments import Environment
+from pipelines.promote.ports import Registry
 from pipelines.storage.base import RepositoryStore
 from registry import mlflow_sqlite
-from registry.contracts.config import CONFIG_NAME, format_config, load_config, parse_config
+from registry.contracts.config import CONFIG_NAME, format_config, parse_config
 from registry.errors import PromotionError
-from registry.mlflow_registry import MlflowRegistry
+
+Serves = Callable[[str, str], bool]  # (model, version) -> every target serves exactly that version
+
+
+class Role(StrEnum):
+    MEMBER = "member"  # a member an ensemble promotion brings along
+    MODEL = "model"  # the version asked for
+    ENSEMBLE = "ensemble"  # an ensemble re-pointed to the new version
+
+
+@dataclass(frozen=True)
+class ConfigFacts:
+    """What a promotion needs to know of a config.pbtxt, parsed once."""
+
+    platform: str
+    backend: str
+    pins: tuple[tuple[str, str], ...]  # (member, version) of an ensemble's steps
+    versions: tuple[str, ...]  # version_policy.specific
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.platform == "ensemble"
+
+    @property
+    def runtime(self) -> tuple[str, str]:
+        return self.platform, self.backend
+
+
+@lru_cache(maxsize=256)
+def config_facts(text: str) -> ConfigFacts:
+    config = parse_config(text)
+    specific = config.version_policy.specific.versions if config.version_policy.HasField("specific") else []
+    return ConfigFacts(
+        config.platform,
+        config.backend,
+        tuple((s.model_name, str(s.model_version)) for s in config.ensemble_scheduling.step),
+        tuple(str(v) for v in sorted(specific)),
+    )
 
 
 @dataclass
@@ -25,18 +66,40 @@ class Step:
 
     model: str
     version: str
-    role: str  # "member", "model" or "ensemble"
+    role: Role
     folder: Path | None  # local Triton model folder (config + <version>/); None: re-point
     config_text: str  # the desired config written to the store at the end
     previous_config: str | None  # the store's config before this promotion (rollback)
     previous_versions: list[str]  # versions serving before
     upload: bool = True
+    reload: bool = False  # the store is as wanted, but a target does not serve it: load again
+    digest: str = ""  # the artifact digest registered in MLflow for this version
+
+    @property
+    def facts(self) -> ConfigFacts:
+        return config_facts(self.config_text)
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.facts.is_ensemble
+
+    @property
+    def platform(self) -> str:
+        return self.facts.platform
+
+    @property
+    def runtime_changes(self) -> bool:
+        """Old and new versions cannot share one config (e.g. SavedModel -> ONNX)."""
+        if self.previous_config is None:
+            return False
+        return config_facts(self.previous_config).runtime != self.facts.runtime
 
     @property
     def noop(self) -> bool:
         return (
             self.previous_versions == [self.version]
             and not self.upload
+            and not self.reload
             and (self.previous_config == self.config_text)
         )
 
@@ -44,7 +107,7 @@ class Step:
         return {
             "model": self.model,
             "version": self.version,
-            "role": self.role,
+            "role": self.role.value,
             "upload": self.upload,
             "from": self.previous_versions,
             "config_changes": self.previous_config != self.config_text,
@@ -81,12 +144,7 @@ class Plan:
 
 def serving_versions(config_text: str | None) -> list[str]:
     """The versions a stored config declares serving (its version_policy)."""
-    if config_text is None:
-        return []
-    config = parse_config(config_text)
-    if config.version_policy.HasField("specific"):
-        return [str(v) for v in sorted(config.version_policy.specific.versions)]
-    return []
+    return [] if config_text is None else list(config_facts(config_text).versions)
 
 
 def desired_config(text: str, versions: list[str], gpu: bool, pins: dict[str, str] | None = None) -> str:
@@ -106,8 +164,8 @@ def desired_config(text: str, versions: list[str], gpu: bool, pins: dict[str, st
     return format_config(config)
 
 
-def fetch_version(registry: MlflowRegistry, model: str, version: str, workdir: Path) -> Path:
-    """Download a registered version as a Triton model folder ``workdir/<model>``."""
+def fetch_version(registry: Registry, model: str, version: str, workdir: Path) -> tuple[Path, dict[str, str]]:
+    """Download a registered version as a Triton model folder ``workdir/<model>``; its tags with it."""
     record = mlflow_sqlite.model_version(registry.uri, model, version)
     local = record.local_source() if record else None
     tags = record.tags if record else dict(registry.version(model, version).tags or {})
@@ -127,7 +185,7 @@ def fetch_version(registry: MlflowRegistry, model: str, version: str, workdir: P
             shutil.copytree(local, folder / version)
         else:
             (folder / version).mkdir()
-        return folder
+        return folder, dict(tags)
     mv = registry.version(model, version)
     download = workdir / f".download-{model}-{version}"
     registry.download(mv.run_id, CONFIG_NAME, download)
@@ -138,35 +196,35 @@ def fetch_version(registry: MlflowRegistry, model: str, version: str, workdir: P
     except Exception:
         (folder / version).mkdir()
     shutil.rmtree(download, ignore_errors=True)
-    return folder
+    return folder, dict(tags)
 
 
 def ensemble_pins(config_text: str) -> dict[str, str]:
-    return {s.model_name: str(s.model_version) for s in parse_config(config_text).ensemble_scheduling.step}
+    return dict(config_facts(config_text).pins)
 
 
 def build_plan(
-    registry: MlflowRegistry,
+    registry: Registry,
     store: RepositoryStore,
     env: Environment,
     targets: tuple[str, ...],
     model: str,
     version: str,
     workdir: Path,
+    serves: Serves = lambda model, version: True,
 ) -> Plan:
+    """``serves(model, version)``: every target serves exactly that version (asked of the targets, so
+    that a store that is as wanted but a server that lost its models is not taken for a no-op)."""
     plan = Plan(env, targets, model, version, workdir=workdir)
-    folder = fetch_version(registry, model, version, workdir)
+    folder, tags = fetch_version(registry, model, version, workdir)
     text = (folder / CONFIG_NAME).read_text()
-    if load_config(folder / CONFIG_NAME).platform == "ensemble":
+    if config_facts(text).is_ensemble:
         for member, pinned in ensemble_pins(text).items():
             member_version = pinned if int(pinned) > 0 else _latest(registry, member)
-            if member_version not in serving_versions(store.read_config(member)):
-                plan.steps.append(
-                    _step(registry, store, env, member, member_version, "member", workdir, final=True)
-                )
-    plan.steps.append(
-        _step(registry, store, env, model, version, "model", workdir, final=False, folder=folder)
-    )
+            stored = member_version in serving_versions(store.read_config(member))
+            if not stored or not serves(member, member_version):
+                plan.steps.append(_step(registry, store, env, member, member_version, Role.MEMBER, workdir))
+    plan.steps.append(_step(registry, store, env, model, version, Role.MODEL, workdir, (folder, tags)))
     for ensemble, ens_text in _ensembles_using(store, model):
         pins = ensemble_pins(ens_text)
         if pins.get(model) not in (version, "-1"):
@@ -176,7 +234,7 @@ def build_plan(
                 Step(
                     ensemble,
                     serving[-1] if serving else "1",
-                    "ensemble",
+                    Role.ENSEMBLE,
                     None,
                     desired_config(ens_text, serving or ["1"], env.gpu, {model: version}),
                     current,
@@ -184,10 +242,12 @@ def build_plan(
                     upload=False,
                 )
             )
+    for step in plan.steps:
+        step.reload = step.previous_versions == [step.version] and not serves(step.model, step.version)
     return plan
 
 
-def _latest(registry: MlflowRegistry, model: str) -> str:
+def _latest(registry: Registry, model: str) -> str:
     versions = [int(v.version) for v in registry.versions(model)]
     if not versions:
         raise PromotionError(
@@ -198,17 +258,16 @@ def _latest(registry: MlflowRegistry, model: str) -> str:
 
 
 def _step(
-    registry: MlflowRegistry,
+    registry: Registry,
     store: RepositoryStore,
     env: Environment,
     model: str,
     version: str,
-    role: str,
+    role: Role,
     workdir: Path,
-    final: bool,
-    folder: Path | None = None,
+    fetched: tuple[Path, dict[str, str]] | None = None,
 ) -> Step:
-    folder = folder or fetch_version(registry, model, version, workdir)
+    folder, tags = fetched or fetch_version(registry, model, version, workdir)
     previous = store.read_config(model)
     serving = serving_versions(previous)
     stored = store.read_manifest(model, version) is not None
@@ -222,6 +281,7 @@ def _step(
         previous,
         serving,
         upload=not stored,
+        digest=tags.get("artifact_digest", ""),
     )
 
 
@@ -229,11 +289,6 @@ def _ensembles_using(store: RepositoryStore, model: str) -> list[tuple[str, str]
     found = []
     for name in store.list_models():
         text = store.read_config(name)
-        if (
-            text
-            and name != model
-            and parse_config(text).platform == "ensemble"
-            and any(s.model_name == model for s in parse_config(text).ensemble_scheduling.step)
-        ):
+        if text and name != model and config_facts(text).is_ensemble and model in ensemble_pins(text):
             found.append((name, text))
     return found

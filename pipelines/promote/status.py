@@ -1,79 +1,142 @@
-"""`mlreg status` and `mlreg history`: registry alias vs the store's desired state vs what serves."""
+"""`mlreg status` and `mlreg history`: registry alias vs the store's desired state vs what serves.
+
+``model_status`` composes four reads, each on its own: the store (``read_store``), the servers
+(``probe_targets``), MLflow (``read_aliases``), and the drift rules (``drift``).  A part that
+cannot be reached is drift, said per target, within the configured timeouts.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.promote.plan import ensemble_pins, serving_versions
+from pipelines.promote.fanout import Fleet, ready_versions, triton_connector
+from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
+from pipelines.promote.ports import Registry
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
 from registry.mlflow_registry import MlflowRegistry
 from registry.settings import Settings
 
+Serving = dict[str, list[str] | str]  # url -> READY versions, or why the target cannot say
 
-def model_status(  # noqa: C901 - split by the architecture issue
-    settings: Settings, env: Environment, registry: MlflowRegistry, models: list[str] | None = None
+
+@dataclass
+class StoreView:
+    """One model as the store holds it."""
+
+    config: str | None
+    desired: list[str]  # the versions its config serves
+    missing: list[str]  # of those, versions with no folder in the store
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.config is not None and config_facts(self.config).is_ensemble
+
+
+def read_store(store: RepositoryStore, names: list[str]) -> dict[str, StoreView]:
+    views = {}
+    for model in names:
+        config = store.read_config(model)
+        desired = serving_versions(config)
+        present = set(store.list_versions(model)) if desired else set()
+        views[model] = StoreView(config, desired, [v for v in desired if v not in present])
+    return views
+
+
+def probe_targets(settings: Settings, env: Environment, store: RepositoryStore) -> dict[str, Any]:
+    """url -> model states, or the reason the target cannot be asked (a string)."""
+    try:
+        targets = resolve_targets(settings, env)
+    except MlregError as exc:
+        return {"(no target)": f"unreachable: {exc.message}"}
+    with Fleet(store, targets, triton_connector(settings), settings.triton_timeout) as fleet:
+        return {
+            url: f"unreachable: {found.message}" if isinstance(found, MlregError) else found
+            for url, found in fleet.states().items()
+        }
+
+
+def read_aliases(
+    settings: Settings, registry: Registry, names: list[str], alias: str
+) -> tuple[dict[str, str], str]:
+    """model -> the version ``alias`` names ("" when none), and why MLflow could not be asked."""
+    from registry import mlflow_rest
+
+    if registry.uri.startswith(("http://", "https://")):
+        try:
+            mlflow_rest.ping(registry.uri, settings.mlflow_timeout)
+        except MlregError as exc:
+            return dict.fromkeys(names, ""), exc.message
+    found = {}
+    for model in names:
+        try:
+            found[model] = registry.aliases(model).get(alias, "")
+        except MlregError:
+            found[model] = ""  # not registered (yet)
+    return found, ""
+
+
+def drift(
+    registry: Registry, env_alias: str, view: StoreView, alias: str, serving: Serving, model: str
+) -> list[str]:
+    """What disagrees: the alias and the store, the store and its own folders, the store and each target."""
+    found: list[str] = []
+    if view.is_ensemble:
+        # an ensemble's Triton folder keeps its number when it is re-pointed; its registered
+        # version changes: compare the member versions the alias's version pins instead
+        if alias:
+            assert view.config is not None
+            found.extend(_pin_drift(registry, model, alias, env_alias, view.config))
+    elif alias and view.desired and view.desired != [alias]:
+        found.append(f"alias {env_alias}=v{alias} but the store serves v{','.join(view.desired)}")
+    found.extend(
+        f"the store has no folder {model}/{v}/ for the version its config serves" for v in view.missing
+    )
+    for url, versions in serving.items():
+        if isinstance(versions, str):
+            found.append(f"{url} {versions}")
+        elif versions != view.desired:
+            found.append(
+                f"{url} serves v{','.join(versions) or 'nothing'}, "
+                f"store wants v{','.join(view.desired) or 'nothing'}"
+            )
+    return found
+
+
+def model_status(
+    settings: Settings, env: Environment, registry: Registry, models: list[str] | None = None
 ) -> list[dict[str, Any]]:
     store = open_store(env.store)
     names = models or store.list_models()
-    try:
-        targets = resolve_targets(settings, env)
-    except MlregError:
-        targets = ()
-    live: dict[str, dict[str, dict[str, str]] | str] = {}
-    for url in targets:
-        try:
-            with TritonControl(url, timeout=5) as triton:
-                live[url] = triton.model_states()
-        except MlregError as exc:
-            live[url] = f"unreachable: {exc.message}"
+    views = read_store(store, names)
+    live = probe_targets(settings, env, store)
+    aliases, mlflow_error = read_aliases(settings, registry, names, env.alias)
     rows = []
     for model in names:
-        config = store.read_config(model) or ""
-        desired = serving_versions(config)
-        try:
-            alias = registry.aliases(model).get(env.alias, "")
-        except MlregError:
-            alias = ""
-        serving: dict[str, Any] = {}
-        for url, states in live.items():
-            serving[url] = (
-                states
-                if isinstance(states, str)
-                else sorted((v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
-            )
-        drift = []
-        if 'platform: "ensemble"' in config:
-            # an ensemble's Triton folder keeps its number when it is re-pointed; its registered
-            # version changes: compare the member versions the alias's version pins instead
-            if alias:
-                drift.extend(_pin_drift(registry, model, alias, env.alias, config))
-        elif alias and desired and desired != [alias]:
-            drift.append(f"alias {env.alias}=v{alias} but the store serves v{','.join(desired)}")
-        for url, versions in serving.items():
-            if isinstance(versions, list) and versions != desired:
-                drift.append(
-                    f"{url} serves v{','.join(versions) or 'nothing'}, "
-                    f"store wants v{','.join(desired) or 'nothing'}"
-                )
-            elif isinstance(versions, str):
-                drift.append(f"{url} {versions}")
+        view = views[model]
+        serving: Serving = {
+            url: states if isinstance(states, str) else ready_versions(states, model)
+            for url, states in live.items()
+        }
         row: dict[str, Any] = {
             "model": model,
-            "alias": alias,
-            "desired": desired,
+            "alias": aliases[model],
+            "desired": view.desired,
             "serving": serving,
-            "drift": drift,
+            "drift": drift(registry, env.alias, view, aliases[model], serving, model)
+            + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
         }
-        if 'platform: "ensemble"' in config:
-            row["pins"] = ensemble_pins(config)  # its alias names a registered version, not a folder
+        if view.is_ensemble:
+            assert view.config is not None
+            row["pins"] = ensemble_pins(view.config)  # its alias names a registered version, not a folder
         rows.append(row)
     return rows
 
 
-def _pin_drift(registry: MlflowRegistry, model: str, version: str, alias: str, config: str) -> list[str]:
+def _pin_drift(registry: Registry, model: str, version: str, alias: str, config: str) -> list[str]:
     try:
         tags = registry.version(model, version).tags or {}
     except MlregError as exc:

@@ -1,0 +1,73 @@
+"""What a promotion needs from the outside world, as Protocols.
+
+``MlflowRegistry`` (registry/) and ``TritonControl`` (pipelines/triton.py) are the real
+implementations; the unit tests drive the runner with small in-memory fakes of both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Registry(Protocol):
+    """The model registry as a promotion uses it (MLflow in production)."""
+
+    uri: str
+
+    def warm_up(self) -> None: ...
+
+    def experiment_id(self, name: str = ...) -> str: ...
+
+    def version(self, name: str, version: str) -> Any: ...
+
+    def versions(self, name: str) -> list[Any]: ...
+
+    def aliases(self, name: str) -> dict[str, str]: ...
+
+    def set_alias(self, name: str, alias: str, version: str) -> None: ...
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None: ...
+
+    def download(self, run_id: str, path: str, dest: Path) -> Path: ...
+
+    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str: ...
+
+    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None: ...
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
+
+    def finish_run(self, run_id: str, ok: bool) -> None: ...
+
+    def record_deployment(
+        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
+    ) -> None: ...
+
+
+class ServingTarget(Protocol):
+    """One inference server of an environment (a Triton, addressed by its gRPC URL)."""
+
+    url: str
+
+    def is_live(self) -> bool: ...
+
+    def server_metadata(self) -> dict[str, Any]: ...
+
+    def model_states(self) -> dict[str, dict[str, str]]: ...
+
+    def load(self, model: str, config: str | None = None) -> None: ...
+
+    def unload(self, model: str, unload_dependents: bool = False) -> None: ...
+
+    def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None: ...
+
+    def is_ready(self, model: str, version: str = "") -> bool: ...
+
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
+    ) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,180 @@
+"""What each promotion stage reports (one dataclass per stage), and the promotion's result."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from pipelines.promote.fanout import Rollout
+from pipelines.promote.plan import Plan
+from registry.errors import PromotionError
+
+
+class StageReport(Protocol):
+    def detail(self) -> str: ...
+
+
+@dataclass
+class ResolveReport:
+    steps: list[str]  # "model vN (role)"
+    locked: list[str]
+
+    def detail(self) -> str:
+        return ", ".join(self.steps)
+
+
+@dataclass
+class NoopReport:
+    model: str
+    version: str
+    environment: str
+
+    def detail(self) -> str:
+        return f"{self.model} version {self.version} already serves in '{self.environment}'"
+
+
+@dataclass
+class ConvertReport:
+    model: str
+    source_version: str
+    onnx_version: str
+    parity_max_abs_diff: float
+
+    def detail(self) -> str:
+        return (
+            f"{self.model} v{self.source_version} (SavedModel) -> v{self.onnx_version} (ONNX), "
+            f"parity max |diff| {self.parity_max_abs_diff:.2g}"
+        )
+
+
+@dataclass
+class ValidateReport:
+    checked: int
+    breaking_allowed: list[str]
+    verified: list[str]  # model/version whose stored bytes were checked against the registry
+
+    def detail(self) -> str:
+        text = f"{self.checked} model(s) checked"
+        if self.breaking_allowed:
+            text += f", {len(self.breaking_allowed)} breaking change(s) allowed"
+        if self.verified:
+            text += f", stored bytes verified: {', '.join(self.verified)}"
+        return text
+
+
+@dataclass
+class QualityStageReport:
+    checked: list[str]
+    changes: dict[str, float]
+
+    def detail(self) -> str:
+        changes = ", ".join(f"{k} max|Δ| {v:.3g}" for k, v in self.changes.items())
+        return f"golden inputs passed on {', '.join(self.checked)}" + (
+            f"; against serving: {changes}" if changes else ""
+        )
+
+
+@dataclass
+class UploadReport:
+    bytes_sent: int
+    store: str
+    uploaded: list[str]
+
+    def detail(self) -> str:
+        return f"{self.bytes_sent:,} bytes uploaded to {self.store}"
+
+
+@dataclass
+class FleetReport:
+    """deploy, finalize, rollback: the roll-outs over the fleet, one per config written."""
+
+    summary: str
+    rollouts: list[Rollout] = field(default_factory=list)
+
+    def detail(self) -> str:
+        return self.summary
+
+
+@dataclass
+class VerifyReport:
+    targets: list[str]
+    models: list[str]
+
+    def detail(self) -> str:
+        return f"READY and answering on {len(self.targets)} target(s)"
+
+
+@dataclass
+class RecordReport:
+    alias: str
+    model: str
+    version: str
+    run_id: str
+
+    def detail(self) -> str:
+        return f"alias '{self.alias}' -> {self.model} v{self.version}; run {self.run_id}"
+
+
+@dataclass
+class StageRecord:
+    stage: str
+    status: str  # "ok" | "failed"
+    seconds: float
+    detail: str
+    report: StageReport | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "stage": self.stage,
+            "status": self.status,
+            "seconds": self.seconds,
+            "detail": self.detail,
+        }
+        if self.report is not None:
+            data["report"] = asdict(self.report)  # type: ignore[call-overload]
+        return data
+
+
+@dataclass
+class PromotionResult:
+    plan: Plan
+    ok: bool = False
+    rolled_back: bool = False
+    stages: list[StageRecord] = field(default_factory=list)
+    error: str = ""
+    rollback_error: str = ""
+    run_id: str = ""
+
+    @property
+    def noop(self) -> bool:
+        return bool(self.stages) and self.stages[-1].stage == "noop"
+
+    @property
+    def outcome(self) -> str:
+        if not self.error:
+            return "promoted"
+        if self.rollback_error:
+            return "rollback failed"
+        return "rolled back" if self.rolled_back else "refused"
+
+    def stage_names(self) -> list[str]:
+        return [s.stage for s in self.stages]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "rolled_back": self.rolled_back,
+            "error": self.error,
+            "rollback_error": self.rollback_error,
+            "promotion_run": self.run_id,
+            "plan": self.plan.to_dict(),
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
+class PromotionFailed(PromotionError):
+    """A promotion stage failed; ``result`` holds the plan, the stage reports and what was undone."""
+
+    def __init__(self, message: str, *, fix: str, result: PromotionResult) -> None:
+        super().__init__(message, fix=fix, result=result)  # context["result"]: for older callers
+        self.result = result

@@ -1,0 +1,421 @@
+"""The promotion runner on small in-memory fakes: the plan, the deploy order, the rollback order.
+
+The registry and the serving targets are fakes of the Protocols in pipelines/promote/ports.py (the
+real ones are exercised by tests/integration/test_promote.py on a real Triton and MLflow); the
+store is a real local folder.  A fake target "loads" a model by reading the store's config, as
+Triton does, and every call is written to one shared event list so the order can be asserted.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipelines.promote.environments import Environment
+from pipelines.promote.plan import Role, config_facts, serving_versions
+from pipelines.promote.reports import PromotionFailed, PromotionResult
+from pipelines.promote.runner import Options, Promotion
+from pipelines.storage import open_store
+from registry.errors import StorageError, TritonError
+from registry.manifest import digest_of_manifest, manifest_of, sha256_file
+from registry.settings import Settings
+
+MEMBER = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "{src}" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+output [ {{ name: "{dst}" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+ENSEMBLE = """name: "ens"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "pre" model_version: 1
+      input_map { key: "IN" value: "IN" } output_map { key: "MID" value: "mid" } },
+    { model_name: "net" model_version: 1
+      input_map { key: "MID" value: "mid" } output_map { key: "OUT" value: "OUT" } }
+  ]
+}
+"""
+MODEL_PY = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]  # version {version}
+"""
+
+
+class FakeRegistry:
+    """Registered versions as folders (config.pbtxt + <version>/), aliases, tags and runs in memory."""
+
+    uri = "memory://registry"
+
+    def __init__(self, root: Path, events: list[tuple[Any, ...]]) -> None:
+        self.root = root
+        self.events = events
+        self.tags: dict[tuple[str, str], dict[str, str]] = {}
+        self.alias_map: dict[str, dict[str, str]] = {}
+        self.runs: list[dict[str, Any]] = []
+
+    def add(self, name: str, version: str, config: str, validation: str = "passed") -> None:
+        folder = self.root / name / version
+        (folder / "model" / "1").mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(config)
+        if not config_facts(config).is_ensemble:
+            (folder / "model" / "model.py").write_text(MODEL_PY.format(version=version))
+        config_file = folder / "config.pbtxt"
+        files = {
+            **manifest_of(folder / "model"),
+            "config.pbtxt": {"sha256": sha256_file(config_file), "size": config_file.stat().st_size},
+        }
+        self.tags[(name, version)] = {"validation": validation, "artifact_digest": digest_of_manifest(files)}
+
+    def register_repointed(self, model: str, folder: Path, pins: dict[str, str]) -> str:
+        version = str(1 + max(int(v) for (m, v) in self.tags if m == model))
+        self.add(model, version, (folder / "config.pbtxt").read_text())
+        self.events.append(("register", model, version, tuple(sorted(pins.items()))))
+        return version
+
+    # -- the Registry protocol ------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        pass
+
+    def experiment_id(self, name: str = "x") -> str:
+        return "0"
+
+    def version(self, name: str, version: str) -> Any:
+        if (name, version) not in self.tags:
+            raise LookupError(f"{name} v{version}")
+        return SimpleNamespace(version=version, run_id=f"{name}/{version}", tags=self.tags[(name, version)])
+
+    def versions(self, name: str) -> list[Any]:
+        return [self.version(m, v) for (m, v) in self.tags if m == name]
+
+    def aliases(self, name: str) -> dict[str, str]:
+        return dict(self.alias_map.get(name, {}))
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        self.events.append(("alias", name, version))
+        self.alias_map.setdefault(name, {})[alias] = version
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        self.tags[(name, version)][key] = value
+
+    def record_deployment(
+        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
+    ) -> None:
+        self.tags[(model, version)][f"promotion_run_{env}"] = run_id
+        self.tags[(model, version)][f"serving_{env}"] = ",".join(targets)
+
+    def download(self, run_id: str, path: str, dest: Path) -> Path:
+        source = self.root / run_id / path
+        dest.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, dest / path)
+        else:
+            shutil.copy2(source, dest / path)
+        return dest / path
+
+    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
+        self.runs.append({"name": name, "tags": tags})
+        return f"run-{len(self.runs)}"
+
+    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
+        self.runs[-1]["params"] = params
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
+        pass
+
+    def finish_run(self, run_id: str, ok: bool) -> None:
+        self.runs[-1]["ok"] = ok
+
+
+class FakeTarget:
+    """A Triton as the runner sees it: a load reads the store's config and serves its versions."""
+
+    def __init__(self, url: str, fleet: FakeFleet) -> None:
+        self.url = url
+        self.fleet = fleet
+        self.states: dict[str, dict[str, str]] = {}
+
+    def is_live(self) -> bool:
+        return True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"version": "2.51.0"}
+
+    def model_states(self) -> dict[str, dict[str, str]]:
+        return {m: dict(v) for m, v in self.states.items()}
+
+    def load(self, model: str, config: str | None = None) -> None:
+        text = self.fleet.store.read_config(model)
+        assert text is not None, f"{model} has no config in the store"
+        versions = serving_versions(text)
+        self.fleet.events.append(("load", self.url, model, tuple(versions)))
+        self.fleet.locks_seen.append({m for m in ("pre", "net", "ens") if self.fleet.store.read_lock(m)})
+        for version in versions:
+            if (model, version, self.url) in self.fleet.fail_load or (
+                model,
+                version,
+                "*",
+            ) in self.fleet.fail_load:
+                self.states[model] = {version: "UNAVAILABLE"}
+                raise TritonError(f"{self.url}: model '{model}' version {version} failed to load")
+        self.states[model] = dict.fromkeys(versions, "READY")
+
+    def unload(self, model: str, unload_dependents: bool = False) -> None:
+        self.fleet.events.append(("unload", self.url, model))
+        self.states.pop(model, None)
+
+    def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None:
+        if not self.is_ready(model, version):
+            raise TritonError(f"{self.url}: model '{model}' version {version} is not READY")
+
+    def is_ready(self, model: str, version: str = "") -> bool:
+        return self.states.get(model, {}).get(version) == "READY"
+
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
+    ) -> dict[str, np.ndarray]:
+        value = np.nan if (model, version) in self.fleet.nan_answers else 0.0
+        return {name: np.full((2,), value, np.float32) for name in outputs}
+
+    def close(self) -> None:
+        pass
+
+
+class FakeFleet:
+    def __init__(self, store_root: Path) -> None:
+        self.store = open_store(store_root)
+        self.events: list[tuple[Any, ...]] = []
+        self.locks_seen: list[set[str]] = []
+        self.fail_load: set[tuple[str, str, str]] = set()  # (model, version, url or "*")
+        self.nan_answers: set[tuple[str, str]] = set()
+        self.targets: dict[str, FakeTarget] = {}
+
+    def connect(self, url: str) -> FakeTarget:
+        return self.targets.setdefault(url, FakeTarget(url, self))
+
+
+class World:
+    def __init__(self, tmp_path: Path) -> None:
+        self.settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
+        self.store_root = tmp_path / "store"
+        self.store_root.mkdir()
+        self.env = Environment("test", str(self.store_root), ("t0:8001", "t1:8001"), "test", gpu=False)
+        self.fleet = FakeFleet(self.store_root)
+        self.events = self.fleet.events
+        self.registry = FakeRegistry(tmp_path / "registry", self.events)
+        self.registry.add("pre", "1", MEMBER.format(name="pre", src="IN", dst="MID"))
+        self.registry.add("net", "1", MEMBER.format(name="net", src="MID", dst="OUT"))
+        self.registry.add("ens", "1", ENSEMBLE)
+
+    def promote(self, model: str, version: str, **options: Any) -> PromotionResult:
+        promotion = Promotion(
+            self.settings,
+            self.env,
+            self.registry,
+            Options(skip_quality=True, **options),
+            connect=self.fleet.connect,
+            registrar=self.registry.register_repointed,
+        )
+        return promotion.run(model, version)
+
+    def config(self, model: str) -> str | None:
+        return open_store(self.store_root).read_config(model)
+
+    def loads(self, since: int = 0) -> list[tuple[Any, ...]]:
+        return [e for e in self.events[since:] if e[0] == "load"]
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+@pytest.fixture
+def deployed(world: World) -> World:
+    world.promote("ens", "1")
+    world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.events.clear()
+    world.fleet.locks_seen.clear()
+    return world
+
+
+def test_the_plan_of_a_first_deployment_brings_the_members_first_and_changes_nothing(world: World) -> None:
+    result = world.promote("ens", "1", dry_run=True)
+    assert [(s.model, s.version, s.role) for s in result.plan.steps] == [
+        ("pre", "1", Role.MEMBER),
+        ("net", "1", Role.MEMBER),
+        ("ens", "1", Role.MODEL),
+    ]
+    assert all(s.upload for s in result.plan.steps)
+    assert result.plan.step("ens").is_ensemble
+    assert not result.plan.step("pre").is_ensemble
+    assert result.stage_names() == ["resolve", "validate"]  # stops before the first live stage
+    assert world.events == []
+    assert sorted(p.name for p in world.store_root.iterdir()) == []  # no upload, no config, no lock
+
+
+def test_the_first_deployment_loads_members_then_the_ensemble_canary_first_and_moves_aliases_last(
+    world: World,
+) -> None:
+    result = world.promote("ens", "1")
+    assert result.ok
+    assert result.stage_names() == [
+        "resolve",
+        "validate",
+        "assemble",
+        "deploy",
+        "verify",
+        "finalize",
+        "record",
+    ]
+    assert world.loads() == [
+        ("load", "t0:8001", "pre", ("1",)),
+        ("load", "t1:8001", "pre", ("1",)),
+        ("load", "t0:8001", "net", ("1",)),
+        ("load", "t1:8001", "net", ("1",)),
+        ("load", "t0:8001", "ens", ("1",)),
+        ("load", "t1:8001", "ens", ("1",)),
+    ]
+    first_alias = next(i for i, e in enumerate(world.events) if e[0] == "alias")
+    assert all(e[0] == "alias" for e in world.events[first_alias:])
+    assert world.registry.alias_map == {"pre": {"test": "1"}, "net": {"test": "1"}, "ens": {"test": "1"}}
+    assert world.registry.runs[-1]["tags"]["result"] == "promoted"
+    deploy = next(s for s in result.stages if s.stage == "deploy")
+    assert [(r.model, [t.url for t in r.targets]) for r in deploy.report.rollouts] == [  # type: ignore[union-attr]
+        ("pre", ["t0:8001", "t1:8001"]),
+        ("net", ["t0:8001", "t1:8001"]),
+        ("ens", ["t0:8001", "t1:8001"]),
+    ]
+
+
+def test_a_swap_keeps_the_old_version_until_the_new_one_serves_then_repoints_and_retires(
+    deployed: World,
+) -> None:
+    world = deployed
+    result = world.promote("net", "2")
+    assert [(s.model, s.role) for s in result.plan.steps] == [("net", Role.MODEL), ("ens", Role.ENSEMBLE)]
+    assert world.loads() == [
+        ("load", "t0:8001", "net", ("1", "2")),  # both: v1 keeps serving while v2 loads
+        ("load", "t1:8001", "net", ("1", "2")),
+        ("load", "t0:8001", "ens", ("1",)),  # re-pointed to net v2
+        ("load", "t1:8001", "ens", ("1",)),
+        ("load", "t0:8001", "net", ("2",)),  # finalize: v1 retired
+        ("load", "t1:8001", "net", ("2",)),
+    ]
+    assert "model_version: 2" in (world.config("ens") or "")
+    assert serving_versions(world.config("net")) == ["2"]
+    finalize = next(s for s in result.stages if s.stage == "finalize")
+    assert finalize.detail == "retired net v1"
+    assert ("register", "ens", "2", (("net", "2"), ("pre", "1"))) in world.events
+    assert world.registry.alias_map["ens"]["test"] == "2"
+    assert world.registry.alias_map["net"]["test"] == "2"
+    # the promotion held the locks of every model whose config it wrote, during every load
+    assert all({"net", "ens"} <= held for held in world.fleet.locks_seen)
+    assert world.fleet.store.read_lock("net") is None
+    assert world.fleet.store.read_lock("ens") is None
+
+
+def test_a_failure_after_the_first_change_rolls_back_members_first_then_ensembles(deployed: World) -> None:
+    world = deployed
+    world.fleet.nan_answers.add(("net", "2"))  # verify fails after both configs changed
+    ens_before, net_before = world.config("ens"), world.config("net")
+    with pytest.raises(PromotionFailed, match="net/OUT answered non-finite values; rolled back") as info:
+        world.promote("net", "2")
+    result = info.value.result
+    assert result.stage_names() == ["resolve", "validate", "assemble", "deploy", "verify", "rollback"]
+    assert result.rolled_back
+    assert "non-finite" in result.error
+    rollback_loads = world.loads()[4:]  # after deploy's four
+    assert rollback_loads == [
+        ("load", "t0:8001", "net", ("1",)),
+        ("load", "t1:8001", "net", ("1",)),
+        ("load", "t0:8001", "ens", ("1",)),
+        ("load", "t1:8001", "ens", ("1",)),
+    ]
+    assert world.config("ens") == ens_before
+    assert world.config("net") == net_before
+    assert world.registry.alias_map["net"]["test"] == "1"  # the alias did not move
+    assert world.registry.runs[-1]["tags"]["result"] == "rolled back"
+
+
+def test_a_failing_canary_stops_the_rollout_before_the_other_targets(deployed: World) -> None:
+    world = deployed
+    world.fleet.fail_load.add(("net", "2", "t0:8001"))
+    with pytest.raises(PromotionFailed, match="t0:8001: model 'net' version 2 failed to load"):
+        world.promote("net", "2")
+    assert ("load", "t1:8001", "net", ("1", "2")) not in world.events
+    assert serving_versions(world.config("net")) == ["1"]
+
+
+def test_a_failure_inside_the_rollback_is_recorded_and_reported(deployed: World) -> None:
+    world = deployed
+    world.fleet.nan_answers.add(("net", "2"))
+    world.fleet.fail_load.add(("net", "1", "t1:8001"))  # the restore of net v1 fails on t1
+    with pytest.raises(
+        PromotionFailed, match="the rollback failed too: t1:8001: model 'net' version 1"
+    ) as info:
+        world.promote("net", "2")
+    assert info.value.result.rollback_error
+    assert not info.value.result.rolled_back
+    assert world.registry.runs[-1]["tags"]["result"] == "rollback failed"
+    assert "run 'mlreg status'" in (info.value.fix or "")
+
+
+def test_the_noop_asks_every_target_about_every_member(deployed: World) -> None:
+    world = deployed
+    assert world.promote("ens", "1").stage_names() == ["noop"]
+    assert world.loads() == []
+    world.fleet.targets["t1:8001"].states.pop("net")  # t1 restarted and lost a member
+    result = world.promote("ens", "1")
+    assert "noop" not in result.stage_names()
+    assert [(s.model, s.reload) for s in result.plan.steps] == [("net", True), ("ens", False)]
+    assert ("load", "t1:8001", "net", ("1",)) in world.loads()
+    assert world.fleet.targets["t1:8001"].is_ready("net", "1")
+
+
+def test_a_held_lock_of_a_repointed_ensemble_refuses_the_promotion_before_any_change(deployed: World) -> None:
+    world = deployed
+    with world.fleet.store.lock("ens", owner="other-job@elsewhere:1"):
+        with pytest.raises(StorageError, match="model 'ens' is locked by other-job@elsewhere:1"):
+            world.promote("net", "2")
+    assert world.events == []
+    assert serving_versions(world.config("net")) == ["1"]
+
+
+def test_a_version_that_failed_validation_is_refused_at_resolve(deployed: World) -> None:
+    world = deployed
+    world.registry.add("net", "3", MEMBER.format(name="net", src="MID", dst="OUT"), validation="failed")
+    with pytest.raises(Exception, match="net version 3 failed validation when it was registered"):
+        world.promote("net", "3")
+    assert world.events == []
+
+
+def test_a_repointed_ensemble_that_does_not_validate_stops_the_promotion_before_any_change(
+    deployed: World,
+) -> None:
+    world = deployed
+    store = world.fleet.store
+    broken = (world.config("ens") or "") + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    store.write_config("ens", broken)  # edited by hand in the store: the re-pointed copy keeps it
+    with pytest.raises(PromotionFailed, match="(?s)re-pointed ens: .*instance group.*nothing was changed"):
+        world.promote("net", "2")
+    assert world.events == []  # no load, no registration, no alias
+    assert world.config("ens") == broken
+    assert serving_versions(world.config("net")) == ["1"]
+    assert store.read_manifest("net", "2") is None
