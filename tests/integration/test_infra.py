@@ -31,6 +31,8 @@ INFRA = ROOT / "infra"
 COMPOSE_DIR = INFRA / "compose"
 K8S = INFRA / "k8s"
 OVERLAYS = ("dev", "staging", "production")
+# the oldest minor the managed clouds still support, and the newest kubernetes-validate bundles
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|CREDENTIAL", re.IGNORECASE)
 VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
@@ -154,12 +156,15 @@ def image_pinned(image: str) -> bool:
 # --- Kubernetes ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_overlay_renders_and_passes_strict_schema_validation(overlay: str, tmp_path: Path) -> None:
+def test_every_overlay_renders_and_passes_strict_schema_validation(
+    overlay: str, version: str, tmp_path: Path
+) -> None:
     manifest = tmp_path / f"{overlay}.yaml"
     manifest.write_text(rendered(overlay))
     out = subprocess.run(
-        [venv_tool("kubernetes-validate"), "--strict", "--quiet", str(manifest)],
+        [venv_tool("kubernetes-validate"), "--strict", "--quiet", "-k", version, str(manifest)],
         capture_output=True,
         text=True,
         timeout=120,
