@@ -24,7 +24,6 @@ AUTH_CODES = {
     "ExpiredToken",
 }
 EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
-UNSUPPORTED_CODES = {"NotImplemented", "501", "MethodNotAllowed", "405"}
 
 
 def object_stamp(size: Any, etag: Any, version_id: Any, last_modified: Any) -> Stamp:
@@ -52,6 +51,7 @@ class S3Store(RepositoryStore):
         self.endpoint_url = endpoint_url
         self.uri = uri or f"s3://{bucket}/{self.prefix}"
         self.digests = DigestCache(None)
+        self._versioning: bool | None = None
         config = Config(
             connect_timeout=CONNECT_TIMEOUT_S,
             read_timeout=read_timeout,
@@ -263,19 +263,14 @@ class S3Store(RepositoryStore):
         return f"s3:{self.endpoint_url or 'aws'}/{self.bucket}/{self._key(key)}"
 
     def object_stamps(self, prefix: str) -> dict[str, Stamp]:
-        """One listing of the object versions under ``prefix`` (the latest of each key); where
-        the endpoint lists no versions, a plain listing (VersionId "null")."""
-        from botocore.exceptions import ClientError
-
-        paginator = self.client.get_paginator("list_object_versions")
-        try:
-            pages = list(paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)))
-        except ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code")) not in UNSUPPORTED_CODES:
-                raise self._translate("list", prefix, exc) from exc
+        """One listing under ``prefix``: of the object versions (the latest of each key) when the
+        bucket keeps versions, else a plain listing (VersionId "null", as S3 reports it then)."""
+        if not self._versioned():
             return self._plain_stamps(prefix)
-        except Exception as exc:
-            raise self._translate("list", prefix, exc) from exc
+        paginator = self.client.get_paginator("list_object_versions")
+        pages = self._call(
+            "list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)))
+        )
         stamps: dict[str, Stamp] = {}
         for page in pages:
             for obj in page.get("Versions", []):
@@ -284,6 +279,19 @@ class S3Store(RepositoryStore):
                         obj["Size"], obj["ETag"], obj.get("VersionId"), obj["LastModified"]
                     )
         return stamps
+
+    def _versioned(self) -> bool:
+        """Whether the bucket keeps object versions (asked once).  Where the question is refused,
+        no: stamps then carry VersionId "null", which only costs re-hashing on a versioned bucket."""
+        if self._versioning is None:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            try:
+                status = self.client.get_bucket_versioning(Bucket=self.bucket).get("Status")
+            except (ClientError, BotoCoreError):
+                status = None
+            self._versioning = status in {"Enabled", "Suspended"}
+        return self._versioning
 
     def _plain_stamps(self, prefix: str) -> dict[str, Stamp]:
         paginator = self.client.get_paginator("list_objects_v2")

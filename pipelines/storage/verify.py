@@ -104,8 +104,9 @@ class Verification:
             lines.append(f"... and {len(self.problems) - MAX_NAMED} more")
         raise StorageError(
             f"{where} does not match what was registered; refusing to use it:\n  " + "\n  ".join(lines),
-            fix=f"push the registered version again (mlreg promote {self.model} --version {self.version} "
-            "re-uploads what differs), then run 'mlreg store verify' on it",
+            fix="upload the registered bytes again (a promotion of this version re-sends every file "
+            "whose stored bytes differ; or 'mlreg store push MODEL_FOLDER'), then check with "
+            f"'mlreg store verify {self.model} {self.version}'",
             model=self.model,
             version=self.version,
             files=[p.file for p in self.problems],

@@ -381,3 +381,21 @@ def test_stack_up_on_an_empty_s3_prefix_marks_its_root(
     finally:
         stack.stack_down(settings)
     assert json.loads(open_store(uri).read(".mlreg-root.json") or b"{}")["store"] == uri
+
+
+def test_on_a_versioned_bucket_the_version_id_is_part_of_the_proof(
+    tmp_path: Path, s3_server: S3Server, bucket: str
+) -> None:
+    S3Store(bucket, "", s3_server.endpoint).client.put_bucket_versioning(
+        Bucket=bucket, VersioningConfiguration={"Status": "Enabled"}
+    )
+    store, folder, uri = s3_version(tmp_path, s3_server, bucket)
+    assert isinstance(store, S3Store)
+    recorded = store.digests.entries[store.cache_key("m/1/model.py")]
+    assert recorded[2] not in {"null", "None"}  # the object's VersionId was recorded at upload
+    assert store.verify_version("m", "1").reused == 2
+    key = f"{store.prefix}/m/1/model.py"
+    head = store.client.head_object(Bucket=bucket, Key=key)
+    store.client.put_object(Bucket=bucket, Key=key, Body=b"SIGN = 7\n", Metadata=head["Metadata"])
+    with pytest.raises(StorageError, match=r"model\.py changed: its sha256 differs from the manifest"):
+        open_store(uri, digest_cache=tmp_path / "digests.json").verify_version("m", "1")
