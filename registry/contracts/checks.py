@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from registry.contracts.config import data_type_name, full_shape
-from registry.contracts.findings import Finding, error, shape_text
+from registry.contracts.findings import Finding, error, shape_text, warning
 from registry.contracts.repository import ModelEntry
 from registry.contracts.rules import kind, model_file
 from registry.contracts.scheduling import control_tensors
@@ -44,11 +44,23 @@ def check_signature(entry: ModelEntry, version: str) -> Iterator[Finding]:
         return
     if signature is None:
         return
-    assert entry.config is not None
-    yield from _compare(
-        entry, version, "input", entry.config.input, signature.inputs, _overridable(signature)
-    )
-    yield from _compare(entry, version, "output", entry.config.output, signature.outputs)
+    config = entry.config
+    assert config is not None
+    if not config.input and not config.output and config.max_batch_size == 0:
+        # the onnxruntime / tensorflow backends auto-complete max_batch_size, inputs and outputs
+        # from the model when the config gives none of them: nothing to compare
+        yield warning(
+            "auto-complete",
+            entry.name,
+            f"no inputs, outputs or max_batch_size given: the {entry.resolved.backend} backend fills "
+            "them from the model file",
+            "declare them in config.pbtxt: ensembles and callers read the contract there",
+            version=version,
+            origin="mlreg",
+        )
+        return
+    yield from _compare(entry, version, "input", config.input, signature.inputs, _overridable(signature))
+    yield from _compare(entry, version, "output", config.output, signature.outputs)
 
 
 def _dims(spec: TensorSpec) -> tuple[int, ...] | None:

@@ -377,3 +377,16 @@ def test_findings_say_who_refuses_them_in_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate", str(repo), "--json"])
     assert result.exit_code == 1
     assert '"origin": "mlreg"' in result.output
+
+
+def test_a_config_without_tensors_is_left_to_the_backends_auto_complete(tmp_path: Path) -> None:
+    repo = _corpus_model("onnx_string_initializer_and_sequence_controls", tmp_path)
+    (repo / "onnx_mixed" / "config.pbtxt").write_text('name: "onnx_mixed"\nplatform: "onnxruntime_onnx"\n')
+    report = validate_path(repo)
+    assert report.errors == []
+    [notice] = report.warnings
+    assert notice.line() == (
+        "onnx_mixed: [mlreg] no inputs, outputs or max_batch_size given: the onnxruntime backend fills "
+        "them from the model file — fix: declare them in config.pbtxt: ensembles and callers read the "
+        "contract there"
+    )
