@@ -32,11 +32,18 @@ class Report:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if not f.is_error]
 
+    @property
+    def beyond_triton(self) -> list[Finding]:
+        """Findings mlreg adds beyond Triton's own refusals (labelled [mlreg])."""
+        return [f for f in self.findings if f.origin == "mlreg"]
+
     def summary(self) -> str:
-        return (
+        text = (
             f"{len(self.models)} model(s) checked: {len(self.errors)} error(s), "
             f"{len(self.warnings)} warning(s)"
         )
+        extra = len(self.beyond_triton)
+        return f"{text} ({extra} of them [mlreg]: beyond what Triton refuses)" if extra else text
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +52,7 @@ class Report:
             "ok": not self.errors,
             "errors": len(self.errors),
             "warnings": len(self.warnings),
+            "beyond_triton": len(self.beyond_triton),
             "findings": [f.to_dict() for f in self.findings],
         }
 

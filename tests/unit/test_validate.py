@@ -377,6 +377,11 @@ def test_findings_say_who_refuses_them_in_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate", str(repo), "--json"])
     assert result.exit_code == 1
     assert '"origin": "mlreg"' in result.output
+    assert '"beyond_triton": 2' in result.output
+    human = CliRunner().invoke(app, ["validate", str(repo)])
+    assert human.output.splitlines()[-1] == (
+        "2 model(s) checked: 2 error(s), 0 warning(s) (2 of them [mlreg]: beyond what Triton refuses)"
+    )
 
 
 def test_a_config_without_tensors_is_left_to_the_backends_auto_complete(tmp_path: Path) -> None:
