@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from registry.settings import QUIET_TENSORFLOW
+
+for _key, _value in QUIET_TENSORFLOW.items():  # TensorFlow imported by tests stays quiet, as in the CLI
+    os.environ.setdefault(_key, _value)
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "model_repository_template"
 

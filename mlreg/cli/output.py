@@ -14,7 +14,6 @@ table is drawn.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -96,6 +95,8 @@ class Output:
 
     def document(self, data: object) -> None:
         """The command's one JSON document (stdout)."""
+        import json
+
         RUN.emitted = True
         typer.echo(json.dumps(data, indent=2, default=str))
 
