@@ -1,5 +1,10 @@
 """Repository stores: ``open_store(uri)`` for a local path, ``s3://bucket/prefix``,
-``s3://host:port/bucket/prefix`` or ``s3://http(s)://host:port/bucket/prefix`` (Triton's syntax)."""
+``s3://host:port/bucket/prefix`` or ``s3://http(s)://host:port/bucket/prefix`` (Triton's syntax).
+
+Before Triton loads a version: ``store.verify_version(model, version, expected_digest)`` (raises
+StorageError naming each file that does not match; ``expected_digest`` is the version's
+``artifact_digest`` tag in MLflow).  ``ensure_root(uri)`` marks a fresh S3 prefix so Triton can
+start on it.  See :mod:`pipelines.storage.base` for what is verified and how digests are reused."""
 
 from __future__ import annotations
 
