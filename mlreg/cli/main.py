@@ -10,13 +10,20 @@ import typer
 
 from mlreg.cli import promote, registry, report, stack, store, template, triton
 from mlreg.cli.common import AppState
-from mlreg.cli.output import MlregGroup
+from mlreg.cli.output import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup
 from mlreg.cli.validate import diff_cmd, validate_cmd
 from registry import __version__
+from registry.errors import EXIT_CODES
 
+EXIT_CODES_HELP = (
+    "Exit codes: 0 done; 1 findings, drift or a breaking change; "
+    + "; ".join(f"{code} {name}" for name, code in sorted(EXIT_CODES.items(), key=lambda item: item[1]))
+    + f"; {INTERNAL_ERROR_EXIT} internal error (a bug); {INTERRUPTED_EXIT} interrupted."
+)
 app = typer.Typer(
     name="mlreg",
     cls=MlregGroup,
+    epilog=EXIT_CODES_HELP,
     help="Model registry and promotion pipeline for NVIDIA Triton Inference Server.\n\n"
     "Examples:\n\n"
     "  mlreg template build .mlreg/model_repository\n\n"

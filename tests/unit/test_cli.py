@@ -25,6 +25,8 @@ def test_help_lists_the_command_groups(runner: CliRunner) -> None:
     assert result.exit_code == 0
     assert "template" in result.output
     assert "stack" in result.output
+    assert "Exit codes: 0 done;" in result.output  # one error class, one exit code, listed once
+    assert "12 SettingsError" in " ".join(result.output.split())
 
 
 def test_stack_status_when_nothing_runs(runner: CliRunner) -> None:
