@@ -1,0 +1,124 @@
+"""The GitHub Actions workflows, run for real with act on one local stack (tests/act/harness.py).
+
+In file order, like a team's week: a merge to main after a template change promotes the changed
+model to staging and then production takes exactly what staging serves; a pull request with a
+contract-breaking change fails its plan naming the tensor; a manual run whose input carries shell
+metacharacters executes none of them.  Before those, the static checks of the workflow files.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mlreg.cli.report import render
+from tests.act.harness import ENSEMBLE, ROOT, WorkflowStack, workflow_stack
+
+pytestmark = pytest.mark.integration
+
+CHANGED = "table_data_preprocess"
+INJECTION = 'x"; touch PWNED; echo "'
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkflowStack]:
+    with workflow_stack(tmp_path_factory.mktemp("workflows")) as running:
+        yield running
+
+
+def test_static_checks_pass_zizmor_actionlint_and_the_workflow_schema() -> None:
+    done = subprocess.run(
+        ["bash", str(ROOT / "tests" / "act" / "lint-workflows.sh")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "No findings to report" in done.stdout
+    assert "ok -- validation done" in done.stdout
+    assert "actionlint: 3 file(s), 0 finding(s)" in done.stdout
+
+
+def test_report_cells_cannot_break_the_table_or_inject_html() -> None:
+    doc = {"ok": False, "error": "model '<b>a|b</b>' not found\n  second line", "fix": "pass a | name"}
+    lines = render(doc)
+    assert "> **error:** model '&lt;b&gt;a\\|b&lt;/b&gt;' not found" in lines
+    assert "> - second line" in lines
+    assert "> **fix:** pass a \\| name" in lines
+
+
+def test_push_promotes_the_changed_model_to_staging(stack: WorkflowStack) -> None:
+    head = stack.commit(
+        "tune the table preprocessor", {f"model_repository_template/{CHANGED}/1/model.py": "\n# tuned\n"}
+    )
+    run = stack.act(
+        "push", "promote.yml", {"ref": "refs/heads/main", "after": head, "repository": {"name": "repo"}}
+    )
+    stack.runs["push"] = run
+    assert run.job_result("staging") == "success", run.output[-6000:]
+    assert stack.aliases(CHANGED, "staging") == "2"
+    assert stack.serving("staging", CHANGED) == ["2"]
+    summary = run.summary("staging")
+    assert "## mlreg promotion: `staging`" in summary
+    assert "| stage | status | time | detail |" in summary
+    assert (
+        f"| {CHANGED} | v2 | promoted | [{CHANGED} v2]({stack.mlflow_url}/#/models/{CHANGED}/versions/2)"
+        in summary
+    )
+    report = json.loads((stack.artifacts / "promotion-reports-staging" / "staging.json").read_text())
+    assert [(p["model"], p["version"], p["ok"]) for p in report["promotions"]] == [(CHANGED, "2", True)]
+
+
+def test_production_job_promotes_the_versions_the_staging_alias_holds(stack: WorkflowStack) -> None:
+    run = stack.runs["push"]  # the same merge: the production job ran after the staging job
+    assert run.job_result("production") == "success", run.output[-6000:]
+    for model in (CHANGED, ENSEMBLE):
+        assert stack.aliases(model, "production") == stack.aliases(model, "staging"), model
+    assert stack.serving("production", CHANGED) == ["2"]
+    summary = run.summary("production")
+    assert "## mlreg promotion: `production`" in summary
+    assert f"| {CHANGED} | v2 | promoted |" in summary
+    exported = [
+        r for r in run.records if r.get("jobID") == "production" and "mlreg export" in str(r.get("msg"))
+    ]
+    assert exported == []  # production never re-exports
+
+
+def test_pull_request_with_a_breaking_change_fails_the_plan_naming_the_tensor(stack: WorkflowStack) -> None:
+    config = f"model_repository_template/{ENSEMBLE}/config.pbtxt"
+    alias_before, serving_before = stack.aliases(ENSEMBLE, "staging"), stack.serving("staging", ENSEMBLE)
+    subprocess.run(["git", "checkout", "-qb", "rename-input"], cwd=stack.repo, check=True)
+    try:
+        stack.replace(config, 'name: "image_preprocess_input"', 'name: "image_bytes"')
+        stack.replace(config, 'value: "image_preprocess_input" }', 'value: "image_bytes" }')
+        head = stack.commit("rename the image input", {})
+        payload = {
+            "pull_request": {
+                "number": 7,
+                "head": {"ref": "rename-input", "sha": head},
+                "base": {"ref": "main"},
+            }
+        }
+        run = stack.act("pull_request", "plan.yml", payload)
+    finally:
+        subprocess.run(["git", "checkout", "-q", "main"], cwd=stack.repo, check=True)
+    assert run.returncode != 0
+    assert run.job_result("plan") == "failure"
+    summary = run.summary("plan")
+    assert f"### {ENSEMBLE} v" in summary
+    assert "| input-removed | image_preprocess_input | breaking |" in summary
+    assert "breaks the contract of the serving version" in summary
+    assert stack.aliases(ENSEMBLE, "staging") == alias_before  # a plan changes nothing serving
+    assert stack.serving("staging", ENSEMBLE) == serving_before
+
+
+def test_dispatch_input_with_shell_metacharacters_executes_nothing(stack: WorkflowStack) -> None:
+    inputs = {"action": "promote", "model": INJECTION, "version": "1", "environment": "staging"}
+    run = stack.act("workflow_dispatch", "promote.yml", {"inputs": inputs})
+    assert run.job_result("manual") == "failure"
+    assert list(Path(stack.root).rglob("PWNED")) == []
+    assert f"error: model name '{INJECTION}' cannot be stored" in run.output  # data, never code
+    summary = run.summary("manual")
+    assert "**error:**" in summary
+    assert "**fix:**" in summary
