@@ -25,7 +25,7 @@ Doc = dict[str, Any]
 
 def cell(value: object) -> str:
     """One table cell: user-supplied text can neither break the table nor inject HTML."""
-    text = html.escape(str(value), quote=False).replace("|", "\\|")
+    text = html.escape("" if value is None else str(value), quote=False).replace("|", "\\|")
     return " ".join(text.split()) or "-"
 
 
@@ -163,16 +163,11 @@ def render_export(doc: Doc) -> list[str]:
 def render_validate(doc: Doc) -> list[str]:
     verdict = "passed" if doc.get("ok") else f"{doc.get('errors', 0)} error(s)"
     rows = [
-        [
-            f.get("severity", "-"),
-            f.get("model") or "-",
-            f.get("tensor") or "-",
-            f.get("message") or f.get("line") or f,
-        ]
+        [f.get("severity"), f.get("model"), f.get("tensor"), f.get("message"), f.get("fix")]
         for f in doc.get("findings") or []
     ]
     lines = [f"## mlreg validate `{cell(doc.get('path'))}`: {verdict}", ""]
-    return lines + (table(["severity", "model", "tensor", "finding"], rows) if rows else [])
+    return lines + (table(["severity", "model", "tensor", "finding", "fix"], rows) if rows else [])
 
 
 def render_error(doc: Doc) -> list[str]:

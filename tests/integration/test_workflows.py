@@ -9,12 +9,15 @@ metacharacters executes none of them.  Before those, the static checks of the wo
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from mlreg.cli.main import app
 from mlreg.cli.report import render
 from tests.act.harness import ENSEMBLE, ROOT, WorkflowStack, workflow_stack
 
@@ -46,6 +49,21 @@ def test_report_cells_cannot_break_the_table_or_inject_html() -> None:
     assert "> **error:** model '&lt;b&gt;a\\|b&lt;/b&gt;' not found" in lines
     assert "> - second line" in lines
     assert "> **fix:** pass a \\| name" in lines
+
+
+def test_a_contract_error_in_the_template_is_reported_naming_model_and_tensor(tmp_path: Path) -> None:
+    template = tmp_path / "template"
+    shutil.copytree(ROOT / "model_repository_template", template)
+    config = template / ENSEMBLE / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 256", "max_batch_size: 0"))
+    runner = CliRunner()
+    validate = runner.invoke(app, ["validate", str(template), "--json"])
+    assert validate.exit_code == 1
+    (tmp_path / "validate.json").write_text(validate.stdout)
+    report = runner.invoke(app, ["report", str(tmp_path / "validate.json"), "--markdown"])
+    assert report.exit_code == 0, report.output
+    assert "## mlreg validate" in report.stdout
+    assert f"| error | {ENSEMBLE} | table_data_input_1 | in ensemble {ENSEMBLE}, tensor" in report.stdout
 
 
 def test_push_promotes_the_changed_model_to_staging(stack: WorkflowStack) -> None:
