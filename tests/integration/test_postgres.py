@@ -320,9 +320,17 @@ def test_export_register_then_two_promotions_at_once_both_record(platform: Platf
         assert run.returncode == 0, out + err
         assert json.loads(out)["ok"] is True
 
-    for model in models:
-        [row] = platform.json("history", model, "--env", "production")["promotions"]
-        assert (row["to"], row["result"], row["environment"]) == ("1", "promoted", "production"), row
+    # history as users read it, and both promotion runs in PostgreSQL's tables
+    [row] = platform.json("history", "table_data_preprocess", "--env", "production")["promotions"]
+    assert (row["to"], row["result"], row["environment"]) == ("1", "promoted", "production"), row
+    recorded = platform.db.query(
+        "SELECT model.value, result.value FROM tags model"
+        " JOIN tags result ON result.run_uuid = model.run_uuid AND result.key = 'result'"
+        " JOIN runs r ON r.run_uuid = model.run_uuid"
+        " JOIN experiments e ON e.experiment_id = r.experiment_id"
+        " WHERE model.key = 'mlreg_model' AND e.name = 'mlreg-promotions'"
+    )
+    assert sorted(recorded) == sorted((model, "promoted") for model in models)
     # the registry's state is PostgreSQL's, the runs' artifacts are in the S3 bucket
     aliases = set(platform.db.query("SELECT name, alias, version FROM registered_model_aliases"))
     assert {(model, "production", 1) for model in models} <= aliases
