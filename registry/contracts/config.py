@@ -28,24 +28,28 @@ PB2_MODULE = "tritonclient.grpc.model_config_pb2"
 
 @lru_cache(maxsize=1)
 def model_config_pb2() -> ModuleType:
-    """tritonclient's ``model_config_pb2`` module, without importing ``tritonclient.grpc``."""
+    """tritonclient's ``model_config_pb2`` module, without importing ``tritonclient.grpc``.
+
+    The module is published in ``sys.modules`` only once it is complete, so a concurrent
+    ``import tritonclient.grpc`` never sees half of it; were the file run twice, protobuf returns
+    the same descriptors and classes for the same serialized file.
+    """
     if PB2_MODULE in sys.modules:
         return sys.modules[PB2_MODULE]
-    package = importlib.util.find_spec("tritonclient")
-    locations = list(package.submodule_search_locations or []) if package else []
-    files = [Path(p) / "grpc" / "model_config_pb2.py" for p in locations]
-    path = next((f for f in files if f.is_file()), None)
+    path = _pb2_file()
     spec = importlib.util.spec_from_file_location(PB2_MODULE, path) if path else None
     if spec is None or spec.loader is None:  # an unusual layout: the ordinary import
         return importlib.import_module(PB2_MODULE)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[PB2_MODULE] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[PB2_MODULE]
-        raise
-    return module
+    spec.loader.exec_module(module)
+    return sys.modules.setdefault(PB2_MODULE, module)
+
+
+def _pb2_file() -> Path | None:
+    package = importlib.util.find_spec("tritonclient")
+    locations = list(package.submodule_search_locations or []) if package else []
+    files = [Path(p) / "grpc" / "model_config_pb2.py" for p in locations]
+    return next((f for f in files if f.is_file()), None)
 
 
 def parse_config(text: str, source: str = CONFIG_NAME) -> ModelConfig:
