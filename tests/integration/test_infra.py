@@ -10,10 +10,13 @@ environments that name what the manifests deploy.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
@@ -408,6 +411,7 @@ def test_compose_triton_reserves_a_gpu_and_starts_after_the_store_init() -> None
     assert device["driver"] == "nvidia"
     assert device["capabilities"] == ["gpu"]
     assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
+    assert triton["user"] == "1000:1000"  # non-root, like the Kubernetes pods
     assert triton["depends_on"]["store-init"]["condition"] == "service_completed_successfully"
     init = services["store-init"]
     assert init["command"][:4] == ["mlreg", "store", "init", "--store"]
@@ -510,3 +514,71 @@ def test_the_store_init_command_the_infra_runs_exists() -> None:
     result = CliRunner().invoke(app, ["store", "init", "--help"])
     assert result.exit_code == 0, result.output
     assert "--store" in result.output
+
+
+# --- the deployed arguments on a real tritonserver -----------------------------------------------
+
+
+def test_compose_triton_arguments_start_a_real_server_on_an_initialised_s3_store(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    """The wheel's tritonserver (2.51; the container's 2.55 takes the same options) started with
+    compose's arguments on a fresh S3 prefix that `mlreg store init` prepared, holding one pushed
+    model: it starts (strict readiness: ready), and --load-model=* loads the model, not the
+    store's root marker or anything else at the root."""
+    from typer.testing import CliRunner
+
+    from mlreg.cli.main import app
+    from pipelines import local_s3, local_triton
+    from pipelines.storage import open_store
+    from pipelines.storage.push import push_path
+    from registry.settings import Settings
+    from tests.conftest import TEMPLATE
+
+    local_s3.create_bucket(s3_server.endpoint, "infra-fleet")
+    uri = s3_server.store_uri("infra-fleet", "production")
+    init = CliRunner().invoke(app, ["store", "init", "--store", uri])
+    assert init.exit_code == 0, init.output
+    push_path(open_store(uri), TEMPLATE / "table_data_preprocess")
+
+    install = local_triton.locate_triton()
+    env = local_triton.server_env(install)
+    backends = local_triton.build_backend_dir(install, Settings.from_env().backends_source, tmp_path / "b")
+    http, grpc, metrics = (local_triton.free_port() for _ in range(3))
+    ports = {"--http-port": http, "--grpc-port": grpc, "--metrics-port": metrics}
+    args = [
+        f"--model-repository={uri}" if a.startswith("--model-repository=") else a
+        for a in compose_triton_args()
+        if a.partition("=")[0] not in ports
+    ]
+    # this machine only: ports, loopback addresses, the CPU backends, no GPU metrics
+    args += [f"{flag}={port}" for flag, port in ports.items()]
+    args += [f"--{kind}-address=127.0.0.1" for kind in ("http", "grpc", "metrics")]
+    args += [f"--backend-directory={backends}", "--allow-gpu-metrics=false"]
+    shm = f"mlreg_infra_{grpc}_"
+    args.append(f"--backend-config=python,shm-region-prefix-name={shm}")
+    log = tmp_path / "triton.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(install.server), *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        base = f"http://127.0.0.1:{http}"
+        deadline = time.monotonic() + 120
+        while not local_triton.http_ok(f"{base}/v2/health/ready"):
+            assert process.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        with urllib.request.urlopen(
+            urllib.request.Request(f"{base}/v2/repository/index", data=b"{}", method="POST"), timeout=10
+        ) as response:
+            index = json.loads(response.read())
+        assert [(m["name"], m.get("version"), m.get("state")) for m in index] == [
+            ("table_data_preprocess", "1", "READY")
+        ]
+    finally:
+        local_triton.stop_pid(process.pid, shm, process=process)
