@@ -64,13 +64,22 @@ def versions_from_export(path: Path) -> list[tuple[str, str]]:
 
 def versions_from_alias(registry: Any, source: str, target: str) -> list[tuple[str, str]]:
     """Every model whose ``source`` alias names a version the ``target`` alias does not."""
-    models = registry._call("model search", lambda: list(registry.client.search_registered_models()))
+    models: list[Any] = []
+    token = None
+    while True:  # paged: 100 registered models a page
+        page = registry._call(
+            "model search", lambda token=token: registry.client.search_registered_models(page_token=token)
+        )
+        models += list(page)
+        token = page.token
+        if not token:
+            break
     pairs = []
     for model in sorted(models, key=lambda m: m.name):
-        aliases = dict(getattr(model, "aliases", None) or {})
+        aliases = {k: str(v) for k, v in dict(getattr(model, "aliases", None) or {}).items()}
         wanted = aliases.get(source)
-        if wanted is not None and aliases.get(target) != str(wanted):
-            pairs.append((model.name, str(wanted)))
+        if wanted is not None and aliases.get(target) != wanted:
+            pairs.append((model.name, wanted))
     return pairs
 
 

@@ -66,6 +66,24 @@ def test_a_contract_error_in_the_template_is_reported_naming_model_and_tensor(tm
     assert f"| error | {ENSEMBLE} | table_data_input_1 | in ensemble {ENSEMBLE}, tensor" in report.stdout
 
 
+def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Path) -> None:
+    from mlreg.workflow import versions_from_alias
+    from registry.mlflow_registry import MlflowRegistry
+    from registry.settings import Settings
+
+    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")}))
+    client = registry.client
+    for name, staging, production in (("a", "2", "1"), ("b", "1", "1"), ("c", "1", None)):
+        client.create_registered_model(name)
+        for _ in range(2):
+            client.create_model_version(name, source=str(tmp_path))
+        client.set_registered_model_alias(name, "staging", staging)
+        if production:
+            client.set_registered_model_alias(name, "production", production)
+    client.create_registered_model("d")  # no alias at all
+    assert versions_from_alias(registry, "staging", "production") == [("a", "2"), ("c", "1")]
+
+
 def test_push_promotes_the_changed_model_to_staging(stack: WorkflowStack) -> None:
     head = stack.commit(
         "tune the table preprocessor", {f"model_repository_template/{CHANGED}/1/model.py": "\n# tuned\n"}
