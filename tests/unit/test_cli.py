@@ -217,3 +217,28 @@ def test_register_findings_name_the_users_folder_not_a_scratch_copy(
     assert f"error: table_data_preprocess: unable to find '{model / '1' / 'model.py'}'" in result.stdout
     assert "mlreg-validate-" not in result.output
     assert "INFO mlflow" not in result.output  # MLflow's own start-up lines stay out of the CLI's output
+
+
+TENSORFLOW_LINES = ("oneDNN", "absl", "cpu_feature_guard", "This TensorFlow binary", "tensorflow/core")
+
+
+def test_tensorflow_start_up_lines_never_reach_the_cli_output(tmp_path: Path) -> None:
+    """A real export (TensorFlow and tf2onnx imported) with none of TensorFlow's variables set."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "MLREG_DEBUG"))}
+    env["MLREG_HOME"] = str(tmp_path / "home")
+    run = subprocess.run(
+        [sys.executable, "-m", "mlreg", "template", "build", str(tmp_path / "out"), "-m", "table_data_model"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "out/table_data_model/1/model/model.onnx").is_file()
+    assert run.stdout == f"built 1 models into {tmp_path / 'out'}\n"
+    assert run.stderr == "  table_data_model\n"
+    assert not [line for line in TENSORFLOW_LINES if line in run.stdout + run.stderr]
