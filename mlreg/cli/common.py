@@ -40,6 +40,7 @@ class AppState:
             RUN.debug = env_flag("MLREG_DEBUG")
             return cls(None, exc)
         RUN.debug = settings.debug
+        RUN.home = str(settings.home)
         return cls(settings)
 
 

@@ -42,12 +42,14 @@ class _Run:
         self.json = False
         self.emitted = False
         self.debug: bool | None = None  # the Settings' value once the root callback read it
+        self.home: str | None = None  # MLREG_HOME: a file error under it is a SettingsError
 
     def reset(self, argv: Sequence[str]) -> None:
         options = argv[: list(argv).index("--")] if "--" in argv else argv
         self.json = "--json" in options
         self.emitted = False
         self.debug = None
+        self.home = None
 
     @property
     def debugging(self) -> bool:
@@ -162,6 +164,11 @@ def _as_mlreg_error(exc: BaseException) -> MlregError | None:
         return closed_pipe()
     if isinstance(exc, OSError) and exc.strerror:
         where = f": '{exc.filename}'" if exc.filename else ""
+        if RUN.home and str(exc.filename or "").startswith(RUN.home):
+            return SettingsError(
+                f"the state folder MLREG_HOME={RUN.home} cannot be used: {exc.strerror}{where}",
+                fix="set MLREG_HOME to a writable folder (or unset it for <project>/.mlreg)",
+            )
         return MlregError(
             f"{exc.strerror}{where}", fix="check that the path exists and that you may read and write there"
         )

@@ -242,3 +242,14 @@ def test_tensorflow_start_up_lines_never_reach_the_cli_output(tmp_path: Path) ->
     assert run.stdout == f"built 1 models into {tmp_path / 'out'}\n"
     assert run.stderr == "  table_data_model\n"
     assert not [line for line in TENSORFLOW_LINES if line in run.stdout + run.stderr]
+
+
+def test_a_state_folder_that_cannot_be_created_is_a_settings_error(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc accepts no new folder, even from root: a real failure of mkdir under MLREG_HOME."""
+    monkeypatch.setenv("MLREG_HOME", "/proc/mlreg-home")
+    result = runner.invoke(app, ["stack", "up", "--no-ui"])
+    assert result.exit_code == 12
+    assert "error: the state folder MLREG_HOME=/proc/mlreg-home cannot be used: " in result.stderr
+    assert "fix: set MLREG_HOME to a writable folder" in result.stderr
