@@ -10,7 +10,7 @@ import typer
 
 from mlreg.cli import promote, registry, report, stack, store, template, triton
 from mlreg.cli.common import AppState
-from mlreg.cli.output import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup
+from mlreg.cli.output import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup, silence_stdout
 from mlreg.cli.validate import diff_cmd, validate_cmd
 from registry import __version__
 from registry.errors import EXIT_CODES
@@ -101,5 +101,5 @@ def main() -> None:
             try:
                 stream.flush()
             except (BrokenPipeError, ValueError):
-                pass
+                silence_stdout()  # else Python reports the closed pipe again at exit
         gc.freeze()

@@ -235,14 +235,14 @@ def report(exc: BaseException) -> int:
         return 1
     error = _as_mlreg_error(exc)
     if isinstance(error, OutputClosedError):
-        _silence_stdout()
+        silence_stdout()
     code = _print_failure(exc, error)
     if RUN.json and not RUN.emitted and not isinstance(error, OutputClosedError):
         Output(True).document(error_document(exc, code))  # CI reads stdout: one document, always
     return code
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     """After a closed pipe: later writes and the exit's flush go nowhere instead of failing again."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
