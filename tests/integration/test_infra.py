@@ -454,6 +454,11 @@ def test_pinned_images_match_the_versions_mlreg_is_tested_with() -> None:
     assert f"ARG MLFLOW_VERSION={mlflow.__version__}" in dockerfile
     assert "psycopg2" in dockerfile
     assert "boto3" in dockerfile
+    for path in sorted(COMPOSE_DIR.glob("*.Dockerfile")):
+        args = dict(re.findall(r"^ARG (\w+)=(\S+)$", path.read_text(), re.MULTILINE))
+        for base in re.findall(r"^FROM (\S+)", path.read_text(), re.MULTILINE):
+            image = re.sub(r"\$\{(\w+)\}", lambda m, known=args: known[m.group(1)], base)
+            assert image_pinned(image), (path.name, image)
     # container 25.02 = Triton 2.55, the last release with the TensorFlow backend
     assert services["triton"]["image"] == "nvcr.io/nvidia/tritonserver:25.02-py3"
     assert TF_BACKEND_LAST == (2, 55)
