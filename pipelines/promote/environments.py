@@ -14,6 +14,7 @@ from pathlib import Path
 
 import tomllib
 
+from pipelines.promote.rollout import Policy, parse_policy
 from registry.errors import UsageError
 from registry.settings import Settings
 
@@ -28,6 +29,8 @@ class Environment:
     alias: str
     gpu: bool
     local_stack: bool = False  # targets resolved from the running local stack
+    policy: Policy | None = None  # fleet roll-out policy (pipelines/promote/rollout.py)
+    discover: str = ""  # "dns:NAME:PORT": targets are NAME's addresses (pipelines/promote/discovery.py)
 
 
 def settings_file(settings: Settings) -> Path:
@@ -57,6 +60,8 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
                 _targets(path, name, raw.get("targets", [])),
                 str(raw.get("alias", name)),
                 bool(raw.get("gpu", True)),
+                policy=parse_policy(f"{path} [environments.{name}]", raw),
+                discover=_discover(path, name, raw),
             )
         except (KeyError, TypeError) as exc:
             raise UsageError(
@@ -76,6 +81,21 @@ def _targets(path: Path, name: str, raw: object) -> tuple[str, ...]:
     return tuple(t.strip() for t in raw)
 
 
+def _discover(path: Path, name: str, raw: dict[str, object]) -> str:
+    spec = raw.get("discover", "")
+    if not spec:
+        return ""
+    from pipelines.promote.discovery import parse
+
+    if not isinstance(spec, str) or raw.get("targets"):
+        raise UsageError(
+            f"{path}: environment '{name}': discover must be one \"dns:NAME:PORT\" string, without targets",
+            fix='keep either targets = ["host:8001"] or discover = "dns:NAME:8001"',
+        )
+    parse(spec)
+    return spec
+
+
 def environment(settings: Settings, name: str) -> Environment:
     envs = load_environments(settings)
     if name not in envs:
@@ -88,6 +108,10 @@ def environment(settings: Settings, name: str) -> Environment:
 
 def resolve_targets(settings: Settings, env: Environment) -> tuple[str, ...]:
     """The gRPC URLs to drive; for ``local``, the running local stack's."""
+    if env.discover:
+        from pipelines.promote.discovery import resolve
+
+        return resolve(env.discover)
     if not env.local_stack:
         if not env.targets:
             raise UsageError(

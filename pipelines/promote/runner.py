@@ -121,7 +121,13 @@ class Promotion:
 
     def run(self, model: str, version: str) -> PromotionResult:
         targets = resolve_targets(self.settings, self.env)
-        self.fleet = Fleet(self.store, targets, self._connect, self.settings.triton_timeout * 10)
+        policy = self.env.policy  # HOOK: fleet roll-out policy (issue 12, pipelines/promote/rollout.py)
+        if policy is not None:
+            from pipelines.promote.rollout import reachable
+
+            targets = reachable(targets, self._connect, policy)
+        parallel = policy.max_parallel if policy else 1
+        self.fleet = Fleet(self.store, targets, self._connect, self.settings.triton_timeout * 10, parallel)
         with self.fleet, self.locks, tempfile.TemporaryDirectory(prefix="mlreg-promote-") as tmp:
             self.plan = Plan(self.env, targets, model, version, workdir=Path(tmp))
             self.result = result = PromotionResult(self.plan)
@@ -394,6 +400,10 @@ class Promotion:
         return UploadReport(sent, self.store.uri, uploaded)
 
     def deploy(self) -> FleetReport:
+        if self.env.policy is not None:  # HOOK: canary, bake, waves (issue 12)
+            from pipelines.promote.rollout import staged_deploy
+
+            return staged_deploy(self)
         first = len(self.fleet.rollouts)
         for step in self.plan.steps:
             if step.noop:

@@ -1,0 +1,98 @@
+"""Triton's own metrics (``:8002/metrics``, Prometheus text): per model and version, the request
+counters a bake compares.  No Prometheus server needed: each replica is scraped directly."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from registry.errors import PromotionError
+
+LINE = re.compile(r"^(nv_inference_request_(?:success|failure|duration_us))\{([^}]*)\}\s+(\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+Key = tuple[str, str]  # (model, version)
+
+
+@dataclass
+class Counters:
+    success: float = 0.0
+    failure: float = 0.0
+    duration_us: float = 0.0
+
+    @property
+    def requests(self) -> float:
+        return self.success + self.failure
+
+    @property
+    def failure_ratio(self) -> float:
+        return self.failure / self.requests if self.requests else 0.0
+
+    @property
+    def mean_latency_us(self) -> float:
+        return self.duration_us / self.requests if self.requests else 0.0
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(
+            self.success + other.success, self.failure + other.failure, self.duration_us + other.duration_us
+        )
+
+    def __sub__(self, other: Counters) -> Counters:
+        return Counters(
+            self.success - other.success, self.failure - other.failure, self.duration_us - other.duration_us
+        )
+
+
+Snapshot = dict[Key, Counters]
+
+
+def parse(text: str) -> Snapshot:
+    """The request counters of every (model, version); failures summed over ``reason``."""
+    found: Snapshot = {}
+    for line in text.splitlines():
+        match = LINE.match(line)
+        if not match:
+            continue
+        labels = dict(LABEL.findall(match.group(2)))
+        key = (labels.get("model", ""), labels.get("version", ""))
+        counters = found.setdefault(key, Counters())
+        value = float(match.group(3))
+        name = match.group(1)
+        if name.endswith("success"):
+            counters.success += value
+        elif name.endswith("failure"):
+            counters.failure += value
+        else:
+            counters.duration_us += value
+    return found
+
+
+def scrape(url: str, timeout: float = 5.0) -> Snapshot:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return parse(response.read().decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError) as exc:
+        raise PromotionError(
+            f"cannot read Triton's metrics at {url}: {exc}",
+            fix="start tritonserver with metrics on (--allow-metrics=true) and set metrics_port "
+            "or metrics in the environment's mlreg.toml section",
+        ) from exc
+
+
+def total(snapshots: list[Snapshot], model: str, versions: set[str]) -> Counters:
+    out = Counters()
+    for snapshot in snapshots:
+        for (name, version), counters in snapshot.items():
+            if name == model and version in versions:
+                out = out + counters
+    return out
+
+
+def window(before: Snapshot, after: Snapshot) -> Snapshot:
+    """What happened between two scrapes of one replica (a restarted server's counters restart)."""
+    out: Snapshot = {}
+    for key, now in after.items():
+        delta = now - before.get(key, Counters())
+        out[key] = now if delta.requests < 0 else delta
+    return out

@@ -1,0 +1,270 @@
+"""Fleet roll-out logic on fakes: policy parsing, wave sizes, the bake's verdict, Triton's metrics
+text, DNS discovery, and the staged roll-out's order and abort (fake replicas: the real ones are
+in tests/integration/test_fleet.py)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.promote import discovery, metrics
+from pipelines.promote.environments import environment, resolve_targets
+from pipelines.promote.rollout import Change, Policy, StagedRollout, judge, parse_policy, reachable, waves_of
+from registry.errors import PromotionError, TritonError, UsageError
+from registry.settings import Settings
+
+CONFIG = 'name: "m"\nbackend: "python"\nversion_policy { specific { versions: [ 2 ] } }\n'
+URLS = [f"r{i}:8001" for i in range(4)]
+
+
+def _settings(tmp_path: Path, toml: str) -> Settings:
+    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
+    (tmp_path / "mlreg.toml").write_text(toml)
+    return settings
+
+
+# -- policy ------------------------------------------------------------------------------------
+
+
+def test_a_policy_is_read_from_mlreg_toml(tmp_path: Path) -> None:
+    settings = _settings(
+        tmp_path,
+        '[environments.prod]\nstore = "s3://b/p"\ntargets = ["a:8001", "b:8001"]\ncanary = "25%"\n'
+        "waves = [50, 100]\nbake_seconds = 30\nmax_parallel = 4\nmax_failure_ratio = 0.02\n"
+        'metrics = { "a:8001" = "http://a:9000/metrics" }\n',
+    )
+    policy = environment(settings, "prod").policy
+    assert policy == Policy(
+        canary=25.0,
+        waves=(50.0, 100.0),
+        bake_seconds=30.0,
+        max_parallel=4,
+        max_failure_ratio=0.02,
+        metrics=(("a:8001", "http://a:9000/metrics"),),
+    )
+    assert policy.metrics_url("a:8001") == "http://a:9000/metrics"
+    assert policy.metrics_url("b:8001") == "http://b:8002/metrics"
+
+
+def test_an_environment_without_rollout_keys_has_no_policy(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, '[environments.s]\nstore = "/tmp/x"\ntargets = ["a:8001"]\n')
+    assert environment(settings, "s").policy is None
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("waves = [100, 50]", r"waves = \[100.0, 50.0\]: percents must rise strictly and end at 100"),
+        ("waves = [25, 50]", r"waves = \[25.0, 50.0\]: percents must rise strictly and end at 100"),
+        ("waves = 100", r"waves must be a list such as \[25, 100\], not 100"),
+        ("canary = 0", "canary .* must be an integer >= 1, not 0"),
+        ('canary = "150%"', "canary percent must be within 0..100"),
+        ("max_parallel = 0", "max_parallel must be an integer >= 1, not 0"),
+        ("max_parallel = true", "max_parallel must be an integer >= 1, not True"),
+        ("max_unavailable = -1", "max_unavailable must be an integer >= 0, not -1"),
+        ('bake_seconds = "x"', "bake_seconds must be a number, not 'x'"),
+        ("max_failure_ratio = 2", "max_failure_ratio must be within 0..1"),
+        ("max_latency_ratio = 0.5", "max_latency_ratio must be >= 1"),
+        ('metrics = "http://x"', "metrics must be a table of target"),
+    ],
+)
+def test_a_bad_policy_is_refused_naming_the_key(tmp_path: Path, line: str, message: str) -> None:
+    settings = _settings(tmp_path, f'[environments.prod]\nstore = "/tmp/x"\ntargets = ["a:8001"]\n{line}\n')
+    with pytest.raises(UsageError, match=r"mlreg.toml \[environments.prod\]: " + message) as info:
+        environment(settings, "prod")
+    assert info.value.fix
+
+
+def test_discover_and_targets_together_are_refused(tmp_path: Path) -> None:
+    settings = _settings(
+        tmp_path, '[environments.p]\nstore = "/tmp/x"\ntargets = ["a:8001"]\ndiscover = "dns:t:8001"\n'
+    )
+    with pytest.raises(UsageError, match='discover must be one "dns:NAME:PORT" string, without targets'):
+        environment(settings, "p")
+
+
+@pytest.mark.parametrize("spec", ["dns:triton", "dns::8001", "srv:triton:8001", "dns:t:99999"])
+def test_a_bad_discover_spec_is_refused(spec: str) -> None:
+    with pytest.raises(UsageError, match="discover = "):
+        discovery.parse(spec)
+
+
+def test_discovery_lists_every_a_and_aaaa_record() -> None:
+    def lookup(name: str, port: int, *_: Any) -> list[Any]:
+        assert (name, port) == ("triton-headless", 8001)
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.2", 8001)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", 8001)),
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::1", 8001, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", 8001)),
+        ]
+
+    assert discovery.resolve("dns:triton-headless:8001", lookup) == (
+        "10.0.0.1:8001",
+        "10.0.0.2:8001",
+        "[fd00::1]:8001",
+    )
+
+
+def test_discovery_on_the_real_resolver_and_in_an_environment(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, '[environments.p]\nstore = "/tmp/x"\ndiscover = "dns:localhost:8001"\n')
+    found = resolve_targets(settings, environment(settings, "p"))
+    assert "127.0.0.1:8001" in found
+    with pytest.raises(PromotionError, match="cannot resolve no-such-host.invalid"):
+        discovery.resolve("dns:no-such-host.invalid:8001")
+
+
+# -- waves and verdicts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "canary", "waves", "sizes"),
+    [
+        (4, 1, (25.0, 100.0), [1, 3]),
+        (4, 1, (50.0, 100.0), [1, 1, 2]),
+        (10, 10.0, (30.0, 60.0, 100.0), [1, 2, 3, 4]),
+        (3, 1, (100.0,), [1, 2]),
+        (1, 1, (25.0, 100.0), [1]),
+        (2, 5, (100.0,), [2]),
+        (5, 40.0, (50.0, 100.0), [2, 1, 2]),
+    ],
+)
+def test_wave_sizes(n: int, canary: int | float, waves: tuple[float, ...], sizes: list[int]) -> None:
+    groups = waves_of([f"r{i}" for i in range(n)], Policy(canary=canary, waves=waves))
+    assert [len(g) for g in groups] == sizes
+    assert [u for g in groups for u in g] == [f"r{i}" for i in range(n)]
+
+
+def test_the_verdict_trips_on_failures_and_latency() -> None:
+    policy = Policy(max_failure_ratio=0.01, max_latency_ratio=2.0, min_requests=10)
+    old = metrics.Counters(success=1000, failure=0, duration_us=1000 * 500)
+    assert judge(old, metrics.Counters(100, 0, 100 * 900), policy).ok
+    failing = judge(old, metrics.Counters(80, 20, 100 * 500), policy)
+    assert (failing.ok, failing.metric) == (False, "failure_ratio")
+    assert "failure ratio 0.200 (20 of 100 requests) against 0.000" in failing.detail
+    slow = judge(old, metrics.Counters(100, 0, 100 * 1500), policy)
+    assert (slow.ok, slow.metric) == (False, "latency_ratio")
+    assert "mean latency 1500 us against 500 us for the old version (x3.00)" in slow.detail
+    idle = judge(old, metrics.Counters(3, 0, 300), policy)
+    assert (idle.ok, idle.metric) == (False, "requests")
+
+
+def test_triton_metrics_text_is_read_per_model_and_version() -> None:
+    text = "\n".join(
+        [
+            "# HELP nv_inference_request_success Number of successful inference requests",
+            'nv_inference_request_success{model="m",version="1"} 10',
+            'nv_inference_request_failure{model="m",reason="BACKEND",version="1"} 3',
+            'nv_inference_request_failure{model="m",reason="OTHER",version="1"} 1',
+            'nv_inference_request_duration_us{model="m",version="1"} 14000',
+            'nv_inference_request_success{model="e",version="1"} 7',
+            'nv_inference_count{model="m",version="1"} 10',
+        ]
+    )
+    snapshot = metrics.parse(text)
+    assert snapshot[("m", "1")] == metrics.Counters(10, 4, 14000)
+    assert snapshot[("e", "1")].success == 7
+    later = metrics.parse(text.replace("} 10", "} 30"))
+    assert metrics.window(snapshot, later)[("m", "1")].success == 20
+    assert metrics.window(later, snapshot)[("m", "1")].success == 10  # a restarted server
+
+
+# -- the staged roll-out on fake replicas ---------------------------------------------------------
+
+
+class FakeReplica:
+    def __init__(self, url: str, log: list[tuple[str, str, bool]], dead: bool = False) -> None:
+        self.url, self.log, self.dead = url, log, dead
+        self.lock = threading.Lock()
+
+    def is_live(self) -> bool:
+        if self.dead:
+            raise TritonError(f"live check failed on {self.url}: connection refused", fix="start it")
+        return True
+
+    def load(self, model: str, config: str | None = None) -> None:
+        if self.dead:
+            raise TritonError(f"load failed on {self.url}: connection refused", fix="start it")
+        self.log.append((self.url, model, config is not None))
+
+    def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _fleet(dead: set[str] | None = None) -> tuple[dict[str, FakeReplica], list[tuple[str, str, bool]]]:
+    log: list[tuple[str, str, bool]] = []
+    return {u: FakeReplica(u, log, u in (dead or set())) for u in URLS}, log
+
+
+def _opener(replicas: dict[str, FakeReplica]) -> Callable[[str], Any]:
+    return replicas.__getitem__
+
+
+def _snapshot(new_ok: float, new_failed: float, old_ok: float) -> metrics.Snapshot:
+    return {
+        ("m", "2"): metrics.Counters(new_ok, new_failed, (new_ok + new_failed) * 100),
+        ("m", "1"): metrics.Counters(old_ok, 0, old_ok * 100),
+    }
+
+
+def test_waves_move_in_order_and_the_store_config_is_never_sent() -> None:
+    replicas, log = _fleet()
+    staged = StagedRollout(URLS, _opener(replicas), Policy(waves=(50.0, 100.0), max_parallel=2), 10)
+    rollouts = staged.run([Change("m", CONFIG, ["2"]), Change("e", CONFIG.replace('"m"', '"e"'), ["1"])])
+    assert [u for u, model, _ in log if model == "m"][:1] == ["r0:8001"]  # the canary first
+    assert {u for u, _, _ in log} == set(URLS)
+    assert all(override for _, _, override in log)  # per replica: the load API's config override
+    assert [t.url for t in rollouts[0].targets][:2] == ["r0:8001", "r1:8001"]
+    assert all(t.ok for r in rollouts for t in r.targets)
+
+
+def test_a_tripped_bake_reloads_only_the_touched_replicas_from_the_store() -> None:
+    replicas, log = _fleet()
+    baked = {"done": False}  # the scrapes before the bake window, then after it
+
+    def scrape(url: str) -> metrics.Snapshot:
+        if not baked["done"]:
+            return _snapshot(0, 0, 0)
+        return _snapshot(80, 20, 100) if url == URLS[0] else _snapshot(0, 0, 100)
+
+    policy = Policy(waves=(100.0,), bake_seconds=5, min_requests=10)
+    staged = StagedRollout(
+        URLS, _opener(replicas), policy, 10, scrape=scrape, sleep=lambda s: baked.update(done=True)
+    )
+    with pytest.raises(
+        PromotionError, match=r"bake after wave 1 of 2 tripped on m v2 \(failure_ratio\)"
+    ) as info:
+        staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"])])
+    assert "failure ratio 0.200 (20 of 100 requests)" in info.value.message
+    assert "rolled back on r0:8001" in info.value.message
+    assert log == [("r0:8001", "m", True), ("r0:8001", "m", False)]  # moved, then back from the store
+
+
+def test_a_replica_failing_mid_wave_stops_the_rollout_naming_it() -> None:
+    replicas, log = _fleet(dead={"r2:8001"})
+    staged = StagedRollout(URLS, _opener(replicas), Policy(waves=(100.0,)), 10)
+    with pytest.raises(PromotionError, match="wave 2 of 2 failed: load failed on r2:8001") as info:
+        staged.run([Change("m", CONFIG, ["2"])])
+    assert "every touched replica is back on the store's config" in info.value.message
+    restored = [u for u, _, override in log if not override]
+    assert "r0:8001" in restored
+    assert "r2:8001" not in restored
+
+
+def test_unreachable_replicas_refuse_the_promotion_unless_tolerated() -> None:
+    replicas, _ = _fleet(dead={"r3:8001"})
+    with pytest.raises(PromotionError, match=r"1 replica\(s\) unreachable \(r3:8001\), max_unavailable = 0"):
+        reachable(URLS, _opener(replicas), Policy())
+    assert reachable(URLS, _opener(replicas), Policy(max_unavailable=1)) == tuple(URLS[:3])
+
+
+def test_parse_policy_returns_none_without_keys() -> None:
+    assert parse_policy("x", {"store": "/tmp"}) is None
