@@ -1,6 +1,15 @@
-"""Pre-flight quality gate: the plan's models on a scratch local Triton, outputs checked with
-great_expectations (finite, expected shape, declared value ranges), and the ensembles that use
-them run end to end.  The outputs are kept so ``verify`` can compare the live servers with them.
+"""The quality gate: a candidate version answers the golden inputs, its outputs are checked with
+great_expectations (finite, expected shape, declared value ranges, a range learned from the
+serving version) and compared with the serving version's answers on the same inputs.
+
+Where it runs (``run_gate``):
+
+- **on the canary** (a real promotion, :mod:`pipelines.promote.quality_canary`): after the upload,
+  before any other target loads and before any ensemble points at the candidate;
+- **on a scratch tritonserver** (``preflight``): ``--dry-run`` and plan jobs, where nothing may
+  change on the servers.  Slower (a server start and every model loaded), but it needs no fleet.
+
+The outputs are kept so ``verify`` can compare the live servers with them.
 """
 
 from __future__ import annotations
@@ -10,23 +19,37 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from pipelines import local_triton
-from pipelines.promote.plan import Plan, desired_config, ensemble_pins, serving_versions
+from pipelines.promote.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
 from pipelines.storage.base import RepositoryStore
 from pipelines.triton import TritonControl
 from registry.contracts.config import CONFIG_NAME, parse_config
-from registry.errors import MlregError
+from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
+
+if TYPE_CHECKING:
+    from pipelines.promote.fanout import Fleet
 
 log = logging.getLogger(__name__)
 Outputs = dict[str, np.ndarray]
+SCRATCH = "a scratch tritonserver"
+
+
+class Answers(Protocol):
+    """Anything that answers an inference request (a Triton: the canary, a scratch server)."""
+
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
+    ) -> dict[str, np.ndarray]: ...
 
 
 @dataclass
@@ -36,9 +59,13 @@ class QualityReport:
     checked: list[str] = field(default_factory=list)
     changes: dict[str, float] = field(default_factory=dict)  # model/output -> max |new - serving|
     previous: dict[str, str] = field(default_factory=dict)  # model -> serving version compared
+    where: str = SCRATCH  # where the candidates answered
+    restored: bool = False  # a failed gate put the canary and the store back as they were
+    cleanup_errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "where": self.where,
             "checked": self.checked,
             "failures": self.failures,
             "changes": self.changes,
@@ -91,8 +118,50 @@ def output_names(config_text: str) -> list[str]:
     return [t.name for t in parse_config(config_text).output]
 
 
+def serving_reference(step: Step) -> str:
+    """The version the candidate is compared with: the newest one serving that is not the candidate."""
+    old = [v for v in step.previous_versions if v != step.version]
+    return old[-1] if old else ""
+
+
+# -- where the gate runs ---------------------------------------------------------------------------
+
+
+def on_canary(plan: Plan, dry_run: bool) -> bool:
+    """A real promotion gates on its canary; a dry run (or a plan with no target) on a scratch server."""
+    return bool(plan.targets) and not dry_run
+
+
+def run_gate(
+    plan: Plan, store: RepositoryStore, settings: Settings, fleet: Fleet, dry_run: bool
+) -> QualityReport:
+    if on_canary(plan, dry_run):
+        from pipelines.promote.quality_canary import canary_gate
+
+        return canary_gate(plan, store, settings, fleet.target(plan.targets[0]), plan.env.gpu)
+    live = fleet.target(plan.targets[0]) if plan.targets else None
+    return preflight(plan, store, settings, live=live)
+
+
+def gate_error(report: QualityReport) -> PromotionError:
+    where = f"quality gate failed on {report.where}"
+    if report.restored:
+        where += " (the candidates were unloaded there and their uploaded files removed)"
+    lines = report.failures + [f"clean-up: {e}" for e in report.cleanup_errors]
+    return PromotionError(
+        f"{where}:\n  " + "\n  ".join(lines),
+        fix="fix the model; its outputs on the golden inputs are not sane",
+    )
+
+
+# -- the scratch server ----------------------------------------------------------------------------
+
+
 def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[str]:
-    """Plan models (new versions) + every ensemble involved and its members; returns models to run."""
+    """Plan models (new versions) + every ensemble involved and its members; returns models to run.
+
+    The serving version sits beside the candidate (its answers are the regression reference) unless
+    the promotion changes the runtime (SavedModel -> ONNX): old and new cannot share one config."""
     steps = {s.model: s for s in plan.steps}
     run = []
     for step in plan.steps:
@@ -104,16 +173,15 @@ def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[s
             shutil.copytree(source, target / step.version)
         else:
             (target / step.version).mkdir()
-        old = [v for v in step.previous_versions if v != step.version]
-        if source is not None and old and store.read_manifest(step.model, old[-1]) is not None:
-            # the serving version beside the candidate: its answers are the regression reference
-            store.get_version(step.model, old[-1], target / old[-1])
+        old = serving_reference(step)
+        if source is not None and old and not step.runtime_changes and store.read_manifest(step.model, old):
+            store.get_version(step.model, old, target / old)
             (target / CONFIG_NAME).write_text(
-                desired_config(step.config_text, [old[-1], step.version], gpu=False)
+                desired_config(step.config_text, [old, step.version], gpu=False)
             )
         run.append(step.model)
     for step in list(plan.steps):
-        if parse_config(step.config_text).platform != "ensemble":
+        if not step.is_ensemble:
             continue
         for member, version in ensemble_pins(step.config_text).items():
             if member in steps or (root / member).exists():
@@ -128,8 +196,57 @@ def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[s
     return run
 
 
-@lru_cache(maxsize=1)
+def preflight(
+    plan: Plan, store: RepositoryStore, settings: Settings, live: Answers | None = None
+) -> QualityReport:
+    """The gate on a scratch tritonserver.  ``live``: a server of the environment that answers for
+    the serving version where it cannot sit beside the candidate (a runtime change)."""
+    report = QualityReport()
+    warm_up()
+    with tempfile.TemporaryDirectory(prefix="mlreg-preflight-") as tmp:
+        root = Path(tmp) / "repo"
+        models = scratch_repository(plan, store, root)
+        info, process = local_triton.start_server(root, Path(tmp) / "state", settings.backends_source)
+        try:
+            with TritonControl(
+                info.grpc_url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10
+            ) as triton:
+                for model in models:
+                    triton.load(model)
+                for model in models:
+                    step = plan.step(model)
+                    reference = serving_reference(step)
+                    source: Answers | None = triton if (root / model / reference).is_dir() else None
+                    if reference and source is None and step.runtime_changes:
+                        source = live
+                    probe = Probe(step.model, step.version, reference if source else "", source)
+                    check_model(triton, settings, step.config_text, probe, report)
+        finally:
+            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+    return report
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+
+_GX_LOCK = threading.Lock()
+
+
+def warm_up() -> threading.Thread:
+    """great_expectations imported and its context made in the background (2-5 s), while the
+    candidates load; ``_batch_definition`` waits for it."""
+    thread = threading.Thread(target=_batch_definition, name="mlreg-gx-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 def _batch_definition() -> Any:
+    with _GX_LOCK:
+        return _make_batch_definition()
+
+
+@lru_cache(maxsize=1)
+def _make_batch_definition() -> Any:
     """One in-memory great_expectations context per process (creating one costs ~1 s)."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
@@ -151,10 +268,10 @@ def _expectations(
     name: str, values: np.ndarray, expected_shape: tuple[int, ...], ranges: list[tuple[float, float]]
 ) -> list[str]:
     """A great_expectations suite on one output: not null, finite, element count, value ranges."""
+    batch_def = _batch_definition()
     import great_expectations as gx
     import pandas as pd
 
-    batch_def = _batch_definition()
     suite = gx.ExpectationSuite(name=f"mlreg-{name}")
     suite.add_expectation(gx.expectations.ExpectColumnValuesToNotBeNull(column="value"))
     suite.add_expectation(
@@ -181,54 +298,39 @@ def _kwargs(config: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in kwargs.items() if k in {"min_value", "max_value", "value"})
 
 
-def preflight(plan: Plan, store: RepositoryStore, settings: Settings) -> QualityReport:
-    report = QualityReport()
-    with tempfile.TemporaryDirectory(prefix="mlreg-preflight-") as tmp:
-        root = Path(tmp) / "repo"
-        models = scratch_repository(plan, store, root)
-        info, process = local_triton.start_server(root, Path(tmp) / "state", settings.backends_source)
-        try:
-            with TritonControl(
-                info.grpc_url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10
-            ) as triton:
-                for model in models:
-                    triton.load(model)
-                for model in models:
-                    step = plan.step(model)
-                    old = [v for v in step.previous_versions if v != step.version]
-                    reference = old[-1] if old and (root / model / old[-1]).is_dir() else ""
-                    _check_model(triton, settings, step.config_text, model, step.version, reference, report)
-        finally:
-            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
-    return report
-
-
 LEARNED_FACTOR = 100.0  # a learned range: within 100x the serving version's largest magnitude
 
 
-def _check_model(
-    triton: TritonControl,
-    settings: Settings,
-    config_text: str,
-    model: str,
-    version: str,
-    reference: str,
-    report: QualityReport,
+@dataclass(frozen=True)
+class Probe:
+    """One candidate to ask: ``model`` version ``version`` (under ``name`` where it is loaded under
+    a private name), compared with version ``reference`` of ``model`` answered by ``serving``."""
+
+    model: str
+    version: str
+    reference: str = ""
+    serving: Answers | None = None
+    name: str = ""
+
+    @property
+    def loaded_as(self) -> str:
+        return self.name or self.model
+
+
+def check_model(
+    candidate: Answers, settings: Settings, config_text: str, probe: Probe, report: QualityReport
 ) -> None:
+    """Golden inputs to the candidate (version-specific) and to the serving version; every output
+    judged."""
+    model = probe.model
     inputs = golden_inputs(settings, model, config_text)
     names = output_names(config_text)
-    ensemble = parse_config(config_text).platform == "ensemble"
-    outputs = triton.infer(model, inputs, names, version="" if ensemble else version)
-    serving: Outputs = {}
-    if reference:
-        try:
-            serving = triton.infer(model, inputs, names, version=reference)
-            report.previous[model] = reference
-        except MlregError as exc:  # e.g. an allowed breaking change: the old one cannot answer
-            log.warning("no regression reference for %s v%s: %s", model, reference, exc)
-    declared = quality_spec(settings, model)
     config = parse_config(config_text)
-    batch = len(next(iter(inputs.values()))) if config.max_batch_size > 0 else None
+    version = "" if config.platform == "ensemble" else probe.version
+    outputs = candidate.infer(probe.loaded_as, inputs, names, version=version)
+    serving = _serving_answers(probe, inputs, names, report)
+    declared = quality_spec(settings, model)
+    batch = len(next(iter(inputs.values()))) if config.max_batch_size > 0 and inputs else None
     for out in config.output:
         expected = ((batch,) if batch else ()) + tuple(int(d) for d in out.dims)
         if -1 in expected:
@@ -237,19 +339,53 @@ def _check_model(
             report.failures.append(
                 f"{model}/{out.name}: shape {outputs[out.name].shape}, config says {expected}"
             )
-        spec = declared.get(out.name, {})
-        ranges = [(float(spec["min"]), float(spec["max"]))] if "min" in spec and "max" in spec else []
-        old = serving.get(out.name)
-        if old is not None and old.shape == outputs[out.name].shape:
-            bound = LEARNED_FACTOR * float(np.abs(old).max(initial=0.0)) + 1.0
-            ranges.append((-bound, bound))
-            change = float(np.abs(outputs[out.name].astype(np.float64) - old).max(initial=0.0))
-            report.changes[f"{model}/{out.name}"] = change
-            if "tolerance" in spec and change > float(spec["tolerance"]):
-                report.failures.append(
-                    f"{model}/{out.name}: changed by up to {change:.6g} against serving v{reference}, "
-                    f"declared tolerance {spec['tolerance']}"
-                )
+        ranges = _judge_change(
+            f"{model}/{out.name}",
+            outputs[out.name],
+            serving.get(out.name),
+            declared.get(out.name, {}),
+            probe,
+            report,
+        )
         report.failures.extend(_expectations(f"{model}/{out.name}", outputs[out.name], expected, ranges))
     report.outputs[model] = outputs
     report.checked.append(model)
+
+
+def _serving_answers(
+    probe: Probe, inputs: dict[str, np.ndarray], names: list[str], report: QualityReport
+) -> Outputs:
+    if not probe.reference or probe.serving is None:
+        return {}
+    try:
+        answers = probe.serving.infer(probe.model, inputs, names, version=probe.reference)
+    except MlregError as exc:  # e.g. an allowed breaking change: the old one cannot answer
+        log.warning("no regression reference for %s v%s: %s", probe.model, probe.reference, exc)
+        return {}
+    report.previous[probe.model] = probe.reference
+    return answers
+
+
+def _judge_change(
+    name: str,
+    new: np.ndarray,
+    old: np.ndarray | None,
+    spec: dict[str, float],
+    probe: Probe,
+    report: QualityReport,
+) -> list[tuple[float, float]]:
+    """The ranges the output must lie in (declared, learned from the serving version); the change
+    against the serving version recorded, and judged against a declared tolerance."""
+    ranges = [(float(spec["min"]), float(spec["max"]))] if "min" in spec and "max" in spec else []
+    if old is None or old.shape != new.shape:
+        return ranges
+    bound = LEARNED_FACTOR * float(np.abs(old).max(initial=0.0)) + 1.0
+    ranges.append((-bound, bound))
+    change = float(np.abs(new.astype(np.float64) - old).max(initial=0.0))
+    report.changes[name] = change
+    if "tolerance" in spec and change > float(spec["tolerance"]):
+        report.failures.append(
+            f"{name}: changed by up to {change:.6g} against serving v{probe.reference}, "
+            f"declared tolerance {spec['tolerance']}"
+        )
+    return ranges

@@ -1,0 +1,165 @@
+"""The quality gate on the real stack: on the canary for a promotion, on a scratch server for a dry
+run; a failing version refused with nothing changed; SavedModel -> ONNX with the gate on.
+
+One stack for the module (Triton, the embedded MLflow registry, the local store); the tests run in
+file order: the ensemble's first deployment, a good swap, a refused version, the ONNX promotion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipelines.promote.environments import environment
+from pipelines.promote.quality_canary import PRIVATE_SUFFIX
+from pipelines.promote.reports import PromotionResult
+from pipelines.promote.runner import Options, Promotion
+from pipelines.stack import stack_down, stack_up
+from pipelines.triton import TritonControl
+from registry.errors import PromotionError
+from registry.export import export_models
+from registry.mlflow_registry import MlflowRegistry
+from registry.register import find_candidate, register
+from registry.settings import Settings
+from tests.conftest import TEMPLATE
+from tests.integration.test_serving import ENSEMBLE, golden
+
+pytestmark = pytest.mark.integration
+
+MODELS = ("table_data_preprocess", "table_data_model", "image_preprocess", "image_model", "multi_modal_model")
+LIVE_STAGES = ["resolve", "validate", "assemble", "quality", "deploy", "verify", "finalize", "record"]
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    registry: MlflowRegistry
+    url: str
+
+    def promotion(self, **options: Any) -> Promotion:
+        env = environment(self.settings, "local")
+        return Promotion(self.settings, env, self.registry, Options(**options))
+
+    def states(self) -> dict[str, dict[str, str]]:
+        with TritonControl(self.url) as triton:
+            return triton.model_states()
+
+    def serving(self, model: str) -> list[str]:
+        return sorted((v for v, s in self.states().get(model, {}).items() if s == "READY"), key=int)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    home = tmp_path_factory.mktemp("quality") / ".mlreg"
+    settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
+    settings.local_repository.mkdir(parents=True)
+    status = stack_up(settings, ui=False)
+    registry = MlflowRegistry(settings)
+    try:
+        export_models(settings, registry)
+        assert status.info is not None
+        yield Stack(settings, registry, status.info.grpc_url)
+    finally:
+        stack_down(settings)
+
+
+def snapshot(stack: Stack) -> dict[str, object]:
+    """What a refused promotion must leave alone: store bytes and configs, aliases, Triton versions."""
+    root = stack.settings.local_repository
+    files = {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".mlreg-lock.")
+    }
+    aliases = {m: stack.registry.aliases(m).get("local") for m in (*MODELS, ENSEMBLE)}
+    return {"files": files, "aliases": aliases, "serving": {m: stack.serving(m) for m in (*MODELS, ENSEMBLE)}}
+
+
+def ensemble_answers(stack: Stack) -> np.ndarray:
+    with TritonControl(stack.url) as triton:
+        return triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])[
+            "multi_modal_output"
+        ]
+
+
+def test_the_first_deployment_gates_every_member_on_the_canary(stack: Stack) -> None:
+    promotion = stack.promotion()
+    result = promotion.run(ENSEMBLE, "1")
+    assert result.stage_names() == LIVE_STAGES
+    assert promotion.preflight is not None
+    assert promotion.preflight.where == f"the canary {stack.url}"
+    assert sorted(promotion.preflight.checked) == sorted(MODELS)  # ensembles: verify's smoke
+    for model in (*MODELS, ENSEMBLE):
+        assert stack.serving(model) == ["1"], model
+        assert stack.registry.aliases(model)["local"] == "1"
+    assert np.isfinite(ensemble_answers(stack)).all()
+
+
+def test_a_good_version_passes_the_gate_against_the_serving_version_and_promotes(stack: Stack) -> None:
+    [new] = export_models(stack.settings, stack.registry, ["image_model"], seed=7)
+    promotion = stack.promotion()
+    result = promotion.run("image_model", new.version)
+    assert result.stage_names() == LIVE_STAGES
+    assert promotion.preflight is not None
+    assert promotion.preflight.previous == {"image_model": "1"}  # asked version-specifically
+    assert set(promotion.preflight.changes) == {"image_model/output"}
+    assert stack.serving("image_model") == [new.version]
+    assert stack.registry.aliases("image_model")["local"] == new.version
+
+
+def _nan_version(stack: Stack, tmp_path: Path) -> str:
+    """table_data_preprocess whose one-hot output is NaN: it loads and answers, but insanely."""
+    folder = tmp_path / "table_data_preprocess"
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    code = folder / "1" / "model.py"
+    original = "return (flat == VOCAB[np.newaxis, :]).astype(np.float32)"
+    assert original in code.read_text()
+    code.write_text(code.read_text().replace(original, f"{original} * np.float32('nan')"))
+    return register(stack.registry, find_candidate(folder)).version
+
+
+def test_a_version_with_nan_outputs_is_refused_with_nothing_changed(stack: Stack, tmp_path: Path) -> None:
+    version = _nan_version(stack, tmp_path)
+    before = snapshot(stack)
+    answers = ensemble_answers(stack)
+    with pytest.raises(PromotionError, match="quality gate failed on a scratch tritonserver:") as info:
+        stack.promotion(dry_run=True).run("table_data_preprocess", version)  # the plan job's gate
+    assert "expect_column_values_to_not_be_null" in info.value.message
+    assert snapshot(stack) == before
+    with pytest.raises(PromotionError, match=f"quality gate failed on the canary {stack.url}") as info:
+        stack.promotion().run("table_data_preprocess", version)
+    message = info.value.message
+    assert "the candidates were unloaded there and their uploaded files removed" in message
+    assert "table_data_preprocess/table_data_output_1: expect_column_values_to_not_be_null" in message
+    assert message.endswith("nothing was changed")
+    assert snapshot(stack) == before  # store bytes and configs, aliases, what Triton serves
+    assert version not in stack.states()["table_data_preprocess"] or (
+        stack.states()["table_data_preprocess"][version] != "READY"
+    )
+    np.testing.assert_array_equal(ensemble_answers(stack), answers)
+
+
+def test_a_savedmodel_served_as_onnx_passes_the_gate(stack: Stack) -> None:
+    [saved] = export_models(stack.settings, stack.registry, ["image_model"], seed=8)
+    serving = stack.serving("image_model")
+    promotion = stack.promotion(serve_as="onnx")
+    result: PromotionResult = promotion.run("image_model", saved.version)
+    onnx_version = result.plan.version
+    assert onnx_version != saved.version
+    assert result.stage_names() == ["resolve", "convert", *LIVE_STAGES[1:]]
+    assert promotion.preflight is not None
+    # the ONNX candidate answered alone, compared with the SavedModel serving version's answers
+    assert promotion.preflight.previous == {"image_model": serving[-1]}
+    assert "image_model/output" in promotion.preflight.changes
+    assert stack.serving("image_model") == [onnx_version]
+    assert f"image_model{PRIVATE_SUFFIX}" not in stack.states()
+    assert stack.registry.aliases("image_model")["local"] == onnx_version
+    assert np.isfinite(ensemble_answers(stack)).all()
