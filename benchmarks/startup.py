@@ -43,6 +43,7 @@ VALIDATE_CHECK = (
     "try:\n    main()\nexcept SystemExit:\n    pass\n"
     f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
 )
+NEUTRAL = tempfile.gettempdir()
 COMPARED = "<built template>"  # the rows timed again under --compare
 NO_CLI = (
     "import sys\nfrom pathlib import Path\nfrom registry.contracts.validate import validate_path\n"
@@ -59,7 +60,8 @@ def run_once(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall-clock seconds and CPU seconds (user + system) of one whole process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    # cwd outside the checkout: `python -c` puts the cwd first on sys.path (--compare must win)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd=NEUTRAL)
     elapsed = time.perf_counter() - began
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -87,13 +89,13 @@ def measure(
 
 def report(times: dict[str, list[tuple[float, float]]], targets: dict[str, float]) -> None:
     base = statistics.median(wall for wall, _ in times["python -c pass"])
-    print(f"{'':47s} {'wall median':>11s} {'wall min':>9s} {'- pass':>8s} {'CPU median':>11s}")
+    print(f"{'':52s} {'wall median':>11s} {'wall min':>9s} {'- pass':>8s} {'CPU median':>11s}")
     for label, values in times.items():
         wall = statistics.median(w for w, _ in values)
         cpu = statistics.median(c for _, c in values)
         low = min(w for w, _ in values)
         target = f"  (target < {targets[label]})" if label in targets else ""
-        print(f"  {label:45s} {wall:9.3f} s {low:7.3f} s {wall - base:6.3f} s {cpu:9.3f} s{target}")
+        print(f"  {label:50s} {wall:9.3f} s {low:7.3f} s {wall - base:6.3f} s {cpu:9.3f} s{target}")
 
 
 def built_template(given: str | None) -> Path:
