@@ -212,7 +212,8 @@ class Promotion:
                 if result.rolled_back
                 else "; nothing was changed"
             ),
-            fix="read the stage report; the MLflow alias was not moved",
+            fix=(exc.fix if isinstance(exc, MlregError) and exc.fix else "read the stage report")
+            + "; the MLflow alias was not moved",
             result=result,
         ) from exc
 

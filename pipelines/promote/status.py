@@ -51,7 +51,7 @@ def probe_targets(settings: Settings, env: Environment, store: RepositoryStore) 
     try:
         targets = resolve_targets(settings, env)
     except MlregError as exc:
-        return {"(no target)": f"unreachable: {exc.message}"}
+        return {"local stack" if env.local_stack else "(no target)": f"unreachable: {exc.message}"}
     with Fleet(store, targets, triton_connector(settings), settings.triton_timeout) as fleet:
         return {
             url: f"unreachable: {found.message}" if isinstance(found, MlregError) else found

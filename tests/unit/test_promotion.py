@@ -419,3 +419,22 @@ def test_a_repointed_ensemble_that_does_not_validate_stops_the_promotion_before_
     assert world.config("ens") == broken
     assert serving_versions(world.config("net")) == ["1"]
     assert store.read_manifest("net", "2") is None
+
+
+def test_status_counts_a_stopped_local_stack_and_a_missing_folder_as_drift(world: World) -> None:
+    from pipelines.promote.environments import local_environment
+    from pipelines.promote.plan import desired_config
+    from pipelines.promote.status import model_status
+
+    env = local_environment(world.settings)
+    store = open_store(env.store)
+    store.write_config(
+        "net", desired_config(MEMBER.format(name="net", src="MID", dst="OUT"), ["1"], gpu=False)
+    )
+    [row] = model_status(world.settings, env, world.registry, ["net"])
+    assert row["desired"] == ["1"]
+    assert row["serving"] == {"local stack": row["serving"]["local stack"]}
+    assert row["drift"] == [
+        "the store has no folder net/1/ for the version its config serves",
+        "local stack unreachable: the local stack is not running, so environment 'local' has no Triton",
+    ]
