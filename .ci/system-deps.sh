@@ -6,6 +6,7 @@ packages=(
   gcc            # tests/unit/test_local_triton.py builds a real ELF whose library is missing
   kubectl        # tests/integration/test_infra.py renders infra/k8s overlays (kubectl kustomize)
   postgresql     # tests/integration/test_postgres.py runs MLflow on a real PostgreSQL server
+  chromium       # tests/integration/test_browser.py opens the MLflow UI headless (--dump-dom, --screenshot)
 )
 missing=()
 for p in "${packages[@]}"; do

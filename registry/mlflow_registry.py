@@ -347,7 +347,7 @@ class MlflowRegistry:
                 "tag removal",
                 partial(self.client.delete_model_version_tag, model, str(previous.version), f"serving_{env}"),
             )
-        if f"deployed_{env}" in self.deployments(model):
+        if env in self.deployments(model):
             self._call(
                 "model tag removal",
                 partial(self.client.delete_registered_model_tag, model, f"deployed_{env}"),

@@ -34,12 +34,14 @@ def _row(
     version: str, created: Any, tags: dict[str, str], by_version: dict[str, list[str]]
 ) -> dict[str, Any]:
     promoted = sorted(k.removeprefix("promoted_") for k in tags if k.startswith("promoted_"))
+    serving = sorted(k.removeprefix("serving_") for k in tags if k.startswith("serving_"))
     return {
         "version": version,
         "created": _when(created),
         "aliases": by_version.get(version, []),
         "validation": tags.get("validation", "unknown"),
         "promoted": promoted,
+        "serving": serving,  # environments this version serves in now (MlflowRegistry.record_deployment)
     }
 
 

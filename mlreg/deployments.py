@@ -1,0 +1,320 @@
+"""``mlflow deployments -t mlreg``: mlreg's promotion as an MLflow deployment target.
+
+The command shapes are those of NVIDIA's mlflow-triton plugin, so its users switch by changing
+``-t triton`` to ``-t mlreg``::
+
+    mlflow deployments create -t mlreg --name image_model -m models:/image_model/2 [-C env=staging]
+    mlflow deployments update -t mlreg --name image_model -m models:/image_model@candidate
+    mlflow deployments get    -t mlreg --name image_model        # what each replica serves
+    mlflow deployments list   -t mlreg [-t mlreg:/staging]
+    mlflow deployments delete -t mlreg --name image_model        # unload + desired state removed
+    mlflow deployments predict -t mlreg --name image_model --input-path in.json
+    mlflow deployments run-local -t mlreg --name image_model -m models:/image_model/2
+
+Unlike a copy to one server, ``create``/``update`` run the whole promotion (contract and ensemble
+checks, quality gate, upload, swap with the old version serving until the new one answers,
+rollback on failure, the MLflow alias moved last).  The environment is ``-C env=NAME`` or the
+target URI ``mlreg:/NAME`` (default ``local``, the local stack); the other promote options are
+config keys: ``dry_run``, ``allow_breaking``, ``skip_quality``, ``serve_as``.  mlreg's errors come
+out as ``MlflowException`` carrying mlreg's message and fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from mlflow.deployments import BaseDeploymentClient, PredictionsResponse
+from mlflow.exceptions import MlflowException
+
+from registry.errors import MlregError, UsageError
+from registry.settings import Settings
+
+TARGET = "mlreg"
+MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w.\-]+))$")
+BOOL_KEYS = ("dry_run", "allow_breaking", "skip_quality")
+CONFIG_KEYS = ("env", "serve_as", *BOOL_KEYS)
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off", ""}
+
+
+def target_help() -> str:
+    return (
+        "mlreg: promote registered Triton models with validation, quality gate, rollout and rollback.\n\n"
+        "Target URI: 'mlreg' (environment from -C env=NAME, default 'local') or 'mlreg:/ENV'.\n"
+        "Model URI: models:/NAME/VERSION or models:/NAME@ALIAS; --name must be the registered NAME.\n\n"
+        "Config (-C key=value): env=local|<mlreg.toml environment>, dry_run=true (plan only),\n"
+        "allow_breaking=true, skip_quality=true, serve_as=auto|native|onnx.\n\n"
+        "create/update: run `mlreg promote NAME --version V --env ENV` (refused versions change nothing).\n"
+        "get/list: what the environment's store wants and each replica serves, the alias, drift.\n"
+        "delete: unload NAME from every replica and remove its desired state (refused while an ensemble\n"
+        "uses it).  predict: send a DataFrame (columns = input tensors) or a dict of arrays to the\n"
+        "environment's first replica.  run-local: start the local stack (a real tritonserver) and create\n"
+        "the deployment in 'local'.\n"
+    )
+
+
+def run_local(
+    target: str, name: str, model_uri: str, flavor: str | None = None, config: dict[str, Any] | None = None
+) -> None:
+    """Start the local stack if it is not running, then promote ``model_uri`` into ``local``."""
+    from pipelines.stack import running_server, stack_up
+
+    with _translated():
+        settings = Settings.from_env()
+        if running_server(settings) is None:
+            settings.local_repository.mkdir(parents=True, exist_ok=True)
+            stack_up(settings)
+    client = MlregDeploymentClient(target)
+    client.create_deployment(name, model_uri, flavor, {**(config or {}), "env": "local"})
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    """mlreg's errors as MlflowException (message + fix); MlflowException passes unchanged."""
+    try:
+        yield
+    except MlregError as exc:
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, RESOURCE_DOES_NOT_EXIST
+
+        text = f"error: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else "")
+        code = RESOURCE_DOES_NOT_EXIST if "DOES_NOT_EXIST" in str(exc.context.get("code", "")) else None
+        raise MlflowException(text, error_code=code or INVALID_PARAMETER_VALUE) from exc
+
+
+def _flag(key: str, value: Any) -> bool:
+    text = str(value).strip().lower()
+    if text in TRUE or text in FALSE:
+        return text in TRUE
+    raise UsageError(f"config '{key}={value}' is not a boolean", fix=f"use -C {key}=true or -C {key}=false")
+
+
+def promote_options(config: dict[str, Any] | None) -> dict[str, Any]:
+    """``-C`` keys as promote options (unknown keys refused, booleans parsed)."""
+    config = dict(config or {})
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise UsageError(
+            f"unknown config key(s) for target 'mlreg': {', '.join(unknown)}",
+            fix=f"use only: {', '.join(CONFIG_KEYS)} (see 'mlflow deployments help -t mlreg')",
+        )
+    options: dict[str, Any] = {key: _flag(key, config[key]) for key in BOOL_KEYS if key in config}
+    if "serve_as" in config:
+        if config["serve_as"] not in {"auto", "native", "onnx"}:
+            raise UsageError(f"unknown serve_as '{config['serve_as']}'", fix="use auto, native or onnx")
+        options["serve_as"] = str(config["serve_as"])
+    return options
+
+
+class MlregDeploymentClient(BaseDeploymentClient):
+    """One client per target URI; ``mlreg:/staging`` makes ``staging`` the default environment."""
+
+    def __init__(self, target_uri: str) -> None:
+        super().__init__(target_uri)
+        env = target_uri.split(":", 1)[1].strip("/") if ":" in target_uri else ""
+        self.default_env = env or "local"
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _context(self, config: dict[str, Any] | None = None) -> tuple[Settings, Any, Any]:
+        from pipelines.promote.environments import environment
+        from registry.mlflow_registry import MlflowRegistry
+
+        settings = Settings.from_env()
+        name = str((config or {}).get("env") or self.default_env)
+        return settings, environment(settings, name), MlflowRegistry(settings)
+
+    @staticmethod
+    def _version(registry: Any, name: str, model_uri: str) -> str:
+        match = MODEL_URI.match(model_uri or "")
+        if match is None:
+            raise UsageError(
+                f"model URI '{model_uri}' is not models:/NAME/VERSION or models:/NAME@ALIAS",
+                fix=f"pass -m models:/{name}/<version> (see 'mlreg versions {name}')",
+            )
+        if match["name"] != name:
+            raise UsageError(
+                f"--name '{name}' differs from the model URI's model '{match['name']}'",
+                fix="mlreg deploys a registered model under its own name: make them equal",
+            )
+        if match["version"]:
+            return str(match["version"])
+        version = registry.aliases(name).get(match["alias"])
+        if version is None:
+            raise UsageError(
+                f"model {name} has no alias '{match['alias']}'",
+                fix=f"see 'mlreg versions {name}' for its aliases",
+            )
+        return str(version)
+
+    def _promote(self, name: str, model_uri: str, flavor: str | None, config: dict[str, Any] | None) -> dict:
+        from mlreg import service
+
+        if flavor not in (None, "triton"):
+            raise UsageError(
+                f"flavor '{flavor}' is not deployable by mlreg",
+                fix="use --flavor triton (or leave it out): every mlreg version is a Triton model folder",
+            )
+        options = promote_options({k: v for k, v in (config or {}).items() if k != "env"})
+        settings, env, registry = self._context(config)
+        version = self._version(registry, name, model_uri)
+        result = service.promote(settings, env.name, name, version, **options)
+        return {
+            "name": name,
+            "flavor": "triton",
+            "version": result.plan.version,
+            "environment": env.name,
+            "dry_run": bool(options.get("dry_run")),
+            "promotion_run": result.run_id,
+            "stages": [f"{s.stage}: {s.status} ({s.detail})" for s in result.stages],
+        }
+
+    # -- the MLflow deployments API -------------------------------------------------------------
+
+    def create_deployment(self, name, model_uri, flavor=None, config=None, endpoint=None):  # type: ignore[no-untyped-def]
+        with _translated():
+            return self._promote(name, model_uri, flavor, config)
+
+    def update_deployment(self, name, model_uri=None, flavor=None, config=None, endpoint=None):  # type: ignore[no-untyped-def]
+        if model_uri is None:
+            raise MlflowException(
+                "error: update needs the version to serve\nfix: pass -m models:/NAME/VERSION",
+                error_code="INVALID_PARAMETER_VALUE",
+            )
+        with _translated():
+            return self._promote(name, model_uri, flavor, config)
+
+    def delete_deployment(self, name, config=None, endpoint=None):  # type: ignore[no-untyped-def]
+        with _translated():
+            settings, env, registry = self._context(config)
+            retire(settings, env, registry, name)
+
+    def list_deployments(self, endpoint=None):  # type: ignore[no-untyped-def]
+        with _translated():
+            settings, env, registry = self._context()
+            return [_deployment(env.name, row) for row in _status(settings, env, registry, None)]
+
+    def get_deployment(self, name, endpoint=None):  # type: ignore[no-untyped-def]
+        with _translated():
+            settings, env, registry = self._context()
+            rows = _status(settings, env, registry, [name])
+            if not rows or not (rows[0]["desired"] or rows[0]["alias"]):
+                raise MlflowException(
+                    f"error: {name} is not deployed in '{env.name}'\nfix: create it with "
+                    f"'mlflow deployments create -t mlreg --name {name} -m models:/{name}/N'",
+                    error_code="RESOURCE_DOES_NOT_EXIST",
+                )
+            found = _deployment(env.name, rows[0])
+            with contextlib.suppress(MlregError):
+                found.update(registry.deployments(name).get(env.name, {}))
+            return found
+
+    def predict(self, deployment_name=None, inputs=None, endpoint=None):  # type: ignore[no-untyped-def]
+        with _translated():
+            settings, env, _ = self._context()
+            return PredictionsResponse({"outputs": infer(settings, env, deployment_name, inputs)})
+
+
+def _status(settings: Settings, env: Any, registry: Any, models: list[str] | None) -> list[dict[str, Any]]:
+    from mlreg import service
+
+    if models is None:
+        return service.status(settings, env.name).models
+    return [row for model in models for row in service.status(settings, env.name, model).models]
+
+
+def _deployment(env: str, row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": row["model"],
+        "flavor": "triton",
+        "environment": env,
+        "version": row["alias"],
+        "desired": row["desired"],
+        "serving": row["serving"],
+        "drift": row["drift"],
+    }
+
+
+def retire(settings: Settings, env: Any, registry: Any, name: str) -> None:
+    """Unload ``name`` from every replica of ``env`` and remove its desired state (config.pbtxt);
+    refused while an ensemble of ``env`` uses it.  On a failed unload the config is put back."""
+    from pipelines.promote.environments import resolve_targets
+    from pipelines.promote.plan import ensemble_pins
+    from pipelines.storage import open_store
+    from pipelines.triton import TritonControl
+    from registry.errors import PromotionError
+
+    store = open_store(env.store)
+    config = store.read_config(name)
+    if config is None:
+        raise PromotionError(
+            f"{name} is not deployed in '{env.name}' ({env.store} has no {name}/config.pbtxt)",
+            fix=f"see 'mlflow deployments list -t mlreg:/{env.name}'",
+        )
+    users = [
+        other
+        for other in store.list_models()
+        if 'platform: "ensemble"' in (text := store.read_config(other) or "") and name in ensemble_pins(text)
+    ]
+    if users:
+        raise PromotionError(
+            f"{name} is used by ensemble(s) {', '.join(users)} in '{env.name}'; retiring it would break them",
+            fix="retire the ensemble first, or promote an ensemble version that does not use it",
+        )
+    targets = resolve_targets(settings, env)
+    with store.lock(name, wait=0):
+        store.delete(f"{name}/config.pbtxt")
+        try:
+            for url in targets:
+                with TritonControl(url, timeout=settings.triton_timeout) as triton:
+                    triton.unload(name)
+        except MlregError:
+            store.write_config(name, config)
+            raise
+    with contextlib.suppress(MlregError):
+        if env.alias in registry.aliases(name):
+            registry.delete_alias(name, env.alias)
+        registry.forget_deployment(name, env.name)
+
+
+def _arrays(inputs: Any) -> dict[str, Any]:
+    import numpy as np
+
+    if hasattr(inputs, "columns"):  # a DataFrame: one column per input tensor, one row per item
+        return {str(col): np.asarray(inputs[col].tolist()) for col in inputs.columns}
+    if isinstance(inputs, dict):
+        return {str(k): np.asarray(v) for k, v in inputs.items()}
+    raise UsageError(
+        f"predict takes a DataFrame or a dict of arrays, not {type(inputs).__name__}",
+        fix="pass {'input_name': array, ...} or a JSON file whose keys are the input names",
+    )
+
+
+def infer(settings: Settings, env: Any, name: str, inputs: Any) -> dict[str, Any]:
+    """Send ``inputs`` to ``name`` on the environment's first replica; cast to the config's dtypes."""
+    from tritonclient.utils import triton_to_np_dtype
+
+    from pipelines.promote.environments import resolve_targets
+    from pipelines.storage import open_store
+    from pipelines.triton import TritonControl
+    from registry.contracts.config import data_type_name, parse_config
+    from registry.errors import PromotionError
+
+    text = open_store(env.store).read_config(name)
+    if text is None:
+        raise PromotionError(f"{name} is not deployed in '{env.name}'", fix="create the deployment first")
+    config = parse_config(text)
+    arrays = _arrays(inputs)
+    for tensor in config.input:
+        if tensor.name in arrays:
+            wanted = triton_to_np_dtype(data_type_name(tensor.data_type))
+            arrays[tensor.name] = arrays[tensor.name].astype(wanted)
+            if config.max_batch_size > 0 and arrays[tensor.name].ndim == len(tensor.dims):
+                arrays[tensor.name] = arrays[tensor.name][None, ...]  # one item: add the batch dim
+    outputs = [t.name for t in config.output]
+    url = resolve_targets(settings, env)[0]
+    with TritonControl(url, timeout=settings.triton_timeout) as triton:
+        answer = triton.infer(name, arrays, outputs)
+    return {key: value.tolist() for key, value in answer.items()}

@@ -1,0 +1,379 @@
+"""MLflow, natively: versions as MLflow Models, where they run, and `mlflow deployments -t mlreg`.
+
+One session-scoped local stack (a real tritonserver, the embedded registry, the MLflow UI as a
+real `mlflow server` on it) serves these tests and tests/integration/test_browser.py: the
+template exported and its ensemble promoted, then image_model v2 exported (``--seed 7``) and
+deployed with the real `mlflow deployments create -t mlreg` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mlreg import service
+from pipelines.promote.plan import fetch_version
+from pipelines.stack import stack_down, stack_up
+from pipelines.triton import TritonControl
+from registry.contracts.config import load_config
+from registry.export import member_versions
+from registry.lineage import contract_of
+from registry.mlflow_registry import MlflowRegistry
+from registry.register import find_candidate, register
+from registry.settings import Settings
+from registry.template import exporter_path
+from tests.conftest import ROOT, TEMPLATE
+from tests.integration.test_serving import ENSEMBLE, MODELS, golden
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class NativeStack:
+    settings: Settings
+    registry: MlflowRegistry
+    grpc_url: str
+    ui_url: str
+    env: dict[str, str]  # the environment of a user's shell on this project
+
+    def mlflow(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real `mlflow` CLI in a subprocess."""
+        return subprocess.run(
+            [sys.executable, "-m", "mlflow", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            cwd=ROOT,
+            env=self.env,
+        )
+
+    def serving(self, model: str) -> list[str]:
+        with TritonControl(self.grpc_url) as triton:
+            states = triton.model_states().get(model, {})
+        return sorted((v for v, s in states.items() if s == "READY"), key=int)
+
+
+def register_template(registry: MlflowRegistry, built: Path) -> None:
+    """The built template's six models, members before the ensemble, with their exporters' lineage."""
+    for name in (*sorted(m for m in MODELS if m != ENSEMBLE), ENSEMBLE):
+        folder = built / name
+        members = member_versions(registry, folder) if name == ENSEMBLE else None
+        register(registry, find_candidate(folder), exporter=exporter_path(TEMPLATE / name), members=members)
+
+
+def image_model_v2(built: Path, dest: Path) -> Path:
+    """image_model with other bytes and the same contract (a new version, as a re-export makes)."""
+    folder = dest / "image_model"
+    shutil.copytree(built / "image_model", folder)
+    (folder / "1" / "model" / "assets").mkdir(exist_ok=True)
+    (folder / "1" / "model" / "assets" / "release.txt").write_text("image_model, second release\n")
+    return folder
+
+
+_SHARED: dict[str, list[Any]] = {}
+
+
+@contextlib.contextmanager
+def shared(key: str, make: Callable[[], contextlib.AbstractContextManager[Any]]) -> Iterator[Any]:
+    """One instance for the whole session although test_browser.py imports these fixtures (pytest
+    sets up an imported session fixture once per module that names it): the last user tears down."""
+    if key not in _SHARED:
+        manager = make()
+        _SHARED[key] = [manager.__enter__(), manager, 0]
+    entry = _SHARED[key]
+    entry[2] += 1
+    try:
+        yield entry[0]
+    finally:
+        entry[2] -= 1
+        if entry[2] == 0:
+            del _SHARED[key]
+            entry[1].__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def start_native_stack(built: Path, home: Path) -> Iterator[NativeStack]:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["MLREG_HOME"] = str(home)
+    settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
+    settings.local_repository.mkdir(parents=True)
+    status = stack_up(settings, ui=True)
+    registry = MlflowRegistry(settings)
+    try:
+        register_template(registry, built)
+        service.promote(settings, "local", ENSEMBLE, "1", skip_quality=True)
+        exporter = exporter_path(TEMPLATE / "image_model")
+        v2 = register(registry, find_candidate(image_model_v2(built, home / "v2")), exporter=exporter)
+        assert v2.version == "2"
+        assert status.info is not None
+        yield NativeStack(settings, registry, status.info.grpc_url, status.mlflow_url, env)
+    finally:
+        stack_down(settings)
+
+
+@pytest.fixture(scope="session")
+def native_stack(built_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeStack]:
+    home = tmp_path_factory.mktemp("native") / ".mlreg"
+    with shared("stack", lambda: start_native_stack(built_repository, home)) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def deployed(native_stack: NativeStack) -> Iterator[subprocess.CompletedProcess[str]]:
+    """image_model v2 promoted by `mlflow deployments create -t mlreg` (NVIDIA's command shape)."""
+    create = ["deployments", "create", "-t", "mlreg", "--name", "image_model", "-m", "models:/image_model/2"]
+    with shared("deployed", lambda: contextlib.nullcontext(native_stack.mlflow(*create))) as done:
+        yield done
+
+
+@pytest.fixture
+def in_project(native_stack: NativeStack, monkeypatch: pytest.MonkeyPatch) -> NativeStack:
+    """This process sees the stack's project (for the plugin's Python API)."""
+    monkeypatch.setenv("MLREG_HOME", native_stack.env["MLREG_HOME"])
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return native_stack
+
+
+def tensors(specs: list[dict]) -> list[dict]:
+    """A contract's tensors as the MLmodel signature's JSON writes them."""
+    dtypes = {"FP32": "float32", "INT8": "int8", "UINT8": "uint8", "STRING": "object"}
+    return [
+        {
+            "name": t["name"],
+            "type": "tensor",
+            "tensor-spec": {"dtype": dtypes[t["dtype"]], "shape": tuple(t["shape"])},
+        }
+        for t in specs
+    ]
+
+
+# -- every version is an MLflow Model ----------------------------------------------------------------
+
+
+def check_mlflow_model(registry: MlflowRegistry, name: str, version: str, config: Path) -> None:
+    import mlflow
+    from mlflow.models import Model
+
+    mlflow.set_tracking_uri(registry.uri)
+    mv = registry.version(name, version)
+    assert mv.source.startswith("models:/m-")
+    model_id = mv.source.removeprefix("models:/")
+    model = Model.load(f"models:/{name}/{version}")
+    contract = contract_of(load_config(config))
+    assert model.signature.inputs.to_dict() == tensors(contract["inputs"])
+    assert model.signature.outputs.to_dict() == tensors(contract["outputs"])
+    assert model.flavors["triton"]["data"] == name
+    assert model.flavors["tensorflow"]["saved_model_dir"] == f"{name}/1/model"
+    assert (model.model_id, model.run_id) == (model_id, mv.run_id)
+    logged = registry.client.get_logged_model(model_id)
+    assert logged.source_run_id == mv.run_id
+    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": name, "version": version}]
+    run = registry.client.get_run(mv.run_id)
+    assert [o.model_id for o in run.outputs.model_outputs] == [model_id]
+    files = {f.path for f in mlflow.artifacts.list_artifacts(f"models:/{name}/{version}/{name}")}
+    assert files == {f"{name}/config.pbtxt", f"{name}/1"}
+
+
+def test_a_version_is_an_mlflow_model_with_the_config_signature_embedded(native_stack: NativeStack) -> None:
+    exports = native_stack.settings.home / "v2" / "image_model"
+    check_mlflow_model(native_stack.registry, "image_model", "2", exports / "config.pbtxt")
+
+
+def test_a_version_is_an_mlflow_model_on_a_real_server(
+    native_stack: NativeStack, mlflow_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "image_model"
+    shutil.copytree(native_stack.settings.home / "v2" / "image_model", folder)
+    registry = MlflowRegistry(Settings.from_env())
+    first = register(registry, find_candidate(folder))
+    assert first.created
+    check_mlflow_model(registry, "image_model", first.version, folder / "config.pbtxt")
+    again = register(registry, find_candidate(folder))  # idempotent by digest, as before
+    assert (again.version, again.created) == (first.version, False)
+    # the promotion's reader (a remote registry: no local files) gets the Triton folder back
+    got, _ = fetch_version(registry, "image_model", first.version, tmp_path / "fetched")
+    assert (got / "config.pbtxt").read_bytes() == (folder / "config.pbtxt").read_bytes()
+    assert (got / first.version / "model" / "saved_model.pb").is_file()
+
+
+def test_versions_registered_before_mlflow_models_are_read_as_before(
+    native_stack: NativeStack, tmp_path: Path
+) -> None:
+    """The old layout, written as mlreg wrote it: the run holds config.pbtxt and model/."""
+    registry, client = native_stack.registry, native_stack.registry.client
+    folder = native_stack.settings.home / "v2" / "image_model"
+    run = client.create_run(registry.experiment_id(), run_name="old-layout")
+    client.log_artifact(run.info.run_id, str(folder / "config.pbtxt"))
+    client.log_artifacts(run.info.run_id, str(folder / "1"), "model")
+    client.create_registered_model("old_image_model")
+    source = f"{run.info.artifact_uri}/model"
+    client.create_model_version(
+        "old_image_model", source, run_id=run.info.run_id, tags={"validation": "passed"}
+    )
+    got, tags = fetch_version(registry, "old_image_model", "1", tmp_path)
+    assert tags["validation"] == "passed"
+    assert (got / "config.pbtxt").read_bytes() == (folder / "config.pbtxt").read_bytes()
+    assert (got / "1" / "model" / "saved_model.pb").is_file()
+
+
+# -- where each version runs -------------------------------------------------------------------------
+
+
+def test_record_deployment_tags_the_version_links_the_run_and_describes_the_model(
+    mlflow_server, native_stack: NativeStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    registry = MlflowRegistry(Settings.from_env())
+    folder = tmp_path / "table_data_preprocess_rd"
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "table_data_preprocess"', f'name: "{folder.name}"'))
+    v1 = register(registry, find_candidate(folder)).version
+    v2 = register(registry, find_candidate(folder), force=True).version
+    runs = [registry.start_run("mlreg-promotions", f"promote-{v}", {}) for v in (v1, v2)]
+    registry.record_deployment(folder.name, v1, "staging", runs[0], ("triton-0:8001", "triton-1:8001"))
+    registry.record_deployment(folder.name, v1, "production", runs[0], ("triton-p:8001",))
+    registry.record_deployment(folder.name, v2, "staging", runs[1], ("triton-0:8001", "triton-1:8001"))
+
+    old, new = registry.version(folder.name, v1).tags, registry.version(folder.name, v2).tags
+    assert "serving_staging" not in old  # v2 replaced it in staging
+    assert old["serving_production"] == "triton-p:8001"
+    assert new["serving_staging"] == "triton-0:8001,triton-1:8001"
+    assert new["promotion_run_staging"] == runs[1]
+    assert new["promoted_staging"].endswith("Z")
+    run = registry.client.get_run(runs[1])
+    assert run.data.tags["mlreg_model_version"] == f"models:/{folder.name}/{v2}"
+    model_id = registry.version(folder.name, v2).source.removeprefix("models:/")
+    assert [i.model_id for i in run.inputs.model_inputs] == [model_id]
+    description = registry.client.get_registered_model(folder.name).description
+    assert f"| production | {v1} |" in description
+    assert f"| staging | {v2} |" in description
+    assert description.count("**Environments**") == 1
+    assert set(registry.deployments(folder.name)) == {"production", "staging"}
+
+
+# -- mlflow deployments -t mlreg ---------------------------------------------------------------------
+
+
+def test_mlflow_deployments_create_promotes_on_the_local_stack(
+    native_stack: NativeStack, deployed: subprocess.CompletedProcess[str]
+) -> None:
+    assert deployed.returncode == 0, deployed.stderr[-3000:]
+    assert "image_model" in deployed.stdout + deployed.stderr
+    assert native_stack.serving("image_model") == ["2"]
+    registry = native_stack.registry
+    assert registry.aliases("image_model")["local"] == "2"
+    assert registry.deployments("image_model")["local"]["version"] == "2"
+    tags = registry.version("image_model", "2").tags
+    assert tags["serving_local"] == native_stack.grpc_url
+    assert "| local | 2 |" in registry.client.get_registered_model("image_model").description
+
+
+def test_get_and_list_report_what_the_environment_serves(
+    in_project: NativeStack, deployed: subprocess.CompletedProcess[str]
+) -> None:
+    from mlflow.deployments import get_deploy_client
+
+    got = in_project.mlflow("deployments", "get", "-t", "mlreg", "--name", "image_model")
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert "\nversion: 2\n" in got.stdout
+    assert f"serving: {{'{in_project.grpc_url}': ['2']}}" in got.stdout
+    assert "environment: local" in got.stdout
+    listed = {d["name"]: d for d in get_deploy_client("mlreg").list_deployments()}
+    assert listed["image_model"]["desired"] == ["2"]
+    assert listed[ENSEMBLE]["serving"] == {in_project.grpc_url: ["1"]}
+    assert all(d["drift"] == [] for d in listed.values())
+
+
+def test_predict_answers_the_seed_request(
+    in_project: NativeStack, deployed: subprocess.CompletedProcess[str]
+) -> None:
+    import pandas as pd
+    from mlflow.deployments import get_deploy_client
+
+    client = get_deploy_client("mlreg")
+    answer = client.predict(ENSEMBLE, golden().ensemble_inputs())
+    output = np.asarray(answer["outputs"]["multi_modal_output"])
+    with TritonControl(in_project.grpc_url) as triton:
+        direct = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
+    np.testing.assert_allclose(output, direct["multi_modal_output"], rtol=1e-6)
+    table = golden().model_inputs("table_data_model")
+    frame = pd.DataFrame({name: list(array) for name, array in table.items()})
+    scores = client.predict("table_data_model", frame)["outputs"]["table_model_output"]
+    assert np.asarray(scores).shape == (len(frame), 10)
+
+
+def test_a_contract_breaking_version_is_refused_with_the_reason(
+    in_project: NativeStack, deployed: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "table_data_preprocess"
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ 3 ]", "dims: [ 4 ]", 1))
+    version = register(in_project.registry, find_candidate(folder)).version
+    uri = f"models:/table_data_preprocess/{version}"
+    refused = in_project.mlflow(
+        "deployments", "create", "-t", "mlreg", "--name", "table_data_preprocess", "-m", uri
+    )
+    assert refused.returncode != 0
+    assert "error: promotion of table_data_preprocess version" in refused.stderr
+    assert "contract check failed" in refused.stderr
+    assert "fix: " in refused.stderr
+    assert in_project.serving("table_data_preprocess") == ["1"]
+    assert in_project.registry.aliases("table_data_preprocess")["local"] == "1"
+
+
+def test_dry_run_delete_and_bad_requests(
+    in_project: NativeStack, deployed: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    from mlflow.deployments import get_deploy_client
+    from mlflow.exceptions import MlflowException
+
+    client = get_deploy_client("mlreg")
+    plan = client.create_deployment("image_model", "models:/image_model@local", config={"dry_run": "true"})
+    assert (plan["dry_run"], plan["version"]) == (True, "2")
+    with pytest.raises(MlflowException, match=r"(?s)used by ensemble\(s\) ensemble_multi_modal_model.*fix: "):
+        client.delete_deployment("image_model")
+    assert in_project.serving("image_model") == ["2"]
+    with pytest.raises(MlflowException, match="(?s)unknown config key.*fix: use only"):
+        client.create_deployment("image_model", "models:/image_model/2", config={"envv": "staging"})
+    with pytest.raises(MlflowException, match="differs from the model URI's model 'table_data_model'"):
+        client.create_deployment("image_model", "models:/table_data_model/1")
+    with pytest.raises(MlflowException, match="(?s)unknown environment 'nowhere'.*fix: use one of: local"):
+        client.create_deployment("image_model", "models:/image_model/2", config={"env": "nowhere"})
+    # run-local: the local stack runs already, so it promotes there (a no-op: v1 serves)
+    from mlreg.deployments import run_local, target_help
+
+    run_local("mlreg", "table_data_model", "models:/table_data_model/1")
+    assert in_project.serving("table_data_model") == ["1"]
+    assert "models:/NAME/VERSION or models:/NAME@ALIAS" in target_help()
+    # a model no ensemble uses is retired: unloaded, its desired state gone, its alias removed
+    folder = tmp_path / "solo_preprocess"
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "table_data_preprocess"', 'name: "solo_preprocess"'))
+    version = register(in_project.registry, find_candidate(folder)).version
+    client.create_deployment(
+        "solo_preprocess", f"models:/solo_preprocess/{version}", config={"skip_quality": "1"}
+    )
+    assert in_project.serving("solo_preprocess") == [version]
+    client.delete_deployment("solo_preprocess")
+    assert in_project.serving("solo_preprocess") == []
+    assert not (in_project.settings.local_repository / "solo_preprocess" / "config.pbtxt").exists()
+    assert "local" not in in_project.registry.aliases("solo_preprocess")
+    assert "local" not in in_project.registry.deployments("solo_preprocess")
