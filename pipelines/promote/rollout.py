@@ -409,24 +409,45 @@ def changes_of(steps: Sequence[Any], gpu: bool) -> list[Change]:
 
 
 def staged_deploy(promotion: Any) -> FleetReport:
-    """The runner's deploy stage under a policy: the whole fleet moves wave by wave, then the
-    store's configs are written (and only then count as changed for the runner's rollback)."""
+    """The runner's deploy stage under a policy.
+
+    Triton re-reads an ensemble's members from the repository whenever the ensemble loads, so a
+    re-pointed ensemble cannot be sent per replica: first every ensemble pinning a changing member
+    follows its latest loaded version (-1, in the store, on every replica: each serves what it
+    has); then the members move wave by wave with the config override (models new to the store
+    are written first: no replica serves them); once the whole fleet has moved, the members'
+    configs are written to the store and the ensembles pinned to the new versions everywhere.
+    """
+    from pipelines.promote.plan import desired_config
     from pipelines.promote.reports import FleetReport
 
     plan, fleet, policy = promotion.plan, promotion.fleet, promotion.env.policy
     steps = [s for s in plan.steps if not s.noop]
-    changes = changes_of(steps, promotion.env.gpu)
+    repointed = [s for s in steps if s.is_ensemble and s.previous_config is not None]
+    staged_steps = [s for s in steps if s not in repointed]
+    changes = changes_of(staged_steps, promotion.env.gpu)
+    for step, change in zip(staged_steps, changes, strict=True):
+        if step.previous_config is None:
+            promotion._changing(step)
+            promotion.store.write_config(change.model, change.config_text)
+    for step in staged_steps:
+        if repointed and not step.is_ensemble and step.previous_config is not None:
+            promotion._follow_latest(step)
     staged = StagedRollout(plan.targets, fleet.target, policy, fleet.load_timeout)
     promotion.staged = staged
     rollouts = staged.run(changes)
-    for step, change in zip(steps, changes, strict=True):
+    for step, change in zip(staged_steps, changes, strict=True):
         promotion._changing(step)
         promotion.store.write_config(change.model, change.config_text)
     fleet.rollouts.extend(rollouts)
+    for step in repointed:
+        fleet.apply(
+            step.model, desired_config(step.config_text, [step.version], promotion.env.gpu), [step.version]
+        )
     baked = "; ".join(f"bake ok: {v.detail}" for v in staged.verdicts)
     summary = ", ".join(f"{s.model} v{s.version}" for s in steps)
     waves = len(waves_of(plan.targets, policy))
     return FleetReport(
         f"{summary} over {len(plan.targets)} replica(s) in {waves} wave(s)" + (f"; {baked}" if baked else ""),
-        rollouts,
+        fleet.rollouts,
     )

@@ -1,0 +1,235 @@
+"""Fleet roll-out on three real tritonservers reading one repository (a local folder store).
+
+Light python-backend models (no TensorFlow): ``scorer`` (Y = X * its version) and the ensemble
+``scoring`` over it.  Traffic is spread over the three replicas while the promotions run; the
+``fleet`` environment of mlreg.toml declares a canary, waves and a bake on Triton's metrics.
+In file order: the first deployment, a good version through canary -> waves with no failed
+request, a version failing on part of the real requests tripped by the bake and rolled back,
+and a replica hand-loaded with another version reported as drift by ``mlreg status``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines import local_triton
+from pipelines.promote.environments import environment
+from pipelines.promote.plan import serving_versions
+from pipelines.promote.reports import PromotionFailed, PromotionResult
+from pipelines.promote.rollout import config_json
+from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.status import model_status
+from pipelines.storage import open_store
+from pipelines.triton import TritonControl
+from registry.errors import MlregError
+from registry.mlflow_registry import MlflowRegistry
+from registry.register import Candidate, register
+from registry.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+SCORER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.factor = float(args["model_version"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if FAILS and float(x[0]) > 0.5:  # raised: Triton counts an error *response* as a success
+                raise ValueError("scorer: value out of the trained range")
+            y = (x * self.factor).astype(np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return responses
+"""
+SCORER_CONFIG = """name: "scorer"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+ENSEMBLE_CONFIG = """name: "scoring"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "scorer" model_version: 1
+  input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }
+"""
+REPLICAS = 3
+
+
+@dataclass
+class FleetStack:
+    settings: Settings
+    registry: MlflowRegistry
+    store: Path
+    urls: list[str]
+    work: Path
+
+    def promote(self, model: str, version: str) -> PromotionResult:
+        env = environment(self.settings, "fleet")
+        return Promotion(self.settings, env, self.registry, Options(skip_quality=True)).run(model, version)
+
+    def register(
+        self, model: str, config: str, source: str | None, members: dict[str, str] | None = None
+    ) -> str:
+        folder = self.work / f"{model}-{len(list(self.work.iterdir()))}"
+        (folder / "1").mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(config)
+        if source is not None:
+            (folder / "1" / "model.py").write_text(source)
+        return register(
+            self.registry, Candidate(model, folder / "1", folder / "config.pbtxt"), members=members
+        ).version
+
+    def serving(self, url: str, model: str) -> dict[str, str]:
+        with TritonControl(url) as triton:
+            return triton.model_states().get(model, {})
+
+    def ready(self, url: str, model: str) -> list[str]:
+        return sorted(v for v, s in self.serving(url, model).items() if s == "READY")
+
+    def pinned(self, url: str) -> int:
+        with TritonControl(url) as triton:
+            return int(triton.model_config("scoring")["ensemble_scheduling"]["step"][0]["model_version"])
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetStack]:
+    root = tmp_path_factory.mktemp("fleet")
+    settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
+    store = root / "store"
+    store.mkdir()
+    servers = []
+    try:
+        for index in range(REPLICAS):
+            servers.append(
+                local_triton.start_server(store, root / f"replica-{index}", settings.backends_source)
+            )
+        urls = [info.grpc_url for info, _ in servers]
+        metrics = ", ".join(f'"{info.grpc_url}" = "{info.metrics_url}"' for info, _ in servers)
+        (root / "mlreg.toml").write_text(
+            f'[environments.fleet]\nstore = "{store}"\ntargets = {urls!r}\ngpu = false\n'.replace("'", '"')
+            + f"canary = 1\nwaves = [50, 100]\nbake_seconds = 3\nmax_parallel = 2\nmin_requests = 5\n"
+            f"metrics = {{ {metrics} }}\n"
+        )
+        work = root / "work"
+        work.mkdir()
+        yield FleetStack(settings, MlflowRegistry(settings), store, urls, work)
+    finally:
+        for info, process in servers:
+            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+
+
+class Traffic:
+    """Ensemble requests to every replica (one thread each) while a promotion runs."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.counts: dict[str, int] = {"ok": 0, "failed": 0}
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self.send, args=(url, i)) for i, url in enumerate(urls)]
+
+    def send(self, url: str, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with TritonControl(url, timeout=30) as triton:
+            deadline = time.monotonic() + 300
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                try:
+                    triton.infer("scoring", {"X": rng.random(4).astype(np.float32)}, ["Y"])
+                    key = "ok"
+                except MlregError as exc:
+                    key = "failed"
+                    self.errors.append(exc.message)
+                with self.lock:
+                    self.counts[key] += 1
+
+    def __enter__(self) -> Traffic:
+        for thread in self.threads:
+            thread.start()
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.5)
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def test_first_deployment_reaches_every_replica(fleet: FleetStack) -> None:
+    assert fleet.register("scorer", SCORER_CONFIG, "FAILS = False\n" + SCORER) == "1"
+    assert fleet.register("scoring", ENSEMBLE_CONFIG, None, members={"scorer": "1"}) == "1"
+    result = fleet.promote("scoring", "1")
+    assert result.ok
+    for url in fleet.urls:
+        assert fleet.ready(url, "scorer") == ["1"]
+        assert fleet.ready(url, "scoring") == ["1"]
+
+
+def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet: FleetStack) -> None:
+    assert fleet.register("scorer", SCORER_CONFIG, "FAILS = False  # v2\n" + SCORER) == "2"
+    with Traffic(fleet.urls) as traffic:
+        result = fleet.promote("scorer", "2")
+    assert traffic.counts["failed"] == 0, traffic.errors[:3]
+    assert traffic.counts["ok"] > 100
+    deploy = next(s for s in result.stages if s.stage == "deploy")
+    assert "over 3 replica(s) in 3 wave(s)" in deploy.detail
+    assert deploy.detail.count("bake ok: failure ratio 0.000") == 2  # after the canary and wave 2
+    for url in fleet.urls:
+        assert fleet.ready(url, "scorer") == ["2"], url
+        assert fleet.pinned(url) == 2, url
+    assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
+    assert fleet.registry.aliases("scorer")["fleet"] == "2"
+
+
+def test_a_version_failing_on_real_requests_trips_the_bake_and_is_rolled_back(fleet: FleetStack) -> None:
+    assert fleet.register("scorer", SCORER_CONFIG, "FAILS = True\n" + SCORER) == "3"
+    with (
+        Traffic(fleet.urls),
+        pytest.raises(PromotionFailed, match=r"tripped on scorer v3 \(failure_ratio\)") as info,
+    ):
+        fleet.promote("scorer", "3")
+    message = info.value.message
+    assert f"rolled back on {fleet.urls[0]}, the other replicas never loaded it" in message
+    ratio = float(message.split("failure ratio ")[1].split(" ")[0])
+    assert 0.2 < ratio < 0.8  # about half of the random inputs are out of range
+    for url in fleet.urls:
+        assert fleet.ready(url, "scorer") == ["2"], url
+        assert fleet.pinned(url) == 2, url
+    for url in fleet.urls[1:]:
+        assert "3" not in fleet.serving(url, "scorer"), url  # never loaded there
+    assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
+    assert fleet.registry.aliases("scorer")["fleet"] == "2"
+
+
+def test_a_replica_hand_loaded_with_another_version_shows_as_drift(fleet: FleetStack) -> None:
+    odd = fleet.urls[2]
+    text = SCORER_CONFIG + "version_policy { specific { versions: [ 1 ] } }\n"
+    with TritonControl(odd) as triton:
+        triton.load("scorer", config=config_json(text))
+        triton.wait_ready("scorer", "1")
+    try:
+        rows = model_status(fleet.settings, environment(fleet.settings, "fleet"), fleet.registry, ["scorer"])
+        [row] = rows
+        assert row["serving"] == {fleet.urls[0]: ["2"], fleet.urls[1]: ["2"], odd: ["1"]}
+        assert row["drift"] == [f"{odd} serves v1, store wants v2"]
+    finally:
+        with TritonControl(odd) as triton:
+            triton.load("scorer")  # back to the store's config
