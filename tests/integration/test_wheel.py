@@ -1,6 +1,7 @@
 """The wheel, installed (not editable) into a fresh virtual environment, serves the whole local story.
 
-The wheel is built from a copy of the checkout (`pip wheel --no-build-isolation`, no index).
+The wheel is built as `python -m build` builds it, sdist first and the wheel from the sdist,
+from a copy of the checkout (setuptools from .venv: no build isolation, no index).
 The fresh environment gets its dependencies from the project's .venv through a .pth file (no
 network, no 3 GB reinstall) and mlreg itself only from the wheel (`pip install --no-deps
 --no-index`).  Every command runs from a folder outside the repository, so nothing can come
@@ -59,15 +60,19 @@ def run(command: list[str | Path], env: dict[str, str], cwd: Path, timeout: floa
 
 
 def build_wheel(work: Path) -> Path:
+    """sdist first, then the wheel from the sdist, as `python -m build` does (no index, no isolation)."""
     source = work / "source"
     for name in SOURCES:
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in BUILD_FILES:
         shutil.copy2(ROOT / name, source / name)
     dist = work / "dist"
+    make_sdist = f"from setuptools import build_meta; build_meta.build_sdist({str(dist)!r})"
+    run([sys.executable, "-c", make_sdist], dict(os.environ), source)
+    (sdist,) = dist.glob("mlreg-*.tar.gz")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     options = ["--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(dist)]
-    run([*pip, "wheel", *options, "."], dict(os.environ), source)
+    run([*pip, "wheel", *options, sdist], dict(os.environ), work)
     (wheel,) = dist.glob("mlreg-*.whl")
     return wheel
 
