@@ -28,6 +28,7 @@ class StackStatus:
     already_running: bool = False
     loaded: list[str] = field(default_factory=list)
     mlflow_url: str = ""
+    replicas: list[ServerInfo] = field(default_factory=list)  # `stack up --replicas N`: the others
 
     def to_dict(self) -> dict[str, object]:
         data: dict[str, object] = {"running": self.running}
@@ -37,6 +38,8 @@ class StackStatus:
             data["mlflow_url"] = self.mlflow_url
         if self.loaded:
             data["loaded"] = self.loaded
+        if self.replicas:
+            data["replicas"] = [r.grpc_url for r in self.replicas]
         return data
 
 
@@ -55,6 +58,33 @@ def running_server(settings: Settings) -> ServerInfo | None:
     log.info("removed stale stack state for pid %d", info.pid)
     local_triton.remove_shm(info.shm_prefix)
     return None
+
+
+def running_servers(settings: Settings) -> list[ServerInfo]:
+    """The project's server and its extra replicas (``stack up --replicas N``) still alive."""
+    primary = running_server(settings)
+    if primary is None:
+        return []
+    found = [primary]
+    for path in sorted(settings.stack_dir.glob("replica-*/triton.json"), key=lambda p: p.parent.name):
+        if processes.running(path, "tritonserver") is not None:
+            info = local_triton.load_info(path)
+            found.extend([info] if info is not None else [])
+    return found
+
+
+def start_replicas(settings: Settings, repository: str, replicas: int) -> list[ServerInfo]:
+    """Extra tritonservers on the same repository up to ``replicas`` in all (issue 12)."""
+    started = running_servers(settings)[1:]
+    for index in range(len(started) + 1, replicas):
+        state = settings.stack_dir / f"replica-{index}"
+        info, process = local_triton.start_server(repository, state, settings.backends_source)
+        local_triton.save_info(info, state / "triton.json")
+        with warnings.catch_warnings():  # the server is meant to outlive this process
+            warnings.simplefilter("ignore", ResourceWarning)
+            del process
+        started.append(info)
+    return started
 
 
 def s3_state_file(settings: Settings) -> Path:
@@ -155,6 +185,7 @@ def stack_up(
     ports: tuple[int, int, int] | None = None,
     s3: bool = False,
     ui: bool = False,
+    replicas: int = 1,
 ) -> StackStatus:
     info = running_server(settings)
     if info is not None and repository is None:  # `mlreg stack up` again: the running one
@@ -183,10 +214,13 @@ def stack_up(
             warnings.simplefilter("ignore", ResourceWarning)
             del process
     status = StackStatus(running=True, info=info, already_running=already)
+    status.replicas = start_replicas(settings, repo, replicas) if replicas > 1 else []
     if ui:
         status.mlflow_url = start_ui(settings)
     if load:
         load_models(info, list(load), settings, status)
+        for replica in status.replicas:
+            load_models(replica, list(load), settings, StackStatus(running=True, info=replica))
     return status
 
 
@@ -207,7 +241,7 @@ def stack_status(settings: Settings) -> StackStatus:
     info = running_server(settings)
     if info is None:
         return StackStatus(running=False, info=None)
-    status = StackStatus(running=True, info=info)
+    status = StackStatus(running=True, info=info, replicas=running_servers(settings)[1:])
     status.mlflow_url = str((running_mlflow(settings) or {}).get("url", ""))
     try:
         with TritonControl(info.grpc_url, timeout=5.0) as triton:
@@ -226,6 +260,9 @@ def stack_down(settings: Settings) -> ServerInfo | None:
     info = running_server(settings)
     if info is None:
         return None
+    for replica in running_servers(settings)[1:]:
+        local_triton.stop_pid(replica.pid, replica.shm_prefix)
+        (Path(replica.log_path).parent / "triton.json").unlink(missing_ok=True)
     local_triton.stop_pid(info.pid, info.shm_prefix)
     state_file(settings).unlink(missing_ok=True)
     ui = running_mlflow(settings)

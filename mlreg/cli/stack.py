@@ -10,13 +10,25 @@ from mlreg.cli.common import JsonFlag, settings_of
 from mlreg.cli.output import Output
 
 app = typer.Typer(help="Start, inspect and stop the local Triton stack.", no_args_is_help=True)
-SHOWN = ("grpc_url", "http_url", "metrics_url", "pid", "repository", "log_path", "mlflow_url", "loaded")
+SHOWN = (
+    "grpc_url",
+    "http_url",
+    "metrics_url",
+    "pid",
+    "repository",
+    "log_path",
+    "mlflow_url",
+    "loaded",
+    "replicas",
+)
 
 
 def _describe(out: Output, data: dict[str, object]) -> None:
     shown = {key: data[key] for key in SHOWN if key in data}
     if isinstance(shown.get("loaded"), list):
         shown["loaded"] = ", ".join(shown["loaded"]) or "(none)"  # type: ignore[arg-type]
+    if isinstance(shown.get("replicas"), list):
+        shown["replicas"] = ", ".join(shown["replicas"])  # type: ignore[arg-type]
     out.fields(shown)
 
 
@@ -45,6 +57,14 @@ def up_cmd(
     ui: Annotated[
         bool, typer.Option("--ui/--no-ui", help="Also start the MLflow UI on the local registry.")
     ] = True,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            "--replicas",
+            min=1,
+            help="Start N tritonservers on the same repository; the 'local' environment targets them all.",
+        ),
+    ] = 1,
     as_json: JsonFlag = False,
 ) -> None:
     """Start tritonserver (CPU, explicit model control) unless the project's one already runs.
@@ -56,7 +76,9 @@ def up_cmd(
     """
     from pipelines.stack import stack_up
 
-    status = stack_up(settings_of(ctx), repository=repository, load=load or (), s3=s3, ui=ui)
+    status = stack_up(
+        settings_of(ctx), repository=repository, load=load or (), s3=s3, ui=ui, replicas=replicas
+    )
     out = Output(as_json)
     if out.json:
         out.document(status.to_dict() | {"already_running": status.already_running})

@@ -119,14 +119,14 @@ def resolve_targets(settings: Settings, env: Environment) -> tuple[str, ...]:
                 fix='add targets = ["host:8001"] to its section in mlreg.toml',
             )
         return env.targets
-    from pipelines.stack import running_server
+    from pipelines.stack import running_servers
 
-    info = running_server(settings)
-    if info is None:
+    servers = running_servers(settings)  # `stack up --replicas N`: every replica
+    if not servers:
         from registry.errors import PromotionError
 
         raise PromotionError(
             "the local stack is not running, so environment 'local' has no Triton",
             fix="start it with 'mlreg stack up'",
         )
-    return (info.grpc_url,)
+    return tuple(info.grpc_url for info in servers)

@@ -233,3 +233,29 @@ def test_a_replica_hand_loaded_with_another_version_shows_as_drift(fleet: FleetS
     finally:
         with TritonControl(odd) as triton:
             triton.load("scorer")  # back to the store's config
+
+
+def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from pipelines.promote.environments import resolve_targets
+    from pipelines.stack import running_servers, stack_down, stack_status, stack_up
+
+    home = tmp_path_factory.mktemp("local-fleet") / ".mlreg"
+    settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
+    try:
+        status = stack_up(settings, ui=False, replicas=2)
+        assert status.info is not None
+        assert len(status.replicas) == 1
+        assert status.replicas[0].repository == status.info.repository  # one repository
+        urls = resolve_targets(settings, environment(settings, "local"))
+        assert urls == (status.info.grpc_url, status.replicas[0].grpc_url)
+        for url in urls:
+            with TritonControl(url) as triton:
+                assert triton.is_live()
+        assert stack_up(settings, ui=False, replicas=2).replicas == status.replicas  # reused
+        assert stack_status(settings).to_dict()["replicas"] == [status.replicas[0].grpc_url]
+    finally:
+        stack_down(settings)
+    assert running_servers(settings) == []
+    assert not list(home.glob("stack/replica-*/triton.json"))
