@@ -7,9 +7,9 @@ load rolled back, a killed promotion, contention and unreachable parts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -19,16 +19,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pipelines.promote.environments import environment
+from pipelines.promote.fanout import PAUSE_VARIABLE
 from pipelines.promote.plan import serving_versions
+from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
 from pipelines.stack import stack_down, stack_up
 from pipelines.storage import open_store
+from pipelines.storage.base import lock_key
 from pipelines.triton import TritonControl
 from registry.errors import MlregError, PromotionError
 from registry.export import export_models
@@ -55,7 +59,7 @@ class Stack:
         """How many instances of ``model`` (any version) the server has initialized so far."""
         return self.log.read_text(errors="replace").count(f"ModelInstanceInitialize: {model}_")
 
-    def promote(self, model: str, version: str, **options: object) -> object:
+    def promote(self, model: str, version: str, **options: Any) -> PromotionResult:
         env = environment(self.settings, "local")
         return Promotion(self.settings, env, self.registry, Options(**options)).run(model, version)
 
@@ -85,18 +89,43 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack_down(settings)
 
 
+MODELS = (
+    "table_data_preprocess",
+    "table_data_model",
+    "image_preprocess",
+    "image_model",
+    "multi_modal_model",
+    ENSEMBLE,
+)
+
+
+def snapshot(stack: Stack) -> dict[str, object]:
+    """Everything a refused promotion must leave alone: the store's bytes and configs (locks left
+    out), the MLflow aliases, and what Triton serves."""
+    root = stack.settings.local_repository
+    files = {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".mlreg-lock.")
+    }
+    aliases = {m: stack.registry.aliases(m).get("local") for m in MODELS}
+    return {"files": files, "aliases": aliases, "serving": {m: stack.serving(m) for m in MODELS}}
+
+
 def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) -> None:
     result = stack.promote(ENSEMBLE, "1")
-    assert [s["stage"] for s in result.stages] == [
+    names = result.stage_names()
+    assert "quality" in names  # before or after the upload: see pipelines/promote/quality.py
+    assert [n for n in names if n != "quality"] == [
         "resolve",
         "validate",
-        "quality",
         "assemble",
         "deploy",
         "verify",
         "finalize",
         "record",
     ]
+    assert names.index("quality") < names.index("deploy")
     for model in (
         "table_data_preprocess",
         "table_data_model",
@@ -111,7 +140,7 @@ def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) ->
         out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
     assert out["multi_modal_output"].shape == (1, 1)
     again = stack.promote(ENSEMBLE, "1")
-    assert [s["stage"] for s in again.stages] == ["noop"]  # the fast path: nothing was touched
+    assert again.stage_names() == ["noop"]  # the fast path: nothing was touched
 
 
 class Traffic:
@@ -193,11 +222,12 @@ def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, 
     config = folder / "config.pbtxt"
     config.write_text(config.read_text().replace("dims: [ 3 ]", "dims: [ 4 ]", 1))
     version = register(stack.registry, find_candidate(folder)).version
-    store_before = open_store(stack.settings.local_repository).read_config("table_data_preprocess")
+    before = snapshot(stack)
     with pytest.raises(PromotionError, match="(?s)contract check failed:.*nothing was changed") as info:
         stack.promote("table_data_preprocess", version)
-    assert "table_data_output_1" in info.value.message
-    assert open_store(stack.settings.local_repository).read_config("table_data_preprocess") == store_before
+    assert "inconsistent shape" in info.value.message
+    assert "table_data_preprocess" in info.value.message
+    assert snapshot(stack) == before
     assert stack.serving("table_data_preprocess") == ["1"]
     assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
 
@@ -211,10 +241,11 @@ def _failing_version(stack: Stack, tmp_path: Path) -> str:
 
 def test_the_quality_gate_catches_a_model_that_cannot_load(stack: Stack, tmp_path: Path) -> None:
     version = _failing_version(stack, tmp_path)
+    before = snapshot(stack)
     with pytest.raises(PromotionError, match="cannot open the vocabulary file") as info:
         stack.promote("table_data_preprocess", version)
     assert "nothing was changed" in info.value.message
-    assert stack.serving("table_data_preprocess") == ["1"]
+    assert snapshot(stack) == before
 
 
 def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving_version(
@@ -228,6 +259,7 @@ def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving
     assert original in code.read_text()
     code.write_text(code.read_text().replace(original, f"return 2 * {original.removeprefix('return ')}"))
     version = register(stack.registry, find_candidate(folder)).version
+    before = snapshot(stack)
     with pytest.raises(PromotionError, match="quality gate failed") as info:
         stack.promote("table_data_preprocess", version)
     message = info.value.message
@@ -236,15 +268,15 @@ def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving
         "min_value=0.0, max_value=1.0 failed" in message
     )
     assert "changed by up to 1 against serving v1, declared tolerance 0.0" in message
-    assert stack.serving("table_data_preprocess") == ["1"]
+    assert snapshot(stack) == before
 
 
 def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Path) -> None:
     version = _failing_version(stack, tmp_path)  # same bytes: the version registered above
-    with pytest.raises(PromotionError, match="rolled back, the previous versions serve") as info:
+    with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as info:
         stack.promote("table_data_preprocess", version, skip_quality=True)
-    result = info.value.context["result"]
-    assert [s["stage"] for s in result.stages][-2:] == ["deploy", "rollback"]
+    result = info.value.result
+    assert result.stage_names()[-2:] == ["deploy", "rollback"]
     assert stack.serving("table_data_preprocess") == ["1"]
     assert stack.desired("table_data_preprocess") == ["1"]
     assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
@@ -253,16 +285,25 @@ def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Pat
     assert np.isfinite(out["multi_modal_output"]).all()
 
 
-def _cli(stack: Stack, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+def _cli(
+    stack: Stack, *args: str, env_extra: dict[str, str] | None = None, **kwargs: object
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "mlreg", *args],
         cwd=ROOT,
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, **stack.env_vars},
+        env={**os.environ, **stack.env_vars, **(env_extra or {})},
         **kwargs,
     )  # type: ignore[call-overload]
+
+
+def _run_cli(stack: Stack, *args: str, timeout: float = 300) -> tuple[int, str, str]:
+    with _cli(stack, *args) as proc:
+        out, err = proc.communicate(timeout=timeout)
+    assert "Traceback" not in err, err
+    return proc.returncode, out, err
 
 
 def test_an_unknown_version_is_refused_with_one_json_document(stack: Stack) -> None:
@@ -277,30 +318,68 @@ def test_an_unknown_version_is_refused_with_one_json_document(stack: Stack) -> N
     assert "Traceback" not in err
 
 
-def test_a_killed_promotion_leaves_a_consistent_state_and_a_rerun_completes(stack: Stack) -> None:
+def _paused_cli(stack: Stack, point: str, *args: str) -> None:
+    """Run ``mlreg`` until the test hook pauses it at ``point``, then SIGKILL its process group."""
+    proc = _cli(stack, *args, start_new_session=True, env_extra={PAUSE_VARIABLE: point})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith(f"mlreg-test: paused at {point}"):
+                break
+        else:
+            raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def _status_tells_the_truth(stack: Stack, models: list[str]) -> dict[str, dict[str, Any]]:
+    """status agrees with the store's configs, Triton and the MLflow alias, whatever the drift."""
+    rows = {
+        r["model"]: r
+        for r in model_status(stack.settings, environment(stack.settings, "local"), stack.registry, models)
+    }
+    for model, row in rows.items():
+        assert row["desired"] == stack.desired(model), model
+        assert row["serving"] == {stack.url: stack.serving(model)}, model
+        assert row["alias"] == stack.registry.aliases(model)["local"], model
+    return rows
+
+
+def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_completes(stack: Stack) -> None:
     [v3] = export_models(stack.settings, stack.registry, ["image_model"], seed=11)
-    rng = random.Random(7)
-    for attempt in range(2):
-        with _cli(
-            stack, "promote", "image_model", "--version", v3.version, "--skip-quality", start_new_session=True
-        ) as proc:
-            time.sleep(rng.uniform(2.0, 6.0))
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        rows = model_status(
-            stack.settings, environment(stack.settings, "local"), stack.registry, ["image_model", ENSEMBLE]
-        )
-        image = rows[0]
-        live = image["serving"][stack.url]
-        assert live, f"attempt {attempt}: nothing serves image_model"
-        assert set(live) <= {"2", v3.version}
-        with TritonControl(stack.url) as triton:
-            triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
-    with _cli(stack, "promote", "image_model", "--version", v3.version, "--skip-quality", "--json") as proc:
+    args = ("promote", "image_model", "--version", v3.version, "--skip-quality")
+    store = open_store(stack.settings.local_repository)
+    # 1. after the upload: the bytes are in the store, nothing else changed
+    _paused_cli(stack, "uploaded", *args)
+    assert store.read_manifest("image_model", v3.version) is not None
+    assert stack.desired("image_model") == ["2"]
+    rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
+    assert rows["image_model"]["drift"] == []
+    # 2. after the config write: the store wants both versions, Triton still serves the old one
+    _paused_cli(stack, "config-written:image_model", *args)
+    assert stack.desired("image_model") == ["2", v3.version]
+    assert stack.serving("image_model") == ["2"]
+    rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
+    assert f"{stack.url} serves v2, store wants v2,{v3.version}" in rows["image_model"]["drift"]
+    # 3. between the loads: the model loaded, the ensemble not re-pointed yet
+    _paused_cli(stack, "loaded:image_model", *args)
+    assert stack.serving("image_model") == ["2", v3.version]
+    assert 'model_name: "image_model"\n    model_version: 2' in (store.read_config(ENSEMBLE) or "")
+    _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
+    with TritonControl(stack.url) as triton:  # the ensemble never stopped answering
+        triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
+    # the crashed holders' locks are stale: a rerun takes them over and completes
+    with _cli(stack, *args, "--json") as proc:
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert json.loads(out)["ok"] is True
     assert stack.serving("image_model") == [v3.version]
+    rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
+    assert rows["image_model"]["drift"] == []
+    assert rows[ENSEMBLE]["drift"] == []
 
 
 def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
@@ -309,7 +388,7 @@ def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
         result = stack.promote("image_model", saved.version, serve_as="onnx", skip_quality=True)
     assert traffic.counts["failed"] == 0, traffic.errors[:3]
     assert traffic.counts["ok"] > 0
-    stages = {s["stage"]: s["detail"] for s in result.stages}
+    stages = {s.stage: s.detail for s in result.stages}
     onnx_version = result.plan.version
     assert onnx_version != saved.version
     assert f"image_model v{saved.version} (SavedModel) -> v{onnx_version} (ONNX)" in stages["convert"]
@@ -356,17 +435,21 @@ def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
     ) as proc:
         try:
             assert proc.stdout.readline().strip() == "locked"
+            before = snapshot(stack)
             with pytest.raises(MlregError, match="model 'image_model' is locked by ci-job-41@elsewhere:1"):
                 stack.promote("image_model", "2", skip_quality=True)
+            assert snapshot(stack) == before
         finally:
             proc.kill()
+    # the holder "elsewhere" is gone for good: its lock would stand until it expires
+    open_store(stack.settings.local_repository).delete(lock_key("image_model"))
 
 
 def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path: Path) -> None:
     from pipelines.local_triton import free_port
     from registry.errors import RegistryError, StorageError, TritonError
 
-    before = stack.serving("image_model")
+    before = snapshot(stack)
     toml = stack.settings.home.parent / "mlreg.toml"
     toml.write_text(
         f'[environments.dead]\nstore = "{stack.settings.local_repository}"\n'
@@ -375,9 +458,12 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
         f'targets = ["{stack.url}"]\nalias = "nostore"\n'
     )
     try:
-        for env_name, error in (("dead", TritonError), ("nostore", StorageError)):
+        for env_name, error, match in (
+            ("dead", TritonError, "failed on 127.0.0.1:"),
+            ("nostore", StorageError, "127.0.0.1"),
+        ):
             env = environment(stack.settings, env_name)
-            with pytest.raises(error):
+            with pytest.raises(error, match=match):
                 Promotion(stack.settings, env, stack.registry, Options(skip_quality=True)).run(
                     "image_model", "2"
                 )
@@ -394,4 +480,211 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
             ).run("image_model", "2")
     finally:
         toml.unlink()
-    assert stack.serving("image_model") == before
+    assert snapshot(stack) == before
+
+
+# -- the CLI, end to end ---------------------------------------------------------------------------
+
+
+def _run_env(stack: Stack, *args: str, env_extra: dict[str, str] | None = None) -> tuple[int, str, str]:
+    with _cli(stack, *args, env_extra=env_extra) as proc:
+        out, err = proc.communicate(timeout=300)
+    assert "Traceback" not in err, err
+    return proc.returncode, out, err
+
+
+def test_cli_status_and_history_and_their_bad_input(stack: Stack) -> None:
+    code, out, err = _run_env(stack, "status", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["drift"] is False
+    rows = {r["model"]: r for r in doc["models"]}
+    assert rows["image_model"]["serving"] == {stack.url: stack.serving("image_model")}
+    assert rows["image_model"]["alias"] == stack.registry.aliases("image_model")["local"]
+    code, out, err = _run_env(stack, "status", "image_model")
+    assert code == 0, err
+    assert "image_model" in out
+    assert stack.url in out
+    code, out, err = _run_env(stack, "status", "--env", "nowhere")
+    assert code == 2
+    assert "error: unknown environment 'nowhere'" in err
+    code, out, err = _run_env(stack, "history", "image_model", "--json")
+    assert code == 0, err
+    latest = json.loads(out)["promotions"][0]
+    assert latest["result"] == "promoted"
+    assert [latest["to"]] == stack.serving("image_model")
+    code, out, err = _run_env(stack, "history", "image_model")
+    assert code == 0, err
+    assert latest["run_id"] in out
+    code, out, err = _run_env(stack, "history", "no_such_model")
+    assert code == 4
+    assert "error: model 'no_such_model' is not registered in MLflow" in err
+
+
+def test_status_counts_unreachable_parts_and_missing_folders_as_drift(stack: Stack, tmp_path: Path) -> None:
+    from pipelines.local_triton import free_port
+
+    folder = (
+        stack.settings.local_repository / "table_data_preprocess" / stack.desired("table_data_preprocess")[0]
+    )
+    shutil.move(folder, tmp_path / "aside")
+    try:
+        code, out, err = _run_env(stack, "status", "table_data_preprocess", "--json")
+    finally:
+        shutil.move(tmp_path / "aside", folder)
+    assert code == 1, err
+    [row] = json.loads(out)["models"]
+    assert (
+        f"the store has no folder table_data_preprocess/{folder.name}/ for the version its config serves"
+        in (row["drift"])
+    )
+    offline = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}", "MLREG_MLFLOW_TIMEOUT": "2"}
+    code, out, err = _run_env(stack, "status", "image_model", "--json", env_extra=offline)
+    assert code == 1, err
+    [row] = json.loads(out)["models"]
+    assert any(line.startswith("MLflow unreachable: ") for line in row["drift"]), row
+    port = free_port()
+    toml = stack.settings.home.parent / "mlreg.toml"
+    toml.write_text(
+        f'[environments.dead]\nstore = "{stack.settings.local_repository}"\n'
+        f'targets = ["127.0.0.1:{port}", "{stack.url}"]\nalias = "local"\n'
+    )
+    try:
+        code, out, err = _run_env(stack, "status", "image_model", "--env", "dead")
+    finally:
+        toml.unlink()
+    assert code == 1, err
+    assert f"image_model drift: 127.0.0.1:{port} unreachable: " in out
+    assert f"image_model drift: {stack.url}" not in out  # the live target agrees
+
+
+def test_cli_promote_dry_run_plans_and_changes_nothing(stack: Stack) -> None:
+    before = snapshot(stack)
+    args = ("promote", "image_model", "--version", "1", "--dry-run", "--serve-as", "native", "--skip-quality")
+    code, out, err = _run_env(stack, *args, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [s["stage"] for s in doc["stages"]] == ["resolve", "validate"]  # stops before "assemble"
+    assert doc["plan"]["steps"][0]["model"] == "image_model"
+    assert doc["plan"]["steps"][0]["version"] == "1"
+    code, out, err = _run_env(stack, *args)
+    assert code == 0, err
+    assert "plan (dry run) for image_model v1 in 'local'" in out
+    assert snapshot(stack) == before
+    code, out, err = _run_env(stack, "promote", "image_model", "--version", "1", "--serve-as", "tensorrt")
+    assert code == 2
+    assert "error: unknown --serve-as 'tensorrt'" in err
+    assert snapshot(stack) == before
+
+
+def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_path: Path) -> None:
+    folder = tmp_path / "solo_preprocess"
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "table_data_preprocess"', 'name: "solo_preprocess"'))
+    v1 = register(stack.registry, find_candidate(folder)).version
+    code, _, err = _run_env(stack, "promote", "solo_preprocess", "--version", v1, "--skip-quality")
+    assert code == 0, err
+    config.write_text(config.read_text().replace("max_batch_size: 256", "max_batch_size: 128"))
+    v2 = register(stack.registry, find_candidate(folder)).version
+    code, _, err = _run_env(stack, "promote", "solo_preprocess", "--version", v2, "--skip-quality")
+    assert code == 8
+    assert f"solo_preprocess version {v2} breaks the contract of the serving version" in err
+    assert "fix: promote with --allow-breaking" in err
+    assert stack.serving("solo_preprocess") == [v1]
+    code, _, err = _run_env(
+        stack, "promote", "solo_preprocess", "--version", v2, "--skip-quality", "--allow-breaking"
+    )
+    assert code == 0, err
+    assert stack.serving("solo_preprocess") == [v2]
+
+
+def test_cli_rollback_to_a_version(stack: Stack) -> None:
+    before = snapshot(stack)
+    code, out, err = _run_env(stack, "rollback", "image_model", "--to-version", "two")
+    assert code == 2
+    assert "error: version 'two' is not a number" in err
+    assert snapshot(stack) == before
+    target = "1" if stack.serving("image_model") == ["2"] else "2"
+    code, out, err = _run_env(stack, "rollback", "image_model", "--to-version", target, "--json")
+    assert code == 0, err
+    assert json.loads(out)["plan"]["version"] == target
+    assert stack.serving("image_model") == [target]
+    assert stack.registry.aliases("image_model")["local"] == target
+
+
+def test_two_promotions_of_two_members_of_one_ensemble_never_take_it_down(stack: Stack) -> None:
+    """Two real CLI processes at once, three times: both applied or one refused cleanly (the
+    ensemble's lock), the ensemble answering all along and status without drift after each."""
+    [table_v2] = export_models(stack.settings, stack.registry, ["table_data_model"], seed=7)
+    with Traffic(stack.url) as traffic:
+        for attempt in range(3):
+            image = "1" if stack.serving("image_model") != ["1"] else "2"
+            table = table_v2.version if stack.serving("table_data_model") != [table_v2.version] else "1"
+            procs = [
+                _cli(stack, "promote", "image_model", "--version", image, "--skip-quality", "--json"),
+                _cli(stack, "promote", "table_data_model", "--version", table, "--skip-quality", "--json"),
+            ]
+            outcomes = []
+            for proc in procs:
+                out, err = proc.communicate(timeout=300)
+                outcomes.append((proc.returncode, out, err))
+            assert 0 in [code for code, _, _ in outcomes], outcomes
+            for (code, _, err), model, version in zip(
+                outcomes, ("image_model", "table_data_model"), (image, table), strict=True
+            ):
+                assert "Traceback" not in err
+                if code == 0:
+                    assert stack.serving(model) == [version], attempt
+                else:  # refused cleanly: before any change, by the lock the other one holds
+                    assert code == 5, err
+                    assert f"model '{ENSEMBLE}' is locked by" in err
+                    assert stack.serving(model) != [version]
+            rows = _status_tells_the_truth(stack, ["image_model", "table_data_model", ENSEMBLE])
+            assert all(r["drift"] == [] for r in rows.values()), rows
+            pins = rows[ENSEMBLE]["pins"]
+            assert [pins["image_model"]] == stack.serving("image_model")
+            assert [pins["table_data_model"]] == stack.serving("table_data_model")
+    assert traffic.counts["failed"] == 0, traffic.errors[:3]
+    assert traffic.counts["ok"] > 0
+
+
+def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path) -> None:
+    """A second Triton on an S3 repository (moto_server): the environment 's3' of mlreg.toml."""
+    from pipelines import local_s3, local_triton
+    from pipelines.storage import ensure_root
+
+    local_s3.create_bucket(s3_server.endpoint, "promote")
+    uri = s3_server.store_uri("promote", "repo")
+    ensure_root(uri)
+    info, process = local_triton.start_server(uri, tmp_path / "triton", stack.settings.backends_source)
+    toml = stack.settings.home.parent / "mlreg.toml"
+    toml.write_text(
+        f'[environments.s3]\nstore = "{uri}"\ntargets = ["{info.grpc_url}"]\nalias = "s3"\ngpu = false\n'
+    )
+    try:
+        code, out, err = _run_env(
+            stack, "promote", ENSEMBLE, "--version", "1", "--env", "s3", "--skip-quality"
+        )
+        assert code == 0, err
+        store = open_store(uri)
+        for model in MODELS:
+            assert serving_versions(store.read_config(model)) == ["1"], model
+            assert stack.registry.aliases(model)["s3"] == "1", model
+        assert store.read_manifest("image_model", "1") is not None
+        with TritonControl(info.grpc_url) as triton:
+            assert triton.model_states()["image_model"] == {"1": "READY"}
+            out_s3 = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
+        assert np.isfinite(out_s3["multi_modal_output"]).all()
+        code, out, err = _run_env(
+            stack, "promote", "image_model", "--version", "2", "--env", "s3", "--skip-quality"
+        )
+        assert code == 0, err
+        code, out, err = _run_env(stack, "status", "--env", "s3", "--json")
+        assert code == 0, err
+        rows = {r["model"]: r for r in json.loads(out)["models"]}
+        assert rows["image_model"]["serving"] == {info.grpc_url: ["2"]}
+        assert rows["image_model"]["desired"] == ["2"]
+    finally:
+        toml.unlink()
+        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
