@@ -130,7 +130,19 @@ def validate_candidate(candidate: Candidate) -> tuple[list[str], dict[str, Any]]
         if not any(f.rule == "model-file" for f in findings):
             findings.extend(check_artifacts(entry))
         signature = _signature(entry)
-    return [f.line() for f in findings if f.is_error], signature
+        # findings name the user's folders, not this scratch layout
+        shown = {
+            str(model_dir / "1"): str(candidate.version_dir),
+            str(model_dir): str(candidate.config_path.parent),
+        }
+        errors = [_replace_all(f.line(), shown) for f in findings if f.is_error]
+    return errors, signature
+
+
+def _replace_all(text: str, replacements: dict[str, str]) -> str:
+    for old, new in replacements.items():
+        text = text.replace(old, new)
+    return text
 
 
 def _signature(entry: ModelEntry) -> dict[str, Any]:
