@@ -8,7 +8,11 @@ reads: per-replica state goes through the load API's ``config`` override):
   serving versions *and* the candidate -- the config ``deploy`` writes next, so the deploy finds
   the canary already as wanted (Triton re-reads the equal config and loads nothing again).  Pinned
   ensembles and version-specific requests stay on the serving version; the gate asks for the
-  candidate by version.  The candidate is loaded once, as it would be without the gate.
+  candidate by version.  The candidate is loaded once, as it would be without the gate.  One
+  exposure remains: Triton answers a request to the model *without* a version with its newest
+  loaded version, so a client calling the model directly and unpinned can reach the candidate on
+  the canary between its READY and the gate's verdict (the inference and the checks, about a
+  second).  Traffic through ensembles (pinned) and version-specific requests cannot.
 - **a runtime change** (SavedModel -> ONNX): old and new cannot share one config.  The candidate is
   loaded alone under a private name (``<model>__mlreg_quality``), from its own files sent with the
   load request, so no live request can address it; the serving version answers for comparison
@@ -87,15 +91,17 @@ def canary_gate(
 ) -> QualityReport:
     canary = cast(Canary, target)
     report = QualityReport(where=f"the canary {canary.url}")
-    warm = warm_up()  # great_expectations imports while the candidates load
+    steps = gated_steps(plan)
+    if not steps:
+        return report
+    warm_up()  # great_expectations imports while the candidates load (the checks wait for it)
     touched: list[tuple[Step, Probe]] = []
     timeout = settings.triton_timeout * 10
     try:
-        for step in gated_steps(plan):
+        for step in steps:
             probe = _probe(step, canary)
             touched.append((step, probe))
             _load(canary, step, probe, gpu, timeout)
-        warm.join()
         for step, probe in touched:
             check_model(canary, settings, step.config_text, probe, report)
     except MlregError as exc:
