@@ -151,14 +151,16 @@ class Fleet:
     # -- probes --------------------------------------------------------------------------------
 
     def states(self) -> dict[str, dict[str, dict[str, str]] | MlregError]:
-        """url -> model -> version -> state; an unreachable target is its error."""
-        found: dict[str, dict[str, dict[str, str]] | MlregError] = {}
-        for url in self.urls:
+        """url -> model -> version -> state; an unreachable target is its error (probed in parallel)."""
+
+        def probe(url: str) -> dict[str, dict[str, str]] | MlregError:
             try:
-                found[url] = self.target(url).model_states()
+                return self.target(url).model_states()
             except MlregError as exc:
-                found[url] = exc
-        return found
+                return exc
+
+        with ThreadPoolExecutor(max(1, min(16, len(self.urls)))) as pool:
+            return dict(zip(self.urls, pool.map(probe, self.urls), strict=True))
 
     def serving(self, model: str) -> dict[str, list[str]]:
         """url -> the versions of ``model`` READY there (raises when a target is unreachable)."""

@@ -314,17 +314,35 @@ class StagedRollout:
             self.results[change.model].targets.append(TargetResult(url, True, time.perf_counter() - began))
 
     def _scrape_all(self, urls: Sequence[str]) -> dict[str, metrics.Snapshot]:
+        def scrape(url: str) -> metrics.Snapshot | MlregError:
+            try:
+                return self.scrape(url)
+            except MlregError as exc:
+                return exc
+
         with ThreadPoolExecutor(max(1, min(8, len(urls)))) as pool:
-            return dict(zip(urls, pool.map(self.scrape, urls), strict=True))
+            found = dict(zip(urls, pool.map(scrape, urls), strict=True))
+        for url, snapshot in found.items():
+            if isinstance(snapshot, MlregError):
+                raise PromotionError(f"replica {url}: {snapshot.message}", fix=snapshot.fix)
+        return found  # type: ignore[return-value]
 
     def _bake(
         self, changes: list[Change], baseline: dict[str, metrics.Snapshot], wave: int, waves: int
     ) -> None:
         moved = list(self.touched)
         others = [u for u in self.targets if u not in moved]
-        before = self._scrape_all(self.targets)
-        self.sleep(self.policy.bake_seconds)
-        after = self._scrape_all(self.targets)
+        try:
+            before = self._scrape_all(self.targets)
+            self.sleep(self.policy.bake_seconds)
+            after = self._scrape_all(self.targets)
+        except MlregError as exc:
+            self.abort(changes)
+            raise PromotionError(
+                f"the bake after wave {wave} of {waves} failed: {exc.message}; "
+                "every touched replica is back on the store's config",
+                fix="bring the replica back (its metrics port must answer), then promote again",
+            ) from exc
         for change in changes:
             if not change.baked_old:
                 continue
@@ -435,7 +453,11 @@ def staged_deploy(promotion: Any) -> FleetReport:
             promotion._follow_latest(step)
     staged = StagedRollout(plan.targets, fleet.target, policy, fleet.load_timeout)
     promotion.staged = staged
-    rollouts = staged.run(changes)
+    try:
+        rollouts = staged.run(changes)
+    except MlregError:
+        _restore_pins(promotion, repointed)
+        raise
     for step, change in zip(staged_steps, changes, strict=True):
         promotion._changing(step)
         promotion.store.write_config(change.model, change.config_text)
@@ -451,3 +473,23 @@ def staged_deploy(promotion: Any) -> FleetReport:
         f"{summary} over {len(plan.targets)} replica(s) in {waves} wave(s)" + (f"; {baked}" if baked else ""),
         fleet.rollouts,
     )
+
+
+def _restore_pins(promotion: Any, repointed: list[Any]) -> None:
+    """After an abort, the ensembles that followed the latest version get their old pins back in
+    the store and on every replica that answers (a dead one reads the store when it restarts),
+    so that the runner's rollback, which stops at the first unreachable replica, is not needed
+    for them."""
+    urls = list(promotion.plan.targets)
+
+    def reload(url: str, model: str) -> None:
+        try:
+            promotion.fleet.target(url).load(model)
+        except MlregError:
+            pass
+
+    for step in repointed:
+        promotion.store.write_config(step.model, step.previous_config)
+        with ThreadPoolExecutor(max(1, min(8, len(urls)))) as pool:
+            list(pool.map(lambda url, model=step.model: reload(url, model), urls))
+        promotion.changed[:] = [s for s in promotion.changed if s is not step]

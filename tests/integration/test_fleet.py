@@ -1,4 +1,4 @@
-"""Fleet roll-out on three real tritonservers reading one repository (a local folder store).
+"""Fleet roll-out on three real tritonservers reading one repository (a local-folder store).
 
 Light python-backend models (no TensorFlow): ``scorer`` (Y = X * its version) and the ensemble
 ``scoring`` over it.  Traffic is spread over the three replicas while the promotions run; the
@@ -11,11 +11,15 @@ and a replica hand-loaded with another version reported as drift by ``mlreg stat
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -77,13 +81,27 @@ REPLICAS = 3
 class FleetStack:
     settings: Settings
     registry: MlflowRegistry
-    store: Path
+    store: str
     urls: list[str]
     work: Path
+    root: Path
+    servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]
 
-    def promote(self, model: str, version: str) -> PromotionResult:
+    def write_environment(self) -> None:
+        self.urls[:] = [info.grpc_url for info, _ in self.servers]
+        metrics = ", ".join(f'"{info.grpc_url}" = "{info.metrics_url}"' for info, _ in self.servers)
+        targets = ", ".join(f'"{url}"' for url in self.urls)
+        (self.root / "mlreg.toml").write_text(
+            f'[environments.fleet]\nstore = "{self.store}"\ntargets = [{targets}]\ngpu = false\n'
+            "canary = 1\nwaves = [50, 100]\nbake_seconds = 3\nmax_parallel = 2\nmin_requests = 5\n"
+            "max_latency_ratio = 50\n"  # a cold python stub on 2 busy cores: latency is not judged here
+            f"metrics = {{ {metrics} }}\n"
+        )
+
+    def promote(self, model: str, version: str, connect: Any = None) -> PromotionResult:
         env = environment(self.settings, "fleet")
-        return Promotion(self.settings, env, self.registry, Options(skip_quality=True)).run(model, version)
+        options = Options(skip_quality=True)
+        return Promotion(self.settings, env, self.registry, options, connect=connect).run(model, version)
 
     def register(
         self, model: str, config: str, source: str | None, members: dict[str, str] | None = None
@@ -113,24 +131,20 @@ class FleetStack:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetStack]:
     root = tmp_path_factory.mktemp("fleet")
     settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
-    store = root / "store"
-    store.mkdir()
+    # a local-folder store: the same roll-out on moto_server's S3 took 7m40 here (2 busy cores)
+    store = str(root / "store")
+    Path(store).mkdir()
     servers = []
     try:
         for index in range(REPLICAS):
             servers.append(
                 local_triton.start_server(store, root / f"replica-{index}", settings.backends_source)
             )
-        urls = [info.grpc_url for info, _ in servers]
-        metrics = ", ".join(f'"{info.grpc_url}" = "{info.metrics_url}"' for info, _ in servers)
-        (root / "mlreg.toml").write_text(
-            f'[environments.fleet]\nstore = "{store}"\ntargets = {urls!r}\ngpu = false\n'.replace("'", '"')
-            + f"canary = 1\nwaves = [50, 100]\nbake_seconds = 3\nmax_parallel = 2\nmin_requests = 5\n"
-            f"metrics = {{ {metrics} }}\n"
-        )
         work = root / "work"
         work.mkdir()
-        yield FleetStack(settings, MlflowRegistry(settings), store, urls, work)
+        stack = FleetStack(settings, MlflowRegistry(settings), store, [], work, root, servers)
+        stack.write_environment()
+        yield stack
     finally:
         for info, process in servers:
             local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
@@ -233,6 +247,85 @@ def test_a_replica_hand_loaded_with_another_version_shows_as_drift(fleet: FleetS
     finally:
         with TritonControl(odd) as triton:
             triton.load("scorer")  # back to the store's config
+
+
+def test_a_replica_started_after_the_promotion_serves_the_promoted_versions(fleet: FleetStack) -> None:
+    """What a Kubernetes scale-out or pod restart does: --load-model=* on the store."""
+    install = local_triton.locate_triton()
+    state = fleet.root / "replica-late"
+    backends = local_triton.build_backend_dir(install, fleet.settings.backends_source, state / "backends")
+    ports = (local_triton.free_port(), local_triton.free_port(), local_triton.free_port())
+    prefix = f"mlreg_fleet_late_{ports[0]}_"
+    command = local_triton.server_command(install, fleet.store, backends, ports, prefix)
+    env = local_triton.server_env(install)
+    process = local_triton.triton_process(
+        command + ["--load-model=*"], env, ports[1], state / "triton.log", 60
+    )
+    started = process.start()
+    url = f"127.0.0.1:{ports[0]}"
+    try:
+        with TritonControl(url) as triton:
+            triton.wait_ready("scoring", "1", timeout=60)
+        assert fleet.ready(url, "scorer") == fleet.ready(fleet.urls[0], "scorer") == ["2"]
+        assert fleet.pinned(url) == 2
+    finally:
+        local_triton.stop_pid(started.pid, prefix, process=started)
+
+
+def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_completes(
+    fleet: FleetStack,
+) -> None:
+    assert fleet.register("scorer", SCORER_CONFIG, "FAILS = False  # v4\n" + SCORER) == "4"
+    victim, process = fleet.servers[2]
+
+    def connect(url: str) -> TritonControl:
+        """Real replicas; the last one is SIGKILLed when the second wave starts (a real kill at a
+        known point of the roll-out)."""
+        control = TritonControl(url, timeout=10, load_timeout=120)
+        if url == fleet.urls[1]:
+            load = control.load
+
+            def killing_load(model: str, config: str | None = None, *args: Any) -> None:
+                if config is not None and process.poll() is None:
+                    os.killpg(victim.pid, signal.SIGKILL)
+                    process.wait(timeout=30)
+                load(model, config, *args)
+
+            setattr(control, "load", killing_load)  # noqa: B010 (an instance attribute, on purpose)
+        return control
+
+    with pytest.raises(PromotionFailed, match=f"after wave 2 of 3 failed: replica {victim.grpc_url}") as info:
+        with Traffic(fleet.urls[:2]):  # the bake needs requests; the victim's would only fail
+            fleet.promote("scorer", "4", connect=connect)
+    assert info.value.result is not None
+    for url in fleet.urls[:2]:  # the others: consistent, on the old version
+        assert fleet.ready(url, "scorer") == ["2"], url
+        assert fleet.pinned(url) == 2, url
+    assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
+    assert "model_version: 2" in (open_store(fleet.store).read_config("scoring") or "")
+    assert fleet.registry.aliases("scorer")["fleet"] == "2"
+    [row] = model_status(fleet.settings, environment(fleet.settings, "fleet"), fleet.registry, ["scorer"])
+    assert any(line.startswith(f"{victim.grpc_url} unreachable") for line in row["drift"])
+
+    local_triton.remove_shm(victim.shm_prefix)
+    fleet.servers[2] = local_triton.start_server(
+        fleet.store, fleet.root / "replica-2-again", fleet.settings.backends_source
+    )
+    fleet.write_environment()
+    with TritonControl(fleet.urls[2]) as triton:  # as a restarted pod's --load-model=* would
+        triton.load("scoring")
+    # KNOWN BUG (reported, storage's byte verification): the python backend wrote
+    # __pycache__/ into the local-folder store's scorer/4/ when the canary loaded it, and the
+    # verification of the stored version refuses the rerun for it; S3 replicas read a copy
+    shutil.rmtree(Path(fleet.store) / "scorer" / "4" / "__pycache__", ignore_errors=True)
+    with Traffic(fleet.urls) as traffic:
+        result = fleet.promote("scorer", "4")
+    assert result.ok
+    assert traffic.counts["failed"] == 0, traffic.errors[:3]
+    for url in fleet.urls:
+        assert fleet.ready(url, "scorer") == ["4"], url
+        assert fleet.pinned(url) == 4, url
+    assert fleet.registry.aliases("scorer")["fleet"] == "4"
 
 
 def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
