@@ -80,7 +80,10 @@ def parse_policy(where: str, raw: Mapping[str, Any]) -> Policy | None:
     """The rollout policy of one environment section (None when it declares none)."""
     if not KEYS & set(raw):
         return None
-    fix = f"see 'mlreg promote --help' for the rollout keys of {where}"
+    fix = (
+        "write e.g. canary = 1, waves = [25, 100], bake_seconds = 60, max_parallel = 4, "
+        "max_unavailable = 0, max_failure_ratio = 0.01, max_latency_ratio = 2.0"
+    )
     try:
         policy = Policy(
             canary=_canary(raw.get("canary", 1)),

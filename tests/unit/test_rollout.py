@@ -268,3 +268,23 @@ def test_unreachable_replicas_refuse_the_promotion_unless_tolerated() -> None:
 
 def test_parse_policy_returns_none_without_keys() -> None:
     assert parse_policy("x", {"store": "/tmp"}) is None
+
+
+def test_a_replica_whose_metrics_cannot_be_read_aborts_the_bake_naming_it() -> None:
+    replicas, log = _fleet()
+    baked = {"done": False}
+
+    def scrape(url: str) -> metrics.Snapshot:
+        if url == URLS[3] and baked["done"]:  # the replica went away during the bake window
+            return metrics.scrape("http://127.0.0.1:9/metrics", timeout=1)  # nothing listens on port 9
+        return _snapshot(0, 0, 0)
+
+    policy = Policy(waves=(100.0,), bake_seconds=5)
+    sleep = lambda s: baked.update(done=True)  # noqa: E731
+    staged = StagedRollout(URLS, _opener(replicas), policy, 10, scrape=scrape, sleep=sleep)
+    with pytest.raises(
+        PromotionError, match=r"bake after wave 1 of 2 failed: replica r3:8001: cannot read Triton's metrics"
+    ) as info:
+        staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"])])
+    assert info.value.fix == "bring the replica back (its metrics port must answer), then promote again"
+    assert log == [("r0:8001", "m", True), ("r0:8001", "m", False)]  # the canary back on the store's
