@@ -5,7 +5,10 @@
     rest at once).  Target: 4 replicas in parallel <= 0.6x sequential.  Runs alternate parallel and
     sequential so a busy machine weighs on both alike; the median of ROUNDS is shown, and the
     deploy + finalize stages (the part that touches the replicas) beside the whole promotion.
-(b) `mlreg status --env` (pipelines.promote.status.model_status) over 4 replicas, parallel probes,
+(b) requests to the 3 replicas (one client thread each) during 3-replica promotions (bake 2 s on
+    Triton's metrics, canary 1 then waves [50, 100]) repeated until >= 10,000 requests were sent
+    during them: failed requests (target 0), p99 latency during vs before.
+(c) `mlreg status --env` (pipelines.promote.status.model_status) over 4 replicas, parallel probes,
     beside a serial loop of the same probes.  Target: < 1 s.
 
     .venv/bin/python benchmarks/fleet.py
@@ -17,8 +20,11 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,6 +39,7 @@ from registry.register import Candidate, register  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 
 ROUNDS = 2
+NO_BAKE = "waves = [100]\nbake_seconds = 0\n"
 MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -57,12 +64,65 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
-def write_env(root: Path, store: Path, urls: list[str], parallel: int) -> None:
+def write_env(root: Path, store: Path, urls: list[str], parallel: int, bake: str = NO_BAKE) -> None:
     targets = ", ".join(f'"{u}"' for u in urls)
     (root / "mlreg.toml").write_text(
         f'[environments.bench]\nstore = "{store}"\ntargets = [{targets}]\ngpu = false\n'
-        f"canary = 1\nwaves = [100]\nbake_seconds = 0\nmax_parallel = {parallel}\n"
+        f"canary = 1\nmax_parallel = {parallel}\n{bake}"
     )
+
+
+class Traffic:
+    """One client thread per replica; every request's latency and outcome recorded."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.stop = threading.Event()
+        self.during = threading.Event()
+        self.records: list[tuple[bool, float, bool]] = []  # during, seconds, ok
+        self.threads = [threading.Thread(target=self.send, args=(url,)) for url in urls]
+
+    def send(self, url: str) -> None:
+        x = {"X": np.ones(4, np.float32)}
+        with TritonControl(url, timeout=30) as triton:
+            while not self.stop.is_set():
+                began = time.perf_counter()
+                try:
+                    triton.infer("bench", x, ["Y"])
+                    ok = True
+                except Exception:  # counted, never raised: the benchmark reports failures
+                    ok = False
+                self.records.append((self.during.is_set(), time.perf_counter() - began, ok))
+
+    def count(self, during: bool) -> int:
+        return sum(1 for r in self.records if r[0] == during)
+
+    def p99_ms(self, during: bool) -> float:
+        return float(np.percentile([r[1] for r in self.records if r[0] == during and r[2]], 99) * 1000)
+
+
+def under_traffic(settings: Settings, registry: MlflowRegistry, work: Path, urls: list[str], tag: int) -> int:
+    traffic = Traffic(urls)
+    for thread in traffic.threads:
+        thread.start()
+    try:
+        time.sleep(5)
+        traffic.during.set()
+        promotions = 0
+        while traffic.count(True) < 10_000 and promotions < 10:
+            tag += 1
+            promote(settings, registry, new_version(registry, work, tag))
+            promotions += 1
+        traffic.during.clear()
+    finally:
+        traffic.stop.set()
+        for thread in traffic.threads:
+            thread.join(timeout=60)
+    failed = sum(1 for r in traffic.records if r[0] and not r[2])
+    print(
+        f"during {promotions} promotions over 3 replicas: {failed} failed of {traffic.count(True)} requests; "
+        f"p99 {traffic.p99_ms(True):.1f} ms during vs {traffic.p99_ms(False):.1f} ms before"
+    )
+    return tag
 
 
 def new_version(registry: MlflowRegistry, work: Path, tag: int) -> str:
@@ -138,6 +198,13 @@ def main() -> int:
                 fseq = statistics.median(r[1] for r in table[(n, 1)])
                 ratio = f"{par / seq:.2f}x (deploy+finalize {fpar / fseq:.2f}x)"
                 print(f"{n} replicas: parallel / sequential = {ratio}")
+            metrics = ", ".join(f'"{i.grpc_url}" = "{i.metrics_url}"' for i, _ in servers[:3])
+            bake = (  # a fresh stub on 2 busy cores doubles the mean latency for seconds: not judged here
+                f"bake_seconds = 2\nwaves = [50, 100]\nmin_requests = 5\nmax_latency_ratio = 50\n"
+                f"metrics = {{ {metrics} }}\n"
+            )
+            write_env(root, store, urls[:3], 3, bake)
+            tag = under_traffic(settings, registry, work, urls[:3], tag)
             write_env(root, store, urls, 4)
             times = [status_times(settings, registry, urls) for _ in range(3)]
             status, serial = (statistics.median(t[i] for t in times) for i in (0, 1))
