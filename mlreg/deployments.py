@@ -22,6 +22,7 @@ out as ``MlflowException`` carrying mlreg's message and fix.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +39,24 @@ BOOL_KEYS = ("dry_run", "allow_breaking", "skip_quality")
 CONFIG_KEYS = ("env", "serve_as", *BOOL_KEYS)
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
+
+
+def _telemetry_off() -> None:
+    """As the mlreg CLI does (registry.mlflow_registry): MLflow's usage telemetry holds each
+    command's exit for seconds (longer offline); a team opts in with MLFLOW_DISABLE_TELEMETRY=false."""
+    if "MLFLOW_DISABLE_TELEMETRY" in os.environ:
+        return
+    os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    with contextlib.suppress(Exception):  # MLflow's private API: best effort
+        from mlflow.telemetry.client import get_telemetry_client, set_telemetry_client
+
+        client = get_telemetry_client()
+        if client is not None:
+            client.flush(terminate=True)
+        set_telemetry_client()
+
+
+_telemetry_off()
 
 
 def target_help() -> str:
