@@ -76,6 +76,10 @@ def push_round(stack: WorkflowStack, n: int, via_act: bool) -> tuple[float, str]
     push_change(stack, n)
     if via_act:
         run = stack.act("push", "promote.yml", {"ref": "refs/heads/main"})
+        if run.returncode != 0:
+            log = Path(tempfile.gettempdir()) / f"mlreg-bench-workflows-push-{n}.log"
+            log.write_text(run.output)
+            print(f"  push {n} failed: act's log in {log}", flush=True)
         folder = stack.artifacts
         reports = (
             folder / "promotion-reports-staging/staging.json",

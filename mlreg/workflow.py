@@ -83,15 +83,17 @@ def versions_from_alias(registry: Any, source: str, target: str) -> list[tuple[s
     return pairs
 
 
-def members_first(registry: Any, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Ensembles after every other model (an ensemble pins the versions of its members)."""
+def ordered(registry: Any, pairs: list[tuple[str, str]], ensembles_first: bool) -> list[tuple[str, str]]:
+    """Members before ensembles (a new export: an ensemble pins its members' versions), or
+    ensembles first (another environment's alias: promoting the ensemble version brings the
+    member versions it pins, so the target ends up holding exactly the source's versions)."""
 
     def is_ensemble(pair: tuple[str, str]) -> bool:
         tags = dict(registry.version(*pair).tags or {})
         return tags.get("platform") == "ensemble" or any(k.startswith("member_") for k in tags)
 
     flags = {pair: is_ensemble(pair) for pair in pairs}
-    return sorted(pairs, key=lambda pair: flags[pair])
+    return sorted(pairs, key=lambda pair: flags[pair] != ensembles_first)
 
 
 def contract_diff(result: Any) -> list[dict[str, Any]]:
@@ -132,10 +134,12 @@ def promote_many(
     pairs: list[tuple[str, str]],
     dry_run: bool,
     on_stage: OnStage | None = None,
+    ensembles_first: bool = False,
     **options: Any,
 ) -> BatchResult:
     """Promote each (model, version) in order.  A real run stops at the first failure (an
-    ensemble must not be promoted over a member that failed); a dry run plans every one."""
+    ensemble must not be promoted over a member that failed); a dry run plans every one.  A
+    version the environment's alias holds by then (an ensemble's promotion brought it) is skipped."""
     from pipelines.promote.environments import environment
     from pipelines.promote.runner import Options, Promotion
     from registry.mlflow_registry import MlflowRegistry
@@ -143,9 +147,12 @@ def promote_many(
     env = environment(settings, env_name)
     registry = MlflowRegistry(settings)
     batch = BatchResult(env.name, env.alias, dry_run, settings.tracking_uri)
-    for model, version in members_first(registry, pairs):
+    for model, version in ordered(registry, pairs, ensembles_first):
         if batch.promotions and not batch.ok and not dry_run:
             batch.promotions.append({"model": model, "version": version, "ok": False, "skipped": True})
+            continue
+        if batch.promotions and registry.aliases(model).get(env.alias) == version:
+            batch.promotions.append({"model": model, "version": version, "ok": True, "held": True})
             continue
         opts = Options(dry_run=dry_run, on_stage=on_stage, **options)
         try:

@@ -46,6 +46,8 @@ def _mlflow_links(mlflow: str, model: str, version: str, run_id: str) -> str:
 def _result(entry: Doc) -> str:
     if entry.get("skipped"):
         return "skipped (an earlier promotion failed)"
+    if entry.get("held"):
+        return "promoted with its ensemble"
     report = entry.get("report") or {}
     stages = [s["stage"] for s in report.get("stages", [])]
     if not entry.get("ok", report.get("ok")):
@@ -126,7 +128,7 @@ def render_batch(doc: Doc) -> list[str]:
     ]
     lines = [title, "", *table(["model", "version", "result", "MLflow"], rows)]
     for entry in entries:
-        if entry.get("skipped"):
+        if entry.get("skipped") or entry.get("held"):
             continue
         report = entry.get("report") or {}
         lines += [f"### {cell(entry['model'])} v{cell(entry['version'])}", ""]
@@ -252,7 +254,7 @@ def promote_many_cmd(
     def on_stage(stage: str, status: str, seconds: float, detail: str) -> None:
         typer.echo(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}", err=True)
 
-    batch = promote_many(settings, env, pairs, on_stage=on_stage, **options)
+    batch = promote_many(settings, env, pairs, on_stage=on_stage, ensembles_first=bool(from_alias), **options)
     doc = batch.to_dict()
     if as_json:
         emit_json(doc)

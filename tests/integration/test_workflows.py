@@ -114,7 +114,8 @@ def test_production_job_promotes_the_versions_the_staging_alias_holds(stack: Wor
     assert stack.serving("production", CHANGED) == ["2"]
     summary = run.summary("production")
     assert "## mlreg promotion: `production`" in summary
-    assert f"| {CHANGED} | v2 | promoted |" in summary
+    assert f"| {ENSEMBLE} | v{stack.aliases(ENSEMBLE, 'staging')} | promoted |" in summary
+    assert f"| {CHANGED} | v2 | promoted with its ensemble |" in summary
     exported = [
         r for r in run.records if r.get("jobID") == "production" and "mlreg export" in str(r.get("msg"))
     ]
