@@ -165,7 +165,8 @@ def _check_files(
     from pipelines.storage.base import MANIFEST
 
     for rel in sorted(stamps.keys() - {prefix + f for f in manifest.files} - {prefix + MANIFEST}):
-        result.problems.append(FileProblem(rel[len(prefix) :], "unexpected"))
+        if not _bytecode_cache(rel):
+            result.problems.append(FileProblem(rel[len(prefix) :], "unexpected"))
     for rel, meta in sorted(manifest.files.items()):
         result.files += 1
         result.bytes += int(meta["size"])
@@ -176,6 +177,14 @@ def _check_files(
             result.problems.append(FileProblem(rel, "size", f"{meta['size']} bytes", f"{stamp[0]} bytes"))
         else:
             _check_digest(store, prefix + rel, rel, str(meta["sha256"]), stamp, hashing, result)
+
+
+def _bytecode_cache(key: str) -> bool:
+    """Python's bytecode cache, which Triton's python backend writes into a local store's version
+    folder when it loads ``model.py`` (PYTHONDONTWRITEBYTECODE does not reach its stub): never
+    uploaded, never registered, so not "unexpected" either."""
+    parts = key.split("/")
+    return "__pycache__" in parts[:-1] and parts[-1].endswith(".pyc")
 
 
 def _check_digest(

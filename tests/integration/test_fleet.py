@@ -11,7 +11,6 @@ and a replica hand-loaded with another version reported as drift by ``mlreg stat
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -314,10 +313,6 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     fleet.write_environment()
     with TritonControl(fleet.urls[2]) as triton:  # as a restarted pod's --load-model=* would
         triton.load("scoring")
-    # KNOWN BUG (reported, storage's byte verification): the python backend wrote
-    # __pycache__/ into the local-folder store's scorer/4/ when the canary loaded it, and the
-    # verification of the stored version refuses the rerun for it; S3 replicas read a copy
-    shutil.rmtree(Path(fleet.store) / "scorer" / "4" / "__pycache__", ignore_errors=True)
     with Traffic(fleet.urls) as traffic:
         result = fleet.promote("scorer", "4")
     assert result.ok

@@ -172,6 +172,21 @@ def test_missing_added_and_resized_files_are_named(tmp_path: Path) -> None:
     ]
 
 
+def test_the_python_backends_bytecode_cache_is_not_a_stranger(tmp_path: Path) -> None:
+    """Triton's python backend writes __pycache__/ into a local store's version folder when it
+    loads model.py; only that (a .pyc under __pycache__/) is tolerated beside the manifest."""
+    folder = model_folder(tmp_path / "src")
+    store = open_store(tmp_path / "store")
+    store.put_version("m", "1", folder / "1")
+    cache = tmp_path / "store" / "m" / "1" / "__pycache__"
+    cache.mkdir()
+    (cache / "model.cpython-311.pyc").write_bytes(b"\x00" * 16)
+    assert store.check_version("m", "1").status == "verified"
+    (cache / "payload.py").write_text("import os")
+    result = store.check_version("m", "1")
+    assert [p.line() for p in result.problems] == ["__pycache__/payload.py is stored but not in the manifest"]
+
+
 def test_a_manifest_holding_a_wrong_sha256_is_refused(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store")
