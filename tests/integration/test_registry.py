@@ -169,7 +169,7 @@ def test_bad_input_gets_a_clear_error(env: Settings, built_repository: Path, tmp
     (leak / "1" / "secrets").symlink_to("/etc/passwd")
     result = runner.invoke(app, ["register", leak.name, str(leak)])
     assert result.exit_code == 4
-    assert "is a link to /etc/passwd, outside the folder being registered" in result.output
+    assert "is a link to /etc/passwd, outside the model folder" in result.output
     dangling = copy_model(built_repository, "table_data_preprocess", unique("dangling"), tmp_path)
     (dangling / "1" / "gone").symlink_to(tmp_path / "nothing-here")
     result = runner.invoke(app, ["register", dangling.name, str(dangling)])
