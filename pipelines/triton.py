@@ -96,8 +96,10 @@ class TritonControl:
         )
         return list(index.get("models", []))
 
-    def load(self, model: str, config: str | None = None) -> None:
-        """Load (or reload) ``model``; returns once Triton says it is loaded, or raises.
+    def load(self, model: str, config: str | None = None, files: Mapping[str, bytes] | None = None) -> None:
+        """Load (or reload) ``model``; returns once Triton says it is loaded, or raises.  ``files``
+        (``file:<version>/<path>`` -> bytes, with ``config``): the model from these files instead of
+        the repository (the quality gate's private candidate).
 
         Triton often answers a failed load with a generic "failed to poll from model
         repository"; the model's real reason is then read from the repository index.
@@ -106,7 +108,12 @@ class TritonControl:
         try:
             self._call(
                 "load",
-                lambda: self._client.load_model(model, config=config, client_timeout=self.load_timeout),
+                lambda: self._client.load_model(
+                    model,
+                    config=config,
+                    files=dict(files) if files else None,
+                    client_timeout=self.load_timeout,
+                ),
                 model=model,
                 retry=False,
             )

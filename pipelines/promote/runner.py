@@ -145,8 +145,9 @@ class Promotion:
             Stage("convert", self.convert, applies=self._wants_onnx, planning=True),
             Stage("noop", self.noop, applies=lambda: self.plan.noop, ends=True),
             Stage("validate", self.validate),
-            Stage("quality", self.quality, applies=lambda: not self.options.skip_quality),
+            Stage("quality", self.quality, applies=lambda: self._gate(on_canary=False)),  # scratch server
             Stage("assemble", self.assemble, live=True),
+            Stage("quality", self.quality, live=True, applies=lambda: self._gate(on_canary=True)),
             Stage("deploy", self.deploy, live=True),
             Stage("verify", self.verify, live=True),
             Stage("finalize", self.finalize, live=True),
@@ -244,6 +245,8 @@ class Promotion:
         from registry import mlflow_rest, mlflow_sqlite
 
         self.registry.warm_up()  # MLflow's import overlaps with the work below
+        if not self.options.skip_quality:
+            quality.warm_up()  # great_expectations (seconds) imports while the promotion plans
         self.fleet.check_live()
         self.store.list_models()
         if self.registry.uri.startswith(("http://", "https://")):
@@ -373,13 +376,19 @@ class Promotion:
             verify(step.model, step.version, step.digest or None)
         return f"{step.model}/{step.version}"
 
+    def _gate(self, on_canary: bool) -> bool:
+        """The quality gate runs on the canary after the upload, or (dry run) on a scratch server."""
+        wanted = not self.options.skip_quality
+        return wanted and quality.on_canary(self.plan, self.options.dry_run) == on_canary
+
     def quality(self) -> QualityStageReport:
-        self.preflight = quality.preflight(self.plan, self.store, self.settings)
+        self.preflight = quality.run_gate(
+            self.plan, self.store, self.settings, self.fleet, self.options.dry_run
+        )
         if self.preflight.failures:
-            raise PromotionError(
-                "quality gate failed:\n  " + "\n  ".join(self.preflight.failures),
-                fix="fix the model; its outputs on the golden inputs are not sane",
-            )
+            if self.preflight.restored:
+                self.changed.clear()  # the gate put the canary and the store back itself
+            raise quality.gate_error(self.preflight)
         return QualityStageReport(self.preflight.checked, self.preflight.changes)
 
     # -- changes -----------------------------------------------------------------------------------
