@@ -38,6 +38,7 @@ lint: install
 	$(VENV)/bin/ruff format --check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/mypy
+	bash tests/act/lint-workflows.sh
 
 # The whole story on embedded defaults: stack, export + register, promote, request, swap, status.
 demo: install
