@@ -362,10 +362,14 @@ class Promotion:
         return errors
 
     def _repointed_folder(self, step: Step) -> Path:
+        """The re-pointed config as a registrable version: ``config.pbtxt`` + ``1/``, its version_policy
+        naming folder 1 like every registered version's; the environment may serve it from another
+        folder (``step.version``, e.g. "2" once a registered v2 was promoted), which fetch_version and
+        the plan map back to."""
         assert self.plan.workdir is not None
         folder = self.plan.workdir / f"repointed-{step.model}"
         (folder / "1").mkdir(parents=True, exist_ok=True)
-        (folder / "config.pbtxt").write_text(step.config_text)
+        (folder / "config.pbtxt").write_text(desired_config(step.config_text, ["1"], gpu=True))
         return folder
 
     def _verify_bytes(self, step: Step) -> str:

@@ -1,0 +1,67 @@
+"""An ensemble that serves a Triton folder other than 1, re-pointed by a member's promotion.
+
+Staging re-points the ensemble and registers its config as a new version (ens v2); production
+promotes that version, so production's ensemble serves folder "2"; a member's promotion in
+production then re-points it again and registers the re-pointed config. The registered artifact is
+a plain model version (``config.pbtxt`` + ``1/``), whatever folder the environment serves it as.
+
+The same fakes as tests/unit/test_promotion.py (registry and targets; the store is a real folder).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipelines.promote.environments import Environment
+from pipelines.promote.plan import Role, serving_versions
+from pipelines.promote.reports import PromotionResult
+from pipelines.promote.runner import Options, Promotion
+from tests.unit.test_promotion import MEMBER, FakeFleet, World
+
+
+def _promote_in(
+    world: World, env: Environment, fleet: FakeFleet, model: str, version: str
+) -> PromotionResult:
+    promotion = Promotion(
+        world.settings,
+        env,
+        world.registry,
+        Options(skip_quality=True),
+        connect=fleet.connect,
+        registrar=world.registry.register_repointed,
+    )
+    return promotion.run(model, version)
+
+
+def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.promote("ens", "1")
+    world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.promote("net", "2")  # staging: ens re-pointed, registered as ens v2
+    assert world.registry.alias_map["ens"]["test"] == "2"
+
+    production_root = tmp_path / "production"
+    production_root.mkdir()
+    production = Environment("production", str(production_root), ("p0:8001",), "production", gpu=False)
+    fleet = FakeFleet(production_root)
+    _promote_in(world, production, fleet, "ens", "2")  # members first, then ens v2 in folder "2"
+    assert serving_versions(fleet.store.read_config("ens")) == ["2"]
+    assert fleet.targets["p0:8001"].states["ens"] == {"2": "READY"}
+
+    world.registry.add("net", "3", MEMBER.format(name="net", src="MID", dst="OUT"))
+    result = _promote_in(world, production, fleet, "net", "3")
+
+    assert [(s.model, s.version, s.role) for s in result.plan.steps] == [
+        ("net", "3", Role.MODEL),
+        ("ens", "2", Role.ENSEMBLE),  # the folder production serves, not a registered version
+    ]
+    served = fleet.store.read_config("ens") or ""
+    assert serving_versions(served) == ["2"]
+    assert 'model_name: "net"\n    model_version: 3' in served
+    assert fleet.targets["p0:8001"].states["ens"] == {"2": "READY"}
+    # the re-pointed config is registered as a new version laid out as folder 1, like any version
+    registered = world.registry.alias_map["ens"]["production"]
+    assert registered == "3"
+    text = (world.registry.root / "ens" / registered / "config.pbtxt").read_text()
+    assert serving_versions(text) == ["1"]
+    assert world.registry.tags[("ens", registered)]["validation"] == "passed"
