@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from registry.errors import RegistryError, UsageError
+from registry.errors import UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
@@ -120,20 +120,8 @@ def history(settings: Settings, model: str, env_name: str | None = None) -> list
     registry = context(settings, env_name or "local").registry
     rows = promotions(registry, model, env_name)
     if not rows:
-        _check_registered(registry, model)
+        registry.require_model(model)
     return rows
-
-
-def _check_registered(registry: MlflowRegistry, model: str) -> None:
-    try:
-        registry.aliases(model)
-    except RegistryError as exc:
-        if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
-            raise
-        raise RegistryError(
-            f"model '{model}' is not registered in MLflow ({registry.uri})",
-            fix="check the name ('mlreg versions MODEL'), or register it ('mlreg export', 'mlreg register')",
-        ) from exc
 
 
 __all__ = ["StatusReport", "history", "promote", "rollback", "status"]

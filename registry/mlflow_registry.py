@@ -296,6 +296,18 @@ class MlflowRegistry:
         model = self._call("model lookup", lambda: self.client.get_registered_model(name))
         return {alias: str(version) for alias, version in (model.aliases or {}).items()}
 
+    def require_model(self, name: str) -> None:
+        """A RegistryError saying so when ``name`` is not a registered model."""
+        try:
+            self.aliases(name)
+        except RegistryError as exc:
+            if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
+                raise
+            raise RegistryError(
+                f"model '{name}' is not registered in MLflow ({self.uri})",
+                fix="check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
+            ) from exc
+
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self._call("alias update", lambda: self.client.set_registered_model_alias(name, alias, version))
 

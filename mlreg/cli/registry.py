@@ -99,21 +99,6 @@ def register_cmd(
     _print_results(Output(as_json), [result])
 
 
-def _require_model(settings: Settings, model: str) -> None:
-    """A RegistryError when ``model`` is not a registered model (it has no versions either)."""
-    from registry.errors import RegistryError
-
-    try:
-        _registry(settings).aliases(model)
-    except RegistryError as exc:
-        if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
-            raise
-        raise RegistryError(
-            f"no registered model named '{model}' in MLflow ({settings.tracking_uri})",
-            fix="check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
-        ) from exc
-
-
 def versions_cmd(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False) -> None:
     """List a model's versions: created, aliases, validation status, where promoted.
 
@@ -124,7 +109,7 @@ def versions_cmd(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False
     settings = settings_of(ctx)
     rows = list_versions(settings, model)
     if not rows:
-        _require_model(settings, model)
+        _registry(settings).require_model(model)
     out = Output(as_json)
     if out.json:
         out.document({"model": model, "versions": rows})

@@ -160,7 +160,7 @@ def test_a_missing_mlreg_home_is_fine_and_not_created(
 def test_versions_of_an_unknown_model_exits_4(runner: CliRunner, tmp_path: Path) -> None:
     result = runner.invoke(app, ["versions", "no_such_model"])
     assert result.exit_code == 4
-    assert "error: no registered model named 'no_such_model' in MLflow (sqlite:///" in result.stderr
+    assert "error: model 'no_such_model' is not registered in MLflow (sqlite:///" in result.stderr
     assert "fix: check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one" in result.stderr
 
 
