@@ -17,6 +17,7 @@ from tests.conftest import TEMPLATE
 def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLREG_DEBUG", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the embedded registry under MLREG_HOME
     return CliRunner()
 
 
@@ -217,6 +218,9 @@ def test_register_findings_name_the_users_folder_not_a_scratch_copy(
     assert f"error: table_data_preprocess: unable to find '{model / '1' / 'model.py'}'" in result.stdout
     assert "mlreg-validate-" not in result.output
     assert "INFO mlflow" not in result.output  # MLflow's own start-up lines stay out of the CLI's output
+    # registering sets MLflow's global tracking URI for a moment; it must not leak into the process
+    # environment (it did: a later registry of the same process then wrote to this one)
+    assert os.environ.get("MLFLOW_TRACKING_URI") is None
 
 
 TENSORFLOW_LINES = ("oneDNN", "absl", "cpu_feature_guard", "This TensorFlow binary", "tensorflow/core")
