@@ -50,6 +50,11 @@ bench: install
 	$(PY) benchmarks/storage.py
 	$(PY) benchmarks/registry.py
 	$(PY) benchmarks/promote.py
+	$(PY) benchmarks/startup.py
+	$(PY) benchmarks/verify.py
+	$(PY) benchmarks/quality.py
+	$(PY) benchmarks/fleet.py
+	$(PY) benchmarks/workflows.py
 
 clean:
 	-$(MLREG) stack down
