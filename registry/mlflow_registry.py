@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -257,14 +257,17 @@ class MlflowRegistry:
         description: str,
         model_id: str | None = None,
     ) -> str:
-        # the embedded store resolves ``models:/<id>`` with MLflow's global tracking URI
-        with global_tracking_uri(self.uri if model_id else None):
-            version = self._call(
-                "version creation",
-                lambda: self.client.create_model_version(
-                    name, source, run_id=run_id, tags=tags, description=description, model_id=model_id
-                ),
-            )
+        if model_id:
+            # the embedded store resolves ``models:/<id>`` with MLflow's global tracking URI
+            import mlflow
+
+            mlflow.set_tracking_uri(self.uri)
+        version = self._call(
+            "version creation",
+            lambda: self.client.create_model_version(
+                name, source, run_id=run_id, tags=tags, description=description, model_id=model_id
+            ),
+        )
         if model_id:  # the logged model lists its registered versions (as mlflow.register_model does)
             link = json.dumps([{"name": name, "version": str(version.version)}])
             self._call(
@@ -418,12 +421,10 @@ class MlflowRegistry:
         import mlflow
 
         logged = self._call("model lookup", lambda: self.client.get_logged_model(ids[0]))
+        mlflow.set_tracking_uri(self.uri)  # mlflow-artifacts:/ URIs resolve against it
         uri = f"{logged.artifact_location}/{logged.name}/{VERSION_FOLDER}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        with (
-            global_tracking_uri(self.uri),  # mlflow-artifacts:/ URIs resolve against it
-            tempfile.TemporaryDirectory(prefix="mlreg-download-", dir=target.parent) as tmp,
-        ):
+        with tempfile.TemporaryDirectory(prefix="mlreg-download-", dir=target.parent) as tmp:
             try:
                 got = self._call(
                     "artifact download",
@@ -433,31 +434,6 @@ class MlflowRegistry:
                 return None  # an ensemble's version folder is empty: nothing was logged
             shutil.move(got, target)
         return target
-
-
-@contextlib.contextmanager
-def global_tracking_uri(uri: str | None) -> Iterator[None]:
-    """MLflow's global tracking URI set to ``uri`` for a block (None: left alone), then put back.
-    ``mlflow.set_tracking_uri`` also writes MLFLOW_TRACKING_URI into the process environment, which
-    would point every later registry of this process (a library user's, the deployments plugin's) at
-    this one: the variable is restored too."""
-    if uri is None:
-        yield
-        return
-    import mlflow
-    from mlflow.tracking import _tracking_service
-
-    before_env = os.environ.get("MLFLOW_TRACKING_URI")
-    before = getattr(_tracking_service.utils, "_tracking_uri", None)
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        _tracking_service.utils.set_tracking_uri(before)  # type: ignore[arg-type]  # None unsets it
-        if before_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = before_env
 
 
 def _model_id(source: str) -> str:
