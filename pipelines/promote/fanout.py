@@ -18,6 +18,7 @@ from typing import Any
 
 from pipelines.promote.ports import ServingTarget
 from pipelines.storage.base import RepositoryStore
+from registry.contracts.config import config_json
 from registry.errors import MlregError
 from registry.settings import Settings
 
@@ -89,6 +90,9 @@ class Fleet:
         self.connect = connect
         self.load_timeout = load_timeout
         self.parallel = max(1, parallel)
+        # True for a staged fleet: configs go with the load (Triton keeps an earlier config
+        # override over a store file older than it, so a plain load would not apply the store's)
+        self.override = False
         self.rollouts: list[Rollout] = []
         self._open: dict[str, ServingTarget] = {}
 
@@ -120,27 +124,32 @@ class Fleet:
         else:
             self.store.write_config(model, config_text)
         checkpoint(f"config-written:{model}")
+        override = config_json(config_text) if self.override and config_text is not None else None
+
+        def move(url: str) -> None:
+            self._on_target(url, rollout, config_text is None, override)
+
         canary, rest = self.urls[:1], self.urls[1:]
         for url in canary:
-            self._on_target(url, rollout, config_text is None)
+            move(url)
         if self.parallel > 1 and len(rest) > 1:
             with ThreadPoolExecutor(self.parallel) as pool:
-                for future in [pool.submit(self._on_target, u, rollout, config_text is None) for u in rest]:
+                for future in [pool.submit(move, u) for u in rest]:
                     future.result()
         else:
             for url in rest:
-                self._on_target(url, rollout, config_text is None)
+                move(url)
         checkpoint(f"loaded:{model}")
         return rollout
 
-    def _on_target(self, url: str, rollout: Rollout, unload: bool) -> None:
+    def _on_target(self, url: str, rollout: Rollout, unload: bool, override: str | None = None) -> None:
         began = time.perf_counter()
         try:
             target = self.target(url)
             if unload:
                 target.unload(rollout.model)
             else:
-                target.load(rollout.model)
+                target.load(rollout.model, config=override)
                 for version in rollout.versions:
                     target.wait_ready(rollout.model, version, timeout=self.load_timeout)
         except MlregError as exc:

@@ -40,7 +40,7 @@ from pipelines.promote.plan import Plan, Step, desired_config
 from pipelines.promote.ports import ServingTarget
 from pipelines.promote.quality import Probe, QualityReport, check_model, serving_reference, warm_up
 from pipelines.storage.base import RepositoryStore
-from registry.contracts.config import parse_config
+from registry.contracts.config import config_json
 from registry.errors import MlregError
 from registry.settings import Settings
 
@@ -65,16 +65,6 @@ class Canary(Protocol):
     def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
     ) -> dict[str, np.ndarray]: ...
-
-
-def config_json(text: str, name: str = "") -> str:
-    """A config.pbtxt as the JSON Triton's load API takes as ``config`` (optionally renamed)."""
-    from google.protobuf import json_format
-
-    config = parse_config(text)
-    if name:
-        config.name = name
-    return json_format.MessageToJson(config, preserving_proto_field_name=True)
 
 
 def gated_steps(plan: Plan) -> list[Step]:

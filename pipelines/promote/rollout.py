@@ -17,8 +17,9 @@ metrics_port = 8002     # Triton's metrics port on every replica (or metrics = {
 
 Per replica, the new configs are sent with Triton's load API ``config`` override, so the
 store's config stays the fleet's desired state until every replica has moved; then it is
-written.  An abort reloads every touched replica from the store (the old state) and raises
-PromotionError naming the metric and its numbers; the store and the alias are left alone.
+written.  An abort sends every touched replica the store's config again (the old state, as an
+override too: Triton keeps an override over an unchanged file) and raises PromotionError naming
+the metric and its numbers; the store and the alias are left alone.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pipelines.promote import metrics
 from pipelines.promote.fanout import Rollout, TargetResult, checkpoint
 from pipelines.promote.ports import ServingTarget
+from registry.contracts.config import config_json
 from registry.errors import MlregError, PromotionError, UsageError
 
 if TYPE_CHECKING:
@@ -234,13 +236,7 @@ class Change:
     config_text: str
     versions: list[str]
     baked_old: list[str] = field(default_factory=list)  # old versions to compare with ([]: no bake)
-
-
-def config_json(text: str) -> str:
-    from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
-
-    return json_format.MessageToJson(text_format.Parse(text, model_config_pb2.ModelConfig()))
+    restore_text: str | None = None  # the store's config before (an abort sends it; None: unload)
 
 
 Scrape = Callable[[str], metrics.Snapshot]
@@ -367,14 +363,17 @@ class StagedRollout:
                 )
 
     def abort(self, changes: list[Change]) -> list[str]:
-        """Every touched replica reloads each changed model from the store (its old state),
-        newest change first; returns what could not be restored (a dead replica)."""
+        """Every touched replica goes back to the store's configs, newest change first (a model
+        new to the store is unloaded); returns what could not be restored (a dead replica)."""
         failed = []
         for url in self.touched:
             try:
                 replica = self.target(url)
                 for change in reversed(changes):
-                    replica.load(change.model)
+                    if change.restore_text is None:
+                        replica.unload(change.model)
+                    else:
+                        replica.load(change.model, config=config_json(change.restore_text))
             except MlregError as exc:
                 failed.append(f"{url}: {exc.message}")
         return failed
@@ -423,21 +422,37 @@ def changes_of(steps: Sequence[Any], gpu: bool) -> list[Change]:
             sorted(set(step.previous_versions) | {step.version}, key=int) if overlap else [step.version]
         )
         old = [] if step.is_ensemble else [v for v in step.previous_versions if v != step.version]
-        changes.append(
-            Change(step.model, desired_config(step.config_text, versions, gpu), [step.version], old)
-        )
+        text = desired_config(step.config_text, versions, gpu)
+        changes.append(Change(step.model, text, [step.version], old, step.previous_config))
     return changes
+
+
+def following_latest(ensembles: Sequence[Any], members: Sequence[Any], gpu: bool) -> list[Change]:
+    """Each re-pointed ensemble, on its old config but following the latest loaded version (-1)
+    of every changing member: sent to a replica before its members move, it serves whatever the
+    replica has, old then new, with no failed request."""
+    from pipelines.promote.plan import desired_config
+
+    pins = {m.model: "-1" for m in members if not m.is_ensemble and m.previous_config is not None}
+    out = []
+    for step in ensembles:
+        versions = step.previous_versions or [step.version]
+        text = desired_config(step.previous_config, versions, gpu, pins)
+        out.append(Change(step.model, text, versions, [], step.previous_config))
+    return out
 
 
 def staged_deploy(promotion: Any) -> FleetReport:
     """The runner's deploy stage under a policy.
 
-    Triton re-reads an ensemble's members from the repository whenever the ensemble loads, so a
-    re-pointed ensemble cannot be sent per replica: first every ensemble pinning a changing member
-    follows its latest loaded version (-1, in the store, on every replica: each serves what it
-    has); then the members move wave by wave with the config override (models new to the store
-    are written first: no replica serves them); once the whole fleet has moved, the members'
-    configs are written to the store and the ensembles pinned to the new versions everywhere.
+    Triton re-reads an ensemble's members from the repository whenever the ensemble loads, so an
+    ensemble pinned to a member version only one replica's override has loaded cannot load.
+    Instead, per replica and within its wave, every re-pointed ensemble first follows the latest
+    loaded version of the changing members (-1, a config override: the store is not touched and
+    the replicas not yet told to move keep their pins), then the members move (override too;
+    models new to the store are written first: no replica serves them).  Once the whole fleet
+    has moved, the configs are written to the store and every replica loads the ensembles
+    pinned to the new versions.
     """
     from pipelines.promote.plan import desired_config
     from pipelines.promote.reports import FleetReport
@@ -451,21 +466,16 @@ def staged_deploy(promotion: Any) -> FleetReport:
         if step.previous_config is None:
             promotion._changing(step)
             promotion.store.write_config(change.model, change.config_text)
-    for step in staged_steps:
-        if repointed and not step.is_ensemble and step.previous_config is not None:
-            promotion._follow_latest(step)
+    before = following_latest(repointed, staged_steps, promotion.env.gpu)
     staged = StagedRollout(plan.targets, fleet.target, policy, fleet.load_timeout)
     promotion.staged = staged
-    try:
-        rollouts = staged.run(changes)
-    except MlregError:
-        _restore_pins(promotion, repointed)
-        raise
+    rollouts = staged.run(before + changes)
     for step, change in zip(staged_steps, changes, strict=True):
         promotion._changing(step)
         promotion.store.write_config(change.model, change.config_text)
     fleet.rollouts.extend(rollouts)
     for step in repointed:
+        promotion._changing(step)
         fleet.apply(
             step.model, desired_config(step.config_text, [step.version], promotion.env.gpu), [step.version]
         )
@@ -476,23 +486,3 @@ def staged_deploy(promotion: Any) -> FleetReport:
         f"{summary} over {len(plan.targets)} replica(s) in {waves} wave(s)" + (f"; {baked}" if baked else ""),
         fleet.rollouts,
     )
-
-
-def _restore_pins(promotion: Any, repointed: list[Any]) -> None:
-    """After an abort, the ensembles that followed the latest version get their old pins back in
-    the store and on every replica that answers (a dead one reads the store when it restarts),
-    so that the runner's rollback, which stops at the first unreachable replica, is not needed
-    for them."""
-    urls = list(promotion.plan.targets)
-
-    def reload(url: str, model: str) -> None:
-        try:
-            promotion.fleet.target(url).load(model)
-        except MlregError:
-            pass
-
-    for step in repointed:
-        promotion.store.write_config(step.model, step.previous_config)
-        with ThreadPoolExecutor(max(1, min(8, len(urls)))) as pool:
-            list(pool.map(lambda url, model=step.model: reload(url, model), urls))
-        promotion.changed[:] = [s for s in promotion.changed if s is not step]

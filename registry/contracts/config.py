@@ -70,6 +70,17 @@ def parse_config(text: str, source: str = CONFIG_NAME) -> ModelConfig:
     return config
 
 
+def config_json(text: str, name: str = "") -> str:
+    """A config.pbtxt as the JSON Triton's load API takes as a ``config`` override (optionally
+    renamed)."""
+    from google.protobuf import json_format
+
+    config = parse_config(text)
+    if name:
+        config.name = name
+    return json_format.MessageToJson(config, preserving_proto_field_name=True)
+
+
 def load_config(path: Path) -> ModelConfig:
     try:
         text = path.read_text(encoding="utf-8")

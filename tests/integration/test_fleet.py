@@ -1,11 +1,13 @@
-"""Fleet roll-out on three real tritonservers reading one repository (a local-folder store).
+"""Fleet roll-out on three real tritonservers reading one repository in S3 (moto_server).
 
 Light python-backend models (no TensorFlow): ``scorer`` (Y = X * its version) and the ensemble
 ``scoring`` over it.  Traffic is spread over the three replicas while the promotions run; the
 ``fleet`` environment of mlreg.toml declares a canary, waves and a bake on Triton's metrics.
 In file order: the first deployment, a good version through canary -> waves with no failed
-request, a version failing on part of the real requests tripped by the bake and rolled back,
-and a replica hand-loaded with another version reported as drift by ``mlreg status``.
+request (the store and the replicas not yet moved untouched until the fleet has moved), a version
+failing on part of the real requests and a slow one, both tripped by the bake and rolled back, a
+replica hand-loaded with another version reported as drift by ``mlreg status``, a replica started
+after the promotion, and a replica SIGKILLed during a wave.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from pipelines import local_triton
 from pipelines.promote.environments import environment
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
-from pipelines.promote.rollout import config_json
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
-from pipelines.storage import open_store
+from pipelines.storage import ensure_root, open_store
 from pipelines.triton import TritonControl
+from registry.contracts.config import config_json
 from registry.errors import MlregError
 from registry.mlflow_registry import MlflowRegistry
 from registry.register import Candidate, register
@@ -40,6 +42,8 @@ from registry.settings import Settings
 pytestmark = pytest.mark.integration
 
 SCORER = """
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -54,6 +58,7 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             if FAILS and float(x[0]) > 0.5:  # raised: Triton counts an error *response* as a success
                 raise ValueError("scorer: value out of the trained range")
+            time.sleep(DELAY)
             y = (x * self.factor).astype(np.float32)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
         return responses
@@ -76,6 +81,11 @@ ensemble_scheduling { step [ { model_name: "scorer" model_version: 1
 REPLICAS = 3
 
 
+def scorer(tag: str, fails: bool = False, delay: float = 0.0) -> str:
+    """The scorer's model.py; ``tag`` makes each version's bytes differ."""
+    return f"FAILS = {fails}  # {tag}\nDELAY = {delay}\n" + SCORER
+
+
 @dataclass
 class FleetStack:
     settings: Settings
@@ -86,15 +96,16 @@ class FleetStack:
     root: Path
     servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]
 
-    def write_environment(self) -> None:
+    def write_environment(self, max_latency_ratio: float = 50) -> None:
+        """The ``fleet`` environment; by default latency is not judged (a cold python stub on 2 busy
+        cores answers its first requests many times slower)."""
         self.urls[:] = [info.grpc_url for info, _ in self.servers]
         metrics = ", ".join(f'"{info.grpc_url}" = "{info.metrics_url}"' for info, _ in self.servers)
         targets = ", ".join(f'"{url}"' for url in self.urls)
         (self.root / "mlreg.toml").write_text(
             f'[environments.fleet]\nstore = "{self.store}"\ntargets = [{targets}]\ngpu = false\n'
             "canary = 1\nwaves = [50, 100]\nbake_seconds = 3\nmax_parallel = 2\nmin_requests = 5\n"
-            "max_latency_ratio = 50\n"  # a cold python stub on 2 busy cores: latency is not judged here
-            f"metrics = {{ {metrics} }}\n"
+            f"max_latency_ratio = {max_latency_ratio}\nmetrics = {{ {metrics} }}\n"
         )
 
     def promote(self, model: str, version: str, connect: Any = None) -> PromotionResult:
@@ -122,17 +133,20 @@ class FleetStack:
         return sorted(v for v, s in self.serving(url, model).items() if s == "READY")
 
     def pinned(self, url: str) -> int:
+        """The scorer version the ensemble pins on ``url`` (-1: the latest loaded)."""
         with TritonControl(url) as triton:
             return int(triton.model_config("scoring")["ensemble_scheduling"]["step"][0]["model_version"])
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetStack]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[FleetStack]:
+    from pipelines import local_s3
+
     root = tmp_path_factory.mktemp("fleet")
     settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
-    # a local-folder store: the same roll-out on moto_server's S3 took 7m40 here (2 busy cores)
-    store = str(root / "store")
-    Path(store).mkdir()
+    local_s3.create_bucket(s3_server.endpoint, "fleet")
+    store = s3_server.store_uri("fleet", "repository")
+    ensure_root(store)  # Triton refuses to start on an S3 prefix with no object under it
     servers = []
     try:
         for index in range(REPLICAS):
@@ -187,7 +201,7 @@ class Traffic:
 
 
 def test_first_deployment_reaches_every_replica(fleet: FleetStack) -> None:
-    assert fleet.register("scorer", SCORER_CONFIG, "FAILS = False\n" + SCORER) == "1"
+    assert fleet.register("scorer", SCORER_CONFIG, scorer("v1")) == "1"
     assert fleet.register("scoring", ENSEMBLE_CONFIG, None, members={"scorer": "1"}) == "1"
     result = fleet.promote("scoring", "1")
     assert result.ok
@@ -197,9 +211,34 @@ def test_first_deployment_reaches_every_replica(fleet: FleetStack) -> None:
 
 
 def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet: FleetStack) -> None:
-    assert fleet.register("scorer", SCORER_CONFIG, "FAILS = False  # v2\n" + SCORER) == "2"
+    assert fleet.register("scorer", SCORER_CONFIG, scorer("v2")) == "2"
+    seen: dict[str, Any] = {}
+
+    def connect(url: str) -> TritonControl:
+        """Real replicas; when the last wave begins, what the others and the store hold is noted."""
+        control = TritonControl(url, timeout=10, load_timeout=120)
+        if url == fleet.urls[2]:
+            load = control.load
+
+            def noting_load(model: str, config: str | None = None, *args: Any) -> None:
+                if not seen:
+                    store = open_store(fleet.store)
+                    seen["store"] = (store.read_config("scorer"), store.read_config("scoring"))
+                    seen["pins"] = [fleet.pinned(u) for u in fleet.urls]
+                    seen["ready"] = [fleet.ready(u, "scorer") for u in fleet.urls]
+                load(model, config, *args)
+
+            setattr(control, "load", noting_load)  # noqa: B010 (an instance attribute, on purpose)
+        return control
+
+    before = (open_store(fleet.store).read_config("scorer"), open_store(fleet.store).read_config("scoring"))
     with Traffic(fleet.urls) as traffic:
-        result = fleet.promote("scorer", "2")
+        result = fleet.promote("scorer", "2", connect=connect)
+    # mid-roll-out: the store untouched, the moved replicas' ensemble following their latest
+    # scorer (-1, a per-replica override), the last one still on its own pin
+    assert seen["store"] == before
+    assert seen["pins"] == [-1, -1, 1]
+    assert seen["ready"] == [["1", "2"], ["1", "2"], ["1"]]
     assert traffic.counts["failed"] == 0, traffic.errors[:3]
     assert traffic.counts["ok"] > 100
     deploy = next(s for s in result.stages if s.stage == "deploy")
@@ -213,7 +252,7 @@ def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet
 
 
 def test_a_version_failing_on_real_requests_trips_the_bake_and_is_rolled_back(fleet: FleetStack) -> None:
-    assert fleet.register("scorer", SCORER_CONFIG, "FAILS = True\n" + SCORER) == "3"
+    assert fleet.register("scorer", SCORER_CONFIG, scorer("v3", fails=True)) == "3"
     with (
         Traffic(fleet.urls),
         pytest.raises(PromotionFailed, match=r"tripped on scorer v3 \(failure_ratio\)") as info,
@@ -228,6 +267,29 @@ def test_a_version_failing_on_real_requests_trips_the_bake_and_is_rolled_back(fl
         assert fleet.pinned(url) == 2, url
     for url in fleet.urls[1:]:
         assert "3" not in fleet.serving(url, "scorer"), url  # never loaded there
+    assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
+    assert fleet.registry.aliases("scorer")["fleet"] == "2"
+
+
+def test_a_slow_version_trips_the_bake_on_latency_and_is_rolled_back(fleet: FleetStack) -> None:
+    assert fleet.register("scorer", SCORER_CONFIG, scorer("v4", delay=0.2)) == "4"
+    fleet.write_environment(max_latency_ratio=10)  # the old version answers in a few ms
+    try:
+        with (
+            Traffic(fleet.urls),
+            pytest.raises(PromotionFailed, match=r"tripped on scorer v4 \(latency_ratio\)") as info,
+        ):
+            fleet.promote("scorer", "4")
+    finally:
+        fleet.write_environment()
+    message = info.value.message
+    new_us, old_us = (float(message.split(part)[1].split(" us")[0]) for part in ("latency ", "against "))
+    assert new_us >= 200_000  # the 0.2 s sleep of every request
+    assert new_us > 10 * old_us
+    assert "max_latency_ratio = 10" in message
+    for url in fleet.urls:
+        assert fleet.ready(url, "scorer") == ["2"], url
+        assert fleet.pinned(url) == 2, url
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
     assert fleet.registry.aliases("scorer")["fleet"] == "2"
 
@@ -274,7 +336,7 @@ def test_a_replica_started_after_the_promotion_serves_the_promoted_versions(flee
 def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_completes(
     fleet: FleetStack,
 ) -> None:
-    assert fleet.register("scorer", SCORER_CONFIG, "FAILS = False  # v4\n" + SCORER) == "4"
+    assert fleet.register("scorer", SCORER_CONFIG, scorer("v5")) == "5"
     victim, process = fleet.servers[2]
 
     def connect(url: str) -> TritonControl:
@@ -295,7 +357,7 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
 
     with pytest.raises(PromotionFailed, match=f"after wave 2 of 3 failed: replica {victim.grpc_url}") as info:
         with Traffic(fleet.urls[:2]):  # the bake needs requests; the victim's would only fail
-            fleet.promote("scorer", "4", connect=connect)
+            fleet.promote("scorer", "5", connect=connect)
     assert info.value.result is not None
     for url in fleet.urls[:2]:  # the others: consistent, on the old version
         assert fleet.ready(url, "scorer") == ["2"], url
@@ -314,13 +376,13 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     with TritonControl(fleet.urls[2]) as triton:  # as a restarted pod's --load-model=* would
         triton.load("scoring")
     with Traffic(fleet.urls) as traffic:
-        result = fleet.promote("scorer", "4")
+        result = fleet.promote("scorer", "5")
     assert result.ok
     assert traffic.counts["failed"] == 0, traffic.errors[:3]
     for url in fleet.urls:
-        assert fleet.ready(url, "scorer") == ["4"], url
-        assert fleet.pinned(url) == 4, url
-    assert fleet.registry.aliases("scorer")["fleet"] == "4"
+        assert fleet.ready(url, "scorer") == ["5"], url
+        assert fleet.pinned(url) == 5, url
+    assert fleet.registry.aliases("scorer")["fleet"] == "5"
 
 
 def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(

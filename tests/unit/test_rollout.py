@@ -4,6 +4,7 @@ in tests/integration/test_fleet.py)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from registry.errors import PromotionError, TritonError, UsageError
 from registry.settings import Settings
 
 CONFIG = 'name: "m"\nbackend: "python"\nversion_policy { specific { versions: [ 2 ] } }\n'
+OLD_CONFIG = CONFIG.replace("[ 2 ]", "[ 1 ]")
 URLS = [f"r{i}:8001" for i in range(4)]
 
 
@@ -180,6 +182,7 @@ def test_triton_metrics_text_is_read_per_model_and_version() -> None:
 class FakeReplica:
     def __init__(self, url: str, log: list[tuple[str, str, bool]], dead: bool = False) -> None:
         self.url, self.log, self.dead = url, log, dead
+        self.configs: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     def is_live(self) -> bool:
@@ -191,6 +194,12 @@ class FakeReplica:
         if self.dead:
             raise TritonError(f"load failed on {self.url}: connection refused", fix="start it")
         self.log.append((self.url, model, config is not None))
+        self.configs.append(json.loads(config) if config else {})
+
+    def unload(self, model: str, unload_dependents: bool = False) -> None:
+        if self.dead:
+            raise TritonError(f"unload failed on {self.url}: connection refused", fix="start it")
+        self.log.append((self.url, f"unload {model}", False))
 
     def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None:
         return None
@@ -242,10 +251,53 @@ def test_a_tripped_bake_reloads_only_the_touched_replicas_from_the_store() -> No
     with pytest.raises(
         PromotionError, match=r"bake after wave 1 of 2 tripped on m v2 \(failure_ratio\)"
     ) as info:
-        staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"])])
+        staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"], restore_text=OLD_CONFIG)])
     assert "failure ratio 0.200 (20 of 100 requests)" in info.value.message
     assert "rolled back on r0:8001" in info.value.message
-    assert log == [("r0:8001", "m", True), ("r0:8001", "m", False)]  # moved, then back from the store
+    assert log == [("r0:8001", "m", True), ("r0:8001", "m", True)]  # moved, then back: both overrides
+    assert [c["version_policy"]["specific"]["versions"] for c in replicas["r0:8001"].configs] == [
+        ["2"],
+        ["1"],
+    ]
+
+
+def test_an_abort_unloads_a_model_new_to_the_store_and_restores_the_others() -> None:
+    replicas, log = _fleet(dead={"r1:8001"})
+    staged = StagedRollout(URLS, _opener(replicas), Policy(waves=(100.0,)), 10)
+    with pytest.raises(PromotionError, match="wave 2 of 2 failed"):
+        staged.run([Change("m", CONFIG, ["2"], restore_text=OLD_CONFIG), Change("n", CONFIG, ["1"])])
+    assert [e for e in log if e[0] == "r0:8001"] == [  # moved both, then undone newest change first
+        ("r0:8001", "m", True),
+        ("r0:8001", "n", True),
+        ("r0:8001", "unload n", False),
+        ("r0:8001", "m", True),
+    ]
+
+
+def test_a_repointed_ensemble_follows_the_latest_member_per_replica_without_touching_the_store() -> None:
+    from types import SimpleNamespace
+
+    from pipelines.promote.rollout import following_latest
+
+    ensemble_text = (
+        'name: "e"\nplatform: "ensemble"\nensemble_scheduling { step [ { model_name: "m" model_version: 1 '
+        'input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }\n'
+    )
+    ensemble = SimpleNamespace(
+        model="e", version="1", previous_versions=["1"], previous_config=ensemble_text, is_ensemble=True
+    )
+    member = SimpleNamespace(model="m", is_ensemble=False, previous_config=OLD_CONFIG)
+    [change] = following_latest([ensemble], [member], gpu=False)
+    assert (change.model, change.versions, change.baked_old) == ("e", ["1"], [])
+    assert "model_version: -1" in change.config_text
+    assert change.restore_text == ensemble_text  # an abort pins it back to the store's version
+    replicas, log = _fleet()
+    StagedRollout(URLS, _opener(replicas), Policy(canary=1, waves=(100.0,)), 10).run(
+        [change, Change("m", CONFIG, ["2"], restore_text=OLD_CONFIG)]
+    )
+    assert [(u, m) for u, m, _ in log][:2] == [("r0:8001", "e"), ("r0:8001", "m")]  # -1 first, per replica
+    pins = [c["ensemble_scheduling"]["step"][0]["model_version"] for c in replicas["r3:8001"].configs[:1]]
+    assert pins == ["-1"]
 
 
 def test_a_replica_failing_mid_wave_stops_the_rollout_naming_it() -> None:
@@ -254,7 +306,7 @@ def test_a_replica_failing_mid_wave_stops_the_rollout_naming_it() -> None:
     with pytest.raises(PromotionError, match="wave 2 of 2 failed: load failed on r2:8001") as info:
         staged.run([Change("m", CONFIG, ["2"])])
     assert "every touched replica is back on the store's config" in info.value.message
-    restored = [u for u, _, override in log if not override]
+    restored = [u for u, model, _ in log if model == "unload m"]  # new to the store: unloaded
     assert "r0:8001" in restored
     assert "r2:8001" not in restored
 
@@ -285,6 +337,6 @@ def test_a_replica_whose_metrics_cannot_be_read_aborts_the_bake_naming_it() -> N
     with pytest.raises(
         PromotionError, match=r"bake after wave 1 of 2 failed: replica r3:8001: cannot read Triton's metrics"
     ) as info:
-        staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"])])
+        staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"], restore_text=OLD_CONFIG)])
     assert info.value.fix == "bring the replica back (its metrics port must answer), then promote again"
-    assert log == [("r0:8001", "m", True), ("r0:8001", "m", False)]  # the canary back on the store's
+    assert log == [("r0:8001", "m", True), ("r0:8001", "m", True)]  # the canary back on the store's
