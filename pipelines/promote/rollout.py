@@ -410,19 +410,17 @@ def reachable(
 
 
 def changes_of(steps: Sequence[Any], gpu: bool) -> list[Change]:
-    """The plan's steps as per-replica changes (the same configs the one-shot deploy writes)."""
+    """The plan's steps as per-replica changes: each replica swaps straight to the new version
+    (Triton serves the old one until the new one is READY; the ensembles over it follow the
+    latest version by then), so no second load is needed to retire the old one."""
     from pipelines.promote.plan import desired_config
 
     changes = []
     for step in steps:
         if step.noop:
             continue
-        overlap = not step.is_ensemble and not step.runtime_changes
-        versions = (
-            sorted(set(step.previous_versions) | {step.version}, key=int) if overlap else [step.version]
-        )
         old = [] if step.is_ensemble else [v for v in step.previous_versions if v != step.version]
-        text = desired_config(step.config_text, versions, gpu)
+        text = desired_config(step.config_text, [step.version], gpu)
         changes.append(Change(step.model, text, [step.version], old, step.previous_config))
     return changes
 

@@ -476,11 +476,15 @@ class Promotion:
                 )
 
     def finalize(self) -> FleetReport:
-        """Only the new versions serve now: the old versions unload."""
+        """Only the new versions serve now: the old versions unload (a staged roll-out swapped
+        them replica by replica already)."""
         first, retired = len(self.fleet.rollouts), []
         for step in self.plan.steps:
             old = [v for v in step.previous_versions if v != step.version]
             if step.is_ensemble or not old:
+                continue
+            if self.env.policy is not None:
+                retired.append(f"{step.model} v{','.join(old)} (in its wave)")
                 continue
             self.fleet.apply(step.model, step.config_text, [step.version])
             retired.append(f"{step.model} v{','.join(old)}")

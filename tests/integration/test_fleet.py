@@ -235,10 +235,10 @@ def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet
     with Traffic(fleet.urls) as traffic:
         result = fleet.promote("scorer", "2", connect=connect)
     # mid-roll-out: the store untouched, the moved replicas' ensemble following their latest
-    # scorer (-1, a per-replica override), the last one still on its own pin
+    # scorer (-1, a per-replica override), the last one still on its own pin and version
     assert seen["store"] == before
     assert seen["pins"] == [-1, -1, 1]
-    assert seen["ready"] == [["1", "2"], ["1", "2"], ["1"]]
+    assert seen["ready"] == [["2"], ["2"], ["1"]]  # each moved replica swapped straight to v2
     assert traffic.counts["failed"] == 0, traffic.errors[:3]
     assert traffic.counts["ok"] > 100
     deploy = next(s for s in result.stages if s.stage == "deploy")
