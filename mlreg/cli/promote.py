@@ -59,7 +59,13 @@ def _render(out: Output, result: PromotionResult, alias: str) -> None:
                 for s in plan.steps
             ],
         )
-        out.line(f"load on: {', '.join(plan.targets)} (first = canary)")
+        from pipelines.promote.plan import rollout_line
+
+        rollout = plan.rollout()
+        if rollout is None:
+            out.line(f"load on: {', '.join(plan.targets)} (first = canary)")
+        else:
+            out.line(f"roll-out: {rollout_line(rollout)}")
     else:
         out.line(
             f"promoted {plan.model} version {plan.version} to '{plan.env.name}' "

@@ -74,9 +74,17 @@ def _plan_lines(report: Doc) -> list[str]:
         for s in steps
     ]
     targets = ", ".join(plan.get("targets") or []) or "-"
+    rollout = plan.get("rollout")
+    from pipelines.promote.plan import rollout_line
+
+    where = (
+        f"rolls out {cell(rollout_line(rollout))}."
+        if rollout
+        else f"loads on {cell(targets)} (the first is the canary)."
+    )
     return [
         *table(["model", "role", "serves", "serving now", "upload", "config"], rows),
-        f"Store `{cell(plan.get('store', '-'))}`; loads on {cell(targets)} (the first is the canary).",
+        f"Store `{cell(plan.get('store', '-'))}`; {where}",
         "",
     ]
 

@@ -139,7 +139,41 @@ class Plan:
             "version": self.version,
             "noop": self.noop,
             "steps": [s.to_dict() for s in self.steps],
+            "rollout": self.rollout(),
         }
+
+    def rollout(self) -> dict[str, Any] | None:
+        """The environment's roll-out over these targets: the canary and each wave's replicas, the
+        bake and its thresholds (None: every target at once, first = canary)."""
+        policy = self.env.policy
+        if policy is None:
+            return None
+        from pipelines.promote.rollout import waves_of
+
+        return {
+            "waves": waves_of(self.targets, policy),
+            "bake_seconds": policy.bake_seconds,
+            "max_parallel": policy.max_parallel,
+            "max_unavailable": policy.max_unavailable,
+            "max_failure_ratio": policy.max_failure_ratio,
+            "max_latency_ratio": policy.max_latency_ratio,
+            "min_requests": policy.min_requests,
+        }
+
+
+def rollout_line(rollout: dict[str, Any]) -> str:
+    """``canary [a] ▸ bake 60 s ▸ wave 2 [b, c]`` for a plan's roll-out."""
+    parts = []
+    waves = rollout["waves"]
+    for index, wave in enumerate(waves):
+        parts.append(f"{'canary' if index == 0 else f'wave {index + 1}'} [{', '.join(wave)}]")
+        if index + 1 < len(waves) and rollout["bake_seconds"]:
+            parts.append(f"bake {rollout['bake_seconds']:g} s")
+    return (
+        " ▸ ".join(parts)
+        + f" (max_parallel {rollout['max_parallel']}, max_failure_ratio {rollout['max_failure_ratio']:g}, "
+        f"max_latency_ratio {rollout['max_latency_ratio']:g}, min_requests {rollout['min_requests']})"
+    )
 
 
 def serving_versions(config_text: str | None) -> list[str]:

@@ -272,10 +272,9 @@ class StagedRollout:
             try:
                 self._move(wave, changes)
             except MlregError as exc:
-                self.abort(changes)
+                undone = self._undo(changes)
                 raise PromotionError(
-                    f"wave {index + 1} of {len(waves)} failed: {exc.message}; "
-                    f"every touched replica is back on the store's config",
+                    f"wave {index + 1} of {len(waves)} failed: {exc.message}; {undone}",
                     fix="read the stage report; fix or replace the replica named, then promote again",
                 ) from exc
             checkpoint(f"wave:{index + 1}")
@@ -336,10 +335,9 @@ class StagedRollout:
             self.sleep(self.policy.bake_seconds)
             after = self._scrape_all(self.targets)
         except MlregError as exc:
-            self.abort(changes)
+            undone = self._undo(changes)
             raise PromotionError(
-                f"the bake after wave {wave} of {waves} failed: {exc.message}; "
-                "every touched replica is back on the store's config",
+                f"the bake after wave {wave} of {waves} failed: {exc.message}; {undone}",
                 fix="bring the replica back (its metrics port must answer), then promote again",
             ) from exc
         for change in changes:
@@ -354,13 +352,23 @@ class StagedRollout:
             verdict = judge(old, new, self.policy)
             self.verdicts.append(verdict)
             if not verdict.ok:
-                self.abort(changes)
+                failed = self.abort(changes)
                 raise PromotionError(
                     f"the bake after wave {wave} of {waves} tripped on {change.model} "
                     f"v{','.join(sorted(new_versions))} ({verdict.metric}): {verdict.detail}; "
-                    f"rolled back on {', '.join(moved)}, the other replicas never loaded it",
+                    f"rolled back on {', '.join(moved)}, the other replicas never loaded it"
+                    + (f"; could not restore {'; '.join(failed)}" if failed else ""),
                     fix="fix the model and register a new version; the alias was not moved",
                 )
+
+    def _undo(self, changes: list[Change]) -> str:
+        failed = self.abort(changes)
+        if not failed:
+            return "every touched replica is back on the store's config"
+        return (
+            f"every other touched replica is back on the store's config; could not restore "
+            f"{'; '.join(failed)} (a replica that restarts reads the store)"
+        )
 
     def abort(self, changes: list[Change]) -> list[str]:
         """Every touched replica goes back to the store's configs, newest change first (a model
@@ -467,7 +475,16 @@ def staged_deploy(promotion: Any) -> FleetReport:
     before = following_latest(repointed, staged_steps, promotion.env.gpu)
     staged = StagedRollout(plan.targets, fleet.target, policy, fleet.load_timeout)
     promotion.staged = staged
-    rollouts = staged.run(before + changes)
+    try:
+        rollouts = staged.run(before + changes)
+    except MlregError:
+        # the abort put every touched replica back and the store never had these configs: the
+        # runner's rollback has only the models new to the store left to undo
+        promotion.staged_aborted = True
+        promotion.changed[:] = [
+            s for s in promotion.changed if s.previous_config is None or not any(s is t for t in steps)
+        ]
+        raise
     for step, change in zip(staged_steps, changes, strict=True):
         promotion._changing(step)
         promotion.store.write_config(change.model, change.config_text)

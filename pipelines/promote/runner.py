@@ -113,6 +113,7 @@ class Promotion:
         self.fleet = Fleet(self.store, (), self._connect, self.settings.triton_timeout * 10)
         self.locks = ExitStack()
         self.result = PromotionResult(self.plan)
+        self.staged_aborted = False  # a staged roll-out put its replicas back itself
 
     def _connect(self, url: str) -> ServingTarget:
         return (self.connect or triton_connector(self.settings))(url)
@@ -198,6 +199,7 @@ class Promotion:
                 result.rolled_back = True
             except BaseException as failure:  # recorded and reported below, never swallowed
                 result.rollback_error = _message(failure)
+        result.rolled_back = result.rolled_back or (self.staged_aborted and not result.rollback_error)
         self._record_safely(result)
         head = f"promotion of {self.plan.model} version {self.plan.version} to '{self.env.name}' failed: "
         if result.rollback_error:

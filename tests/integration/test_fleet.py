@@ -260,6 +260,7 @@ def test_a_version_failing_on_real_requests_trips_the_bake_and_is_rolled_back(fl
         fleet.promote("scorer", "3")
     message = info.value.message
     assert f"rolled back on {fleet.urls[0]}, the other replicas never loaded it" in message
+    assert "rolled back, the previous versions serve" in message
     ratio = float(message.split("failure ratio ")[1].split(" ")[0])
     assert 0.2 < ratio < 0.8  # about half of the random inputs are out of range
     for url in fleet.urls:
@@ -359,6 +360,9 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
         with Traffic(fleet.urls[:2]):  # the bake needs requests; the victim's would only fail
             fleet.promote("scorer", "5", connect=connect)
     assert info.value.result is not None
+    assert info.value.result.rolled_back  # by the roll-out's own abort; nothing left for the rollback
+    assert "every touched replica is back on the store's config" in info.value.message
+    assert "rollback failed" not in info.value.message
     for url in fleet.urls[:2]:  # the others: consistent, on the old version
         assert fleet.ready(url, "scorer") == ["2"], url
         assert fleet.pinned(url) == 2, url

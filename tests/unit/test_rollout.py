@@ -305,7 +305,8 @@ def test_a_replica_failing_mid_wave_stops_the_rollout_naming_it() -> None:
     staged = StagedRollout(URLS, _opener(replicas), Policy(waves=(100.0,)), 10)
     with pytest.raises(PromotionError, match="wave 2 of 2 failed: load failed on r2:8001") as info:
         staged.run([Change("m", CONFIG, ["2"])])
-    assert "every touched replica is back on the store's config" in info.value.message
+    assert "every other touched replica is back on the store's config" in info.value.message
+    assert "could not restore r2:8001: unload failed on r2:8001" in info.value.message  # the dead one
     restored = [u for u, model, _ in log if model == "unload m"]  # new to the store: unloaded
     assert "r0:8001" in restored
     assert "r2:8001" not in restored
@@ -340,3 +341,19 @@ def test_a_replica_whose_metrics_cannot_be_read_aborts_the_bake_naming_it() -> N
         staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"], restore_text=OLD_CONFIG)])
     assert info.value.fix == "bring the replica back (its metrics port must answer), then promote again"
     assert log == [("r0:8001", "m", True), ("r0:8001", "m", True)]  # the canary back on the store's
+
+
+def test_a_plan_shows_its_roll_out_wave_by_wave() -> None:
+    from pipelines.promote.environments import Environment
+    from pipelines.promote.plan import Plan, rollout_line
+
+    policy = Policy(canary=1, waves=(50.0, 100.0), bake_seconds=60, max_parallel=2, max_latency_ratio=1.5)
+    env = Environment("production", "s3://models/prod", tuple(URLS), "production", gpu=True, policy=policy)
+    rollout = Plan(env, tuple(URLS), "m", "2").to_dict()["rollout"]
+    assert rollout["waves"] == [["r0:8001"], ["r1:8001"], ["r2:8001", "r3:8001"]]
+    assert rollout_line(rollout) == (
+        "canary [r0:8001] ▸ bake 60 s ▸ wave 2 [r1:8001] ▸ bake 60 s ▸ wave 3 [r2:8001, r3:8001] "
+        "(max_parallel 2, max_failure_ratio 0.01, max_latency_ratio 1.5, min_requests 10)"
+    )
+    plain = Environment("staging", "/tmp/store", tuple(URLS), "staging", gpu=False)
+    assert Plan(plain, tuple(URLS), "m", "2").to_dict()["rollout"] is None
