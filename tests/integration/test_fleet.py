@@ -12,6 +12,7 @@ after the promotion, and a replica SIGKILLed during a wave.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -293,6 +294,26 @@ def test_a_slow_version_trips_the_bake_on_latency_and_is_rolled_back(fleet: Flee
         assert fleet.pinned(url) == 2, url
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
     assert fleet.registry.aliases("scorer")["fleet"] == "2"
+
+
+def test_a_dry_run_shows_the_roll_out_wave_by_wave(
+    fleet: FleetStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from mlreg.cli.main import app
+
+    monkeypatch.setenv("MLREG_HOME", str(fleet.settings.home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the fleet's embedded registry
+    args = ["promote", "scorer", "--version", "4", "--env", "fleet", "--dry-run", "--skip-quality"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    a, b, c = fleet.urls
+    assert f"roll-out: canary [{a}] ▸ bake 3 s ▸ wave 2 [{b}] ▸ bake 3 s ▸ wave 3 [{c}]" in result.output
+    plan = CliRunner().invoke(app, [*args, "--json"])
+    assert json.loads(plan.output)["plan"]["rollout"]["waves"] == [[a], [b], [c]]
+    for url in fleet.urls:  # nothing moved
+        assert fleet.ready(url, "scorer") == ["2"], url
 
 
 def test_a_replica_hand_loaded_with_another_version_shows_as_drift(fleet: FleetStack) -> None:
