@@ -16,8 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +33,11 @@ from pipelines.promote.status import model_status
 from pipelines.storage import ensure_root, open_store
 from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
-from registry.errors import MlregError
+from registry.errors import PromotionError
 from registry.mlflow_registry import MlflowRegistry
 from registry.register import Candidate, register
 from registry.settings import Settings
+from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
 
@@ -164,41 +163,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[
             local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
 
 
-class Traffic:
+def scoring_traffic(urls: list[str]) -> Traffic:
     """Ensemble requests to every replica (one thread each) while a promotion runs."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.counts: dict[str, int] = {"ok": 0, "failed": 0}
-        self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self.send, args=(url, i)) for i, url in enumerate(urls)]
-
-    def send(self, url: str, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        with TritonControl(url, timeout=30) as triton:
-            deadline = time.monotonic() + 300
-            while not self.stop.is_set() and time.monotonic() < deadline:
-                try:
-                    triton.infer("scoring", {"X": rng.random(4).astype(np.float32)}, ["Y"])
-                    key = "ok"
-                except MlregError as exc:
-                    key = "failed"
-                    self.errors.append(exc.message)
-                with self.lock:
-                    self.counts[key] += 1
-
-    def __enter__(self) -> Traffic:
-        for thread in self.threads:
-            thread.start()
-        time.sleep(0.5)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        time.sleep(0.5)
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
+    return Traffic(
+        urls, lambda triton, rng: triton.infer("scoring", {"X": rng.random(4).astype(np.float32)}, ["Y"])
+    )
 
 
 def test_first_deployment_reaches_every_replica(fleet: FleetStack) -> None:
@@ -233,7 +202,7 @@ def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet
         return control
 
     before = (open_store(fleet.store).read_config("scorer"), open_store(fleet.store).read_config("scoring"))
-    with Traffic(fleet.urls) as traffic:
+    with scoring_traffic(fleet.urls) as traffic:
         result = fleet.promote("scorer", "2", connect=connect)
     # mid-roll-out: the store untouched, the moved replicas' ensemble following their latest
     # scorer (-1, a per-replica override), the last one still on its own pin and version
@@ -255,7 +224,7 @@ def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet
 def test_a_version_failing_on_real_requests_trips_the_bake_and_is_rolled_back(fleet: FleetStack) -> None:
     assert fleet.register("scorer", SCORER_CONFIG, scorer("v3", fails=True)) == "3"
     with (
-        Traffic(fleet.urls),
+        scoring_traffic(fleet.urls),
         pytest.raises(PromotionFailed, match=r"tripped on scorer v3 \(failure_ratio\)") as info,
     ):
         fleet.promote("scorer", "3")
@@ -278,7 +247,7 @@ def test_a_slow_version_trips_the_bake_on_latency_and_is_rolled_back(fleet: Flee
     fleet.write_environment(max_latency_ratio=10)  # the old version answers in a few ms
     try:
         with (
-            Traffic(fleet.urls),
+            scoring_traffic(fleet.urls),
             pytest.raises(PromotionFailed, match=r"tripped on scorer v4 \(latency_ratio\)") as info,
         ):
             fleet.promote("scorer", "4")
@@ -378,7 +347,7 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
         return control
 
     with pytest.raises(PromotionFailed, match=f"after wave 2 of 3 failed: replica {victim.grpc_url}") as info:
-        with Traffic(fleet.urls[:2]):  # the bake needs requests; the victim's would only fail
+        with scoring_traffic(fleet.urls[:2]):  # the bake needs requests; the victim's would only fail
             fleet.promote("scorer", "5", connect=connect)
     assert info.value.result is not None
     assert info.value.result.rolled_back  # by the roll-out's own abort; nothing left for the rollback
@@ -392,6 +361,8 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     assert fleet.registry.aliases("scorer")["fleet"] == "2"
     [row] = model_status(fleet.settings, environment(fleet.settings, "fleet"), fleet.registry, ["scorer"])
     assert any(line.startswith(f"{victim.grpc_url} unreachable") for line in row["drift"])
+    with pytest.raises(PromotionError, match=rf"unreachable \({victim.grpc_url}\), max_unavailable = 0"):
+        fleet.promote("scorer", "5")  # while it is down: refused before anything changes
 
     local_triton.remove_shm(victim.shm_prefix)
     fleet.servers[2] = local_triton.start_server(
@@ -400,7 +371,7 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     fleet.write_environment()
     with TritonControl(fleet.urls[2]) as triton:  # as a restarted pod's --load-model=* would
         triton.load("scoring")
-    with Traffic(fleet.urls) as traffic:
+    with scoring_traffic(fleet.urls) as traffic:
         result = fleet.promote("scorer", "5")
     assert result.ok
     assert traffic.counts["failed"] == 0, traffic.errors[:3]

@@ -14,8 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +39,7 @@ from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.conftest import ROOT, TEMPLATE, failing_python_model
 from tests.integration.test_serving import ENSEMBLE, golden
+from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
 
@@ -143,48 +142,16 @@ def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) ->
     assert again.stage_names() == ["noop"]  # the fast path: nothing was touched
 
 
-class Traffic:
+def ensemble_traffic(url: str) -> Traffic:
     """Ensemble requests from 4 threads while a promotion runs; every answer counted."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.counts = {"ok": 0, "failed": 0}
-        self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self.send) for _ in range(4)]
-
-    def send(self) -> None:
-        inputs = golden().ensemble_inputs()
-        with TritonControl(self.url, timeout=30) as triton:
-            deadline = time.monotonic() + 300
-            while not self.stop.is_set() and time.monotonic() < deadline:
-                try:
-                    triton.infer(ENSEMBLE, inputs, ["multi_modal_output"])
-                    key = "ok"
-                except MlregError as exc:
-                    key = "failed"
-                    self.errors.append(exc.message)
-                with self.lock:
-                    self.counts[key] += 1
-
-    def __enter__(self) -> Traffic:
-        for thread in self.threads:
-            thread.start()
-        time.sleep(1)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        time.sleep(1)
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
+    inputs = golden().ensemble_inputs()
+    return Traffic([url] * 4, lambda triton, _: triton.infer(ENSEMBLE, inputs, ["multi_modal_output"]), 1)
 
 
 def test_a_new_version_swaps_in_under_traffic_with_no_failed_request(stack: Stack) -> None:
     [new] = export_models(stack.settings, stack.registry, ["image_model"], seed=7)
     assert new.version == "2"
-    with Traffic(stack.url) as traffic:
+    with ensemble_traffic(stack.url) as traffic:
         before = traffic.counts["ok"]
         starts = stack.instance_starts("image_model")
         stack.promote("image_model", "2", skip_quality=True)
@@ -384,7 +351,7 @@ def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_com
 
 def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
     [saved] = export_models(stack.settings, stack.registry, ["image_model"], seed=12)
-    with Traffic(stack.url) as traffic:  # the platform changes: no overlap, ensembles follow -1
+    with ensemble_traffic(stack.url) as traffic:  # the platform changes: no overlap, ensembles follow -1
         result = stack.promote("image_model", saved.version, serve_as="onnx", skip_quality=True)
     assert traffic.counts["failed"] == 0, traffic.errors[:3]
     assert traffic.counts["ok"] > 0
@@ -617,7 +584,7 @@ def test_two_promotions_of_two_members_of_one_ensemble_never_take_it_down(stack:
     """Two real CLI processes at once, three times: both applied or one refused cleanly (the
     ensemble's lock), the ensemble answering all along and status without drift after each."""
     [table_v2] = export_models(stack.settings, stack.registry, ["table_data_model"], seed=7)
-    with Traffic(stack.url) as traffic:
+    with ensemble_traffic(stack.url) as traffic:
         for attempt in range(3):
             image = "1" if stack.serving("image_model") != ["1"] else "2"
             table = table_v2.version if stack.serving("table_data_model") != [table_v2.version] else "1"
