@@ -38,7 +38,7 @@ from registry.mlflow_registry import MlflowRegistry  # noqa: E402
 from registry.register import Candidate, register  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 
-ROUNDS = 2
+ROUNDS = 3
 NO_BAKE = "waves = [100]\nbake_seconds = 0\n"
 MODEL = """
 import numpy as np
