@@ -59,6 +59,52 @@ def probe_targets(settings: Settings, env: Environment, store: RepositoryStore) 
         }
 
 
+def probe_pins(
+    settings: Settings, live: dict[str, Any], ensembles: list[str]
+) -> dict[str, dict[str, dict[str, str]]]:
+    """url -> ensemble -> member -> the version the ensemble pins *there* (-1: the latest), for
+    every ensemble READY on a reachable target, probed in parallel (a target that stops answering
+    meanwhile is left out: its states already say so)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipelines.triton import TritonControl
+
+    def probe(url: str) -> dict[str, dict[str, str]]:
+        found: dict[str, dict[str, str]] = {}
+        ready = [m for m in ensembles if ready_versions(live[url], m)]
+        if not ready:
+            return found
+        try:
+            with TritonControl(url, timeout=settings.triton_timeout) as triton:
+                for model in ready:
+                    steps = triton.model_config(model).get("ensemble_scheduling", {}).get("step", [])
+                    found[model] = {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps}
+        except MlregError:
+            pass
+        return found
+
+    urls = [url for url, states in live.items() if not isinstance(states, str)]
+    if not urls or not ensembles:
+        return {}
+    with ThreadPoolExecutor(max(1, min(16, len(urls)))) as pool:
+        return dict(zip(urls, pool.map(probe, urls), strict=True))
+
+
+def pin_drift(stored: dict[str, str], live: dict[str, dict[str, dict[str, str]]], model: str) -> list[str]:
+    """Each target whose loaded ensemble pins a member to another version than the store's config."""
+    found: list[str] = []
+    for url, ensembles in live.items():
+        pins = ensembles.get(model)
+        if pins is None:
+            continue
+        found.extend(
+            f"{url} pins {member} v{version}, the store's config pins v{stored.get(member, 'nothing')}"
+            for member, version in sorted(pins.items())
+            if stored.get(member) != version
+        )
+    return found
+
+
 def read_aliases(
     settings: Settings, registry: Registry, names: list[str], alias: str
 ) -> tuple[dict[str, str], str]:
@@ -114,6 +160,7 @@ def model_status(
     views = read_store(store, names)
     live = probe_targets(settings, env, store)
     aliases, mlflow_error = read_aliases(settings, registry, names, env.alias)
+    live_pins = probe_pins(settings, live, [m for m in names if views[m].is_ensemble])
     rows = []
     for model in names:
         view = views[model]
@@ -132,6 +179,8 @@ def model_status(
         if view.is_ensemble:
             assert view.config is not None
             row["pins"] = ensemble_pins(view.config)  # its alias names a registered version, not a folder
+            row["target_pins"] = {u: p[model] for u, p in live_pins.items() if model in p}
+            row["drift"].extend(pin_drift(row["pins"], live_pins, model))
         rows.append(row)
     return rows
 

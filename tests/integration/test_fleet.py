@@ -287,18 +287,30 @@ def test_a_dry_run_shows_the_roll_out_wave_by_wave(
 
 def test_a_replica_hand_loaded_with_another_version_shows_as_drift(fleet: FleetStack) -> None:
     odd = fleet.urls[2]
-    text = SCORER_CONFIG + "version_policy { specific { versions: [ 1 ] } }\n"
+    store = open_store(fleet.store)
+    scorer_v1 = SCORER_CONFIG + "version_policy { specific { versions: [ 1 ] } }\n"
+    following = (store.read_config("scoring") or "").replace("model_version: 2", "model_version: -1")
     with TritonControl(odd) as triton:
-        triton.load("scorer", config=config_json(text))
+        triton.load("scoring", config=config_json(following))  # the ensemble follows the latest scorer
+        triton.load("scorer", config=config_json(scorer_v1))
         triton.wait_ready("scorer", "1")
     try:
-        rows = model_status(fleet.settings, environment(fleet.settings, "fleet"), fleet.registry, ["scorer"])
-        [row] = rows
-        assert row["serving"] == {fleet.urls[0]: ["2"], fleet.urls[1]: ["2"], odd: ["1"]}
-        assert row["drift"] == [f"{odd} serves v1, store wants v2"]
+        env = environment(fleet.settings, "fleet")
+        scorer_row, scoring_row = model_status(fleet.settings, env, fleet.registry, ["scorer", "scoring"])
+        assert scorer_row["serving"] == {fleet.urls[0]: ["2"], fleet.urls[1]: ["2"], odd: ["1"]}
+        assert scorer_row["drift"] == [f"{odd} serves v1, store wants v2"]
+        assert scoring_row["target_pins"] == {
+            fleet.urls[0]: {"scorer": "2"},
+            fleet.urls[1]: {"scorer": "2"},
+            odd: {"scorer": "-1"},
+        }
+        assert scoring_row["drift"] == [f"{odd} pins scorer v-1, the store's config pins v2"]
     finally:
-        with TritonControl(odd) as triton:
-            triton.load("scorer")  # back to the store's config
+        with TritonControl(odd) as triton:  # back to the store's configs, as overrides: a plain
+            triton.load("scorer", config=config_json(store.read_config("scorer") or ""))  # load keeps one
+            triton.load("scoring", config=config_json(store.read_config("scoring") or ""))
+    assert fleet.ready(odd, "scorer") == ["2"]
+    assert fleet.pinned(odd) == 2
 
 
 def test_a_replica_started_after_the_promotion_serves_the_promoted_versions(fleet: FleetStack) -> None:

@@ -180,7 +180,12 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
         [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
     finally:
         store.write_config(ENSEMBLE, serving)
-    assert row["drift"] == [f"alias local=v{row['alias']} pins image_model v2, the store's config pins v1"]
+    assert row["drift"] == [
+        f"alias local=v{row['alias']} pins image_model v2, the store's config pins v1",
+        f"{stack.url} pins image_model v2, the store's config pins v1",  # what the server has loaded
+    ]
+    assert row["target_pins"] == {stack.url: row["target_pins"][stack.url]}
+    assert row["target_pins"][stack.url]["image_model"] == "2"
 
 
 def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, tmp_path: Path) -> None:
