@@ -89,6 +89,21 @@ def render_table(
         typer.echo(line.rstrip())
 
 
+def rollout_line(rollout: Mapping[str, Any]) -> str:
+    """``canary [a] ▸ bake 60 s ▸ wave 2 [b, c]`` for a plan's roll-out."""
+    parts = []
+    waves = rollout["waves"]
+    for index, wave in enumerate(waves):
+        parts.append(f"{'canary' if index == 0 else f'wave {index + 1}'} [{', '.join(wave)}]")
+        if index + 1 < len(waves) and rollout["bake_seconds"]:
+            parts.append(f"bake {rollout['bake_seconds']:g} s")
+    return (
+        " ▸ ".join(parts)
+        + f" (max_parallel {rollout['max_parallel']}, max_failure_ratio {rollout['max_failure_ratio']:g}, "
+        f"max_latency_ratio {rollout['max_latency_ratio']:g}, min_requests {rollout['min_requests']})"
+    )
+
+
 class Output:
     """One command's results: a JSON document with ``--json``, else lines and tables for people."""
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.output import Output, rollout_line
 
 if TYPE_CHECKING:
     from pipelines.promote.reports import PromotionResult
@@ -59,8 +59,6 @@ def _render(out: Output, result: PromotionResult, alias: str) -> None:
                 for s in plan.steps
             ],
         )
-        from pipelines.promote.plan import rollout_line
-
         rollout = plan.rollout()
         if rollout is None:
             out.line(f"load on: {', '.join(plan.targets)} (first = canary)")

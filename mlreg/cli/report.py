@@ -18,7 +18,7 @@ from typing import Any
 
 import typer
 
-from mlreg.cli.output import handle_errors
+from mlreg.cli.output import handle_errors, rollout_line
 
 Doc = dict[str, Any]
 
@@ -75,8 +75,6 @@ def _plan_lines(report: Doc) -> list[str]:
     ]
     targets = ", ".join(plan.get("targets") or []) or "-"
     rollout = plan.get("rollout")
-    from pipelines.promote.plan import rollout_line
-
     where = (
         f"rolls out {cell(rollout_line(rollout))}."
         if rollout

@@ -84,15 +84,16 @@ class Fleet:
         connect: Connect,
         load_timeout: float,
         parallel: int = 1,
+        override: bool = False,
     ) -> None:
         self.store = store
         self.urls = tuple(urls)
         self.connect = connect
         self.load_timeout = load_timeout
         self.parallel = max(1, parallel)
-        # True for a staged fleet: configs go with the load (Triton keeps an earlier config
-        # override over a store file older than it, so a plain load would not apply the store's)
-        self.override = False
+        # a staged fleet sends each config with its load: Triton keeps an earlier config override
+        # over a store file older than it, so a plain load would not apply the store's
+        self.override = override
         self.rollouts: list[Rollout] = []
         self._open: dict[str, ServingTarget] = {}
 

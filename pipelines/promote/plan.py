@@ -161,21 +161,6 @@ class Plan:
         }
 
 
-def rollout_line(rollout: dict[str, Any]) -> str:
-    """``canary [a] ▸ bake 60 s ▸ wave 2 [b, c]`` for a plan's roll-out."""
-    parts = []
-    waves = rollout["waves"]
-    for index, wave in enumerate(waves):
-        parts.append(f"{'canary' if index == 0 else f'wave {index + 1}'} [{', '.join(wave)}]")
-        if index + 1 < len(waves) and rollout["bake_seconds"]:
-            parts.append(f"bake {rollout['bake_seconds']:g} s")
-    return (
-        " ▸ ".join(parts)
-        + f" (max_parallel {rollout['max_parallel']}, max_failure_ratio {rollout['max_failure_ratio']:g}, "
-        f"max_latency_ratio {rollout['max_latency_ratio']:g}, min_requests {rollout['min_requests']})"
-    )
-
-
 def serving_versions(config_text: str | None) -> list[str]:
     """The versions a stored config declares serving (its version_policy)."""
     return [] if config_text is None else list(config_facts(config_text).versions)

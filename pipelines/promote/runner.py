@@ -128,8 +128,8 @@ class Promotion:
 
             targets = reachable(targets, self._connect, policy)
         parallel = policy.max_parallel if policy else 1
-        self.fleet = Fleet(self.store, targets, self._connect, self.settings.triton_timeout * 10, parallel)
-        self.fleet.override = policy is not None
+        load_timeout = self.settings.triton_timeout * 10
+        self.fleet = Fleet(self.store, targets, self._connect, load_timeout, parallel, policy is not None)
         with self.fleet, self.locks, tempfile.TemporaryDirectory(prefix="mlreg-promote-") as tmp:
             self.plan = Plan(self.env, targets, model, version, workdir=Path(tmp))
             self.result = result = PromotionResult(self.plan)

@@ -1,12 +1,15 @@
 """`mlreg status` and `mlreg history`: registry alias vs the store's desired state vs what serves.
 
 ``model_status`` composes four reads, each on its own: the store (``read_store``), the servers
-(``probe_targets``), MLflow (``read_aliases``), and the drift rules (``drift``).  A part that
-cannot be reached is drift, said per target, within the configured timeouts.
+(``probe_targets``: model states and each loaded ensemble's pins), MLflow (``read_aliases``),
+and the drift rules (``drift``).  A part that cannot be reached is drift, said per target,
+within the configured timeouts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,41 +49,39 @@ def read_store(store: RepositoryStore, names: list[str]) -> dict[str, StoreView]
     return views
 
 
-def probe_targets(settings: Settings, env: Environment, store: RepositoryStore) -> dict[str, Any]:
-    """url -> model states, or the reason the target cannot be asked (a string)."""
+Pins = dict[str, dict[str, dict[str, str]]]  # url -> ensemble -> member -> version pinned there
+
+
+def probe_targets(
+    settings: Settings, env: Environment, store: RepositoryStore, ensembles: Sequence[str] = ()
+) -> tuple[dict[str, Any], Pins]:
+    """url -> model states, or the reason the target cannot be asked (a string); and, over the
+    same connections, the member versions each READY ensemble of ``ensembles`` pins there."""
     try:
         targets = resolve_targets(settings, env)
     except MlregError as exc:
-        return {"local stack" if env.local_stack else "(no target)": f"unreachable: {exc.message}"}
+        return {"local stack" if env.local_stack else "(no target)": f"unreachable: {exc.message}"}, {}
     with Fleet(store, targets, triton_connector(settings), settings.triton_timeout) as fleet:
-        return {
+        live = {
             url: f"unreachable: {found.message}" if isinstance(found, MlregError) else found
             for url, found in fleet.states().items()
         }
+        return live, _live_pins(fleet, live, ensembles)
 
 
-def probe_pins(
-    settings: Settings, live: dict[str, Any], ensembles: list[str]
-) -> dict[str, dict[str, dict[str, str]]]:
-    """url -> ensemble -> member -> the version the ensemble pins *there* (-1: the latest), for
-    every ensemble READY on a reachable target, probed in parallel (a target that stops answering
-    meanwhile is left out: its states already say so)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from pipelines.triton import TritonControl
+def _live_pins(fleet: Fleet, live: dict[str, Any], ensembles: Sequence[str]) -> Pins:
+    """What each ensemble loaded on a reachable target pins (-1: the latest), probed in parallel;
+    a target that stops answering meanwhile is left out (its states already say so)."""
 
     def probe(url: str) -> dict[str, dict[str, str]]:
         found: dict[str, dict[str, str]] = {}
-        ready = [m for m in ensembles if ready_versions(live[url], m)]
-        if not ready:
-            return found
-        try:
-            with TritonControl(url, timeout=settings.triton_timeout) as triton:
-                for model in ready:
-                    steps = triton.model_config(model).get("ensemble_scheduling", {}).get("step", [])
-                    found[model] = {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps}
-        except MlregError:
-            pass
+        for model in (m for m in ensembles if ready_versions(live[url], m)):
+            try:
+                config = fleet.target(url).model_config(model)
+            except MlregError:
+                break
+            steps = config.get("ensemble_scheduling", {}).get("step", [])
+            found[model] = {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps}
         return found
 
     urls = [url for url, states in live.items() if not isinstance(states, str)]
@@ -90,7 +91,7 @@ def probe_pins(
         return dict(zip(urls, pool.map(probe, urls), strict=True))
 
 
-def pin_drift(stored: dict[str, str], live: dict[str, dict[str, dict[str, str]]], model: str) -> list[str]:
+def pin_drift(stored: dict[str, str], live: Pins, model: str) -> list[str]:
     """Each target whose loaded ensemble pins a member to another version than the store's config."""
     found: list[str] = []
     for url, ensembles in live.items():
@@ -158,9 +159,8 @@ def model_status(
     store = open_store(env.store)
     names = models or store.list_models()
     views = read_store(store, names)
-    live = probe_targets(settings, env, store)
+    live, live_pins = probe_targets(settings, env, store, [m for m in names if views[m].is_ensemble])
     aliases, mlflow_error = read_aliases(settings, registry, names, env.alias)
-    live_pins = probe_pins(settings, live, [m for m in names if views[m].is_ensemble])
     rows = []
     for model in names:
         view = views[model]

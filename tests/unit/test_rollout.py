@@ -344,8 +344,9 @@ def test_a_replica_whose_metrics_cannot_be_read_aborts_the_bake_naming_it() -> N
 
 
 def test_a_plan_shows_its_roll_out_wave_by_wave() -> None:
+    from mlreg.cli.output import rollout_line
     from pipelines.promote.environments import Environment
-    from pipelines.promote.plan import Plan, rollout_line
+    from pipelines.promote.plan import Plan
 
     policy = Policy(canary=1, waves=(50.0, 100.0), bake_seconds=60, max_parallel=2, max_latency_ratio=1.5)
     env = Environment("production", "s3://models/prod", tuple(URLS), "production", gpu=True, policy=policy)
