@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from registry.errors import RegistryError
+from registry.errors import MlregError, RegistryError
 from registry.lineage import VERSION_FOLDER
 from registry.settings import Settings
 
@@ -128,9 +128,16 @@ class MlflowRegistry:
         if self.uri.startswith("sqlite:"):
             self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
             location = self.settings.artifact_root.as_uri()
-        created = self._call(
-            "experiment creation", lambda: self.client.create_experiment(name, artifact_location=location)
-        )
+        try:
+            created = self._call(
+                "experiment creation", lambda: self.client.create_experiment(name, artifact_location=location)
+            )
+        except MlregError:
+            # another process (a concurrent promotion) created it since the lookup: use theirs
+            raced = self._call("experiment lookup", lambda: self.client.get_experiment_by_name(name))
+            if raced is None:
+                raise
+            created = raced.experiment_id
         self._experiments[name] = str(created)
         return self._experiments[name]
 

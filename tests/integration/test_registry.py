@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -222,3 +223,24 @@ def test_a_failure_after_the_run_started_leaves_no_orphan(
     )  # ACTIVE_ONLY
     assert runs == []
     assert registry.find_by_tag(name, "validation", "passed") == []
+
+
+def test_two_processes_creating_one_experiment_at_once_share_it(tmp_path: Path) -> None:
+    """Two promotions at once on a fresh MLflow both create 'mlreg-promotions'; the slower one
+    used to lose its run (seen on PostgreSQL).  Both registries here are real (one sqlite file);
+    only the ordering is arranged: the second looks the name up just before the first creates it."""
+    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg"), "PATH": os.environ["PATH"]})
+    first, second = MlflowRegistry(settings), MlflowRegistry(settings)
+    lookup = second.client.get_experiment_by_name
+    calls: list[str] = []
+
+    def lookup_before_the_other_creates(name: str) -> Any:  # MLflow's Experiment | None
+        calls.append(name)
+        if len(calls) == 1:
+            first.experiment_id(name)  # the other process creates it now...
+            return None  # ...after this process's lookup found nothing
+        return lookup(name)
+
+    second.client.get_experiment_by_name = lookup_before_the_other_creates  # type: ignore[method-assign]
+    assert second.experiment_id("mlreg-promotions") == first.experiment_id("mlreg-promotions")
+    assert calls == ["mlreg-promotions", "mlreg-promotions"]  # the creation failed, the lookup found it
