@@ -29,12 +29,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines import local_triton  # noqa: E402
+from pipelines.devstack import local_triton  # noqa: E402
+from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
 from pipelines.promote.runner import Options, Promotion  # noqa: E402
 from pipelines.promote.status import model_status  # noqa: E402
 from pipelines.triton import TritonControl  # noqa: E402
-from registry.mlflow_registry import MlflowRegistry  # noqa: E402
+from registry.mlflow import MlflowRegistry  # noqa: E402
 from registry.register import Candidate, register  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 
@@ -136,7 +137,10 @@ def new_version(registry: MlflowRegistry, work: Path, tag: int) -> str:
 def promote(settings: Settings, registry: MlflowRegistry, version: str) -> tuple[float, float]:
     env = environment(settings, "bench")
     began = time.perf_counter()
-    result = Promotion(settings, env, registry, Options(skip_quality=True)).run("bench", version)
+    promotion = Promotion(
+        settings, env, registry, Options(skip_quality=True), scratch=scratch_servers(settings)
+    )
+    result = promotion.run("bench", version)
     wall = time.perf_counter() - began
     assert result.ok, result
     fleet = sum(s.seconds for s in result.stages if s.stage in ("deploy", "finalize"))

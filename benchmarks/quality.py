@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from promote import BASELINE  # noqa: E402  (the bare baseline, one definition)
 
-from pipelines.stack import stack_down, stack_up  # noqa: E402
+from pipelines.devstack.stack import stack_down, stack_up  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines import local_mlflow  # noqa: E402
+from pipelines.devstack import local_mlflow  # noqa: E402
 from registry import template  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 
@@ -112,7 +112,7 @@ def many_versions(args: argparse.Namespace, url: str, env: dict[str, str]) -> li
 def bench_deployments(args: argparse.Namespace, work: Path, built: Path) -> list[str]:
     """(c) the same swap (image_model v1 -> v2 on the local stack) by `mlflow deployments create
     -t mlreg` and by `mlreg promote`, alternating; v1 is put back (untimed) after each."""
-    from pipelines.stack import stack_down, stack_up
+    from pipelines.devstack.stack import stack_down, stack_up
 
     home = work / "stack" / ".mlreg"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines import local_s3  # noqa: E402
+from pipelines.devstack import local_s3  # noqa: E402
 
 STORE_UPLOAD = """
 import json, resource, sys, time

@@ -42,7 +42,7 @@ FALSE = {"0", "false", "no", "off", ""}
 
 
 def _telemetry_off() -> None:
-    """As the mlreg CLI does (registry.mlflow_registry): MLflow's usage telemetry holds each
+    """As the mlreg CLI does (registry.mlflow): MLflow's usage telemetry holds each
     command's exit for seconds (longer offline); a team opts in with MLFLOW_DISABLE_TELEMETRY=false."""
     if "MLFLOW_DISABLE_TELEMETRY" in os.environ:
         return
@@ -79,7 +79,7 @@ def run_local(
     target: str, name: str, model_uri: str, flavor: str | None = None, config: dict[str, Any] | None = None
 ) -> None:
     """Start the local stack if it is not running, then promote ``model_uri`` into ``local``."""
-    from pipelines.stack import running_server, stack_up
+    from pipelines.devstack.stack import running_server, stack_up
 
     with _translated():
         settings = Settings.from_env()
@@ -138,12 +138,15 @@ class MlregDeploymentClient(BaseDeploymentClient):
     # -- helpers --------------------------------------------------------------------------------
 
     def _context(self, config: dict[str, Any] | None = None) -> tuple[Settings, Any, Any]:
-        from pipelines.promote.environments import environment
-        from registry.mlflow_registry import MlflowRegistry
+        from mlreg import service
 
         settings = Settings.from_env()
-        name = str((config or {}).get("env") or self.default_env)
-        return settings, environment(settings, name), MlflowRegistry(settings)
+        ctx = service.context(settings, self._env_name(config))
+        return settings, ctx.env, ctx.registry
+
+    def _env_name(self, config: dict[str, Any] | None = None) -> str:
+        """``-C env=NAME``, else the target URI's environment."""
+        return str((config or {}).get("env") or self.default_env)
 
     @staticmethod
     def _version(registry: Any, name: str, model_uri: str) -> str:
@@ -206,9 +209,10 @@ class MlregDeploymentClient(BaseDeploymentClient):
             return self._promote(name, model_uri, flavor, config)
 
     def delete_deployment(self, name, config=None, endpoint=None):  # type: ignore[no-untyped-def]
+        from mlreg import service
+
         with _translated():
-            settings, env, registry = self._context(config)
-            retire(settings, env, registry, name)
+            service.retire(Settings.from_env(), self._env_name(config), name)
 
     def list_deployments(self, endpoint=None):  # type: ignore[no-untyped-def]
         with _translated():
@@ -231,9 +235,12 @@ class MlregDeploymentClient(BaseDeploymentClient):
             return found
 
     def predict(self, deployment_name=None, inputs=None, endpoint=None):  # type: ignore[no-untyped-def]
+        from mlreg import service
+
         with _translated():
-            settings, env, _ = self._context()
-            return PredictionsResponse({"outputs": infer(settings, env, deployment_name, inputs)})
+            arrays = _arrays(inputs)
+            answer = service.predict(Settings.from_env(), self._env_name(), deployment_name, arrays)
+            return PredictionsResponse({"outputs": {key: value.tolist() for key, value in answer.items()}})
 
 
 def _status(settings: Settings, env: Any, registry: Any, models: list[str] | None) -> list[dict[str, Any]]:
@@ -256,49 +263,8 @@ def _deployment(env: str, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def retire(settings: Settings, env: Any, registry: Any, name: str) -> None:
-    """Unload ``name`` from every replica of ``env`` and remove its desired state (config.pbtxt);
-    refused while an ensemble of ``env`` uses it.  On a failed unload the config is put back."""
-    from pipelines.promote.environments import resolve_targets
-    from pipelines.promote.plan import ensemble_pins
-    from pipelines.storage import open_store
-    from pipelines.triton import TritonControl
-    from registry.errors import PromotionError
-
-    store = open_store(env.store)
-    config = store.read_config(name)
-    if config is None:
-        raise PromotionError(
-            f"{name} is not deployed in '{env.name}' ({env.store} has no {name}/config.pbtxt)",
-            fix=f"see 'mlflow deployments list -t mlreg:/{env.name}'",
-        )
-    users = [
-        other
-        for other in store.list_models()
-        if 'platform: "ensemble"' in (text := store.read_config(other) or "") and name in ensemble_pins(text)
-    ]
-    if users:
-        raise PromotionError(
-            f"{name} is used by ensemble(s) {', '.join(users)} in '{env.name}'; retiring it would break them",
-            fix="retire the ensemble first, or promote an ensemble version that does not use it",
-        )
-    targets = resolve_targets(settings, env)
-    with store.lock(name, wait=0):
-        store.delete(f"{name}/config.pbtxt")
-        try:
-            for url in targets:
-                with TritonControl(url, timeout=settings.triton_timeout) as triton:
-                    triton.unload(name)
-        except MlregError:
-            store.write_config(name, config)
-            raise
-    with contextlib.suppress(MlregError):
-        if env.alias in registry.aliases(name):
-            registry.delete_alias(name, env.alias)
-        registry.forget_deployment(name, env.name)
-
-
 def _arrays(inputs: Any) -> dict[str, Any]:
+    """MLflow's predict input (a DataFrame or a dict) as input name -> array."""
     import numpy as np
 
     if hasattr(inputs, "columns"):  # a DataFrame: one column per input tensor, one row per item
@@ -309,31 +275,3 @@ def _arrays(inputs: Any) -> dict[str, Any]:
         f"predict takes a DataFrame or a dict of arrays, not {type(inputs).__name__}",
         fix="pass {'input_name': array, ...} or a JSON file whose keys are the input names",
     )
-
-
-def infer(settings: Settings, env: Any, name: str, inputs: Any) -> dict[str, Any]:
-    """Send ``inputs`` to ``name`` on the environment's first replica; cast to the config's dtypes."""
-    from tritonclient.utils import triton_to_np_dtype
-
-    from pipelines.promote.environments import resolve_targets
-    from pipelines.storage import open_store
-    from pipelines.triton import TritonControl
-    from registry.contracts.config import data_type_name, parse_config
-    from registry.errors import PromotionError
-
-    text = open_store(env.store).read_config(name)
-    if text is None:
-        raise PromotionError(f"{name} is not deployed in '{env.name}'", fix="create the deployment first")
-    config = parse_config(text)
-    arrays = _arrays(inputs)
-    for tensor in config.input:
-        if tensor.name in arrays:
-            wanted = triton_to_np_dtype(data_type_name(tensor.data_type))
-            arrays[tensor.name] = arrays[tensor.name].astype(wanted)
-            if config.max_batch_size > 0 and arrays[tensor.name].ndim == len(tensor.dims):
-                arrays[tensor.name] = arrays[tensor.name][None, ...]  # one item: add the batch dim
-    outputs = [t.name for t in config.output]
-    url = resolve_targets(settings, env)[0]
-    with TritonControl(url, timeout=settings.triton_timeout) as triton:
-        answer = triton.infer(name, arrays, outputs)
-    return {key: value.tolist() for key, value in answer.items()}

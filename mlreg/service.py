@@ -1,4 +1,4 @@
-"""The application's operations on an environment: promote, rollback, status, history.
+"""The application's operations on an environment: promote, rollback, status, history, retire, predict.
 
 The CLI (``mlreg/cli/promote.py``) and the MLflow deployments plugin (``mlreg/deployments.py``)
 both call these; each composes the registry (MLflow) with the pipelines (store, servers) and
@@ -8,17 +8,24 @@ is a ``PromotionFailed`` whose ``result`` holds the plan, the stage reports and 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from registry.errors import UsageError
+from registry.errors import MlregError, PromotionError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from pipelines.promote.environments import Environment
+    from pipelines.promote.fanout import Fleet
     from pipelines.promote.reports import PromotionResult
     from pipelines.promote.runner import OnStage
-    from registry.mlflow_registry import MlflowRegistry
+    from pipelines.storage.base import RepositoryStore
+    from registry.mlflow import MlflowRegistry
 
 SERVE_AS = ("auto", "native", "onnx")
 
@@ -30,9 +37,22 @@ class Context:
     registry: MlflowRegistry
 
 
+def environment(settings: Settings, name: str) -> Environment:
+    """The environment ``name`` of the project; ``local`` targets every replica of the running
+    local stack (none while it is down: the promotion then says to start it)."""
+    from pipelines.promote.environments import environment as configured
+
+    env = configured(settings, name)
+    if not env.local_stack:
+        return env
+    from pipelines.devstack.stack import running_servers
+
+    urls = tuple(info.grpc_url for info in running_servers(settings))  # `stack up --replicas N`
+    return dataclasses.replace(env, targets=urls)
+
+
 def context(settings: Settings, env_name: str) -> Context:
-    from pipelines.promote.environments import environment
-    from registry.mlflow_registry import MlflowRegistry
+    from registry.mlflow import MlflowRegistry
 
     return Context(settings, environment(settings, env_name), MlflowRegistry(settings))
 
@@ -50,6 +70,7 @@ def promote(
     on_stage: OnStage | None = None,
 ) -> PromotionResult:
     """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot)."""
+    from pipelines.devstack.scratch import scratch_servers
     from pipelines.promote.runner import Options, Promotion
 
     if serve_as not in SERVE_AS:
@@ -58,7 +79,8 @@ def promote(
         raise UsageError(f"version '{version}' is not a number", fix="pass --version N (1, 2, 3, ...)")
     ctx = context(settings, env_name)
     options = Options(dry_run, allow_breaking, skip_quality, serve_as, on_stage)
-    return Promotion(settings, ctx.env, ctx.registry, options).run(model, version)
+    promotion = Promotion(settings, ctx.env, ctx.registry, options, scratch=scratch_servers(settings))
+    return promotion.run(model, version)
 
 
 def rollback(
@@ -124,4 +146,103 @@ def history(settings: Settings, model: str, env_name: str | None = None) -> list
     return rows
 
 
-__all__ = ["StatusReport", "history", "promote", "rollback", "status"]
+def _fleet(settings: Settings, env: Environment, store: RepositoryStore | None = None) -> Fleet:
+    """The environment's targets (the local stack's must be running) and its store."""
+    from pipelines.promote.environments import resolve_targets
+    from pipelines.promote.fanout import Fleet, triton_connector
+    from pipelines.storage import open_store
+
+    targets = resolve_targets(settings, env)
+    connect = triton_connector(settings)
+    return Fleet(store or open_store(env.store), targets, connect, settings.triton_timeout * 10)
+
+
+def _ensemble_users(store: RepositoryStore, name: str) -> list[str]:
+    """The ensembles in ``store`` whose steps name ``name``."""
+    from pipelines.promote.plan import ensemble_pins
+
+    return [
+        other
+        for other in store.list_models()
+        if 'platform: "ensemble"' in (text := store.read_config(other) or "") and name in ensemble_pins(text)
+    ]
+
+
+def retire(settings: Settings, env_name: str, name: str) -> None:
+    """Unload ``name`` from every target of the environment and remove its desired state (its
+    config.pbtxt), then its alias; refused while an ensemble there uses it.  When a target fails
+    to unload, the config is put back and the error raised."""
+    from pipelines.promote.fanout import Change
+    from pipelines.storage import open_store
+
+    ctx = context(settings, env_name)
+    env = ctx.env
+    store = open_store(env.store)
+    config = store.read_config(name)
+    if config is None:
+        raise PromotionError(
+            f"{name} is not deployed in '{env.name}' ({env.store} has no {name}/config.pbtxt)",
+            fix=f"see 'mlflow deployments list -t mlreg:/{env.name}'",
+        )
+    users = _ensemble_users(store, name)
+    if users:
+        raise PromotionError(
+            f"{name} is used by ensemble(s) {', '.join(users)} in '{env.name}'; retiring it would break them",
+            fix="retire the ensemble first, or promote an ensemble version that does not use it",
+        )
+    with _fleet(settings, env, store) as fleet, store.lock(name, wait=0):
+        try:
+            fleet.apply(Change(name, None))  # the config deleted, then unloaded on every target
+        except MlregError:
+            store.write_config(name, config)
+            raise
+    with contextlib.suppress(MlregError):  # the servers are done; the registry's record is best effort
+        if env.alias in ctx.registry.aliases(name):
+            ctx.registry.delete_alias(name, env.alias)
+        ctx.registry.forget_deployment(name, env.name)
+
+
+def predict(settings: Settings, env_name: str, name: str, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Send ``inputs`` (input name -> array-like) to ``name`` on the environment's first target,
+    cast to the dtypes of the config the store serves; one item gets the batch dimension added."""
+    from pipelines.storage import open_store
+    from registry.contracts.config import parse_config
+
+    env = environment(settings, env_name)
+    text = open_store(env.store).read_config(name)
+    if text is None:
+        raise PromotionError(f"{name} is not deployed in '{env.name}'", fix="create the deployment first")
+    config = parse_config(text)
+    arrays = _typed(config, inputs)
+    outputs = [t.name for t in config.output]
+    with _fleet(settings, env) as fleet:
+        return fleet.target(fleet.urls[0]).infer(name, arrays, outputs)
+
+
+def _typed(config: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """``inputs`` as arrays of the config's dtypes (a batching model's single item: batch of one)."""
+    import numpy as np
+    from tritonclient.utils import triton_to_np_dtype
+
+    from registry.contracts.config import data_type_name
+
+    arrays = {str(key): np.asarray(value) for key, value in inputs.items()}
+    for tensor in config.input:
+        if tensor.name in arrays:
+            wanted = triton_to_np_dtype(data_type_name(tensor.data_type))
+            arrays[tensor.name] = arrays[tensor.name].astype(wanted)
+            if config.max_batch_size > 0 and arrays[tensor.name].ndim == len(tensor.dims):
+                arrays[tensor.name] = arrays[tensor.name][None, ...]  # one item: add the batch dim
+    return arrays
+
+
+__all__ = [
+    "StatusReport",
+    "environment",
+    "history",
+    "predict",
+    "promote",
+    "retire",
+    "rollback",
+    "status",
+]

@@ -14,11 +14,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry.errors import MlregError, UsageError
 from registry.register import check_model_name
 from registry.settings import Settings
+
+if TYPE_CHECKING:
+    from pipelines.promote.ports import Registry
 
 OnStage = Callable[[str, str, float, str], None]
 
@@ -62,28 +65,17 @@ def versions_from_export(path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def versions_from_alias(registry: Any, source: str, target: str) -> list[tuple[str, str]]:
+def versions_from_alias(registry: Registry, source: str, target: str) -> list[tuple[str, str]]:
     """Every model whose ``source`` alias names a version the ``target`` alias does not."""
-    models: list[Any] = []
-    token = None
-    while True:  # paged: 100 registered models a page
-        page = registry._call(
-            "model search", lambda token=token: registry.client.search_registered_models(page_token=token)
-        )
-        models += list(page)
-        token = page.token
-        if not token:
-            break
-    pairs = []
-    for model in sorted(models, key=lambda m: m.name):
-        aliases = {k: str(v) for k, v in dict(getattr(model, "aliases", None) or {}).items()}
-        wanted = aliases.get(source)
-        if wanted is not None and aliases.get(target) != wanted:
-            pairs.append((model.name, wanted))
-    return pairs
+    held = registry.alias_versions(target)
+    return [
+        (model, wanted)
+        for model, wanted in registry.alias_versions(source).items()
+        if held.get(model) != wanted
+    ]
 
 
-def ordered(registry: Any, pairs: list[tuple[str, str]], ensembles_first: bool) -> list[tuple[str, str]]:
+def ordered(registry: Registry, pairs: list[tuple[str, str]], ensembles_first: bool) -> list[tuple[str, str]]:
     """Members before ensembles (a new export: an ensemble pins its members' versions), or
     ensembles first (another environment's alias: promoting the ensemble version brings the
     member versions it pins, so the target ends up holding exactly the source's versions)."""
@@ -140,12 +132,12 @@ def promote_many(
     """Promote each (model, version) in order.  A real run stops at the first failure (an
     ensemble must not be promoted over a member that failed); a dry run plans every one.  A
     version the environment's alias holds by then (an ensemble's promotion brought it) is skipped."""
-    from pipelines.promote.environments import environment
+    from mlreg.service import context
+    from pipelines.devstack.scratch import scratch_servers
     from pipelines.promote.runner import Options, Promotion
-    from registry.mlflow_registry import MlflowRegistry
 
-    env = environment(settings, env_name)
-    registry = MlflowRegistry(settings)
+    ctx = context(settings, env_name)
+    env, registry = ctx.env, ctx.registry
     batch = BatchResult(env.name, env.alias, dry_run, settings.tracking_uri)
     for model, version in ordered(registry, pairs, ensembles_first):
         if batch.promotions and not batch.ok and not dry_run:
@@ -156,7 +148,8 @@ def promote_many(
             continue
         opts = Options(dry_run=dry_run, on_stage=on_stage, **options)
         try:
-            result = Promotion(settings, env, registry, opts).run(model, version)
+            promotion = Promotion(settings, env, registry, opts, scratch=scratch_servers(settings))
+            result = promotion.run(model, version)
             batch.promotions.append(_entry(model, version, result, None))
         except MlregError as exc:
             batch.promotions.append(_entry(model, version, exc.context.get("result"), exc))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from registry import template
 from registry.contracts.config import CONFIG_NAME, load_config
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow import MlflowRegistry
 from registry.register import RegisterResult, find_candidate, register
 from registry.settings import Settings
 

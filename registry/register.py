@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry.contracts.checks import check_artifacts, read_signature
 from registry.contracts.config import CONFIG_NAME, load_config
@@ -32,7 +32,10 @@ from registry.lineage import (
     tensor_specs,
 )
 from registry.manifest import manifest_of, sha256_file
-from registry.mlflow_registry import EXPORTS_EXPERIMENT, LoggedTritonModel, MlflowRegistry
+from registry.mlflow.model import EXPORTS_EXPERIMENT, LoggedTritonModel
+
+if TYPE_CHECKING:  # the adapter registers derived versions through register() below
+    from registry.mlflow.registry import MlflowRegistry
 
 log = logging.getLogger(__name__)
 MODEL_NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.\-_]*$")

@@ -28,6 +28,8 @@ SOURCE_ROOT = Path(__file__).resolve().parents[1]
 PROJECT_MARKERS = ("mlreg.toml", ".mlreg", ".git")
 DEFAULT_TRITON_TIMEOUT = 30.0
 DEFAULT_MLFLOW_TIMEOUT = 15.0
+EXPORTS_EXPERIMENT = "mlreg-exports"  # MLflow: one run per registered version
+PROMOTIONS_EXPERIMENT = "mlreg-promotions"  # MLflow: one run per promotion
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 # MLflow 3's tracking/registry stores (its UnsupportedModelRegistryStoreURIException lists them)
 TRACKING_SCHEMES = frozenset(

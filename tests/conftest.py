@@ -67,7 +67,7 @@ def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory):
     """A real S3-compatible server process (moto_server) on 127.0.0.1, once per session."""
-    from pipelines import local_s3
+    from pipelines.devstack import local_s3
 
     for key, value in local_s3.CREDENTIALS.items():
         os.environ.setdefault(key, value)
@@ -81,7 +81,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     """A real `mlflow server` (sqlite, --workers 1, --serve-artifacts), once per session."""
-    from pipelines import local_mlflow
+    from pipelines.devstack import local_mlflow
 
     root = tmp_path_factory.mktemp("mlflow-server")
     server, process = local_mlflow.start_mlflow(

@@ -173,13 +173,18 @@ def status_cmd(
 
 
 def _status_table(out: Output, rows: list[dict[str, Any]]) -> None:
+    """MLflow versions in every column, the Triton folder in brackets where it differs (``2 [1]``)."""
+    from pipelines.promote.status import labels  # heavy (numpy): loaded by the status itself
+
     def serving(row: dict[str, Any]) -> str:
-        found = row["serving"]
-        return "; ".join(f"{u}: {','.join(v) if isinstance(v, list) else v}" for u, v in found.items())
+        found, folders = row["serving"], row["serving_folders"]
+        return "; ".join(
+            f"{u}: {labels(v, folders[u]) if isinstance(v, list) else v}" for u, v in found.items()
+        )
 
     out.table(
         ["MODEL", "ALIAS", "DESIRED", "SERVING"],
-        [[r["model"], r["alias"], ",".join(r["desired"]), serving(r)] for r in rows],
+        [[r["model"], r["alias"], labels(r["desired"], r["desired_folders"]), serving(r)] for r in rows],
         right=["ALIAS", "DESIRED"],
     )
     for r in rows:

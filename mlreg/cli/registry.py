@@ -30,7 +30,7 @@ def _print_results(out: Output, results: list[RegisterResult]) -> None:
 
 
 def _registry(settings: Settings) -> Any:
-    from registry.mlflow_registry import MlflowRegistry
+    from registry.mlflow import MlflowRegistry
 
     return MlflowRegistry(settings)
 
@@ -104,7 +104,7 @@ def versions_cmd(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False
 
     Exit 4 when MODEL is not a registered model.
     """
-    from registry.queries import list_versions
+    from registry.mlflow.queries import list_versions
 
     settings = settings_of(ctx)
     rows = list_versions(settings, model)
@@ -147,7 +147,7 @@ def _show_human(out: Output, model: str, data: dict[str, Any]) -> None:
 
 def show_cmd(ctx: typer.Context, model: ModelName, version: ModelVersion, as_json: JsonFlag = False) -> None:
     """Show one version: lineage, contract and files."""
-    from registry.queries import show_version
+    from registry.mlflow.queries import show_version
 
     data = show_version(settings_of(ctx), model, version)
     out = Output(as_json)

@@ -242,10 +242,10 @@ def promote_many_cmd(
 ) -> None:
     """``mlreg promote --from-alias A | --from-file F --env E``: several versions, members first."""
     from mlreg.cli.output import emit_json
+    from mlreg.service import environment
     from mlreg.workflow import promote_many, versions_from_alias, versions_from_export
-    from pipelines.promote.environments import environment
     from registry.errors import UsageError
-    from registry.mlflow_registry import MlflowRegistry
+    from registry.mlflow import MlflowRegistry
     from registry.settings import Settings
 
     if bool(from_alias) == bool(from_file):

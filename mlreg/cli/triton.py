@@ -44,7 +44,7 @@ def status_cmd(
     settings = settings_of(ctx, state=False)
     urls = list(url or [])
     if not urls:
-        from pipelines.stack import running_server
+        from pipelines.devstack.stack import running_server
 
         info = running_server(settings)
         if info is None:

@@ -3,24 +3,28 @@
 The SavedModel's serving signature is converted with the tf2onnx CLI (a separate process, so
 TensorFlow never loads into the CLI), the config is rewritten for ``onnxruntime_onnx``, the two
 artifacts must agree on the golden inputs (onnxruntime vs TensorFlow, in a worker process), and
-the derived artifact is registered in MLflow as a new version with ``derived_from`` lineage.
+the derived artifact is numbered while planning and registered in MLflow (a new version with
+``derived_from`` lineage) by the first live stage: a dry run registers nothing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipelines.promote.plan import Step, desired_config
+from pipelines.promote.ports import Registry
 from registry.contracts.config import CONFIG_NAME, format_config, parse_config
 from registry.errors import MissingDependencyError, PromotionError
-from registry.mlflow_registry import MlflowRegistry
-from registry.register import Candidate, register
+from registry.manifest import digest_of_manifest, manifest_of, sha256_file
 
 OPSET = 13
 PARITY_RTOL = 1e-4
@@ -54,20 +58,74 @@ def needs_onnx(server_version: str) -> bool:
     return (major, minor) > TF_BACKEND_LAST
 
 
-def convert_step(
-    step: Step, golden: dict[str, np.ndarray], registry: MlflowRegistry, gpu: bool
-) -> tuple[Step, dict[str, float]]:
-    """Convert ``step``'s SavedModel; return the step for the registered ONNX version + parity."""
-    import importlib.util
+@dataclass
+class Converted:
+    """A SavedModel step converted to ONNX, numbered but not registered yet (a dry run registers
+    nothing): ``register_converted`` is the live half."""
 
+    step: Step  # the ONNX version as the plan carries it
+    source_version: str
+    parity: dict[str, float]
+    export_info: dict[str, Any]
+    registered: bool  # an identical ONNX version is registered already (its number is used)
+
+
+def convert_step(step: Step, golden: dict[str, np.ndarray], gpu: bool, registry: Registry) -> Converted:
+    """Convert ``step``'s SavedModel to a local ONNX version folder; check parity on the golden inputs."""
     if importlib.util.find_spec("tf2onnx") is None:
         raise MissingDependencyError("tf2onnx", "export", "Serving a SavedModel as ONNX")
     assert step.folder is not None
     config = parse_config(step.config_text)
     saved_model = step.folder / step.version / (config.default_model_filename or "model.savedmodel")
     derived = step.folder.parent / f"onnx-{step.model}"
-    (derived / step.version).mkdir(parents=True, exist_ok=True)
-    onnx_path = derived / step.version / "model.onnx"
+    (derived / "new").mkdir(parents=True, exist_ok=True)
+    onnx_path = derived / "new" / "model.onnx"
+    _tf2onnx(step, saved_model, onnx_path)
+    parity = _parity(saved_model, onnx_path, golden)
+    worst = max(parity.values(), default=0.0)
+    if worst > PARITY_ATOL + PARITY_RTOL * 1e3:
+        raise PromotionError(
+            f"the ONNX conversion of {step.model} v{step.version} differs from the "
+            f"SavedModel by up to {worst:.3g} on the golden inputs",
+            fix="check the model's ops with tf2onnx, or serve it natively",
+        )
+    config.platform = "onnxruntime_onnx"
+    config.backend = ""
+    config.default_model_filename = "model.onnx"
+    config.ClearField("version_policy")
+    (derived / CONFIG_NAME).write_text(format_config(config))
+    existing = _registered_with(registry, step.model, _digest(derived / "new", derived / CONFIG_NAME))
+    version = existing or _next_version(registry, step.model)
+    (derived / "new").rename(derived / version)
+    converted = Step(
+        step.model,
+        version,
+        step.role,
+        derived,
+        desired_config((derived / CONFIG_NAME).read_text(), [version], gpu),
+        step.previous_config,
+        step.previous_versions,
+    )
+    info = {
+        "derived_from": f"{step.model} v{step.version}",
+        "tf2onnx_opset": OPSET,
+        "parity_max_abs_diff": worst,
+    }
+    return Converted(converted, step.version, parity, info, existing is not None)
+
+
+def register_converted(registry: Registry, converted: Converted) -> str:
+    """Register the ONNX version (an identical one is reused); returns the number it got."""
+    step = converted.step
+    assert step.folder is not None
+    version = registry.register_version(
+        step.model, step.folder / step.version, step.folder / CONFIG_NAME, export_info=converted.export_info
+    )
+    registry.set_version_tag(step.model, version, "derived_from", converted.source_version)
+    return version
+
+
+def _tf2onnx(step: Step, saved_model: Path, onnx_path: Path) -> None:
     run = subprocess.run(
         [
             sys.executable,
@@ -92,44 +150,26 @@ def convert_step(
             f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
             fix="serve it natively (--serve-as native) on a Triton with TensorFlow",
         )
-    parity = _parity(saved_model, onnx_path, golden)
-    worst = max(parity.values(), default=0.0)
-    if worst > PARITY_ATOL + PARITY_RTOL * 1e3:
-        raise PromotionError(
-            f"the ONNX conversion of {step.model} v{step.version} differs from the "
-            f"SavedModel by up to {worst:.3g} on the golden inputs",
-            fix="check the model's ops with tf2onnx, or serve it natively",
-        )
-    config.platform = "onnxruntime_onnx"
-    config.backend = ""
-    config.default_model_filename = "model.onnx"
-    config.ClearField("version_policy")
-    (derived / CONFIG_NAME).write_text(format_config(config))
-    result = register(
-        registry,
-        Candidate(step.model, derived / step.version, derived / CONFIG_NAME),
-        export_info={
-            "derived_from": f"{step.model} v{step.version}",
-            "tf2onnx_opset": OPSET,
-            "parity_max_abs_diff": worst,
-        },
-    )
-    registry.set_version_tag(step.model, result.version, "derived_from", step.version)
-    final = derived.parent / f"{step.model}-onnx-v{result.version}"
-    final.mkdir(parents=True, exist_ok=True)
-    (derived / step.version).rename(final / result.version)
-    (final / CONFIG_NAME).write_text((derived / CONFIG_NAME).read_text())
-    converted = Step(
-        step.model,
-        result.version,
-        step.role,
-        final,
-        desired_config((final / CONFIG_NAME).read_text(), [result.version], gpu),
-        step.previous_config,
-        step.previous_versions,
-        upload=True,
-    )
-    return converted, parity
+
+
+def _digest(version_dir: Path, config_path: Path) -> str:
+    """The artifact digest registration records for these files (registry/register.py)."""
+    files = {
+        **manifest_of(version_dir),
+        CONFIG_NAME: {"sha256": sha256_file(config_path), "size": config_path.stat().st_size},
+    }
+    return digest_of_manifest(files)
+
+
+def _registered_with(registry: Registry, model: str, digest: str) -> str | None:
+    for version in registry.versions(model):
+        if (getattr(version, "tags", None) or {}).get("artifact_digest") == digest:
+            return str(version.version)
+    return None
+
+
+def _next_version(registry: Registry, model: str) -> str:
+    return str(max((int(v.version) for v in registry.versions(model)), default=0) + 1)
 
 
 def _parity(saved_model: Path, onnx_path: Path, golden: dict[str, np.ndarray]) -> dict[str, float]:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import tomllib
 
-from pipelines.promote.rollout import Policy, parse_policy
-from registry.errors import UsageError
+from pipelines.promote import discovery
+from pipelines.promote.policy import Policy, parse_policy
+from registry.errors import PromotionError, UsageError
 from registry.settings import Settings
+from registry.template import gpu_available
 
 LOCAL = "local"
 
@@ -28,8 +30,8 @@ class Environment:
     targets: tuple[str, ...]
     alias: str
     gpu: bool
-    local_stack: bool = False  # targets resolved from the running local stack
-    policy: Policy | None = None  # fleet roll-out policy (pipelines/promote/rollout.py)
+    local_stack: bool = False  # targets: the running local stack's, filled in by the application
+    policy: Policy | None = None  # fleet roll-out policy (pipelines/promote/policy.py)
     discover: str = ""  # "dns:NAME:PORT": targets are NAME's addresses (pipelines/promote/discovery.py)
 
 
@@ -38,8 +40,6 @@ def settings_file(settings: Settings) -> Path:
 
 
 def local_environment(settings: Settings) -> Environment:
-    from registry.template import gpu_available
-
     return Environment(LOCAL, str(settings.local_repository), (), "local", gpu_available(), local_stack=True)
 
 
@@ -85,14 +85,12 @@ def _discover(path: Path, name: str, raw: dict[str, object]) -> str:
     spec = raw.get("discover", "")
     if not spec:
         return ""
-    from pipelines.promote.discovery import parse
-
     if not isinstance(spec, str) or raw.get("targets"):
         raise UsageError(
             f"{path}: environment '{name}': discover must be one \"dns:NAME:PORT\" string, without targets",
             fix='keep either targets = ["host:8001"] or discover = "dns:NAME:8001"',
         )
-    parse(spec)
+    discovery.parse(spec)
     return spec
 
 
@@ -107,26 +105,18 @@ def environment(settings: Settings, name: str) -> Environment:
 
 
 def resolve_targets(settings: Settings, env: Environment) -> tuple[str, ...]:
-    """The gRPC URLs to drive; for ``local``, the running local stack's."""
+    """The gRPC URLs to drive.  ``local``'s are the running local stack's: the application fills
+    them in when it loads the environment (``mlreg.service.environment``); none means it is down."""
     if env.discover:
-        from pipelines.promote.discovery import resolve
-
-        return resolve(env.discover)
-    if not env.local_stack:
-        if not env.targets:
-            raise UsageError(
-                f"environment '{env.name}' has no targets",
-                fix='add targets = ["host:8001"] to its section in mlreg.toml',
-            )
+        return discovery.resolve(env.discover)
+    if env.targets:
         return env.targets
-    from pipelines.stack import running_servers
-
-    servers = running_servers(settings)  # `stack up --replicas N`: every replica
-    if not servers:
-        from registry.errors import PromotionError
-
+    if env.local_stack:
         raise PromotionError(
             "the local stack is not running, so environment 'local' has no Triton",
             fix="start it with 'mlreg stack up'",
         )
-    return tuple(info.grpc_url for info in servers)
+    raise UsageError(
+        f"environment '{env.name}' has no targets",
+        fix='add targets = ["host:8001"] to its section in mlreg.toml',
+    )

@@ -1,9 +1,11 @@
-"""The one object that drives an environment's servers: ``Fleet``.
+"""The one object that changes an environment's servers: ``Fleet``.
 
-A change of one model is ``Fleet.apply``: the config is written to the store once, then every
-target loads it and waits until each wanted version is READY (the first target is the canary;
-the others follow one by one, or ``parallel`` at a time).  Every target's outcome is kept as a
-``TargetResult``; the first failure stops the roll-out and is raised.
+Every change of what a server holds is a ``Change`` -- a model's config (sent with the load as a
+per-replica override, or read by the replica from the store) and the versions that must be READY
+after it -- and goes through two calls: ``Fleet.move(url, change)`` (raises, recorded in a
+``Rollout``) and ``Fleet.restore(url, change)`` (returns what could not be put back).
+``Fleet.apply`` writes a config to the store once, then moves every target: the first is the
+canary, the others follow one by one, or ``parallel`` at a time; the first failure is raised.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 from pipelines.promote.ports import ServingTarget
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import config_json
-from registry.errors import MlregError
+from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
 
 Connect = Callable[[str], ServingTarget]
@@ -33,6 +35,20 @@ def checkpoint(point: str) -> None:
         sys.stderr.write(f"mlreg-test: paused at {point}\n")
         sys.stderr.flush()
         time.sleep(3600)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one model becomes on a server: ``config`` (None: unloaded) with ``versions`` READY."""
+
+    model: str
+    config: str | None
+    versions: tuple[str, ...] = ()
+    override: bool = True  # sent with the load; False: the server reads the store's config
+    files: Mapping[str, bytes] | None = None  # the model's own files, sent with the load
+
+    def describe(self) -> str:
+        return f"{self.model} -> v{','.join(self.versions) or 'none'}"
 
 
 @dataclass
@@ -67,7 +83,7 @@ def triton_connector(settings: Settings) -> Connect:
     """Real targets: Triton over gRPC with the configured timeouts."""
 
     def connect(url: str) -> ServingTarget:
-        from pipelines.triton import TritonControl
+        from pipelines.triton import TritonControl  # tritonclient's gRPC stack: imported when used
 
         return TritonControl(url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10)
 
@@ -84,16 +100,12 @@ class Fleet:
         connect: Connect,
         load_timeout: float,
         parallel: int = 1,
-        override: bool = False,
     ) -> None:
         self.store = store
         self.urls = tuple(urls)
         self.connect = connect
         self.load_timeout = load_timeout
         self.parallel = max(1, parallel)
-        # a staged fleet sends each config with its load: Triton keeps an earlier config override
-        # over a store file older than it, so a plain load would not apply the store's
-        self.override = override
         self.rollouts: list[Rollout] = []
         self._open: dict[str, ServingTarget] = {}
 
@@ -113,50 +125,74 @@ class Fleet:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- changes -------------------------------------------------------------------------------
+    # -- the two ways a server changes -----------------------------------------------------------
 
-    def apply(self, model: str, config_text: str | None, versions: Iterable[str]) -> Rollout:
-        """Write ``model``'s config (None: delete it) once, then load it on every target and wait
-        until each of ``versions`` is READY there (None: unload)."""
-        rollout = Rollout(model, list(versions) if config_text is not None else [])
-        self.rollouts.append(rollout)
-        if config_text is None:
-            self.store.delete(f"{model}/config.pbtxt")
-        else:
-            self.store.write_config(model, config_text)
-        checkpoint(f"config-written:{model}")
-        override = config_json(config_text) if self.override and config_text is not None else None
-
-        def move(url: str) -> None:
-            self._on_target(url, rollout, config_text is None, override)
-
-        canary, rest = self.urls[:1], self.urls[1:]
-        for url in canary:
-            move(url)
-        if self.parallel > 1 and len(rest) > 1:
-            with ThreadPoolExecutor(self.parallel) as pool:
-                for future in [pool.submit(move, u) for u in rest]:
-                    future.result()
-        else:
-            for url in rest:
-                move(url)
-        checkpoint(f"loaded:{model}")
-        return rollout
-
-    def _on_target(self, url: str, rollout: Rollout, unload: bool, override: str | None = None) -> None:
+    def move(self, url: str, change: Change, rollout: Rollout | None = None) -> None:
+        """``change`` on the server at ``url``: loaded and every wanted version READY (or raises)."""
         began = time.perf_counter()
         try:
-            target = self.target(url)
-            if unload:
-                target.unload(rollout.model)
-            else:
-                target.load(rollout.model, config=override)
-                for version in rollout.versions:
-                    target.wait_ready(rollout.model, version, timeout=self.load_timeout)
+            self._send(url, change)
         except MlregError as exc:
-            rollout.targets.append(TargetResult(url, False, time.perf_counter() - began, exc.message))
+            if rollout is not None:
+                rollout.targets.append(TargetResult(url, False, time.perf_counter() - began, exc.message))
             raise
-        rollout.targets.append(TargetResult(url, True, time.perf_counter() - began))
+        if rollout is not None:
+            rollout.targets.append(TargetResult(url, True, time.perf_counter() - began))
+
+    def restore(self, url: str, change: Change) -> str:
+        """Put the server at ``url`` back to ``change`` (an earlier state); returns "" or why not."""
+        try:
+            self._send(url, change)
+        except MlregError as exc:
+            return exc.message if exc.message.startswith(url) else f"{url}: {exc.message}"
+        return ""
+
+    def _send(self, url: str, change: Change) -> None:
+        target = self.target(url)
+        if change.config is None:
+            target.unload(change.model)
+            return
+        override = config_json(change.config, change.model) if change.override else None
+        if change.files is None:
+            target.load(change.model, config=override)
+        else:
+            target.load(change.model, config=override, files=change.files)
+        for version in change.versions:
+            target.wait_ready(change.model, version, timeout=self.load_timeout)
+
+    def apply(self, change: Change, before: Callable[[str], None] | None = None) -> Rollout:
+        """Write ``change``'s config to the store once (None: delete it), then move every target,
+        canary first; ``before(url)`` is told before each target moves (the undo log)."""
+        rollout = Rollout(change.model, list(change.versions) if change.config is not None else [])
+        self.rollouts.append(rollout)
+        if change.config is None:
+            self.store.delete(f"{change.model}/config.pbtxt")
+        else:
+            self.store.write_config(change.model, change.config)
+        checkpoint(f"config-written:{change.model}")
+
+        def move(url: str) -> None:
+            if before is not None:
+                before(url)
+            self.move(url, change, rollout)
+
+        self.each(move)
+        checkpoint(f"loaded:{change.model}")
+        return rollout
+
+    def each(self, work: Callable[[str], None], urls: Sequence[str] | None = None) -> None:
+        """``work(url)`` on the first target, then on the others (``parallel`` at a time)."""
+        urls = self.urls if urls is None else tuple(urls)
+        for url in urls[:1]:
+            work(url)
+        rest = urls[1:]
+        if self.parallel > 1 and len(rest) > 1:
+            with ThreadPoolExecutor(min(self.parallel, len(rest))) as pool:
+                for future in [pool.submit(work, u) for u in rest]:
+                    future.result()
+            return
+        for url in rest:
+            work(url)
 
     # -- probes --------------------------------------------------------------------------------
 
@@ -191,3 +227,31 @@ class Fleet:
 
 def ready_versions(states: dict[str, dict[str, str]], model: str) -> list[str]:
     return sorted((v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
+
+
+def reachable(targets: Sequence[str], connect: Connect, max_unavailable: int) -> tuple[str, ...]:
+    """The live replicas; more than ``max_unavailable`` unreachable ones refuse the promotion."""
+
+    def live(url: str) -> str:
+        try:
+            replica = connect(url)
+        except MlregError as exc:
+            return exc.message
+        try:
+            replica.is_live()
+        except MlregError as exc:
+            return exc.message
+        finally:
+            replica.close()
+        return ""
+
+    with ThreadPoolExecutor(max(1, min(8, len(targets)))) as pool:
+        errors = dict(zip(targets, pool.map(live, targets), strict=True))
+    down = [u for u, e in errors.items() if e]
+    if len(down) > max_unavailable:
+        raise PromotionError(
+            f"{len(down)} replica(s) unreachable ({', '.join(down)}), max_unavailable = "
+            f"{max_unavailable}: {errors[down[0]]}",
+            fix="bring the replica back (or raise max_unavailable in mlreg.toml), then promote again",
+        )
+    return tuple(u for u in targets if u not in down)

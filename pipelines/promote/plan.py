@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.promote.environments import Environment
+from pipelines.promote.policy import waves_of
 from pipelines.promote.ports import Registry
 from pipelines.storage.base import RepositoryStore
-from registry import mlflow_sqlite
-from registry.contracts.config import CONFIG_NAME, format_config, parse_config
+from registry.contracts.config import CONFIG_NAME, format_config, model_config_pb2, parse_config
 from registry.errors import PromotionError
 
 Serves = Callable[[str, str], bool]  # (model, version) -> every target serves exactly that version
@@ -148,8 +148,6 @@ class Plan:
         policy = self.env.policy
         if policy is None:
             return None
-        from pipelines.promote.rollout import waves_of
-
         return {
             "waves": waves_of(self.targets, policy),
             "bake_seconds": policy.bake_seconds,
@@ -168,14 +166,13 @@ def serving_versions(config_text: str | None) -> list[str]:
 
 def desired_config(text: str, versions: list[str], gpu: bool, pins: dict[str, str] | None = None) -> str:
     """``text`` with version_policy = exactly ``versions``, devices adapted, ensemble pins set."""
-    from tritonclient.grpc import model_config_pb2
-
     config = parse_config(text)
     config.version_policy.specific.versions[:] = sorted(int(v) for v in versions)
     if not gpu:
+        kinds = model_config_pb2().ModelInstanceGroup
         for group in config.instance_group:
-            if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
-                group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+            if group.kind == kinds.KIND_GPU:
+                group.kind = kinds.KIND_CPU
                 del group.gpus[:]
     for step in config.ensemble_scheduling.step:
         if pins and step.model_name in pins:
@@ -184,38 +181,19 @@ def desired_config(text: str, versions: list[str], gpu: bool, pins: dict[str, st
 
 
 def fetch_version(registry: Registry, model: str, version: str, workdir: Path) -> tuple[Path, dict[str, str]]:
-    """Download a registered version as a Triton model folder ``workdir/<model>``; its tags with it."""
-    record = mlflow_sqlite.model_version(registry.uri, model, version)
-    local = record.local_source() if record else None
-    tags = record.tags if record else dict(registry.version(model, version).tags or {})
+    """A registered version as a Triton model folder ``workdir/<model>``, and its tags; a version
+    that failed validation when it was registered is refused."""
+    folder = workdir / model
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    tags = registry.fetch_version(model, version, folder)
     if tags.get("validation") == "failed":
         raise PromotionError(
             f"{model} version {version} failed validation when it was registered",
             fix=f"see 'mlreg show {model} --version {version}', fix the model and register again",
         )
-    folder = workdir / model
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    if local is not None and (local.parent / CONFIG_NAME).is_file():
-        # the embedded registry's artifacts are local files: copy them, no MLflow import needed
-        shutil.copy2(local.parent / CONFIG_NAME, folder / CONFIG_NAME)
-        if local.is_dir():
-            shutil.copytree(local, folder / version)
-        else:
-            (folder / version).mkdir()
-        return folder, dict(tags)
-    mv = registry.version(model, version)
-    download = workdir / f".download-{model}-{version}"
-    registry.download(mv.run_id, CONFIG_NAME, download)
-    shutil.copy2(download / CONFIG_NAME, folder / CONFIG_NAME)
-    try:
-        registry.download(mv.run_id, "model", download)
-        shutil.copytree(download / "model", folder / version)
-    except Exception:
-        (folder / version).mkdir()
-    shutil.rmtree(download, ignore_errors=True)
-    return folder, dict(tags)
+    return folder, tags
 
 
 def ensemble_pins(config_text: str) -> dict[str, str]:

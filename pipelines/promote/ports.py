@@ -6,7 +6,8 @@ implementations; the unit tests drive the runner with small in-memory fakes of b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,6 +21,29 @@ class Registry(Protocol):
 
     def warm_up(self) -> None: ...
 
+    def ping(self) -> None:
+        """Raise RegistryError unless the registry answers (a tracking server within its timeout;
+        the embedded sqlite registry is created where it does not exist yet)."""
+        ...
+
+    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
+        """Write the registered files of ``name`` ``version`` as a Triton model folder:
+        ``dest/config.pbtxt`` and ``dest/<version>/``; return the version's tags."""
+        ...
+
+    def register_version(
+        self,
+        name: str,
+        version_dir: Path,
+        config_path: Path,
+        *,
+        members: dict[str, str] | None = None,
+        export_info: dict[str, Any] | None = None,
+    ) -> str:
+        """Register a version mlreg derived (a re-pointed ensemble, an ONNX conversion): validated,
+        manifest and digest recorded like any other; an identical one is reused. Returns its number."""
+        ...
+
     def experiment_id(self, name: str = ...) -> str: ...
 
     def version(self, name: str, version: str) -> Any: ...
@@ -27,6 +51,10 @@ class Registry(Protocol):
     def versions(self, name: str) -> list[Any]: ...
 
     def aliases(self, name: str) -> dict[str, str]: ...
+
+    def alias_versions(self, alias: str) -> dict[str, str]:
+        """Every registered model whose ``alias`` names a version -> that version."""
+        ...
 
     def set_alias(self, name: str, alias: str, version: str) -> None: ...
 
@@ -46,6 +74,11 @@ class Registry(Protocol):
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
     ) -> None: ...
 
+    def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
+        """The promotions of ``name`` (in ``env``; None: everywhere) recorded by ``start_run``,
+        newest first: when (epoch ms), environment, from, to, result, user, run_id."""
+        ...
+
 
 class ServingTarget(Protocol):
     """One inference server of an environment (a Triton, addressed by its gRPC URL)."""
@@ -60,7 +93,9 @@ class ServingTarget(Protocol):
 
     def model_config(self, model: str) -> dict[str, Any]: ...
 
-    def load(self, model: str, config: str | None = None) -> None: ...
+    def load(
+        self, model: str, config: str | None = None, files: Mapping[str, bytes] | None = None
+    ) -> None: ...
 
     def unload(self, model: str, unload_dependents: bool = False) -> None: ...
 
@@ -73,3 +108,10 @@ class ServingTarget(Protocol):
     ) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
+
+
+# A tritonserver started for one quality gate (dry runs, plan jobs): given a model repository
+# folder, a context manager whose value is the gRPC URL of a server that serves it in explicit
+# model-control mode; leaving it stops the server.  The application provides it
+# (pipelines/devstack); the promotion never starts a server itself.
+ScratchServers = Callable[[Path], AbstractContextManager[str]]

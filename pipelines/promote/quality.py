@@ -2,12 +2,16 @@
 great_expectations (finite, expected shape, declared value ranges, a range learned from the
 serving version) and compared with the serving version's answers on the same inputs.
 
-Where it runs (``run_gate``):
+Where it runs:
 
 - **on the canary** (a real promotion, :mod:`pipelines.promote.quality_canary`): after the upload,
   before any other target loads and before any ensemble points at the candidate;
 - **on a scratch tritonserver** (``preflight``): ``--dry-run`` and plan jobs, where nothing may
   change on the servers.  Slower (a server start and every model loaded), but it needs no fleet.
+  The server comes from a factory the application passes in (``ScratchServers``): the promotion
+  never starts a process itself.
+
+Which one runs is chosen once, when the plan is built (:mod:`pipelines.promote.gates`).
 
 The outputs are kept so ``verify`` can compare the live servers with them.
 """
@@ -20,24 +24,20 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from pipelines import local_triton
 from pipelines.promote.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
+from pipelines.promote.ports import ScratchServers
 from pipelines.storage.base import RepositoryStore
-from pipelines.triton import TritonControl
-from registry.contracts.config import CONFIG_NAME, parse_config
+from registry.contracts.config import CONFIG_NAME, data_type_name, parse_config
 from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
-
-if TYPE_CHECKING:
-    from pipelines.promote.fanout import Fleet
 
 log = logging.getLogger(__name__)
 Outputs = dict[str, np.ndarray]
@@ -47,9 +47,13 @@ SCRATCH = "a scratch tritonserver"
 class Answers(Protocol):
     """Anything that answers an inference request (a Triton: the canary, a scratch server)."""
 
+    def load(self, model: str, config: str | None = None) -> None: ...
+
     def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
     ) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -99,9 +103,7 @@ def golden_inputs(settings: Settings, model: str, config_text: str) -> dict[str,
     found = module.model_inputs(model) if module is not None else None
     if found is not None:
         return dict(found)
-    from tritonclient.utils import triton_to_np_dtype
-
-    from registry.contracts.config import data_type_name
+    from tritonclient.utils import triton_to_np_dtype  # only for models without golden inputs
 
     config = parse_config(config_text)
     batch = (1,) if config.max_batch_size > 0 else ()
@@ -124,23 +126,16 @@ def serving_reference(step: Step) -> str:
     return old[-1] if old else ""
 
 
-# -- where the gate runs ---------------------------------------------------------------------------
+class GateFailed(PromotionError):
+    """The candidates did not pass; ``report`` says why.  The runner's undo log puts back what the
+    gate changed and then words the error (``gate_error``)."""
+
+    def __init__(self, report: QualityReport) -> None:
+        super().__init__(gate_error(report).message, fix=GATE_FIX)
+        self.report = report
 
 
-def on_canary(plan: Plan, dry_run: bool) -> bool:
-    """A real promotion gates on its canary; a dry run (or a plan with no target) on a scratch server."""
-    return bool(plan.targets) and not dry_run
-
-
-def run_gate(
-    plan: Plan, store: RepositoryStore, settings: Settings, fleet: Fleet, dry_run: bool
-) -> QualityReport:
-    if on_canary(plan, dry_run):
-        from pipelines.promote.quality_canary import canary_gate
-
-        return canary_gate(plan, store, settings, fleet.target(plan.targets[0]), plan.env.gpu)
-    live = fleet.target(plan.targets[0]) if plan.targets else None
-    return preflight(plan, store, settings, live=live)
+GATE_FIX = "fix the model; its outputs on the golden inputs are not sane"
 
 
 def gate_error(report: QualityReport) -> PromotionError:
@@ -148,10 +143,7 @@ def gate_error(report: QualityReport) -> PromotionError:
     if report.restored:
         where += " (the candidates were unloaded there and their uploaded files removed)"
     lines = report.failures + [f"clean-up: {e}" for e in report.cleanup_errors]
-    return PromotionError(
-        f"{where}:\n  " + "\n  ".join(lines),
-        fix="fix the model; its outputs on the golden inputs are not sane",
-    )
+    return PromotionError(f"{where}:\n  " + "\n  ".join(lines), fix=GATE_FIX)
 
 
 # -- the scratch server ----------------------------------------------------------------------------
@@ -197,20 +189,24 @@ def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[s
 
 
 def preflight(
-    plan: Plan, store: RepositoryStore, settings: Settings, live: Answers | None = None
+    plan: Plan,
+    store: RepositoryStore,
+    settings: Settings,
+    scratch: ScratchServers,
+    connect: Callable[[str], Answers],
+    live: Answers | None = None,
 ) -> QualityReport:
-    """The gate on a scratch tritonserver.  ``live``: a server of the environment that answers for
-    the serving version where it cannot sit beside the candidate (a runtime change)."""
+    """The gate on a scratch tritonserver (``scratch``: started on a folder, stopped after).
+    ``live``: a server of the environment that answers for the serving version where it cannot sit
+    beside the candidate (a runtime change)."""
     report = QualityReport()
     warm_up()
     with tempfile.TemporaryDirectory(prefix="mlreg-preflight-") as tmp:
         root = Path(tmp) / "repo"
         models = scratch_repository(plan, store, root)
-        info, process = local_triton.start_server(root, Path(tmp) / "state", settings.backends_source)
-        try:
-            with TritonControl(
-                info.grpc_url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10
-            ) as triton:
+        with scratch(root) as url:
+            triton = connect(url)
+            try:
                 for model in models:
                     triton.load(model)
                 for model in models:
@@ -221,8 +217,8 @@ def preflight(
                         source = live
                     probe = Probe(step.model, step.version, reference if source else "", source)
                     check_model(triton, settings, step.config_text, probe, report)
-        finally:
-            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+            finally:
+                triton.close()
     return report
 
 

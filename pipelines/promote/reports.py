@@ -39,11 +39,13 @@ class ConvertReport:
     source_version: str
     onnx_version: str
     parity_max_abs_diff: float
+    registered: bool = False  # False: assemble registers it (a dry run never does)
 
     def detail(self) -> str:
         return (
             f"{self.model} v{self.source_version} (SavedModel) -> v{self.onnx_version} (ONNX), "
             f"parity max |diff| {self.parity_max_abs_diff:.2g}"
+            + ("" if self.registered else "; registered by the first live stage")
         )
 
 

@@ -3,14 +3,16 @@
 ``model_status`` composes four reads, each on its own: the store (``read_store``), the servers
 (``probe_targets``: model states and each loaded ensemble's pins), MLflow (``read_aliases``),
 and the drift rules (``drift``).  A part that cannot be reached is drift, said per target,
-within the configured timeouts.
+within the configured timeouts.  Every column speaks one numbering, MLflow's versions; the
+Triton folders they serve from come beside them (``desired_folders``, ``serving_folders``): a
+re-pointed ensemble is a new registered version in its old folder.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
@@ -20,7 +22,6 @@ from pipelines.promote.ports import Registry
 from pipelines.storage import open_store
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
-from registry.mlflow_registry import MlflowRegistry
 from registry.settings import Settings
 
 Serving = dict[str, list[str] | str]  # url -> READY versions, or why the target cannot say
@@ -106,17 +107,12 @@ def pin_drift(stored: dict[str, str], live: Pins, model: str) -> list[str]:
     return found
 
 
-def read_aliases(
-    settings: Settings, registry: Registry, names: list[str], alias: str
-) -> tuple[dict[str, str], str]:
+def read_aliases(registry: Registry, names: list[str], alias: str) -> tuple[dict[str, str], str]:
     """model -> the version ``alias`` names ("" when none), and why MLflow could not be asked."""
-    from registry import mlflow_rest
-
-    if registry.uri.startswith(("http://", "https://")):
-        try:
-            mlflow_rest.ping(registry.uri, settings.mlflow_timeout)
-        except MlregError as exc:
-            return dict.fromkeys(names, ""), exc.message
+    try:
+        registry.ping()
+    except MlregError as exc:
+        return dict.fromkeys(names, ""), exc.message
     found = {}
     for model in names:
         try:
@@ -126,108 +122,175 @@ def read_aliases(
     return found, ""
 
 
+# -- one numbering: MLflow versions, with the Triton folder where it differs ---------------------
+#
+# A model's registered version N is stored and served as Triton folder N, except an ensemble
+# re-pointed by a member's promotion: it is registered as a new version (its ``member_<name>``
+# tags record the pins) but keeps its folder.  An ensemble folder's registered version is the one
+# whose member pins are the pins that folder's config serves: the alias's version when it agrees
+# (the drift rules below say when it does not), else the newest one that does.
+
+UNKNOWN = "?"  # no registered version pins what the folder's config pins (or MLflow unreachable)
+Tags = dict[str, dict[str, str]]  # registered version -> its tags
+
+
+def pin_disagreements(tags: dict[str, str], pins: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(member, registered pin, config pin) for each member the version's tags pin otherwise than
+    ``pins`` (a config pin of -1, the latest, agrees with any)."""
+    found = []
+    for key, wanted in sorted(tags.items()):
+        member = key.removeprefix("member_")
+        stored = pins.get(member)
+        if key.startswith("member_") and stored is not None and int(stored) > 0 and stored != wanted:
+            found.append((member, wanted, stored))
+    return found
+
+
+def labels(versions: Sequence[str], folders: Sequence[str]) -> str:
+    """``2 [1]``: MLflow version 2, served from Triton folder 1 (the folder shown only where it
+    differs); several are comma-separated."""
+    return ",".join(v if v == f else f"{v} [{f}]" for v, f in zip(versions, folders, strict=True))
+
+
+@dataclass
+class Numbering:
+    """Which registered version each Triton folder of one model is."""
+
+    alias: str = ""
+    registered: Tags | None = None  # an ensemble's registered versions; None: not an ensemble
+    store_pins: dict[str, str] = field(default_factory=dict)  # what the store's config pins
+    live_pins: dict[str, dict[str, str]] = field(default_factory=dict)  # url -> pins loaded there
+
+    def versions(self, folders: list[str], url: str = "") -> list[str]:
+        """The registered versions of the store's folders (``url`` "") or of a target's."""
+        if self.registered is None:
+            return list(folders)
+        pins = self.live_pins.get(url) if url else self.store_pins
+        return [self._version_pinning(pins) for _ in folders]
+
+    def label(self, folders: list[str], url: str = "") -> str:
+        return labels(self.versions(folders, url), folders)
+
+    def _version_pinning(self, pins: dict[str, str] | None) -> str:
+        if pins is None:
+            return UNKNOWN
+        matching = [v for v, tags in (self.registered or {}).items() if not pin_disagreements(tags, pins)]
+        if self.alias in matching:
+            return self.alias
+        return max(matching, key=int, default=UNKNOWN)
+
+
+def numbering(
+    registry: Registry, model: str, view: StoreView, alias: str, live_pins: Pins, reachable: bool
+) -> Numbering:
+    if not view.is_ensemble:
+        return Numbering(alias)
+    assert view.config is not None
+    registered: Tags = {}
+    if reachable:
+        try:
+            registered = {str(v.version): dict(v.tags or {}) for v in registry.versions(model)}
+        except MlregError:
+            pass  # every folder is UNKNOWN; the alias's own drift check says why
+    live = {url: pins[model] for url, pins in live_pins.items() if model in pins}
+    return Numbering(alias, registered, ensemble_pins(view.config), live)
+
+
+# -- drift -----------------------------------------------------------------------------------------
+
+
 def drift(
-    registry: Registry, env_alias: str, view: StoreView, alias: str, serving: Serving, model: str
+    registry: Registry,
+    env_alias: str,
+    view: StoreView,
+    alias: str,
+    serving: Serving,
+    model: str,
+    numbered: Numbering | None = None,
 ) -> list[str]:
-    """What disagrees: the alias and the store, the store and its own folders, the store and each target."""
+    """What disagrees: the alias and the store, the store and its own folders, the store and each
+    target.  Folders are compared; ``numbered`` names them by registered version in the messages."""
+    numbered = numbered or Numbering(alias)
     found: list[str] = []
     if view.is_ensemble:
         # an ensemble's Triton folder keeps its number when it is re-pointed; its registered
         # version changes: compare the member versions the alias's version pins instead
         if alias:
             assert view.config is not None
-            found.extend(_pin_drift(registry, model, alias, env_alias, view.config))
+            found.extend(_pin_drift(registry, model, alias, env_alias, view.config, numbered.registered))
     elif alias and view.desired and view.desired != [alias]:
         found.append(f"alias {env_alias}=v{alias} but the store serves v{','.join(view.desired)}")
     found.extend(
         f"the store has no folder {model}/{v}/ for the version its config serves" for v in view.missing
     )
-    for url, versions in serving.items():
-        if isinstance(versions, str):
-            found.append(f"{url} {versions}")
-        elif versions != view.desired:
-            found.append(
-                f"{url} serves v{','.join(versions) or 'nothing'}, "
-                f"store wants v{','.join(view.desired) or 'nothing'}"
-            )
+    wanted = numbered.label(view.desired) or "nothing"
+    for url, folders in serving.items():
+        if isinstance(folders, str):
+            found.append(f"{url} {folders}")
+        elif folders != view.desired:
+            found.append(f"{url} serves v{numbered.label(folders, url) or 'nothing'}, store wants v{wanted}")
     return found
+
+
+def _pin_drift(
+    registry: Registry, model: str, version: str, alias: str, config: str, known: Tags | None
+) -> list[str]:
+    try:
+        tags = (known or {}).get(version) or registry.version(model, version).tags or {}
+    except MlregError as exc:
+        return [f"alias {alias}=v{version} cannot be read: {exc.message}"]
+    return [
+        f"alias {alias}=v{version} pins {member} v{wanted}, the store's config pins v{stored}"
+        for member, wanted, stored in pin_disagreements(dict(tags), ensemble_pins(config))
+    ]
+
+
+# -- the report ------------------------------------------------------------------------------------
 
 
 def model_status(
     settings: Settings, env: Environment, registry: Registry, models: list[str] | None = None
 ) -> list[dict[str, Any]]:
+    """One row per model: the alias, the store's desired versions and what each target serves, as
+    registered (MLflow) versions, with the Triton folders beside them; drift flagged."""
     store = open_store(env.store)
     names = models or store.list_models()
     views = read_store(store, names)
     live, live_pins = probe_targets(settings, env, store, [m for m in names if views[m].is_ensemble])
-    aliases, mlflow_error = read_aliases(settings, registry, names, env.alias)
+    aliases, mlflow_error = read_aliases(registry, names, env.alias)
     rows = []
     for model in names:
-        view = views[model]
-        serving: Serving = {
+        view, alias = views[model], aliases[model]
+        folders: Serving = {
             url: states if isinstance(states, str) else ready_versions(states, model)
             for url, states in live.items()
         }
+        numbered = numbering(registry, model, view, alias, live_pins, reachable=not mlflow_error)
         row: dict[str, Any] = {
             "model": model,
-            "alias": aliases[model],
-            "desired": view.desired,
-            "serving": serving,
-            "drift": drift(registry, env.alias, view, aliases[model], serving, model)
+            "alias": alias,
+            "desired": numbered.versions(view.desired),
+            "desired_folders": view.desired,
+            "serving": {u: f if isinstance(f, str) else numbered.versions(f, u) for u, f in folders.items()},
+            "serving_folders": folders,
+            "drift": drift(registry, env.alias, view, alias, folders, model, numbered)
             + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
         }
         if view.is_ensemble:
             assert view.config is not None
             row["pins"] = ensemble_pins(view.config)  # its alias names a registered version, not a folder
-            row["target_pins"] = {u: p[model] for u, p in live_pins.items() if model in p}
+            row["target_pins"] = numbered.live_pins
             row["drift"].extend(pin_drift(row["pins"], live_pins, model))
         rows.append(row)
     return rows
 
 
-def _pin_drift(registry: Registry, model: str, version: str, alias: str, config: str) -> list[str]:
-    try:
-        tags = registry.version(model, version).tags or {}
-    except MlregError as exc:
-        return [f"alias {alias}=v{version} cannot be read: {exc.message}"]
-    pins = ensemble_pins(config)
-    drift = []
-    for key, wanted in sorted(tags.items()):
-        member = key.removeprefix("member_")
-        stored = pins.get(member)
-        if key.startswith("member_") and stored is not None and int(stored) > 0 and stored != wanted:
-            drift.append(
-                f"alias {alias}=v{version} pins {member} v{wanted}, the store's config pins v{stored}"
-            )
-    return drift
+def history(registry: Registry, model: str, env: str | None) -> list[dict[str, Any]]:
+    """Every promotion of ``model`` (in ``env``), newest first."""
+    return registry.promotions(model, env)
 
 
-def history(registry: MlflowRegistry, model: str, env: str | None) -> list[dict[str, Any]]:
-    from pipelines.promote.runner import PROMOTIONS_EXPERIMENT
-
-    query = f"tags.mlreg_model = '{model}'" + (f" and tags.environment = '{env}'" if env else "")
-    exp = registry.experiment_id(PROMOTIONS_EXPERIMENT)
-    runs = registry._call(
-        "history",
-        lambda: registry.client.search_runs(
-            [exp], filter_string=query, order_by=["attributes.start_time DESC"], max_results=500
-        ),
-    )
-    return [
-        {
-            "when": run.info.start_time,
-            "environment": run.data.tags.get("environment"),
-            "from": run.data.params.get("from_version"),
-            "to": run.data.params.get("to_version"),
-            "result": run.data.tags.get("result"),
-            "user": run.data.tags.get("user"),
-            "run_id": run.info.run_id,
-        }
-        for run in runs
-    ]
-
-
-def previous_version(registry: MlflowRegistry, model: str, env: str) -> str | None:
+def previous_version(registry: Registry, model: str, env: str) -> str | None:
     """The version promoted in ``env`` before the current one (what `mlreg rollback` returns to)."""
     done = [h for h in history(registry, model, env) if h["result"] == "promoted"]
     return str(done[1]["to"]) if len(done) > 1 else None

@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipelines.storage.verify import MANIFEST, check_version, root_marker
 from registry.contracts.links import refuse_outside_links
 from registry.errors import StorageError
 from registry.manifest import CONFIG_ENTRY, digest_of_manifest, sha256_file
 
-MANIFEST = ".mlreg-manifest.json"
 LOCK_PREFIX = ".mlreg-lock."
 ROOT_MARKER = ".mlreg-root.json"  # written by `mlreg store init`: a file at the root, never a model
 CONFIG = "config.pbtxt"
@@ -365,8 +365,6 @@ class RepositoryStore(ABC):
         a mismatch: the problems are in the result.  ``hashing``: ``"all"`` re-hashes every file,
         ``"changed"`` only files whose digest the cache cannot prove, ``"none"`` hashes nothing
         (files it cannot prove are reported unverified)."""
-        from pipelines.storage.verify import check_version
-
         return check_version(self, model, version, expected_digest, hashing)
 
     def verify_version(
@@ -387,8 +385,6 @@ class RepositoryStore(ABC):
     def init_root(self) -> bool:
         """Write the root marker (a file at the root: never a model for Triton) so that Triton
         can start on an empty S3 prefix; False when it was there already."""
-        from pipelines.storage.verify import root_marker
-
         return self.create(ROOT_MARKER, root_marker(self.uri))
 
     def _stored_matches(self, key: str, digest: str, stamps: dict[str, Stamp]) -> bool:

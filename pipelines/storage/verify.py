@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from registry.errors import StorageError
 
+MANIFEST = ".mlreg-manifest.json"  # a version's manifest, beside its files (the last file written)
+
 if TYPE_CHECKING:
     from pipelines.storage.base import Manifest, RepositoryStore, Stamp
 
@@ -121,8 +123,6 @@ def check_version(
     hashing: str = "changed",
 ) -> Verification:
     """See :meth:`RepositoryStore.check_version`."""
-    from pipelines.storage.base import MANIFEST
-
     if hashing not in HASHING:
         raise ValueError(f"hashing must be one of {HASHING}")
     result = Verification(store.uri, model, version)
@@ -143,8 +143,6 @@ def check_version(
 
 
 def _manifest_problems(manifest: Manifest, expected: str | None) -> list[FileProblem]:
-    from pipelines.storage.base import MANIFEST
-
     problems = []
     if manifest.recorded_digest is not None and manifest.recorded_digest != manifest.digest:
         problems.append(FileProblem(MANIFEST, "manifest", manifest.recorded_digest, manifest.digest))
@@ -162,8 +160,6 @@ def _check_files(
     hashing: str,
     result: Verification,
 ) -> None:
-    from pipelines.storage.base import MANIFEST
-
     for rel in sorted(stamps.keys() - {prefix + f for f in manifest.files} - {prefix + MANIFEST}):
         if not _bytecode_cache(rel):
             result.problems.append(FileProblem(rel[len(prefix) :], "unexpected"))

@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines import local_mlflow, local_s3, local_triton
+from pipelines.devstack import local_mlflow, local_s3, local_triton
 from pipelines.triton import TritonControl
 from registry.settings import Settings
 

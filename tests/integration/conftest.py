@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import local_triton
+from pipelines.devstack import local_triton
 from pipelines.triton import TritonControl
 from registry.settings import Settings
 

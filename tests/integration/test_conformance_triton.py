@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import local_triton
+from pipelines.devstack import local_triton
 from pipelines.triton import TritonControl, TritonError
 from registry.contracts.validate import validate_path
 from registry.settings import Settings

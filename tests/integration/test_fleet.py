@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines import local_triton
+from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
@@ -34,7 +34,7 @@ from pipelines.storage import ensure_root, open_store
 from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
 from registry.errors import PromotionError
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow import MlflowRegistry
 from registry.register import Candidate, register
 from registry.settings import Settings
 from tests.integration.traffic import Traffic
@@ -140,7 +140,7 @@ class FleetStack:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[FleetStack]:
-    from pipelines import local_s3
+    from pipelines.devstack import local_s3
 
     root = tmp_path_factory.mktemp("fleet")
     settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
@@ -396,8 +396,9 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
 def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
+    from mlreg import service
+    from pipelines.devstack.stack import running_servers, stack_down, stack_status, stack_up
     from pipelines.promote.environments import resolve_targets
-    from pipelines.stack import running_servers, stack_down, stack_status, stack_up
 
     home = tmp_path_factory.mktemp("local-fleet") / ".mlreg"
     settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
@@ -406,7 +407,7 @@ def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
         assert status.info is not None
         assert len(status.replicas) == 1
         assert status.replicas[0].repository == status.info.repository  # one repository
-        urls = resolve_targets(settings, environment(settings, "local"))
+        urls = resolve_targets(settings, service.environment(settings, "local"))
         assert urls == (status.info.grpc_url, status.replicas[0].grpc_url)
         for url in urls:
             with TritonControl(url) as triton:

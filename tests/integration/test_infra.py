@@ -347,7 +347,7 @@ def k8s_triton_args(overlay: str) -> list[str]:
 
 
 def test_triton_server_arguments_agree_across_launcher_compose_and_kubernetes() -> None:
-    from pipelines import local_triton
+    from pipelines.devstack import local_triton
 
     fleet = flag_map(list(local_triton.FLEET_SERVER_ARGS))
     assert fleet["--model-control-mode"] == "explicit"
@@ -534,7 +534,7 @@ def test_compose_triton_arguments_start_a_real_server_on_an_initialised_s3_store
     from typer.testing import CliRunner
 
     from mlreg.cli.main import app
-    from pipelines import local_s3, local_triton
+    from pipelines.devstack import local_s3, local_triton
     from pipelines.storage import open_store
     from pipelines.storage.push import push_path
     from registry.settings import Settings

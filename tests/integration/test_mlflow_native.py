@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 from mlreg import service
+from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.plan import fetch_version
-from pipelines.stack import stack_down, stack_up
 from pipelines.triton import TritonControl
 from registry.contracts.config import load_config
 from registry.export import member_versions
 from registry.lineage import contract_of
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from registry.template import exporter_path
@@ -296,7 +296,8 @@ def test_get_and_list_report_what_the_environment_serves(
     assert "environment: local" in got.stdout
     listed = {d["name"]: d for d in get_deploy_client("mlreg").list_deployments()}
     assert listed["image_model"]["desired"] == ["2"]
-    assert listed[ENSEMBLE]["serving"] == {in_project.grpc_url: ["1"]}
+    # the re-pointed ensemble is a registered version of its own, served from Triton folder 1
+    assert listed[ENSEMBLE]["serving"] == {in_project.grpc_url: [listed[ENSEMBLE]["version"]]}
     assert all(d["drift"] == [] for d in listed.values())
 
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from pipelines import local_s3
-from pipelines.local_triton import free_port, http_ok
+from pipelines.devstack import local_s3
+from pipelines.devstack.local_triton import free_port, http_ok
 from tests.conftest import ROOT, TEMPLATE
 from tests.integration.test_infra import compose
 

@@ -22,19 +22,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines.promote.environments import environment
+from mlreg.service import environment
+from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.fanout import PAUSE_VARIABLE
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
-from pipelines.stack import stack_down, stack_up
 from pipelines.storage import open_store
 from pipelines.storage.base import lock_key
 from pipelines.triton import TritonControl
 from registry.errors import MlregError, PromotionError
 from registry.export import export_models
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.conftest import ROOT, TEMPLATE, failing_python_model
@@ -172,6 +172,11 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
     [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
     assert row["drift"] == []  # the re-pointed ensemble was registered with the pins it serves
     assert row["pins"]["image_model"] == "2"
+    # one numbering: registered as a new version, it serves from its Triton folder 1
+    re_pointed = row["alias"]
+    assert re_pointed != "1"
+    assert (row["desired"], row["desired_folders"]) == ([re_pointed], ["1"])
+    assert (row["serving"], row["serving_folders"]) == ({stack.url: [re_pointed]}, {stack.url: ["1"]})
     store = open_store(stack.settings.local_repository)
     serving = store.read_config(ENSEMBLE)
     pinned = 'model_name: "image_model"\n    model_version: 2'
@@ -184,6 +189,8 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
         f"alias local=v{row['alias']} pins image_model v2, the store's config pins v1",
         f"{stack.url} pins image_model v2, the store's config pins v1",  # what the server has loaded
     ]
+    assert row["desired"] == ["1"]  # the store's config now pins what registered v1 pins
+    assert row["serving"] == {stack.url: [re_pointed]}
     assert row["target_pins"] == {stack.url: row["target_pins"][stack.url]}
     assert row["target_pins"][stack.url]["image_model"] == "2"
 
@@ -220,17 +227,24 @@ def test_the_quality_gate_catches_a_model_that_cannot_load(stack: Stack, tmp_pat
     assert snapshot(stack) == before
 
 
+ONE_HOT = "return (flat == VOCAB[np.newaxis, :]).astype(np.float32)"  # table_data_preprocess's answer
+
+
+def _preprocess_version(stack: Stack, tmp_path: Path, answer: str) -> str:
+    """A new registered version of table_data_preprocess whose one-hot line is ``answer``."""
+    folder = tmp_path / "table_data_preprocess"
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    code = folder / "1" / "model.py"
+    assert ONE_HOT in code.read_text()
+    code.write_text(code.read_text().replace(ONE_HOT, answer))
+    return register(stack.registry, find_candidate(folder)).version
+
+
 def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving_version(
     stack: Stack,
     tmp_path: Path,
 ) -> None:
-    folder = tmp_path / "table_data_preprocess"
-    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
-    code = folder / "1" / "model.py"
-    original = "return (flat == VOCAB[np.newaxis, :]).astype(np.float32)"
-    assert original in code.read_text()
-    code.write_text(code.read_text().replace(original, f"return 2 * {original.removeprefix('return ')}"))
-    version = register(stack.registry, find_candidate(folder)).version
+    version = _preprocess_version(stack, tmp_path, f"return 2 * {ONE_HOT.removeprefix('return ')}")
     before = snapshot(stack)
     with pytest.raises(PromotionError, match="quality gate failed") as info:
         stack.promote("table_data_preprocess", version)
@@ -252,6 +266,34 @@ def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Pat
     assert stack.serving("table_data_preprocess") == ["1"]
     assert stack.desired("table_data_preprocess") == ["1"]
     assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
+    with TritonControl(stack.url) as triton:
+        out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
+    assert np.isfinite(out["multi_modal_output"]).all()
+
+
+def test_a_failure_after_the_repoint_rolls_back_under_traffic_with_no_failed_ensemble_request(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """verify fails after the ensemble was re-pointed to the new member: the undo log restores the
+    ensemble first (it follows the serving member), then the member, then the ensemble's pin; no
+    ensemble request fails meanwhile, and the store, aliases and servers are as before."""
+    version = _preprocess_version(stack, tmp_path, f"{ONE_HOT} * np.float32('nan')")
+    before = snapshot(stack)
+    ensemble_before = open_store(stack.settings.local_repository).read_config(ENSEMBLE)
+    with (
+        ensemble_traffic(stack.url) as traffic,
+        pytest.raises(PromotionFailed, match="answered non-finite values") as info,
+    ):
+        stack.promote("table_data_preprocess", version, skip_quality=True)
+    result = info.value.result
+    assert result.stage_names()[-3:] == ["deploy", "verify", "rollback"]
+    assert result.rolled_back
+    deploy = next(s for s in result.stages if s.stage == "deploy")
+    assert ENSEMBLE in deploy.detail  # the ensemble had been re-pointed before the failure
+    assert traffic.counts["failed"] == 0, traffic.errors[:3]
+    assert traffic.counts["ok"] > 0
+    assert snapshot(stack) == before  # store bytes (the upload removed), aliases, what serves
+    assert open_store(stack.settings.local_repository).read_config(ENSEMBLE) == ensemble_before
     with TritonControl(stack.url) as triton:
         out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
     assert np.isfinite(out["multi_modal_output"]).all()
@@ -314,9 +356,11 @@ def _status_tells_the_truth(stack: Stack, models: list[str]) -> dict[str, dict[s
         for r in model_status(stack.settings, environment(stack.settings, "local"), stack.registry, models)
     }
     for model, row in rows.items():
-        assert row["desired"] == stack.desired(model), model
-        assert row["serving"] == {stack.url: stack.serving(model)}, model
+        assert row["desired_folders"] == stack.desired(model), model
+        assert row["serving_folders"] == {stack.url: stack.serving(model)}, model
         assert row["alias"] == stack.registry.aliases(model)["local"], model
+        if model != ENSEMBLE:  # one numbering: a model's registered version is its Triton folder
+            assert (row["desired"], row["serving"]) == (row["desired_folders"], row["serving_folders"])
     return rows
 
 
@@ -418,7 +462,7 @@ def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
 
 
 def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path: Path) -> None:
-    from pipelines.local_triton import free_port
+    from pipelines.devstack.local_triton import free_port
     from registry.errors import RegistryError, StorageError, TritonError
 
     before = snapshot(stack)
@@ -494,7 +538,7 @@ def test_cli_status_and_history_and_their_bad_input(stack: Stack) -> None:
 
 
 def test_status_counts_unreachable_parts_and_missing_folders_as_drift(stack: Stack, tmp_path: Path) -> None:
-    from pipelines.local_triton import free_port
+    from pipelines.devstack.local_triton import free_port
 
     folder = (
         stack.settings.local_repository / "table_data_preprocess" / stack.desired("table_data_preprocess")[0]
@@ -623,7 +667,7 @@ def test_two_promotions_of_two_members_of_one_ensemble_never_take_it_down(stack:
 
 def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path) -> None:
     """A second Triton on an S3 repository (moto_server): the environment 's3' of mlreg.toml."""
-    from pipelines import local_s3, local_triton
+    from pipelines.devstack import local_s3, local_triton
     from pipelines.storage import ensure_root
 
     local_s3.create_bucket(s3_server.endpoint, "promote")

@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import local_triton
+from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
 from pipelines.promote.plan import Role, serving_versions
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from pipelines.triton import TritonControl
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow import MlflowRegistry
 from registry.register import Candidate, register
 from registry.settings import Settings
 from tests.conftest import ROOT

@@ -18,15 +18,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines.promote.environments import environment
+from mlreg.service import environment
+from pipelines.devstack.scratch import scratch_servers
+from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.quality_canary import PRIVATE_SUFFIX
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
-from pipelines.stack import stack_down, stack_up
 from pipelines.triton import TritonControl
 from registry.errors import PromotionError
 from registry.export import export_models
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.conftest import TEMPLATE
@@ -46,7 +47,8 @@ class Stack:
 
     def promotion(self, **options: Any) -> Promotion:
         env = environment(self.settings, "local")
-        return Promotion(self.settings, env, self.registry, Options(**options))
+        scratch = scratch_servers(self.settings)  # what the application passes: the dry-run gate's servers
+        return Promotion(self.settings, env, self.registry, Options(**options), scratch=scratch)
 
     def states(self) -> dict[str, dict[str, str]]:
         with TritonControl(self.url) as triton:
@@ -145,6 +147,22 @@ def test_a_version_with_nan_outputs_is_refused_with_nothing_changed(stack: Stack
         stack.states()["table_data_preprocess"][version] != "READY"
     )
     np.testing.assert_array_equal(ensemble_answers(stack), answers)
+
+
+def test_a_dry_run_served_as_onnx_converts_and_gates_but_registers_nothing(stack: Stack) -> None:
+    [saved] = export_models(stack.settings, stack.registry, ["image_model"], seed=9)
+    versions = len(stack.registry.versions("image_model"))
+    before = snapshot(stack)
+    result = stack.promotion(serve_as="onnx", dry_run=True).run("image_model", saved.version)
+    assert result.stage_names() == ["resolve", "convert", "validate", "quality"]  # planning only
+    convert = next(s for s in result.stages if s.stage == "convert")
+    onnx_version = result.plan.version
+    assert f"-> v{onnx_version} (ONNX)" in convert.detail
+    assert "registered by the first live stage" in convert.detail
+    quality = next(s for s in result.stages if s.stage == "quality")
+    assert "image_model" in quality.detail  # the ONNX candidate answered on the scratch server
+    assert len(stack.registry.versions("image_model")) == versions  # MLflow: no new version
+    assert snapshot(stack) == before  # store, aliases, what serves
 
 
 def test_a_savedmodel_served_as_onnx_passes_the_gate(stack: Stack) -> None:

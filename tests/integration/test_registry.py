@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from registry.errors import RegistryError
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.conftest import ROOT
@@ -183,7 +183,7 @@ def test_tracking_server_down_fails_fast_and_writes_nothing(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pipelines.local_triton import free_port
+    from pipelines.devstack.local_triton import free_port
 
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
@@ -244,3 +244,139 @@ def test_two_processes_creating_one_experiment_at_once_share_it(tmp_path: Path) 
     second.client.get_experiment_by_name = lookup_before_the_other_creates  # type: ignore[method-assign]
     assert second.experiment_id("mlreg-promotions") == first.experiment_id("mlreg-promotions")
     assert calls == ["mlreg-promotions", "mlreg-promotions"]  # the creation failed, the lookup found it
+
+
+# -- what the promotion asks of the registry (pipelines/promote/ports.py Registry) -----------------
+
+
+def test_a_registration_leaves_the_process_environment_as_it_was(
+    env: Settings, built_repository: Path, tmp_path: Path
+) -> None:
+    """MLflow's settings are environment variables and ``mlflow.set_tracking_uri`` writes one:
+    register + alias + a promotion's record (with the download the plan does) change none of them,
+    nor MLflow's global tracking URI (they used to point every later registry at this one)."""
+    import mlflow
+
+    from registry.mlflow.model import PROMOTIONS_EXPERIMENT
+
+    before, uri_before = dict(os.environ), mlflow.get_tracking_uri()
+    registry = MlflowRegistry(env)
+    name = unique("table_data_model")
+    version = register(
+        registry, find_candidate(copy_model(built_repository, "table_data_model", name, tmp_path))
+    )
+    registry.set_alias(name, "local", version.version)
+    run_id = registry.start_run(PROMOTIONS_EXPERIMENT, f"{name}-v1-local", {"mlreg_model": name})
+    registry.log(run_id, {"to_version": version.version}, {"deploy_seconds": 1.0})
+    registry.finish_run(run_id, ok=True)
+    registry.record_deployment(name, version.version, "local", run_id, ["triton-0:8001"])
+    registry.download(version.run_id, "model", tmp_path / "download")  # the logged model's folder
+    assert (tmp_path / "download" / "model").is_dir()
+    assert dict(os.environ) == before
+    assert mlflow.get_tracking_uri() == uri_before
+
+
+def test_fetch_version_writes_a_triton_model_folder_and_returns_the_tags(
+    env: Settings, built_repository: Path, tmp_path: Path
+) -> None:
+    registry = MlflowRegistry(env)
+    name = unique("table_data_model")
+    source = copy_model(built_repository, "table_data_model", name, tmp_path)
+    registered = register(registry, find_candidate(source))
+    dest = tmp_path / "fetched" / name
+    (dest / "stale").mkdir(parents=True)  # whatever was there goes
+    tags = registry.fetch_version(name, registered.version, dest)
+    assert tags["validation"] == "passed"
+    assert tags["artifact_digest"] == registry.version(name, registered.version).tags["artifact_digest"]
+    assert sorted(p.name for p in dest.iterdir()) == ["1", "config.pbtxt"]
+    assert (dest / "config.pbtxt").read_text() == (source / "config.pbtxt").read_text()
+    fetched = sorted(p.relative_to(dest / "1").as_posix() for p in (dest / "1").rglob("*") if p.is_file())
+    assert fetched == sorted(
+        p.relative_to(source / "1").as_posix() for p in (source / "1").rglob("*") if p.is_file()
+    )
+    with pytest.raises(RegistryError, match="check the name and version"):
+        registry.fetch_version(name, "9", tmp_path / "fetched" / "nothing")
+
+
+FETCH_WITHOUT_MLFLOW = """
+import sys
+from pathlib import Path
+from registry.mlflow import MlflowRegistry
+from registry.settings import Settings
+tags = MlflowRegistry(Settings.from_env()).fetch_version(sys.argv[1], "1", Path(sys.argv[2]))
+print(tags["validation"], "mlflow" in sys.modules)
+"""
+
+
+def test_fetch_version_from_the_embedded_registry_does_not_import_mlflow(
+    built_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    name = unique("image_preprocess")
+    register(
+        MlflowRegistry(Settings.from_env()),
+        find_candidate(copy_model(built_repository, "image_preprocess", name, tmp_path)),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", FETCH_WITHOUT_MLFLOW, name, str(tmp_path / "out" / name)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["passed", "False"]
+    assert (tmp_path / "out" / name / "1" / "model.py").is_file()
+
+
+def test_ping_register_version_aliases_and_promotions(
+    env: Settings, built_repository: Path, tmp_path: Path
+) -> None:
+    from registry.mlflow.model import PROMOTIONS_EXPERIMENT
+
+    registry = MlflowRegistry(env)
+    registry.ping()  # the embedded registry: created if missing; a server: answers
+    name, other = unique("table_data_preprocess"), unique("table_data_preprocess")
+    source = copy_model(built_repository, "table_data_preprocess", name, tmp_path)
+    first = registry.register_version(
+        name, source / "1", source / "config.pbtxt", export_info={"derived": "yes"}
+    )
+    assert registry.register_version(name, source / "1", source / "config.pbtxt") == first  # identical
+    copied = copy_model(built_repository, "table_data_preprocess", other, tmp_path)
+    registry.register_version(other, copied / "1", copied / "config.pbtxt")
+    registry.set_alias(name, "staging", first)
+    registry.set_alias(name, "production", first)
+    registry.set_alias(other, "staging", "1")
+    staged = registry.alias_versions("staging")
+    assert (staged[name], staged[other]) == (first, "1")
+    assert other not in registry.alias_versions("production")
+    for to, env_name in (("1", "staging"), ("1", "production")):
+        run = registry.start_run(
+            PROMOTIONS_EXPERIMENT,
+            f"{name}-{env_name}",
+            {"mlreg_model": name, "environment": env_name, "result": "promoted", "user": "me"},
+        )
+        registry.log(run, {"from_version": "none", "to_version": to}, {})
+        registry.finish_run(run, ok=True)
+    found = registry.promotions(name, "staging")
+    assert [(p["environment"], p["from"], p["to"], p["result"], p["user"]) for p in found] == [
+        ("staging", "none", "1", "promoted", "me")
+    ]
+    assert [p["environment"] for p in registry.promotions(name)] == ["production", "staging"]  # newest first
+    assert registry.promotions(other) == []
+
+
+def test_ping_of_a_server_that_is_down_fails_fast(tmp_path: Path) -> None:
+    from pipelines.devstack.local_triton import free_port
+
+    settings = Settings.from_env(
+        env={
+            "MLREG_HOME": str(tmp_path / "home"),
+            "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
+            "MLREG_MLFLOW_TIMEOUT": "2",
+        }
+    )
+    with pytest.raises(RegistryError, match="check the tracking server"):
+        MlflowRegistry(settings).ping()

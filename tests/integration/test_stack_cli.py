@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from mlreg.cli.main import app
-from pipelines import local_triton, processes
+from pipelines.devstack import local_triton, processes
+from registry.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +137,18 @@ def test_up_with_nothing_built_serves_an_empty_repository_ready_for_promote(
     assert json.loads(down.stdout) == {"stopped": True, "pid": info["pid"]}
     assert processes.process_gone(info["pid"])
     assert not (tmp_path / "home/stack/triton.json").exists()
+
+
+def test_a_scratch_server_loads_on_demand_and_stops_when_left(built_repository: Path, tmp_path: Path) -> None:
+    """The quality gate's dry-run server (pipelines/devstack/scratch.py): explicit model control."""
+    from pipelines.devstack.scratch import scratch_servers
+    from pipelines.triton import TritonControl
+
+    repository = tmp_path / "repo"
+    shutil.copytree(built_repository / "table_data_preprocess", repository / "table_data_preprocess")
+    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / "home"), "PATH": os.environ["PATH"]})
+    with scratch_servers(settings)(repository) as url, TritonControl(url) as triton:
+        assert not triton.is_ready("table_data_preprocess")  # nothing loads until asked
+        triton.load("table_data_preprocess")
+        triton.wait_ready("table_data_preprocess", "1")
+    assert not local_triton.port_in_use(int(url.rpartition(":")[2]))

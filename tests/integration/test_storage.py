@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import local_s3
-from pipelines.local_s3 import S3Server
+from pipelines.devstack import local_s3
+from pipelines.devstack.local_s3 import S3Server
 from pipelines.storage import open_store
 from pipelines.storage.base import RepositoryStore, lock_key
 from pipelines.storage.push import push_path
@@ -250,7 +250,7 @@ def test_one_of_many_takes_over_a_stale_lock(any_store: RepositoryStore, tmp_pat
 def test_missing_bucket_and_unreachable_endpoint(s3_server: S3Server) -> None:
     with pytest.raises(StorageError, match="bucket 'no-such-bucket' does not exist"):
         open_store(s3_server.store_uri("no-such-bucket")).list_models()
-    from pipelines.local_triton import free_port
+    from pipelines.devstack.local_triton import free_port
 
     dead = S3Store("b", "", f"http://127.0.0.1:{free_port()}", retries=1)
     with pytest.raises(StorageError, match=r"cannot list '': EndpointConnectionError"):
@@ -342,7 +342,7 @@ def test_a_wrong_sha256_in_an_s3_manifest_is_refused(
 def test_triton_starts_on_a_fresh_s3_prefix_only_after_init(
     tmp_path: Path, s3_server: S3Server, bucket: str
 ) -> None:
-    from pipelines import local_triton
+    from pipelines.devstack import local_triton
     from pipelines.storage import ensure_root
     from registry.errors import StackError
     from registry.settings import Settings
@@ -367,7 +367,7 @@ def test_triton_starts_on_a_fresh_s3_prefix_only_after_init(
 def test_stack_up_on_an_empty_s3_prefix_marks_its_root(
     tmp_path: Path, s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipelines import stack
+    from pipelines.devstack import stack
     from registry.settings import Settings
 
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlreg.cli.main import app
-from pipelines import local_s3
+from pipelines.devstack import local_s3
 from tests.integration.conftest import RunningTriton
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ def test_triton_status_lists_loaded_models(runner: CliRunner, triton: RunningTri
 
 
 def test_triton_status_of_an_unreachable_server(runner: CliRunner) -> None:
-    from pipelines.local_triton import free_port
+    from pipelines.devstack.local_triton import free_port
 
     url = f"127.0.0.1:{free_port()}"
     result = runner.invoke(app, ["triton", "status", "--url", url])

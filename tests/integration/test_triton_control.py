@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import local_s3, local_triton
-from pipelines.local_s3 import S3Server
+from pipelines.devstack import local_s3, local_triton
+from pipelines.devstack.local_s3 import S3Server
 from pipelines.storage import open_store
 from pipelines.storage.push import push_path
 from pipelines.triton import TritonControl

@@ -68,7 +68,7 @@ def test_a_contract_error_in_the_template_is_reported_naming_model_and_tensor(tm
 
 def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Path) -> None:
     from mlreg.workflow import versions_from_alias
-    from registry.mlflow_registry import MlflowRegistry
+    from registry.mlflow import MlflowRegistry
     from registry.settings import Settings
 
     registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")}))

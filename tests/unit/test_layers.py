@@ -2,13 +2,16 @@
 
 Read from the source with ``ast``: every ``import``/``from ... import`` anywhere in a module
 (inside functions and ``TYPE_CHECKING`` blocks too) and every literal
-``importlib.import_module("...")``.
+``importlib.import_module("...")``.  Within the layers, a few packages are fenced off (the
+promotion never reaches the development stack nor MLflow's adapters; the contracts stay pure),
+and no two first-party modules import each other, however indirectly (the cycle test counts
+function-local imports, which do run, but not ``if TYPE_CHECKING:`` blocks, which do not).
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,234 @@ def first_party_imports(package: str) -> Iterator[tuple[str, str]]:
                 yield f"{path.relative_to(ROOT)}:{line}", top
 
 
+def first_party_modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the first-party packages (a package is its
+    ``__init__``)."""
+    modules = {}
+    for package in FIRST_PARTY:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+MODULES = first_party_modules()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` but the bodies of ``if TYPE_CHECKING:`` (their ``else`` runs)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _known(name: str) -> str | None:
+    """``name`` if it is a first-party module, else its longest first-party prefix (an attribute
+    of a module, or a module that no longer exists: its package is what the import runs)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in MODULES:
+            return candidate
+    return None
+
+
+def module_imports(module: str, nodes: Iterable[ast.AST]) -> Iterator[tuple[int, str]]:
+    """(line, first-party module) of each import among ``nodes`` of ``module``: ``from pkg import
+    name`` is ``pkg.name`` where that is a module, else ``pkg``; importing a package is importing
+    its ``__init__`` only (not its parents', which would close false cycles)."""
+    package = module if MODULES.get(module, Path()).name == "__init__.py" else module.rpartition(".")[0]
+    for node in nodes:
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names = [first.value]
+        for name in names:
+            found = _known(name)
+            if found is not None and found != module:
+                yield node.lineno, found
+
+
+def parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """module -> {imported first-party module: the line of its first import} (run-time imports)."""
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in MODULES.items():
+        edges = graph.setdefault(module, {})
+        for line, target in module_imports(module, _run_time_nodes(parse(path))):
+            edges[target] = min(line, edges.get(target, line))
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph`` (iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, {}))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, {})))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(sorted(component))
+    return components
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each component of more than one module, with every import that binds it ("file:line imports")."""
+    found = []
+    for component in strongly_connected(graph):
+        if len(component) > 1:
+            edges = [
+                f"{MODULES[a].relative_to(ROOT)}:{line} imports {b}"
+                for a in component
+                for b, line in sorted(graph[a].items())
+                if b in component
+            ]
+            found.append(f"{' <-> '.join(component)}:\n  " + "\n  ".join(edges))
+    return found
+
+
+# package prefix -> the first-party modules no module under it may import (anywhere in the file)
+FORBIDDEN = {
+    "pipelines.promote": (
+        "pipelines.devstack",  # the local development stack: the application hands over URLs
+        *(f"pipelines.{m}" for m in ("stack", "local_triton", "local_s3", "local_mlflow", "processes")),
+        "registry.mlflow",  # MLflow's adapters: the promotion sees only the Registry Protocol
+        "registry.mlflow_registry",
+        "registry.mlflow_rest",
+        "registry.mlflow_sqlite",
+    ),
+}
+# package prefix -> the only first-party modules it may import
+ONLY = {"registry.contracts": ("registry.contracts", "registry.errors", "registry.settings")}
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def written_imports(module: str) -> Iterator[tuple[str, list[str]]]:
+    """("file:line", names) of every import of ``module``, TYPE_CHECKING and functions included:
+    for ``from pkg import a`` the names are ``pkg`` and ``pkg.a`` as written, whether or not a
+    module ``pkg.a`` exists (yet)."""
+    path = MODULES[module]
+    where = path.relative_to(ROOT)
+    for node in ast.walk(parse(path)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names = [first.value]
+        if names:
+            yield f"{where}:{node.lineno}", names  # type: ignore[attr-defined]
+
+
+def resolved_imports(module: str) -> Iterator[tuple[str, str]]:
+    """("file:line", first-party module) of every import of ``module``, TYPE_CHECKING included."""
+    path = MODULES[module]
+    for line, name in module_imports(module, ast.walk(parse(path))):
+        yield f"{path.relative_to(ROOT)}:{line}", name
+
+
+def modules_under(prefix: str) -> list[str]:
+    return [module for module in sorted(MODULES) if _under(module, prefix)]
+
+
+@pytest.mark.parametrize("prefix", sorted(FORBIDDEN))
+def test_a_fenced_package_does_not_import_what_it_must_not(prefix: str) -> None:
+    wrong = []
+    for module in modules_under(prefix):
+        for where, names in written_imports(module):
+            banned = [n for n in names if any(_under(n, b) for b in FORBIDDEN[prefix])]
+            wrong += [f"{where} imports {banned[0]}"] if banned else []
+    assert wrong == [], f"{prefix} must not import {', '.join(FORBIDDEN[prefix])}:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("prefix", sorted(ONLY))
+def test_a_pure_package_imports_only_what_it_may(prefix: str) -> None:
+    wrong = sorted(
+        {
+            f"{where} imports {name}"
+            for module in modules_under(prefix)
+            for where, name in resolved_imports(module)
+            if not any(_under(name, allowed) for allowed in ONLY[prefix])
+        }
+    )
+    assert wrong == [], f"{prefix} may import only {', '.join(ONLY[prefix])}:\n" + "\n".join(wrong)
+
+
+def test_no_two_first_party_modules_import_each_other() -> None:
+    found = cycles(import_graph())
+    assert found == [], "import cycles (a function-local import is one too):\n" + "\n".join(found)
+
+
+def test_the_cycle_finder_sees_a_cycle_and_skips_type_checking() -> None:
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3, "d": 4}, "d": {}}
+    assert sorted(strongly_connected(graph)) == [["a", "b", "c"], ["d"]]
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from mlreg.cli import main\nelse:\n    import registry.errors\n"
+        "def f():\n    from pipelines.promote import plan\n    from registry.contracts.config import X\n"
+    )
+    found = {name for _, name in module_imports("mlreg.service", _run_time_nodes(ast.parse(source)))}
+    assert found == {"registry.errors", "pipelines.promote.plan", "registry.contracts.config"}
+
+
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
     wrong = [
@@ -69,8 +300,8 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     source = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from mlreg.cli import main\n"
-        "def f():\n    import pipelines.stack\n    importlib.import_module('mlreg.workflow')\n"
+        "def f():\n    import pipelines.devstack.stack\n    importlib.import_module('mlreg.workflow')\n"
         "from . import sibling\n"
     )
     names = sorted(name for _, name in imported_names(ast.parse(source)))
-    assert names == ["mlreg.cli", "mlreg.workflow", "pipelines.stack", "typing"]
+    assert names == ["mlreg.cli", "mlreg.workflow", "pipelines.devstack.stack", "typing"]

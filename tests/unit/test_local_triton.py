@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import local_triton
+from pipelines.devstack import local_triton
 from registry.errors import StackError
 from registry.settings import Settings
 

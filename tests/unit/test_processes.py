@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import processes
-from pipelines.local_triton import free_port
+from pipelines.devstack import processes
+from pipelines.devstack.local_triton import free_port
 from registry.errors import StackError
 
 # an HTTP server that shrugs off SIGTERM: only the SIGKILL after the grace period stops it

@@ -28,7 +28,6 @@ def _promote_in(
         world.registry,
         Options(skip_quality=True),
         connect=fleet.connect,
-        registrar=world.registry.register_repointed,
     )
     return promotion.run(model, version)
 

@@ -18,7 +18,10 @@ import numpy as np
 import pytest
 
 from pipelines.promote.environments import Environment
-from pipelines.promote.plan import Role, config_facts, serving_versions
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
+
+from pipelines.promote.plan import Role, config_facts, ensemble_pins, serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
@@ -82,16 +85,33 @@ class FakeRegistry:
         }
         self.tags[(name, version)] = {"validation": validation, "artifact_digest": digest_of_manifest(files)}
 
-    def register_repointed(self, model: str, folder: Path, pins: dict[str, str]) -> str:
-        version = str(1 + max(int(v) for (m, v) in self.tags if m == model))
-        self.add(model, version, (folder / "config.pbtxt").read_text())
-        self.events.append(("register", model, version, tuple(sorted(pins.items()))))
-        return version
-
     # -- the Registry protocol ------------------------------------------------------------------
 
     def warm_up(self) -> None:
         pass
+
+    def ping(self) -> None:
+        pass
+
+    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
+        source = self.root / name / version
+        shutil.copy2(source / "config.pbtxt", dest / "config.pbtxt")
+        shutil.copytree(source / "model", dest / version)
+        return dict(self.tags[(name, version)])
+
+    def register_version(
+        self,
+        name: str,
+        version_dir: Path,
+        config_path: Path,
+        *,
+        members: dict[str, str] | None = None,
+        export_info: dict[str, Any] | None = None,
+    ) -> str:
+        version = str(1 + max(int(v) for (m, v) in self.tags if m == name))
+        self.add(name, version, config_path.read_text())
+        self.events.append(("register", name, version, tuple(sorted((members or {}).items()))))
+        return version
 
     def experiment_id(self, name: str = "x") -> str:
         return "0"
@@ -150,6 +170,7 @@ class FakeTarget:
         self.url = url
         self.fleet = fleet
         self.states: dict[str, dict[str, str]] = {}
+        self.ensembles: dict[str, dict[str, str]] = {}  # a loaded model's pins (ensembles)
 
     def is_live(self) -> bool:
         return True
@@ -160,12 +181,23 @@ class FakeTarget:
     def model_states(self) -> dict[str, dict[str, str]]:
         return {m: dict(v) for m, v in self.states.items()}
 
-    def load(self, model: str, config: str | None = None) -> None:
-        text = self.fleet.store.read_config(model)
-        assert text is not None, f"{model} has no config in the store"
-        versions = serving_versions(text)
+    def load(self, model: str, config: str | None = None, files: Mapping[str, bytes] | None = None) -> None:
+        """The config override where one is sent (Triton's load API), else the store's config."""
+        if config is not None:
+            parsed = json_format.Parse(config, model_config_pb2.ModelConfig())
+            versions = [str(v) for v in parsed.version_policy.specific.versions]
+            pins = {s.model_name: str(s.model_version) for s in parsed.ensemble_scheduling.step}
+        else:
+            text = self.fleet.store.read_config(model)
+            assert text is not None, f"{model} has no config in the store"
+            versions, pins = serving_versions(text), ensemble_pins(text)
         self.fleet.events.append(("load", self.url, model, tuple(versions)))
+        if pins:
+            self.fleet.pins.append((self.url, model, pins))
         self.fleet.locks_seen.append({m for m in ("pre", "net", "ens") if self.fleet.store.read_lock(m)})
+        self.fleet.loads += 1
+        if self.fleet.loads == self.fleet.fail_at_load:
+            raise TritonError(f"{self.url}: model '{model}' failed to load (load {self.fleet.loads})")
         for version in versions:
             if (model, version, self.url) in self.fleet.fail_load or (
                 model,
@@ -175,10 +207,14 @@ class FakeTarget:
                 self.states[model] = {version: "UNAVAILABLE"}
                 raise TritonError(f"{self.url}: model '{model}' version {version} failed to load")
         self.states[model] = dict.fromkeys(versions, "READY")
+        self.ensembles[model] = pins
+        self.fleet.check(self)
 
     def unload(self, model: str, unload_dependents: bool = False) -> None:
         self.fleet.events.append(("unload", self.url, model))
         self.states.pop(model, None)
+        self.ensembles.pop(model, None)
+        self.fleet.check(self)
 
     def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None:
         if not self.is_ready(model, version):
@@ -205,6 +241,18 @@ class FakeFleet:
         self.fail_load: set[tuple[str, str, str]] = set()  # (model, version, url or "*")
         self.nan_answers: set[tuple[str, str]] = set()
         self.targets: dict[str, FakeTarget] = {}
+        self.pins: list[tuple[str, str, dict[str, str]]] = []  # (url, ensemble, pins) of each load
+        self.loads = 0
+        self.fail_at_load = 0  # the Nth load (from 1) fails; 0: none
+        self.broken: list[str] = []  # an ensemble pinned to a member version not READY there
+
+    def check(self, target: FakeTarget) -> None:
+        """After every change of a target: each loaded ensemble's pins name READY versions."""
+        for ensemble, pins in target.ensembles.items():
+            for member, version in pins.items():
+                ready = [v for v, s in target.states.get(member, {}).items() if s == "READY"]
+                if not ready or (version != "-1" and version not in ready):
+                    self.broken.append(f"{target.url}: {ensemble} pins {member} v{version}, READY {ready}")
 
     def connect(self, url: str) -> FakeTarget:
         return self.targets.setdefault(url, FakeTarget(url, self))
@@ -230,7 +278,6 @@ class World:
             self.registry,
             Options(skip_quality=True, **options),
             connect=self.fleet.connect,
-            registrar=self.registry.register_repointed,
         )
         return promotion.run(model, version)
 
@@ -252,6 +299,7 @@ def deployed(world: World) -> World:
     world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
     world.events.clear()
     world.fleet.locks_seen.clear()
+    world.fleet.loads = 0
     return world
 
 
@@ -331,27 +379,105 @@ def test_a_swap_keeps_the_old_version_until_the_new_one_serves_then_repoints_and
     assert world.fleet.store.read_lock("ens") is None
 
 
-def test_a_failure_after_the_first_change_rolls_back_members_first_then_ensembles(deployed: World) -> None:
+def test_a_failure_after_the_repoint_restores_ensembles_first_then_members(deployed: World) -> None:
     world = deployed
     world.fleet.nan_answers.add(("net", "2"))  # verify fails after both configs changed
     ens_before, net_before = world.config("ens"), world.config("net")
-    with pytest.raises(PromotionFailed, match="net/OUT answered non-finite values; rolled back") as info:
+    with pytest.raises(PromotionFailed, match="net/OUT answered non-finite values; every touched") as info:
         world.promote("net", "2")
     result = info.value.result
     assert result.stage_names() == ["resolve", "validate", "assemble", "deploy", "verify", "rollback"]
     assert result.rolled_back
     assert "non-finite" in result.error
+    assert "rolled back, the previous versions serve" in info.value.message
     rollback_loads = world.loads()[4:]  # after deploy's four
     assert rollback_loads == [
-        ("load", "t0:8001", "net", ("1",)),
+        ("load", "t0:8001", "ens", ("1",)),  # follows the latest loaded net (-1) ...
+        ("load", "t1:8001", "ens", ("1",)),
+        ("load", "t0:8001", "net", ("1",)),  # ... while net goes back to v1
         ("load", "t1:8001", "net", ("1",)),
-        ("load", "t0:8001", "ens", ("1",)),
+        ("load", "t0:8001", "ens", ("1",)),  # then pinned to net v1 again
         ("load", "t1:8001", "ens", ("1",)),
     ]
+    assert [(url, pins["net"]) for url, _, pins in world.fleet.pins[-4:]] == [
+        ("t0:8001", "-1"),
+        ("t1:8001", "-1"),
+        ("t0:8001", "1"),
+        ("t1:8001", "1"),
+    ]
+    assert world.fleet.broken == []  # no ensemble ever pinned a member version that was gone
     assert world.config("ens") == ens_before
     assert world.config("net") == net_before
+    assert world.fleet.store.read_manifest("net", "2") is None  # the upload removed too
     assert world.registry.alias_map["net"]["test"] == "1"  # the alias did not move
     assert world.registry.runs[-1]["tags"]["result"] == "rolled back"
+
+
+def _state(world: World) -> dict[str, Any]:
+    return {
+        "configs": {m: world.config(m) for m in ("pre", "net", "ens")},
+        "serving": {url: t.model_states() for url, t in world.fleet.targets.items()},
+        "pins": {url: dict(t.ensembles) for url, t in world.fleet.targets.items()},
+        "aliases": {m: world.registry.aliases(m) for m in ("pre", "net", "ens")},
+        "net v2 stored": world.fleet.store.read_manifest("net", "2") is not None,
+    }
+
+
+# the member swap on two targets makes 6 loads: net v1+v2, ens re-pointed, net v2 alone (each x2)
+@pytest.mark.parametrize("failing_load", [1, 2, 3, 4, 5, 6])
+def test_a_failed_load_at_any_point_puts_everything_back(deployed: World, failing_load: int) -> None:
+    world = deployed
+    before = _state(world)
+    world.fleet.fail_at_load = failing_load
+    with pytest.raises(PromotionFailed, match=f"failed to load \\(load {failing_load}\\)"):
+        world.promote("net", "2")
+    assert _state(world) == before
+    assert world.fleet.broken == []
+
+
+@pytest.mark.parametrize(("stage", "after"), [("assemble", True), ("verify", True), ("record", False)])
+def test_a_failure_of_any_live_stage_puts_everything_back(
+    deployed: World, stage: str, after: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage itself fails, after its work or (record: MLflow gone) before it -- a fault the
+    fakes cannot provoke otherwise, so the stage is wrapped on purpose."""
+    from pipelines.promote import runner
+
+    world = deployed
+    before = _state(world)
+    work = getattr(runner, stage)
+
+    def failing(ctx: Any) -> Any:
+        if after:
+            work(ctx)
+        raise StorageError(f"{stage} broke")
+
+    monkeypatch.setattr(runner, stage, failing)
+    with pytest.raises(PromotionFailed, match=f"{stage} broke"):
+        world.promote("net", "2")
+    assert _state(world) == before
+    assert world.fleet.broken == []
+
+
+def test_an_interrupt_during_the_deploy_puts_everything_back(deployed: World) -> None:
+    world = deployed
+    before = _state(world)
+    target = world.fleet.connect("t1:8001")
+    load = target.load
+
+    interrupts = [KeyboardInterrupt()]
+
+    def interrupted(model: str, config: str | None = None, files: Any = None) -> None:
+        load(model, config, files)
+        if model == "ens" and interrupts:
+            raise interrupts.pop()  # Ctrl-C right after the re-point on the last target
+
+    target.load = interrupted  # type: ignore[method-assign]
+    with pytest.raises(PromotionFailed, match="KeyboardInterrupt"):
+        world.promote("net", "2")
+    target.load = load  # type: ignore[method-assign]
+    assert _state(world) == before
+    assert world.fleet.broken == []
 
 
 def test_a_failing_canary_stops_the_rollout_before_the_other_targets(deployed: World) -> None:

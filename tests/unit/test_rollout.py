@@ -1,6 +1,6 @@
 """Fleet roll-out logic on fakes: policy parsing, wave sizes, the bake's verdict, Triton's metrics
-text, DNS discovery, and the staged roll-out's order and abort (fake replicas: the real ones are
-in tests/integration/test_fleet.py)."""
+text, DNS discovery, and the staged roll-out's order and its undo (fake replicas: the real ones
+are in tests/integration/test_fleet.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ import pytest
 
 from pipelines.promote import discovery, metrics
 from pipelines.promote.environments import environment, resolve_targets
-from pipelines.promote.rollout import Change, Policy, StagedRollout, judge, parse_policy, reachable, waves_of
+from pipelines.promote.fanout import Change, Fleet, reachable
+from pipelines.promote.plan import Role, Step
+from pipelines.promote.policy import Policy, judge, parse_policy, waves_of
+from pipelines.promote.staged import Move, StagedRollout, following_latest
+from pipelines.promote.undo import UndoLog
+from pipelines.storage import open_store
 from registry.errors import PromotionError, TritonError, UsageError
 from registry.settings import Settings
 
@@ -190,7 +195,7 @@ class FakeReplica:
             raise TritonError(f"live check failed on {self.url}: connection refused", fix="start it")
         return True
 
-    def load(self, model: str, config: str | None = None) -> None:
+    def load(self, model: str, config: str | None = None, files: Any = None) -> None:
         if self.dead:
             raise TritonError(f"load failed on {self.url}: connection refused", fix="start it")
         self.log.append((self.url, model, config is not None))
@@ -224,19 +229,48 @@ def _snapshot(new_ok: float, new_failed: float, old_ok: float) -> metrics.Snapsh
     }
 
 
-def test_waves_move_in_order_and_the_store_config_is_never_sent() -> None:
-    replicas, log = _fleet()
-    staged = StagedRollout(URLS, _opener(replicas), Policy(waves=(50.0, 100.0), max_parallel=2), 10)
-    rollouts = staged.run([Change("m", CONFIG, ["2"]), Change("e", CONFIG.replace('"m"', '"e"'), ["1"])])
-    assert [u for u, model, _ in log if model == "m"][:1] == ["r0:8001"]  # the canary first
-    assert {u for u, _, _ in log} == set(URLS)
-    assert all(override for _, _, override in log)  # per replica: the load API's config override
+def _step(model: str, text: str, previous: str | None, previous_versions: list[str]) -> Step:
+    return Step(model, "2", Role.MODEL, None, text, previous, previous_versions, upload=False)
+
+
+def _move(
+    model: str, text: str, versions: list[str], previous: str | None = None, baked_old: tuple[str, ...] = ()
+) -> Move:
+    step = _step(model, text, previous, ["1"] if previous else [])
+    return Move(step, Change(model, text, tuple(versions)), baked_old)
+
+
+class Rig:
+    """Fake replicas behind a real Fleet (a local store) and an undo log, as the deployer uses them."""
+
+    def __init__(self, tmp_path: Path, policy: Policy, dead: set[str] | None = None, **kwargs: Any) -> None:
+        self.replicas, self.log = _fleet(dead)
+        self.fleet = Fleet(
+            open_store(tmp_path / "store"), URLS, _opener(self.replicas), 10, policy.max_parallel
+        )
+        self.undo = UndoLog(gpu=False)
+        self.staged = StagedRollout(URLS, self.fleet, policy, self.undo, **kwargs)
+
+    def run_and_undo(self, moves: list[Move]) -> PromotionError:
+        """The roll-out fails; the runner's replay of the undo log follows (as on_error does)."""
+        with pytest.raises(PromotionError) as info:
+            self.staged.run(moves)
+        self.report = self.undo.replay(self.fleet, self.fleet.store)
+        return info.value
+
+
+def test_waves_move_in_order_and_the_store_config_is_never_sent(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, Policy(waves=(50.0, 100.0), max_parallel=2))
+    rollouts = rig.staged.run([_move("m", CONFIG, ["2"]), _move("e", CONFIG.replace('"m"', '"e"'), ["1"])])
+    assert [u for u, model, _ in rig.log if model == "m"][:1] == ["r0:8001"]  # the canary first
+    assert {u for u, _, _ in rig.log} == set(URLS)
+    assert all(override for _, _, override in rig.log)  # per replica: the load API's config override
     assert [t.url for t in rollouts[0].targets][:2] == ["r0:8001", "r1:8001"]
     assert all(t.ok for r in rollouts for t in r.targets)
+    assert rig.undo.replicas == URLS  # every move noted before it was made
 
 
-def test_a_tripped_bake_reloads_only_the_touched_replicas_from_the_store() -> None:
-    replicas, log = _fleet()
+def test_a_tripped_bake_is_undone_on_the_touched_replicas_only(tmp_path: Path) -> None:
     baked = {"done": False}  # the scrapes before the bake window, then after it
 
     def scrape(url: str) -> metrics.Snapshot:
@@ -245,28 +279,23 @@ def test_a_tripped_bake_reloads_only_the_touched_replicas_from_the_store() -> No
         return _snapshot(80, 20, 100) if url == URLS[0] else _snapshot(0, 0, 100)
 
     policy = Policy(waves=(100.0,), bake_seconds=5, min_requests=10)
-    staged = StagedRollout(
-        URLS, _opener(replicas), policy, 10, scrape=scrape, sleep=lambda s: baked.update(done=True)
-    )
-    with pytest.raises(
-        PromotionError, match=r"bake after wave 1 of 2 tripped on m v2 \(failure_ratio\)"
-    ) as info:
-        staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"], restore_text=OLD_CONFIG)])
-    assert "failure ratio 0.200 (20 of 100 requests)" in info.value.message
-    assert "rolled back on r0:8001" in info.value.message
-    assert log == [("r0:8001", "m", True), ("r0:8001", "m", True)]  # moved, then back: both overrides
-    assert [c["version_policy"]["specific"]["versions"] for c in replicas["r0:8001"].configs] == [
+    rig = Rig(tmp_path, policy, scrape=scrape, sleep=lambda s: baked.update(done=True))
+    error = rig.run_and_undo([_move("m", CONFIG, ["1", "2"], previous=OLD_CONFIG, baked_old=("1",))])
+    assert "bake after wave 1 of 2 tripped on m v2 (failure_ratio)" in error.message
+    assert "failure ratio 0.200 (20 of 100 requests)" in error.message
+    assert rig.log == [("r0:8001", "m", True), ("r0:8001", "m", True)]  # moved, then back: both overrides
+    assert [c["version_policy"]["specific"]["versions"] for c in rig.replicas["r0:8001"].configs] == [
         ["2"],
         ["1"],
     ]
+    assert rig.report.ok
 
 
-def test_an_abort_unloads_a_model_new_to_the_store_and_restores_the_others() -> None:
-    replicas, log = _fleet(dead={"r1:8001"})
-    staged = StagedRollout(URLS, _opener(replicas), Policy(waves=(100.0,)), 10)
-    with pytest.raises(PromotionError, match="wave 2 of 2 failed"):
-        staged.run([Change("m", CONFIG, ["2"], restore_text=OLD_CONFIG), Change("n", CONFIG, ["1"])])
-    assert [e for e in log if e[0] == "r0:8001"] == [  # moved both, then undone newest change first
+def test_the_undo_unloads_a_model_new_to_the_store_and_restores_the_others(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, Policy(waves=(100.0,)), dead={"r1:8001"})
+    error = rig.run_and_undo([_move("m", CONFIG, ["2"], previous=OLD_CONFIG), _move("n", CONFIG, ["1"])])
+    assert "wave 2 of 2 failed" in error.message
+    assert [e for e in rig.log if e[0] == "r0:8001"] == [  # moved both, then undone newest change first
         ("r0:8001", "m", True),
         ("r0:8001", "n", True),
         ("r0:8001", "unload n", False),
@@ -274,57 +303,53 @@ def test_an_abort_unloads_a_model_new_to_the_store_and_restores_the_others() -> 
     ]
 
 
-def test_a_repointed_ensemble_follows_the_latest_member_per_replica_without_touching_the_store() -> None:
-    from types import SimpleNamespace
-
-    from pipelines.promote.rollout import following_latest
-
+def test_a_repointed_ensemble_follows_the_latest_member_per_replica_without_touching_the_store(
+    tmp_path: Path,
+) -> None:
     ensemble_text = (
         'name: "e"\nplatform: "ensemble"\nensemble_scheduling { step [ { model_name: "m" model_version: 1 '
         'input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }\n'
     )
-    ensemble = SimpleNamespace(
-        model="e", version="1", previous_versions=["1"], previous_config=ensemble_text, is_ensemble=True
-    )
-    member = SimpleNamespace(model="m", is_ensemble=False, previous_config=OLD_CONFIG)
-    [change] = following_latest([ensemble], [member], gpu=False)
-    assert (change.model, change.versions, change.baked_old) == ("e", ["1"], [])
-    assert "model_version: -1" in change.config_text
-    assert change.restore_text == ensemble_text  # an abort pins it back to the store's version
-    replicas, log = _fleet()
-    StagedRollout(URLS, _opener(replicas), Policy(canary=1, waves=(100.0,)), 10).run(
-        [change, Change("m", CONFIG, ["2"], restore_text=OLD_CONFIG)]
-    )
-    assert [(u, m) for u, m, _ in log][:2] == [("r0:8001", "e"), ("r0:8001", "m")]  # -1 first, per replica
-    pins = [c["ensemble_scheduling"]["step"][0]["model_version"] for c in replicas["r3:8001"].configs[:1]]
+    ensemble = Step("e", "1", Role.ENSEMBLE, None, ensemble_text, ensemble_text, ["1"], upload=False)
+    member = _step("m", CONFIG, OLD_CONFIG, ["1"])
+    [move] = following_latest([ensemble], [member], gpu=False)
+    assert (move.change.model, move.change.versions, move.baked_old) == ("e", ("1",), ())
+    assert "model_version: -1" in (move.change.config or "")
+    rig = Rig(tmp_path, Policy(canary=1, waves=(100.0,)))
+    rig.staged.run([move, _move("m", CONFIG, ["2"], previous=OLD_CONFIG)])
+    assert [(u, m) for u, m, _ in rig.log][:2] == [
+        ("r0:8001", "e"),
+        ("r0:8001", "m"),
+    ]  # -1 first, per replica
+    pins = [c["ensemble_scheduling"]["step"][0]["model_version"] for c in rig.replicas["r3:8001"].configs[:1]]
     assert pins == ["-1"]
+    assert rig.fleet.store.read_config("e") is None  # the store is written by the deployer, at the end
 
 
-def test_a_replica_failing_mid_wave_stops_the_rollout_naming_it() -> None:
-    replicas, log = _fleet(dead={"r2:8001"})
-    staged = StagedRollout(URLS, _opener(replicas), Policy(waves=(100.0,)), 10)
-    with pytest.raises(PromotionError, match="wave 2 of 2 failed: load failed on r2:8001") as info:
-        staged.run([Change("m", CONFIG, ["2"])])
-    assert "every other touched replica is back on the store's config" in info.value.message
-    assert "could not restore r2:8001: unload failed on r2:8001" in info.value.message  # the dead one
-    restored = [u for u, model, _ in log if model == "unload m"]  # new to the store: unloaded
+def test_a_replica_failing_mid_wave_stops_the_rollout_naming_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, Policy(waves=(100.0,)), dead={"r2:8001"})
+    error = rig.run_and_undo([_move("m", CONFIG, ["2"])])
+    assert "wave 2 of 2 failed: load failed on r2:8001" in error.message
+    assert rig.report.failed == [
+        "r2:8001: unload failed on r2:8001: connection refused"
+    ]  # the dead one, named
+    restored = [u for u, model, _ in rig.log if model == "unload m"]  # new to the store: unloaded
     assert "r0:8001" in restored
-    assert "r2:8001" not in restored
+    assert "r3:8001" not in restored  # never touched: never loaded it
 
 
 def test_unreachable_replicas_refuse_the_promotion_unless_tolerated() -> None:
     replicas, _ = _fleet(dead={"r3:8001"})
     with pytest.raises(PromotionError, match=r"1 replica\(s\) unreachable \(r3:8001\), max_unavailable = 0"):
-        reachable(URLS, _opener(replicas), Policy())
-    assert reachable(URLS, _opener(replicas), Policy(max_unavailable=1)) == tuple(URLS[:3])
+        reachable(URLS, _opener(replicas), 0)
+    assert reachable(URLS, _opener(replicas), 1) == tuple(URLS[:3])
 
 
 def test_parse_policy_returns_none_without_keys() -> None:
     assert parse_policy("x", {"store": "/tmp"}) is None
 
 
-def test_a_replica_whose_metrics_cannot_be_read_aborts_the_bake_naming_it() -> None:
-    replicas, log = _fleet()
+def test_a_replica_whose_metrics_cannot_be_read_aborts_the_bake_naming_it(tmp_path: Path) -> None:
     baked = {"done": False}
 
     def scrape(url: str) -> metrics.Snapshot:
@@ -333,14 +358,11 @@ def test_a_replica_whose_metrics_cannot_be_read_aborts_the_bake_naming_it() -> N
         return _snapshot(0, 0, 0)
 
     policy = Policy(waves=(100.0,), bake_seconds=5)
-    sleep = lambda s: baked.update(done=True)  # noqa: E731
-    staged = StagedRollout(URLS, _opener(replicas), policy, 10, scrape=scrape, sleep=sleep)
-    with pytest.raises(
-        PromotionError, match=r"bake after wave 1 of 2 failed: replica r3:8001: cannot read Triton's metrics"
-    ) as info:
-        staged.run([Change("m", CONFIG, ["1", "2"], baked_old=["1"], restore_text=OLD_CONFIG)])
-    assert info.value.fix == "bring the replica back (its metrics port must answer), then promote again"
-    assert log == [("r0:8001", "m", True), ("r0:8001", "m", True)]  # the canary back on the store's
+    rig = Rig(tmp_path, policy, scrape=scrape, sleep=lambda s: baked.update(done=True))
+    error = rig.run_and_undo([_move("m", CONFIG, ["1", "2"], previous=OLD_CONFIG, baked_old=("1",))])
+    assert "bake after wave 1 of 2 failed: replica r3:8001: cannot read Triton's metrics" in error.message
+    assert error.fix == "bring the replica back (its metrics port must answer), then promote again"
+    assert rig.log == [("r0:8001", "m", True), ("r0:8001", "m", True)]  # the canary back on the store's
 
 
 def test_a_plan_shows_its_roll_out_wave_by_wave() -> None:

@@ -12,8 +12,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines import local_triton, processes
-from pipelines.local_triton import ServerInfo
+from pipelines.devstack import local_triton, processes
+from pipelines.devstack.local_triton import ServerInfo
 from pipelines.triton import TritonControl
 from registry.errors import MlregError, StackError
 from registry.settings import Settings
@@ -98,7 +98,7 @@ def running_s3(settings: Settings) -> dict[str, object] | None:
 
 def start_s3_repository(settings: Settings, source: Path) -> str:
     """Start moto_server, push ``source`` into it; return the S3 URI Triton should read."""
-    from pipelines import local_s3
+    from pipelines.devstack import local_s3
     from pipelines.storage import open_store
     from pipelines.storage.push import push_path
 
@@ -131,7 +131,7 @@ def start_ui(settings: Settings) -> str:
     running = running_mlflow(settings)
     if running is not None:
         return str(running["url"])
-    from pipelines.local_mlflow import start_mlflow
+    from pipelines.devstack.local_mlflow import start_mlflow
 
     settings.home.mkdir(parents=True, exist_ok=True)
     server, process = start_mlflow(
@@ -267,13 +267,13 @@ def stack_down(settings: Settings) -> ServerInfo | None:
     state_file(settings).unlink(missing_ok=True)
     ui = running_mlflow(settings)
     if ui is not None:
-        from pipelines.local_mlflow import stop_mlflow
+        from pipelines.devstack.local_mlflow import stop_mlflow
 
         stop_mlflow(int(ui["pid"]))  # type: ignore[call-overload]
         mlflow_state_file(settings).unlink(missing_ok=True)
     s3 = running_s3(settings)
     if s3 is not None:
-        from pipelines.local_s3 import stop_s3
+        from pipelines.devstack.local_s3 import stop_s3
 
         stop_s3(int(s3["pid"]))  # type: ignore[call-overload]
         s3_state_file(settings).unlink(missing_ok=True)

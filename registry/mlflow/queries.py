@@ -8,10 +8,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from registry import mlflow_rest
 from registry.contracts.config import load_config
 from registry.lineage import contract_of
-from registry.mlflow_registry import MlflowRegistry
+from registry.mlflow import rest
+from registry.mlflow.registry import MlflowRegistry
 from registry.settings import Settings
 
 LINEAGE_TAGS = (
@@ -49,8 +49,8 @@ def list_versions(settings: Settings, model: str) -> list[dict[str, Any]]:
     """Every version of ``model``, newest first (over REST for an HTTP server: no MLflow import)."""
     uri = settings.tracking_uri
     if uri.startswith(("http://", "https://")):
-        raw = mlflow_rest.search_versions(uri, model, settings.mlflow_timeout)
-        alias_map = mlflow_rest.aliases(uri, model, settings.mlflow_timeout) if raw else {}
+        raw = rest.search_versions(uri, model, settings.mlflow_timeout)
+        alias_map = rest.aliases(uri, model, settings.mlflow_timeout) if raw else {}
         entries = [
             (
                 str(v["version"]),

@@ -3,8 +3,11 @@
 ``MlflowException`` and HTTP failures are translated into ``RegistryError`` in
 ``_call`` only.  Requests are bounded (``MLREG_MLFLOW_TIMEOUT``, two retries), so a
 tracking server that is down fails in seconds, not minutes.  Read-only queries
-against an HTTP server use MLflow's REST API directly (``registry.mlflow_rest``),
-so ``mlreg versions`` does not pay MLflow's multi-second import.
+against an HTTP server use MLflow's REST API directly (``registry.mlflow.rest``), and
+the embedded registry's file is read directly (``registry.mlflow.sqlite``), so neither
+``mlreg versions`` nor a promotion's plan pays MLflow's multi-second import.  MLflow's
+settings are environment variables: they are set only while MLflow works
+(``registry.mlflow.environ``), so ``os.environ`` is left as it was found.
 """
 
 from __future__ import annotations
@@ -12,40 +15,29 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, RegistryError
 from registry.lineage import VERSION_FOLDER
+from registry.mlflow import rest, sqlite
+from registry.mlflow.deployments import deployments_of, describe_deployments
+from registry.mlflow.environ import ENVIRON, global_tracking_uri
+from registry.mlflow.model import EXPORTS_EXPERIMENT, PROMOTIONS_EXPERIMENT, LoggedTritonModel
+from registry.register import Candidate, register
 from registry.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-EXPORTS_EXPERIMENT = "mlreg-exports"
-
-
-@dataclass
-class LoggedTritonModel:
-    """What ``MlflowRegistry.log_model`` logs: a Triton model folder with its MLmodel facts."""
-
-    name: str
-    config_path: Path
-    version_dir: Path
-    flavors: dict[str, dict[str, Any]]
-    inputs: list[dict[str, Any]]  # tensor specs: name, numpy dtype, shape (-1 = batch/variable)
-    outputs: list[dict[str, Any]]
-    tags: dict[str, str] = field(default_factory=dict)
-    params: dict[str, str] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+__all__ = ["EXPORTS_EXPERIMENT", "PROMOTIONS_EXPERIMENT", "LoggedTritonModel", "MlflowRegistry"]
 
 
 class MlflowRegistry:
@@ -63,23 +55,30 @@ class MlflowRegistry:
 
     @property
     def client(self) -> Any:
-        with self._lock:
+        with self._lock, self._environ():
             return self._open()
+
+    @contextlib.contextmanager
+    def _environ(self) -> Iterator[None]:
+        """MLflow's settings, read from os.environ, set for the block only (registry.mlflow.environ)."""
+        values = {
+            "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(self.settings.mlflow_timeout)),
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        }
+        # MLflow 3 sends usage telemetry from a background thread that holds every command's exit
+        # for ~1 s (longer offline); a team can opt in with MLFLOW_DISABLE_TELEMETRY=false
+        defaults = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+        with ENVIRON.scope(values, defaults):
+            yield
 
     def _open(self) -> Any:
         if self._client is None:
-            os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(self.settings.mlflow_timeout))
-            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "2"
-            os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
-            os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-            # MLflow 3 sends usage telemetry from a background thread that holds every command's
-            # exit for ~1 s (longer offline); a team can opt in with MLFLOW_DISABLE_TELEMETRY=false
-            os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
             for noisy in ("mlflow", "alembic"):
                 logging.getLogger(noisy).setLevel(logging.WARNING)
             if self.uri.startswith("sqlite:///"):
                 Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            from mlflow.tracking import MlflowClient
+            from mlflow.tracking import MlflowClient  # heavy (seconds): imported on the first call
 
             self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
         return self._client
@@ -91,7 +90,7 @@ class MlflowRegistry:
         from mlflow.exceptions import MlflowException
 
         try:
-            with contextlib.redirect_stdout(sys.stderr):  # MLflow prints "View run at" lines
+            with self._environ(), contextlib.redirect_stdout(sys.stderr):  # "View run at" lines
                 return fn()
         except MlflowException as exc:
             code = getattr(exc, "error_code", "") or ""
@@ -114,6 +113,15 @@ class MlflowRegistry:
                 f"MLflow ({self.uri}): {what} failed: {exc}",
                 fix=f"check the tracking server at {self.uri} is up",
             ) from exc
+
+    def ping(self) -> None:
+        """Raise RegistryError unless the registry answers: a tracking server within
+        MLREG_MLFLOW_TIMEOUT (over REST: no MLflow import); the embedded registry is created where
+        it does not exist yet."""
+        if self.uri.startswith(("http://", "https://")):
+            rest.ping(self.uri, self.settings.mlflow_timeout)
+        elif sqlite.database(self.uri) is None:
+            self.experiment_id(PROMOTIONS_EXPERIMENT)
 
     # -- experiments and runs ------------------------------------------------------------------
 
@@ -169,11 +177,12 @@ class MlflowRegistry:
     def discard_run(self, run_id: str) -> None:
         """Best effort: a run whose version was not created must not linger as a success."""
         try:
-            self.client.set_tag(run_id, "mlreg_orphaned", "true")
-            self.client.set_terminated(run_id, "FAILED")
-            self.client.delete_run(run_id)
-            if run_id in self._logged:
-                self.client.delete_logged_model(self._logged.pop(run_id))
+            with self._environ():
+                self.client.set_tag(run_id, "mlreg_orphaned", "true")
+                self.client.set_terminated(run_id, "FAILED")
+                self.client.delete_run(run_id)
+                if run_id in self._logged:
+                    self.client.delete_logged_model(self._logged.pop(run_id))
         except Exception as exc:
             log.warning("could not clean up run %s: %s", run_id, exc)
 
@@ -206,7 +215,7 @@ class MlflowRegistry:
             root = Path(tmp)
             (root / model.name).mkdir()
             (root / model.name / "config.pbtxt").write_bytes(model.config_path.read_bytes())
-            self._mlmodel(run_id, model_id, model).save(str(root / "MLmodel"))
+            model.mlmodel(run_id, model_id).save(str(root / "MLmodel"))
             self._call("artifact upload", lambda: self.client.log_model_artifacts(model_id, tmp))
         if any(model.version_dir.iterdir()):
             folder = f"{model.name}/{VERSION_FOLDER}"
@@ -222,23 +231,6 @@ class MlflowRegistry:
         self._call("run update", lambda: self.client.log_outputs(run_id, [LoggedModelOutput(model_id, 0)]))
         return model_id
 
-    @staticmethod
-    def _mlmodel(run_id: str, model_id: str, model: LoggedTritonModel) -> Any:
-        import numpy as np
-        from mlflow.models import Model, ModelSignature
-        from mlflow.types.schema import Schema, TensorSpec
-
-        def schema(specs: list[dict[str, Any]]) -> Any:
-            return Schema([TensorSpec(np.dtype(s["dtype"]), tuple(s["shape"]), s["name"]) for s in specs])
-
-        signature = None
-        if model.inputs and model.outputs:
-            signature = ModelSignature(schema(model.inputs), schema(model.outputs))
-        mlmodel = Model(run_id=run_id, model_id=model_id, signature=signature, metadata=model.metadata)
-        for flavor, conf in model.flavors.items():
-            mlmodel.add_flavor(flavor, **conf)
-        return mlmodel
-
     # -- registered models ----------------------------------------------------------------------
 
     def ensure_model(self, name: str, description: str) -> None:
@@ -246,7 +238,8 @@ class MlflowRegistry:
         from mlflow.exceptions import MlflowException
 
         try:
-            self.client.get_registered_model(name)
+            with self._environ():
+                self.client.get_registered_model(name)
         except MlflowException:
             self._call(
                 "model registration",
@@ -264,17 +257,14 @@ class MlflowRegistry:
         description: str,
         model_id: str | None = None,
     ) -> str:
-        if model_id:
-            # the embedded store resolves ``models:/<id>`` with MLflow's global tracking URI
-            import mlflow
-
-            mlflow.set_tracking_uri(self.uri)
-        version = self._call(
-            "version creation",
-            lambda: self.client.create_model_version(
-                name, source, run_id=run_id, tags=tags, description=description, model_id=model_id
-            ),
-        )
+        # the embedded store resolves ``models:/<id>`` with MLflow's global tracking URI
+        with global_tracking_uri(self.uri if model_id else None):
+            version = self._call(
+                "version creation",
+                lambda: self.client.create_model_version(
+                    name, source, run_id=run_id, tags=tags, description=description, model_id=model_id
+                ),
+            )
         if model_id:  # the logged model lists its registered versions (as mlflow.register_model does)
             link = json.dumps([{"name": name, "version": str(version.version)}])
             self._call(
@@ -303,6 +293,20 @@ class MlflowRegistry:
         model = self._call("model lookup", lambda: self.client.get_registered_model(name))
         return {alias: str(version) for alias, version in (model.aliases or {}).items()}
 
+    def alias_versions(self, alias: str) -> dict[str, str]:
+        """Every registered model whose ``alias`` names a version -> that version."""
+        found: dict[str, str] = {}
+        token: str | None = None
+        while True:  # paged: 100 registered models a page
+            page = self._call("model search", partial(self.client.search_registered_models, page_token=token))
+            for model in page:
+                version = dict(getattr(model, "aliases", None) or {}).get(alias)
+                if version is not None:
+                    found[str(model.name)] = str(version)
+            token = page.token
+            if not token:
+                return dict(sorted(found.items()))
+
     def require_model(self, name: str) -> None:
         """A RegistryError saying so when ``name`` is not a registered model."""
         try:
@@ -324,7 +328,72 @@ class MlflowRegistry:
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         self._call("tag update", lambda: self.client.set_model_version_tag(name, version, key, value))
 
+    def register_version(
+        self,
+        name: str,
+        version_dir: Path,
+        config_path: Path,
+        *,
+        members: dict[str, str] | None = None,
+        export_info: dict[str, Any] | None = None,
+    ) -> str:
+        """Register a version mlreg derived (a re-pointed ensemble, an ONNX conversion) like any
+        export: validated, manifest and digest recorded; identical bytes reuse their version."""
+        candidate = Candidate(name, version_dir, config_path)
+        return register(self, candidate, members=members, export_info=export_info).version
+
+    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
+        """``name`` ``version`` as a Triton model folder ``dest`` (``config.pbtxt`` + ``<version>/``,
+        replacing what was there); returns the version's tags.  The embedded registry's artifacts
+        are local files, copied without importing MLflow; otherwise they are downloaded."""
+        record = sqlite.model_version(self.uri, name, version)
+        local = record.local_source() if record else None
+        if record is not None and local is not None and (local.parent / CONFIG_NAME).is_file():
+            _fresh(dest)
+            shutil.copy2(local.parent / CONFIG_NAME, dest / CONFIG_NAME)
+            if local.is_dir():
+                shutil.copytree(local, dest / version)
+            else:
+                (dest / version).mkdir()
+            return dict(record.tags)
+        mv = self.version(name, version)
+        _fresh(dest)
+        with tempfile.TemporaryDirectory(prefix=f".download-{name}-{version}-", dir=dest.parent) as tmp:
+            download = Path(tmp)
+            self.download(str(mv.run_id), CONFIG_NAME, download)
+            shutil.copy2(download / CONFIG_NAME, dest / CONFIG_NAME)
+            try:
+                self.download(str(mv.run_id), "model", download)
+                shutil.copytree(download / "model", dest / version)
+            except (RegistryError, OSError):
+                (dest / version).mkdir(exist_ok=True)  # an ensemble's version folder: nothing logged
+        return dict(mv.tags or {})
+
     # -- where versions run ----------------------------------------------------------------------
+
+    def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
+        """The promotions of ``name`` (in ``env``; None: everywhere), newest first, from the runs
+        of the promotions experiment: when (epoch ms), environment, from, to, result, user, run_id."""
+        query = f"tags.mlreg_model = '{name}'" + (f" and tags.environment = '{env}'" if env else "")
+        exp = self.experiment_id(PROMOTIONS_EXPERIMENT)
+        runs = self._call(
+            "history",
+            lambda: self.client.search_runs(
+                [exp], filter_string=query, order_by=["attributes.start_time DESC"], max_results=500
+            ),
+        )
+        return [
+            {
+                "when": run.info.start_time,
+                "environment": run.data.tags.get("environment"),
+                "from": run.data.params.get("from_version"),
+                "to": run.data.params.get("to_version"),
+                "result": run.data.tags.get("result"),
+                "user": run.data.tags.get("user"),
+                "run_id": run.info.run_id,
+            }
+            for run in runs
+        ]
 
     def record_deployment(
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
@@ -425,13 +494,15 @@ class MlflowRegistry:
         ids = [o.model_id for o in (getattr(outputs, "model_outputs", None) or [])]
         if not ids:
             return None
-        import mlflow
+        import mlflow.artifacts  # heavy (seconds); imported by self.client above already
 
         logged = self._call("model lookup", lambda: self.client.get_logged_model(ids[0]))
-        mlflow.set_tracking_uri(self.uri)  # mlflow-artifacts:/ URIs resolve against it
         uri = f"{logged.artifact_location}/{logged.name}/{VERSION_FOLDER}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="mlreg-download-", dir=target.parent) as tmp:
+        with (
+            global_tracking_uri(self.uri),  # mlflow-artifacts:/ URIs resolve against it
+            tempfile.TemporaryDirectory(prefix="mlreg-download-", dir=target.parent) as tmp,
+        ):
             try:
                 got = self._call(
                     "artifact download",
@@ -443,39 +514,13 @@ class MlflowRegistry:
         return target
 
 
+def _fresh(folder: Path) -> None:
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+
+
 def _model_id(source: str) -> str:
     """``models:/m-...`` (a logged model) -> its id; registry URIs (``models:/name/1``) -> ""."""
-    rest = source.removeprefix("models:/") if source.startswith("models:/") else ""
-    return rest if rest.startswith("m-") and "/" not in rest else ""
-
-
-def deployments_of(tags: dict[str, str]) -> dict[str, dict[str, Any]]:
-    found = {}
-    for key, value in tags.items():
-        if key.startswith("deployed_"):
-            try:
-                found[key.removeprefix("deployed_")] = dict(json.loads(value))
-            except (ValueError, TypeError):
-                continue
-    return dict(sorted(found.items()))
-
-
-DEPLOYMENTS_HEADING = "**Environments**"
-
-
-def describe_deployments(description: str, deployments: dict[str, dict[str, Any]]) -> str:
-    """The registered model's description with its environments table (replaced, never appended twice)."""
-    head = description.split(DEPLOYMENTS_HEADING, 1)[0].rstrip()
-    if not deployments:
-        return head
-    rows = [
-        f"| {env} | {d.get('version', '?')} | {d.get('when', '')} | {', '.join(d.get('targets', [])) or '-'} "
-        f"| `{d.get('run', '')}` |"
-        for env, d in deployments.items()
-    ]
-    table = [
-        "| environment | version | promoted | replicas | promotion run |",
-        "|---|---|---|---|---|",
-        *rows,
-    ]
-    return "\n".join([head, "", DEPLOYMENTS_HEADING, "", *table]).lstrip()
+    found = source.removeprefix("models:/") if source.startswith("models:/") else ""
+    return found if found.startswith("m-") and "/" not in found else ""

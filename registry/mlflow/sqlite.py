@@ -3,7 +3,7 @@
 MLflow's import costs 3-5 s.  The promotion's resolve step only needs a version's run, source
 and tags, which the embedded registry keeps in ``model_versions`` / ``model_version_tags``; this
 reader answers those and returns None on anything unexpected, so callers fall back to the MLflow
-client (``registry.mlflow_registry``), the one place that writes.
+client (``registry.mlflow.registry``), the one place that writes.
 """
 
 from __future__ import annotations

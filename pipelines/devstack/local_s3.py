@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.local_triton import free_port
-from pipelines.processes import ManagedProcess, stop_process
+from pipelines.devstack.local_triton import free_port
+from pipelines.devstack.processes import ManagedProcess, stop_process
 from registry.errors import MissingDependencyError
 
 START_TIMEOUT_S = 30.0

@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.local_triton import free_port
-from pipelines.processes import ManagedProcess, stop_process
+from pipelines.devstack.local_triton import free_port
+from pipelines.devstack.processes import ManagedProcess, stop_process
 
 START_TIMEOUT_S = 90.0
 STOP_GRACE_S = 15.0  # SIGTERM stops the server and its workers (FACTS.md)

@@ -9,7 +9,7 @@ libraries first (a stub that cannot start makes ``load_model`` hang forever),
 picks free ports, waits until the server is live and keeps its log;
 ``stop_pid`` sends SIGTERM, then SIGKILL after a bound, and removes the
 server's shared-memory regions.  Start, health check and stop are the managed
-process of ``pipelines.processes``.
+process of ``pipelines.devstack.processes``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipelines.processes import ManagedProcess, group_alive, process_runs, stop_process
-from pipelines.processes import http_ok as http_ok  # re-exported for callers of the first launcher
-from pipelines.processes import tail as tail
+from pipelines.devstack.processes import ManagedProcess, group_alive, process_runs, stop_process
+from pipelines.devstack.processes import http_ok as http_ok  # re-exported for callers of the first launcher
+from pipelines.devstack.processes import tail as tail
 from registry.errors import MissingDependencyError, StackError
 from registry.settings import QUIET_TENSORFLOW
 

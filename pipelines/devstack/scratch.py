@@ -1,0 +1,32 @@
+"""Scratch tritonservers for the quality gate's dry runs (``--dry-run``, plan jobs).
+
+The promotion never starts a server itself: the application hands it ``scratch_servers(settings)``
+(a ``pipelines.promote.ports.ScratchServers``), and the gate enters it with the model repository it
+assembled, talks to the URL it yields, and leaves it, which stops the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipelines.devstack import local_triton
+from pipelines.promote.ports import ScratchServers
+from registry.settings import Settings
+
+
+def scratch_servers(settings: Settings) -> ScratchServers:
+    """A factory of local tritonservers (explicit model control, the settings' stand-in backends)."""
+
+    @contextlib.contextmanager
+    def scratch(repository: Path) -> Iterator[str]:
+        with tempfile.TemporaryDirectory(prefix="mlreg-scratch-") as state:
+            info, process = local_triton.start_server(repository, Path(state), settings.backends_source)
+            try:
+                yield info.grpc_url
+            finally:
+                local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+
+    return scratch

@@ -1,0 +1,107 @@
+"""What every stage of a promotion receives: one ``PromotionContext``.
+
+A stage is a function ``stage(ctx) -> StageReport``; it reads and writes only the context (the
+plan, the gate's outputs) and notes every change it makes in ``ctx.undo`` before making it.  The
+strategies are chosen once, when the plan is built (``resolve``): the ``Deployer`` (all at once, or
+staged under the environment's policy) and the ``Gate`` (on the canary, on a scratch server, or
+none).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from pipelines.promote.convert import Converted
+from pipelines.promote.environments import Environment
+from pipelines.promote.fanout import Fleet
+from pipelines.promote.plan import Plan
+from pipelines.promote.ports import Registry, ScratchServers
+from pipelines.promote.quality import QualityReport
+from pipelines.promote.reports import FleetReport, PromotionResult, QualityStageReport, StageReport
+from pipelines.promote.undo import UndoLog
+from pipelines.storage.base import RepositoryStore
+from registry.settings import Settings
+
+OnStage = Callable[[str, str, float, str], None]  # stage, status, seconds, detail
+
+
+@dataclass
+class Options:
+    dry_run: bool = False
+    allow_breaking: bool = False
+    skip_quality: bool = False
+    serve_as: str = "auto"
+    on_stage: OnStage | None = None
+
+
+class Deployer(Protocol):
+    """How the plan's changes reach the fleet (``deploy``) and the old versions leave (``finalize``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def deploy(self, ctx: PromotionContext) -> FleetReport: ...
+
+    def finalize(self, ctx: PromotionContext) -> FleetReport: ...
+
+
+class Gate(Protocol):
+    """Where the candidates answer the golden inputs before any traffic meets them."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def live(self) -> bool:
+        """Runs after the upload, on a server of the environment."""
+        ...
+
+    def run(self, ctx: PromotionContext) -> QualityStageReport: ...
+
+
+@dataclass
+class PromotionContext:
+    settings: Settings
+    env: Environment
+    registry: Registry
+    options: Options
+    store: RepositoryStore
+    fleet: Fleet
+    plan: Plan
+    scratch: ScratchServers | None = None
+    undo: UndoLog = field(init=False)
+    result: PromotionResult = field(init=False)
+    locks: ExitStack = field(default_factory=ExitStack)
+    deployer: Deployer | None = None  # chosen by resolve
+    gate: Gate | None = None  # chosen by resolve (None: --skip-quality)
+    checked: QualityReport | None = None  # the gate's outputs: verify compares the servers with them
+    noop: bool = False  # resolve found the version serving exactly as asked
+    converted: Converted | None = None  # convert's ONNX version, registered by assemble
+
+    def __post_init__(self) -> None:
+        self.undo = UndoLog(self.env.gpu)
+        self.result = PromotionResult(self.plan)
+        self._tmp = tempfile.TemporaryDirectory(prefix="mlreg-promote-")
+        self.locks.callback(self._tmp.cleanup)
+        self.plan.workdir = Path(self._tmp.name)
+
+    def set_plan(self, plan: Plan) -> None:
+        self.plan = self.result.plan = plan
+
+    def close(self) -> None:
+        self.locks.close()
+        self.fleet.close()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a promotion; ``live`` when it writes anything (store, servers, registry)."""
+
+    name: str
+    run: Callable[[PromotionContext], StageReport]
+    live: bool = False

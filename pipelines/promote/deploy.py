@@ -1,0 +1,67 @@
+"""The one-shot deployer: each changed model's config written to the store, then loaded on every
+target (canary first).  The swap keeps the old version serving: a member's new config names both
+versions until ``finalize`` retires the old one; where old and new cannot share a config (a runtime
+change), the ensembles over it first follow the latest loaded version (-1).  One load per target
+per changed model, and one more per model to retire the old version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelines.promote.context import PromotionContext
+from pipelines.promote.fanout import Change
+from pipelines.promote.plan import Role, Step, desired_config
+from pipelines.promote.reports import FleetReport
+
+
+def apply(ctx: PromotionContext, step: Step, text: str, versions: list[str], override: bool = False) -> None:
+    """``step.model``'s config written to the store and loaded on every target, noted in the undo
+    log before each write and each load."""
+    ctx.undo.wrote_config(step)
+    ctx.fleet.apply(
+        Change(step.model, text, tuple(versions), override=override),
+        before=lambda url: ctx.undo.moved(step, url),
+    )
+
+
+@dataclass(frozen=True)
+class AllAtOnce:
+    name: str = "all at once"
+
+    def deploy(self, ctx: PromotionContext) -> FleetReport:
+        first = len(ctx.fleet.rollouts)
+        for step in ctx.plan.steps:
+            if step.noop:
+                continue
+            overlap = not step.is_ensemble and not step.runtime_changes
+            versions = [step.version]
+            if overlap:
+                versions = sorted(set(step.previous_versions) | {step.version}, key=int)
+            elif not step.is_ensemble:
+                self._follow_latest(ctx, step)
+            apply(ctx, step, desired_config(step.config_text, versions, ctx.env.gpu), [step.version])
+        summary = ", ".join(f"{s.model} v{s.version}" for s in ctx.plan.steps if not s.noop)
+        return FleetReport(summary, ctx.fleet.rollouts[first:])
+
+    @staticmethod
+    def _follow_latest(ctx: PromotionContext, step: Step) -> None:
+        """Before a swap without overlap, ensembles pinned to the old version follow the latest
+        loaded version (-1): Triton keeps the old one until the new one is READY, so no request
+        through them fails; they are pinned to the new version right after."""
+        for other in ctx.plan.steps:
+            if other.role is Role.ENSEMBLE and other.previous_config is not None:
+                versions = other.previous_versions or [other.version]
+                text = desired_config(other.previous_config, versions, ctx.env.gpu, {step.model: "-1"})
+                apply(ctx, other, text, [other.version])
+
+    def finalize(self, ctx: PromotionContext) -> FleetReport:
+        """Only the new versions serve now: the old versions unload."""
+        first, retired = len(ctx.fleet.rollouts), []
+        for step in ctx.plan.steps:
+            old = [v for v in step.previous_versions if v != step.version]
+            if step.is_ensemble or not old:
+                continue
+            apply(ctx, step, step.config_text, [step.version])
+            retired.append(f"{step.model} v{','.join(old)}")
+        return FleetReport("retired " + (", ".join(retired) or "nothing"), ctx.fleet.rollouts[first:])

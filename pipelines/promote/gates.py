@@ -1,0 +1,59 @@
+"""The quality gate as a strategy, chosen once when the plan is built (``choose_gate``):
+
+- ``CanaryGate`` -- a real promotion: the candidates answer on the canary, after the upload and
+  before any other replica or ensemble meets them (a live stage; its loads are in the undo log);
+- ``ScratchGate`` -- a dry run or a plan job, or an environment with no target: a scratch
+  tritonserver from the application's factory; nothing of the environment changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelines.promote.context import Gate, PromotionContext
+from pipelines.promote.quality import GateFailed, QualityReport, preflight
+from pipelines.promote.quality_canary import canary_gate
+from pipelines.promote.reports import QualityStageReport
+from registry.errors import PromotionError
+
+
+def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
+    ctx.checked = report
+    if report.failures:
+        raise GateFailed(report)
+    return QualityStageReport(report.checked, report.changes)
+
+
+@dataclass(frozen=True)
+class CanaryGate:
+    name: str = "canary"
+    live: bool = True
+
+    def run(self, ctx: PromotionContext) -> QualityStageReport:
+        report = canary_gate(ctx.plan, ctx.settings, ctx.fleet, ctx.undo, ctx.env.gpu)
+        return _passed(ctx, report)
+
+
+@dataclass(frozen=True)
+class ScratchGate:
+    name: str = "scratch server"
+    live: bool = False
+
+    def run(self, ctx: PromotionContext) -> QualityStageReport:
+        if ctx.scratch is None:
+            raise PromotionError(
+                "the quality gate of a dry run needs a scratch tritonserver, and none was provided",
+                fix="pass --skip-quality, or run the promotion through the mlreg CLI",
+            )
+        plan = ctx.plan
+        live = ctx.fleet.target(plan.targets[0]) if plan.targets else None
+        report = preflight(plan, ctx.store, ctx.settings, ctx.scratch, ctx.fleet.connect, live=live)
+        return _passed(ctx, report)
+
+
+def choose_gate(ctx: PromotionContext) -> Gate | None:
+    if ctx.options.skip_quality:
+        return None
+    if ctx.plan.targets and not ctx.options.dry_run:
+        return CanaryGate()
+    return ScratchGate()

@@ -1,0 +1,212 @@
+"""The fleet roll-out policy of an environment, and the pure rules over it: the waves a fleet
+moves in and the verdict of a bake.  No I/O here (``pipelines/promote/staged.py`` drives it).
+
+An environment of ``mlreg.toml`` may declare a policy:
+
+[environments.production]
+store = "s3://models/production"
+discover = "dns:triton-headless.models.svc.cluster.local:8001"   # or targets = [...]
+canary = 1              # replicas (an integer) or a share ("10%")
+waves = [50, 100]       # cumulative percent of the fleet after the canary
+bake_seconds = 60       # after each wave but the last: the new version's metrics are judged
+max_parallel = 4        # replicas changed at once within a wave
+max_unavailable = 0     # unreachable replicas tolerated (skipped); more refuse the promotion
+max_failure_ratio = 0.01  # new failure ratio may exceed the old one by at most this
+max_latency_ratio = 2.0   # new mean latency at most this times the old one
+min_requests = 10       # the new version must have answered this many requests in a bake
+metrics_port = 8002     # Triton's metrics port on every replica (or metrics = {target = url})
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.promote import metrics
+from registry.errors import UsageError
+
+KEYS = {
+    "canary",
+    "waves",
+    "bake_seconds",
+    "max_parallel",
+    "max_unavailable",
+    "max_failure_ratio",
+    "max_latency_ratio",
+    "min_requests",
+    "metrics_port",
+    "metrics",
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    canary: int | float = 1  # int: replicas; float: percent of the fleet
+    waves: tuple[float, ...] = (100.0,)
+    bake_seconds: float = 0.0
+    max_parallel: int = 1
+    max_unavailable: int = 0
+    max_failure_ratio: float = 0.01
+    max_latency_ratio: float = 2.0
+    min_requests: int = 10
+    metrics_port: int = 8002
+    metrics: tuple[tuple[str, str], ...] = ()  # target -> metrics URL
+
+    def metrics_url(self, target: str) -> str:
+        explicit = dict(self.metrics).get(target)
+        if explicit:
+            return explicit
+        host = target.rsplit(":", 1)[0]
+        return f"http://{host}:{self.metrics_port}/metrics"
+
+
+# -- parsing -----------------------------------------------------------------------------------
+
+
+def parse_policy(where: str, raw: Mapping[str, Any]) -> Policy | None:
+    """The rollout policy of one environment section (None when it declares none)."""
+    if not KEYS & set(raw):
+        return None
+    fix = (
+        "write e.g. canary = 1, waves = [25, 100], bake_seconds = 60, max_parallel = 4, "
+        "max_unavailable = 0, max_failure_ratio = 0.01, max_latency_ratio = 2.0"
+    )
+    try:
+        policy = Policy(
+            canary=_canary(raw.get("canary", 1)),
+            waves=tuple(_number(w, "waves") for w in _list(raw.get("waves", [100]), "waves")),
+            bake_seconds=_number(raw.get("bake_seconds", 0), "bake_seconds"),
+            max_parallel=_integer(raw.get("max_parallel", 1), "max_parallel", 1),
+            max_unavailable=_integer(raw.get("max_unavailable", 0), "max_unavailable", 0),
+            max_failure_ratio=_number(raw.get("max_failure_ratio", 0.01), "max_failure_ratio"),
+            max_latency_ratio=_number(raw.get("max_latency_ratio", 2.0), "max_latency_ratio"),
+            min_requests=_integer(raw.get("min_requests", 10), "min_requests", 0),
+            metrics_port=_integer(raw.get("metrics_port", 8002), "metrics_port", 1),
+            metrics=tuple(sorted(_table(raw.get("metrics", {})).items())),
+        )
+    except ValueError as exc:
+        raise UsageError(f"{where}: {exc}", fix=fix) from exc
+    _check(policy, where, fix)
+    return policy
+
+
+def _check(policy: Policy, where: str, fix: str) -> None:
+    waves = list(policy.waves)
+    if not waves or waves != sorted(set(waves)) or waves[0] <= 0 or waves[-1] != 100:
+        raise UsageError(
+            f"{where}: waves = {waves}: percents must rise strictly and end at 100",
+            fix="e.g. waves = [25, 100]",
+        )
+    if not 0 <= policy.max_failure_ratio <= 1:
+        raise UsageError(f"{where}: max_failure_ratio must be within 0..1", fix=fix)
+    if policy.max_latency_ratio < 1:
+        raise UsageError(f"{where}: max_latency_ratio must be >= 1 (1.5 = 50% slower allowed)", fix=fix)
+    if isinstance(policy.canary, float) and not 0 < policy.canary <= 100:
+        raise UsageError(f"{where}: canary percent must be within 0..100", fix=fix)
+
+
+def _canary(raw: object) -> int | float:
+    if isinstance(raw, str) and raw.strip().endswith("%"):
+        return _number(raw.strip()[:-1], "canary")
+    return _integer(raw, 'canary (a count, or a percent such as "10%")', 1)
+
+
+def _number(raw: object, name: str) -> float:
+    if isinstance(raw, bool):
+        raise ValueError(f"{name} must be a number, not {raw!r}")
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, not {raw!r}") from None
+    if value < 0 or math.isnan(value):
+        raise ValueError(f"{name} must not be negative, not {raw!r}")
+    return value
+
+
+def _integer(raw: object, name: str, least: int) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < least:
+        raise ValueError(f"{name} must be an integer >= {least}, not {raw!r}")
+    return raw
+
+
+def _list(raw: object, name: str) -> list[object]:
+    if not isinstance(raw, list):
+        raise ValueError(f"{name} must be a list such as [25, 100], not {raw!r}")
+    return raw
+
+
+def _table(raw: object) -> dict[str, str]:
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise ValueError(f'metrics must be a table of target = "http://host:8002/metrics", not {raw!r}')
+    return dict(raw)
+
+
+# -- pure logic --------------------------------------------------------------------------------
+
+
+def waves_of(targets: Sequence[str], policy: Policy) -> list[list[str]]:
+    """The canary replicas, then each wave's newly moved replicas (cumulative percents)."""
+    n = len(targets)
+    if n == 0:
+        return []
+    if isinstance(policy.canary, float):
+        canary = math.ceil(n * policy.canary / 100)
+    else:
+        canary = policy.canary
+    bounds = [min(n, max(1, canary))]
+    for percent in policy.waves:
+        bound = min(n, math.ceil(n * percent / 100 - 1e-9))
+        if bound > bounds[-1]:
+            bounds.append(bound)
+    if bounds[-1] != n:
+        bounds.append(n)
+    starts = [0, *bounds[:-1]]
+    return [list(targets[a:b]) for a, b in zip(starts, bounds, strict=True)]
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    metric: str = ""
+    detail: str = ""
+    old: metrics.Counters = field(default_factory=metrics.Counters)
+    new: metrics.Counters = field(default_factory=metrics.Counters)
+
+
+def judge(old: metrics.Counters, new: metrics.Counters, policy: Policy) -> Verdict:
+    """The new version against the one it replaces, by the policy's thresholds."""
+    if new.requests < policy.min_requests:
+        return Verdict(
+            False,
+            "requests",
+            f"the new version answered {new.requests:.0f} request(s) during the bake, "
+            f"fewer than min_requests = {policy.min_requests}",
+            old,
+            new,
+        )
+    allowed = old.failure_ratio + policy.max_failure_ratio
+    if new.failure_ratio > allowed:
+        return Verdict(
+            False,
+            "failure_ratio",
+            f"failure ratio {new.failure_ratio:.3f} ({new.failure:.0f} of {new.requests:.0f} requests) "
+            f"against {old.failure_ratio:.3f} for the old version ({old.failure:.0f} of "
+            f"{old.requests:.0f}); max_failure_ratio = {policy.max_failure_ratio}",
+            old,
+            new,
+        )
+    if old.requests and new.mean_latency_us > old.mean_latency_us * policy.max_latency_ratio:
+        return Verdict(
+            False,
+            "latency_ratio",
+            f"mean latency {new.mean_latency_us:.0f} us against {old.mean_latency_us:.0f} us for the old "
+            f"version (x{new.mean_latency_us / max(old.mean_latency_us, 1e-9):.2f}); "
+            f"max_latency_ratio = {policy.max_latency_ratio}",
+            old,
+            new,
+        )
+    return Verdict(
+        True, "", f"failure ratio {new.failure_ratio:.3f} over {new.requests:.0f} requests", old, new
+    )

@@ -1,0 +1,226 @@
+"""The staged deployer: canary, bake on Triton's own metrics, waves in parallel.
+
+Triton re-reads an ensemble's members from the repository whenever the ensemble loads, so an
+ensemble pinned to a member version only one replica's override has loaded cannot load.  So, per
+replica and within its wave, every re-pointed ensemble first follows the latest loaded version of
+the changing members (-1, a config override: the store is not touched and the replicas not yet
+told to move keep their pins), then the members move (override too; models new to the store are
+written first: no replica serves them).  Once the whole fleet has moved, the configs are written to
+the store and every replica loads the ensembles pinned to the new versions.
+
+Every move is noted in the promotion's undo log first; a failed wave or a tripped bake raises, and
+the runner's replay puts every touched replica back (the store never had these configs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from pipelines.promote import metrics
+from pipelines.promote.context import PromotionContext
+from pipelines.promote.fanout import Change, Fleet, Rollout, checkpoint
+from pipelines.promote.plan import Step, desired_config
+from pipelines.promote.policy import Policy, Verdict, judge, waves_of
+from pipelines.promote.reports import FleetReport
+from pipelines.promote.undo import UndoLog
+from registry.errors import MlregError, PromotionError
+
+Scrape = Callable[[str], metrics.Snapshot]
+
+
+@dataclass(frozen=True)
+class Move:
+    """One model's change on each replica, and the old versions its bake compares with."""
+
+    step: Step
+    change: Change
+    baked_old: tuple[str, ...] = ()
+
+
+def moves_of(steps: Sequence[Step], gpu: bool) -> list[Move]:
+    """Each replica swaps straight to the new version (Triton serves the old one until the new one
+    is READY; the ensembles over it follow the latest version by then): no second load."""
+    moves = []
+    for step in steps:
+        old = () if step.is_ensemble else tuple(v for v in step.previous_versions if v != step.version)
+        text = desired_config(step.config_text, [step.version], gpu)
+        moves.append(Move(step, Change(step.model, text, (step.version,)), old))
+    return moves
+
+
+def following_latest(ensembles: Sequence[Step], members: Sequence[Step], gpu: bool) -> list[Move]:
+    """Each re-pointed ensemble on its old config, following the latest loaded version (-1) of
+    every changing member: sent to a replica before its members move, it serves whatever the
+    replica has, old then new, with no failed request."""
+    pins = {m.model: "-1" for m in members if not m.is_ensemble and m.previous_config is not None}
+    moves = []
+    for step in ensembles:
+        assert step.previous_config is not None
+        versions = step.previous_versions or [step.version]
+        text = desired_config(step.previous_config, versions, gpu, pins)
+        moves.append(Move(step, Change(step.model, text, tuple(versions))))
+    return moves
+
+
+class StagedRollout:
+    """Moves ``moves`` over ``targets`` wave by wave, noting each replica in ``undo`` first."""
+
+    def __init__(
+        self,
+        targets: Sequence[str],
+        fleet: Fleet,
+        policy: Policy,
+        undo: UndoLog,
+        scrape: Scrape | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.targets = list(targets)
+        self.fleet = fleet
+        self.policy = policy
+        self.undo = undo
+        self.scrape = scrape or (lambda url: metrics.scrape(policy.metrics_url(url)))
+        self.sleep = sleep
+        self.moved: list[str] = []
+        self.results: dict[str, Rollout] = {}
+        self.verdicts: list[Verdict] = []
+
+    def run(self, moves: list[Move]) -> list[Rollout]:
+        self.results = {m.change.model: Rollout(m.change.model, list(m.change.versions)) for m in moves}
+        waves = waves_of(self.targets, self.policy)
+        bakes = self.policy.bake_seconds > 0 and any(m.baked_old for m in moves)
+        baseline = self._scrape_all(self.targets) if bakes else {}
+        for index, wave in enumerate(waves):
+            try:
+                self._wave(wave, moves)
+            except MlregError as exc:
+                raise PromotionError(
+                    f"wave {index + 1} of {len(waves)} failed: {exc.message}",
+                    fix="read the stage report; fix or replace the replica named, then promote again",
+                ) from exc
+            checkpoint(f"wave:{index + 1}")
+            if index + 1 < len(waves) and bakes:
+                self._bake(moves, baseline, f"the bake after wave {index + 1} of {len(waves)}")
+        return list(self.results.values())
+
+    def _wave(self, wave: list[str], moves: list[Move]) -> None:
+        self.moved.extend(wave)
+        workers = min(self.policy.max_parallel, len(wave))
+        if workers <= 1:
+            for url in wave:
+                self._on_replica(url, moves)
+            return
+        with ThreadPoolExecutor(workers) as pool:
+            for future in [pool.submit(self._on_replica, url, moves) for url in wave]:
+                future.result()
+
+    def _on_replica(self, url: str, moves: list[Move]) -> None:
+        for move in moves:
+            self.undo.moved(move.step, url)
+            self.fleet.move(url, move.change, self.results[move.change.model])
+
+    def _scrape_all(self, urls: Sequence[str]) -> dict[str, metrics.Snapshot]:
+        def scrape(url: str) -> metrics.Snapshot | MlregError:
+            try:
+                return self.scrape(url)
+            except MlregError as exc:
+                return exc
+
+        with ThreadPoolExecutor(max(1, min(8, len(urls)))) as pool:
+            found = dict(zip(urls, pool.map(scrape, urls), strict=True))
+        snapshots = {}
+        for url, snapshot in found.items():
+            if isinstance(snapshot, MlregError):
+                raise PromotionError(f"replica {url}: {snapshot.message}", fix=snapshot.fix)
+            snapshots[url] = snapshot
+        return snapshots
+
+    def _bake(self, moves: list[Move], baseline: dict[str, metrics.Snapshot], when: str) -> None:
+        try:
+            before = self._scrape_all(self.targets)
+            self.sleep(self.policy.bake_seconds)
+            after = self._scrape_all(self.targets)
+        except MlregError as exc:
+            raise PromotionError(
+                f"{when} failed: {exc.message}",
+                fix="bring the replica back (its metrics port must answer), then promote again",
+            ) from exc
+        deltas = {u: metrics.window(before[u], after[u]) for u in self.targets}
+        for move in moves:
+            if move.baked_old:
+                self._judge(move, deltas, baseline, when)
+
+    def _judge(
+        self,
+        move: Move,
+        deltas: dict[str, metrics.Snapshot],
+        baseline: dict[str, metrics.Snapshot],
+        when: str,
+    ) -> None:
+        model, old_versions = move.change.model, set(move.baked_old)
+        new_versions = set(move.change.versions) - old_versions
+        others = [u for u in self.targets if u not in self.moved]
+        new = metrics.total([deltas[u] for u in self.moved], model, new_versions)
+        old = metrics.total([deltas[u] for u in others], model, old_versions)
+        if not old.requests:  # no untouched replica had traffic: the old version before the swap
+            old = metrics.total([baseline[u] for u in self.moved], model, old_versions)
+        verdict = judge(old, new, self.policy)
+        self.verdicts.append(verdict)
+        if not verdict.ok:
+            raise PromotionError(
+                f"{when} tripped on {model} v{','.join(sorted(new_versions))} ({verdict.metric}): "
+                f"{verdict.detail}",
+                fix="fix the model and register a new version; the alias was not moved",
+            )
+
+
+@dataclass(frozen=True)
+class Staged:
+    policy: Policy
+    scrape: Scrape | None = None
+    sleep: Callable[[float], None] = field(default=time.sleep)
+    name: str = "staged"
+
+    def deploy(self, ctx: PromotionContext) -> FleetReport:
+        plan, fleet, gpu = ctx.plan, ctx.fleet, ctx.env.gpu
+        steps = [s for s in plan.steps if not s.noop]
+        repointed = [s for s in steps if s.is_ensemble and s.previous_config is not None]
+        moving = [s for s in steps if s not in repointed]
+        moves = moves_of(moving, gpu)
+        for move in moves:
+            if move.step.previous_config is None:  # new to the store: no replica serves it yet
+                self._write(ctx, move)
+        rollout = StagedRollout(plan.targets, fleet, self.policy, ctx.undo, self.scrape, self.sleep)
+        fleet.rollouts.extend(rollout.run(following_latest(repointed, moving, gpu) + moves))
+        for move in moves:
+            self._write(ctx, move)
+        for step in repointed:
+            ctx.undo.wrote_config(step)
+            change = Change(
+                step.model, desired_config(step.config_text, [step.version], gpu), (step.version,)
+            )
+            fleet.apply(change, before=lambda url, step=step: ctx.undo.moved(step, url))  # type: ignore[misc]
+        baked = "; ".join(f"bake ok: {v.detail}" for v in rollout.verdicts)
+        summary = ", ".join(f"{s.model} v{s.version}" for s in steps)
+        waves = len(waves_of(plan.targets, self.policy))
+        return FleetReport(
+            f"{summary} over {len(plan.targets)} replica(s) in {waves} wave(s)"
+            + (f"; {baked}" if baked else ""),
+            fleet.rollouts,
+        )
+
+    @staticmethod
+    def _write(ctx: PromotionContext, move: Move) -> None:
+        ctx.undo.wrote_config(move.step)
+        ctx.store.write_config(move.change.model, move.change.config or "")
+
+    def finalize(self, ctx: PromotionContext) -> FleetReport:
+        """Each replica swapped straight to the new version in its wave: nothing left to retire."""
+        retired = [
+            f"{s.model} v{','.join(old)} (in its wave)"
+            for s in ctx.plan.steps
+            if not s.is_ensemble and (old := [v for v in s.previous_versions if v != s.version])
+        ]
+        return FleetReport("retired " + (", ".join(retired) or "nothing"))

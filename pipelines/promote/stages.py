@@ -1,0 +1,298 @@
+"""The promotion's stages, each a function of the context that returns its report.
+
+Planning (before the first live stage: a dry run stops there): ``resolve``, ``convert``,
+``validate`` and the scratch-server gate.  Live (they write the store, the servers or the
+registry, and note every change in ``ctx.undo`` first): ``assemble``, the canary gate, the
+deployer's ``deploy`` and ``finalize``, ``verify`` and ``record``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.promote import checks, quality
+from pipelines.promote.context import PromotionContext
+from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
+from pipelines.promote.fanout import checkpoint
+from pipelines.promote.plan import Role, Step, build_plan, config_facts, desired_config, ensemble_pins
+from pipelines.promote.ports import ServingTarget
+from pipelines.promote.record import record_promotion
+from pipelines.promote.reports import (
+    ConvertReport,
+    NoopReport,
+    RecordReport,
+    ResolveReport,
+    StageReport,
+    UploadReport,
+    ValidateReport,
+    VerifyReport,
+)
+from registry.errors import PromotionError
+from registry.settings import PROMOTIONS_EXPERIMENT
+
+# -- planning ----------------------------------------------------------------------------------
+
+
+def resolve(ctx: PromotionContext) -> StageReport:
+    """The plan, built from under the locks of every model whose config it may write (a plan that
+    needs one more model takes its lock and is made again); the no-op decided here, once."""
+    plan = ctx.plan
+    if not ctx.options.dry_run and already_serving(ctx, plan.model, plan.version):
+        ctx.noop = True  # the fast path: no lock, no MLflow
+        return NoopReport(plan.model, plan.version, ctx.env.name)
+    _preconditions(ctx)
+    assert plan.workdir is not None
+    held: set[str] = set()
+    wanted = _lock_names(ctx, plan.model)
+    fleet = ctx.fleet
+
+    def serves(model: str, version: str) -> bool:
+        return fleet.serve_exactly({model: version})
+
+    while wanted:
+        for name in sorted(wanted):
+            if not ctx.options.dry_run:  # a plan only reads: it never waits for, nor blocks, others
+                ctx.locks.enter_context(ctx.store.lock(name, wait=0))
+            held.add(name)
+        plan = build_plan(
+            ctx.registry,
+            ctx.store,
+            ctx.env,
+            plan.targets,
+            plan.model,
+            plan.version,
+            plan.workdir,
+            serves,
+        )
+        wanted = {s.model for s in plan.steps} - held
+    ctx.set_plan(plan)
+    if plan.noop:
+        ctx.noop = True
+        return NoopReport(plan.model, plan.version, ctx.env.name)
+    return ResolveReport([f"{s.model} v{s.version} ({s.role.value})" for s in plan.steps], sorted(held))
+
+
+def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
+    """The store wants exactly this version, it is complete, every ensemble pins it, and every
+    target serves exactly it (and, for an ensemble, every member at the version it pins)."""
+    store = ctx.store
+    config = store.read_config(model)
+    if config is None or config_facts(config).versions != (version,):
+        return False
+    if store.read_manifest(model, version) is None:
+        return False
+    wanted = {model: version}
+    for member, pinned in ensemble_pins(config).items():
+        if int(pinned) <= 0:
+            return False  # "latest": only the registry knows which
+        wanted[member] = pinned
+    for ensemble in store.list_models():
+        text = store.read_config(ensemble)
+        if (
+            text
+            and config_facts(text).is_ensemble
+            and ensemble_pins(text).get(model, version)
+            not in (
+                version,
+                "-1",
+            )
+        ):
+            return False
+    return ctx.fleet.serve_exactly(wanted)
+
+
+def _preconditions(ctx: PromotionContext) -> None:
+    """Triton, store and the registry reachable before anything starts."""
+    ctx.registry.warm_up()  # MLflow's import overlaps with the work below
+    if not ctx.options.skip_quality:
+        quality.warm_up()  # great_expectations (seconds) imports while the promotion plans
+    ctx.fleet.check_live()
+    ctx.store.list_models()
+    ctx.registry.ping()
+
+
+def _lock_names(ctx: PromotionContext, model: str) -> set[str]:
+    """The model, the members its stored config pins, and every ensemble of the store using it."""
+    names = {model}
+    for name in ctx.store.list_models():
+        text = ctx.store.read_config(name)
+        if text and config_facts(text).is_ensemble:
+            pins = ensemble_pins(text)
+            if model in pins:
+                names.add(name)
+            if name == model:
+                names |= set(pins)
+    return names
+
+
+def wants_onnx(ctx: PromotionContext) -> bool:
+    """--serve-as onnx, or auto and a target whose Triton has no TensorFlow backend."""
+    step = ctx.plan.step(ctx.plan.model)
+    if step.folder is None or step.platform != "tensorflow_savedmodel":
+        return False
+    if ctx.options.serve_as != "auto":
+        return ctx.options.serve_as == "onnx"
+    return any(
+        needs_onnx(str(ctx.fleet.target(url).server_metadata().get("version", "")))
+        for url in ctx.plan.targets
+    )
+
+
+def convert(ctx: PromotionContext) -> ConvertReport:
+    """The SavedModel converted to ONNX in the work folder and numbered; ``assemble`` registers it."""
+    plan = ctx.plan
+    step = plan.step(plan.model)
+    golden = quality.golden_inputs(ctx.settings, step.model, step.config_text)
+    ctx.converted = converted = convert_step(step, golden, ctx.env.gpu, ctx.registry)
+    _renumber(ctx, step, converted.step)
+    worst = max(converted.parity.values(), default=0.0)
+    return ConvertReport(step.model, step.version, converted.step.version, worst, converted.registered)
+
+
+def _renumber(ctx: PromotionContext, old: Step, new: Step) -> None:
+    """``new`` replaces ``old`` in the plan; ensembles re-pointed to ``old`` point at ``new``."""
+    plan = ctx.plan
+    plan.steps[plan.steps.index(old)] = new
+    plan.version = new.version
+    for other in plan.steps:
+        if other.role is Role.ENSEMBLE:
+            other.config_text = desired_config(
+                other.config_text, [other.version], ctx.env.gpu, {new.model: new.version}
+            )
+
+
+def validate(ctx: PromotionContext) -> ValidateReport:
+    plan = ctx.plan
+    errors = checks.contract_errors(plan, ctx.store) + _repointed_errors(ctx)
+    if errors:
+        raise PromotionError(
+            "contract check failed:\n  " + "\n  ".join(errors),
+            fix="fix the model or its config and register a new version",
+        )
+    breaking = checks.breaking_changes(plan)
+    if breaking and not ctx.options.allow_breaking:
+        raise PromotionError(
+            f"{plan.model} version {plan.version} breaks the contract of the serving version:\n  "
+            + "\n  ".join(breaking),
+            fix="promote with --allow-breaking once every ensemble using it is updated in "
+            "the same promotion, or keep the contract",
+        )
+    verified = [_verify_bytes(ctx, s) for s in plan.steps if not s.upload and not s.is_ensemble]
+    return ValidateReport(len(plan.steps), breaking, verified)
+
+
+def _repointed_errors(ctx: PromotionContext) -> list[str]:
+    """A re-pointed ensemble is registered as a new version: it must validate before any change."""
+    from registry.register import Candidate, validate_candidate  # reads signatures: onnx, protobuf
+
+    errors: list[str] = []
+    for step in ctx.plan.steps:
+        if step.role is Role.ENSEMBLE:
+            folder = repointed_folder(ctx, step)
+            found, _ = validate_candidate(Candidate(step.model, folder / "1", folder / "config.pbtxt"))
+            errors.extend(f"re-pointed {step.model}: {line}" for line in found)
+    return errors
+
+
+def repointed_folder(ctx: PromotionContext, step: Step) -> Path:
+    """The re-pointed config as a registrable version: ``config.pbtxt`` + ``1/``, its version_policy
+    naming folder 1 like every registered version's; the environment may serve it from another
+    folder (``step.version``, e.g. "2" once a registered v2 was promoted), which the registry's
+    fetch_version and the plan map back to."""
+    assert ctx.plan.workdir is not None
+    folder = ctx.plan.workdir / f"repointed-{step.model}"
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(desired_config(step.config_text, ["1"], gpu=True))
+    return folder
+
+
+def _verify_bytes(ctx: PromotionContext, step: Step) -> str:
+    """The version's files in the store against its manifest and the digest registered in MLflow:
+    the store's ``verify_version`` raises StorageError naming the file."""
+    ctx.store.verify_version(step.model, step.version, step.digest or None)
+    return f"{step.model}/{step.version}"
+
+
+# -- changes -----------------------------------------------------------------------------------
+
+
+def assemble(ctx: PromotionContext) -> UploadReport:
+    """A converted version registered (the registry's number may differ from the planned one),
+    then every new version folder uploaded and verified."""
+    if ctx.converted is not None and not ctx.converted.registered:
+        _register_converted(ctx, ctx.converted)
+    sent, uploaded = 0, []
+    for step in ctx.plan.steps:
+        if step.upload and step.folder is not None:
+            ctx.undo.uploaded(step, step.version)
+            sent += ctx.store.put_version(step.model, step.version, step.folder / step.version).bytes_sent
+            uploaded.append(_verify_bytes(ctx, step))
+    checkpoint("uploaded")
+    return UploadReport(sent, ctx.store.uri, uploaded)
+
+
+def _register_converted(ctx: PromotionContext, converted: Converted) -> None:
+    step = converted.step
+    version = register_converted(ctx.registry, converted)
+    if version != step.version:  # someone registered meanwhile: the registry's number wins
+        assert step.folder is not None
+        (step.folder / step.version).rename(step.folder / version)
+        renumbered = Step(
+            step.model,
+            version,
+            step.role,
+            step.folder,
+            desired_config(step.config_text, [version], ctx.env.gpu),
+            step.previous_config,
+            step.previous_versions,
+        )
+        _renumber(ctx, step, renumbered)
+        converted.step = renumbered
+    converted.registered = True
+
+
+def verify(ctx: PromotionContext) -> VerifyReport:
+    for url in ctx.plan.targets:
+        triton = ctx.fleet.target(url)
+        for step in ctx.plan.steps:
+            if not triton.is_ready(step.model, step.version):
+                raise PromotionError(f"{url}: {step.model} v{step.version} is not READY")
+            _smoke(ctx, triton, step)
+    return VerifyReport(list(ctx.plan.targets), [s.model for s in ctx.plan.steps])
+
+
+def _smoke(ctx: PromotionContext, triton: ServingTarget, step: Step) -> None:
+    inputs = quality.golden_inputs(ctx.settings, step.model, step.config_text)
+    names = quality.output_names(step.config_text)
+    version = "" if step.is_ensemble else step.version
+    outputs = triton.infer(step.model, inputs, names, version=version)
+    expected = (ctx.checked.outputs.get(step.model) if ctx.checked else None) or {}
+    for name, array in outputs.items():
+        if not np.isfinite(array).all():
+            raise PromotionError(f"{triton.url}: {step.model}/{name} answered non-finite values")
+        if name in expected and not np.allclose(array, expected[name], rtol=1e-4, atol=1e-4):
+            raise PromotionError(
+                f"{triton.url}: {step.model}/{name} differs from the pre-flight "
+                "answer on the same golden inputs"
+            )
+
+
+def record(ctx: PromotionContext) -> RecordReport:
+    """Tags, then the aliases (they move last), then the promotion's run."""
+    plan = ctx.plan
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for step in plan.steps:
+        version = step.version
+        if step.role is Role.ENSEMBLE:
+            folder = repointed_folder(ctx, step)
+            pins = ensemble_pins(step.config_text)
+            version = ctx.registry.register_version(
+                step.model, folder / "1", folder / "config.pbtxt", members=pins
+            )
+        ctx.registry.set_version_tag(step.model, version, f"promoted_{ctx.env.name}", stamp)
+        ctx.registry.set_alias(step.model, ctx.env.alias, version)  # the alias moves last
+    record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT)
+    return RecordReport(ctx.env.alias, plan.model, plan.version, ctx.result.run_id)

@@ -1,0 +1,93 @@
+"""The MLflow adapter package ``registry.mlflow``: light to import, never the real ``mlflow``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from registry.mlflow.environ import MlflowEnviron
+
+ROOT = Path(__file__).resolve().parents[2]
+IMPORT_ONLY = """
+import sys
+from registry.mlflow import MlflowRegistry
+from registry.mlflow import queries, rest, sqlite
+from registry.register import register
+print("mlflow" in sys.modules, MlflowRegistry.__module__)
+"""
+REAL_MLFLOW = """
+import registry.mlflow.registry
+import mlflow
+print(mlflow.__file__)
+"""
+
+
+def run(code: str, cwd: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, check=False, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_importing_the_adapter_does_not_import_mlflow() -> None:
+    assert run(IMPORT_ONLY, ROOT) == "False registry.mlflow.registry"
+
+
+@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+def test_the_subpackage_never_stands_in_for_the_real_mlflow(where: str, tmp_path: Path) -> None:
+    """Imports are absolute: ``import mlflow`` after the adapter is the installed package (a Python
+    started *inside* registry/ would find registry/mlflow first, as for any folder on sys.path)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", REAL_MLFLOW],
+        capture_output=True,
+        text=True,
+        cwd=ROOT if where == "checkout" else tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "site-packages" in proc.stdout
+    assert str(ROOT / "registry") not in proc.stdout
+
+
+def test_the_environment_is_set_for_the_block_and_restored_by_the_last_one_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MLREG_TEST_KEPT", "user")
+    monkeypatch.delenv("MLREG_TEST_SET", raising=False)
+    monkeypatch.delenv("MLREG_TEST_DEFAULT", raising=False)
+    environ = MlflowEnviron()
+    values = {"MLREG_TEST_SET": "1", "MLREG_TEST_KEPT": "mlreg"}
+    entered, leave = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        with environ.scope(values, {"MLREG_TEST_DEFAULT": "d"}):
+            entered.set()
+            leave.wait(5)
+
+    with environ.scope(values, {"MLREG_TEST_DEFAULT": "d"}):
+        assert (os.environ["MLREG_TEST_SET"], os.environ["MLREG_TEST_KEPT"]) == ("1", "mlreg")
+        assert os.environ["MLREG_TEST_DEFAULT"] == "d"
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        entered.wait(5)
+    assert os.environ["MLREG_TEST_SET"] == "1"  # the other thread is still inside
+    leave.set()
+    thread.join(5)
+    assert "MLREG_TEST_SET" not in os.environ
+    assert "MLREG_TEST_DEFAULT" not in os.environ
+    assert os.environ["MLREG_TEST_KEPT"] == "user"
+
+
+def test_a_default_never_replaces_what_the_user_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLREG_TEST_DEFAULT", "false")
+    with MlflowEnviron().scope({}, {"MLREG_TEST_DEFAULT": "true"}):
+        assert os.environ["MLREG_TEST_DEFAULT"] == "false"
+    assert os.environ["MLREG_TEST_DEFAULT"] == "false"

@@ -1,0 +1,182 @@
+"""`mlreg status` speaks one numbering: MLflow versions in every column, Triton folders beside them.
+
+A member's promotion re-points its ensemble: the ensemble is registered as a new version (its
+``member_<name>`` tags pin the new member) but keeps serving from its Triton folder.  The store is
+a real local folder; the registry and the servers' answers are small fakes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pipelines.promote import status
+from pipelines.promote.environments import Environment
+from pipelines.promote.plan import desired_config
+from pipelines.storage import open_store
+from registry.errors import RegistryError
+
+URL = "triton-0:8001"
+MEMBER = """name: "net"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+ENSEMBLE = """name: "ens"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "net" model_version: NET
+      input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } }
+  ]
+}
+"""
+
+
+class Registry:
+    """Registered versions with their tags, and aliases (the Registry Protocol's reads)."""
+
+    uri = "memory://registry"
+
+    def __init__(self, tags: dict[tuple[str, str], dict[str, str]], aliases: dict[str, str]) -> None:
+        self.tags, self.alias_map, self.down = tags, aliases, False
+
+    def ping(self) -> None:
+        if self.down:
+            raise RegistryError("MLflow (memory://registry): ping failed: connection refused")
+
+    def aliases(self, name: str) -> dict[str, str]:
+        return {"local": self.alias_map[name]} if name in self.alias_map else {}
+
+    def version(self, name: str, version: str) -> Any:
+        return SimpleNamespace(version=version, tags=self.tags[(name, version)])
+
+    def versions(self, name: str) -> list[Any]:
+        return [self.version(m, v) for (m, v) in self.tags if m == name]
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """After a promotion of net v2: net serves folder 2; ens, re-pointed to net v2, was registered
+    as v2 and serves from folder 1 (its v1 pinned net v1)."""
+    store = open_store(tmp_path / "store")
+    store.write_config("net", desired_config(MEMBER, ["2"], gpu=False))
+    store.write_config("ens", desired_config(ENSEMBLE.replace("NET", "2"), ["1"], gpu=False))
+    for folder in ("net/2", "ens/1"):
+        (tmp_path / "store" / folder).mkdir(parents=True)
+    registry = Registry(
+        {
+            ("net", "1"): {},
+            ("net", "2"): {},
+            ("ens", "1"): {"member_net": "1"},
+            ("ens", "2"): {"member_net": "2"},
+        },
+        {"net": "2", "ens": "2"},
+    )
+    live: dict[str, Any] = {URL: {"net": {"2": "READY"}, "ens": {"1": "READY"}}}
+    pins: dict[str, Any] = {URL: {"ens": {"net": "2"}}}
+    monkeypatch.setattr(status, "probe_targets", lambda *args: (live, pins))
+    env = Environment("local", str(tmp_path / "store"), (URL,), "local", gpu=False)
+    return SimpleNamespace(store=store, registry=registry, live=live, pins=pins, env=env)
+
+
+def rows(world: SimpleNamespace) -> dict[str, dict[str, Any]]:
+    found = status.model_status(SimpleNamespace(), world.env, world.registry, ["net", "ens"])  # type: ignore[arg-type]
+    return {row["model"]: row for row in found}
+
+
+def test_a_re_pointed_ensemble_reads_as_its_registered_version_with_its_folder(
+    world: SimpleNamespace,
+) -> None:
+    ens = rows(world)["ens"]
+    assert ens["alias"] == "2"
+    assert (ens["desired"], ens["desired_folders"]) == (["2"], ["1"])
+    assert (ens["serving"], ens["serving_folders"]) == ({URL: ["2"]}, {URL: ["1"]})
+    assert ens["drift"] == []  # a consistent fleet never looks like drift
+
+
+def test_a_model_s_folder_is_its_registered_version(world: SimpleNamespace) -> None:
+    net = rows(world)["net"]
+    assert (net["alias"], net["desired"], net["desired_folders"]) == ("2", ["2"], ["2"])
+    assert (net["serving"], net["serving_folders"]) == ({URL: ["2"]}, {URL: ["2"]})
+    assert net["drift"] == []
+
+
+def test_a_target_pinning_the_old_member_serves_the_old_registered_version(world: SimpleNamespace) -> None:
+    world.pins[URL]["ens"] = {"net": "1"}  # the replica still runs the ensemble as registered in v1
+    ens = rows(world)["ens"]
+    assert (ens["serving"], ens["serving_folders"]) == ({URL: ["1"]}, {URL: ["1"]})
+    assert ens["drift"] == [f"{URL} pins net v1, the store's config pins v2"]
+
+
+def test_the_store_pinning_what_the_alias_does_not_is_drift_and_named_by_its_version(
+    world: SimpleNamespace,
+) -> None:
+    world.store.write_config("ens", desired_config(ENSEMBLE.replace("NET", "1"), ["1"], gpu=False))
+    ens = rows(world)["ens"]
+    assert (ens["desired"], ens["desired_folders"]) == (["1"], ["1"])  # v1 pins net v1
+    assert ens["serving"] == {URL: ["2"]}  # what the replica loaded still pins net v2
+    assert ens["drift"] == [
+        "alias local=v2 pins net v2, the store's config pins v1",
+        f"{URL} pins net v2, the store's config pins v1",
+    ]
+
+
+def test_a_target_serving_another_folder_is_drift_in_both_numberings(world: SimpleNamespace) -> None:
+    world.live[URL] = {"net": {"1": "READY"}, "ens": {"2": "READY"}}
+    found = rows(world)
+    assert found["net"]["drift"] == [f"{URL} serves v1, store wants v2"]
+    assert found["ens"]["drift"] == [f"{URL} serves v2, store wants v2 [1]"]  # same pins, other folder
+
+
+def test_an_ensemble_no_registered_version_explains_reads_unknown(world: SimpleNamespace) -> None:
+    world.store.write_config("ens", desired_config(ENSEMBLE.replace("NET", "7"), ["1"], gpu=False))
+    ens = rows(world)["ens"]
+    assert (ens["desired"], ens["desired_folders"]) == (["?"], ["1"])
+
+
+def test_an_unreachable_registry_is_drift_and_leaves_the_ensemble_s_versions_unknown(
+    world: SimpleNamespace,
+) -> None:
+    world.registry.down = True
+    found = rows(world)
+    assert (found["net"]["alias"], found["net"]["desired"]) == ("", ["2"])
+    assert (found["ens"]["desired"], found["ens"]["serving"]) == (["?"], {URL: ["?"]})
+    assert found["ens"]["drift"] == [
+        "MLflow unreachable: MLflow (memory://registry): ping failed: connection refused"
+    ]
+
+
+def test_an_unreachable_target_keeps_its_reason_in_both_numberings(world: SimpleNamespace) -> None:
+    world.live[URL] = "unreachable: connection refused"
+    ens = rows(world)["ens"]
+    assert ens["serving"] == ens["serving_folders"] == {URL: "unreachable: connection refused"}
+    assert ens["drift"] == [f"{URL} unreachable: connection refused"]
+
+
+def test_labels_show_the_folder_only_where_it_differs() -> None:
+    assert status.labels(["2"], ["1"]) == "2 [1]"
+    assert status.labels(["2", "3"], ["2", "3"]) == "2,3"
+    assert status.labels([], []) == ""
+
+
+def test_the_status_table_shows_versions_with_folders_in_brackets(
+    world: SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlreg.cli.output import Output
+    from mlreg.cli.promote import _status_table
+
+    _status_table(Output(), [rows(world)["net"], rows(world)["ens"]])
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert lines[:3] == [
+        ["MODEL", "ALIAS", "DESIRED", "SERVING"],
+        ["net", "2", "2", f"{URL}:", "2"],
+        ["ens", "2", "2", "[1]", f"{URL}:", "2", "[1]"],
+    ]
