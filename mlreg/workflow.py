@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry.errors import MlregError, UsageError
+from registry.errors import MlregError, RegistryError, UsageError
 from registry.register import check_model_name
 from registry.settings import Settings
 
@@ -65,14 +65,55 @@ def versions_from_export(path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def versions_from_alias(registry: Registry, source: str, target: str) -> list[tuple[str, str]]:
-    """Every model whose ``source`` alias names a version the ``target`` alias does not."""
+def versions_from_alias(
+    registry: Registry, source: str, target: str, model: str | None = None
+) -> list[tuple[str, str]]:
+    """Every model whose ``source`` alias names a version the ``target`` alias does not (only
+    ``model`` when given).  An alias no version holds is a RegistryError naming it: a typo must not
+    read as "nothing to promote"."""
+    if source == target:
+        raise UsageError(
+            f"--from-alias '{source}' is the alias of the environment promoted to: nothing to copy",
+            fix="pass the alias of another environment, e.g. --from-alias staging --env production",
+        )
+    if model is not None:
+        return _one_from_alias(registry, source, target, model)
+    wanted = registry.alias_versions(source)
+    if not wanted:
+        raise RegistryError(
+            f"alias '{source}' names no version of any registered model in MLflow ({registry.uri})",
+            fix="check the alias (each environment's alias is in mlreg.toml; 'mlreg versions MODEL' "
+            "lists a model's aliases), or promote to that environment first",
+        )
     held = registry.alias_versions(target)
-    return [
-        (model, wanted)
-        for model, wanted in registry.alias_versions(source).items()
-        if held.get(model) != wanted
-    ]
+    return [(name, version) for name, version in wanted.items() if held.get(name) != version]
+
+
+def _one_from_alias(registry: Registry, source: str, target: str, model: str) -> list[tuple[str, str]]:
+    """``model``'s version under ``source``, unless ``target`` holds it already."""
+    check_model_name(model)
+    aliases = _aliases(registry, model)
+    if source not in aliases:
+        held = ", ".join(sorted(aliases)) or "none"
+        raise RegistryError(
+            f"model '{model}' has no alias '{source}' in MLflow ({registry.uri}); its aliases: {held}",
+            fix=f"pass one of its aliases, or see 'mlreg versions {model}'",
+        )
+    wanted = aliases[source]
+    return [] if aliases.get(target) == wanted else [(model, wanted)]
+
+
+def _aliases(registry: Registry, model: str) -> dict[str, str]:
+    """``model``'s aliases; a RegistryError naming it when it is not registered."""
+    try:
+        return registry.aliases(model)
+    except RegistryError as exc:
+        if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
+            raise
+        raise RegistryError(
+            f"model '{model}' is not registered in MLflow ({registry.uri})",
+            fix="check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
+        ) from exc
 
 
 def ordered(registry: Registry, pairs: list[tuple[str, str]], ensembles_first: bool) -> list[tuple[str, str]]:

@@ -89,6 +89,14 @@ class SettingsError(MlregError):
     exit_code = 12
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the process was by the CLI's handler.  Like ``KeyboardInterrupt`` it is
+    not an ``Exception``: no library code swallows it, and a promotion puts back what it changed."""
+
+
+INTERRUPT_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # the shell's 128 + signal number
+
+
 class OutputClosedError(MlregError):
     """Whatever read mlreg's output stopped reading (a closed pipe: ``mlreg status | head -1``)."""
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from registry import template
 from registry.contracts.config import CONFIG_NAME, load_config
+from registry.errors import UsageError
 from registry.mlflow import MlflowRegistry
 from registry.register import RegisterResult, find_candidate, register
 from registry.settings import Settings
@@ -64,6 +65,22 @@ def export_models(
             )
         )
     return results
+
+
+def require_base(registry: MlflowRegistry, alias: str) -> None:
+    """``mlreg export --changed`` compares with ``alias``: a UsageError, before anything is exported
+    or registered, when no registered model holds it.  Then there is nothing to compare with (a
+    fresh registry, e.g. MLREG_HOME outside the project, or a typo) and "changed" would silently
+    mean every model."""
+    if registry.alias_versions(alias):
+        return
+    raise UsageError(
+        f"--changed lists the versions alias '{alias}' does not hold yet, but no registered model "
+        f"in MLflow ({registry.uri}) holds '{alias}': there is nothing to compare with",
+        fix=f"pass --against ALIAS naming an alias models hold (an environment promoted to), point "
+        f"MLFLOW_TRACKING_URI at the project's registry, promote once by hand ('mlreg export', then "
+        f"'mlreg promote MODEL --version N --env ENV'), or drop --changed to register every model",
+    )
 
 
 def changed_versions(

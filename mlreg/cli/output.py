@@ -14,9 +14,12 @@ table is drawn.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import typer
@@ -27,7 +30,14 @@ try:  # typer >= 0.24 carries its own click
 except ImportError:  # pragma: no cover - older typer
     import click as _click  # type: ignore[no-redef]
 
-from registry.errors import MlregError, OutputClosedError, SettingsError, UsageError
+from registry.errors import (
+    INTERRUPT_EXIT_CODES,
+    MlregError,
+    OutputClosedError,
+    SettingsError,
+    Terminated,
+    UsageError,
+)
 from registry.settings import env_flag
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -242,6 +252,9 @@ def report(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
         return INTERRUPTED_EXIT
+    if isinstance(exc, Terminated):
+        typer.echo("terminated", err=True)
+        return INTERRUPT_EXIT_CODES["SIGTERM"]
     if isinstance(exc, _click.exceptions.NoArgsIsHelpError):
         typer.echo(exc.format_message())
         return UsageError.exit_code
@@ -266,6 +279,24 @@ def silence_stdout() -> None:
         pass
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` where the command is (as SIGINT raises KeyboardInterrupt), so a
+    promotion puts back what it changed before the process exits 143 (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class MlregGroup(TyperGroup):
     """The root command: runs a command and sends every failure to ``report``."""
 
@@ -280,12 +311,13 @@ class MlregGroup(TyperGroup):
         argv = list(sys.argv[1:] if args is None else args)
         RUN.reset(argv)
         try:
-            outcome = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            with _sigterm_raises():
+                outcome = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
             code = outcome if isinstance(outcome, int) else 0
             sys.stdout.flush()
         except Exception as exc:
             code = report(exc)
-        except KeyboardInterrupt as exc:
+        except (KeyboardInterrupt, Terminated) as exc:
             code = report(exc)
         if standalone_mode:
             sys.exit(code)

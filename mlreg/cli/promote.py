@@ -77,10 +77,15 @@ def promote_cmd(
     version: str = typer.Option(None, "--version", "-V", help="Registered version to promote."),
     env: EnvName = "local",
     from_alias: str = typer.Option(
-        None, "--from-alias", help="Promote every version this alias holds that --env lacks (CI)."
+        None,
+        "--from-alias",
+        help="Promote every version this alias holds that --env lacks (CI); with MODEL, only MODEL's. "
+        "An alias no version holds is an error (exit 4).",
     ),
     from_file: Path = typer.Option(
-        None, "--from-file", help="Promote the versions an 'mlreg export --changed --json' listed (CI)."
+        None,
+        "--from-file",
+        help="Promote the versions an 'mlreg export --changed --json' listed (CI); takes no MODEL.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
     allow_breaking: bool = typer.Option(False, "--allow-breaking", help="Allow a contract-breaking change."),
@@ -97,6 +102,9 @@ def promote_cmd(
     """Promote a registered version: validate, quality gate, upload, swap with no failed request.
 
     Example: mlreg promote image_model --version 2
+
+    Example: mlreg promote image_model --from-alias staging --env production (the version staging
+    holds, only image_model's)
     """
     from mlreg import service
     from registry.errors import UsageError
@@ -107,7 +115,13 @@ def promote_cmd(
     if from_alias or from_file:  # several versions, members first: mlreg/cli/report.py
         from mlreg.cli.report import promote_many_cmd
 
-        return promote_many_cmd(env, from_alias, from_file, as_json, **options)
+        if version:
+            raise UsageError(
+                "--version and --from-alias/--from-file exclude each other: the alias or file names it",
+                fix="drop --version, or drop --from-alias/--from-file to promote MODEL --version N",
+            )
+        settings = settings_of(ctx)
+        return promote_many_cmd(settings, env, from_alias, from_file, as_json, model=model, **options)
     if not model or not version:
         raise UsageError(
             "no version to promote", fix="pass MODEL --version N (or --from-alias / --from-file)"

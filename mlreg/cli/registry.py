@@ -46,22 +46,37 @@ def export_cmd(
     force: Force = False,
     changed: Annotated[
         bool,
-        typer.Option("--changed", help="List only versions the --against alias does not hold yet (for CI)."),
+        typer.Option(
+            "--changed",
+            help="List only versions the --against alias does not hold yet (for CI). Needs a base: "
+            "some registered model must hold that alias, else exit 2 before anything is registered.",
+        ),
     ] = False,
-    against: Annotated[str, typer.Option("--against", help="The alias --changed compares with.")] = "staging",
+    against: Annotated[
+        str | None,
+        typer.Option("--against", help="The alias --changed compares with (default: staging)."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run the template's exporters and register every result as an MLflow model version.
 
     Example: mlreg export image_model --seed 7
     """
-    from registry.export import changed_versions, export_models
+    from registry.errors import UsageError
+    from registry.export import changed_versions, export_models, require_base
 
+    if against is not None and not changed:
+        raise UsageError(
+            "--against only applies with --changed", fix=f"pass --changed --against {against}, or drop --against"
+        )
     settings = settings_of(ctx)
     registry = _registry(settings)
+    base = against or "staging"
+    if changed:
+        require_base(registry, base)
     results = export_models(settings, registry, models or None, seed=seed, force=force)
     if changed:
-        results = changed_versions(registry, results, against)
+        results = changed_versions(registry, results, base)
     _print_results(Output(as_json), results)
 
 

@@ -14,11 +14,14 @@ import html
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from mlreg.cli.output import handle_errors, rollout_line
+
+if TYPE_CHECKING:
+    from registry.settings import Settings
 
 Doc = dict[str, Any]
 
@@ -182,25 +185,41 @@ def render_error(doc: Doc) -> list[str]:
     return ["## mlreg: failed", "", *_error_lines(doc)]
 
 
-RENDERERS: list[tuple[Callable[[Doc], bool], Callable[[Doc], list[str]]]] = [
-    (lambda d: d.get("kind") == "promotions", render_batch),
-    (lambda d: "plan" in d and "stages" in d, render_promotion),
-    (lambda d: "versions" in d, render_export),
-    (lambda d: "findings" in d and "path" in d, render_validate),
-    (lambda d: d.get("ok") is False and "error" in d, render_error),
+RENDERERS: list[tuple[str, Callable[[Doc], bool], Callable[[Doc], list[str]]]] = [
+    ("promotion batch", lambda d: d.get("kind") == "promotions", render_batch),
+    ("promotion", lambda d: "plan" in d and "stages" in d, render_promotion),
+    ("export", lambda d: "versions" in d, render_export),
+    ("validation", lambda d: "findings" in d and "path" in d, render_validate),
+    ("error", lambda d: d.get("ok") is False and "error" in d, render_error),
 ]
+MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 
 
-def render(doc: Doc) -> list[str]:
+def render(doc: Doc, source: str = "the document") -> list[str]:
+    """``doc`` as markdown lines; a UsageError naming ``source`` when mlreg did not write it (an
+    unknown shape, or a known one with a key missing or of the wrong type)."""
     from registry.errors import UsageError
 
-    for matches, renderer in RENDERERS:
+    for kind, matches, renderer in RENDERERS:
         if matches(doc):
-            return renderer(doc)
+            try:
+                return renderer(doc)
+            except MALFORMED as exc:
+                raise UsageError(
+                    f"{source}: not a {kind} report as mlreg writes it: {_malformed(exc)}",
+                    fix="pass the unedited file a '--json' command of mlreg wrote "
+                    "(mlreg promote, export or validate --json)",
+                ) from exc
     raise UsageError(
-        "not a document mlreg writes (promote, export or validate --json)",
+        f"{source}: not a document mlreg writes (promote, export or validate --json)",
         fix="pass the file a '--json' command of mlreg wrote",
     )
+
+
+def _malformed(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"key {exc} is missing"
+    return f"a value has the wrong type or form ({type(exc).__name__}: {exc})"
 
 
 def _plain(lines: list[str]) -> list[str]:
@@ -233,29 +252,39 @@ def report_cmd(
         ) from exc
     if not isinstance(doc, dict):
         raise UsageError(f"{path}: not a document mlreg writes", fix="pass a file a --json command wrote")
-    lines = render(doc)
+    lines = render(doc, str(path))
     typer.echo("\n".join(lines if markdown else _plain(lines)))
 
 
 def promote_many_cmd(
-    env: str, from_alias: str | None, from_file: Path | None, as_json: bool, **options: Any
+    settings: Settings,
+    env: str,
+    from_alias: str | None,
+    from_file: Path | None,
+    as_json: bool,
+    model: str | None = None,
+    **options: Any,
 ) -> None:
-    """``mlreg promote --from-alias A | --from-file F --env E``: several versions, members first."""
+    """``mlreg promote [MODEL] --from-alias A | --from-file F --env E``: several versions, members
+    first; MODEL limits --from-alias to that model and is refused with --from-file."""
     from mlreg.cli.output import emit_json
     from mlreg.service import environment
     from mlreg.workflow import promote_many, versions_from_alias, versions_from_export
     from registry.errors import UsageError
     from registry.mlflow import MlflowRegistry
-    from registry.settings import Settings
 
     if bool(from_alias) == bool(from_file):
         raise UsageError("--from-alias and --from-file exclude each other", fix="pass one of them")
-    settings = Settings.from_env()
     if from_file is not None:
+        if model:
+            raise UsageError(
+                f"MODEL '{model}' and --from-file exclude each other: the file lists the versions",
+                fix=f"drop MODEL, or promote it alone: mlreg promote {model} --version N --env {env}",
+            )
         pairs = versions_from_export(from_file)
     else:
         target = environment(settings, env).alias
-        pairs = versions_from_alias(MlflowRegistry(settings), str(from_alias), target)
+        pairs = versions_from_alias(MlflowRegistry(settings), str(from_alias), target, model or None)
 
     def on_stage(stage: str, status: str, seconds: float, detail: str) -> None:
         typer.echo(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}", err=True)

@@ -15,12 +15,15 @@ from pathlib import Path
 import tomllib
 
 from pipelines.promote import discovery
-from pipelines.promote.policy import Policy, parse_policy
+from pipelines.promote.policy import Policy, check_keys, parse_policy
 from registry.errors import PromotionError, UsageError
 from registry.settings import Settings
 from registry.template import gpu_available
 
 LOCAL = "local"
+# every key of an environment section this module reads; the roll-out policy's are policy.KEYS
+# (a key in neither is refused: a typo must not silently change what a promotion does)
+ENVIRONMENT_KEYS = frozenset({"store", "targets", "alias", "gpu", "discover"})
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
         raise UsageError(f"{path}: cannot read the environments: {exc}", fix="fix the TOML syntax") from exc
     for name, raw in (data.get("environments") or {}).items():
         try:
+            check_keys(f"{path} [environments.{name}]", raw, ENVIRONMENT_KEYS)
             envs[name] = Environment(
                 name,
                 str(raw["store"]),

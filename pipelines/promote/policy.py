@@ -15,13 +15,19 @@ max_failure_ratio = 0.01  # new failure ratio may exceed the old one by at most 
 max_latency_ratio = 2.0   # new mean latency at most this times the old one
 min_requests = 10       # the new version must have answered this many requests in a bake
 metrics_port = 8002     # Triton's metrics port on every replica (or metrics = {target = url})
+
+A key neither the environment nor the policy reads is refused, naming the closest valid one (a typo
+such as ``bake_second`` would otherwise silently remove the bake).  What depends on the resolved
+fleet (the canary must leave a replica to compare with) is ``check_fleet``, called once the
+targets are known.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pipelines.promote import metrics
@@ -39,6 +45,7 @@ KEYS = {
     "metrics_port",
     "metrics",
 }
+DAY = 86400  # the longest bake_seconds: a longer one is a typo, or a promotion nobody waits for
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ def parse_policy(where: str, raw: Mapping[str, Any]) -> Policy | None:
             max_failure_ratio=_number(raw.get("max_failure_ratio", 0.01), "max_failure_ratio"),
             max_latency_ratio=_number(raw.get("max_latency_ratio", 2.0), "max_latency_ratio"),
             min_requests=_integer(raw.get("min_requests", 10), "min_requests", 0),
-            metrics_port=_integer(raw.get("metrics_port", 8002), "metrics_port", 1),
+            metrics_port=_port(raw.get("metrics_port", 8002)),
             metrics=tuple(sorted(_table(raw.get("metrics", {})).items())),
         )
     except ValueError as exc:
@@ -105,6 +112,53 @@ def _check(policy: Policy, where: str, fix: str) -> None:
         raise UsageError(f"{where}: max_latency_ratio must be >= 1 (1.5 = 50% slower allowed)", fix=fix)
     if isinstance(policy.canary, float) and not 0 < policy.canary <= 100:
         raise UsageError(f"{where}: canary percent must be within 0..100", fix=fix)
+    if not math.isfinite(policy.bake_seconds) or policy.bake_seconds > DAY:
+        raise UsageError(
+            f"{where}: bake_seconds = {policy.bake_seconds:g} must be finite and at most a day ({DAY})",
+            fix="e.g. bake_seconds = 60 (seconds the new version serves before the next wave)",
+        )
+
+
+def check_keys(where: str, raw: Mapping[str, Any], environment_keys: Collection[str]) -> None:
+    """Refuse a key of an environment section that neither the environment (``environment_keys``)
+    nor the roll-out policy reads, naming the closest valid key."""
+    if not isinstance(raw, Mapping):
+        return  # not a table: the environment's own reading says so
+    valid = sorted(KEYS | set(environment_keys))
+    unknown = [str(key) for key in raw if key not in valid]
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, valid, n=1)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise UsageError(
+        f"{where}: unknown key(s) {', '.join(hints)}",
+        fix=f"rename or remove them; the valid keys are: {', '.join(valid)}",
+    )
+
+
+def check_fleet(policy: Policy, replicas: int, where: str) -> None:
+    """The rules a policy can break only against the resolved fleet of ``replicas`` targets: the
+    canary must leave a replica to compare with, and ``max_unavailable`` must not exceed the fleet."""
+    if replicas < 1:
+        raise UsageError(f"{where}: the fleet has no replica", fix="add targets, or check discover")
+    if policy.max_unavailable > replicas:
+        raise UsageError(
+            f"{where}: max_unavailable = {policy.max_unavailable} is more than the fleet's "
+            f"{replicas} replica(s)",
+            fix=f"set max_unavailable = {replicas - 1} or less: at least one replica must serve",
+        )
+    canary = max(1, canary_count(policy, replicas))
+    if canary >= replicas:
+        share = f'"{policy.canary:g}%"' if isinstance(policy.canary, float) else str(policy.canary)
+        raise UsageError(
+            f"{where}: canary = {share} takes {canary} of the fleet's {replicas} replica(s): "
+            "no replica left to compare with",
+            fix="set canary = 1 (or a smaller share)"
+            if replicas > 1
+            else "add replicas, or remove the roll-out policy keys to deploy all at once",
+        )
 
 
 def _canary(raw: object) -> int | float:
@@ -131,6 +185,12 @@ def _integer(raw: object, name: str, least: int) -> int:
     return raw
 
 
+def _port(raw: object) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 65535:
+        raise ValueError(f"metrics_port must be a port within 1..65535, not {raw!r}")
+    return raw
+
+
 def _list(raw: object, name: str) -> list[object]:
     if not isinstance(raw, list):
         raise ValueError(f"{name} must be a list such as [25, 100], not {raw!r}")
@@ -151,11 +211,7 @@ def waves_of(targets: Sequence[str], policy: Policy) -> list[list[str]]:
     n = len(targets)
     if n == 0:
         return []
-    if isinstance(policy.canary, float):
-        canary = math.ceil(n * policy.canary / 100)
-    else:
-        canary = policy.canary
-    bounds = [min(n, max(1, canary))]
+    bounds = [min(n, max(1, canary_count(policy, n)))]
     for percent in policy.waves:
         bound = min(n, math.ceil(n * percent / 100 - 1e-9))
         if bound > bounds[-1]:
@@ -164,6 +220,13 @@ def waves_of(targets: Sequence[str], policy: Policy) -> list[list[str]]:
         bounds.append(n)
     starts = [0, *bounds[:-1]]
     return [list(targets[a:b]) for a, b in zip(starts, bounds, strict=True)]
+
+
+def canary_count(policy: Policy, replicas: int) -> int:
+    """How many of ``replicas`` the canary asks for (a share rounds up)."""
+    if isinstance(policy.canary, float):
+        return math.ceil(replicas * policy.canary / 100)
+    return policy.canary
 
 
 @dataclass
@@ -177,6 +240,9 @@ class Verdict:
 
 def judge(old: metrics.Counters, new: metrics.Counters, policy: Policy) -> Verdict:
     """The new version against the one it replaces, by the policy's thresholds."""
+    values = [getattr(c, f.name) for c in (old, new) for f in fields(c)]
+    if not all(math.isfinite(v) and v >= 0 for v in values):  # NaN passes every comparison
+        return Verdict(False, "counters", f"not counts: new {new}, old {old}", old, new)
     if new.requests < policy.min_requests:
         return Verdict(
             False,

@@ -26,13 +26,13 @@ import time
 from pipelines.promote.context import Deployer, OnStage, Options, PromotionContext, Stage
 from pipelines.promote.deploy import AllAtOnce
 from pipelines.promote.environments import Environment, resolve_targets
+from pipelines.promote.failure import fail, message_of
 from pipelines.promote.fanout import Connect, Fleet, reachable, triton_connector
 from pipelines.promote.gates import choose_gate
 from pipelines.promote.plan import Plan
 from pipelines.promote.ports import Registry, ScratchServers
-from pipelines.promote.quality import GateFailed, QualityReport, gate_error
-from pipelines.promote.record import record_promotion
-from pipelines.promote.reports import FleetReport, PromotionFailed, PromotionResult, StageRecord
+from pipelines.promote.quality import QualityReport
+from pipelines.promote.reports import PromotionFailed, PromotionResult, StageRecord
 from pipelines.promote.staged import Staged
 from pipelines.promote.stages import (
     PROMOTIONS_EXPERIMENT,
@@ -45,7 +45,6 @@ from pipelines.promote.stages import (
     wants_onnx,
 )
 from pipelines.storage import open_store
-from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
 
 __all__ = [
@@ -83,10 +82,6 @@ def pipeline(ctx: PromotionContext) -> list[Stage]:
         Stage("finalize", deployer.finalize, live=True),
         Stage("record", record, live=True),
     ]
-
-
-def _message(exc: BaseException) -> str:
-    return exc.message if isinstance(exc, MlregError) else f"{type(exc).__name__}: {exc}"
 
 
 class Promotion:
@@ -149,7 +144,7 @@ class Promotion:
         try:
             report = stage.run(ctx)
         except BaseException as exc:
-            self._tell(ctx, StageRecord(stage.name, "failed", time.perf_counter() - began, _message(exc)))
+            self._tell(ctx, StageRecord(stage.name, "failed", time.perf_counter() - began, message_of(exc)))
             raise
         name = "noop" if ctx.noop else stage.name  # resolve reports the no-op
         self._tell(ctx, StageRecord(name, "ok", time.perf_counter() - began, report.detail(), report))
@@ -162,57 +157,6 @@ class Promotion:
     # -- the one error hook ------------------------------------------------------------------------
 
     def on_error(self, ctx: PromotionContext, exc: BaseException) -> None:
-        """Replay the undo log, record the attempt, raise PromotionFailed saying what was undone."""
-        result = ctx.result
-        result.error = _message(exc)
-        touched, changed = ctx.undo.replicas, not ctx.undo.empty
-        if changed:
-            try:
-                self._timed(ctx, Stage("rollback", _rollback))
-            except BaseException as failure:  # recorded and reported below, never swallowed
-                result.rollback_error = _message(failure)
-        if isinstance(exc, GateFailed):  # the gate's own changes put back: it is a refusal
-            exc.report.restored = changed and not result.rollback_error
-            result.error = gate_error(exc.report).message
-            changed = bool(result.rollback_error)
-        result.rolled_back = changed and not result.rollback_error
-        record_promotion(self.registry, result, self.env, PROMOTIONS_EXPERIMENT)
-        head = f"promotion of {ctx.plan.model} version {ctx.plan.version} to '{self.env.name}' failed: "
-        if result.rollback_error:
-            raise PromotionFailed(
-                head + f"{result.error}; the rollback failed too: {result.rollback_error}",
-                fix="run 'mlreg status' to see what serves, then promote the version you want",
-                result=result,
-            ) from exc
-        tail = "; nothing was changed"
-        if result.rolled_back:
-            tail = _replicas_back(touched, ctx.plan.targets) + "; rolled back, the previous versions serve"
-        raise PromotionFailed(
-            head + result.error + tail,
-            fix=(exc.fix if isinstance(exc, MlregError) and exc.fix else "read the stage report")
-            + "; the MLflow alias was not moved",
-            result=result,
-        ) from exc
-
-
-def _rollback(ctx: PromotionContext) -> FleetReport:
-    first = len(ctx.fleet.rollouts)
-    report = ctx.undo.replay(ctx.fleet, ctx.store)
-    if not report.ok:
-        raise PromotionError(
-            f"{'; '.join(report.failed)} (not put back; a replica that restarts reads the store)",
-            fix="bring the replica back, then run 'mlreg status'",
-        )
-    return FleetReport("restored " + ", ".join(report.restored), ctx.fleet.rollouts[first:])
-
-
-def _replicas_back(touched: list[str], targets: tuple[str, ...]) -> str:
-    """On a fleet: which replicas were put back, and that the others never loaded the version."""
-    if len(targets) < 2 or not touched:
-        return ""
-    others = (
-        ""
-        if set(targets) <= set(touched)
-        else f"; rolled back on {', '.join(touched)}, the other replicas never loaded it"
-    )
-    return others + "; every touched replica is back on the store's config"
+        """Replay the undo log, record the attempt, raise PromotionFailed saying what was undone
+        (exit 130 after SIGINT, 143 after SIGTERM; a second signal cannot cut the replay short)."""
+        fail(ctx, exc, lambda stage: self._timed(ctx, stage))

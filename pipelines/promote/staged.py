@@ -147,6 +147,17 @@ class StagedRollout:
                 f"{when} failed: {exc.message}",
                 fix="bring the replica back (its metrics port must answer), then promote again",
             ) from exc
+        for url, move in ((u, m) for u in self.targets for m in moves if m.baked_old):
+            model, versions = move.change.model, {*move.change.versions, *move.baked_old}
+            found = metrics.faults(model, versions, baseline.get(url, {}))
+            found += metrics.faults(model, versions, before[url], after[url])
+            if found:  # a NaN would pass every threshold: the bake cannot judge, so it fails
+                raise PromotionError(
+                    f"{when} failed: replica {url}: {'; '.join(found)}",
+                    fix=f"make {self.policy.metrics_url(url)} answer Triton's own counters "
+                    "(metrics_port or metrics in the environment's mlreg.toml section); after a "
+                    "restart, let the replica serve again, then promote again",
+                )
         deltas = {u: metrics.window(before[u], after[u]) for u in self.targets}
         for move in moves:
             if move.baked_old:

@@ -332,21 +332,58 @@ def test_an_unknown_version_is_refused_with_one_json_document(stack: Stack) -> N
     assert "Traceback" not in err
 
 
-def _paused_cli(stack: Stack, point: str, *args: str) -> None:
-    """Run ``mlreg`` until the test hook pauses it at ``point``, then SIGKILL its process group."""
+def _paused_cli(stack: Stack, point: str, *args: str, sig: int = signal.SIGKILL) -> tuple[int, str]:
+    """Run ``mlreg`` until the test hook pauses it at ``point``, then send ``sig``: SIGKILL to its
+    process group (a crash), or SIGINT/SIGTERM to the mlreg process alone (an operator).  Returns
+    the exit code and what it wrote on stderr."""
     proc = _cli(stack, *args, start_new_session=True, env_extra={PAUSE_VARIABLE: point})
+    lines = []
     try:
         assert proc.stderr is not None
-        lines = []
         for line in proc.stderr:
             lines.append(line)
             if line.startswith(f"mlreg-test: paused at {point}"):
                 break
         else:
             raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
+        if sig == signal.SIGKILL:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=300)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, "".join(lines) + err
+
+
+@pytest.mark.parametrize(
+    ("sig", "point", "code"),
+    [
+        (signal.SIGINT, f"loaded:{ENSEMBLE}", 130),  # after the ensemble was re-pointed
+        (signal.SIGTERM, "loaded:table_data_preprocess", 143),  # after the member loaded
+    ],
+)
+def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
+    stack: Stack, tmp_path: Path, sig: int, point: str, code: int
+) -> None:
+    """SIGINT and SIGTERM, sent for real to the mlreg process mid-deploy: the undo log replays
+    (ensemble first), the exit code is 128 + the signal, and the message says what was restored."""
+    version = _preprocess_version(stack, tmp_path, f"{ONE_HOT}  # {signal.Signals(sig).name}")
+    before = snapshot(stack)
+    runs = len(stack.registry.promotions("table_data_preprocess", "local"))
+    args = ("promote", "table_data_preprocess", "--version", version, "--skip-quality")
+    returncode, err = _paused_cli(stack, point, *args, sig=sig)
+    assert returncode == code, err
+    name = signal.Signals(sig).name
+    assert f"failed: interrupted ({name}); rolled back, the previous versions serve (restored " in err
+    assert "nothing was changed" not in err
+    assert "Traceback" not in err
+    assert snapshot(stack) == before  # what serves, the store's configs and bytes, the aliases
+    [latest, *_] = stack.registry.promotions("table_data_preprocess", "local")
+    assert len(stack.registry.promotions("table_data_preprocess", "local")) == runs + 1
+    assert (latest["to"], latest["result"]) == (version, "rolled back")  # MLflow has the attempt
 
 
 def _status_tells_the_truth(stack: Stack, models: list[str]) -> dict[str, dict[str, Any]]:

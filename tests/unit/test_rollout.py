@@ -380,3 +380,165 @@ def test_a_plan_shows_its_roll_out_wave_by_wave() -> None:
     )
     plain = Environment("staging", "/tmp/store", tuple(URLS), "staging", gpu=False)
     assert Plan(plain, tuple(URLS), "m", "2").to_dict()["rollout"] is None
+
+
+# -- issue 20: a policy refuses nonsense, a bake refuses counters that are not counts ----------------
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("bake_seconds = inf", r"bake_seconds = inf must be finite and at most a day \(86400\)"),
+        ("bake_seconds = 86401", r"bake_seconds = 86401 must be finite and at most a day \(86400\)"),
+        ("metrics_port = 0", r"metrics_port must be a port within 1..65535, not 0"),
+        ("metrics_port = 70000", r"metrics_port must be a port within 1..65535, not 70000"),
+        ("bake_second = 60", r"unknown key\(s\) 'bake_second' \(did you mean 'bake_seconds'\?\)"),
+        (
+            "max_unavailabel = 0\ncanary = 1",
+            r"unknown key\(s\) 'max_unavailabel' \(did you mean 'max_unavailable'\?\)",
+        ),
+        ("colour = 'red'", r"unknown key\(s\) 'colour' \(fix: rename or remove"),
+    ],
+)
+def test_a_nonsense_policy_is_refused_naming_the_key_and_the_fix(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    settings = _settings(tmp_path, f'[environments.prod]\nstore = "/tmp/x"\ntargets = ["a:8001"]\n{line}\n')
+    with pytest.raises(UsageError, match=r"mlreg.toml \[environments.prod\]: " + message) as info:
+        environment(settings, "prod")
+    assert info.value.fix
+
+
+def test_an_unknown_key_names_every_valid_key_in_the_fix(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, '[environments.p]\nstore = "/tmp/x"\ntarget = ["a:8001"]\n')
+    with pytest.raises(UsageError, match=r"'target' \(did you mean 'targets'\?\)") as info:
+        environment(settings, "p")
+    assert str(info.value.fix).startswith("rename or remove them; the valid keys are: alias, bake_seconds,")
+
+
+def test_every_key_the_environment_reads_is_a_valid_key() -> None:
+    """The keys ``environments.py`` reads of a section (raw["x"], raw.get("x")) are never refused."""
+    import re
+
+    from pipelines.promote import environments
+
+    source = Path(environments.__file__).read_text()
+    read = set(re.findall(r'raw(?:\.get\(|\[)"(\w+)"', source))
+    assert {"store", "targets", "alias", "gpu", "discover"} <= read
+    assert read <= environments.ENVIRONMENT_KEYS
+
+
+@pytest.mark.parametrize("example", ["infra/k8s/mlreg.toml", "infra/compose/mlreg.toml"])
+def test_the_shipped_environments_have_no_unknown_key(tmp_path: Path, example: str) -> None:
+    from pipelines.promote.environments import load_environments
+
+    root = Path(__file__).resolve().parents[2]
+    settings = _settings(tmp_path, (root / example).read_text())
+    assert "production" in load_environments(settings)
+
+
+@pytest.mark.parametrize(
+    ("policy", "replicas", "message", "fix"),
+    [
+        (Policy(canary=3), 3, r"canary = 3 takes 3 of the fleet's 3 replica\(s\)", "set canary = 1"),
+        (Policy(canary=50.0), 1, r'canary = "50%" takes 1 of the fleet\'s 1 replica', "add replicas"),
+        (Policy(canary=60.0), 2, r'canary = "60%" takes 2 of the fleet\'s 2 replica', "set canary = 1"),
+        (
+            Policy(max_unavailable=5),
+            2,
+            r"max_unavailable = 5 is more than the fleet's 2 replica\(s\)",
+            "set max_unavailable = 1 or less",
+        ),
+        (Policy(), 0, "the fleet has no replica", "add targets"),
+    ],
+)
+def test_a_policy_the_fleet_cannot_follow_is_refused(
+    policy: Policy, replicas: int, message: str, fix: str
+) -> None:
+    from pipelines.promote.policy import check_fleet
+
+    with pytest.raises(UsageError, match=r"^mlreg.toml \[environments.p\]: " + message) as info:
+        check_fleet(policy, replicas, "mlreg.toml [environments.p]")
+    assert str(info.value.fix).startswith(fix)
+    if replicas and "canary" in message:
+        assert "no replica left to compare with" in info.value.message
+
+
+def test_a_policy_the_fleet_can_follow_passes() -> None:
+    from pipelines.promote.policy import check_fleet
+
+    check_fleet(Policy(canary=1, max_unavailable=2), 2, "here")
+    check_fleet(Policy(canary=50.0), 2, "here")
+
+
+def test_nan_counters_fail_the_verdict() -> None:
+    nan = float("nan")
+    verdict = judge(metrics.Counters(100, 0, 100), metrics.Counters(nan, nan, nan), Policy(min_requests=10))
+    assert (verdict.ok, verdict.metric) == (False, "counters")
+    assert "not counts: new Counters(success=nan" in verdict.detail
+
+
+def test_a_counter_that_is_not_a_number_refuses_the_scrape_naming_the_metric(tmp_path: Path) -> None:
+    text = 'nv_inference_request_success{model="m",version="2"} NaN\n'
+    assert metrics.parse(text)[("m", "2")].success != metrics.parse(text)[("m", "2")].success  # NaN kept
+    page = tmp_path / "metrics"
+    page.write_text(text + 'nv_inference_request_failure{model="m",version="2"} lots\n')
+    with pytest.raises(PromotionError, match="are not counts: nv_inference_request_failure") as info:
+        metrics.scrape(page.as_uri())
+    assert """{model="m",version="2"} = 'lots' is not a number""" in info.value.message
+    assert "answers something else" in str(info.value.fix)
+
+
+def test_faults_name_a_nan_a_negative_value_and_a_counter_that_went_down() -> None:
+    nan = float("nan")
+    assert metrics.faults("m", {"2"}, {("m", "2"): metrics.Counters(nan, 0, 0)}) == [
+        'nv_inference_request_success{model="m",version="2"} is nan, not a count'
+    ]
+    assert metrics.faults("m", {"2"}, {("m", "2"): metrics.Counters(1, -1, 0)}) == [
+        'nv_inference_request_failure{model="m",version="2"} is -1, not a count'
+    ]
+    before, after = {("m", "1"): metrics.Counters(50, 0, 500)}, {("m", "1"): metrics.Counters(3, 0, 30)}
+    assert metrics.faults("m", {"1", "2"}, before, after) == [
+        'nv_inference_request_success{model="m",version="1"} went down from 50 to 3 '
+        "(a counter reset: the replica restarted)",
+        'nv_inference_request_duration_us{model="m",version="1"} went down from 500 to 30 '
+        "(a counter reset: the replica restarted)",
+    ]
+    assert metrics.faults("m", {"2"}, before, after) == []  # another version: not judged here
+    assert metrics.faults("m", {"1"}, after, before) == []
+
+
+def _baking_rig(tmp_path: Path, replica: str, bad: Callable[[bool], metrics.Snapshot]) -> Rig:
+    """Fake replicas all answering good counters but ``replica``, whose scrape is ``bad(baked)``."""
+    baked = {"done": False}
+
+    def scrape(url: str) -> metrics.Snapshot:
+        if url == replica:
+            return bad(baked["done"])
+        return _snapshot(100, 0, 100) if baked["done"] else _snapshot(0, 0, 0)
+
+    policy = Policy(waves=(100.0,), bake_seconds=5, min_requests=10)
+    return Rig(tmp_path, policy, scrape=scrape, sleep=lambda s: baked.update(done=True))
+
+
+def test_nan_counters_fail_the_bake_naming_the_replica_and_the_metric(tmp_path: Path) -> None:
+    nan = float("nan")
+    rig = _baking_rig(tmp_path, URLS[2], lambda baked: _snapshot(nan, nan, nan))
+    error = rig.run_and_undo([_move("m", CONFIG, ["2"], previous=OLD_CONFIG, baked_old=("1",))])
+    assert error.message.startswith(
+        "the bake after wave 1 of 2 failed: replica r2:8001: "
+        'nv_inference_request_success{model="m",version="1"} is nan, not a count'
+    )
+    assert str(error.fix).startswith("make http://r2:8002/metrics answer Triton's")
+    assert rig.log == [("r0:8001", "m", True), ("r0:8001", "m", True)]  # the canary put back
+    assert rig.report.ok
+
+
+def test_a_counter_reset_during_the_bake_fails_it_naming_the_replica(tmp_path: Path) -> None:
+    rig = _baking_rig(tmp_path, URLS[0], lambda baked: _snapshot(2, 0, 0) if baked else _snapshot(40, 0, 0))
+    error = rig.run_and_undo([_move("m", CONFIG, ["2"], previous=OLD_CONFIG, baked_old=("1",))])
+    assert (
+        'failed: replica r0:8001: nv_inference_request_success{model="m",version="2"} went down from 40 '
+        "to 2 (a counter reset: the replica restarted)" in error.message
+    )
+    assert rig.log == [("r0:8001", "m", True), ("r0:8001", "m", True)]

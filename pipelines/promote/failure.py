@@ -1,0 +1,113 @@
+"""The promotion's one error hook: any exit of a stage after ``resolve`` -- an ``MlregError``, any
+other exception, SIGINT, SIGTERM -- replays the undo log, records the attempt in MLflow, and raises
+``PromotionFailed`` saying what was put back (exit 130 after SIGINT, 143 after SIGTERM).  A second
+signal cannot cut the replay short: both are ignored while it runs.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+from pipelines.promote.context import PromotionContext, Stage
+from pipelines.promote.quality import GateFailed, gate_error
+from pipelines.promote.record import record_promotion
+from pipelines.promote.reports import FleetReport, PromotionFailed
+from registry.errors import INTERRUPT_EXIT_CODES, MlregError, PromotionError, Terminated
+from registry.settings import PROMOTIONS_EXPERIMENT
+
+Timed = Callable[[Stage], None]  # runs a stage, recorded in the result (the runner's)
+
+
+def message_of(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, MlregError) else f"{type(exc).__name__}: {exc}"
+
+
+def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
+    result = ctx.result
+    signal_name = _signal_of(exc)
+    result.error = f"interrupted ({signal_name})" if signal_name else message_of(exc)
+    touched, changed = ctx.undo.replicas, not ctx.undo.empty
+    with _signals_held():
+        if changed:
+            try:
+                timed(Stage("rollback", _rollback))
+            except BaseException as failure:  # recorded and reported below, never swallowed
+                result.rollback_error = message_of(failure)
+        if isinstance(exc, GateFailed):  # the gate's own changes put back: it is a refusal
+            exc.report.restored = changed and not result.rollback_error
+            result.error = gate_error(exc.report).message
+            changed = bool(result.rollback_error)
+        result.rolled_back = changed and not result.rollback_error
+        record_promotion(ctx.registry, result, ctx.env, PROMOTIONS_EXPERIMENT)
+    failed = _failure(ctx, exc, touched)
+    if signal_name:
+        failed.exit_code = INTERRUPT_EXIT_CODES[signal_name]
+    raise failed from exc
+
+
+def _failure(ctx: PromotionContext, exc: BaseException, touched: list[str]) -> PromotionFailed:
+    result = ctx.result
+    head = f"promotion of {ctx.plan.model} version {ctx.plan.version} to '{ctx.env.name}' failed: "
+    if result.rollback_error:
+        return PromotionFailed(
+            head + f"{result.error}; the rollback failed too: {result.rollback_error}",
+            fix="run 'mlreg status' to see what serves, then promote the version you want",
+            result=result,
+        )
+    tail = "; nothing was changed"
+    if result.rolled_back:
+        restored = result.stages[-1].detail if result.stages else ""
+        back = _replicas_back(touched, ctx.plan.targets)
+        tail = f"{back}; rolled back, the previous versions serve ({restored})"
+    fix = exc.fix if isinstance(exc, MlregError) and exc.fix else "read the stage report"
+    return PromotionFailed(
+        head + result.error + tail, fix=fix + "; the MLflow alias was not moved", result=result
+    )
+
+
+def _rollback(ctx: PromotionContext) -> FleetReport:
+    first = len(ctx.fleet.rollouts)
+    report = ctx.undo.replay(ctx.fleet, ctx.store)
+    if not report.ok:
+        raise PromotionError(
+            f"{'; '.join(report.failed)} (not put back; a replica that restarts reads the store)",
+            fix="bring the replica back, then run 'mlreg status'",
+        )
+    return FleetReport("restored " + ", ".join(report.restored), ctx.fleet.rollouts[first:])
+
+
+def _replicas_back(touched: list[str], targets: tuple[str, ...]) -> str:
+    """On a fleet: which replicas were put back, and that the others never loaded the version."""
+    if len(targets) < 2 or not touched:
+        return ""
+    if set(targets) <= set(touched):
+        return "; every touched replica is back on the store's config"
+    return (
+        f"; rolled back on {', '.join(touched)}, the other replicas never loaded it"
+        "; every touched replica is back on the store's config"
+    )
+
+
+def _signal_of(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "SIGINT"
+    return "SIGTERM" if isinstance(exc, Terminated) else ""
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while the undo log replays (main thread only: where Python
+    delivers them); restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
