@@ -238,7 +238,12 @@ class MlregDeploymentClient(BaseDeploymentClient):
         from mlreg import service
 
         with _translated():
-            arrays = _arrays(inputs)
+            if not deployment_name:
+                raise UsageError(
+                    "predict needs the deployment's name (mlreg has no endpoints)",
+                    fix="pass --name MODEL (see 'mlflow deployments list -t mlreg')",
+                )
+            arrays = _arrays(inputs)  # names and dtypes are checked against the deployed config
             answer = service.predict(Settings.from_env(), self._env_name(), deployment_name, arrays)
             return PredictionsResponse({"outputs": {key: value.tolist() for key, value in answer.items()}})
 
@@ -264,13 +269,12 @@ def _deployment(env: str, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _arrays(inputs: Any) -> dict[str, Any]:
-    """MLflow's predict input (a DataFrame or a dict) as input name -> array."""
-    import numpy as np
-
+    """MLflow's predict input (a DataFrame or a dict) as input name -> values; ``service.predict``
+    makes arrays of them, of the deployed config's dtypes."""
     if hasattr(inputs, "columns"):  # a DataFrame: one column per input tensor, one row per item
-        return {str(col): np.asarray(inputs[col].tolist()) for col in inputs.columns}
+        return {str(col): inputs[col].tolist() for col in inputs.columns}
     if isinstance(inputs, dict):
-        return {str(k): np.asarray(v) for k, v in inputs.items()}
+        return {str(k): v for k, v in inputs.items()}
     raise UsageError(
         f"predict takes a DataFrame or a dict of arrays, not {type(inputs).__name__}",
         fix="pass {'input_name': array, ...} or a JSON file whose keys are the input names",

@@ -77,9 +77,8 @@ def require_base(registry: MlflowRegistry, alias: str) -> None:
     raise UsageError(
         f"--changed lists the versions alias '{alias}' does not hold yet, but no registered model "
         f"in MLflow ({registry.uri}) holds '{alias}': there is nothing to compare with",
-        fix=f"pass --against ALIAS naming an alias models hold (an environment promoted to), point "
-        f"MLFLOW_TRACKING_URI at the project's registry, promote once by hand ('mlreg export', then "
-        f"'mlreg promote MODEL --version N --env ENV'), or drop --changed to register every model",
+        fix="pass --against the alias of an environment promoted to, or point MLFLOW_TRACKING_URI "
+        "at the project's registry; before the first promotion, drop --changed (every model is new)",
     )
 
 

@@ -67,7 +67,8 @@ def export_cmd(
 
     if against is not None and not changed:
         raise UsageError(
-            "--against only applies with --changed", fix=f"pass --changed --against {against}, or drop --against"
+            "--against only applies with --changed",
+            fix=f"pass --changed --against {against}, or drop --against",
         )
     settings = settings_of(ctx)
     registry = _registry(settings)

@@ -186,11 +186,11 @@ def render_error(doc: Doc) -> list[str]:
 
 
 RENDERERS: list[tuple[str, Callable[[Doc], bool], Callable[[Doc], list[str]]]] = [
-    ("promotion batch", lambda d: d.get("kind") == "promotions", render_batch),
-    ("promotion", lambda d: "plan" in d and "stages" in d, render_promotion),
-    ("export", lambda d: "versions" in d, render_export),
-    ("validation", lambda d: "findings" in d and "path" in d, render_validate),
-    ("error", lambda d: d.get("ok") is False and "error" in d, render_error),
+    ("a promotion batch", lambda d: d.get("kind") == "promotions", render_batch),
+    ("a promotion", lambda d: "plan" in d and "stages" in d, render_promotion),
+    ("an export", lambda d: "versions" in d, render_export),
+    ("a validation", lambda d: "findings" in d and "path" in d, render_validate),
+    ("an error", lambda d: d.get("ok") is False and "error" in d, render_error),
 ]
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 
@@ -206,7 +206,7 @@ def render(doc: Doc, source: str = "the document") -> list[str]:
                 return renderer(doc)
             except MALFORMED as exc:
                 raise UsageError(
-                    f"{source}: not a {kind} report as mlreg writes it: {_malformed(exc)}",
+                    f"{source}: not {kind} report as mlreg writes it: {_malformed(exc)}",
                     fix="pass the unedited file a '--json' command of mlreg wrote "
                     "(mlreg promote, export or validate --json)",
                 ) from exc

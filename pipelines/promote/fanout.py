@@ -220,6 +220,14 @@ class Fleet:
                 return False
         return True
 
+    def live_pins(self, url: str, ensemble: str) -> dict[str, str] | None:
+        """The member versions ``ensemble`` pins as loaded at ``url`` (None: not READY there)."""
+        target = self.target(url)
+        if not ready_versions(target.model_states(), ensemble):
+            return None
+        steps = target.model_config(ensemble).get("ensemble_scheduling", {}).get("step", [])
+        return {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps}
+
     def check_live(self) -> None:
         for url in self.urls:
             self.target(url).is_live()
@@ -229,8 +237,11 @@ def ready_versions(states: dict[str, dict[str, str]], model: str) -> list[str]:
     return sorted((v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
 
 
-def reachable(targets: Sequence[str], connect: Connect, max_unavailable: int) -> tuple[str, ...]:
-    """The live replicas; more than ``max_unavailable`` unreachable ones refuse the promotion."""
+def reachable(
+    targets: Sequence[str], connect: Connect, max_unavailable: int
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The live replicas, and the ones skipped (url -> why); more than ``max_unavailable``
+    unreachable ones, or none reachable, refuse the promotion."""
 
     def live(url: str) -> str:
         try:
@@ -254,4 +265,9 @@ def reachable(targets: Sequence[str], connect: Connect, max_unavailable: int) ->
             f"{max_unavailable}: {errors[down[0]]}",
             fix="bring the replica back (or raise max_unavailable in mlreg.toml), then promote again",
         )
-    return tuple(u for u in targets if u not in down)
+    if len(down) == len(targets):
+        raise PromotionError(
+            f"no replica is reachable ({', '.join(down)}): {errors[down[0]]}",
+            fix="bring at least one replica back: the version must serve somewhere before the alias moves",
+        )
+    return tuple(u for u in targets if u not in down), {u: errors[u] for u in down}

@@ -54,6 +54,11 @@ class ScratchGate:
 def choose_gate(ctx: PromotionContext) -> Gate | None:
     if ctx.options.skip_quality:
         return None
-    if ctx.plan.targets and not ctx.options.dry_run:
-        return CanaryGate()
-    return ScratchGate()
+    if ctx.options.dry_run:
+        return ScratchGate()
+    if not ctx.plan.targets:  # never a scratch server in a live promotion: the canary, or nothing
+        raise PromotionError(
+            f"environment '{ctx.env.name}' has no reachable target to run the quality gate on",
+            fix="bring a replica back (or pass --skip-quality to promote without the gate)",
+        )
+    return CanaryGate()

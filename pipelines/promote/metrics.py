@@ -135,3 +135,10 @@ def faults(model: str, versions: Collection[str], *scrapes: Snapshot) -> list[st
                     f"{metric} went down from {old:.0f} to {new:.0f} (a counter reset: the replica restarted)"
                 )
     return found
+
+
+def summary(found: list[str], most: int = 2) -> str:
+    """``found`` once each, the first ``most`` of them, and how many more."""
+    unique = list(dict.fromkeys(found))
+    more = f" (and {len(unique) - most} more)" if len(unique) > most else ""
+    return "; ".join(unique[:most]) + more

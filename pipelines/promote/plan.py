@@ -122,6 +122,7 @@ class Plan:
     version: str
     steps: list[Step] = field(default_factory=list)
     workdir: Path | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # unreachable replicas left out -> why
 
     @property
     def noop(self) -> bool:
@@ -139,6 +140,7 @@ class Plan:
             "version": self.version,
             "noop": self.noop,
             "steps": [s.to_dict() for s in self.steps],
+            "skipped": dict(self.skipped),
             "rollout": self.rollout(),
         }
 

@@ -92,9 +92,13 @@ class FleetReport:
 
     summary: str
     rollouts: list[Rollout] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # replicas left out (max_unavailable) -> why
 
     def detail(self) -> str:
-        return self.summary
+        if not self.skipped:
+            return self.summary
+        left_out = "; ".join(f"{url} ({why})" for url, why in self.skipped.items())
+        return f"{self.summary}; skipped under max_unavailable: {left_out}"
 
 
 @dataclass

@@ -30,6 +30,7 @@ from pipelines.promote.failure import fail, message_of
 from pipelines.promote.fanout import Connect, Fleet, reachable, triton_connector
 from pipelines.promote.gates import choose_gate
 from pipelines.promote.plan import Plan
+from pipelines.promote.policy import check_fleet
 from pipelines.promote.ports import Registry, ScratchServers
 from pipelines.promote.quality import QualityReport
 from pipelines.promote.reports import PromotionFailed, PromotionResult, StageRecord
@@ -117,13 +118,14 @@ class Promotion:
 
     def _context(self, model: str, version: str) -> PromotionContext:
         targets = resolve_targets(self.settings, self.env)
-        policy = self.env.policy
+        policy, skipped = self.env.policy, dict[str, str]()
         if policy is not None:
-            targets = reachable(targets, self.connect, policy.max_unavailable)
+            check_fleet(policy, len(targets), f"environment '{self.env.name}'")
+            targets, skipped = reachable(targets, self.connect, policy.max_unavailable)
         store = open_store(self.env.store, digest_cache=self.settings.digest_cache)
         load_timeout = self.settings.triton_timeout * 10
         fleet = Fleet(store, targets, self.connect, load_timeout, policy.max_parallel if policy else 1)
-        plan = Plan(self.env, targets, model, version)
+        plan = Plan(self.env, targets, model, version, skipped=skipped)
         return PromotionContext(
             self.settings, self.env, self.registry, self.options, store, fleet, plan, self.scratch
         )

@@ -153,7 +153,7 @@ class StagedRollout:
             found += metrics.faults(model, versions, before[url], after[url])
             if found:  # a NaN would pass every threshold: the bake cannot judge, so it fails
                 raise PromotionError(
-                    f"{when} failed: replica {url}: {'; '.join(found)}",
+                    f"{when} failed: replica {url}: {metrics.summary(found)}",
                     fix=f"make {self.policy.metrics_url(url)} answer Triton's own counters "
                     "(metrics_port or metrics in the environment's mlreg.toml section); after a "
                     "restart, let the replica serve again, then promote again",
@@ -220,6 +220,7 @@ class Staged:
             f"{summary} over {len(plan.targets)} replica(s) in {waves} wave(s)"
             + (f"; {baked}" if baked else ""),
             fleet.rollouts,
+            dict(plan.skipped),
         )
 
     @staticmethod

@@ -17,7 +17,16 @@ from pipelines.promote import checks, quality
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.fanout import checkpoint
-from pipelines.promote.plan import Role, Step, build_plan, config_facts, desired_config, ensemble_pins
+from pipelines.promote.plan import (
+    Plan,
+    Role,
+    Step,
+    build_plan,
+    config_facts,
+    desired_config,
+    ensemble_pins,
+    serving_versions,
+)
 from pipelines.promote.ports import ServingTarget
 from pipelines.promote.record import record_promotion
 from pipelines.promote.reports import (
@@ -68,6 +77,8 @@ def resolve(ctx: PromotionContext) -> StageReport:
             serves,
         )
         wanted = {s.model for s in plan.steps} - held
+    _repair_ensembles(ctx, plan)
+    plan.skipped = ctx.plan.skipped
     ctx.set_plan(plan)
     if plan.noop:
         ctx.noop = True
@@ -101,7 +112,53 @@ def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
             )
         ):
             return False
-    return ctx.fleet.serve_exactly(wanted)
+    if not ctx.fleet.serve_exactly(wanted):
+        return False
+    return not any(_pins_astray(ctx, name, text) for name, text in ensembles_using(ctx, {model}).items())
+
+
+def ensembles_using(ctx: PromotionContext, models: set[str]) -> dict[str, str]:
+    """The store's ensembles that are one of ``models`` or pin one of them: name -> config."""
+    found = {}
+    for name in ctx.store.list_models():
+        text = ctx.store.read_config(name)
+        if text and config_facts(text).is_ensemble and (name in models or models & set(ensemble_pins(text))):
+            found[name] = text
+    return found
+
+
+def _pins_astray(ctx: PromotionContext, name: str, text: str) -> list[str]:
+    """Each target where ensemble ``name`` is not READY, or pins other member versions than the
+    store's config (e.g. still -1 after an interrupted roll-out)."""
+    stored = ensemble_pins(text)
+    found = []
+    for url in ctx.fleet.urls:
+        live = ctx.fleet.live_pins(url, name)
+        if live is None:
+            found.append(f"{url}: ensemble {name} is not READY")
+        elif live != stored:
+            found.append(
+                f"{url}: ensemble {name} pins {_pins(live)}, the store's config pins {_pins(stored)}"
+            )
+    return found
+
+
+def _pins(pins: dict[str, str]) -> str:
+    return ", ".join(f"{member} v{version}" for member, version in sorted(pins.items()))
+
+
+def _repair_ensembles(ctx: PromotionContext, plan: Plan) -> None:
+    """An ensemble over the plan's models that a target does not serve as the store says (not
+    loaded, or pinned elsewhere) is loaded again from the store's config by this promotion."""
+    present = {s.model for s in plan.steps}
+    for name, text in ensembles_using(ctx, present).items():
+        if name in present or not _pins_astray(ctx, name, text):
+            continue
+        serving = serving_versions(text)
+        version = serving[-1] if serving else "1"
+        plan.steps.append(
+            Step(name, version, Role.ENSEMBLE, None, text, text, serving, upload=False, reload=True)
+        )
 
 
 def _preconditions(ctx: PromotionContext) -> None:
@@ -255,12 +312,18 @@ def _register_converted(ctx: PromotionContext, converted: Converted) -> None:
 
 
 def verify(ctx: PromotionContext) -> VerifyReport:
+    """Every step READY and answering on every target, and every ensemble over them loaded with
+    the store's pins there."""
     for url in ctx.plan.targets:
         triton = ctx.fleet.target(url)
         for step in ctx.plan.steps:
             if not triton.is_ready(step.model, step.version):
                 raise PromotionError(f"{url}: {step.model} v{step.version} is not READY")
             _smoke(ctx, triton, step)
+    ensembles = ensembles_using(ctx, {s.model for s in ctx.plan.steps})
+    astray = [line for name, text in ensembles.items() for line in _pins_astray(ctx, name, text)]
+    if astray:
+        raise PromotionError("; ".join(astray), fix="read the stage report; 'mlreg status' shows each target")
     return VerifyReport(list(ctx.plan.targets), [s.model for s in ctx.plan.steps])
 
 

@@ -223,13 +223,18 @@ def drift(
     found.extend(
         f"the store has no folder {model}/{v}/ for the version its config serves" for v in view.missing
     )
-    wanted = numbered.label(view.desired) or "nothing"
+    wanted = _versions(numbered.label(view.desired))
     for url, folders in serving.items():
         if isinstance(folders, str):
             found.append(f"{url} {folders}")
         elif folders != view.desired:
-            found.append(f"{url} serves v{numbered.label(folders, url) or 'nothing'}, store wants v{wanted}")
+            found.append(f"{url} serves {_versions(numbered.label(folders, url))}, store wants {wanted}")
     return found
+
+
+def _versions(label: str) -> str:
+    """ "v2", "v2,3 [1]", or "nothing" (no "vnothing")."""
+    return f"v{label}" if label else "nothing"
 
 
 def _pin_drift(

@@ -103,7 +103,7 @@ def read_repository(path: Path) -> Repository:
     except OSError as exc:
         raise ContractError(f"cannot list '{path}': {exc}", fix="check the folder's permissions") from exc
     for child in children:
-        if not _is_dir(child):
+        if not _is_dir(child) or child.name == "__pycache__":  # Python's bytecode cache, never a model
             continue
         if _has_config(child):
             read_model(child, repo)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -317,6 +318,45 @@ def test_predict_answers_the_seed_request(
     frame = pd.DataFrame({name: list(array) for name, array in table.items()})
     scores = client.predict("table_data_model", frame)["outputs"]["table_model_output"]
     assert np.asarray(scores).shape == (len(frame), 10)
+
+
+def _requests(url: str, model: str) -> int:
+    """Every inference request ``model`` received on ``url`` (succeeded or failed)."""
+    with TritonControl(url) as triton:
+        stats = triton.statistics(model)
+    counts = [s["inference_stats"][k].get("count", 0) for s in stats for k in ("success", "fail")]
+    return sum(int(c) for c in counts)
+
+
+def test_predict_checks_input_names_and_dtypes_against_the_deployed_config(
+    in_project: NativeStack, deployed: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    from mlflow.deployments import get_deploy_client
+    from mlflow.exceptions import MlflowException
+
+    client = get_deploy_client("mlreg")
+    before = _requests(in_project.grpc_url, "table_data_model")
+    valid = "its inputs: categorical_col_1 TYPE_FP32 [-1,3], categorical_col_2 TYPE_FP32 [-1,3]"
+    with pytest.raises(MlflowException, match=rf"(?s)has no input 'nope'; {re.escape(valid)}.*fix: name"):
+        client.predict("table_data_model", {"categorical_col_1": [[1, 2, 3]], "nope": [[1, 2, 3]]})
+    with pytest.raises(MlflowException, match=r"needs input 'categorical_col_2', not sent"):
+        client.predict("table_data_model", {"categorical_col_1": [[1, 2, 3]]})
+    strings = {"categorical_col_1": [["a", "b", "c"]], "categorical_col_2": [[1, 2, 3]]}
+    path = tmp_path / "strings.json"
+    path.write_text(json.dumps(strings))
+    done = in_project.mlflow(
+        "deployments", "predict", "-t", "mlreg", "--name", "table_data_model", "--input-path", str(path)
+    )
+    assert done.returncode != 0
+    assert (
+        "error: input 'categorical_col_1' of table_data_model in 'local' is TYPE_FP32 [-1,3], "
+        "but the values sent are strings (e.g. 'a')"
+    ) in done.stderr
+    assert "fix: send numbers for 'categorical_col_1' (dims [3] per item)" in done.stderr
+    assert "TypeError" not in done.stderr
+    assert "ValueError" not in done.stderr
+    assert _requests(in_project.grpc_url, "table_data_model") == before  # nothing reached Triton
+    assert in_project.serving("table_data_model") == ["1"]
 
 
 def test_a_contract_breaking_version_is_refused_with_the_reason(

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -82,6 +83,126 @@ def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Pat
             client.set_registered_model_alias(name, "production", production)
     client.create_registered_model("d")  # no alias at all
     assert versions_from_alias(registry, "staging", "production") == [("a", "2"), ("c", "1")]
+
+
+def _registry_state(tmp_path: Path) -> tuple[Any, dict[str, tuple[int, dict[str, str]]]]:
+    """A sqlite registry under ``tmp_path/.mlreg``: scorer v1, v2 (staging -> 2, local -> 1) and
+    ranker v1 (staging -> 1); and a snapshot function of every model's version count and aliases."""
+    from registry.mlflow import MlflowRegistry
+    from registry.settings import Settings
+
+    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")}))
+    client = registry.client
+    for name, count, aliases in (
+        ("scorer", 2, {"staging": "2", "local": "1"}),
+        ("ranker", 1, {"staging": "1"}),
+    ):
+        client.create_registered_model(name)
+        for _ in range(count):
+            client.create_model_version(name, source=str(tmp_path))
+        for alias, version in aliases.items():
+            client.set_registered_model_alias(name, alias, version)
+
+    def state() -> dict[str, tuple[int, dict[str, str]]]:
+        return {
+            m.name: (len(registry.versions(m.name)), registry.aliases(m.name))
+            for m in client.search_registered_models()
+        }
+
+    return registry, state
+
+
+def _promote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / ".mlreg"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return CliRunner().invoke(app, ["promote", *args])
+
+
+@pytest.mark.parametrize("model", [[], ["scorer"]])
+def test_from_alias_that_no_version_holds_exits_4_naming_it_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: list[str]
+) -> None:
+    registry, state = _registry_state(tmp_path)
+    before = state()
+    result = _promote(tmp_path, monkeypatch, *model, "--from-alias", "nope")
+    assert result.exit_code == 4, result.output
+    assert "Nothing to promote" not in result.output
+    if model:
+        assert (
+            f"error: model 'scorer' has no alias 'nope' in MLflow ({registry.uri}); "
+            "its aliases: local, staging" in result.stderr
+        )
+        assert "fix: pass one of its aliases, or see 'mlreg versions scorer'" in result.stderr
+    else:
+        assert (
+            f"error: alias 'nope' names no version of any registered model in MLflow ({registry.uri})"
+            in result.stderr
+        )
+        assert "fix: check the alias (each environment's alias is in mlreg.toml" in result.stderr
+    assert state() == before  # nothing registered, no alias moved
+
+
+def test_from_alias_with_a_model_that_is_not_registered_exits_4(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry, state = _registry_state(tmp_path)
+    before = state()
+    result = _promote(tmp_path, monkeypatch, "nosuch", "--from-alias", "staging")
+    assert result.exit_code == 4, result.output
+    assert f"error: model 'nosuch' is not registered in MLflow ({registry.uri})" in result.stderr
+    assert state() == before
+
+
+def test_from_alias_with_a_model_promotes_only_that_model(tmp_path: Path) -> None:
+    from mlreg.workflow import versions_from_alias
+
+    registry, state = _registry_state(tmp_path)
+    before = state()
+    assert versions_from_alias(registry, "staging", "local") == [("ranker", "1"), ("scorer", "2")]
+    assert versions_from_alias(registry, "staging", "local", "ranker") == [("ranker", "1")]
+    assert versions_from_alias(registry, "staging", "production", "scorer") == [("scorer", "2")]
+    registry.set_alias("scorer", "production", "2")
+    assert versions_from_alias(registry, "staging", "production", "scorer") == []  # held already
+    assert state()["ranker"] == before["ranker"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["scorer", "--version", "2", "--from-alias", "staging"],
+            "error: --version and --from-alias/--from-file exclude each other",
+        ),
+        (
+            ["scorer", "--from-file", "exported.json"],
+            "error: MODEL 'scorer' and --from-file exclude each other",
+        ),
+        (
+            ["--from-alias", "local"],
+            "error: --from-alias 'local' is the alias of the environment promoted to",
+        ),
+    ],
+)
+def test_from_alias_refusals_are_usage_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    _, state = _registry_state(tmp_path)
+    before = state()
+    (tmp_path / "exported.json").write_text(json.dumps({"versions": [{"model": "scorer", "version": "2"}]}))
+    monkeypatch.chdir(tmp_path)
+    result = _promote(tmp_path, monkeypatch, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "fix: " in result.stderr
+    assert state() == before
+
+
+def test_promote_help_says_what_model_does_with_from_alias() -> None:
+    result = CliRunner().invoke(app, ["promote", "--help"])
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "with MODEL, only MODEL's" in text
+    assert "An alias no version holds is an error (exit 4)" in text
+    assert "takes no MODEL" in text
 
 
 def test_push_promotes_the_changed_model_to_staging(stack: WorkflowStack) -> None:

@@ -254,3 +254,79 @@ def test_a_state_folder_that_cannot_be_created_is_a_settings_error(
     assert result.exit_code == 12
     assert "error: the state folder MLREG_HOME=/proc/mlreg-home cannot be used: " in result.stderr
     assert "fix: set MLREG_HOME to a writable folder" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            {"kind": "promotions", "promotions": [{"version": "1"}]},
+            "not a promotion batch report as mlreg writes it: key 'model' is missing",
+        ),
+        (
+            {"versions": [{"model": "a", "version": "1"}]},
+            "not an export report as mlreg writes it: key 'validation' is missing",
+        ),
+        (
+            {"kind": "promotions", "promotions": "abc"},
+            "not a promotion batch report as mlreg writes it: a value has the wrong type or form (TypeError",
+        ),
+        ({"anything": 1}, "not a document mlreg writes (promote, export or validate --json)"),
+    ],
+)
+def test_report_on_a_document_mlreg_did_not_write_is_a_usage_error(
+    runner: CliRunner, tmp_path: Path, doc: dict, message: str
+) -> None:
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(doc))
+    result = runner.invoke(app, ["report", str(path), "--markdown"])
+    assert result.exit_code == 2, result.output
+    assert f"error: {path}: {message}" in result.stderr
+    assert "fix: pass the" in result.stderr
+    assert "internal error" not in result.output
+
+
+def _registered_models(home: Path) -> list[str]:
+    from registry.mlflow import MlflowRegistry
+    from registry.settings import Settings
+
+    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(home)}))
+    return [m.name for m in registry.client.search_registered_models()]
+
+
+def test_export_changed_without_a_base_to_compare_with_refuses_before_registering(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    result = runner.invoke(app, ["export", "--changed"])
+    assert result.exit_code == 2, result.output
+    assert (
+        "error: --changed lists the versions alias 'staging' does not hold yet, but no registered model "
+        f"in MLflow (sqlite:///{tmp_path / 'home' / 'mlflow.db'}) holds 'staging': "
+        "there is nothing to compare with"
+    ) in result.stderr
+    assert "fix: pass --against the alias of an environment promoted to" in result.stderr
+    assert not (tmp_path / "home" / "exports").exists()  # no exporter ran
+    assert _registered_models(tmp_path / "home") == []  # nothing registered
+
+
+def test_export_against_without_changed_is_a_usage_error(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["export", "--against", "production"])
+    assert result.exit_code == 2, result.output
+    assert "error: --against only applies with --changed" in result.stderr
+    assert "fix: pass --changed --against production, or drop --against" in result.stderr
+    assert not (tmp_path / "home" / "exports").exists()
+
+
+def test_export_changed_needs_only_one_model_holding_the_alias(tmp_path: Path) -> None:
+    from registry.errors import UsageError
+    from registry.export import require_base
+    from registry.mlflow import MlflowRegistry
+    from registry.settings import Settings
+
+    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / "home")}))
+    registry.client.create_registered_model("a")
+    registry.client.create_model_version("a", source=str(tmp_path))
+    with pytest.raises(UsageError, match="no registered model in MLflow .* holds 'production'"):
+        require_base(registry, "production")
+    registry.set_alias("a", "production", "1")
+    require_base(registry, "production")

@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from pipelines.promote.environments import Environment
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
+from pipelines.promote.environments import Environment
 from pipelines.promote.plan import Role, config_facts, ensemble_pins, serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
@@ -215,6 +214,10 @@ class FakeTarget:
         self.states.pop(model, None)
         self.ensembles.pop(model, None)
         self.fleet.check(self)
+
+    def model_config(self, model: str) -> dict[str, Any]:
+        steps = [{"model_name": m, "model_version": int(v)} for m, v in self.ensembles.get(model, {}).items()]
+        return {"name": model, "ensemble_scheduling": {"step": steps}} if steps else {"name": model}
 
     def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None:
         if not self.is_ready(model, version):
@@ -413,6 +416,25 @@ def test_a_failure_after_the_repoint_restores_ensembles_first_then_members(deplo
     assert world.registry.runs[-1]["tags"]["result"] == "rolled back"
 
 
+def test_a_rerun_repairs_an_ensemble_left_on_other_pins_or_missing_on_a_target(deployed: World) -> None:
+    world = deployed
+    world.promote("net", "2")
+    t0, t1 = world.fleet.targets["t0:8001"], world.fleet.targets["t1:8001"]
+    t0.ensembles["ens"]["net"] = "-1"  # an interrupted staged roll-out left it following the latest
+    t1.states.pop("ens")  # a replica restarted without it
+    t1.ensembles.pop("ens")
+    result = world.promote("net", "2")  # the version serves: only the ensemble is wrong
+    assert result.stage_names()[0] != "noop"
+    assert [(s.model, s.noop, s.reload) for s in result.plan.steps] == [
+        ("net", True, False),
+        ("ens", False, True),
+    ]
+    assert t0.ensembles["ens"]["net"] == "2"
+    assert t1.is_ready("ens", "1")
+    assert t1.ensembles["ens"]["net"] == "2"
+    assert world.promote("net", "2").stage_names() == ["noop"]  # and now it is a no-op
+
+
 def _state(world: World) -> dict[str, Any]:
     return {
         "configs": {m: world.config(m) for m in ("pre", "net", "ens")},
@@ -473,8 +495,9 @@ def test_an_interrupt_during_the_deploy_puts_everything_back(deployed: World) ->
             raise interrupts.pop()  # Ctrl-C right after the re-point on the last target
 
     target.load = interrupted  # type: ignore[method-assign]
-    with pytest.raises(PromotionFailed, match="KeyboardInterrupt"):
+    with pytest.raises(PromotionFailed, match=r"interrupted \(SIGINT\); .*rolled back") as info:
         world.promote("net", "2")
+    assert info.value.exit_code == 130
     target.load = load  # type: ignore[method-assign]
     assert _state(world) == before
     assert world.fleet.broken == []

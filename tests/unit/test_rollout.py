@@ -342,7 +342,17 @@ def test_unreachable_replicas_refuse_the_promotion_unless_tolerated() -> None:
     replicas, _ = _fleet(dead={"r3:8001"})
     with pytest.raises(PromotionError, match=r"1 replica\(s\) unreachable \(r3:8001\), max_unavailable = 0"):
         reachable(URLS, _opener(replicas), 0)
-    assert reachable(URLS, _opener(replicas), 1) == tuple(URLS[:3])
+    up, skipped = reachable(URLS, _opener(replicas), 1)
+    assert up == tuple(URLS[:3])
+    assert skipped == {"r3:8001": "live check failed on r3:8001: connection refused"}  # named, with why
+
+
+def test_a_fleet_with_no_reachable_replica_is_refused_whatever_max_unavailable() -> None:
+    replicas, _ = _fleet(dead=set(URLS))
+    with pytest.raises(
+        PromotionError, match=r"no replica is reachable \(r0:8001, r1:8001, r2:8001, r3:8001\)"
+    ):
+        reachable(URLS, _opener(replicas), 5)
 
 
 def test_parse_policy_returns_none_without_keys() -> None:
@@ -542,3 +552,8 @@ def test_a_counter_reset_during_the_bake_fails_it_naming_the_replica(tmp_path: P
         "to 2 (a counter reset: the replica restarted)" in error.message
     )
     assert rig.log == [("r0:8001", "m", True), ("r0:8001", "m", True)]
+
+
+def test_a_summary_of_faults_names_each_once_and_counts_the_rest() -> None:
+    assert metrics.summary(["a", "b", "a", "c", "d"]) == "a; b (and 2 more)"
+    assert metrics.summary(["a", "a"]) == "a"

@@ -1,0 +1,121 @@
+"""A bake whose metrics are not counts fails, naming the replica and the metric (issue 20, item 4).
+
+Two real tritonservers on one S3 repository (moto_server), the ``fleet`` environment of
+test_fleet.py with a canary, one more wave and a bake; the second replica's metrics URL points at a
+tiny HTTP server answering ``NaN`` for every request counter, with no traffic at all.  Before the
+fix the bake said "bake ok: failure ratio nan over nan requests" and the promotion succeeded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from pipelines.devstack import local_triton
+from pipelines.promote.reports import PromotionFailed
+from pipelines.storage import ensure_root, open_store
+from registry.mlflow import MlflowRegistry
+from registry.settings import Settings
+from tests.integration.test_fleet import ENSEMBLE_CONFIG, SCORER_CONFIG, FleetStack, scorer
+
+pytestmark = pytest.mark.integration
+
+NAN_COUNTERS = "".join(
+    f'nv_inference_request_{counter}{{model="{model}",version="{version}"}} NaN\n'
+    for model, version in (("scorer", "1"), ("scorer", "2"), ("scoring", "1"))
+    for counter in ("success", "failure", "duration_us")
+)
+
+
+class NanMetrics(BaseHTTPRequestHandler):
+    """A metrics endpoint whose every request counter is NaN."""
+
+    def do_GET(self) -> None:
+        body = NAN_COUNTERS.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def nan_metrics() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NanMetrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, s3_server: Any, nan_metrics: str) -> Iterator[FleetStack]:
+    """Two replicas; the canary's metrics are Triton's own, the other's are ``nan_metrics``."""
+    from pipelines.devstack import local_s3
+
+    root = tmp_path_factory.mktemp("bake-metrics")
+    settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
+    local_s3.create_bucket(s3_server.endpoint, "bake-metrics")
+    store = s3_server.store_uri("bake-metrics", "repository")
+    ensure_root(store)
+    servers = []
+    try:
+        for index in range(2):
+            servers.append(
+                local_triton.start_server(store, root / f"replica-{index}", settings.backends_source)
+            )
+        (root / "work").mkdir()
+        stack = FleetStack(settings, MlflowRegistry(settings), store, [], root / "work", root, servers)
+        stack.urls[:] = [info.grpc_url for info, _ in servers]
+        canary, other = servers[0][0], servers[1][0]
+        metrics = f'"{canary.grpc_url}" = "{canary.metrics_url}", "{other.grpc_url}" = "{nan_metrics}"'
+        (root / "mlreg.toml").write_text(
+            f'[environments.fleet]\nstore = "{store}"\n'
+            f'targets = ["{canary.grpc_url}", "{other.grpc_url}"]\ngpu = false\n'
+            "canary = 1\nwaves = [100]\nbake_seconds = 1\nmin_requests = 10\n"
+            f"metrics = {{ {metrics} }}\n"
+        )
+        yield stack
+    finally:
+        for info, process in servers:
+            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+
+
+def test_nan_metrics_fail_the_bake_naming_the_replica_and_the_metric(pair: FleetStack) -> None:
+    assert pair.register("scorer", SCORER_CONFIG, scorer("v1")) == "1"
+    assert pair.register("scoring", ENSEMBLE_CONFIG, None, members={"scorer": "1"}) == "1"
+    assert pair.promote("scoring", "1").ok  # a first deployment: nothing to bake against
+    assert pair.register("scorer", SCORER_CONFIG, scorer("v2")) == "2"
+    store = open_store(pair.store)
+    configs = (store.read_config("scorer"), store.read_config("scoring"))
+    aliases = (pair.registry.aliases("scorer"), pair.registry.aliases("scoring"))
+    canary, other = pair.urls
+    metric = 'nv_inference_request_success{model="scorer",version="1"} is nan, not a count'
+    expected = f"the bake after wave 1 of 2 failed: replica {other}: {metric}"
+
+    with pytest.raises(PromotionFailed, match=re.escape(expected)) as info:
+        pair.promote("scorer", "2")  # no traffic, min_requests = 10: NaN passed every comparison
+
+    assert "bake ok" not in info.value.message
+    assert "rolled back" in info.value.message
+    for url in pair.urls:  # the canary put back, the other never touched
+        assert pair.ready(url, "scorer") == ["1"], url
+        assert pair.ready(url, "scoring") == ["1"], url
+        assert pair.pinned(url) == 1, url
+    assert "2" not in pair.serving(other, "scorer")
+    assert (store.read_config("scorer"), store.read_config("scoring")) == configs
+    assert (pair.registry.aliases("scorer"), pair.registry.aliases("scoring")) == aliases
+    assert aliases[0]["fleet"] == "1"
+    assert "promoted_fleet" not in pair.registry.version("scorer", "2").tags
