@@ -22,6 +22,7 @@ from registry.settings import Settings
 
 if TYPE_CHECKING:
     from pipelines.promote.ports import Registry
+    from registry.export import PlannedVersion
 
 OnStage = Callable[[str, str, float, str], None]
 
@@ -52,17 +53,45 @@ class BatchResult:
 
 def versions_from_export(path: Path) -> list[tuple[str, str]]:
     """The (model, version) pairs an ``mlreg export --json`` document lists, in its order."""
+    return [(model, version) for model, version, _ in _export_entries(path)]
+
+
+def planned_from_export(path: Path) -> list[PlannedVersion] | None:
+    """The versions an ``mlreg export --dry-run --json`` document lists as planned (not registered:
+    their files and tags), for a plan's ``PlanRegistry``; None for an export that registered."""
+    from registry.export import PlannedVersion
+
+    try:
+        if json.loads(path.read_text()).get("dry_run") is not True:
+            return None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise _not_an_export(path, exc) from exc
+    try:
+        return [
+            PlannedVersion.from_dict(model, version, planned)
+            for model, version, planned in _export_entries(path)
+            if planned is not None
+        ]
+    except (KeyError, TypeError) as exc:
+        raise _not_an_export(path, exc) from exc
+
+
+def _export_entries(path: Path) -> list[tuple[str, str, dict[str, Any] | None]]:
     try:
         data = json.loads(path.read_text())
-        pairs = [(str(v["model"]), str(v["version"])) for v in data["versions"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(
-            f"{path}: not an 'mlreg export --json' document ({type(exc).__name__}: {exc})",
-            fix="pass the file 'mlreg export --changed --json > FILE' wrote",
-        ) from exc
-    for model, _ in pairs:
+        entries = [(str(v["model"]), str(v["version"]), v.get("planned")) for v in data["versions"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise _not_an_export(path, exc) from exc
+    for model, _, _ in entries:
         check_model_name(model)
-    return pairs
+    return entries
+
+
+def _not_an_export(path: Path, exc: Exception) -> UsageError:
+    return UsageError(
+        f"{path}: not an 'mlreg export --json' document ({type(exc).__name__}: {exc})",
+        fix="pass the file 'mlreg export --changed --json > FILE' wrote",
+    )
 
 
 def versions_from_alias(
@@ -168,17 +197,29 @@ def promote_many(
     dry_run: bool,
     on_stage: OnStage | None = None,
     ensembles_first: bool = False,
+    planned: list[PlannedVersion] | None = None,
     **options: Any,
 ) -> BatchResult:
     """Promote each (model, version) in order.  A real run stops at the first failure (an
     ensemble must not be promoted over a member that failed); a dry run plans every one.  A
-    version the environment's alias holds by then (an ensemble's promotion brought it) is skipped."""
+    version the environment's alias holds by then (an ensemble's promotion brought it) is skipped.
+    ``planned``: versions an ``export --dry-run`` did not register, which only a dry run can plan
+    (MLflow is then only read)."""
     from mlreg.service import context
     from pipelines.devstack.scratch import scratch_servers
     from pipelines.promote.runner import Options, Promotion
+    from registry.export import PlanRegistry
 
+    if planned and not dry_run:
+        listed = ", ".join(f"{v.name} v{v.version}" for v in planned)
+        raise UsageError(
+            f"{listed}: planned by 'mlreg export --dry-run', not registered: only a plan can use them",
+            fix="pass --dry-run, or run 'mlreg export --changed --json' (it registers) and promote its file",
+        )
     ctx = context(settings, env_name)
-    env, registry = ctx.env, ctx.registry
+    env = ctx.env
+    plan = None if planned is None else PlanRegistry(ctx.registry, planned)
+    registry: Registry = plan or ctx.registry
     batch = BatchResult(env.name, env.alias, dry_run, settings.tracking_uri)
     for model, version in ordered(registry, pairs, ensembles_first):
         if batch.promotions and not batch.ok and not dry_run:
@@ -194,4 +235,6 @@ def promote_many(
             batch.promotions.append(_entry(model, version, result, None))
         except MlregError as exc:
             batch.promotions.append(_entry(model, version, exc.context.get("result"), exc))
+        if plan is not None:  # not in MLflow: the report links to no version page
+            batch.promotions[-1]["registered"] = plan.planned_version(model, version) is None
     return batch

@@ -1,24 +1,37 @@
-"""``mlreg export``: run the template's exporters, then register every result."""
+"""``mlreg export``: run the template's exporters, then register every result.
+
+``mlreg export --dry-run`` registers into a ``PlanRegistry`` instead: the real registry read
+only, what would be registered kept in memory and listed (folder and tags) in the ``--json``
+document, which ``mlreg promote --from-file F --dry-run`` plans from.  A pull request's plan runs
+the pull request's code (exporters, ``mlreg.toml``) with a read-only MLflow token: it can write
+nothing, and needs to write nothing.
+"""
 
 from __future__ import annotations
 
+import itertools
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from registry import template
 from registry.contracts.config import CONFIG_NAME, load_config
-from registry.errors import UsageError
+from registry.errors import RegistryError, UsageError
 from registry.mlflow import MlflowRegistry
-from registry.register import RegisterResult, find_candidate, register
-from registry.settings import Settings
+from registry.register import Candidate, RegisterResult, find_candidate, register
+from registry.settings import EXPORTS_EXPERIMENT, Settings
+
+if TYPE_CHECKING:
+    from registry.mlflow.model import LoggedTritonModel
 
 
 def _is_ensemble(model_dir: Path) -> bool:
     return load_config(model_dir / CONFIG_NAME).platform == "ensemble"
 
 
-def member_versions(registry: MlflowRegistry, model_dir: Path) -> dict[str, str]:
+def member_versions(registry: MlflowRegistry | PlanRegistry, model_dir: Path) -> dict[str, str]:
     """For an ensemble: the registry version of each member it was built against."""
     config = load_config(model_dir / CONFIG_NAME)
     members = {}
@@ -33,7 +46,7 @@ def member_versions(registry: MlflowRegistry, model_dir: Path) -> dict[str, str]
 
 def export_models(
     settings: Settings,
-    registry: MlflowRegistry,
+    registry: MlflowRegistry | PlanRegistry,
     models: list[str] | None = None,
     seed: int = 0,
     force: bool = False,
@@ -56,7 +69,7 @@ def export_models(
         info = dict(built.exported.get(folder.name) or {})
         results.append(
             register(
-                registry,
+                cast(MlflowRegistry, registry),  # a PlanRegistry has every method register() calls
                 find_candidate(folder),
                 force=force,
                 exporter=exporter,
@@ -67,7 +80,25 @@ def export_models(
     return results
 
 
-def require_base(registry: MlflowRegistry, alias: str) -> None:
+def export(
+    settings: Settings,
+    registry: MlflowRegistry | PlanRegistry,
+    models: list[str] | None = None,
+    *,
+    seed: int = 0,
+    force: bool = False,
+    against: str | None = None,
+) -> list[RegisterResult]:
+    """Export the template and register every result in ``registry`` (a ``PlanRegistry``: nothing
+    written); with ``against``, return only the versions that alias does not hold yet, refused
+    before any exporter runs when no model holds it (``require_base``)."""
+    if against is not None:
+        require_base(registry, against)
+    results = export_models(settings, registry, models, seed=seed, force=force)
+    return results if against is None else changed_versions(registry, results, against)
+
+
+def require_base(registry: MlflowRegistry | PlanRegistry, alias: str) -> None:
     """``mlreg export --changed`` compares with ``alias``: a UsageError, before anything is exported
     or registered, when no registered model holds it.  Then there is nothing to compare with (a
     fresh registry, e.g. MLREG_HOME outside the project, or a typo) and "changed" would silently
@@ -83,7 +114,7 @@ def require_base(registry: MlflowRegistry, alias: str) -> None:
 
 
 def changed_versions(
-    registry: MlflowRegistry, results: list[RegisterResult], alias: str
+    registry: MlflowRegistry | PlanRegistry, results: list[RegisterResult], alias: str
 ) -> list[RegisterResult]:
     """The results an environment owning ``alias`` does not have yet (``mlreg export --changed``):
     a version registered just now, or one newer than the version the alias holds (registered by
@@ -95,3 +126,191 @@ def changed_versions(
         if r.created or held is None or int(r.version) > int(held):
             changed.append(r)
     return changed
+
+
+# -- the plan: what an export would register, nothing written -----------------------------------
+
+
+@dataclass
+class PlannedVersion:
+    """A version an export would register: its files on disk and the tags registering gives it."""
+
+    name: str
+    version: str
+    config_path: Path
+    version_dir: Path
+    tags: dict[str, str] = field(default_factory=dict)
+    run_id: str = ""  # never logged
+    aliases: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": str(self.config_path),
+            "version_dir": str(self.version_dir),
+            "tags": dict(self.tags),
+        }
+
+    @classmethod
+    def from_dict(cls, name: str, version: str, data: dict[str, Any]) -> PlannedVersion:
+        """The ``planned`` entry of an ``mlreg export --dry-run --json`` document; its files must
+        still be there (the same job: the export's folder is MLREG_HOME/exports)."""
+        planned = cls(name, version, Path(data["config"]), Path(data["version_dir"]), dict(data["tags"]))
+        for path in (planned.config_path, planned.version_dir):
+            if not path.exists():
+                raise UsageError(
+                    f"{name} v{version}: the planned version's files are gone ({path})",
+                    fix="run 'mlreg export --dry-run' and the plan in the same job (same MLREG_HOME)",
+                )
+        return planned
+
+
+READ_ONLY = "a plan (--dry-run) writes nothing to MLflow"
+
+
+class PlanRegistry:
+    """The registry as a plan sees it: ``base`` for everything registered, read only, and in
+    memory the versions a plan would register (numbered as MLflow would number them next).
+    ``register()`` runs unchanged on it: runs and artifacts are dropped, ``create_version`` keeps
+    the files and tags.  Moving an alias or tagging a registered version is refused."""
+
+    def __init__(self, base: MlflowRegistry, planned: Iterable[PlannedVersion] = ()) -> None:
+        self.base = base
+        self.uri = base.uri
+        self.settings = base.settings
+        self.planned: dict[tuple[str, str], PlannedVersion] = {}
+        self._logged: dict[str, LoggedTritonModel] = {}
+        self._ids = itertools.count(1)
+        for version in planned:
+            self._add(version)
+
+    def _add(self, version: PlannedVersion) -> None:
+        taken = {str(v.version) for v in self.base.versions(version.name)}
+        if version.version in taken:
+            raise RegistryError(
+                f"{version.name} version {version.version} was registered in MLflow ({self.uri}) "
+                "since the plan's export numbered it",
+                fix="run 'mlreg export --dry-run' again, then the plan",
+            )
+        self.planned[(version.name, version.version)] = version
+
+    def planned_version(self, name: str, version: str) -> PlannedVersion | None:
+        return self.planned.get((name, version))
+
+    # -- reads: the real registry, then the plan --------------------------------------------------
+
+    def warm_up(self) -> None:
+        self.base.warm_up()
+
+    def ping(self) -> None:
+        self.base.ping()
+
+    def versions(self, name: str) -> list[Any]:
+        mine = [v for (model, _), v in self.planned.items() if model == name]
+        return [*self.base.versions(name), *mine]
+
+    def version(self, name: str, version: str) -> Any:
+        return self.planned.get((name, version)) or self.base.version(name, version)
+
+    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
+        mine = [v for (model, _), v in self.planned.items() if model == name and v.tags.get(key) == value]
+        return [*self.base.find_by_tag(name, key, value, like), *mine]
+
+    def aliases(self, name: str) -> dict[str, str]:
+        """A model only the plan registers holds no alias yet."""
+        try:
+            return self.base.aliases(name)
+        except RegistryError as exc:
+            new = any(model == name for model, _ in self.planned)
+            if new and "RESOURCE_DOES_NOT_EXIST" in str(exc.context.get("code", "")):
+                return {}
+            raise
+
+    def alias_versions(self, alias: str) -> dict[str, str]:
+        return self.base.alias_versions(alias)
+
+    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
+        planned = self.planned.get((name, version))
+        if planned is None:
+            return self.base.fetch_version(name, version, dest)
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        shutil.copy2(planned.config_path, dest / CONFIG_NAME)
+        shutil.copytree(planned.version_dir, dest / version)
+        return dict(planned.tags)
+
+    def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
+        return self.base.promotions(name, env)
+
+    def download(self, run_id: str, path: str, dest: Path) -> Path:
+        return self.base.download(run_id, path, dest)
+
+    # -- writes: kept in memory, or refused -------------------------------------------------------
+
+    def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
+        return ""
+
+    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
+        return ""  # no run: a plan's report links to none
+
+    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
+        return None
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
+        return None
+
+    def finish_run(self, run_id: str, ok: bool) -> None:
+        return None
+
+    def discard_run(self, run_id: str) -> None:
+        return None
+
+    def ensure_model(self, name: str, description: str) -> None:
+        return None
+
+    def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str:
+        model_id = f"planned-{next(self._ids)}"
+        self._logged[model_id] = model
+        return model_id
+
+    def create_version(
+        self,
+        name: str,
+        source: str,
+        run_id: str,
+        tags: dict[str, str],
+        description: str,
+        model_id: str | None = None,
+    ) -> str:
+        logged = self._logged.pop(str(model_id))
+        number = str(max((int(v.version) for v in self.versions(name)), default=0) + 1)
+        self._add(PlannedVersion(name, number, logged.config_path, logged.version_dir, dict(tags)))
+        return number
+
+    def register_version(
+        self,
+        name: str,
+        version_dir: Path,
+        config_path: Path,
+        *,
+        members: dict[str, str] | None = None,
+        export_info: dict[str, Any] | None = None,
+    ) -> str:
+        """A version the promotion derives (an ONNX conversion, a re-pointed ensemble): planned."""
+        candidate = Candidate(name, version_dir, config_path)
+        registered = register(cast(MlflowRegistry, self), candidate, members=members, export_info=export_info)
+        return registered.version
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        planned = self.planned.get((name, version))
+        if planned is None:
+            raise RegistryError(f"{READ_ONLY}: tag {key} of {name} v{version}", fix="drop --dry-run")
+        planned.tags[key] = value
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        raise RegistryError(f"{READ_ONLY}: alias {alias} of {name}", fix="drop --dry-run")
+
+    def record_deployment(
+        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
+    ) -> None:
+        raise RegistryError(f"{READ_ONLY}: deployment of {model} v{version}", fix="drop --dry-run")

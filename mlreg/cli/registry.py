@@ -11,6 +11,7 @@ from mlreg.cli.common import JsonFlag, ModelName, ModelVersion, settings_of
 from mlreg.cli.output import Output
 
 if TYPE_CHECKING:
+    from registry.export import PlannedVersion, PlanRegistry
     from registry.register import RegisterResult
     from registry.settings import Settings
 
@@ -18,15 +19,31 @@ alias_app = typer.Typer(help="Set or remove a registered model's aliases.", no_a
 Force = Annotated[bool, typer.Option("--force", help="Register even when identical bytes are registered.")]
 
 
-def _print_results(out: Output, results: list[RegisterResult]) -> None:
+def _print_results(out: Output, results: list[RegisterResult], plan: PlanRegistry | None = None) -> None:
+    """The versions registered (or, for a plan, that would be: their files and tags listed)."""
+
+    def planned(r: RegisterResult) -> PlannedVersion | None:
+        return plan.planned_version(r.model, r.version) if plan is not None else None
+
     def human() -> None:
         for r in results:
-            verb = "registered" if r.created else "unchanged, matches"
+            verb = "would register" if planned(r) else "registered" if r.created else "unchanged, matches"
             out.line(f"{r.model}: {verb} version {r.version} (validation {r.validation})")
             for line in r.findings:
                 out.line(f"  error: {line}")
+        if plan is not None:
+            out.line("dry run: nothing was registered in MLflow")
 
-    out.result({"versions": [r.to_dict() for r in results]}, human)
+    rows = []
+    for r in results:
+        row = r.to_dict()
+        if (version := planned(r)) is not None:
+            row["planned"] = version.to_dict()
+        rows.append(row)
+    doc: dict[str, Any] = {"versions": rows}
+    if plan is not None:
+        doc["dry_run"] = True
+    out.result(doc, human)
 
 
 def _registry(settings: Settings) -> Any:
@@ -56,6 +73,14 @@ def export_cmd(
         str | None,
         typer.Option("--against", help="The alias --changed compares with (default: staging)."),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Register nothing (MLflow is only read): list what would be registered, for "
+            "'mlreg promote --from-file F --dry-run' (a pull request's plan).",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Run the template's exporters and register every result as an MLflow model version.
@@ -63,7 +88,7 @@ def export_cmd(
     Example: mlreg export image_model --seed 7
     """
     from registry.errors import UsageError
-    from registry.export import changed_versions, export_models, require_base
+    from registry.export import PlanRegistry, export
 
     if against is not None and not changed:
         raise UsageError(
@@ -72,13 +97,10 @@ def export_cmd(
         )
     settings = settings_of(ctx)
     registry = _registry(settings)
-    base = against or "staging"
-    if changed:
-        require_base(registry, base)
-    results = export_models(settings, registry, models or None, seed=seed, force=force)
-    if changed:
-        results = changed_versions(registry, results, base)
-    _print_results(Output(as_json), results)
+    plan = PlanRegistry(registry) if dry_run else None
+    base = (against or "staging") if changed else None
+    results = export(settings, plan or registry, models or None, seed=seed, force=force, against=base)
+    _print_results(Output(as_json), results, plan)
 
 
 def register_cmd(

@@ -38,7 +38,9 @@ def table(headers: list[str], rows: Iterable[list[object]]) -> list[str]:
     return lines + [""]
 
 
-def _mlflow_links(mlflow: str, model: str, version: str, run_id: str) -> str:
+def _mlflow_links(mlflow: str, model: str, version: str, run_id: str, registered: bool = True) -> str:
+    if not registered:
+        return f"{model} v{version} (planned: not registered yet)"
     if not mlflow.startswith(("http://", "https://")):
         return f"{model} v{version}" + (f", run {run_id}" if run_id else "")
     base = mlflow.rstrip("/")
@@ -131,7 +133,13 @@ def render_batch(doc: Doc) -> list[str]:
             e["model"],
             f"v{e['version']}",
             _result(e),
-            _mlflow_links(mlflow, e["model"], e["version"], (e.get("report") or {}).get("promotion_run", "")),
+            _mlflow_links(
+                mlflow,
+                e["model"],
+                e["version"],
+                (e.get("report") or {}).get("promotion_run", ""),
+                e.get("registered", True),
+            ),
         ]
         for e in entries
     ]
@@ -161,11 +169,16 @@ def render_promotion(doc: Doc) -> list[str]:
 
 
 def render_export(doc: Doc) -> list[str]:
+    def registered(v: Doc) -> str:
+        if v.get("planned"):
+            return "no (dry run: would be new)"
+        return "new" if v.get("created") else "already registered"
+
     rows = [
-        [v["model"], f"v{v['version']}", "new" if v.get("created") else "already registered", v["validation"]]
-        for v in doc.get("versions") or []
+        [v["model"], f"v{v['version']}", registered(v), v["validation"]] for v in doc.get("versions") or []
     ]
-    lines = ["## mlreg export", "", *table(["model", "version", "registered", "validation"], rows)]
+    title = "## mlreg export (dry run: nothing registered)" if doc.get("dry_run") else "## mlreg export"
+    lines = [title, "", *table(["model", "version", "registered", "validation"], rows)]
     for v in doc.get("versions") or []:
         lines += [f"> **error:** {cell(v['model'])}: {cell(line)}" for line in v.get("findings") or []]
     return lines
@@ -269,7 +282,7 @@ def promote_many_cmd(
     first; MODEL limits --from-alias to that model and is refused with --from-file."""
     from mlreg.cli.output import emit_json
     from mlreg.service import environment
-    from mlreg.workflow import promote_many, versions_from_alias, versions_from_export
+    from mlreg.workflow import planned_from_export, promote_many, versions_from_alias, versions_from_export
     from registry.errors import UsageError
     from registry.mlflow import MlflowRegistry
 
@@ -282,14 +295,18 @@ def promote_many_cmd(
                 fix=f"drop MODEL, or promote it alone: mlreg promote {model} --version N --env {env}",
             )
         pairs = versions_from_export(from_file)
+        planned = planned_from_export(from_file)
     else:
         target = environment(settings, env).alias
         pairs = versions_from_alias(MlflowRegistry(settings), str(from_alias), target, model or None)
+        planned = None
 
     def on_stage(stage: str, status: str, seconds: float, detail: str) -> None:
         typer.echo(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}", err=True)
 
-    batch = promote_many(settings, env, pairs, on_stage=on_stage, ensembles_first=bool(from_alias), **options)
+    batch = promote_many(
+        settings, env, pairs, on_stage=on_stage, ensembles_first=bool(from_alias), planned=planned, **options
+    )
     doc = batch.to_dict()
     if as_json:
         emit_json(doc)

@@ -149,8 +149,15 @@ class StagedRollout:
             ) from exc
         for url, move in ((u, m) for u in self.targets for m in moves if m.baked_old):
             model, versions = move.change.model, {*move.change.versions, *move.baked_old}
-            found = metrics.faults(model, versions, baseline.get(url, {}))
-            found += metrics.faults(model, versions, before[url], after[url])
+            found = [
+                f
+                for scrape in (baseline.get(url, {}), before[url], after[url])
+                for f in metrics.faults(model, versions, scrape)
+            ]
+            # a counter going down is a restart only for a version loaded through the window: on a
+            # moved replica the old version unloads (its series ends), on the others the new one never loads
+            steady = set(move.change.versions) if url in self.moved else set(move.baked_old)
+            found += metrics.faults(model, steady, before[url], after[url])
             if found:  # a NaN would pass every threshold: the bake cannot judge, so it fails
                 raise PromotionError(
                     f"{when} failed: replica {url}: {metrics.summary(found)}",

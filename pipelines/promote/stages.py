@@ -39,6 +39,7 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
+from registry.contracts.config import CONFIG_NAME
 from registry.errors import PromotionError
 from registry.settings import PROMOTIONS_EXPERIMENT
 
@@ -100,6 +101,8 @@ def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
         if int(pinned) <= 0:
             return False  # "latest": only the registry knows which
         wanted[member] = pinned
+    if config_facts(config).is_ensemble and not _pins_registered(ctx, model, version, config):
+        return False
     for ensemble in store.list_models():
         text = store.read_config(ensemble)
         if (
@@ -115,6 +118,17 @@ def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
     if not ctx.fleet.serve_exactly(wanted):
         return False
     return not any(_pins_astray(ctx, name, text) for name, text in ensembles_using(ctx, {model}).items())
+
+
+def _pins_registered(ctx: PromotionContext, model: str, version: str, config: str) -> bool:
+    """The store's ensemble pins what registered ``version`` pins: re-pointed ensembles keep their
+    Triton folder, so the folder alone cannot tell version 1 from its re-pointed version 2.  (The
+    embedded registry answers from its files, without importing MLflow.)"""
+    assert ctx.plan.workdir is not None
+    folder = ctx.plan.workdir / f"registered-{model}-{version}"
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx.registry.fetch_version(model, version, folder)
+    return ensemble_pins((folder / CONFIG_NAME).read_text()) == ensemble_pins(config)
 
 
 def ensembles_using(ctx: PromotionContext, models: set[str]) -> dict[str, str]:

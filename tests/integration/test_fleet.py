@@ -33,7 +33,7 @@ from pipelines.promote.status import model_status
 from pipelines.storage import ensure_root, open_store
 from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
-from registry.errors import PromotionError
+from registry.errors import PromotionError, UsageError
 from registry.mlflow import MlflowRegistry
 from registry.register import Candidate, register
 from registry.settings import Settings
@@ -391,6 +391,98 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
         assert fleet.ready(url, "scorer") == ["5"], url
         assert fleet.pinned(url) == 5, url
     assert fleet.registry.aliases("scorer")["fleet"] == "5"
+
+
+def _environment_with(fleet: FleetStack, targets: list[str], extra: str) -> None:
+    """The ``fleet`` environment over ``targets`` (live or not), with ``extra`` policy lines."""
+    listed = ", ".join(f'"{url}"' for url in targets)
+    metrics = ", ".join(f'"{info.grpc_url}" = "{info.metrics_url}"' for info, _ in fleet.servers)
+    (fleet.root / "mlreg.toml").write_text(
+        f'[environments.fleet]\nstore = "{fleet.store}"\ntargets = [{listed}]\ngpu = false\n'
+        f"canary = 1\nwaves = [100]\nmetrics = {{ {metrics} }}\n{extra}"
+    )
+
+
+def _fleet_state(fleet: FleetStack) -> dict[str, Any]:
+    store = open_store(fleet.store)
+    return {
+        "configs": (store.read_config("scorer"), store.read_config("scoring")),
+        "ready": [fleet.ready(url, "scorer") for url in fleet.urls],
+        "pins": [fleet.pinned(url) for url in fleet.urls],
+        "aliases": (fleet.registry.aliases("scorer"), fleet.registry.aliases("scoring")),
+    }
+
+
+def test_a_rerun_repairs_an_ensemble_left_on_the_latest_member_or_missing_on_a_replica(
+    fleet: FleetStack,
+) -> None:
+    """What an interrupted roll-out leaves (the ensemble following -1 on one replica) and a replica
+    restarted without the ensemble: promoting the serving version again repairs both, and the
+    promotion's verify checks the ensemble on every replica."""
+    a, _, c = fleet.urls
+    store = open_store(fleet.store)
+    following = (store.read_config("scoring") or "").replace("model_version: 5", "model_version: -1")
+    with TritonControl(a) as triton:
+        triton.load("scoring", config=config_json(following))
+    with TritonControl(c) as triton:
+        triton.unload("scoring")
+    assert fleet.pinned(a) == -1
+    assert fleet.ready(c, "scoring") == []
+    result = fleet.promote("scorer", "5")
+    assert result.stage_names()[0] != "noop"
+    assert [(s.model, s.reload) for s in result.plan.steps if not s.noop] == [("scoring", True)]
+    for url in fleet.urls:
+        assert fleet.ready(url, "scoring") == ["1"], url
+        assert fleet.pinned(url) == 5, url
+        assert fleet.ready(url, "scorer") == ["5"], url
+    assert fleet.promote("scorer", "5").stage_names() == ["noop"]
+
+
+def test_a_replica_skipped_under_max_unavailable_is_named_in_every_report(fleet: FleetStack) -> None:
+    from pipelines.devstack.local_triton import free_port
+
+    ghost = f"127.0.0.1:{free_port()}"
+    _environment_with(fleet, [*fleet.urls, ghost], "max_unavailable = 1\n")
+    try:
+        assert fleet.register("scorer", SCORER_CONFIG, scorer("v6")) == "6"
+        result = fleet.promote("scorer", "6")
+    finally:
+        fleet.write_environment()
+    deploy = next(s for s in result.stages if s.stage == "deploy")
+    assert f"skipped under max_unavailable: {ghost} (" in deploy.detail  # the human output's line
+    document = result.to_dict()  # what --json prints
+    assert list(document["plan"]["skipped"]) == [ghost]
+    [report] = [s["report"] for s in document["stages"] if s["stage"] == "deploy"]
+    assert list(report["skipped"]) == [ghost]
+    for url in fleet.urls:
+        assert fleet.ready(url, "scorer") == ["6"], url
+        assert fleet.pinned(url) == 6, url
+    assert fleet.registry.aliases("scorer")["fleet"] == "6"
+
+
+@pytest.mark.parametrize(
+    ("max_unavailable", "error", "message"),
+    [
+        (2, PromotionError, r"no replica is reachable \(127\.0\.0\.1:\d+, 127\.0\.0\.1:\d+\)"),
+        (5, UsageError, r"max_unavailable = 5 is more than the fleet's 2 replica\(s\)"),
+    ],
+)
+def test_a_fleet_with_no_reachable_replica_is_refused_and_the_alias_stays(
+    fleet: FleetStack, max_unavailable: int, error: type[Exception], message: str
+) -> None:
+    from pipelines.devstack.local_triton import free_port
+
+    before = _fleet_state(fleet)
+    ghosts = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    _environment_with(fleet, ghosts, f"max_unavailable = {max_unavailable}\n")
+    try:
+        version = fleet.register("scorer", SCORER_CONFIG, scorer("v7"))
+        with pytest.raises(error, match=message):
+            fleet.promote("scorer", version)
+    finally:
+        fleet.write_environment()
+    assert _fleet_state(fleet) == before  # store, every replica, aliases
+    assert "promoted_fleet" not in (fleet.registry.version("scorer", version).tags or {})
 
 
 def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(

@@ -435,6 +435,22 @@ def test_a_rerun_repairs_an_ensemble_left_on_other_pins_or_missing_on_a_target(d
     assert world.promote("net", "2").stage_names() == ["noop"]  # and now it is a no-op
 
 
+def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_no_noop(deployed: World) -> None:
+    """A re-pointed ensemble keeps its store folder (1): promoting registered v1 again, whose pins
+    are the old ones, must bring its members back -- not say "already serves"."""
+    world = deployed
+    world.promote("net", "2")  # ens re-pointed to net v2, registered as ens v2, stored as folder 1
+    assert ("register", "ens", "2", (("net", "2"), ("pre", "1"))) in world.events
+    result = world.promote("ens", "1")
+    assert result.stage_names()[0] != "noop"
+    assert serving_versions(world.config("net")) == ["1"]
+    assert "model_version: 1" in (world.config("ens") or "").split('model_name: "net"')[1][:40]
+    for target in world.fleet.targets.values():
+        assert target.ensembles["ens"]["net"] == "1"
+        assert target.is_ready("net", "1")
+    assert world.promote("ens", "1").stage_names() == ["noop"]
+
+
 def _state(world: World) -> dict[str, Any]:
     return {
         "configs": {m: world.config(m) for m in ("pre", "net", "ens")},
