@@ -19,6 +19,7 @@ from typing import Protocol
 from pipelines.promote.convert import Converted
 from pipelines.promote.environments import Environment
 from pipelines.promote.fanout import Fleet
+from pipelines.promote.integrity import Repair
 from pipelines.promote.plan import Plan
 from pipelines.promote.ports import Registry, ScratchServers
 from pipelines.promote.quality import QualityReport
@@ -82,6 +83,7 @@ class PromotionContext:
     checked: QualityReport | None = None  # the gate's outputs: verify compares the servers with them
     noop: bool = False  # resolve found the version serving exactly as asked
     converted: Converted | None = None  # convert's ONNX version, registered by assemble
+    repairs: list[Repair] = field(default_factory=list)  # corrupt stored versions assemble restores
 
     def __post_init__(self) -> None:
         self.undo = UndoLog(self.env.gpu)

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 from pipelines.promote.context import PromotionContext, Stage
+from pipelines.promote.integrity import verifier
 from pipelines.promote.quality import GateFailed, gate_error
 from pipelines.promote.record import record_promotion
 from pipelines.promote.reports import FleetReport, PromotionFailed
@@ -71,7 +72,8 @@ def _failure(ctx: PromotionContext, exc: BaseException, touched: list[str]) -> P
 
 def _rollback(ctx: PromotionContext) -> FleetReport:
     first = len(ctx.fleet.rollouts)
-    report = ctx.undo.replay(ctx.fleet, ctx.store)
+    digests = {(s.model, v): d for s in ctx.plan.steps for v, d in s.previous_digests.items()}
+    report = ctx.undo.replay(ctx.fleet, ctx.store, verifier(ctx.store, digests))
     if not report.ok:
         raise PromotionError(
             f"{'; '.join(report.failed)} (not put back; a replica that restarts reads the store)",

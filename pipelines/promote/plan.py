@@ -19,7 +19,7 @@ from pipelines.promote.policy import waves_of
 from pipelines.promote.ports import Registry
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME, format_config, model_config_pb2, parse_config
-from registry.errors import PromotionError
+from registry.errors import MlregError, PromotionError
 
 Serves = Callable[[str, str], bool]  # (model, version) -> every target serves exactly that version
 
@@ -74,6 +74,7 @@ class Step:
     upload: bool = True
     reload: bool = False  # the store is as wanted, but a target does not serve it: load again
     digest: str = ""  # the artifact digest registered in MLflow for this version
+    previous_digests: dict[str, str] = field(default_factory=dict)  # the same for previous_versions
 
     @property
     def facts(self) -> ConfigFacts:
@@ -271,6 +272,7 @@ def _step(
     serving = serving_versions(previous)
     stored = store.read_manifest(model, version) is not None
     text = (folder / CONFIG_NAME).read_text()
+    earlier = {v: _digest_of(registry, model, v) for v in serving if v != version}
     return Step(
         model,
         version,
@@ -281,7 +283,16 @@ def _step(
         serving,
         upload=not stored,
         digest=tags.get("artifact_digest", ""),
+        previous_digests=earlier,
     )
+
+
+def _digest_of(registry: Registry, model: str, version: str) -> str:
+    """The artifact digest MLflow records for a version ("" when it has none, or no such version)."""
+    try:
+        return str((registry.version(model, version).tags or {}).get("artifact_digest", ""))
+    except (MlregError, LookupError):
+        return ""
 
 
 def _ensembles_using(store: RepositoryStore, model: str) -> list[tuple[str, str]]:

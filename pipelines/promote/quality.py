@@ -167,7 +167,7 @@ def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[s
             (target / step.version).mkdir()
         old = serving_reference(step)
         if source is not None and old and not step.runtime_changes and store.read_manifest(step.model, old):
-            store.get_version(step.model, old, target / old)
+            store.get_version(step.model, old, target / old, step.previous_digests.get(old) or None)
             (target / CONFIG_NAME).write_text(
                 desired_config(step.config_text, [old, step.version], gpu=False)
             )

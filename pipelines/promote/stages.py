@@ -17,6 +17,7 @@ from pipelines.promote import checks, quality
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.fanout import checkpoint
+from pipelines.promote.integrity import apply_repair, check_stored
 from pipelines.promote.plan import (
     Plan,
     Role,
@@ -251,8 +252,24 @@ def validate(ctx: PromotionContext) -> ValidateReport:
             fix="promote with --allow-breaking once every ensemble using it is updated in "
             "the same promotion, or keep the contract",
         )
-    verified = [_verify_bytes(ctx, s) for s in plan.steps if not s.upload and not s.is_ensemble]
+    verified = [name for step in plan.steps if not step.is_ensemble for name in _check_bytes(ctx, step)]
     return ValidateReport(len(plan.steps), breaking, verified)
+
+
+def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
+    """Every stored version this promotion may load -- the new one, and those an abort would load
+    again -- against its registered digest; a corrupt one restored from the registry by
+    ``assemble`` when the registry's copy verifies (never loaded unverified)."""
+    assert ctx.plan.workdir is not None
+    wanted = [] if step.upload else [(step.version, step.digest)]
+    wanted += [(v, step.previous_digests.get(v, "")) for v in step.previous_versions if v != step.version]
+    checked = []
+    for version, digest in wanted:
+        repair = check_stored(ctx.store, ctx.registry, step, version, digest, ctx.plan.workdir)
+        if repair is not None:
+            ctx.repairs.append(repair)
+        checked.append(f"{step.model}/{version}" + (" (corrupt: restored by assemble)" if repair else ""))
+    return checked
 
 
 def _repointed_errors(ctx: PromotionContext) -> list[str]:
@@ -295,7 +312,8 @@ def assemble(ctx: PromotionContext) -> UploadReport:
     then every new version folder uploaded and verified."""
     if ctx.converted is not None and not ctx.converted.registered:
         _register_converted(ctx, ctx.converted)
-    sent, uploaded = 0, []
+    repaired = [apply_repair(ctx.store, repair) for repair in ctx.repairs]  # the registered bytes back
+    sent, uploaded = 0, repaired
     for step in ctx.plan.steps:
         if step.upload and step.folder is not None:
             ctx.undo.uploaded(step, step.version)

@@ -17,12 +17,15 @@ earlier override over a store file older than it, so a plain reload would not be
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipelines.promote.fanout import Change, Fleet
 from pipelines.promote.plan import Step, desired_config, ensemble_pins
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
+
+VerifyStored = Callable[[str, str], str]  # (model, version) -> "" when its stored bytes verify, else why
 
 
 @dataclass
@@ -100,15 +103,21 @@ class UndoLog:
 
     # -- the replay --------------------------------------------------------------------------------
 
-    def replay(self, fleet: Fleet, store: RepositoryStore) -> UndoReport:
+    def replay(self, fleet: Fleet, store: RepositoryStore, verify: VerifyStored | None = None) -> UndoReport:
+        """Put everything back; ``verify`` is asked before a version is loaded again: a member whose
+        earlier bytes do not verify is left as it serves now (store and replicas), and so is every
+        ensemble pinning it -- never loaded unverified -- and the report names it."""
         report = UndoReport()
         newest_first = list(reversed(self.entries.values()))
         ensembles = [e for e in newest_first if e.ensemble]
         members = [e for e in newest_first if not e.ensemble]
         moving = {m.model for m in members if m.store or m.replicas}
+        kept = self._unverified(members, verify, report)
         for entry in ensembles:
             self._follow(entry, moving, fleet, report)
         for entry in members + ensembles:
+            if entry.model in kept or (entry.ensemble and kept & set(ensemble_pins(entry.previous or ""))):
+                continue
             self._put_back(entry, fleet, store, report)
         for entry in newest_first:
             for version in entry.uploaded:
@@ -117,6 +126,21 @@ class UndoLog:
                 )
         self.entries.clear()
         return report
+
+    @staticmethod
+    def _unverified(members: list[Entry], verify: VerifyStored | None, report: UndoReport) -> set[str]:
+        kept: set[str] = set()
+        for entry in members:
+            if verify is None or entry.previous is None or not (entry.store or entry.replicas):
+                continue
+            for version in entry.previous_versions:
+                why = verify(entry.model, version)
+                if why:
+                    where = ", ".join(entry.replicas) or "no replica yet"
+                    report.failed.append(f"{why}: {entry.model} left as it serves now ({where})")
+                    kept.add(entry.model)
+                    break
+        return kept
 
     def _follow(self, entry: Entry, moving: set[str], fleet: Fleet, report: UndoReport) -> None:
         if entry.previous is None:

@@ -343,8 +343,11 @@ class RepositoryStore(ABC):
                 fix="push the version again to rewrite it",
             ) from exc
 
-    def get_version(self, model: str, version: str, dest: Path) -> Path:
-        """Download ``<model>/<version>/`` into ``dest`` (the manifest left out); return dest."""
+    def get_version(self, model: str, version: str, dest: Path, expected_digest: str | None = None) -> Path:
+        """Download ``<model>/<version>/`` into ``dest`` (the manifest left out); return dest.  The
+        stored bytes are verified first (against ``expected_digest`` too, when given): StorageError
+        naming the file when they do not match -- nothing unverified leaves the store."""
+        self.verify_version(model, version, expected_digest)
         dest.mkdir(parents=True, exist_ok=True)
         prefix = f"{model}/{version}/"
         for key in self.list_prefix(prefix):

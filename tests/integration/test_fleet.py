@@ -37,6 +37,7 @@ from registry.errors import PromotionError, UsageError
 from registry.mlflow import MlflowRegistry
 from registry.register import Candidate, register
 from registry.settings import Settings
+from tests.conftest import failing_python_model
 from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
@@ -483,6 +484,34 @@ def test_a_fleet_with_no_reachable_replica_is_refused_and_the_alias_stays(
         fleet.write_environment()
     assert _fleet_state(fleet) == before  # store, every replica, aliases
     assert "promoted_fleet" not in (fleet.registry.version("scorer", version).tags or {})
+
+
+def test_an_abort_never_loads_the_previous_versions_corrupt_bytes(fleet: FleetStack) -> None:
+    """The serving version's model.py is altered in S3 (same size: the answers' sign flips); a new
+    version fails to load on the canary.  The promotion restores v6 from the registry's artifacts
+    before any change, so the abort loads the registered bytes: every replica answers X * 6."""
+    store = open_store(fleet.store)
+    key = "scorer/6/model.py"
+    good = store.read(key)
+    assert good is not None
+    assert b"y = (x * self.factor)" in good
+    store.write(key, good.replace(b"y = (x * self.factor)", b"y = (x *-self.factor)"))
+    with pytest.raises(PromotionFailed, match="scorer weights are missing") as info:
+        fleet.promote(
+            "scorer",
+            fleet.register("scorer", SCORER_CONFIG, failing_python_model("scorer weights are missing")),
+        )
+    validate = next(s for s in info.value.result.stages if s.stage == "validate")
+    assert "scorer/6 (corrupt: restored by assemble)" in validate.detail
+    assert "rolled back" in info.value.message
+    assert store.read(key) == good  # the registered bytes are back in the store
+    digest = fleet.registry.version("scorer", "6").tags["artifact_digest"]
+    store.verify_version("scorer", "6", digest)
+    x = np.array([1, 2, 3, 4], np.float32)
+    for url in fleet.urls:
+        assert fleet.ready(url, "scorer") == ["6"], url
+        with TritonControl(url) as triton:
+            np.testing.assert_allclose(triton.infer("scoring", {"X": x}, ["Y"])["Y"], x * 6)
 
 
 def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(

@@ -154,3 +154,43 @@ def test_a_plan_whose_export_is_stale_is_refused(stack: Stack, mlreg: Any) -> No
     assert f"error: {MODEL} version 2 was registered in MLflow (" in plan.stderr
     assert "fix: run 'mlreg export --dry-run' again, then the plan" in plan.stderr
     assert stack.state() == before
+
+
+def test_the_plan_registry_numbers_after_mlflow_and_writes_nothing(tmp_path: Path) -> None:
+    from registry.errors import RegistryError
+    from registry.export import PlanRegistry, member_versions
+    from registry.register import find_candidate, register
+    from tests.integration.test_serving import ENSEMBLE
+
+    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")}))
+    assert register(registry, find_candidate(TEMPLATE / MODEL)).version == "1"
+    client = registry.client
+
+    def state() -> tuple[list[str], dict[str, str], int]:
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        return [str(v.version) for v in registry.versions(MODEL)], registry.aliases(MODEL), len(runs)
+
+    before = state()
+    changed = tmp_path / MODEL
+    shutil.copytree(TEMPLATE / MODEL, changed)
+    (changed / "1" / "model.py").write_text((changed / "1" / "model.py").read_text() + "\n# changed\n")
+    plan = PlanRegistry(registry)
+    first = register(plan, find_candidate(changed))  # type: ignore[arg-type]
+    assert (first.version, first.created, first.run_id) == ("2", True, "")
+    again = register(plan, find_candidate(changed))  # type: ignore[arg-type]
+    assert (again.version, again.created) == ("2", False)  # identical bytes: the planned version
+    same = register(plan, find_candidate(TEMPLATE / MODEL))  # type: ignore[arg-type]
+    assert (same.version, same.created) == ("1", False)  # identical bytes: the registered version
+    assert sorted(str(v.version) for v in plan.versions(MODEL)) == ["1", "2"]
+    ensemble = tmp_path / ENSEMBLE
+    shutil.copytree(TEMPLATE / ENSEMBLE, ensemble)
+    config = ensemble / "config.pbtxt"
+    following = f'model_name: "{MODEL}"\n      model_version: -1'
+    config.write_text(config.read_text().replace(f'model_name: "{MODEL}"\n      model_version: 1', following))
+    assert member_versions(plan, ensemble)[MODEL] == "2"  # the latest, planned, version
+    tags = plan.fetch_version(MODEL, "2", tmp_path / "fetched")
+    assert tags["validation"] == "passed"
+    assert (tmp_path / "fetched" / "2" / "model.py").read_text().endswith("# changed\n")
+    with pytest.raises(RegistryError, match="a plan \\(--dry-run\\) writes nothing to MLflow: alias staging"):
+        plan.set_alias(MODEL, "staging", "2")
+    assert state() == before  # MLflow: no version, alias or run added

@@ -451,6 +451,70 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_no_noop(deplo
     assert world.promote("ens", "1").stage_names() == ["noop"]
 
 
+def _tamper(world: World, model: str, version: str) -> Path:
+    """Same size, other bytes: what a bad disk or a hand edit leaves in the store."""
+    path = world.store_root / model / version / "model.py"
+    text = path.read_text()
+    path.write_text(text.replace("# version", "#-version"))
+    assert path.stat().st_size == len(text.encode())
+    return path
+
+
+def test_a_corrupt_previous_version_is_restored_from_the_registry_before_the_rollback_loads_it(
+    deployed: World,
+) -> None:
+    world = deployed
+    path = _tamper(world, "net", "1")
+    world.fleet.nan_answers.add(("net", "2"))  # verify fails: the rollback loads net v1 again
+    with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as info:
+        world.promote("net", "2")
+    validate = next(s for s in info.value.result.stages if s.stage == "validate")
+    assert "net/1 (corrupt: restored by assemble)" in validate.detail
+    assemble = next(s for s in info.value.result.stages if s.stage == "assemble")
+    assert "net/1 restored from the registry" in str(assemble.report)
+    assert "#-version" not in path.read_text()  # the registered bytes are back
+    world.fleet.store.verify_version("net", "1", world.registry.tags[("net", "1")]["artifact_digest"])
+    assert serving_versions(world.config("net")) == ["1"]
+
+
+def test_a_version_corrupt_in_the_store_and_the_registry_is_refused_before_any_change(
+    deployed: World,
+) -> None:
+    world = deployed
+    _tamper(world, "net", "1")
+    registered = world.registry.root / "net" / "1" / "model" / "model.py"
+    registered.write_text(registered.read_text() + "# lost\n")
+    with pytest.raises(
+        PromotionFailed, match="(?s)net v1 in .* does not verify .*registry's copy does not match"
+    ):
+        world.promote("net", "2")
+    assert world.loads() == []
+    assert world.fleet.store.read_manifest("net", "2") is None  # nothing uploaded
+
+
+def test_the_rollback_never_loads_a_version_that_stopped_verifying(deployed: World) -> None:
+    """Corrupted after validate (during the deploy): the undo log leaves net on what it serves and
+    says so -- it never loads the bad bytes."""
+    world = deployed
+    world.fleet.nan_answers.add(("net", "2"))
+    target = world.fleet.connect("t1:8001")
+    load = target.load
+
+    def corrupting(model: str, config: str | None = None, files: Any = None) -> None:
+        load(model, config, files)
+        if model == "ens":
+            _tamper(world, "net", "1")
+
+    target.load = corrupting  # type: ignore[method-assign]
+    with pytest.raises(PromotionFailed, match=r"the rollback failed too: net v1 does not verify") as info:
+        world.promote("net", "2")
+    target.load = load  # type: ignore[method-assign]
+    assert "net left as it serves now (t0:8001, t1:8001)" in info.value.message
+    for t in world.fleet.targets.values():
+        assert t.is_ready("net", "2")  # left on what serves
+    assert world.fleet.broken == []  # the ensemble follows what is loaded
+
+
 def _state(world: World) -> dict[str, Any]:
     return {
         "configs": {m: world.config(m) for m in ("pre", "net", "ens")},
