@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,18 @@ import pytest
 from pipelines.devstack import local_triton
 from pipelines.triton import TritonControl
 from registry.settings import Settings
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tracking_uri_kept() -> Iterator[None]:
+    """No module hands the next one an MLFLOW_TRACKING_URI (mlflow.set_tracking_uri writes it into
+    os.environ): a leak once pointed test_promote's CLI runs at test_mlflow_native's registry."""
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if saved is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = saved
 
 
 @dataclass

@@ -164,6 +164,17 @@ def tensors(specs: list[dict]) -> list[dict]:
 
 
 def check_mlflow_model(registry: MlflowRegistry, name: str, version: str, config: Path) -> None:
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        _check_mlflow_model(registry, name, version, config)
+    finally:  # mlflow.set_tracking_uri writes MLFLOW_TRACKING_URI: later modules must not inherit it
+        if saved is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved
+
+
+def _check_mlflow_model(registry: MlflowRegistry, name: str, version: str, config: Path) -> None:
     import mlflow
     from mlflow.models import Model
 
