@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from registry.errors import MlregError, RegistryError, UsageError
 from registry.register import check_model_name
-from registry.settings import Settings
+from registry.settings import Settings, redact_uri
 
 if TYPE_CHECKING:
     from pipelines.promote.ports import Registry
@@ -110,7 +110,8 @@ def versions_from_alias(
     wanted = registry.alias_versions(source)
     if not wanted:
         raise RegistryError(
-            f"alias '{source}' names no version of any registered model in MLflow ({registry.uri})",
+            f"alias '{source}' names no version of any registered model in MLflow "
+            f"({redact_uri(registry.uri)})",
             fix="check the alias (each environment's alias is in mlreg.toml; 'mlreg versions MODEL' "
             "lists a model's aliases), or promote to that environment first",
         )
@@ -125,7 +126,8 @@ def _one_from_alias(registry: Registry, source: str, target: str, model: str) ->
     if source not in aliases:
         held = ", ".join(sorted(aliases)) or "none"
         raise RegistryError(
-            f"model '{model}' has no alias '{source}' in MLflow ({registry.uri}); its aliases: {held}",
+            f"model '{model}' has no alias '{source}' in MLflow ({redact_uri(registry.uri)}); "
+            f"its aliases: {held}",
             fix=f"pass one of its aliases, or see 'mlreg versions {model}'",
         )
     wanted = aliases[source]
@@ -140,7 +142,7 @@ def _aliases(registry: Registry, model: str) -> dict[str, str]:
         if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
             raise
         raise RegistryError(
-            f"model '{model}' is not registered in MLflow ({registry.uri})",
+            f"model '{model}' is not registered in MLflow ({redact_uri(registry.uri)})",
             fix="check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
         ) from exc
 

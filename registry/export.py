@@ -21,7 +21,7 @@ from registry.contracts.config import CONFIG_NAME, load_config
 from registry.errors import RegistryError, UsageError
 from registry.mlflow import MlflowRegistry
 from registry.register import Candidate, RegisterResult, find_candidate, register
-from registry.settings import EXPORTS_EXPERIMENT, Settings
+from registry.settings import EXPORTS_EXPERIMENT, Settings, redact_uri
 
 if TYPE_CHECKING:
     from registry.mlflow.model import LoggedTritonModel
@@ -107,7 +107,7 @@ def require_base(registry: MlflowRegistry | PlanRegistry, alias: str) -> None:
         return
     raise UsageError(
         f"--changed lists the versions alias '{alias}' does not hold yet, but no registered model "
-        f"in MLflow ({registry.uri}) holds '{alias}': there is nothing to compare with",
+        f"in MLflow ({redact_uri(registry.uri)}) holds '{alias}': there is nothing to compare with",
         fix="pass --against the alias of an environment promoted to, or point MLFLOW_TRACKING_URI "
         "at the project's registry; before the first promotion, drop --changed (every model is new)",
     )
@@ -187,7 +187,7 @@ class PlanRegistry:
         taken = {str(v.version) for v in self.base.versions(version.name)}
         if version.version in taken:
             raise RegistryError(
-                f"{version.name} version {version.version} was registered in MLflow ({self.uri}) "
+                f"{version.name} version {version.version} was registered in MLflow ({redact_uri(self.uri)}) "
                 "since the plan's export numbered it",
                 fix="run 'mlreg export --dry-run' again, then the plan",
             )

@@ -18,6 +18,7 @@ and ``on`` (any case) mean on, anything else off.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,12 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
             f"{name}={raw!r} is not a number of seconds", fix=f"set {name} to e.g. {default:g}"
         )
     return value
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` as error messages show it: a password in it (``postgresql://user:secret@host``) is
+    replaced by ``***``."""
+    return re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", uri)
 
 
 def check_tracking_uri(uri: str) -> str:

@@ -33,7 +33,7 @@ from registry.mlflow.deployments import deployments_of, describe_deployments
 from registry.mlflow.environ import ENVIRON, global_tracking_uri
 from registry.mlflow.model import EXPORTS_EXPERIMENT, PROMOTIONS_EXPERIMENT, LoggedTritonModel
 from registry.register import Candidate, register
-from registry.settings import Settings
+from registry.settings import Settings, redact_uri
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,11 +106,13 @@ class MlflowRegistry:
             else:
                 fix = "read the message above"
             raise RegistryError(
-                f"MLflow ({self.uri}): {what} failed: {message.splitlines()[0]}", fix=fix, code=code
+                f"MLflow ({redact_uri(self.uri)}): {what} failed: {message.splitlines()[0]}",
+                fix=fix,
+                code=code,
             ) from exc
         except OSError as exc:  # requests' ConnectionError is an OSError
             raise RegistryError(
-                f"MLflow ({self.uri}): {what} failed: {exc}",
+                f"MLflow ({redact_uri(self.uri)}): {what} failed: {exc}",
                 fix=f"check the tracking server at {self.uri} is up",
             ) from exc
 
@@ -315,7 +317,7 @@ class MlflowRegistry:
             if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
                 raise
             raise RegistryError(
-                f"model '{name}' is not registered in MLflow ({self.uri})",
+                f"model '{name}' is not registered in MLflow ({redact_uri(self.uri)})",
                 fix="check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
             ) from exc
 

@@ -9,6 +9,7 @@ import urllib.request
 from typing import Any
 
 from registry.errors import RegistryError
+from registry.settings import redact_uri
 
 PAGE = 1000
 
@@ -25,7 +26,7 @@ def _get(base: str, path: str, params: dict[str, Any], timeout: float) -> dict[s
             body = {}
         code = body.get("error_code", str(exc.code))
         raise RegistryError(
-            f"MLflow ({base}): {path} failed: {code}: {body.get('message', exc)}",
+            f"MLflow ({redact_uri(base)}): {path} failed: {code}: {body.get('message', exc)}",
             fix="check the model name ('mlreg versions MODEL')"
             if "DOES_NOT_EXIST" in code
             else "read the message above",
@@ -33,7 +34,7 @@ def _get(base: str, path: str, params: dict[str, Any], timeout: float) -> dict[s
         ) from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise RegistryError(
-            f"MLflow ({base}): {path} failed: {exc}",
+            f"MLflow ({redact_uri(base)}): {path} failed: {exc}",
             fix=f"check the tracking server at {base} is up (MLFLOW_TRACKING_URI)",
         ) from exc
 

@@ -91,3 +91,13 @@ def test_a_default_never_replaces_what_the_user_set(monkeypatch: pytest.MonkeyPa
     with MlflowEnviron().scope({}, {"MLREG_TEST_DEFAULT": "true"}):
         assert os.environ["MLREG_TEST_DEFAULT"] == "false"
     assert os.environ["MLREG_TEST_DEFAULT"] == "false"
+
+
+def test_a_password_in_the_tracking_uri_never_reaches_an_error_message() -> None:
+    from registry.settings import redact_uri
+
+    assert redact_uri("postgresql+psycopg2://mlflow:s3cret@db:5432/mlflow") == (
+        "postgresql+psycopg2://mlflow:***@db:5432/mlflow"
+    )
+    assert redact_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"  # a port is no password
+    assert redact_uri("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db"
