@@ -741,3 +741,25 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
     finally:
         toml.unlink()
         local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+
+
+def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_a_noop(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Re-pointed ensembles keep their store folder (1): promoting the ensemble's registered v1,
+    whose pins are the first deployment's, brings those member versions back -- it is not
+    "already serves" because the folder matches."""
+    from pipelines.promote.plan import ensemble_pins
+
+    store = open_store(stack.settings.local_repository)
+    stack.registry.fetch_version(ENSEMBLE, "1", tmp_path)
+    registered = ensemble_pins((tmp_path / "config.pbtxt").read_text())
+    assert ensemble_pins(store.read_config(ENSEMBLE) or "") != registered  # members moved since
+    assert stack.desired(ENSEMBLE) == ["1"]  # the same folder
+    result = stack.promote(ENSEMBLE, "1", skip_quality=True)
+    assert result.stage_names()[0] != "noop"
+    assert ensemble_pins(store.read_config(ENSEMBLE) or "") == registered
+    for member, version in registered.items():
+        assert stack.serving(member) == [version], member
+    assert stack.registry.aliases(ENSEMBLE)["local"] == "1"
+    assert stack.promote(ENSEMBLE, "1").stage_names() == ["noop"]  # now it is

@@ -136,6 +136,12 @@ def test_a_target_serving_another_folder_is_drift_in_both_numberings(world: Simp
     assert found["ens"]["drift"] == [f"{URL} serves v2, store wants v2 [1]"]  # same pins, other folder
 
 
+def test_a_target_that_lost_a_model_serves_nothing(world: SimpleNamespace) -> None:
+    world.live[URL] = {"net": {"2": "READY"}}  # a replica restarted without the ensemble
+    found = rows(world)
+    assert found["ens"]["drift"] == [f"{URL} serves nothing, store wants v2 [1]"]  # not "vnothing"
+
+
 def test_an_ensemble_no_registered_version_explains_reads_unknown(world: SimpleNamespace) -> None:
     world.store.write_config("ens", desired_config(ENSEMBLE.replace("NET", "7"), ["1"], gpu=False))
     ens = rows(world)["ens"]
