@@ -265,7 +265,15 @@ def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
     wanted += [(v, step.previous_digests.get(v, "")) for v in step.previous_versions if v != step.version]
     checked = []
     for version, digest in wanted:
-        repair = check_stored(ctx.store, ctx.registry, step, version, digest, ctx.plan.workdir)
+        try:
+            repair = check_stored(ctx.store, ctx.registry, step, version, digest, ctx.plan.workdir)
+        except PromotionError:
+            if version == step.version:
+                raise  # what this promotion loads: refused
+            # a way back that cannot be verified nor restored does not block the way forward: the
+            # undo log checks it again and leaves the model as it serves rather than load it
+            checked.append(f"{step.model}/{version} (unverified: an abort would leave it as it serves)")
+            continue
         if repair is not None:
             ctx.repairs.append(repair)
         checked.append(f"{step.model}/{version}" + (" (corrupt: restored by assemble)" if repair else ""))

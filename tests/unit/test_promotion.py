@@ -481,15 +481,33 @@ def test_a_version_corrupt_in_the_store_and_the_registry_is_refused_before_any_c
     deployed: World,
 ) -> None:
     world = deployed
-    _tamper(world, "net", "1")
-    registered = world.registry.root / "net" / "1" / "model" / "model.py"
+    world.promote("net", "2")
+    world.registry.add("net", "3", MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.promote("net", "3")
+    world.promote("net", "2")  # net/2 is in the store, not serving: promoting it loads the stored bytes
+    _tamper(world, "net", "2")
+    registered = world.registry.root / "net" / "2" / "model" / "model.py"
     registered.write_text(registered.read_text() + "# lost\n")
+    world.promote("net", "3")
+    world.events.clear()
     with pytest.raises(
-        PromotionFailed, match="(?s)net v1 in .* does not verify .*registry's copy does not match"
+        PromotionFailed, match="(?s)net v2 in .* does not verify .*registry's copy does not match"
     ):
         world.promote("net", "2")
     assert world.loads() == []
-    assert world.fleet.store.read_manifest("net", "2") is None  # nothing uploaded
+
+
+def test_a_way_back_that_cannot_be_verified_does_not_block_the_way_forward(deployed: World) -> None:
+    """The serving version's bytes are bad in the store and in the registry: promoting a new version
+    goes ahead (validate says so), and a failure then leaves the model as it serves."""
+    world = deployed
+    _tamper(world, "net", "1")
+    registered = world.registry.root / "net" / "1" / "model" / "model.py"
+    registered.write_text(registered.read_text() + "# lost\n")
+    result = world.promote("net", "2")
+    validate = next(s for s in result.stages if s.stage == "validate")
+    assert "net/1 (unverified: an abort would leave it as it serves)" in validate.detail
+    assert serving_versions(world.config("net")) == ["2"]
 
 
 def test_the_rollback_never_loads_a_version_that_stopped_verifying(deployed: World) -> None:
