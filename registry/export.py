@@ -211,6 +211,10 @@ class PlanRegistry:
     def version(self, name: str, version: str) -> Any:
         return self.planned.get((name, version)) or self.base.version(name, version)
 
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        planned = self.planned.get((name, version))
+        return dict(planned.tags) if planned is not None else self.base.version_tags(name, version)
+
     def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
         mine = [v for (model, _), v in self.planned.items() if model == name and v.tags.get(key) == value]
         return [*self.base.find_by_tag(name, key, value, like), *mine]

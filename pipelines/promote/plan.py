@@ -290,7 +290,7 @@ def _step(
 def _digest_of(registry: Registry, model: str, version: str) -> str:
     """The artifact digest MLflow records for a version ("" when it has none, or no such version)."""
     try:
-        return str((registry.version(model, version).tags or {}).get("artifact_digest", ""))
+        return registry.version_tags(model, version).get("artifact_digest", "")
     except (MlregError, LookupError):
         return ""
 

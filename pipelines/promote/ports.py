@@ -50,6 +50,10 @@ class Registry(Protocol):
 
     def versions(self, name: str) -> list[Any]: ...
 
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        """The tags of one version (cheap where the registry can answer without a client)."""
+        ...
+
     def aliases(self, name: str) -> dict[str, str]: ...
 
     def alias_versions(self, alias: str) -> dict[str, str]:

@@ -290,6 +290,14 @@ class MlflowRegistry:
     def version(self, name: str, version: str) -> Any:
         return self._call("version lookup", lambda: self.client.get_model_version(name, version))
 
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        """The tags of ``name`` ``version``; the embedded registry answers from its database
+        without importing MLflow (a promotion reads the digests of the versions it may go back to)."""
+        record = sqlite.model_version(self.uri, name, version)
+        if record is not None:
+            return dict(record.tags)
+        return dict(self.version(name, version).tags or {})
+
     def aliases(self, name: str) -> dict[str, str]:
         """alias -> version (read from the registered model: version searches drop aliases)."""
         model = self._call("model lookup", lambda: self.client.get_registered_model(name))

@@ -120,6 +120,9 @@ class FakeRegistry:
             raise LookupError(f"{name} v{version}")
         return SimpleNamespace(version=version, run_id=f"{name}/{version}", tags=self.tags[(name, version)])
 
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        return dict(self.version(name, version).tags)
+
     def versions(self, name: str) -> list[Any]:
         return [self.version(m, v) for (m, v) in self.tags if m == name]
 
