@@ -752,8 +752,11 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_
     from pipelines.promote.plan import ensemble_pins
 
     store = open_store(stack.settings.local_repository)
-    stack.registry.fetch_version(ENSEMBLE, "1", tmp_path)
-    registered = ensemble_pins((tmp_path / "config.pbtxt").read_text())
+    member = _preprocess_version(stack, tmp_path / "member", f"{ONE_HOT}  # re-points the ensemble")
+    stack.promote("table_data_preprocess", member, skip_quality=True)
+    (tmp_path / "registered").mkdir()
+    stack.registry.fetch_version(ENSEMBLE, "1", tmp_path / "registered")
+    registered = ensemble_pins((tmp_path / "registered" / "config.pbtxt").read_text())
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") != registered  # members moved since
     assert stack.desired(ENSEMBLE) == ["1"]  # the same folder
     result = stack.promote(ENSEMBLE, "1", skip_quality=True)
