@@ -122,7 +122,7 @@ def versions_from_alias(
 def _one_from_alias(registry: Registry, source: str, target: str, model: str) -> list[tuple[str, str]]:
     """``model``'s version under ``source``, unless ``target`` holds it already."""
     check_model_name(model)
-    aliases = _aliases(registry, model)
+    aliases = registry.require_model(model)
     if source not in aliases:
         held = ", ".join(sorted(aliases)) or "none"
         raise RegistryError(
@@ -132,19 +132,6 @@ def _one_from_alias(registry: Registry, source: str, target: str, model: str) ->
         )
     wanted = aliases[source]
     return [] if aliases.get(target) == wanted else [(model, wanted)]
-
-
-def _aliases(registry: Registry, model: str) -> dict[str, str]:
-    """``model``'s aliases; a RegistryError naming it when it is not registered."""
-    try:
-        return registry.aliases(model)
-    except RegistryError as exc:
-        if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
-            raise
-        raise RegistryError(
-            f"model '{model}' is not registered in MLflow ({redact_uri(registry.uri)})",
-            fix="check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
-        ) from exc
 
 
 def ordered(registry: Registry, pairs: list[tuple[str, str]], ensembles_first: bool) -> list[tuple[str, str]]:

@@ -219,6 +219,11 @@ class PlanRegistry:
         mine = [v for (model, _), v in self.planned.items() if model == name and v.tags.get(key) == value]
         return [*self.base.find_by_tag(name, key, value, like), *mine]
 
+    def require_model(self, name: str) -> dict[str, str]:
+        if any(model == name for model, _ in self.planned):
+            return self.aliases(name)  # a model only the plan registers: no alias yet
+        return self.base.require_model(name)
+
     def aliases(self, name: str) -> dict[str, str]:
         """A model only the plan registers holds no alias yet."""
         try:

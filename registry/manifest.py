@@ -79,3 +79,10 @@ def manifest_of(folder: Path) -> dict[str, dict[str, Any]]:
                 file=str(path),
             ) from exc
     return out
+
+
+def artifact_digest(version_dir: Path, config_path: Path) -> str:
+    """The digest registration records as ``artifact_digest``: the version folder's files and the
+    registered config.pbtxt."""
+    config = {"sha256": sha256_file(config_path), "size": config_path.stat().st_size}
+    return digest_of_manifest({**manifest_of(version_dir), CONFIG_ENTRY: config})

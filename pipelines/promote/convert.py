@@ -24,7 +24,7 @@ from pipelines.promote.plan import Step, desired_config
 from pipelines.promote.ports import Registry
 from registry.contracts.config import CONFIG_NAME, format_config, parse_config
 from registry.errors import MissingDependencyError, PromotionError
-from registry.manifest import digest_of_manifest, manifest_of, sha256_file
+from registry.manifest import artifact_digest
 
 OPSET = 13
 PARITY_RTOL = 1e-4
@@ -94,7 +94,7 @@ def convert_step(step: Step, golden: dict[str, np.ndarray], gpu: bool, registry:
     config.default_model_filename = "model.onnx"
     config.ClearField("version_policy")
     (derived / CONFIG_NAME).write_text(format_config(config))
-    existing = _registered_with(registry, step.model, _digest(derived / "new", derived / CONFIG_NAME))
+    existing = _registered_with(registry, step.model, artifact_digest(derived / "new", derived / CONFIG_NAME))
     version = existing or _next_version(registry, step.model)
     (derived / "new").rename(derived / version)
     converted = Step(
@@ -150,15 +150,6 @@ def _tf2onnx(step: Step, saved_model: Path, onnx_path: Path) -> None:
             f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
             fix="serve it natively (--serve-as native) on a Triton with TensorFlow",
         )
-
-
-def _digest(version_dir: Path, config_path: Path) -> str:
-    """The artifact digest registration records for these files (registry/register.py)."""
-    files = {
-        **manifest_of(version_dir),
-        CONFIG_NAME: {"sha256": sha256_file(config_path), "size": config_path.stat().st_size},
-    }
-    return digest_of_manifest(files)
 
 
 def _registered_with(registry: Registry, model: str, digest: str) -> str | None:

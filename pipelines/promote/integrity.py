@@ -18,7 +18,7 @@ from pipelines.promote.undo import VerifyStored
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, PromotionError, StorageError
-from registry.manifest import digest_of_manifest, manifest_of, sha256_file
+from registry.manifest import artifact_digest
 
 
 @dataclass(frozen=True)
@@ -32,15 +32,6 @@ class Repair:
 
     def detail(self) -> str:
         return f"{self.model}/{self.version} restored from the registry ({self.problem})"
-
-
-def artifact_digest(version_dir: Path, config_path: Path) -> str:
-    """The digest registration records for these files (registry/register.py)."""
-    files = {
-        **manifest_of(version_dir),
-        CONFIG_NAME: {"sha256": sha256_file(config_path), "size": config_path.stat().st_size},
-    }
-    return digest_of_manifest(files)
 
 
 def check_stored(

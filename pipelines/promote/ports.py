@@ -56,6 +56,10 @@ class Registry(Protocol):
 
     def aliases(self, name: str) -> dict[str, str]: ...
 
+    def require_model(self, name: str) -> dict[str, str]:
+        """``name``'s aliases; RegistryError naming it when it is not registered."""
+        ...
+
     def alias_versions(self, alias: str) -> dict[str, str]:
         """Every registered model whose ``alias`` names a version -> that version."""
         ...

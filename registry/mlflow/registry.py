@@ -317,10 +317,10 @@ class MlflowRegistry:
             if not token:
                 return dict(sorted(found.items()))
 
-    def require_model(self, name: str) -> None:
-        """A RegistryError saying so when ``name`` is not a registered model."""
+    def require_model(self, name: str) -> dict[str, str]:
+        """``name``'s aliases; a RegistryError saying so when it is not a registered model."""
         try:
-            self.aliases(name)
+            return self.aliases(name)
         except RegistryError as exc:
             if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
                 raise

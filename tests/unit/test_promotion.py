@@ -25,7 +25,7 @@ from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from registry.errors import StorageError, TritonError
-from registry.manifest import digest_of_manifest, manifest_of, sha256_file
+from registry.manifest import artifact_digest
 from registry.settings import Settings
 
 MEMBER = """name: "{name}"
@@ -77,12 +77,8 @@ class FakeRegistry:
         (folder / "config.pbtxt").write_text(config)
         if not config_facts(config).is_ensemble:
             (folder / "model" / "model.py").write_text(MODEL_PY.format(version=version))
-        config_file = folder / "config.pbtxt"
-        files = {
-            **manifest_of(folder / "model"),
-            "config.pbtxt": {"sha256": sha256_file(config_file), "size": config_file.stat().st_size},
-        }
-        self.tags[(name, version)] = {"validation": validation, "artifact_digest": digest_of_manifest(files)}
+        digest = artifact_digest(folder / "model", folder / "config.pbtxt")
+        self.tags[(name, version)] = {"validation": validation, "artifact_digest": digest}
 
     # -- the Registry protocol ------------------------------------------------------------------
 
