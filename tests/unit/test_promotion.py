@@ -527,6 +527,7 @@ def test_the_rollback_never_loads_a_version_that_stopped_verifying(deployed: Wor
         world.promote("net", "2")
     target.load = load  # type: ignore[method-assign]
     assert "net left as it serves now (t0:8001, t1:8001)" in info.value.message
+    assert [e for e in world.loads() if e[2] == "net" and e[3] == ("1",)] == []  # v1 never loaded
     for t in world.fleet.targets.values():
         assert t.is_ready("net", "2")  # left on what serves
     assert world.fleet.broken == []  # the ensemble follows what is loaded
