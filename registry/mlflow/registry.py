@@ -296,6 +296,12 @@ class MlflowRegistry:
         record = sqlite.model_version(self.uri, name, version)
         if record is not None:
             return dict(record.tags)
+        if sqlite.version_absent(self.uri, name, version):  # e.g. a hand-written folder in the store
+            raise RegistryError(
+                f"MLflow ({redact_uri(self.uri)}): {name} v{version} is not a registered version",
+                fix="check the name and version ('mlreg versions MODEL')",
+                code="RESOURCE_DOES_NOT_EXIST",
+            )
         return dict(self.version(name, version).tags or {})
 
     def aliases(self, name: str) -> dict[str, str]:

@@ -71,3 +71,23 @@ def model_version(tracking_uri: str, name: str, version: str) -> VersionRecord |
     except (sqlite3.Error, ValueError):
         return None
     return VersionRecord(name, str(version), str(row[1] or ""), str(row[0] or ""), tags, str(row[2] or ""))
+
+
+def version_absent(tracking_uri: str, name: str, version: str) -> bool:
+    """True when the embedded registry's database reads fine and holds no such version (the
+    MLflow client would only say the same, after a 3-5 s import); False when it cannot tell."""
+    db = database(tracking_uri)
+    if db is None:
+        return False
+    try:
+        number = int(version)
+    except ValueError:
+        return False
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM model_versions WHERE name = ? AND version = ?", (name, number)
+            ).fetchone()
+    except sqlite3.Error:
+        return False
+    return row is None

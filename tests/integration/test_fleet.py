@@ -12,6 +12,7 @@ after the promotion, and a replica SIGKILLed during a wave.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -132,6 +133,22 @@ class FleetStack:
 
     def ready(self, url: str, model: str) -> list[str]:
         return sorted(v for v, s in self.serving(url, model).items() if s == "READY")
+
+    @contextlib.contextmanager
+    def explained(self) -> Iterator[None]:
+        """On a failure, say which replicas still run and how a dead one's log ends (a replica that
+        dies where the test did not kill it is Triton's own story: its log is the evidence)."""
+        try:
+            yield
+        except Exception as exc:
+            lines = []
+            for info, process in self.servers:
+                state = "runs" if process.poll() is None else f"exited {process.returncode}"
+                lines.append(f"{info.grpc_url}: {state}")
+                if process.poll() is not None:
+                    tail = Path(info.log_path).read_text(errors="replace").splitlines()[-15:]
+                    lines.extend(f"    {line}" for line in tail)
+            raise AssertionError(f"{exc}\nreplicas:\n" + "\n".join(lines)) from exc
 
     def pinned(self, url: str) -> int:
         """The scorer version the ensemble pins on ``url`` (-1: the latest loaded)."""
@@ -359,7 +376,10 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
             setattr(control, "load", killing_load)  # noqa: B010 (an instance attribute, on purpose)
         return control
 
-    with pytest.raises(PromotionFailed, match=f"after wave 2 of 3 failed: replica {victim.grpc_url}") as info:
+    with (
+        fleet.explained(),
+        pytest.raises(PromotionFailed, match=f"after wave 2 of 3 failed: replica {victim.grpc_url}") as info,
+    ):
         with scoring_traffic(fleet.urls[:2]):  # the bake needs requests; the victim's would only fail
             fleet.promote("scorer", "5", connect=connect)
     assert info.value.result is not None
@@ -384,7 +404,7 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     fleet.write_environment()
     with TritonControl(fleet.urls[2]) as triton:  # as a restarted pod's --load-model=* would
         triton.load("scoring")
-    with scoring_traffic(fleet.urls) as traffic:
+    with fleet.explained(), scoring_traffic(fleet.urls) as traffic:
         result = fleet.promote("scorer", "5")
     assert result.ok
     assert traffic.counts["failed"] == 0, traffic.errors[:3]

@@ -101,3 +101,53 @@ def test_a_password_in_the_tracking_uri_never_reaches_an_error_message() -> None
     )
     assert redact_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"  # a port is no password
     assert redact_uri("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db"
+
+
+VERSION_TAGS = """
+import sys
+from registry.errors import RegistryError
+from registry.mlflow import MlflowRegistry
+from registry.settings import Settings
+
+env = {"MLFLOW_TRACKING_URI": sys.argv[1], "MLREG_HOME": sys.argv[2]}
+registry = MlflowRegistry(Settings.from_env(env=env))
+print(registry.version_tags("scorer", "1"))
+try:
+    registry.version_tags("scorer", "99")
+except RegistryError as exc:
+    print(exc.message, "|", exc.fix)
+print("mlflow" in sys.modules)
+"""
+
+
+def test_an_unregistered_version_is_answered_from_the_embedded_database_without_mlflow(
+    tmp_path: Path,
+) -> None:
+    """A promotion asks for the digest of every version it may go back to; a folder nobody
+    registered (written into the store by hand) is "not registered", read from the database, not
+    after MLflow's 3-5 s import."""
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TABLE model_versions (name TEXT, version INTEGER, source TEXT, run_id TEXT, "
+            "storage_location TEXT)"
+        )
+        conn.execute("CREATE TABLE model_version_tags (name TEXT, version INTEGER, key TEXT, value TEXT)")
+        conn.execute("INSERT INTO model_versions VALUES ('scorer', 1, 'file:///nowhere', 'r1', '')")
+        conn.execute("INSERT INTO model_version_tags VALUES ('scorer', 1, 'artifact_digest', 'sha256:ab')")
+    proc = subprocess.run(
+        [sys.executable, "-c", VERSION_TAGS, f"sqlite:///{db}", str(tmp_path / "home")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    tags, refusal, imported = proc.stdout.strip().splitlines()
+    assert tags == "{'artifact_digest': 'sha256:ab'}"
+    assert "scorer v99 is not a registered version" in refusal
+    assert "mlreg versions MODEL" in refusal
+    assert imported == "False"
