@@ -5,6 +5,8 @@ image_model, a TensorFlow SavedModel, on the same tritonserver):
 
 - `mlreg promote image_model --version N`            the full promotion WITH the quality gate
 - `mlreg promote image_model --version N --skip-quality`   the same without it (the gate's share)
+- `mlreg promote image_model --version N --skip-perf`      the gate without its performance check
+  (issue 25: the check's cost is the difference with the first, target <= 3 s)
 - the bare baseline of benchmarks/promote.py: copy + config + load_model + wait-until-ready
 
 all timed as whole processes (Python start and imports included for both).  Target: with the gate
@@ -95,20 +97,27 @@ def main() -> int:
     base_process: list[float] = []
     base_inside: list[float] = []
     gate_stage: list[float] = []
+    no_perf: list[float] = []
+    no_perf_stage: list[float] = []
     try:
         subprocess.run(
             [sys.executable, "-m", "mlreg", "export"], env=env, cwd=ROOT, check=True, capture_output=True
         )
         cli(env, "promote", "ensemble_multi_modal_model", "--version", "1", "--skip-quality")
-        versions = [exported(env, seed) for seed in range(20, 20 + 2 * rounds + 1)]
+        versions = [exported(env, seed) for seed in range(20, 20 + 3 * rounds + 1)]
         source = settings.home / "exports" / "image_model" / "1"  # the last export's folder
         for number in range(rounds):
-            seconds, stages = cli(env, "promote", "image_model", "--version", versions[2 * number])
+            seconds, stages = cli(env, "promote", "image_model", "--version", versions[3 * number])
             gated.append(seconds)
             gate_stage.append(stages.get("quality", float("nan")))
             bare.append(
-                cli(env, "promote", "image_model", "--version", versions[2 * number + 1], "--skip-quality")[0]
+                cli(env, "promote", "image_model", "--version", versions[3 * number + 1], "--skip-quality")[0]
             )
+            seconds, stages = cli(
+                env, "promote", "image_model", "--version", versions[3 * number + 2], "--skip-perf"
+            )
+            no_perf.append(seconds)
+            no_perf_stage.append(stages.get("quality", float("nan")))
             process, inside = baseline(settings.local_repository, info.grpc_url, 99 - number, source)
             base_process.append(process)
             base_inside.append(inside)
@@ -129,6 +138,8 @@ def main() -> int:
         ("promote WITH the gate", gated),
         ("  its quality stage", gate_stage),
         ("promote --skip-quality", bare),
+        ("promote --skip-perf", no_perf),
+        ("  its quality stage (no perf)", no_perf_stage),
         ("bare baseline (process)", base_process),
         ("bare baseline (inside)", base_inside),
     ):
@@ -137,6 +148,7 @@ def main() -> int:
         f"  ratio WITH gate / baseline {median(gated) / median(base_process):.2f} (target <= 1.5); "
         f"stricter, against the baseline timed inside: {median(gated) / median(base_inside):.2f}"
     )
+    print(f"  the perf check's cost (WITH - --skip-perf) {median(gated) - median(no_perf):.2f} (target <= 3)")
     print(
         f"  --serve-as onnx WITH the gate: {onnx_s:.2f} s; stages: "
         + show(f"{k} {v:.2f}" for k, v in onnx_stages.items())

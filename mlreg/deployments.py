@@ -17,6 +17,12 @@ rollback on failure, the MLflow alias moved last).  The environment is ``-C env=
 target URI ``mlreg:/NAME`` (default ``local``, the local stack); the other promote options are
 config keys: ``dry_run``, ``allow_breaking``, ``skip_quality``, ``serve_as``.  mlreg's errors come
 out as ``MlflowException`` carrying mlreg's message and fix.
+
+NVIDIA's flavors deploy too (``registry.nvidia_flavors``): ``--flavor onnx`` takes a model logged
+by ``mlflow.onnx.log_model`` (with or without a ``config.pbtxt`` logged beside it) and ``--flavor
+triton`` NVIDIA's ``mlflow_triton.log_model`` folder; each is registered once as an mlreg version of
+the same model (lineage tags both ways) and that version is promoted.  ``predict`` takes NVIDIA's
+``{"inputs": {...}}`` document and answers ``{"outputs": {...}}``, as NVIDIA's plugin does.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ BOOL_KEYS = ("dry_run", "allow_breaking", "skip_quality")
 CONFIG_KEYS = ("env", "serve_as", *BOOL_KEYS)
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
+NVIDIA_INPUTS = "inputs"  # NVIDIA's predict document: {"inputs": {"INPUT0": [...], ...}}
 
 
 def _telemetry_off() -> None:
@@ -64,14 +71,17 @@ def target_help() -> str:
         "mlreg: promote registered Triton models with validation, quality gate, rollout and rollback.\n\n"
         "Target URI: 'mlreg' (environment from -C env=NAME, default 'local') or 'mlreg:/ENV'.\n"
         "Model URI: models:/NAME/VERSION or models:/NAME@ALIAS; --name must be the registered NAME.\n\n"
+        "Flavor: triton (default; mlreg's versions and NVIDIA's mlflow_triton.log_model folders) or\n"
+        "onnx (mlflow.onnx.log_model, config.pbtxt logged beside it or made from the graph): NVIDIA's\n"
+        "flavors are registered once as an mlreg version of the same model, then promoted.\n\n"
         "Config (-C key=value): env=local|<mlreg.toml environment>, dry_run=true (plan only),\n"
         "allow_breaking=true, skip_quality=true, serve_as=auto|native|onnx.\n\n"
         "create/update: run `mlreg promote NAME --version V --env ENV` (refused versions change nothing).\n"
         "get/list: what the environment's store wants and each replica serves, the alias, drift.\n"
         "delete: unload NAME from every replica and remove its desired state (refused while an ensemble\n"
-        "uses it).  predict: send a DataFrame (columns = input tensors) or a dict of arrays to the\n"
-        "environment's first replica.  run-local: start the local stack (a real tritonserver) and create\n"
-        "the deployment in 'local'.\n"
+        "uses it).  predict: send a DataFrame (columns = input tensors), a dict of arrays or NVIDIA's\n"
+        '{"inputs": {NAME: [...]}} document to the environment\'s first replica.\n'
+        "run-local: start the local stack (a real tritonserver) and create the deployment in 'local'.\n"
     )
 
 
@@ -101,6 +111,21 @@ def _translated() -> Iterator[None]:
         text = f"error: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else "")
         code = RESOURCE_DOES_NOT_EXIST if "DOES_NOT_EXIST" in str(exc.context.get("code", "")) else None
         raise MlflowException(text, error_code=code or INVALID_PARAMETER_VALUE) from exc
+
+
+def check_name(name: str | None) -> str:
+    """A deployment's name is a Triton model folder: not empty, not a path (NVIDIA's wording)."""
+    if not name or not name.strip():
+        raise UsageError(
+            "Model name cannot be empty. Please enter a valid name to deploy.",
+            fix="pass --name REGISTERED_MODEL_NAME",
+        )
+    if "/" in name or "\\" in name or name.strip() in (".", ".."):
+        raise UsageError(
+            f"Path traversal is not allowed in model's name: {name}",
+            fix="a deployment is named after its registered model: pass --name without '/' or '..'",
+        )
+    return name
 
 
 def _flag(key: str, value: Any) -> bool:
@@ -173,20 +198,20 @@ class MlregDeploymentClient(BaseDeploymentClient):
 
     def _promote(self, name: str, model_uri: str, flavor: str | None, config: dict[str, Any] | None) -> dict:
         from mlreg import service
+        from registry.nvidia_flavors import check_flavor, deployable
 
-        if flavor not in (None, "triton"):
-            raise UsageError(
-                f"flavor '{flavor}' is not deployable by mlreg",
-                fix="use --flavor triton (or leave it out): every mlreg version is a Triton model folder",
-            )
+        check_name(name)
+        check_flavor(flavor)
         options = promote_options({k: v for k, v in (config or {}).items() if k != "env"})
         settings, env, registry = self._context(config)
         version = self._version(registry, name, model_uri)
-        result = service.promote(settings, env.name, name, version, **options)
+        found = deployable(registry, name, version, flavor)  # NVIDIA's onnx/triton: an mlreg version
+        result = service.promote(settings, env.name, name, found.version, **options)
         return {
             "name": name,
-            "flavor": "triton",
+            "flavor": found.flavor,
             "version": result.plan.version,
+            "source_version": found.source_version,
             "environment": env.name,
             "dry_run": bool(options.get("dry_run")),
             "promotion_run": result.run_id,
@@ -212,7 +237,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
         from mlreg import service
 
         with _translated():
-            service.retire(Settings.from_env(), self._env_name(config), name)
+            service.retire(Settings.from_env(), self._env_name(config), check_name(name))
 
     def list_deployments(self, endpoint=None):  # type: ignore[no-untyped-def]
         with _translated():
@@ -222,7 +247,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
     def get_deployment(self, name, endpoint=None):  # type: ignore[no-untyped-def]
         with _translated():
             settings, env, registry = self._context()
-            rows = _status(settings, env, registry, [name])
+            rows = _status(settings, env, registry, [check_name(name)])
             if not rows or not (rows[0]["desired"] or rows[0]["alias"]):
                 raise MlflowException(
                     f"error: {name} is not deployed in '{env.name}'\nfix: create it with "
@@ -232,6 +257,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
             found = _deployment(env.name, rows[0])
             with contextlib.suppress(MlregError):
                 found.update(registry.deployments(name).get(env.name, {}))
+                found.update(_source(registry, name, rows[0]["alias"]))
             return found
 
     def predict(self, deployment_name=None, inputs=None, endpoint=None):  # type: ignore[no-untyped-def]
@@ -244,7 +270,8 @@ class MlregDeploymentClient(BaseDeploymentClient):
                     fix="pass --name MODEL (see 'mlflow deployments list -t mlreg')",
                 )
             arrays = _arrays(inputs)  # names and dtypes are checked against the deployed config
-            answer = service.predict(Settings.from_env(), self._env_name(), deployment_name, arrays)
+            name = check_name(deployment_name)
+            answer = service.predict(Settings.from_env(), self._env_name(), name, arrays)
             return PredictionsResponse({"outputs": {key: value.tolist() for key, value in answer.items()}})
 
 
@@ -257,23 +284,45 @@ def _status(settings: Settings, env: Any, registry: Any, models: list[str] | Non
 
 
 def _deployment(env: str, row: dict[str, Any]) -> dict[str, Any]:
+    serving = row["serving"] or {}
+    ready = bool(row["desired"]) and not row["drift"] and all(v == row["desired"] for v in serving.values())
     return {
         "name": row["model"],
         "flavor": "triton",
         "environment": env,
         "version": row["alias"],
+        "state": "READY" if ready and serving else "UNAVAILABLE",  # as NVIDIA's plugin lists it
         "desired": row["desired"],
-        "serving": row["serving"],
+        "serving": serving,
         "drift": row["drift"],
     }
 
 
+def _source(registry: Any, name: str, version: str | None) -> dict[str, Any]:
+    """The MLflow model a deployment came from (NVIDIA's ``mlflow_model_uri``) and its flavor."""
+    from registry.nvidia_flavors import source_of
+
+    if not version:
+        return {}
+    found = source_of(registry.version_tags(name, version))
+    if found is None:
+        return {"mlflow_model_uri": f"models:/{name}/{version}"}
+    return {"mlflow_model_uri": f"models:/{name}/{found[0]}", "flavor": found[1]}
+
+
 def _arrays(inputs: Any) -> dict[str, Any]:
     """MLflow's predict input (a DataFrame or a dict) as input name -> values; ``service.predict``
-    makes arrays of them, of the deployed config's dtypes."""
-    if hasattr(inputs, "columns"):  # a DataFrame: one column per input tensor, one row per item
+    makes arrays of them, of the deployed config's dtypes.  NVIDIA's input document
+    ``{"inputs": {"NAME": [...]}}`` is taken as a dict, or as the DataFrame the ``mlflow
+    deployments predict`` CLI reads it into (one column ``inputs``, one row per input tensor)."""
+    if hasattr(inputs, "columns"):
+        if list(inputs.columns) == [NVIDIA_INPUTS]:  # NVIDIA's document read by pandas
+            return {str(row): value for row, value in inputs[NVIDIA_INPUTS].items()}
+        # one column per input tensor, one row per item
         return {str(col): inputs[col].tolist() for col in inputs.columns}
     if isinstance(inputs, dict):
+        if set(inputs) == {NVIDIA_INPUTS} and isinstance(inputs[NVIDIA_INPUTS], dict):
+            inputs = inputs[NVIDIA_INPUTS]
         return {str(k): v for k, v in inputs.items()}
     raise UsageError(
         f"predict takes a DataFrame or a dict of arrays, not {type(inputs).__name__}",

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pipelines.promote.environments import Environment
     from pipelines.promote.fanout import Fleet
     from pipelines.promote.reports import PromotionResult
+    from pipelines.promote.retention import RetentionReport
     from pipelines.promote.runner import OnStage
     from pipelines.storage.base import RepositoryStore
     from registry.mlflow import MlflowRegistry
@@ -47,8 +48,10 @@ def environment(settings: Settings, name: str) -> Environment:
         return env
     from pipelines.devstack.stack import running_servers
 
-    urls = tuple(info.grpc_url for info in running_servers(settings))  # `stack up --replicas N`
-    return dataclasses.replace(env, targets=urls)
+    servers = running_servers(settings)  # `stack up --replicas N`
+    urls = tuple(info.grpc_url for info in servers)
+    metrics = tuple((info.grpc_url, info.metrics_url) for info in servers)
+    return dataclasses.replace(env, targets=urls, metrics_urls=metrics)
 
 
 def context(settings: Settings, env_name: str) -> Context:
@@ -68,6 +71,7 @@ def promote(
     skip_quality: bool = False,
     serve_as: str = "auto",
     on_stage: OnStage | None = None,
+    skip_perf: bool = False,
 ) -> PromotionResult:
     """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot)."""
     from pipelines.devstack.scratch import scratch_servers
@@ -78,7 +82,7 @@ def promote(
     if not version.isdigit():
         raise UsageError(f"version '{version}' is not a number", fix="pass --version N (1, 2, 3, ...)")
     ctx = context(settings, env_name)
-    options = Options(dry_run, allow_breaking, skip_quality, serve_as, on_stage)
+    options = Options(dry_run, allow_breaking, skip_quality, serve_as, on_stage, skip_perf=skip_perf)
     promotion = Promotion(settings, ctx.env, ctx.registry, options, scratch=scratch_servers(settings))
     return promotion.run(model, version)
 
@@ -202,6 +206,37 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
         ctx.registry.forget_deployment(name, env.name)
 
 
+def store_gc(
+    settings: Settings,
+    env_name: str,
+    keep: int | None = None,
+    *,
+    dry_run: bool = False,
+    models: list[str] | None = None,
+) -> RetentionReport:
+    """The environment's retention policy (``keep`` overrides it) applied to its store: versions
+    beyond the window moved to the archive, never one an ensemble pins or a target holds (every
+    target asked; the local environment with its stack down serves nothing)."""
+    from pipelines.promote.retention import collect, registry_stamp
+    from pipelines.storage import open_store
+
+    ctx = context(settings, env_name)
+    env = ctx.env
+    store = open_store(env.store, digest_cache=settings.digest_cache)
+    if keep is not None and keep < 0:
+        raise UsageError(f"--keep {keep}: a number of versions cannot be negative", fix="pass --keep 2")
+
+    def ask() -> dict[str, Any]:
+        if env.local_stack and not env.targets:
+            return {}
+        with _fleet(settings, env, store) as fleet:
+            return dict(fleet.states())
+
+    window = env.keep if keep is None else keep
+    stamp = registry_stamp(ctx.registry, env.name)
+    return collect(store, ask, stamp, window, dry_run=dry_run, models=models)
+
+
 def predict(settings: Settings, env_name: str, name: str, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Send ``inputs`` (input name -> array-like) to ``name`` on the environment's first target,
     checked against the config the store serves (names, dtypes: a UsageError naming the valid
@@ -299,4 +334,5 @@ __all__ = [
     "retire",
     "rollback",
     "status",
+    "store_gc",
 ]

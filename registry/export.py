@@ -25,6 +25,7 @@ from registry.settings import EXPORTS_EXPERIMENT, Settings, redact_uri
 
 if TYPE_CHECKING:
     from registry.mlflow.model import LoggedTritonModel
+    from registry.signing import SigningKey
 
 
 def _is_ensemble(model_dir: Path) -> bool:
@@ -51,6 +52,7 @@ def export_models(
     seed: int = 0,
     force: bool = False,
     on_model: Callable[[str], None] | None = None,
+    signer: SigningKey | None = None,
 ) -> list[RegisterResult]:
     staging = settings.home / "exports"
     if staging.exists():
@@ -75,6 +77,7 @@ def export_models(
                 exporter=exporter,
                 export_info=info,
                 members=members,
+                signer=None if isinstance(registry, PlanRegistry) else signer,  # a plan signs nothing
             )
         )
     return results
@@ -88,13 +91,15 @@ def export(
     seed: int = 0,
     force: bool = False,
     against: str | None = None,
+    signer: SigningKey | None = None,
 ) -> list[RegisterResult]:
     """Export the template and register every result in ``registry`` (a ``PlanRegistry``: nothing
     written); with ``against``, return only the versions that alias does not hold yet, refused
-    before any exporter runs when no model holds it (``require_base``)."""
+    before any exporter runs when no model holds it (``require_base``).  ``signer``: each version
+    registered is signed (``registry.signing``)."""
     if against is not None:
         require_base(registry, against)
-    results = export_models(settings, registry, models, seed=seed, force=force)
+    results = export_models(settings, registry, models, seed=seed, force=force, signer=signer)
     return results if against is None else changed_versions(registry, results, against)
 
 

@@ -31,8 +31,17 @@ from registry.lineage import (
     git_state,
     tensor_specs,
 )
-from registry.manifest import manifest_of, sha256_file
+from registry.manifest import CONFIG_ENTRY, manifest_of, sha256_file
 from registry.mlflow.model import EXPORTS_EXPERIMENT, LoggedTritonModel
+from registry.signing import (
+    SIGNATURE_ARTIFACT,
+    SIGNED_BY_TAG,
+    SignatureError,
+    SigningKey,
+    claimed_identity,
+    sign,
+    signed_files,
+)
 
 if TYPE_CHECKING:  # the adapter registers derived versions through register() below
     from registry.mlflow.registry import MlflowRegistry
@@ -66,6 +75,7 @@ class RegisterResult:
     validation: str
     run_id: str = ""
     findings: list[str] = field(default_factory=list)
+    signed_by: str = ""  # who signed the version ("": unsigned)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +85,7 @@ class RegisterResult:
             "validation": self.validation,
             "run_id": self.run_id,
             "findings": self.findings,
+            "signed_by": self.signed_by,
         }
 
 
@@ -164,7 +175,11 @@ def register(
     exporter: Path | None = None,
     export_info: dict[str, Any] | None = None,
     members: dict[str, str] | None = None,
+    signer: SigningKey | None = None,
 ) -> RegisterResult:
+    """Register ``candidate``; with ``signer``, signed over the manifest's digests (no file read
+    again), the signature logged beside manifest.json.  Identical bytes already registered return
+    that version (signed now when it was not and ``signer`` is given)."""
     config = load_config(candidate.config_path)
     manifest = manifest_of(candidate.version_dir)
     config_sha = sha256_file(candidate.config_path)
@@ -174,13 +189,18 @@ def register(
     if not force:
         for existing in registry.find_by_tag(candidate.name, "artifact_digest", artifact_digest):
             tags = existing.tags or {}
+            signed_by = tags.get(SIGNED_BY_TAG, "")
+            if signer is not None and not signed_by:
+                signed_by = sign_registered(registry, candidate.name, str(existing.version), signer)
             return RegisterResult(
                 candidate.name,
                 str(existing.version),
                 False,
                 tags.get("validation", "unknown"),
                 str(existing.run_id or ""),
+                signed_by=signed_by,
             )
+    bundle = sign(signed_files(manifest, config_sha), signer, candidate.name) if signer else None
     errors, signature = validate_candidate(candidate)
     contract = contract_of(config)
     platform = kind(ModelEntry(candidate.name, candidate.version_dir, config))
@@ -197,6 +217,9 @@ def register(
         validation="failed" if errors else "passed",
     )
     description = describe(lineage, contract, errors)
+    signed_by = claimed_identity(bundle) if bundle else ""
+    if bundle:
+        description += "\n\n" + signature_line(signed_by)
     run_id = registry.start_run(
         EXPORTS_EXPERIMENT, f"{candidate.name}-export", {"mlreg_model": candidate.name}
     )
@@ -213,12 +236,20 @@ def register(
             errors,
             description,
             export_info or {},
+            bundle,
         )
     except BaseException:
         registry.discard_run(run_id)
         raise
     registry.finish_run(run_id, ok=True)
-    return RegisterResult(candidate.name, version, True, lineage.validation, run_id, errors)
+    return RegisterResult(candidate.name, version, True, lineage.validation, run_id, errors, signed_by)
+
+
+def signature_line(signed_by: str) -> str:
+    """What the version's MLflow description says of its signature."""
+    if not signed_by:
+        return "**Signature: unsigned**"
+    return f"**Signature: signed by {signed_by}** (OpenSSF model signing, `{SIGNATURE_ARTIFACT}`)"
 
 
 def _record(
@@ -233,6 +264,7 @@ def _record(
     errors: list[str],
     description: str,
     export_info: dict[str, Any],
+    bundle: bytes | None = None,
 ) -> str:
     tensors = len(contract["inputs"]) + len(contract["outputs"])
     params = {"platform": lineage.platform, "framework": lineage.framework, **export_info}
@@ -255,11 +287,15 @@ def _record(
         (meta / "validation.json").write_text(
             json.dumps({"validation": lineage.validation, "errors": errors}, indent=1)
         )
+        if bundle is not None:
+            (meta / SIGNATURE_ARTIFACT).write_bytes(bundle)
         registry.log_artifacts(run_id, meta)
     registry.ensure_model(
         candidate.name, f"Triton model `{candidate.name}` ({lineage.platform}), registered by mlreg."
     )
     tags = lineage.tags()
+    if bundle is not None:
+        tags[SIGNED_BY_TAG] = claimed_identity(bundle)
     model_id = registry.log_model(
         run_id,
         EXPORTS_EXPERIMENT,
@@ -295,4 +331,46 @@ def logged_model(
         tags=tags,
         params=params,
         metadata={"mlreg": {k: v for k, v in tags.items() if k != "mlreg"}},
+    )
+
+
+def sign_registered(registry: MlflowRegistry, name: str, version: str, signer: SigningKey) -> str:
+    """Sign a version registered earlier (``mlreg sign``): its registered files are fetched and
+    hashed, and signed only when they match the ``artifact_digest`` MLflow recorded; the signature
+    is logged to the version's run beside manifest.json.  Returns who signed."""
+    tags = registry.version_tags(name, version)
+    expected = tags.get("artifact_digest", "")
+    with tempfile.TemporaryDirectory(prefix="mlreg-sign-") as tmp:
+        folder = Path(tmp) / name
+        registry.fetch_version(name, version, folder)
+        config = folder / CONFIG_NAME
+        manifest = manifest_of(folder / version)
+        config_sha = sha256_file(config)
+        config_meta = {"sha256": config_sha, "size": config.stat().st_size}
+        if not expected or digest_of_manifest({**manifest, CONFIG_ENTRY: config_meta}) != expected:
+            raise SignatureError(
+                f"{name} v{version}: the registry's files do not match the artifact_digest MLflow "
+                "recorded for it; refusing to sign them",
+                fix="register the version's files again (a new version) and sign that one",
+                model=name,
+                version=version,
+            )
+        bundle = sign(signed_files(manifest, config_sha), signer, name)
+        meta = Path(tmp) / "meta"
+        meta.mkdir()
+        (meta / SIGNATURE_ARTIFACT).write_bytes(bundle)
+        registry.log_artifacts(str(registry.version(name, version).run_id), meta)
+    signed_by = claimed_identity(bundle)
+    registry.set_version_tag(name, version, SIGNED_BY_TAG, signed_by)
+    _describe_signature(registry, name, version, signed_by)
+    return signed_by
+
+
+def _describe_signature(registry: MlflowRegistry, name: str, version: str, signed_by: str) -> None:
+    """The version's MLflow description says who signed it (the line replaced when there was one)."""
+    current = str(registry.version(name, version).description or "")
+    kept = "\n".join(line for line in current.splitlines() if not line.startswith("**Signature:"))
+    text = kept.rstrip() + "\n\n" + signature_line(signed_by)
+    registry._call(  # the adapter has no description update: the one call, through its translation
+        "version update", lambda: registry.client.update_model_version(name, version, description=text)
     )

@@ -12,7 +12,13 @@ and ``on`` (any case) mean on, anything else off.
 | MLREG_NO_PROGRESS     | on: no progress bars                                 | off                      |
 | MLREG_TRITON_TIMEOUT  | seconds for one Triton control call (load: x10)      | ``30``                   |
 | MLREG_MLFLOW_TIMEOUT  | seconds for one MLflow request (2 retries)           | ``15``                   |
+| MLREG_SIGNING_KEY     | sign registered versions: a PEM key, or ``sigstore`` | unsigned                 |
+| MLREG_SIGNING_CERT    | with the key: its certificate (PEM)                  | none                     |
+| MLREG_SIGNING_CHAIN   | with the certificate: the chain up to the root (PEM) | none                     |
 | MLFLOW_TRACKING_URI   | the MLflow tracking + registry server  | ``sqlite:///<home>/mlflow.db`` |
+
+The three MLREG_SIGNING_* variables are the ``--sign-key``/``--sign-cert``/``--sign-chain`` options'
+defaults (typer reads them for ``mlreg register``, ``export`` and ``sign``; registry/signing.py).
 """
 
 from __future__ import annotations

@@ -107,11 +107,10 @@ def rollout_line(rollout: Mapping[str, Any]) -> str:
         parts.append(f"{'canary' if index == 0 else f'wave {index + 1}'} [{', '.join(wave)}]")
         if index + 1 < len(waves) and rollout["bake_seconds"]:
             parts.append(f"bake {rollout['bake_seconds']:g} s")
-    return (
-        " ▸ ".join(parts)
-        + f" (max_parallel {rollout['max_parallel']}, max_failure_ratio {rollout['max_failure_ratio']:g}, "
-        f"max_latency_ratio {rollout['max_latency_ratio']:g}, min_requests {rollout['min_requests']})"
-    )
+    from pipelines.promote.policy import Check
+
+    checks = ", ".join(Check(c["metric"], c["min"], c["max"]).describe() for c in rollout["checks"])
+    return " ▸ ".join(parts) + f" (max_parallel {rollout['max_parallel']}; bake checks: {checks or 'none'})"
 
 
 class Output:

@@ -97,6 +97,12 @@ def promote_cmd(
         "or for auto when a target's Triton has no TensorFlow backend.",
     ),
     skip_quality: bool = typer.Option(False, "--skip-quality", help="Skip the pre-flight quality gate."),
+    skip_perf: bool = typer.Option(
+        False,
+        "--skip-perf",
+        help="Skip the gate's performance check (the candidate's latency against the serving "
+        "version's on the canary); the golden-input checks still run.",
+    ),
     as_json: JsonFlag = False,
 ) -> None:
     """Promote a registered version: validate, quality gate, upload, swap with no failed request.
@@ -110,7 +116,11 @@ def promote_cmd(
     from registry.errors import UsageError
 
     options = dict(
-        dry_run=dry_run, allow_breaking=allow_breaking, skip_quality=skip_quality, serve_as=serve_as
+        dry_run=dry_run,
+        allow_breaking=allow_breaking,
+        skip_quality=skip_quality,
+        serve_as=serve_as,
+        skip_perf=skip_perf,
     )
     if from_alias or from_file:  # several versions, members first: mlreg/cli/report.py
         from mlreg.cli.report import promote_many_cmd
@@ -139,6 +149,7 @@ def promote_cmd(
             skip_quality=skip_quality,
             serve_as=serve_as,
             on_stage=_stage_lines(out),
+            skip_perf=skip_perf,
         ),
     )
     _render(out, result, result.plan.env.alias)

@@ -97,7 +97,37 @@ def _stage_lines(report: Doc) -> list[str]:
     if not stages:
         return []
     rows = [[s["stage"], s["status"], f"{float(s['seconds']):.2f} s", s.get("detail", "")] for s in stages]
-    return table(["stage", "status", "time", "detail"], rows)
+    return table(["stage", "status", "time", "detail"], rows) + _perf_lines(stages)
+
+
+def _perf_lines(stages: list[Doc]) -> list[str]:
+    """The quality gate's performance check: candidate against serving, per model."""
+    found = [p for s in stages for p in ((s.get("report") or {}).get("perf") or [])]
+    if not found:
+        return []
+
+    def side(figures: Doc | None) -> str:
+        if not figures:
+            return "-"
+        p50, p95 = figures.get("p50_ms"), figures.get("p95_ms")
+        return f"v{figures['version']}: p50 {p50:.1f} ms, p95 {p95:.1f} ms"
+
+    rows = [
+        [
+            p["model"],
+            side(p["candidate"]),
+            side(p.get("serving")),
+            "-" if p.get("p95_ratio") is None else f"x{p['p95_ratio']:.2f} (limit x{p['threshold']:.2f})",
+            p.get("verdict", ""),
+        ]
+        for p in found
+    ]
+    return [
+        "",
+        "Performance check on the canary (interleaved, same golden requests):",
+        "",
+        *table(["model", "candidate", "serving", "p95 ratio", "verdict"], rows),
+    ]
 
 
 def _diff_lines(changes: list[Doc]) -> list[str]:

@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from mlreg.cli.output import emit_json, handle_errors
+from mlreg.cli.common import EnvName, JsonFlag, settings_of
+from mlreg.cli.output import Output, emit_json, handle_errors
 from mlreg.cli.progress import byte_progress
 from registry.errors import StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
+    from pipelines.promote.retention import RetentionReport
     from pipelines.storage.base import RepositoryStore
 
 app = typer.Typer(
@@ -73,6 +75,7 @@ def ls_cmd(
     match), incomplete (no manifest: an upload did not finish).  Nothing is hashed by 'ls'.
     """
     target = _store(store)
+    archive = _archive(target)
     rows = []
     for model in target.list_models():
         for version in target.list_versions(model) or [""]:
@@ -81,28 +84,67 @@ def ls_cmd(
                 {
                     "model": model,
                     "version": version,
+                    "location": "live",
                     "state": check.status if check else "no versions",
                     "files": check.files if check else 0,
                     "problems": [p.line() for p in check.problems] if check else [],
                 }
             )
+    for model, version in _archived(archive):
+        assert archive is not None
+        check = archive.check_version(model, version, hashing="none")
+        rows.append(
+            {
+                "model": model,
+                "version": version,
+                "location": "archived",
+                "state": check.status,
+                "files": check.files,
+                "problems": [p.line() for p in check.problems],
+            }
+        )
     if as_json:
-        emit_json({"store": target.uri, "versions": rows})
+        emit_json({"store": target.uri, "archive": archive.uri if archive else None, "versions": rows})
         return
     typer.echo(f"{'MODEL':<30} {'VERSION':>7}  {'STATE':<11}  FILES")
     for row in rows:
-        typer.echo(f"{row['model']:<30} {row['version']:>7}  {row['state']:<11}  {row['files']}")
+        state = str(row["state"]) if row["location"] == "live" else _archived_state(str(row["state"]))
+        typer.echo(f"{row['model']:<30} {row['version']:>7}  {state:<11}  {row['files']}")
 
 
-def _selected(target: RepositoryStore, model: str | None, version: str | None) -> list[tuple[str, str]]:
-    from registry.errors import UsageError
+def _archived(archive: RepositoryStore | None) -> list[tuple[str, str]]:
+    if archive is None:
+        return []
+    return [(m, v) for m in archive.list_models() for v in archive.list_versions(m)]
 
+
+def _archived_state(state: str) -> str:
+    """An archived version whose copy is whole reads ``archived``; else ``archived:<state>``."""
+    return "archived" if state in {"verified", "unverified"} else f"archived:{state}"
+
+
+def _archive(target: RepositoryStore) -> RepositoryStore | None:
+    """The archive beside ``target`` (pipelines/storage/archive.py); None where it can have none."""
+    try:
+        return target.archive()
+    except StorageError:
+        return None
+
+
+def _selected(
+    target: RepositoryStore, model: str | None, version: str | None, archive: RepositoryStore | None
+) -> list[tuple[str, str, str]]:
+    """(location, model, version) of every copy to check: live first, then archived."""
     if version is not None and model is None:
         raise UsageError("a version needs its model", fix="mlreg store verify MODEL VERSION")
     models = [model] if model else target.list_models()
-    pairs: list[tuple[str, str]] = []
+    if archive is not None and not model:
+        models = sorted(set(models) | set(archive.list_models()))
+    pairs: list[tuple[str, str, str]] = []
     for name in models:
-        versions = target.list_versions(name)
+        live = target.list_versions(name)
+        archived = archive.list_versions(name) if archive is not None else []
+        versions = sorted(set(live) | set(archived), key=int)
         if version is not None and version not in versions:
             raise StorageError(
                 f"{target.uri}: {name} has no version '{version}' in the store "
@@ -111,7 +153,8 @@ def _selected(target: RepositoryStore, model: str | None, version: str | None) -
             )
         if model and not versions:
             raise StorageError(f"{target.uri}: no version of '{name}' is stored", fix="see 'mlreg store ls'")
-        pairs.extend((name, v) for v in versions if version is None or v == version)
+        pairs.extend(("live", name, v) for v in live if version is None or v == version)
+        pairs.extend(("archived", name, v) for v in archived if version is None or v == version)
     return pairs
 
 
@@ -123,6 +166,12 @@ def verify_cmd(
     store: str = typer.Option(None, "--store", "-s", help=STORE_HELP),
     digest: str = typer.Option(
         None, "--digest", help="The digest the version must have (its artifact_digest in MLflow)."
+    ),
+    signatures: bool = typer.Option(
+        False, "--signatures", help="Also check each version's signature (beside its manifest)."
+    ),
+    trusted_keys: list[Path] = typer.Option(
+        [], "--trusted-key", help="With --signatures: a trusted PEM public key or CA certificate (repeat)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -137,17 +186,27 @@ def verify_cmd(
         raise UsageError(
             "--digest needs MODEL and VERSION", fix="mlreg store verify MODEL VERSION --digest SHA"
         )
-    checks = [target.check_version(m, v, digest, hashing="all") for m, v in _selected(target, model, version)]
-    bad = [c for c in checks if not c.ok]
+    archive = _archive(target)
+    pairs = _selected(target, model, version, archive)
+    stores = {"live": target, "archived": archive or target}
+    checks = [(where, stores[where].check_version(m, v, digest, hashing="all")) for where, m, v in pairs]
+    bad = [c for _, c in checks if not c.ok]
+    signed = _signatures([(stores[w], m, v) for w, m, v in pairs], trusted_keys) if signatures else {}
     if as_json:
-        emit_json({"store": target.uri, "ok": not bad, "versions": [c.to_dict() for c in checks]})
+        versions = [
+            {**c.to_dict(), "location": where, **_signature_of(signed, c.model, c.version)}
+            for where, c in checks
+        ]
+        emit_json({"store": target.uri, "ok": not bad, "versions": versions})
     else:
-        for c in checks:
-            typer.echo(
-                f"{c.model}/{c.version}: {c.status} ({c.files} file(s), {c.hashed_bytes:,} bytes hashed)"
-            )
+        for where, c in checks:
+            label = "" if where == "live" else " (archived)"
+            hashed = f"{c.files} file(s), {c.hashed_bytes:,} bytes hashed"
+            typer.echo(f"{c.model}/{c.version}{label}: {c.status} ({hashed})")
             for problem in c.problems:
                 typer.echo(f"  {problem.line()}")
+            if signed:
+                typer.echo(f"  signature: {signed[(c.model, c.version)]}")
     if bad:
         files = [f"{c.model}/{c.version}/{p.file}" for c in bad for p in c.problems]
         raise StorageError(
@@ -156,6 +215,27 @@ def verify_cmd(
             + (f" and {len(files) - 10} more" if len(files) > 10 else ""),
             fix="push the registered version again (a promotion re-uploads what differs), then verify again",
         )
+    unsigned = [f"{m}/{v}" for (m, v), line in signed.items() if not line.startswith("signed by")]
+    if unsigned:
+        raise StorageError(
+            f"{target.uri}: {len(unsigned)} version(s) not signed by a trusted key: {', '.join(unsigned)}",
+            fix="sign them ('mlreg sign MODEL VERSION --sign-key KEY'), or pass the signer's --trusted-key",
+        )
+
+
+def _signatures(
+    found: list[tuple[RepositoryStore, str, str]], keys: list[Path]
+) -> dict[tuple[str, str], str]:
+    """--signatures: (model, version) -> "signed by ..." or "NOT verified: why"."""
+    from pipelines.promote.integrity import signature_status
+
+    if not keys:
+        raise UsageError("--signatures needs the keys to trust", fix="pass --trusted-key PATH (repeat)")
+    return {(m, v): signature_status(store, m, v, keys) for store, m, v in found}
+
+
+def _signature_of(signed: dict[tuple[str, str], str], model: str, version: str) -> dict[str, str]:
+    return {"signature": signed[(model, version)]} if (model, version) in signed else {}
 
 
 @app.command("init")
@@ -180,3 +260,54 @@ def init_cmd(
         return
     state = "written" if created else "already there"
     typer.echo(f"{target.uri}: root marker {ROOT_MARKER} {state}; Triton can start on this repository")
+
+
+@app.command("gc")
+def gc_cmd(
+    ctx: typer.Context,
+    env: EnvName = "local",
+    keep: int = typer.Option(
+        None, "--keep", "-k", help="Versions per model to leave live (default: the environment's keep)."
+    ),
+    model: list[str] = typer.Option(None, "--model", "-m", help="Only this model (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would move; change nothing."),
+    as_json: JsonFlag = False,
+) -> None:
+    """Apply the environment's retention policy to its store: versions beyond the window (keep =
+    N in mlreg.toml, default 2: what serves and the one before it) move to the archive beside the
+    store, never lost; nothing an ensemble pins or a target holds (every target is asked).
+
+    Example: mlreg store gc --env staging --dry-run
+    """
+    from mlreg import service
+
+    out = Output(as_json)
+    report = service.store_gc(settings_of(ctx), env, keep, dry_run=dry_run, models=model or None)
+    out.result(report.to_dict(), lambda: _render_gc(out, report))
+
+
+def _render_gc(out: Output, report: RetentionReport) -> None:
+    if report.skipped:
+        out.line(f"nothing to do: {report.skipped}")
+        return
+    verb = "would move" if report.dry_run else "moved"
+    out.table(
+        ["MODEL", "VERSION", "BYTES"],
+        [[m.model, m.version, f"{m.bytes:,}"] for m in report.moves],
+        title=f"keep {report.keep}: {verb} to the archive",
+        right={"VERSION", "BYTES"},
+    )
+    for name, versions in sorted(report.protected.items()):
+        for version, why in sorted(versions.items()):
+            out.line(f"kept {name} v{version}: {why}")
+    for failure in report.failed:
+        out.line(f"not moved: {failure}")
+    freed = "would free" if report.dry_run else "freed"
+    out.line(
+        f"{len(report.moves)} version(s), {freed} {report.bytes_freed:,} bytes under the prefix Triton reads"
+    )
+    if report.failed:
+        raise StorageError(
+            f"{len(report.failed)} move(s) did not finish: {report.failed[0]}",
+            fix="rerun 'mlreg store gc': a version is live, or live and archived, until its move finishes",
+        )

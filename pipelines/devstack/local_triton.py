@@ -110,6 +110,11 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
     for key, value in QUIET_TENSORFLOW.items():  # the stand-in TensorFlow backend: no start-up lines
         env.setdefault(key, value)
     env.setdefault("MLREG_STANDIN_THREADS", "1")
+    # no bytecode in the repository (infra/ sets the same): Triton may take a new entry in a model
+    # folder as a change.  Measured on 2.51: the variable reaches the python stub, whose embedded
+    # interpreter runs isolated (sys.flags.ignore_environment=1) and still writes __pycache__ into
+    # a local store's version folder, so verification keeps tolerating it (pipelines/storage/verify.py)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 

@@ -38,6 +38,7 @@ class Options:
     skip_quality: bool = False
     serve_as: str = "auto"
     on_stage: OnStage | None = None
+    skip_perf: bool = False  # the quality gate's performance check (pipelines/promote/perf.py)
 
 
 class Deployer(Protocol):

@@ -5,25 +5,33 @@ store = "s3://models-bucket/staging"        # Triton's repository syntax
 targets = ["triton-0.staging:8001", "triton-1.staging:8001"]   # gRPC; the first is the canary
 alias = "staging"                            # the MLflow alias this environment owns
 gpu = true                                   # keep KIND_GPU instance groups (default true)
+keep = 2                                     # versions per model Triton reads (default 2; 0: off)
+signatures = "required"                      # or "warn"; absent: no signature check
+trusted_keys = ["keys/release.pub"]          # PEM public keys / CA certificates, relative to mlreg.toml
+trusted_identities = [{ issuer = "https://token.actions.githubusercontent.com", subject = "<regex>" }]
 """
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
-
 from pipelines.promote import discovery
+from pipelines.promote.perf import PERF_KEYS, PerfSettings, parse_perf
 from pipelines.promote.policy import Policy, check_keys, parse_policy
 from registry.errors import PromotionError, UsageError
 from registry.settings import Settings
+from registry.signing import TRUST_KEYS, Trust, parse_trust
 from registry.template import gpu_available
 
 LOCAL = "local"
 # every key of an environment section this module reads; the roll-out policy's are policy.KEYS
 # (a key in neither is refused: a typo must not silently change what a promotion does)
-ENVIRONMENT_KEYS = frozenset({"store", "targets", "alias", "gpu", "discover"})
+ENVIRONMENT_KEYS = (
+    frozenset({"store", "targets", "alias", "gpu", "discover", "keep"}) | TRUST_KEYS | PERF_KEYS
+)
+KEEP = 2  # retention's default: what serves and the one before it (an instant rollback)
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,16 @@ class Environment:
     local_stack: bool = False  # targets: the running local stack's, filled in by the application
     policy: Policy | None = None  # fleet roll-out policy (pipelines/promote/policy.py)
     discover: str = ""  # "dns:NAME:PORT": targets are NAME's addresses (pipelines/promote/discovery.py)
+    signatures: Trust | None = None  # signatures = "required" | "warn" + trusted keys (registry/signing.py)
+    keep: int = KEEP  # versions per model where Triton reads (pipelines/promote/retention.py); 0: off
+    perf: PerfSettings = PerfSettings()  # the canary's performance check (pipelines/promote/perf.py)
+    metrics_urls: tuple[tuple[str, str], ...] = ()  # target -> Triton's metrics (the local stack's)
+
+    def metrics_url(self, target: str) -> str:
+        """Where ``target``'s Triton metrics are read ("" when the environment does not say)."""
+        if self.policy is not None:
+            return self.policy.metrics_url(target)
+        return dict(self.metrics_urls).get(target, "")
 
 
 def settings_file(settings: Settings) -> Path:
@@ -66,6 +84,9 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
                 bool(raw.get("gpu", True)),
                 policy=parse_policy(f"{path} [environments.{name}]", raw),
                 discover=_discover(path, name, raw),
+                keep=_keep(path, name, raw),
+                perf=parse_perf(f"{path} [environments.{name}]", raw),
+                signatures=parse_trust(f"{path} [environments.{name}]", raw, path.parent),
             )
         except (KeyError, TypeError) as exc:
             raise UsageError(
@@ -83,6 +104,17 @@ def _targets(path: Path, name: str, raw: object) -> tuple[str, ...]:
             fix=f'write targets = ["host:8001"] (a list, even for one server) in [environments.{name}]',
         )
     return tuple(t.strip() for t in raw)
+
+
+def _keep(path: Path, name: str, raw: dict[str, object]) -> int:
+    keep = raw.get("keep", KEEP)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise UsageError(
+            f"{path}: environment '{name}': keep must be a number of versions (0 or more), not {keep!r}",
+            fix=f"write keep = 2 (what serves and the one before it) or keep = 0 (off) in "
+            f"[environments.{name}]",
+        )
+    return keep
 
 
 def _discover(path: Path, name: str, raw: dict[str, object]) -> str:

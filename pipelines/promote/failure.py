@@ -73,7 +73,8 @@ def _failure(ctx: PromotionContext, exc: BaseException, touched: list[str]) -> P
 def _rollback(ctx: PromotionContext) -> FleetReport:
     first = len(ctx.fleet.rollouts)
     digests = {(s.model, v): d for s in ctx.plan.steps for v, d in s.previous_digests.items()}
-    report = ctx.undo.replay(ctx.fleet, ctx.store, verifier(ctx.store, digests))
+    verify = verifier(ctx.store, digests, ctx.env.signatures, ctx.registry, ctx.plan.workdir)
+    report = ctx.undo.replay(ctx.fleet, ctx.store, verify)
     if not report.ok:
         raise PromotionError(
             f"{'; '.join(report.failed)} (not put back; a replica that restarts reads the store)",

@@ -21,7 +21,7 @@ def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
     ctx.checked = report
     if report.failures:
         raise GateFailed(report)
-    return QualityStageReport(report.checked, report.changes)
+    return QualityStageReport(report.checked, report.changes, report.perf)
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,11 @@ class CanaryGate:
     live: bool = True
 
     def run(self, ctx: PromotionContext) -> QualityStageReport:
-        report = canary_gate(ctx.plan, ctx.settings, ctx.fleet, ctx.undo, ctx.env.gpu)
+        perf = None if ctx.options.skip_perf else ctx.env.perf
+        url = ctx.plan.targets[0]
+        report = canary_gate(
+            ctx.plan, ctx.settings, ctx.fleet, ctx.undo, ctx.env.gpu, perf, ctx.env.metrics_url(url)
+        )
         return _passed(ctx, report)
 
 

@@ -5,12 +5,27 @@ registered in MLflow before the first change, and again by the undo log before i
 A stored version whose bytes are corrupt is restored from the registry's artifacts when those
 match the registered digest (``Repair``: planned by ``validate``, written by ``assemble``, the
 first live stage); otherwise the promotion is refused before any change, naming the file.
+
+Where the environment asks for signatures (``signatures = "required" | "warn"``), the same versions'
+OpenSSF model signatures are checked too (:mod:`registry.signing`), with the digests of the manifest
+the byte check just proved -- nothing is hashed again: the signer must be trusted and the signed
+file digests must equal the manifest's (the store's; for a version still to upload, the registry's
+manifest bound to its registered digest).  ``required`` refuses before any change, naming the
+version, the file or the identity; ``warn`` reports and goes on.  The signature is read beside the
+store's manifest (``.mlreg-signature.json``), else from the version's MLflow run; ``assemble``
+writes it beside the manifest of a version it uploads.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipelines.promote.plan import Step
 from pipelines.promote.ports import Registry
@@ -18,7 +33,20 @@ from pipelines.promote.undo import VerifyStored
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, PromotionError, StorageError
-from registry.manifest import artifact_digest
+from registry.manifest import CONFIG_ENTRY, artifact_digest, digest_of_manifest, sha256_file
+from registry.signing import (
+    SIGNATURE_ARTIFACT,
+    SIGNATURE_FILE,
+    SIGNED_BY_TAG,
+    SignatureError,
+    Signed,
+    Trust,
+    signed_files,
+    trust_stamp,
+)
+from registry.signing import verify as verify_signature
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,14 +107,253 @@ def apply_repair(store: RepositoryStore, repair: Repair) -> str:
     return repair.detail()
 
 
-def verifier(store: RepositoryStore, digests: dict[tuple[str, str], str]) -> VerifyStored:
-    """What the undo log asks before it loads a version again: "" when the bytes verify."""
+def verifier(
+    store: RepositoryStore,
+    digests: dict[tuple[str, str], str],
+    trust: Trust | None = None,
+    registry: Registry | None = None,
+    workdir: Path | None = None,
+) -> VerifyStored:
+    """What the undo log asks before it loads a version again: "" when the bytes verify (and,
+    where the environment requires signatures, the signature)."""
 
     def verify(model: str, version: str) -> str:
         try:
-            store.verify_version(model, version, digests.get((model, version)) or None)
+            checked = store.verify_version(model, version, digests.get((model, version)) or None)
         except StorageError as exc:
             return f"{model} v{version} does not verify ({exc.message})"
+        if trust is None:
+            return ""
+        try:
+            stored_signature_check(store, registry, model, version, trust, workdir, checked.digest)
+        except SignatureError as exc:
+            if trust.required:
+                return f"{model} v{version}: its signature does not verify ({exc.message})"
+            log.warning('%s (signatures = "warn": loaded anyway)', exc.message)
         return ""
 
     return verify
+
+
+# -- signatures ----------------------------------------------------------------------------------
+
+
+def check_signatures(
+    store: RepositoryStore,
+    registry: Registry,
+    steps: Iterable[Step],
+    trust: Trust | None,
+    workdir: Path | None,
+) -> list[str]:
+    """Before any change: the signature of every version the promotion may load -- each step's new
+    version and the versions an abort would load again.  One line per version for the validate
+    report; PromotionError for the new version when ``trust`` requires signatures.  A way back whose
+    signature does not verify does not block the way forward: the undo log asks again (``verifier``)
+    and leaves the model as it serves rather than load it."""
+    if trust is None:
+        return []
+    assert workdir is not None  # the promotion's work folder: set when its context is made
+    lines = []
+    for step in steps:
+        if step.is_ensemble:
+            continue  # an ensemble's version folder is empty: its config is mlreg's own
+        lines.append(_check_new(store, registry, step, trust, workdir))
+        for version in step.previous_versions:
+            if version != step.version:
+                lines.append(_check_previous(store, registry, step.model, version, trust, workdir))
+    return lines
+
+
+def _check_new(store: RepositoryStore, registry: Registry, step: Step, trust: Trust, workdir: Path) -> str:
+    what = f"{step.model} v{step.version}"
+    if _planned(registry, step.model, step.version):
+        return f"{what} not checked: a plan's version is signed when it is registered (--sign-key)"
+    try:
+        signed = _new_signature(store, registry, step, trust, workdir)
+    except SignatureError as exc:
+        if trust.required:
+            raise PromotionError(
+                f"signature check failed, refusing to load it: {exc.message}",
+                fix=exc.fix,
+                model=step.model,
+                version=step.version,
+                identity=exc.context.get("identity", ""),
+                files=exc.context.get("files", []),
+            ) from exc
+        log.warning('%s (signatures = "warn": promoting anyway)', exc.message)
+        return f"{what} signature NOT verified (warn: {exc.message})"
+    return f"{what} signed by {signed.identity}"
+
+
+def _new_signature(
+    store: RepositoryStore, registry: Registry, step: Step, trust: Trust, workdir: Path
+) -> Signed:
+    """A version to upload: the registry's signature over the registry's manifest (bound to the
+    registered digest the upload is verified against).  A stored one: the store's signature over the
+    store's manifest, else -- e.g. a stored copy that ``assemble`` will restore from the registry --
+    the registry's (the byte check bound both manifests to the registered digest)."""
+    if not step.upload:
+        try:
+            return stored_signature_check(store, registry, step.model, step.version, trust, workdir)
+        except SignatureError as first:
+            try:
+                return _registered_check(registry, step, trust, workdir)
+            except SignatureError:
+                raise first from None
+    return _registered_check(registry, step, trust, workdir)
+
+
+def _registered_check(registry: Registry, step: Step, trust: Trust, workdir: Path) -> Signed:
+    files = _registered_files(registry, step)
+    bundle = registered_signature(registry, step.model, step.version, workdir)
+    signed = verify_signature(bundle, files, trust, f"{step.model} v{step.version}")
+    _keep(workdir, step.model, step.version, bundle)
+    return signed
+
+
+def _check_previous(
+    store: RepositoryStore, registry: Registry, model: str, version: str, trust: Trust, workdir: Path
+) -> str:
+    try:
+        signed = stored_signature_check(store, registry, model, version, trust, workdir)
+    except (SignatureError, StorageError) as exc:
+        log.warning("%s", exc.message)
+        return (
+            f"{model} v{version} signature NOT verified (an abort would leave it as it serves: {exc.message})"
+        )
+    return f"{model} v{version} signed by {signed.identity}"
+
+
+_CHECKED: dict[tuple[str, str, tuple[Any, ...]], Signed] = {}  # (bundle sha256, manifest digest, trust)
+
+
+def _planned(registry: Registry, model: str, version: str) -> bool:
+    """A version only a plan (``mlreg export --dry-run``) would register: it has no signature yet;
+    the export that registers it signs it."""
+    planned = getattr(registry, "planned_version", None)
+    return planned is not None and planned(model, version) is not None
+
+
+def stored_signature_check(
+    store: RepositoryStore,
+    registry: Registry | None,
+    model: str,
+    version: str,
+    trust: Trust,
+    workdir: Path | None,
+    digest: str | None = None,
+) -> Signed:
+    """The signature of a stored version against the store's manifest (whose bytes the caller has
+    verified): the signature beside the manifest, else the registry's.  ``digest``: the manifest
+    digest the caller's byte check found (``Verification.digest``); a signature already verified in
+    this process against a manifest of that digest is not checked again (nor the manifest read)."""
+    stored = store.read(f"{model}/{version}/{SIGNATURE_FILE}")
+    seen = hashlib.sha256(stored).hexdigest() if stored is not None else ""
+    if digest and stored is not None and (seen, digest, trust_stamp(trust)) in _CHECKED:
+        return _CHECKED[(seen, digest, trust_stamp(trust))]
+    manifest = store.read_manifest(model, version)
+    if manifest is None:
+        raise SignatureError(f"{model} v{version} is not in {store.uri}", fix="promote it first")
+    files = signed_files(manifest.files, manifest.config["sha256"] if manifest.config else None)
+    what = f"{model} v{version}"
+    try:
+        signed = verify_signature(stored, files, trust, what)
+    except SignatureError:
+        if registry is None or workdir is None:
+            raise
+        registered = registered_signature(registry, model, version, workdir)  # e.g. signed again since
+        if registered is None or registered == stored:
+            raise
+        return verify_signature(registered, files, trust, what)
+    if len(_CHECKED) > 1024:
+        _CHECKED.clear()
+    _CHECKED[(seen, manifest.digest, trust_stamp(trust))] = signed
+    return signed
+
+
+def registered_signature(registry: Registry, model: str, version: str, workdir: Path) -> bytes | None:
+    """The signature logged with the version in MLflow (None: unsigned; read only when the
+    version's ``signed_by`` tag says there is one)."""
+    if not registry.version_tags(model, version).get(SIGNED_BY_TAG):
+        return None
+    dest = workdir / f"signature-{model}-{version}"
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        run_id = str(registry.version(model, version).run_id)
+        return registry.download(run_id, SIGNATURE_ARTIFACT, dest).read_bytes()
+    except (MlregError, OSError) as exc:
+        raise SignatureError(
+            f"{model} v{version} is tagged signed but its signature cannot be read from MLflow: {exc}",
+            fix=f"sign it again: 'mlreg sign {model} {version} --sign-key KEY'",
+        ) from exc
+
+
+def _registered_files(registry: Registry, step: Step) -> dict[str, str]:
+    """The registry's manifest of a version still to upload, bound to its registered digest (the
+    digest the store's bytes are checked against after the upload): nothing hashed but the config."""
+    assert step.folder is not None
+    what = f"{step.model} v{step.version}"
+    dest = step.folder.parent / f"manifest-{step.model}-{step.version}"
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        run_id = str(registry.version(step.model, step.version).run_id)
+        data = json.loads(registry.download(run_id, "manifest.json", dest).read_text())
+    except (MlregError, OSError, ValueError) as exc:
+        raise SignatureError(
+            f"{what}: its manifest cannot be read from MLflow: {exc}", fix="register it again"
+        ) from exc
+    config = step.folder / CONFIG_NAME
+    config_sha = sha256_file(config)
+    config_meta = {"sha256": config_sha, "size": config.stat().st_size}
+    files = dict(data.get("files") or {})
+    if digest_of_manifest({**files, CONFIG_ENTRY: config_meta}) != step.digest:
+        raise SignatureError(
+            f"{what}: the manifest MLflow holds does not match its registered digest",
+            fix="register the version again",
+        )
+    return signed_files(files, config_sha)
+
+
+def _keep(workdir: Path, model: str, version: str, bundle: bytes | None) -> None:
+    if bundle is not None:
+        (workdir / f"verified-signature-{model}-{version}.json").write_bytes(bundle)
+
+
+def publish_signature(store: RepositoryStore, step: Step, workdir: Path | None) -> None:
+    """After ``assemble`` uploaded and verified ``step``'s version: its signature (checked by
+    ``check_signatures``) beside the store's manifest, where the undo log, ``mlreg status`` and
+    ``mlreg store verify --signatures`` read it."""
+    kept = workdir / f"verified-signature-{step.model}-{step.version}.json" if workdir else None
+    if kept is not None and kept.is_file():
+        store.write(f"{step.model}/{step.version}/{SIGNATURE_FILE}", kept.read_bytes())
+
+
+def signature_problems(
+    store: RepositoryStore,
+    registry: Registry | None,
+    model: str,
+    versions: Iterable[str],
+    trust: Trust | None,
+) -> list[str]:
+    """``mlreg status``: one line per stored version whose signature no longer verifies (reads
+    only; the registry's copy read into a scratch folder when the store has none that verifies)."""
+    if trust is None:
+        return []
+    found = []
+    with tempfile.TemporaryDirectory(prefix="mlreg-signatures-") as tmp:
+        for version in versions:
+            try:
+                stored_signature_check(store, registry, model, version, trust, Path(tmp))
+            except (SignatureError, StorageError) as exc:
+                found.append(f"v{version}: its signature does not verify ({exc.message})")
+    return found
+
+
+def signature_status(store: RepositoryStore, model: str, version: str, keys: Iterable[Path]) -> str:
+    """``mlreg store verify --signatures``: "signed by ..." when the signature beside the stored
+    manifest verifies against ``keys`` (public keys or CA certificates), else "NOT verified: why"."""
+    try:
+        signed = stored_signature_check(store, None, model, version, Trust("required", tuple(keys)), None)
+    except (SignatureError, StorageError) as exc:
+        return f"NOT verified: {exc.message}"
+    return f"signed by {signed.identity}"

@@ -4,7 +4,11 @@ counters a bake compares.  No Prometheus server needed: each replica is scraped 
 A counter a bake reads must be a count: a value that is not a number refuses the scrape, and
 ``faults`` names a NaN, an infinite or negative value, or one that went down between two scrapes
 (the server restarted) — comparisons with NaN are all false, so a NaN would otherwise pass every
-threshold."""
+threshold.
+
+``DERIVED`` is the one table of the metrics a bake's checks name (``policy.Check``): each derives a
+value from the old and the new version's counters over the bake window; adding a metric is one
+entry there."""
 
 from __future__ import annotations
 
@@ -13,12 +17,25 @@ import math
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields
 
 from registry.errors import PromotionError
 
-LINE = re.compile(r"^(nv_inference_request_(?:success|failure|duration_us))\{([^}]*)\}\s+(\S+)")
+LINE = re.compile(
+    r"^(nv_inference_(?:request_success|request_failure|request_duration_us|queue_duration_us|"
+    r"compute_infer_duration_us))\{([^}]*)\}\s+(\S+)"
+)
+# the Counters field each of Triton's counters adds to
+FIELD = {
+    "nv_inference_request_success": "success",
+    "nv_inference_request_failure": "failure",
+    "nv_inference_request_duration_us": "duration_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_infer_duration_us": "compute_us",
+}
+METRIC = {name: metric for metric, name in FIELD.items()}
+QUEUE_FLOOR_US = 1000.0  # queue_ratio compares against at least 1 ms: a few us either way is noise
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 Key = tuple[str, str]  # (model, version)
 
@@ -27,7 +44,9 @@ Key = tuple[str, str]  # (model, version)
 class Counters:
     success: float = 0.0
     failure: float = 0.0
-    duration_us: float = 0.0
+    duration_us: float = 0.0  # end to end, per request summed
+    queue_us: float = 0.0  # waiting in the scheduler's queue
+    compute_us: float = 0.0  # the model's own inference time
 
     @property
     def requests(self) -> float:
@@ -41,15 +60,19 @@ class Counters:
     def mean_latency_us(self) -> float:
         return self.duration_us / self.requests if self.requests else 0.0
 
+    @property
+    def mean_queue_us(self) -> float:
+        return self.queue_us / self.requests if self.requests else 0.0
+
+    @property
+    def mean_compute_us(self) -> float:
+        return self.compute_us / self.requests if self.requests else 0.0
+
     def __add__(self, other: Counters) -> Counters:
-        return Counters(
-            self.success + other.success, self.failure + other.failure, self.duration_us + other.duration_us
-        )
+        return Counters(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def __sub__(self, other: Counters) -> Counters:
-        return Counters(
-            self.success - other.success, self.failure - other.failure, self.duration_us - other.duration_us
-        )
+        return Counters(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
 
 Snapshot = dict[Key, Counters]
@@ -71,12 +94,8 @@ def parse(text: str) -> Snapshot:
         except ValueError:
             metric = f"{name}{{{match.group(2)}}}"
             raise ValueError(f"{metric} = {match.group(3)!r} is not a number") from None
-        if name.endswith("success"):
-            counters.success += value
-        elif name.endswith("failure"):
-            counters.failure += value
-        else:
-            counters.duration_us += value
+        attribute = FIELD[name]
+        setattr(counters, attribute, getattr(counters, attribute) + value)
     return found
 
 
@@ -125,7 +144,7 @@ def faults(model: str, versions: Collection[str], *scrapes: Snapshot) -> list[st
     for key in keys:
         for name in (f.name for f in fields(Counters)):
             values = [getattr(s[key], name) for s in scrapes if key in s]
-            metric = f'nv_inference_request_{name}{{model="{key[0]}",version="{key[1]}"}}'
+            metric = f'{METRIC[name]}{{model="{key[0]}",version="{key[1]}"}}'
             bad = [v for v in values if not (math.isfinite(v) and v >= 0)]
             if bad:
                 found.append(f"{metric} is {bad[0]}, not a count")
@@ -142,3 +161,66 @@ def summary(found: list[str], most: int = 2) -> str:
     unique = list(dict.fromkeys(found))
     more = f" (and {len(unique) - most} more)" if len(unique) > most else ""
     return "; ".join(unique[:most]) + more
+
+
+# -- the metrics a bake's checks name ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A named metric of the bake window: ``value(old, new)`` (None: it cannot be judged, e.g. no
+    old request to compare with) and the words that explain a value."""
+
+    name: str
+    about: str
+    value: Callable[[Counters, Counters], float | None]
+    detail: Callable[[Counters, Counters], str]
+
+
+def _ratio(new: float, old: float) -> float:
+    return new / max(old, 1e-9)
+
+
+def _queue_ratio(old: Counters, new: Counters) -> float:
+    return _ratio(new.mean_queue_us, max(old.mean_queue_us, QUEUE_FLOOR_US))
+
+
+DERIVED: dict[str, Derived] = {
+    d.name: d
+    for d in (
+        Derived(
+            "requests",
+            "requests the new version answered during the bake",
+            lambda old, new: new.requests,
+            lambda old, new: f"the new version answered {new.requests:.0f} request(s) during the bake",
+        ),
+        Derived(
+            "failure_ratio",
+            "the new version's failure ratio above the old version's",
+            lambda old, new: new.failure_ratio - old.failure_ratio,
+            lambda old, new: (
+                f"failure ratio {new.failure_ratio:.3f} ({new.failure:.0f} of {new.requests:.0f} requests) "
+                f"against {old.failure_ratio:.3f} for the old version ({old.failure:.0f} of "
+                f"{old.requests:.0f})"
+            ),
+        ),
+        Derived(
+            "latency_ratio",
+            "mean request latency, new / old",
+            lambda old, new: _ratio(new.mean_latency_us, old.mean_latency_us) if old.requests else None,
+            lambda old, new: (
+                f"mean latency {new.mean_latency_us:.0f} us against {old.mean_latency_us:.0f} us for the "
+                f"old version (x{_ratio(new.mean_latency_us, old.mean_latency_us):.2f})"
+            ),
+        ),
+        Derived(
+            "queue_ratio",
+            "mean queue time per request, new / old (the old one counted as at least 1 ms)",
+            lambda old, new: _queue_ratio(old, new) if old.requests else None,
+            lambda old, new: (
+                f"mean queue time {new.mean_queue_us:.0f} us against {old.mean_queue_us:.0f} us for the "
+                f"old version (x{_queue_ratio(old, new):.2f}, the old one counted as at least 1 ms)"
+            ),
+        ),
+    )
+}

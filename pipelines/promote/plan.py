@@ -156,9 +156,7 @@ class Plan:
             "bake_seconds": policy.bake_seconds,
             "max_parallel": policy.max_parallel,
             "max_unavailable": policy.max_unavailable,
-            "max_failure_ratio": policy.max_failure_ratio,
-            "max_latency_ratio": policy.max_latency_ratio,
-            "min_requests": policy.min_requests,
+            "checks": [check.to_dict() for check in policy.checks],
         }
 
 

@@ -16,6 +16,17 @@ max_latency_ratio = 2.0   # new mean latency at most this times the old one
 min_requests = 10       # the new version must have answered this many requests in a bake
 metrics_port = 8002     # Triton's metrics port on every replica (or metrics = {target = url})
 
+The bake's thresholds are a list of checks over the named metrics of ``metrics.DERIVED`` (Flagger's
+metric checks are the model); the three flat keys above are read into the same list:
+
+[environments.production.bake]
+checks = [
+  { metric = "requests", min = 10 },
+  { metric = "failure_ratio", max = 0.01 },
+  { metric = "latency_ratio", max = 2.0 },
+  { metric = "queue_ratio", max = 3.0 },
+]
+
 A key neither the environment nor the policy reads is refused, naming the closest valid one (a typo
 such as ``bake_second`` would otherwise silently remove the bake).  What depends on the resolved
 fleet (the canary must leave a replica to compare with) is ``check_fleet``, called once the
@@ -44,8 +55,51 @@ KEYS = {
     "min_requests",
     "metrics_port",
     "metrics",
+    "bake",
+}
+FLAT_CHECKS = {  # the flat key -> (metric, bound): read into the same list as [bake] checks
+    "min_requests": ("requests", "min"),
+    "max_failure_ratio": ("failure_ratio", "max"),
+    "max_latency_ratio": ("latency_ratio", "max"),
 }
 DAY = 86400  # the longest bake_seconds: a longer one is a typo, or a promotion nobody waits for
+
+
+@dataclass(frozen=True)
+class Check:
+    """One threshold of a bake: ``metric`` (a name of ``metrics.DERIVED``) within [min, max]."""
+
+    metric: str
+    min: float | None = None
+    max: float | None = None
+    key: str = ""  # the flat mlreg.toml key it was read from (max_latency_ratio), for messages
+
+    def describe(self) -> str:
+        parts = [f"{self.metric} >= {self.min:g}"] if self.min is not None else []
+        parts += [f"{self.metric} <= {self.max:g}"] if self.max is not None else []
+        return " and ".join(parts)
+
+    def bound(self) -> str:
+        """The threshold as the user wrote it."""
+        if self.key:
+            value = self.min if self.min is not None else self.max
+            return f"{self.key} = {value:g}"
+        return self.describe()
+
+    def passes(self, value: float) -> bool:
+        return not (
+            (self.min is not None and value < self.min) or (self.max is not None and value > self.max)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "min": self.min, "max": self.max}
+
+
+DEFAULT_CHECKS = (
+    Check("requests", min=10, key="min_requests"),
+    Check("failure_ratio", max=0.01, key="max_failure_ratio"),
+    Check("latency_ratio", max=2.0, key="max_latency_ratio"),
+)
 
 
 @dataclass(frozen=True)
@@ -55,9 +109,7 @@ class Policy:
     bake_seconds: float = 0.0
     max_parallel: int = 1
     max_unavailable: int = 0
-    max_failure_ratio: float = 0.01
-    max_latency_ratio: float = 2.0
-    min_requests: int = 10
+    checks: tuple[Check, ...] = DEFAULT_CHECKS  # the bake's thresholds, judged in this order
     metrics_port: int = 8002
     metrics: tuple[tuple[str, str], ...] = ()  # target -> metrics URL
 
@@ -87,9 +139,7 @@ def parse_policy(where: str, raw: Mapping[str, Any]) -> Policy | None:
             bake_seconds=_number(raw.get("bake_seconds", 0), "bake_seconds"),
             max_parallel=_integer(raw.get("max_parallel", 1), "max_parallel", 1),
             max_unavailable=_integer(raw.get("max_unavailable", 0), "max_unavailable", 0),
-            max_failure_ratio=_number(raw.get("max_failure_ratio", 0.01), "max_failure_ratio"),
-            max_latency_ratio=_number(raw.get("max_latency_ratio", 2.0), "max_latency_ratio"),
-            min_requests=_integer(raw.get("min_requests", 10), "min_requests", 0),
+            checks=_checks(raw),
             metrics_port=_port(raw.get("metrics_port", 8002)),
             metrics=tuple(sorted(_table(raw.get("metrics", {})).items())),
         )
@@ -106,10 +156,12 @@ def _check(policy: Policy, where: str, fix: str) -> None:
             f"{where}: waves = {waves}: percents must rise strictly and end at 100",
             fix="e.g. waves = [25, 100]",
         )
-    if not 0 <= policy.max_failure_ratio <= 1:
-        raise UsageError(f"{where}: max_failure_ratio must be within 0..1", fix=fix)
-    if policy.max_latency_ratio < 1:
-        raise UsageError(f"{where}: max_latency_ratio must be >= 1 (1.5 = 50% slower allowed)", fix=fix)
+    for check in policy.checks:
+        name = check.key or f"the {check.metric} check's max"
+        if check.metric == "failure_ratio" and check.max is not None and not 0 <= check.max <= 1:
+            raise UsageError(f"{where}: {name} must be within 0..1", fix=fix)
+        if check.metric.endswith("_ratio") and check.metric != "failure_ratio" and (check.max or 1) < 1:
+            raise UsageError(f"{where}: {name} must be >= 1 (1.5 = 50% slower allowed)", fix=fix)
     if isinstance(policy.canary, float) and not 0 < policy.canary <= 100:
         raise UsageError(f"{where}: canary percent must be within 0..100", fix=fix)
     if not math.isfinite(policy.bake_seconds) or policy.bake_seconds > DAY:
@@ -159,6 +211,51 @@ def check_fleet(policy: Policy, replicas: int, where: str) -> None:
             if replicas > 1
             else "add replicas, or remove the roll-out policy keys to deploy all at once",
         )
+
+
+def _checks(raw: Mapping[str, Any]) -> tuple[Check, ...]:
+    """The bake's checks: ``[bake] checks``, or the defaults with the flat keys applied."""
+    flat = [key for key in FLAT_CHECKS if key in raw]
+    bake = raw.get("bake")
+    if bake is None:
+        checks = []
+        for default in DEFAULT_CHECKS:
+            if default.key in raw:
+                value = raw[default.key]
+                number = (
+                    float(_integer(value, default.key, 0))
+                    if default.min is not None
+                    else _number(value, default.key)
+                )
+                bound = "min" if default.min is not None else "max"
+                checks.append(Check(default.metric, key=default.key, **{bound: number}))
+            else:
+                checks.append(default)
+        return tuple(checks)
+    if not isinstance(bake, Mapping) or set(bake) - {"checks"}:
+        raise ValueError(
+            f"bake must be a table holding only checks = [...], not {bake!r}"
+            if not isinstance(bake, Mapping)
+            else f"bake: unknown key(s) {', '.join(sorted(map(repr, set(bake) - {'checks'})))}; "
+            "it holds only checks = [...]"
+        )
+    if flat:
+        raise ValueError(f"{', '.join(flat)} and [bake] checks both set the bake's thresholds: keep one")
+    return tuple(_check_entry(entry) for entry in _list(bake.get("checks", []), "bake.checks"))
+
+
+def _check_entry(entry: object) -> Check:
+    valid = ", ".join(sorted(metrics.DERIVED))
+    if not isinstance(entry, Mapping) or set(entry) - {"metric", "min", "max"}:
+        raise ValueError(f'a check is {{ metric = "NAME", min = X, max = Y }}, not {entry!r}')
+    metric = entry.get("metric")
+    if metric not in metrics.DERIVED:
+        raise ValueError(f"unknown metric {metric!r} in a bake check; the metrics are: {valid}")
+    if "min" not in entry and "max" not in entry:
+        raise ValueError(f"the {metric} check needs min or max")
+    low = _number(entry["min"], f"{metric} min") if "min" in entry else None
+    high = _number(entry["max"], f"{metric} max") if "max" in entry else None
+    return Check(str(metric), low, high)
 
 
 def _canary(raw: object) -> int | float:
@@ -239,40 +336,17 @@ class Verdict:
 
 
 def judge(old: metrics.Counters, new: metrics.Counters, policy: Policy) -> Verdict:
-    """The new version against the one it replaces, by the policy's thresholds."""
+    """The new version against the one it replaces: each of the policy's checks in turn, the first
+    that fails is the verdict (a check whose metric cannot be judged -- no old request to compare
+    with -- is passed over)."""
     values = [getattr(c, f.name) for c in (old, new) for f in fields(c)]
     if not all(math.isfinite(v) and v >= 0 for v in values):  # NaN passes every comparison
         return Verdict(False, "counters", f"not counts: new {new}, old {old}", old, new)
-    if new.requests < policy.min_requests:
-        return Verdict(
-            False,
-            "requests",
-            f"the new version answered {new.requests:.0f} request(s) during the bake, "
-            f"fewer than min_requests = {policy.min_requests}",
-            old,
-            new,
-        )
-    allowed = old.failure_ratio + policy.max_failure_ratio
-    if new.failure_ratio > allowed:
-        return Verdict(
-            False,
-            "failure_ratio",
-            f"failure ratio {new.failure_ratio:.3f} ({new.failure:.0f} of {new.requests:.0f} requests) "
-            f"against {old.failure_ratio:.3f} for the old version ({old.failure:.0f} of "
-            f"{old.requests:.0f}); max_failure_ratio = {policy.max_failure_ratio}",
-            old,
-            new,
-        )
-    if old.requests and new.mean_latency_us > old.mean_latency_us * policy.max_latency_ratio:
-        return Verdict(
-            False,
-            "latency_ratio",
-            f"mean latency {new.mean_latency_us:.0f} us against {old.mean_latency_us:.0f} us for the old "
-            f"version (x{new.mean_latency_us / max(old.mean_latency_us, 1e-9):.2f}); "
-            f"max_latency_ratio = {policy.max_latency_ratio}",
-            old,
-            new,
-        )
+    for check in policy.checks:
+        derived = metrics.DERIVED[check.metric]
+        value = derived.value(old, new)
+        if value is not None and not check.passes(value):
+            return Verdict(False, check.metric, f"{derived.detail(old, new)}; {check.bound()}", old, new)
     return Verdict(
         True, "", f"failure ratio {new.failure_ratio:.3f} over {new.requests:.0f} requests", old, new
     )

@@ -66,6 +66,7 @@ class QualityReport:
     where: str = SCRATCH  # where the candidates answered
     restored: bool = False  # a failed gate put the canary and the store back as they were
     cleanup_errors: list[str] = field(default_factory=list)
+    perf: list[dict[str, Any]] = field(default_factory=list)  # the performance check, per model
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +75,7 @@ class QualityReport:
             "failures": self.failures,
             "changes": self.changes,
             "compared_with": self.previous,
+            "perf": self.perf,
             "outputs": {m: {n: a.tolist() for n, a in o.items()} for m, o in self.outputs.items()},
         }
 

@@ -23,6 +23,11 @@ failure the runner's replay puts the canary back (the previous config as overrid
 unloaded where it is new) and removes the files this promotion uploaded; every config, other
 target and the MLflow alias stay untouched.
 
+The performance check (``pipelines/promote/perf.py``) runs last, once the answers passed: the
+candidate and the serving version answer the same golden requests, interleaved, on the canary; the
+figures (p50/p95, throughput, the candidate's load time, Triton's queue and compute time per
+request where the environment says where its metrics are) go into the report either way.
+
 Ensembles are not loaded by the gate (loading a re-pointed ensemble would send live traffic to the
 candidate): ``verify`` runs every ensemble end to end on every target right after the re-point,
 and a failure there rolls the promotion back.
@@ -31,11 +36,25 @@ and a failure there rolls the promotion back.
 from __future__ import annotations
 
 import logging
+import re
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
+from pipelines.promote import metrics
 from pipelines.promote.fanout import Change, Fleet
+from pipelines.promote.perf import PerfResult, PerfSettings, measure
 from pipelines.promote.plan import Plan, Step, desired_config
-from pipelines.promote.quality import Probe, QualityReport, check_model, serving_reference, warm_up
+from pipelines.promote.quality import (
+    Probe,
+    QualityReport,
+    check_model,
+    golden_inputs,
+    output_names,
+    serving_reference,
+    warm_up,
+)
 from pipelines.promote.undo import UndoLog
 from registry.errors import MlregError
 from registry.settings import Settings
@@ -54,7 +73,16 @@ def gated_steps(plan: Plan) -> list[Step]:
     ]
 
 
-def canary_gate(plan: Plan, settings: Settings, fleet: Fleet, undo: UndoLog, gpu: bool) -> QualityReport:
+def canary_gate(
+    plan: Plan,
+    settings: Settings,
+    fleet: Fleet,
+    undo: UndoLog,
+    gpu: bool,
+    perf: PerfSettings | None = None,
+    metrics_url: str = "",
+) -> QualityReport:
+    """The candidates on the canary: loaded, their answers judged, then (``perf``) their speed."""
     url = plan.targets[0]
     report = QualityReport(where=f"the canary {url}")
     steps = gated_steps(plan)
@@ -63,6 +91,7 @@ def canary_gate(plan: Plan, settings: Settings, fleet: Fleet, undo: UndoLog, gpu
     warm_up()  # great_expectations imports while the candidates load (the checks wait for it)
     canary = fleet.target(url)
     probes: list[tuple[Step, Probe]] = []
+    loads: dict[str, float] = {}
     try:
         for step in steps:
             reference = serving_reference(step)
@@ -73,9 +102,18 @@ def canary_gate(plan: Plan, settings: Settings, fleet: Fleet, undo: UndoLog, gpu
                 undo.loaded_privately(name, url)
             else:
                 undo.moved(step, url)
+            began = time.perf_counter()
             fleet.move(url, candidate(step, name, gpu))
+            loads[step.model] = time.perf_counter() - began
         for step, probe in probes:
             check_model(canary, settings, step.config_text, probe, report)
+        if perf is not None and not report.failures:
+            for step, probe in probes:
+                result = perf_check(fleet, url, settings, step, probe, report, perf, metrics_url)
+                result.triton = {**_load_time(metrics_url, probe, loads[step.model]), **result.triton}
+                report.perf.append({**result.to_dict(), "line": result.line()})
+                if not result.ok:
+                    report.failures.append(f"{step.model}: performance check failed: {result.line()}")
     except MlregError as exc:
         report.failures.append(exc.message)
     if not report.failures:
@@ -111,3 +149,69 @@ def _release(fleet: Fleet, undo: UndoLog, url: str, probes: list[tuple[Step, Pro
             if failure:  # harmless: nothing routes to it; a restart drops it
                 log.warning("could not unload %s: %s", probe.name, failure)
             undo.forget(probe.name)
+
+
+def perf_check(
+    fleet: Fleet,
+    url: str,
+    settings: Settings,
+    step: Step,
+    probe: Probe,
+    report: QualityReport,
+    perf: PerfSettings,
+    metrics_url: str,
+) -> PerfResult:
+    """The candidate against the serving version it was compared with (none: recorded only), on
+    the golden inputs; Triton's own queue and compute time per request where its metrics are known."""
+    inputs = golden_inputs(settings, step.model, step.config_text)
+    names = output_names(step.config_text)
+    serving = report.previous.get(step.model, "")  # the version that answered the same inputs
+    before = _scrape(metrics_url)
+    result = measure(
+        lambda: fleet.connect(url), step.model, (probe.loaded_as, step.version), serving, inputs, names, perf
+    )
+    after = _scrape(metrics_url)
+    if not serving and probe.reference:  # e.g. an allowed breaking change: the old one cannot answer
+        result.verdict = f"recorded, not judged: serving v{probe.reference} did not answer the same inputs"
+    if before is not None and after is not None:
+        window = metrics.window(before, after)
+        for side, name, version in (
+            ("candidate", probe.loaded_as, step.version),
+            ("serving", step.model, serving),
+        ):
+            counters = window.get((name, version))
+            if version and counters is not None and counters.requests:
+                result.triton[side] = {
+                    "queue_us_per_request": round(counters.mean_queue_us, 1),
+                    "compute_us_per_request": round(counters.mean_compute_us, 1),
+                }
+    return result
+
+
+def _scrape(url: str) -> metrics.Snapshot | None:
+    if not url:
+        return None
+    try:
+        return metrics.scrape(url)
+    except MlregError as exc:  # the figures are a report, not a verdict
+        log.warning("no Triton counters for the performance check: %s", exc.message)
+        return None
+
+
+LOAD_DURATION = re.compile(r"^nv_model_load_duration_secs\{([^}]*)\}\s+(\S+)", re.MULTILINE)
+
+
+def _load_time(metrics_url: str, probe: Probe, measured: float) -> dict[str, Any]:
+    """The candidate's load time: Triton's ``nv_model_load_duration_secs`` where the server exports
+    it (newer releases; 2.51 does not), else the wall time mlreg measured around the load."""
+    if metrics_url:
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=5) as response:
+                text = response.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        for labels, value in LOAD_DURATION.findall(text):
+            found = dict(metrics.LABEL.findall(labels))
+            if found.get("model") == probe.loaded_as and found.get("version") == probe.version:
+                return {"load_seconds": float(value), "load_seconds_from": "nv_model_load_duration_secs"}
+    return {"load_seconds": round(measured, 3), "load_seconds_from": "mlreg's wall time around the load"}

@@ -44,7 +44,7 @@ def record_promotion(registry: Registry, result: PromotionResult, env: Environme
                 "targets": ",".join(plan.targets),
                 "store": env.store,
             },
-            {f"{s.stage}_seconds": s.seconds for s in result.stages},
+            {f"{s.stage}_seconds": s.seconds for s in result.stages} | perf_metrics(result),
         )
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "report.json").write_text(json.dumps(result.to_dict(), indent=1, default=str))
@@ -55,3 +55,24 @@ def record_promotion(registry: Registry, result: PromotionResult, env: Environme
             registry.record_deployment(plan.model, plan.version, env.name, run_id, plan.targets)
     except MlregError as exc:
         log.warning("could not record the promotion in MLflow: %s", exc)
+
+
+def perf_metrics(result: PromotionResult) -> dict[str, float]:
+    """The quality gate's performance figures as run metrics (``perf_<model>_candidate_p95_ms`` ...),
+    so MLflow charts them across promotions."""
+    found: dict[str, float] = {}
+    for stage in result.stages:
+        for perf in getattr(stage.report, "perf", None) or []:
+            prefix = f"perf_{perf['model']}"
+            for side in ("candidate", "serving"):
+                figures = perf.get(side) or {}
+                for key in ("p50_ms", "p95_ms", "throughput_rps"):
+                    if isinstance(figures.get(key), int | float) and figures[key] == figures[key]:
+                        found[f"{prefix}_{side}_{key}"] = float(figures[key])
+            for key in ("p95_ratio", "threshold", "spread"):
+                if isinstance(perf.get(key), int | float):
+                    found[f"{prefix}_{key}"] = float(perf[key])
+            load = (perf.get("triton") or {}).get("load_seconds")
+            if isinstance(load, int | float):
+                found[f"{prefix}_load_seconds"] = float(load)
+    return found

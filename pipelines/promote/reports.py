@@ -68,11 +68,15 @@ class ValidateReport:
 class QualityStageReport:
     checked: list[str]
     changes: dict[str, float]
+    perf: list[dict[str, Any]] = field(default_factory=list)  # pipelines/promote/perf.py, per model
 
     def detail(self) -> str:
         changes = ", ".join(f"{k} max|Δ| {v:.3g}" for k, v in self.changes.items())
-        return f"golden inputs passed on {', '.join(self.checked)}" + (
-            f"; against serving: {changes}" if changes else ""
+        perf = "; ".join(f"perf {p['line']}" for p in self.perf)
+        return (
+            f"golden inputs passed on {', '.join(self.checked)}"
+            + (f"; against serving: {changes}" if changes else "")
+            + (f"; {perf}" if perf else "")
         )
 
 
@@ -81,9 +85,12 @@ class UploadReport:
     bytes_sent: int
     store: str
     uploaded: list[str]
+    archived: str = ""  # what retention moved out of Triton's prefix before the load (retention.py)
+    archive_seconds: float = 0.0
 
     def detail(self) -> str:
-        return f"{self.bytes_sent:,} bytes uploaded to {self.store}"
+        moved = f"; {self.archived}" if self.archived else ""
+        return f"{self.bytes_sent:,} bytes uploaded to {self.store}{moved}"
 
 
 @dataclass

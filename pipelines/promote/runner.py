@@ -6,7 +6,12 @@ environment's policy; ``choose_gate``: on the canary, on a scratch server, or no
 list names them:
 
     resolve ▸ [convert] ▸ validate ▸ [quality: scratch] ▸ assemble ▸ [quality: canary] ▸
-    deploy ▸ verify ▸ finalize ▸ record
+    deploy ▸ verify ▸ finalize ▸ record ▸ [retain]
+
+Retention (``pipelines/promote/retention.py``): ``assemble`` moves the versions beyond the
+environment's window out of Triton's prefix before the load; ``retain`` finishes what is left once
+the alias has moved (keep = 1, the archive's copy of a version brought back).  It runs outside the
+error hook (a promotion is never undone for its sake), and only when there is something to do.
 
 The runner only sequences, times and reports.  ``--dry-run`` stops before the first live stage.
 Any exit of a stage after ``resolve`` -- an ``MlregError``, any other exception, an interrupt --
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import time
 
+from pipelines.promote import retention
 from pipelines.promote.context import Deployer, OnStage, Options, PromotionContext, Stage
 from pipelines.promote.deploy import AllAtOnce
 from pipelines.promote.environments import Environment, resolve_targets
@@ -111,6 +117,8 @@ class Promotion:
             self._sequence(ctx, [Stage("resolve", resolve)], planning=True)
             ctx.deployer, ctx.gate = choose_deployer(self.env), choose_gate(ctx)
             self._sequence(ctx, pipeline(ctx))
+            if retention.pending(ctx):  # after the alias moved, under the locks: never undone
+                self._timed(ctx, Stage("retain", retention.retain, live=True))
         finally:
             ctx.close()
         ctx.result.ok = True

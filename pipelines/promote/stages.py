@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.promote import checks, quality
+from pipelines.promote import checks, quality, retention
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.fanout import checkpoint
-from pipelines.promote.integrity import apply_repair, check_stored
+from pipelines.promote.integrity import apply_repair, check_signatures, check_stored, publish_signature
 from pipelines.promote.plan import (
     Plan,
     Role,
@@ -253,6 +253,7 @@ def validate(ctx: PromotionContext) -> ValidateReport:
             "the same promotion, or keep the contract",
         )
     verified = [name for step in plan.steps if not step.is_ensemble for name in _check_bytes(ctx, step)]
+    verified += check_signatures(ctx.store, ctx.registry, plan.steps, ctx.env.signatures, plan.workdir)
     return ValidateReport(len(plan.steps), breaking, verified)
 
 
@@ -325,10 +326,14 @@ def assemble(ctx: PromotionContext) -> UploadReport:
     for step in ctx.plan.steps:
         if step.upload and step.folder is not None:
             ctx.undo.uploaded(step, step.version)
-            sent += ctx.store.put_version(step.model, step.version, step.folder / step.version).bytes_sent
+            if not retention.restored(ctx.store, step):  # archived: a server-side copy, verified
+                sent += ctx.store.put_version(step.model, step.version, step.folder / step.version).bytes_sent
             uploaded.append(_verify_bytes(ctx, step))
+            publish_signature(ctx.store, step, ctx.plan.workdir)  # beside the manifest, when checked
     checkpoint("uploaded")
-    return UploadReport(sent, ctx.store.uri, uploaded)
+    room = retention.make_room(ctx)  # versions beyond the window leave before the load
+    archived = room.detail() if room else ""
+    return UploadReport(sent, ctx.store.uri, uploaded, archived, room.seconds if room else 0.0)
 
 
 def _register_converted(ctx: PromotionContext, converted: Converted) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.fanout import Fleet, ready_versions, triton_connector
+from pipelines.promote.integrity import signature_problems
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
 from pipelines.promote.ports import Registry
 from pipelines.storage import open_store
@@ -281,6 +282,8 @@ def model_status(
             "drift": drift(registry, env.alias, view, alias, folders, model, numbered)
             + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
         }
+        if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
+            row["drift"].extend(signature_problems(store, registry, model, view.desired, env.signatures))
         if view.is_ensemble:
             assert view.config is not None
             row["pins"] = ensemble_pins(view.config)  # its alias names a registered version, not a folder

@@ -45,6 +45,7 @@ from registry.errors import StorageError
 from registry.manifest import CONFIG_ENTRY, digest_of_manifest, sha256_file
 
 LOCK_PREFIX = ".mlreg-lock."
+ARCHIVE = ".mlreg-archive"  # beside the store, never in it: see pipelines/storage/archive.py
 ROOT_MARKER = ".mlreg-root.json"  # written by `mlreg store init`: a file at the root, never a model
 CONFIG = "config.pbtxt"
 NAME_PART = re.compile(r"^[0-9A-Za-z.\-_]+$")
@@ -315,6 +316,23 @@ class RepositoryStore(ABC):
     def outside_links(self, model: str, version: str) -> list[str]:
         """Links in the stored version that leave its model folder (only a local folder has links)."""
         return []
+
+    def archive(self) -> RepositoryStore:
+        """The archive beside this store (:mod:`pipelines.storage.archive`), sharing its digest cache."""
+        raise StorageError(f"{self.uri}: this store has no archive", fix="set keep = 0 for its environment")
+
+    def copy_object_to(self, key: str, dest: RepositoryStore, dest_key: str, size: int | None = None) -> None:
+        """Copy one object (``size`` bytes, when known) into ``dest`` (stores of one kind override
+        this: server-side, a link)."""
+        data = self.read(key)
+        if data is None:
+            raise StorageError(f"{self.uri}: '{key}' vanished while it was copied", fix="rerun", key=key)
+        dest.write(dest_key, data)
+
+    def move_version_to(self, dest: RepositoryStore, model: str, version: str) -> bool:
+        """Move a whole version folder into ``dest`` in one step where the storage can (a local
+        rename); False when it cannot: the caller copies, checks, then deletes."""
+        return False
 
     # -- repository operations ---------------------------------------------------------------
 

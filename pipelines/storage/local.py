@@ -11,7 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore, Stamp, file_stamp
+from pipelines.storage.base import (
+    ARCHIVE,
+    CHUNK,
+    DigestCache,
+    Progress,
+    RepositoryStore,
+    Stamp,
+    file_stamp,
+)
 from registry.contracts.links import outside_links
 from registry.errors import StorageError
 from registry.manifest import sha256_file
@@ -186,6 +194,49 @@ class LocalStore(RepositoryStore):
         except OSError as exc:
             raise self._fail("read", key, exc) from exc
         return digest, after if after == before else [after[0], 0, 0, 0]  # changed while read
+
+    def archive(self) -> RepositoryStore:
+        """``<parent>/.mlreg-archive/<name>/``: beside the folder Triton reads, on its file system."""
+        archive = LocalStore(self.root.parent / ARCHIVE / self.root.name)
+        archive.digests = self.digests
+        return archive
+
+    def copy_object_to(self, key: str, dest: RepositoryStore, dest_key: str, size: int | None = None) -> None:
+        """A hard link where both are local folders on one file system (instant), else a copy."""
+        if not isinstance(dest, LocalStore):
+            super().copy_object_to(key, dest, dest_key)
+            return
+        source, target = self._path(key), dest._path(dest_key)
+        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(source, tmp)
+            except OSError:
+                shutil.copyfile(source, tmp)
+            tmp.replace(target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise self._fail("copy", key, exc) from exc
+
+    def move_version_to(self, dest: RepositoryStore, model: str, version: str) -> bool:
+        """One ``rename`` of the version folder (atomic: the version is in one place or the other);
+        a stale partial copy at the destination is removed first."""
+        if not isinstance(dest, LocalStore):
+            return False
+        source, target = self._path(f"{model}/{version}"), dest._path(f"{model}/{version}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(source, target)
+        except OSError as exc:
+            raise self._fail("archive", f"{model}/{version}", exc) from exc
+        model_folder = source.parent
+        if model_folder.is_dir() and not any(model_folder.iterdir()):
+            model_folder.rmdir()
+        return True
 
     def outside_links(self, model: str, version: str) -> list[str]:
         folder = self._path(model)

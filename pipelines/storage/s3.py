@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.storage.base import CHUNK, DigestCache, Progress, RepositoryStore, Stamp
+from pipelines.storage.base import (
+    ARCHIVE,
+    CHUNK,
+    CONFIG,
+    DigestCache,
+    Progress,
+    RepositoryStore,
+    Stamp,
+    check_part,
+)
+from pipelines.storage.verify import MANIFEST
 from registry.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -15,6 +27,7 @@ CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 60
 MULTIPART_CHUNK = 16 << 20
 MAX_CONCURRENCY = 8
+COPY_PART = 1 << 30  # server-side copies in one request up to 1 GiB (S3 allows 5 GiB)
 AUTH_CODES = {
     "InvalidAccessKeyId",
     "SignatureDoesNotMatch",
@@ -146,6 +159,31 @@ class S3Store(RepositoryStore):
     def write(self, key: str, data: bytes) -> None:
         self._call("write", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
 
+    def write_config(self, model: str, text: str) -> None:
+        """Written so that its LastModified is later than the config it replaces: Triton (2.51) takes
+        a model folder whose newest LastModified (whole seconds) did not grow since its last load as
+        unchanged, and a load of it is a no-op -- so a promotion within the same second as the
+        previous one's last config write would not load (seen here: back-to-back promotions of a
+        small model).  Costs two HEADs, and a wait of under a second only in that case."""
+        key = f"{check_part(model, 'model name')}/{CONFIG}"
+        before = self._last_modified(key)
+        while True:
+            super().write_config(model, text)
+            after = self._last_modified(key)
+            if before is None or after is None or after > before:
+                return
+            time.sleep(max(0.05, 1.0 - (time.time() % 1.0)))  # to the next whole second
+
+    def _last_modified(self, key: str) -> Any:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["LastModified"]
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise self._translate("inspect", key, exc) from exc
+
     def create(self, key: str, data: bytes) -> bool:
         return self._put_if(key, data, IfNoneMatch="*")
 
@@ -196,6 +234,32 @@ class S3Store(RepositoryStore):
     def delete(self, key: str) -> None:
         self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
 
+    def delete_version(self, model: str, version: str) -> None:
+        """Batched (DeleteObjects): the files, then the manifest (an interrupted delete is incomplete)."""
+        keys = self.list_prefix(f"{model}/{version}/")
+        manifest = f"{model}/{version}/{MANIFEST}"
+        for batch in ([k for k in keys if k != manifest], [manifest]):
+            for start in range(0, len(batch), 1000):  # S3's most keys per request
+                objects = [{"Key": self._key(k)} for k in batch[start : start + 1000]]
+                if not objects:
+                    continue
+                found = self._call(
+                    "delete",
+                    batch[start],
+                    self.client.delete_objects,
+                    Bucket=self.bucket,
+                    Delete={"Objects": objects, "Quiet": True},
+                )
+                errors = found.get("Errors") or []
+                if errors:
+                    first = errors[0]
+                    raise StorageError(
+                        f"{self.uri}: cannot delete '{self._rel(first.get('Key', ''))}': "
+                        f"{first.get('Code', '')}: {first.get('Message', '')}",
+                        fix="read the message above; rerun to resume",
+                        key=self._rel(first.get("Key", "")),
+                    )
+
     def list_prefix(self, prefix: str) -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         keys: list[str] = []
@@ -216,6 +280,41 @@ class S3Store(RepositoryStore):
         for page in pages:
             names.extend(p["Prefix"][len(base) :].rstrip("/") for p in page.get("CommonPrefixes", []))
         return sorted(names)
+
+    def archive(self) -> RepositoryStore:
+        """``s3://bucket/<parent>/.mlreg-archive/<name>/``: beside the prefix Triton reads, in the same
+        bucket (a move is a server-side copy); the same client.  A store at the bucket's root has
+        no place beside it."""
+        if not self.prefix:
+            raise StorageError(
+                f"{self.uri}: a store at the root of bucket '{self.bucket}' has no place for an archive "
+                "(Triton lists every folder at its root as a model)",
+                fix="serve the repository from a prefix (s3://bucket/prefix), or set keep = 0 for its "
+                "environment in mlreg.toml",
+            )
+        parent, _, name = self.prefix.rpartition("/")
+        archive = copy.copy(self)
+        archive.prefix = f"{parent}/{ARCHIVE}/{name}" if parent else f"{ARCHIVE}/{name}"
+        base = self.uri.rstrip("/")
+        root = base[: -len(self.prefix)] if base.endswith(self.prefix) else f"s3://{self.bucket}/"
+        archive.uri = root + archive.prefix
+        return archive
+
+    def copy_object_to(self, key: str, dest: RepositoryStore, dest_key: str, size: int | None = None) -> None:
+        """Server-side when ``dest`` is on the same endpoint (no byte through this machine): one
+        CopyObject for an object known to be under COPY_PART, else a managed (multipart) copy."""
+        if not isinstance(dest, S3Store) or dest.endpoint_url != self.endpoint_url:
+            super().copy_object_to(key, dest, dest_key, size)
+            return
+        source = {"Bucket": self.bucket, "Key": self._key(key)}
+        target = {"Bucket": dest.bucket, "Key": dest._key(dest_key)}
+        if size is not None and size < COPY_PART:
+            self._call("copy", key, self.client.copy_object, CopySource=source, **target)
+            return
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=COPY_PART, multipart_chunksize=COPY_PART)
+        self._call("copy", key, self.client.copy, source, target["Bucket"], target["Key"], Config=config)
 
     def put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
         from boto3.s3.transfer import TransferConfig

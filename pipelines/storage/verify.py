@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from registry.errors import StorageError
+from registry.signing import SIGNATURE_FILE  # a version's signature, beside its manifest
 
 MANIFEST = ".mlreg-manifest.json"  # a version's manifest, beside its files (the last file written)
 
@@ -160,7 +161,8 @@ def _check_files(
     hashing: str,
     result: Verification,
 ) -> None:
-    for rel in sorted(stamps.keys() - {prefix + f for f in manifest.files} - {prefix + MANIFEST}):
+    known = {prefix + f for f in manifest.files} | {prefix + MANIFEST, prefix + SIGNATURE_FILE}
+    for rel in sorted(stamps.keys() - known):
         if not _bytecode_cache(rel):
             result.problems.append(FileProblem(rel[len(prefix) :], "unexpected"))
     for rel, meta in sorted(manifest.files.items()):
@@ -177,7 +179,8 @@ def _check_files(
 
 def _bytecode_cache(key: str) -> bool:
     """Python's bytecode cache, which Triton's python backend writes into a local store's version
-    folder when it loads ``model.py`` (PYTHONDONTWRITEBYTECODE does not reach its stub): never
+    folder when it loads ``model.py`` (2.51's stub runs its interpreter isolated, so the
+    PYTHONDONTWRITEBYTECODE=1 mlreg starts it with is ignored; other servers may not set it): never
     uploaded, never registered, so not "unexpected" either."""
     parts = key.split("/")
     return "__pycache__" in parts[:-1] and parts[-1].endswith(".pyc")

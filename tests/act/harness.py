@@ -30,6 +30,7 @@ from registry.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
 ACT = VENV_BIN / "act"
+RUNNER_LABEL = "mlreg-fleet"  # an Actions Runner Controller scale set's name (README: CI set-up)
 STANDINS = {
     "actions/setup-python": "setup-python",
     "aws-actions/configure-aws-credentials": "configure-aws-credentials",
@@ -152,6 +153,12 @@ class WorkflowStack:
             str(event_file),
             "-P",
             "ubuntu-latest=-self-hosted",
+            # promote.yml's jobs run where vars.MLREG_RUNNER says (a self-hosted runner in the
+            # cluster): set, as a team reaching a private fleet sets it, and mapped to this machine
+            "--var",
+            f"MLREG_RUNNER={RUNNER_LABEL}",
+            "-P",
+            f"{RUNNER_LABEL}=-self-hosted",
             "--no-cache-server",
             "--json",
             *local_repositories(),

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from collections.abc import Iterator, Mapping
 from functools import cache
@@ -23,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import yaml
 
 from tests.conftest import ROOT
@@ -290,6 +290,43 @@ def test_the_store_is_initialised_before_triton_starts(overlay: str) -> None:
         [store] = [e for e in container["env"] if e["name"] == "MLREG_STORE"]
         assert store["valueFrom"]["configMapKeyRef"]["name"].startswith("mlreg-store-")
     assert config_map(overlay, "mlreg-store")["MLREG_STORE"] == f"s3://mlreg-models/{overlay}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_promotion_job_template_runs_mlreg_with_tritons_credentials(overlay: str) -> None:
+    """infra/k8s/base/promote-job.yaml: CI's `kubectl create job --from=cronjob/mlreg-promote`."""
+    cron = find(overlay, "CronJob", "mlreg-promote")
+    assert cron["spec"]["suspend"] is True  # a template, never scheduled
+    job = cron["spec"]["jobTemplate"]["spec"]
+    assert job["backoffLimit"] == 0
+    spec = job["template"]["spec"]
+    assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == ("triton", False)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    [mlreg] = spec["containers"]
+    assert image_pinned(mlreg["image"])
+    [store_init] = find(overlay, "Deployment", "triton")["spec"]["template"]["spec"]["initContainers"]
+    assert mlreg["image"] == store_init["image"]  # the mlreg image (infra/compose/mlreg.Dockerfile)
+    script = " ".join(mlreg["args"])
+    assert 'mlreg promote --from-alias "$MLREG_FROM_ALIAS" --env "${MLREG_NAMESPACE#mlreg-}" --json' in script
+    env = {e["name"]: e for e in mlreg["env"]}
+    assert env["MLREG_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["MLFLOW_TRACKING_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "mlflow-token"
+    assert env["AWS_DEFAULT_REGION"]["valueFrom"]["configMapKeyRef"]["name"].startswith("mlreg-store-")
+    assert mlreg["envFrom"] == [{"secretRef": {"name": "mlreg-s3", "optional": True}}]  # as Triton's
+    mounts = {m["mountPath"]: m for m in mlreg["volumeMounts"]}
+    assert mounts["/work/mlreg.toml"]["subPath"] == "mlreg.toml"
+    assert env["MLREG_HOME"]["value"] == "/work/.mlreg"  # mlreg.toml is read beside MLREG_HOME
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/work/mlreg.toml"]["name"]]["configMap"]["name"] == "mlreg-config"
+    assert mlreg["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"cpu", "memory"} <= set(mlreg["resources"]["requests"])
+    role = find(overlay, "Role", "mlreg-promote-launcher")
+    verbs = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
+    assert ("jobs", "create") in verbs
+    assert not {v for r in role["rules"] for v in r["verbs"]} & {"delete", "update", "patch", "*"}
+    # every environment it can be launched in is one mlreg.toml (infra/k8s) names
+    environments = tomllib.loads((ROOT / "infra" / "k8s" / "mlreg.toml").read_text())["environments"]
+    assert overlay in environments
 
 
 def test_production_scales_on_queue_time_and_uses_irsa() -> None:

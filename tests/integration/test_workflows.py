@@ -44,6 +44,24 @@ def test_static_checks_pass_zizmor_actionlint_and_the_workflow_schema() -> None:
     assert "actionlint: 3 file(s), 0 finding(s)" in done.stdout
 
 
+def test_promotion_jobs_run_where_mlreg_runner_says_and_can_promote_in_the_cluster() -> None:
+    """README "Reaching the fleet from CI": the runner label from a repository variable (default
+    GitHub-hosted), and production's Job launched from infra/k8s's template."""
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "promote.yml").read_text())
+    for name in ("staging", "production", "manual"):
+        assert workflow["jobs"][name]["runs-on"] == "${{ vars.MLREG_RUNNER || 'ubuntu-latest' }}", name
+    steps = {step.get("id"): step for step in workflow["jobs"]["production"]["steps"]}
+    assert steps["promote"]["if"] == "vars.MLREG_PROMOTE_IN_CLUSTER != 'true'"
+    in_cluster = steps["promote_in_cluster"]
+    assert in_cluster["if"] == "vars.MLREG_PROMOTE_IN_CLUSTER == 'true'"
+    assert "--from=cronjob/mlreg-promote" in in_cluster["run"]
+    assert 'logs "job/$JOB" > production.json' in in_cluster["run"]
+    template = yaml.safe_load_all((ROOT / "infra" / "k8s" / "base" / "promote-job.yaml").read_text())
+    assert ("CronJob", "mlreg-promote") in {(d["kind"], d["metadata"]["name"]) for d in template}
+
+
 def test_report_cells_cannot_break_the_table_or_inject_html() -> None:
     doc = {"ok": False, "error": "model '<b>a|b</b>' not found\n  second line", "fix": "pass a | name"}
     lines = render(doc)

@@ -17,7 +17,7 @@ from pipelines.promote import discovery, metrics
 from pipelines.promote.environments import environment, resolve_targets
 from pipelines.promote.fanout import Change, Fleet, reachable
 from pipelines.promote.plan import Role, Step
-from pipelines.promote.policy import Policy, judge, parse_policy, waves_of
+from pipelines.promote.policy import Check, Policy, judge, parse_policy, waves_of
 from pipelines.promote.staged import Move, StagedRollout, following_latest
 from pipelines.promote.undo import UndoLog
 from pipelines.storage import open_store
@@ -51,7 +51,11 @@ def test_a_policy_is_read_from_mlreg_toml(tmp_path: Path) -> None:
         waves=(50.0, 100.0),
         bake_seconds=30.0,
         max_parallel=4,
-        max_failure_ratio=0.02,
+        checks=(
+            Check("requests", min=10, key="min_requests"),
+            Check("failure_ratio", max=0.02, key="max_failure_ratio"),
+            Check("latency_ratio", max=2.0, key="max_latency_ratio"),
+        ),
         metrics=(("a:8001", "http://a:9000/metrics"),),
     )
     assert policy.metrics_url("a:8001") == "http://a:9000/metrics"
@@ -148,7 +152,7 @@ def test_wave_sizes(n: int, canary: int | float, waves: tuple[float, ...], sizes
 
 
 def test_the_verdict_trips_on_failures_and_latency() -> None:
-    policy = Policy(max_failure_ratio=0.01, max_latency_ratio=2.0, min_requests=10)
+    policy = Policy()  # the default checks: min_requests 10, max_failure_ratio 0.01, max_latency_ratio 2
     old = metrics.Counters(success=1000, failure=0, duration_us=1000 * 500)
     assert judge(old, metrics.Counters(100, 0, 100 * 900), policy).ok
     failing = judge(old, metrics.Counters(80, 20, 100 * 500), policy)
@@ -278,7 +282,7 @@ def test_a_tripped_bake_is_undone_on_the_touched_replicas_only(tmp_path: Path) -
             return _snapshot(0, 0, 0)
         return _snapshot(80, 20, 100) if url == URLS[0] else _snapshot(0, 0, 100)
 
-    policy = Policy(waves=(100.0,), bake_seconds=5, min_requests=10)
+    policy = Policy(waves=(100.0,), bake_seconds=5)
     rig = Rig(tmp_path, policy, scrape=scrape, sleep=lambda s: baked.update(done=True))
     error = rig.run_and_undo([_move("m", CONFIG, ["1", "2"], previous=OLD_CONFIG, baked_old=("1",))])
     assert "bake after wave 1 of 2 tripped on m v2 (failure_ratio)" in error.message
@@ -380,13 +384,19 @@ def test_a_plan_shows_its_roll_out_wave_by_wave() -> None:
     from pipelines.promote.environments import Environment
     from pipelines.promote.plan import Plan
 
-    policy = Policy(canary=1, waves=(50.0, 100.0), bake_seconds=60, max_parallel=2, max_latency_ratio=1.5)
+    policy = Policy(
+        canary=1,
+        waves=(50.0, 100.0),
+        bake_seconds=60,
+        max_parallel=2,
+        checks=(Check("latency_ratio", max=1.5),),
+    )
     env = Environment("production", "s3://models/prod", tuple(URLS), "production", gpu=True, policy=policy)
     rollout = Plan(env, tuple(URLS), "m", "2").to_dict()["rollout"]
     assert rollout["waves"] == [["r0:8001"], ["r1:8001"], ["r2:8001", "r3:8001"]]
     assert rollout_line(rollout) == (
         "canary [r0:8001] ▸ bake 60 s ▸ wave 2 [r1:8001] ▸ bake 60 s ▸ wave 3 [r2:8001, r3:8001] "
-        "(max_parallel 2, max_failure_ratio 0.01, max_latency_ratio 1.5, min_requests 10)"
+        "(max_parallel 2; bake checks: latency_ratio <= 1.5)"
     )
     plain = Environment("staging", "/tmp/store", tuple(URLS), "staging", gpu=False)
     assert Plan(plain, tuple(URLS), "m", "2").to_dict()["rollout"] is None
@@ -423,7 +433,9 @@ def test_an_unknown_key_names_every_valid_key_in_the_fix(tmp_path: Path) -> None
     settings = _settings(tmp_path, '[environments.p]\nstore = "/tmp/x"\ntarget = ["a:8001"]\n')
     with pytest.raises(UsageError, match=r"'target' \(did you mean 'targets'\?\)") as info:
         environment(settings, "p")
-    assert str(info.value.fix).startswith("rename or remove them; the valid keys are: alias, bake_seconds,")
+    assert str(info.value.fix).startswith(
+        "rename or remove them; the valid keys are: alias, bake, bake_seconds,"
+    )
 
 
 def test_every_key_the_environment_reads_is_a_valid_key() -> None:
@@ -483,7 +495,7 @@ def test_a_policy_the_fleet_can_follow_passes() -> None:
 
 def test_nan_counters_fail_the_verdict() -> None:
     nan = float("nan")
-    verdict = judge(metrics.Counters(100, 0, 100), metrics.Counters(nan, nan, nan), Policy(min_requests=10))
+    verdict = judge(metrics.Counters(100, 0, 100), metrics.Counters(nan, nan, nan), Policy())
     assert (verdict.ok, verdict.metric) == (False, "counters")
     assert "not counts: new Counters(success=nan" in verdict.detail
 
@@ -527,7 +539,7 @@ def _baking_rig(tmp_path: Path, replica: str, bad: Callable[[bool], metrics.Snap
             return bad(baked["done"])
         return _snapshot(100, 0, 100) if baked["done"] else _snapshot(0, 0, 0)
 
-    policy = Policy(waves=(100.0,), bake_seconds=5, min_requests=10)
+    policy = Policy(waves=(100.0,), bake_seconds=5)
     return Rig(tmp_path, policy, scrape=scrape, sleep=lambda s: baked.update(done=True))
 
 
@@ -557,3 +569,103 @@ def test_a_counter_reset_during_the_bake_fails_it_naming_the_replica(tmp_path: P
 def test_a_summary_of_faults_names_each_once_and_counts_the_rest() -> None:
     assert metrics.summary(["a", "b", "a", "c", "d"]) == "a; b (and 2 more)"
     assert metrics.summary(["a", "a"]) == "a"
+
+
+# -- issue 25: the bake as a list of checks over one table of named metrics -------------------------
+
+
+def test_a_bake_reads_a_checks_list_and_the_flat_keys_alike(tmp_path: Path) -> None:
+    listed = _settings(
+        tmp_path,
+        '[environments.p]\nstore = "/tmp/x"\ntargets = ["a:8001", "b:8001"]\nbake_seconds = 30\n'
+        '[environments.p.bake]\nchecks = [{ metric = "requests", min = 5 }, '
+        '{ metric = "failure_ratio", max = 0.02 }, { metric = "queue_ratio", max = 3 }]\n',
+    )
+    assert environment(listed, "p").policy.checks == (  # type: ignore[union-attr]
+        Check("requests", min=5),
+        Check("failure_ratio", max=0.02),
+        Check("queue_ratio", max=3),
+    )
+    (tmp_path / "flat").mkdir()
+    flat = _settings(
+        tmp_path / "flat",
+        '[environments.p]\nstore = "/tmp/x"\ntargets = ["a:8001", "b:8001"]\nmin_requests = 5\n'
+        "max_latency_ratio = 1.5\n",
+    )
+    checks = environment(flat, "p").policy.checks  # type: ignore[union-attr]
+    assert [(c.metric, c.min, c.max) for c in checks] == [
+        ("requests", 5, None),
+        ("failure_ratio", None, 0.01),
+        ("latency_ratio", None, 1.5),
+    ]
+    old, new = metrics.Counters(100, 0, 100 * 500), metrics.Counters(100, 0, 100 * 900)
+    verdict = judge(old, new, Policy(checks=checks))
+    assert (verdict.ok, verdict.metric) == (False, "latency_ratio")
+    assert verdict.detail.endswith("(x1.80); max_latency_ratio = 1.5")  # the user's own key
+
+
+@pytest.mark.parametrize(
+    ("bake", "message"),
+    [
+        (
+            'checks = [{ metric = "latency", max = 2 }]',
+            "unknown metric 'latency' in a bake check; the metrics "
+            "are: failure_ratio, latency_ratio, queue_ratio, requests",
+        ),
+        ('checks = [{ metric = "requests" }]', "the requests check needs min or max"),
+        ('checks = [{ metric = "requests", min = 5, above = 1 }]', "a check is"),
+        ("seconds = 60", "bake: unknown key(s) 'seconds'"),
+    ],
+)
+def test_a_bad_bake_check_is_refused_naming_the_valid_metrics(
+    tmp_path: Path, bake: str, message: str
+) -> None:
+    settings = _settings(
+        tmp_path,
+        '[environments.p]\nstore = "/tmp/x"\ntargets = ["a:8001", "b:8001"]\n'
+        f"[environments.p.bake]\n{bake}\n",
+    )
+    with pytest.raises(UsageError) as info:
+        environment(settings, "p")
+    assert message in info.value.message
+
+
+def test_flat_keys_and_a_checks_list_together_are_refused(tmp_path: Path) -> None:
+    settings = _settings(
+        tmp_path,
+        '[environments.p]\nstore = "/tmp/x"\ntargets = ["a:8001", "b:8001"]\nmax_failure_ratio = 0.1\n'
+        '[environments.p.bake]\nchecks = [{ metric = "requests", min = 5 }]\n',
+    )
+    with pytest.raises(UsageError, match="max_failure_ratio and \\[bake\\] checks both set"):
+        environment(settings, "p")
+
+
+def test_every_check_of_the_list_is_judged_in_order_and_queue_time_has_a_floor() -> None:
+    checks = (Check("requests", min=10), Check("queue_ratio", max=3.0), Check("failure_ratio", max=0.01))
+    policy = Policy(checks=checks)
+    old = metrics.Counters(100, 0, 100 * 500, queue_us=100 * 20)
+    assert judge(old, metrics.Counters(100, 0, 100 * 500, queue_us=100 * 900), policy).ok  # < 3 ms: noise
+    queued = judge(old, metrics.Counters(100, 0, 100 * 50_000, queue_us=100 * 40_000), policy)
+    assert (queued.ok, queued.metric) == (False, "queue_ratio")
+    assert "mean queue time 40000 us against 20 us" in queued.detail
+    assert queued.detail.endswith("; queue_ratio <= 3")
+    idle = judge(old, metrics.Counters(3, 1, 400), policy)
+    assert (idle.ok, idle.metric) == (False, "requests")  # the first failing check in the list's order
+
+
+def test_queue_and_compute_counters_are_read_from_triton_metrics() -> None:
+    text = "\n".join(
+        [
+            'nv_inference_request_success{model="m",version="2"} 10',
+            'nv_inference_request_duration_us{model="m",version="2"} 5000',
+            'nv_inference_queue_duration_us{model="m",version="2"} 1200',
+            'nv_inference_compute_infer_duration_us{model="m",version="2"} 3000',
+        ]
+    )
+    counters = metrics.parse(text)[("m", "2")]
+    assert (counters.mean_latency_us, counters.mean_queue_us, counters.mean_compute_us) == (500, 120, 300)
+    later = metrics.parse(text.replace("1200", "900"))
+    assert metrics.faults("m", {"2"}, metrics.parse(text), later) == [
+        'nv_inference_queue_duration_us{model="m",version="2"} went down from 1200 to 900 '
+        "(a counter reset: the replica restarted)"
+    ]

@@ -1,0 +1,231 @@
+"""The performance check on the canary, before any traffic: the candidate against the serving
+version, on the same server, on the same golden requests.
+
+Requests go **interleaved** -- serving, candidate, serving, candidate ... (each worker alternates
+which of the pair goes first) -- from ``concurrency`` workers at once, so a busy machine weighs on
+both versions alike.  The verdict compares the p95 latencies: the candidate fails when
+
+    p95(candidate) / p95(serving) > max(min_ratio, 1 + spread_factor x spread)
+    and p95(candidate) - p95(serving) > min_ms
+
+where ``spread`` is the run-to-run spread of the serving version's own p95 in this same run (its
+requests cut into blocks in the order they were sent: the relative standard deviation of the
+blocks' p95s).  A noisy run thus widens its own threshold rather than refusing a good candidate.
+A first deployment (nothing serving to compare with) records the candidate's figures and passes.
+
+An environment's section of ``mlreg.toml`` may tune it (defaults shown)::
+
+    perf_concurrency = 2     # requests in flight at once
+    perf_requests = 40       # per version (after 3 warm-up requests each)
+    perf_seconds = 2.0       # at most this long: fewer requests on a slow model
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+PERF_KEYS = frozenset({"perf_concurrency", "perf_requests", "perf_seconds"})
+BLOCKS = 4  # the serving version's requests, cut in this many blocks for its spread
+WARM_UP = 3  # requests per version before measuring (a python stub's first call is slow)
+FLOOR_REQUESTS = 8  # per version: fewer cannot judge a p95 (the time cap gives way to this)
+
+
+class Answers(Protocol):
+    def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
+    ) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PerfSettings:
+    concurrency: int = 2
+    requests: int = 40
+    seconds: float = 2.0
+    min_ratio: float = 1.25
+    spread_factor: float = 3.0
+    min_ms: float = 2.0
+
+
+def parse_perf(where: str, raw: Mapping[str, Any]) -> PerfSettings:
+    """The check's settings from an environment section (the defaults where it says nothing)."""
+    from registry.errors import UsageError
+
+    def integer(key: str, default: int) -> int:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(
+                f"{where}: {key} must be an integer >= 1, not {value!r}", fix=f"e.g. {key} = {default}"
+            )
+        return value
+
+    seconds = raw.get("perf_seconds", 2.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= 600:
+        raise UsageError(
+            f"{where}: perf_seconds must be a number of seconds within (0, 600], not {seconds!r}",
+            fix="e.g. perf_seconds = 2.0",
+        )
+    return PerfSettings(integer("perf_concurrency", 2), integer("perf_requests", 40), float(seconds))
+
+
+@dataclass
+class Side:
+    """One version's latencies (ms), in the order they were sent."""
+
+    version: str
+    latencies: list[float] = field(default_factory=list)
+    busy_s: float = 0.0  # the sum of its requests' wall times
+
+    def p(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) if self.latencies else math.nan
+
+    @property
+    def throughput(self) -> float:
+        """Requests per second of this version's own time in flight."""
+        return len(self.latencies) / self.busy_s if self.busy_s else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "requests": len(self.latencies),
+            "p50_ms": round(self.p(50), 3),
+            "p95_ms": round(self.p(95), 3),
+            "throughput_rps": round(self.throughput, 1),
+        }
+
+
+@dataclass
+class PerfResult:
+    model: str
+    candidate: Side
+    serving: Side | None
+    spread: float = math.nan
+    threshold: float = math.nan
+    ok: bool = True
+    verdict: str = ""
+    seconds: float = 0.0
+    triton: dict[str, Any] = field(default_factory=dict)  # load time, queue and compute per request
+
+    @property
+    def ratio(self) -> float:
+        if self.serving is None:
+            return math.nan
+        return self.candidate.p(95) / max(self.serving.p(95), 1e-9)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "candidate": self.candidate.to_dict(),
+            "serving": self.serving.to_dict() if self.serving else None,
+            "p95_ratio": None if self.serving is None else round(self.ratio, 3),
+            "spread": None if math.isnan(self.spread) else round(self.spread, 3),
+            "threshold": None if math.isnan(self.threshold) else round(self.threshold, 3),
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "seconds": round(self.seconds, 2),
+            "triton": self.triton,
+        }
+
+    def line(self) -> str:
+        """One line for people: ``image_model v3 p95 12.1 ms vs v2 11.8 ms (x1.03, limit x1.25): ok``."""
+        new = f"{self.model} v{self.candidate.version} p95 {self.candidate.p(95):.1f} ms"
+        if self.serving is None:
+            return f"{new}, {self.candidate.throughput:.0f} req/s ({self.verdict})"
+        return (
+            f"{new} vs v{self.serving.version} {self.serving.p(95):.1f} ms (x{self.ratio:.2f}, "
+            f"limit x{self.threshold:.2f}): {self.verdict}"
+        )
+
+
+def spread_of(latencies: list[float], blocks: int = BLOCKS) -> float:
+    """The relative standard deviation of the p95s of ``blocks`` consecutive blocks."""
+    size = len(latencies) // blocks
+    if size < 2:
+        return math.nan
+    p95s = [float(np.percentile(latencies[i * size : (i + 1) * size], 95)) for i in range(blocks)]
+    mean = statistics.fmean(p95s)
+    return statistics.pstdev(p95s) / mean if mean > 0 else math.nan
+
+
+def judge(result: PerfResult, settings: PerfSettings) -> PerfResult:
+    """The verdict on ``result`` (a first deployment passes, recorded)."""
+    if result.serving is None:
+        result.ok, result.verdict = True, "first deployment: recorded, not judged"
+        return result
+    spread = spread_of(result.serving.latencies)
+    result.spread = spread
+    result.threshold = max(
+        settings.min_ratio, 1 + settings.spread_factor * (0 if math.isnan(spread) else spread)
+    )
+    slower_ms = result.candidate.p(95) - result.serving.p(95)
+    result.ok = not (result.ratio > result.threshold and slower_ms > settings.min_ms)
+    result.verdict = "ok" if result.ok else f"slower by {slower_ms:.1f} ms at p95"
+    return result
+
+
+def measure(
+    connect: Callable[[], Answers],
+    model: str,
+    candidate: tuple[str, str],
+    serving: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: list[str],
+    settings: PerfSettings,
+) -> PerfResult:
+    """The candidate (``(name it is loaded as, version)``) and, when ``serving`` names a version,
+    the serving version of ``model``: warmed up, then interleaved from ``settings.concurrency``
+    workers, each on its own connection."""
+    began = time.perf_counter()
+    name, version = candidate
+    pair = [(name, version)] + ([(model, serving)] if serving else [])
+    sides = {v: Side(v) for _, v in pair}
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    per_worker = max(1, math.ceil(settings.requests / settings.concurrency))
+    warm = connect()
+    try:
+        for _ in range(WARM_UP):
+            for loaded, v in pair:
+                warm.infer(loaded, inputs, outputs, version=v)
+    finally:
+        warm.close()
+    deadline = time.perf_counter() + settings.seconds
+
+    def worker(index: int) -> None:
+        client = connect()
+        try:
+            for i in range(per_worker):
+                if time.perf_counter() > deadline and i * settings.concurrency >= FLOOR_REQUESTS:
+                    return
+                order = pair if (i + index) % 2 == 0 else pair[::-1]
+                for loaded, v in order:
+                    t0 = time.perf_counter()
+                    client.infer(loaded, inputs, outputs, version=v)
+                    elapsed = time.perf_counter() - t0
+                    with lock:
+                        sides[v].latencies.append(elapsed * 1000)
+                        sides[v].busy_s += elapsed
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(settings.concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    result = PerfResult(model, sides[version], sides.get(serving) if serving else None)
+    result.seconds = time.perf_counter() - began
+    return judge(result, settings)

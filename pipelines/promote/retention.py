@@ -1,0 +1,381 @@
+"""Retention: a load costs one version, not the model's whole history.
+
+Triton localizes the whole model folder for each load from S3, so every version left under the
+prefix it reads makes every later load slower.  Each environment keeps ``keep`` versions per model
+there (``mlreg.toml``, default 2: what serves and the one before it, for an instant rollback;
+``keep = 0`` turns retention off); the others move to the store's archive
+(:mod:`pipelines.storage.archive`), never lost.
+
+The window of a model, in order: the versions its stored config serves, those that served before
+this promotion, then the others by their last promotion to the environment (MLflow's
+``promoted_<env>`` tag), newest first, then by number.  Whatever the window, a version is never
+archived while any ensemble of the store pins it or any target holds it -- every target is asked;
+when one cannot be, nothing is archived (what it holds is unknown).
+
+In a promotion, ``make_room`` runs in ``assemble``, after the upload and before the load, under
+the promotion's locks: the versions that will be beyond the window once it is done leave first, so
+the load localizes only the window (never what serves now nor the new versions).  A failed
+promotion puts them back when it closes (after the undo log replayed): every exit restores.
+``retain`` runs once the alias has moved, and only when there is anything left (keep = 1: the
+version that served until now; the archive's copy of a version brought back): it never undoes a
+promotion.  A failed move is a warning in the stage report (the version stays live, or in both
+places after a crash) and the next promotion or ``mlreg store gc`` finishes it.  A promotion to an
+archived version -- a rollback included -- brings it back in ``assemble`` (``restored``): a
+server-side copy from the archive, verified against the registered digest before any load, or the
+registry's artifacts uploaded when the archive has no whole copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.promote.context import PromotionContext
+from pipelines.promote.fanout import checkpoint
+from pipelines.promote.plan import Step, config_facts, ensemble_pins, serving_versions
+from pipelines.storage.archive import archive_of, bring_back, complete, drop_archived, move_to_archive
+from pipelines.storage.base import RepositoryStore
+from registry.errors import MlregError, StorageError, TritonError
+
+log = logging.getLogger(__name__)
+States = Mapping[str, "dict[str, dict[str, str]] | MlregError"]  # url -> model -> version -> state
+Stamp = Callable[[str, str], str]  # (model, version) -> when it was last promoted here ("" unknown)
+HELD = {"READY", "LOADING"}  # serving, or reading its bytes (UNLOADING: being let go, read no more)
+
+
+@dataclass(frozen=True)
+class Move:
+    model: str
+    version: str
+    bytes: int = 0
+
+
+@dataclass
+class RetentionReport:
+    """What retention moved (or, in a dry run, would move) and why the rest stays."""
+
+    keep: int
+    moves: list[Move] = field(default_factory=list)  # live -> archive
+    kept: dict[str, list[str]] = field(default_factory=dict)  # model -> versions left live
+    protected: dict[str, dict[str, str]] = field(default_factory=dict)  # model -> version -> why
+    tidy: list[tuple[str, str]] = field(default_factory=list)  # archive copies of live versions
+    failed: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    skipped: str = ""  # why nothing was archived
+    seconds: float = 0.0  # spent asking, planning and moving
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(m.bytes for m in self.moves)
+
+    def detail(self) -> str:
+        if self.skipped:
+            return f"archived nothing: {self.skipped}"
+        verb = "would archive" if self.dry_run else "archived"
+        moved = ", ".join(f"{m.model} v{m.version}" for m in self.moves) or "nothing"
+        text = f"keep {self.keep}: {verb} {moved} ({self.bytes_freed:,} bytes)"
+        guarded = [
+            f"{m} v{v} ({why})" for m, versions in self.protected.items() for v, why in versions.items()
+        ]
+        if guarded:
+            text += f"; kept beyond the window: {', '.join(guarded)}"
+        if self.tidy:
+            dropped = ", ".join(f"{m} v{v}" for m, v in self.tidy)
+            text += f"; the archive's copy of {dropped} dropped (live again)"
+        if self.failed:
+            text += f"; not archived: {'; '.join(self.failed)} (rerun 'mlreg store gc' to finish)"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "keep": self.keep,
+            "dry_run": self.dry_run,
+            "moves": [m.__dict__ for m in self.moves],
+            "bytes_freed": self.bytes_freed,
+            "kept": self.kept,
+            "protected": self.protected,
+            "archive_copies_dropped": [f"{m}/{v}" for m, v in self.tidy],
+            "failed": self.failed,
+            "skipped": self.skipped,
+        }
+
+
+# -- the rules (pure) ------------------------------------------------------------------------------
+
+
+def window(
+    keep: int, live: Iterable[str], desired: list[str], before: list[str], stamp: Stamp, model: str
+) -> list[str]:
+    """The live versions retention keeps: every desired one, then up to ``keep`` in all (the
+    registry is asked for promotion dates only when what serves and served before leave room)."""
+    live = list(live)
+    ranked = [v for v in dict.fromkeys([*desired, *before]) if v in live]
+    wanted = len([v for v in desired if v in live])
+    if len(ranked) < keep:
+        rest = [v for v in live if v not in ranked]
+        ranked += sorted(rest, key=lambda v: (stamp(model, v), int(v)), reverse=True)
+    return ranked[: max(keep, wanted)]
+
+
+def pinned(store: RepositoryStore) -> dict[str, dict[str, str]]:
+    """model -> version -> "pinned by ensemble E", for every ensemble config of the store."""
+    found: dict[str, dict[str, str]] = {}
+    for name in store.list_models():
+        text = store.read_config(name)
+        if not text or not config_facts(text).is_ensemble:
+            continue
+        for member, version in ensemble_pins(text).items():
+            if int(version) > 0:
+                found.setdefault(member, {})[version] = f"pinned by ensemble {name}"
+    return found
+
+
+def held(states: States) -> dict[str, dict[str, str]]:
+    """model -> version -> "held by URL (STATE)" over every target's answer."""
+    found: dict[str, dict[str, str]] = {}
+    for url, models in states.items():
+        if isinstance(models, MlregError):
+            continue
+        for model, versions in models.items():
+            for version, state in versions.items():
+                if state in HELD:
+                    found.setdefault(model, {}).setdefault(version, f"held by {url} ({state})")
+    return found
+
+
+def unreachable(states: States) -> list[str]:
+    return [f"{url}: {answer.message}" for url, answer in states.items() if isinstance(answer, MlregError)]
+
+
+# -- planning and moving ---------------------------------------------------------------------------
+
+
+def plan(
+    store: RepositoryStore,
+    archive: RepositoryStore,
+    models: Iterable[str],
+    keep: int,
+    states: States,
+    stamp: Stamp,
+    before: Mapping[str, list[str]] | None = None,
+    desired: Mapping[str, list[str]] | None = None,
+    guard: Mapping[str, dict[str, str]] | None = None,
+) -> RetentionReport:
+    """What retention would do for ``models`` (reads only).  ``desired``: the versions that will
+    serve (default: what each stored config serves); ``guard``: more versions never to move."""
+    report = RetentionReport(keep)
+    protect = pinned(store)
+    for model, versions in (guard or {}).items():
+        for version, why in versions.items():
+            protect.setdefault(model, {}).setdefault(version, why)
+    for model, versions in held(states).items():
+        for version, why in versions.items():
+            protect.setdefault(model, {}).setdefault(version, why)
+    for model in sorted(set(models)):
+        config = store.read_config(model)
+        if config is None:
+            continue  # not deployed here: nothing tells what serves
+        live = store.list_versions(model)
+        serving = (desired or {}).get(model) or serving_versions(config)
+        kept = window(keep, live, serving, (before or {}).get(model, []), stamp, model)
+        guarded = {v: why for v, why in protect.get(model, {}).items() if v in live and v not in kept}
+        report.kept[model] = sorted(set(kept) | set(guarded), key=int)
+        if guarded:
+            report.protected[model] = guarded
+        stored = set(archive.list_versions(model))
+        for version in live:
+            if version in report.kept[model]:
+                if version in stored and complete(store, model, version) is not None:
+                    report.tidy.append((model, version))
+            else:
+                found = store.read_manifest(model, version)
+                size = sum(int(f["size"]) for f in found.files.values()) if found else 0
+                report.moves.append(Move(model, version, size))
+    return report
+
+
+def apply(store: RepositoryStore, archive: RepositoryStore, report: RetentionReport) -> RetentionReport:
+    """Carry out ``report``'s moves (a failed one is noted and the others go on), then drop the
+    archive's copies of versions live and whole again."""
+    done = []
+    for move in report.moves:
+        try:
+            moved = move_to_archive(store, archive, move.model, move.version, on_copied=_copied)
+        except StorageError as exc:
+            report.failed.append(f"{move.model} v{move.version}: {exc.message}")
+            continue
+        done.append(Move(move.model, move.version, moved or move.bytes))
+    report.moves = done
+    for model, version in report.tidy:
+        try:
+            drop_archived(archive, model, version)
+        except StorageError as exc:
+            report.failed.append(f"archive copy of {model} v{version}: {exc.message}")
+    return report
+
+
+def _copied(model: str, version: str) -> None:
+    checkpoint(f"archive-copied:{model}/{version}")  # tests SIGKILL here: live and archive both whole
+
+
+# -- in a promotion --------------------------------------------------------------------------------
+
+
+def pending(ctx: PromotionContext) -> bool:
+    """Whether ``retain`` has anything to do: retention on, a promotion that changed something, and
+    a promoted model with more live versions than the window, or a version both live and archived
+    (brought back, or a move a crash cut short).  A no-op rerun keeps its fast path: the next
+    promotion or ``mlreg store gc`` finishes what a crash left."""
+    if ctx.env.keep <= 0 or ctx.options.dry_run or ctx.noop:
+        return False
+    try:
+        archive: RepositoryStore | None = archive_of(ctx.store)
+    except StorageError:
+        archive = None  # a store at a bucket's root: retain says so once there is more than the window
+    try:
+        for model in _models(ctx):
+            live = set(ctx.store.list_versions(model))
+            if len(live) > ctx.env.keep or (archive and live & set(archive.list_versions(model))):
+                return True
+    except MlregError:
+        return True  # retain says why in its report
+    return False
+
+
+def make_room(ctx: PromotionContext) -> RetentionReport | None:
+    """In ``assemble``, after the upload and before the load: the versions that will be beyond the
+    window once this promotion is done leave now, so the load localizes only the window.  Never
+    what serves now (the undo log would load it again) nor the new versions; the archive's copies
+    of versions brought back stay until the promotion is done (``retain`` drops them).  None when
+    there is nothing to move."""
+    keep = ctx.env.keep
+    if keep <= 0 or not ctx.plan.steps:
+        return None
+    began = time.perf_counter()
+    try:
+        if all(len(ctx.store.list_versions(m)) <= keep for m in _models(ctx)):
+            return None
+        report = _pass(ctx, pre_deploy=True)
+    except MlregError as exc:  # the promotion goes on with every version where it is
+        report = RetentionReport(keep, failed=[exc.message])
+    if report.moves:  # every exit restores: a failed promotion puts them back (under its locks)
+        ctx.locks.callback(_put_back, ctx, [(m.model, m.version) for m in report.moves])
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def _put_back(ctx: PromotionContext, moved: list[tuple[str, str]]) -> None:
+    """When the promotion failed (its error hook ran, the undo log replayed), the versions
+    ``make_room`` moved come back where Triton reads (a rename locally, as they left); a version
+    that cannot is left whole in the archive, named in the log."""
+    if not ctx.result.error:
+        return
+    try:
+        archive = archive_of(ctx.store)
+        for model, version in moved:
+            move_to_archive(archive, ctx.store, model, version)
+    except MlregError as exc:
+        log.warning("a version archived before the failed load stays in the archive: %s", exc.message)
+
+
+def _pass(ctx: PromotionContext, pre_deploy: bool) -> RetentionReport:
+    archive = archive_of(ctx.store)
+    states = ctx.fleet.states()
+    missing = unreachable(states) + [f"{u}: {why}" for u, why in ctx.plan.skipped.items()]
+    if missing:
+        why = f"a target could not be asked what it holds ({'; '.join(missing)})"
+        return RetentionReport(ctx.env.keep, skipped=why)
+    before = {s.model: s.previous_versions for s in ctx.plan.steps}
+    stamp = registry_stamp(ctx.registry, ctx.env.name)
+    if not pre_deploy:
+        found = plan(ctx.store, archive, _models(ctx), ctx.env.keep, states, stamp, before)
+        return apply(ctx.store, archive, found)
+    desired = {s.model: [s.version] for s in ctx.plan.steps}
+    guard = {m: {v: "serves now (an abort would load it again)" for v in vs} for m, vs in before.items()}
+    found = plan(ctx.store, archive, _models(ctx), ctx.env.keep, states, stamp, before, desired, guard)
+    found.tidy = []  # an abort removes the live copy of a version brought back: the archive keeps its own
+    return apply(ctx.store, archive, found)
+
+
+def retain(ctx: PromotionContext) -> RetentionReport:
+    """After ``record``: what is still beyond the window archived (keep = 1: the version that served
+    until this promotion), and the archive's copies of versions brought back dropped."""
+    began = time.perf_counter()
+    try:
+        report = _pass(ctx, pre_deploy=False)
+    except MlregError as exc:  # the promotion stands: the next one, or store gc, finishes this
+        report = RetentionReport(ctx.env.keep, failed=[exc.message])
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def _models(ctx: PromotionContext) -> set[str]:
+    return {s.model for s in ctx.plan.steps}  # each one locked by resolve
+
+
+def registry_stamp(registry: Any, env_name: str) -> Stamp:
+    """When each version was last promoted to ``env_name`` (MLflow's ``promoted_<env>`` tag)."""
+
+    def stamp(model: str, version: str) -> str:
+        try:
+            return str(registry.version_tags(model, version).get(f"promoted_{env_name}", ""))
+        except (MlregError, LookupError):
+            return ""
+
+    return stamp
+
+
+def restored(store: RepositoryStore, step: Step) -> bool:
+    """``step``'s version brought back from the archive and verified against the registered digest;
+    False when the archive has no whole copy, or its copy does not verify (the caller uploads the
+    registry's artifacts then, which re-sends every file that differs)."""
+    try:
+        archive = archive_of(store)
+    except StorageError:
+        return False
+    if not bring_back(store, archive, step.model, step.version):
+        return False
+    try:
+        store.verify_version(step.model, step.version, step.digest or None)
+    except StorageError:
+        return False
+    return True
+
+
+# -- on an existing store: mlreg store gc ----------------------------------------------------------
+
+
+def collect(
+    store: RepositoryStore,
+    ask: Callable[[], States],
+    stamp: Stamp,
+    keep: int,
+    *,
+    dry_run: bool = False,
+    models: Iterable[str] | None = None,
+) -> RetentionReport:
+    """Apply the policy to ``store`` (every model, or ``models``) under each model's lock; ``ask``
+    returns what every target holds (asked once the locks are held).  A target that cannot be
+    asked refuses the whole run: what it holds is unknown."""
+    if keep <= 0:
+        return RetentionReport(keep, dry_run=dry_run, skipped="retention is off (keep = 0)")
+    archive = archive_of(store)
+    names = sorted(models if models is not None else store.list_models())
+    with ExitStack() as locks:
+        if not dry_run:  # a dry run only reads: it never blocks a promotion
+            for name in names:
+                locks.enter_context(store.lock(name, wait=0))
+        states = ask()
+        missing = unreachable(states)
+        if missing:
+            raise TritonError(
+                f"cannot ask every target what it holds, so nothing is archived: {'; '.join(missing)}",
+                fix="bring the target back (or correct the environment's targets), then rerun",
+            )
+        found = plan(store, archive, names, keep, states, stamp)
+        found.dry_run = dry_run
+        return found if dry_run else apply(store, archive, found)

@@ -1,0 +1,305 @@
+"""Store retention on the real parts: moto_server S3, a real tritonserver on it, the embedded MLflow
+registry; then the same on a local store with its own tritonserver.
+
+In file order on one module-scoped stack: twelve promotions of a python model with ``keep = 2``
+leave the serving version and the one before it under Triton's prefix and the rest archived with
+their manifests; a rollback to archived version 3 serves it after verification (a server-side copy,
+nothing uploaded); a promotion SIGKILLed mid-archive loses nothing and a rerun finishes the move;
+``store gc --dry-run`` lists and changes nothing; a version an ensemble pins is never archived; the
+same on a local store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from mlreg import service
+from mlreg.cli.main import app
+from pipelines.devstack import local_triton
+from pipelines.promote.environments import environment
+from pipelines.promote.fanout import PAUSE_VARIABLE
+from pipelines.promote.reports import PromotionFailed, PromotionResult
+from pipelines.promote.runner import Options, Promotion
+from pipelines.storage import ensure_root, open_store
+from pipelines.storage.archive import archive_of
+from pipelines.storage.base import RepositoryStore
+from pipelines.triton import TritonControl
+from registry.mlflow import MlflowRegistry
+from registry.register import Candidate, register
+from registry.settings import Settings
+from tests.conftest import ROOT, failing_python_model
+
+pytestmark = pytest.mark.integration
+
+MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.factor = float(args["model_version"])
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", (pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * self.factor))]
+            )
+            for r in requests
+        ]
+"""
+CONFIG = """name: "scorer"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+PINNING = """name: "scoring"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "scorer" model_version: PIN
+  input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }
+"""
+WEIGHTS = 256 * 1024  # per version: small here; benchmarks/retention.py uses 8 MB
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    registry: MlflowRegistry
+    root: Path
+    env_vars: dict[str, str]
+    s3_url: str
+    disk_url: str
+
+    def register(self, tag: str) -> str:
+        folder = self.root / "work" / tag
+        (folder / "1").mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(CONFIG)
+        (folder / "1" / "model.py").write_text(f"# {tag}\n{MODEL}")
+        (folder / "1" / "weights.bin").write_bytes(os.urandom(WEIGHTS))
+        return register(self.registry, Candidate("scorer", folder / "1", folder / "config.pbtxt")).version
+
+    def promote(self, env_name: str, version: str) -> PromotionResult:
+        env = environment(self.settings, env_name)
+        return Promotion(self.settings, env, self.registry, Options(skip_quality=True)).run("scorer", version)
+
+    def store(self, env_name: str) -> RepositoryStore:
+        return open_store(environment(self.settings, env_name).store)
+
+    def digest(self, version: str) -> str:
+        return self.registry.version_tags("scorer", version)["artifact_digest"]
+
+    def states(self, url: str) -> dict[str, dict[str, str]]:
+        with TritonControl(url) as triton:
+            return triton.model_states()
+
+    def ready(self, url: str) -> list[str]:
+        return sorted((v for v, s in self.states(url).get("scorer", {}).items() if s == "READY"), key=int)
+
+    def cli(self, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        return subprocess.Popen(
+            [sys.executable, "-m", "mlreg", *args],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**env, **self.env_vars, **kwargs.pop("env_extra", {})},
+            **kwargs,
+        )
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[Stack]:
+    from pipelines.devstack import local_s3
+
+    root = tmp_path_factory.mktemp("retention")
+    env_vars = {"MLREG_HOME": str(root / ".mlreg")}
+    settings = Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]})
+    local_s3.create_bucket(s3_server.endpoint, "retention")
+    s3_store = s3_server.store_uri("retention", "repository")
+    ensure_root(s3_store)
+    disk_store = root / "disk" / "repository"
+    disk_store.mkdir(parents=True)
+    servers = []
+    try:
+        for index, repository in enumerate((s3_store, disk_store)):
+            servers.append(
+                local_triton.start_server(repository, root / f"triton-{index}", settings.backends_source)
+            )
+        (s3_url, disk_url) = (info.grpc_url for info, _ in servers)
+        (root / "mlreg.toml").write_text(
+            f'[environments.s3]\nstore = "{s3_store}"\ntargets = ["{s3_url}"]\ngpu = false\nkeep = 2\n'
+            f'[environments.disk]\nstore = "{disk_store}"\ntargets = ["{disk_url}"]\ngpu = false\n'
+        )
+        yield Stack(settings, MlflowRegistry(settings), root, env_vars, s3_url, disk_url)
+    finally:
+        for info, process in servers:
+            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+
+
+def archived_whole(stack: Stack, archive: RepositoryStore, versions: list[str]) -> None:
+    """Each version in the archive with its manifest, every file matching it and the registered digest."""
+    assert archive.list_versions("scorer") == versions
+    for version in versions:
+        assert archive.read_manifest("scorer", version) is not None, version
+        archive.verify_version("scorer", version, stack.digest(version), full=True)
+
+
+def test_twelve_promotions_leave_what_serves_and_the_one_before_it_under_triton_s_prefix(
+    stack: Stack,
+) -> None:
+    results = []
+    for index in range(1, 13):
+        assert stack.register(f"v{index}") == str(index)
+        results.append(stack.promote("s3", str(index)))
+    store = stack.store("s3")
+    assert store.list_versions("scorer") == ["11", "12"]
+    archived_whole(stack, archive_of(store), [str(v) for v in range(1, 11)])
+    assert archive_of(store).uri.endswith("/retention/.mlreg-archive/repository")
+    assert stack.ready(stack.s3_url) == ["12"]
+    assert ".mlreg-archive" not in stack.states(stack.s3_url)  # Triton never sees the archive
+    assembled = [s.detail for r in results for s in r.stages if s.stage == "assemble"]
+    retained = [s.detail for r in results for s in r.stages if s.stage == "retain"]
+    assert retained == [], (retained, assembled)  # every move happened before the load
+    size = WEIGHTS + len(f"# v1{MODEL}") + 1
+    assert assembled[2].endswith(f"; keep 2: archived scorer v1 ({size:,} bytes)")
+    assert all(f"keep 2: archived scorer v{i - 2} (" in assembled[i - 1] for i in range(3, 13))
+    assert "archived" not in assembled[0] + assembled[1]
+    keys = store.list_prefix("scorer/")
+    assert {k.split("/")[1] for k in keys} == {"config.pbtxt", "11", "12"}  # what a load localizes
+
+
+def test_a_rollback_to_an_archived_version_serves_it_after_verification(stack: Stack) -> None:
+    result = service.rollback(stack.settings, "s3", "scorer", "3")
+    assert result.ok
+    assemble = next(s for s in result.stages if s.stage == "assemble")
+    assert assemble.detail.startswith("0 bytes uploaded")  # a server-side copy from the archive
+    assert "; keep 2: archived scorer v11 (" in assemble.detail  # before the load
+    assert stack.ready(stack.s3_url) == ["3"]
+    assert stack.registry.aliases("scorer")["s3"] == "3"
+    store = stack.store("s3")
+    store.verify_version("scorer", "3", stack.digest("3"), full=True)
+    assert store.list_versions("scorer") == ["3", "12"]  # what serves, and the one before it
+    retain = result.stages[-1]  # once the alias moved: v3's archive copy is not needed any more
+    assert (retain.stage, retain.detail) == (
+        "retain",
+        "keep 2: archived nothing (0 bytes); the archive's copy of scorer v3 dropped (live again)",
+    )
+    archived_whole(stack, archive_of(store), [str(v) for v in (1, 2, 4, 5, 6, 7, 8, 9, 10, 11)])
+
+
+def test_a_promotion_killed_mid_archive_loses_nothing_and_a_rerun_finishes(stack: Stack) -> None:
+    """Killed between the archive's copy and the live copy's delete (S3: a server-side copy, then
+    a delete): both are whole, ``store verify`` says so, and the rerun finishes the move."""
+    assert stack.register("v13") == "13"
+    args = ("promote", "scorer", "--version", "13", "--env", "s3", "--skip-quality")
+    point = "archive-copied:scorer/12"  # 13 will serve, 3 serves now: 12 leaves before the load
+    with stack.cli(*args, start_new_session=True, env_extra={PAUSE_VARIABLE: point}) as proc:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith(f"mlreg-test: paused at {point}"):
+                break
+        else:
+            raise AssertionError("".join(lines[-20:]))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    store = stack.store("s3")
+    assert stack.ready(stack.s3_url) == ["3"]  # killed before the load
+    verify = CliRunner().invoke(
+        app, ["store", "verify", "scorer", "12", "--store", store.uri, "--json"], env=stack.env_vars
+    )
+    assert verify.exit_code == 0, verify.output
+    found = sorted((v["location"], v["status"]) for v in json.loads(verify.stdout)["versions"])
+    assert found == [("archived", "verified"), ("live", "verified")]  # both whole: nothing lost
+    rerun = stack.cli(*args)  # the killed holder's locks are stale: taken over
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    assert "promoted scorer version 13" in out
+    assert stack.ready(stack.s3_url) == ["13"]
+    assert stack.registry.aliases("scorer")["s3"] == "13"
+    assert store.list_versions("scorer") == ["3", "13"]
+    archived_whole(stack, archive_of(store), [str(v) for v in (1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12)])
+
+
+def test_a_failed_promotion_puts_back_what_it_archived_before_the_load(stack: Stack) -> None:
+    store, archive = stack.store("s3"), archive_of(stack.store("s3"))
+    before = (store.list_prefix("scorer/"), archive.list_prefix(""))
+    folder = stack.root / "work" / "broken"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(CONFIG)
+    (folder / "1" / "model.py").write_text(failing_python_model("cannot open the weights"))
+    version = register(stack.registry, Candidate("scorer", folder / "1", folder / "config.pbtxt")).version
+    with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as info:
+        stack.promote("s3", version)
+    assemble = next(s for s in info.value.result.stages if s.stage == "assemble")
+    assert "keep 2: archived scorer v3 (" in assemble.detail  # 3 left before the load ...
+    assert (store.list_prefix("scorer/"), archive.list_prefix("")) == before  # ... and came back
+    assert stack.ready(stack.s3_url) == ["13"]
+    assert stack.registry.aliases("scorer")["s3"] == "13"
+
+
+def test_store_gc_dry_run_lists_and_changes_nothing(stack: Stack) -> None:
+    store, archive = stack.store("s3"), archive_of(stack.store("s3"))
+    before = (store.list_prefix(""), archive.list_prefix(""))
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["store", "gc", "--env", "s3", "--keep", "1", "--dry-run"], env=stack.env_vars
+    )
+    assert result.exit_code == 0, result.output
+    assert "keep 1: would move to the archive" in result.stdout
+    assert "1 version(s), would free" in result.stdout
+    assert (store.list_prefix(""), archive.list_prefix("")) == before
+    assert stack.ready(stack.s3_url) == ["13"]
+
+
+def test_a_version_an_ensemble_pins_is_never_archived(stack: Stack) -> None:
+    store = stack.store("s3")
+    store.write_config("scoring", PINNING.replace("PIN", "3"))  # an ensemble of the store pins v3
+    try:
+        runner = CliRunner()
+        result = runner.invoke(
+            app, ["store", "gc", "--env", "s3", "--keep", "1", "--json"], env=stack.env_vars
+        )
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert report["moves"] == []
+        assert report["protected"] == {"scorer": {"3": "pinned by ensemble scoring"}}
+        assert store.list_versions("scorer") == ["3", "13"]
+    finally:
+        store.delete("scoring/config.pbtxt")
+
+
+def test_the_same_on_a_local_store(stack: Stack) -> None:
+    for version in ("1", "2", "3", "4"):
+        assert stack.promote("disk", version).ok
+    store = stack.store("disk")
+    assert store.list_versions("scorer") == ["3", "4"]
+    archive = archive_of(store)
+    assert Path(archive.uri) == stack.root / "disk" / ".mlreg-archive" / "repository"
+    archived_whole(stack, archive, ["1", "2"])
+    assert stack.ready(stack.disk_url) == ["4"]
+    assert ".mlreg-archive" not in stack.states(stack.disk_url)
+    result = service.rollback(stack.settings, "disk", "scorer", "1")
+    assert result.ok
+    assert stack.ready(stack.disk_url) == ["1"]
+    store.verify_version("scorer", "1", stack.digest("1"), full=True)
+    assert store.list_versions("scorer") == ["1", "4"]
+    archived_whole(stack, archive, ["2", "3"])
