@@ -336,7 +336,8 @@ def _paused_cli(stack: Stack, point: str, *args: str, sig: int = signal.SIGKILL)
     """Run ``mlreg`` until the test hook pauses it at ``point``, then send ``sig``: SIGKILL to its
     process group (a crash), or SIGINT/SIGTERM to the mlreg process alone (an operator).  Returns
     the exit code and what it wrote on stderr."""
-    proc = _cli(stack, *args, start_new_session=True, env_extra={PAUSE_VARIABLE: point})
+    env = {PAUSE_VARIABLE: point, "PYTHONFAULTHANDLER": "1"}  # SIGABRT dumps every thread's stack
+    proc = _cli(stack, *args, start_new_session=True, env_extra=env)
     lines = []
     try:
         assert proc.stderr is not None
@@ -350,7 +351,12 @@ def _paused_cli(stack: Stack, point: str, *args: str, sig: int = signal.SIGKILL)
             os.killpg(proc.pid, signal.SIGKILL)
         else:
             proc.send_signal(sig)
-        _, err = proc.communicate(timeout=300)
+        try:
+            _, err = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:  # stuck: where, in every thread (faulthandler), then fail
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=60)
+            raise AssertionError(f"mlreg did not exit after the signal:\n{err[-6000:]}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
