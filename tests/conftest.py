@@ -22,9 +22,20 @@ _SKIPPED: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.skipped and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        _SKIPPED.append(f"{report.nodeid}: {reason}")
+    if report.skipped or hasattr(report, "wasxfail"):  # an xfail (or an xpass) proves nothing either
+        _SKIPPED.append(f"{report.nodeid}: {_reason(report)}")
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A module skipped whole (``pytest.skip(allow_module_level=True)``) never reaches the test hooks."""
+    if report.skipped:
+        _SKIPPED.append(f"{report.nodeid}: {_reason(report)}")
+
+
+def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    if getattr(report, "wasxfail", None) is not None:
+        return f"xfail: {report.wasxfail}"  # type: ignore[union-attr]
+    return str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
