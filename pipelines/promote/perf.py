@@ -11,7 +11,8 @@ both versions alike.  The verdict compares the p95 latencies: the candidate fail
 where ``spread`` is the run-to-run spread of the serving version's own p95 in this same run (its
 requests cut into blocks in the order they were sent: the relative standard deviation of the
 blocks' p95s).  A noisy run thus widens its own threshold rather than refusing a good candidate.
-A first deployment (nothing serving to compare with) records the candidate's figures and passes.
+A first deployment (nothing serving to compare with) records the candidate's figures and passes
+(a shorter run: 16 requests or half a second, as nothing is judged).
 
 An environment's section of ``mlreg.toml`` may tune it (defaults shown)::
 
@@ -36,6 +37,7 @@ PERF_KEYS = frozenset({"perf_concurrency", "perf_requests", "perf_seconds"})
 BLOCKS = 4  # the serving version's requests, cut in this many blocks for its spread
 WARM_UP = 3  # requests per version before measuring (a python stub's first call is slow)
 FLOOR_REQUESTS = 8  # per version: fewer cannot judge a p95 (the time cap gives way to this)
+RECORD_ONLY = (16, 0.5)  # requests, seconds: a first deployment's figures are recorded, not judged
 
 
 class Answers(Protocol):
@@ -190,7 +192,8 @@ def measure(
     sides = {v: Side(v) for _, v in pair}
     lock = threading.Lock()
     errors: list[BaseException] = []
-    per_worker = max(1, math.ceil(settings.requests / settings.concurrency))
+    requests, seconds = (settings.requests, settings.seconds) if serving else RECORD_ONLY
+    per_worker = max(1, math.ceil(min(requests, settings.requests) / settings.concurrency))
     warm = connect()
     try:
         for _ in range(WARM_UP):
@@ -198,7 +201,7 @@ def measure(
                 warm.infer(loaded, inputs, outputs, version=v)
     finally:
         warm.close()
-    deadline = time.perf_counter() + settings.seconds
+    deadline = time.perf_counter() + min(seconds, settings.seconds)
 
     def worker(index: int) -> None:
         client = connect()
