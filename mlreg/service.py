@@ -122,13 +122,19 @@ def rollback(
 class StatusReport:
     environment: str
     models: list[dict[str, Any]]
+    locks: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the store's, with leases
 
     @property
     def drift(self) -> bool:
         return any(row["drift"] for row in self.models)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"environment": self.environment, "drift": self.drift, "models": self.models}
+        return {
+            "environment": self.environment,
+            "drift": self.drift,
+            "models": self.models,
+            "locks": self.locks,
+        }
 
 
 def status(settings: Settings, env_name: str, model: str | None = None) -> StatusReport:
@@ -136,7 +142,32 @@ def status(settings: Settings, env_name: str, model: str | None = None) -> Statu
     from pipelines.promote.status import model_status
 
     ctx = context(settings, env_name)
-    return StatusReport(env_name, model_status(settings, ctx.env, ctx.registry, [model] if model else None))
+    rows = model_status(settings, ctx.env, ctx.registry, [model] if model else None)
+    return StatusReport(env_name, rows, store_locks(ctx.env.store, model))
+
+
+def store_locks(uri: str, model: str | None = None) -> list[dict[str, Any]]:
+    """The store's locks (holder, lease on the store's clock); none listed when it cannot be read
+    (the status rows say why)."""
+    from pipelines.storage import open_store
+    from registry.errors import StorageError
+
+    try:
+        found = open_store(uri).locks()
+    except StorageError:
+        return []
+    return [lock.to_dict() for lock in found if model is None or lock.model == model]
+
+
+def store_of(settings: Settings, store: str | None, env_name: str | None) -> RepositoryStore:
+    """``--store URI``, else the store of ``--env``, else the local repository."""
+    from pipelines.promote.environments import environment as configured
+    from pipelines.storage import open_store
+
+    if store and env_name:
+        raise UsageError("--store and --env name the store twice", fix="pass one of them")
+    uri = configured(settings, env_name).store if env_name else (store or settings.local_repository)
+    return open_store(uri, digest_cache=settings.digest_cache)
 
 
 def history(settings: Settings, model: str, env_name: str | None = None) -> list[dict[str, Any]]:

@@ -324,6 +324,12 @@ class PlanRegistry:
     def set_alias(self, name: str, alias: str, version: str) -> None:
         raise RegistryError(f"{READ_ONLY}: alias {alias} of {name}", fix="drop --dry-run")
 
+    def delete_alias(self, name: str, alias: str) -> None:
+        raise RegistryError(f"{READ_ONLY}: alias {alias} of {name}", fix="drop --dry-run")
+
+    def delete_version_tag(self, name: str, version: str, key: str) -> None:
+        raise RegistryError(f"{READ_ONLY}: tag {key} of {name} v{version}", fix="drop --dry-run")
+
     def record_deployment(
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
     ) -> None:

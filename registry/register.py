@@ -32,6 +32,7 @@ from registry.lineage import (
     tensor_specs,
 )
 from registry.manifest import CONFIG_ENTRY, manifest_of, sha256_file
+from registry.mlflow.disk import disk_full_error, is_disk_full
 from registry.mlflow.model import EXPORTS_EXPERIMENT, LoggedTritonModel
 from registry.signing import (
     SIGNATURE_ARTIFACT,
@@ -238,8 +239,10 @@ def register(
             export_info or {},
             bundle,
         )
-    except BaseException:
+    except BaseException as exc:
         registry.discard_run(run_id)
+        if isinstance(exc, OSError) and is_disk_full(exc):  # a write outside MLflow's calls
+            raise disk_full_error(exc, registry.local_root, "registering the version") from exc
         raise
     registry.finish_run(run_id, ok=True)
     return RegisterResult(candidate.name, version, True, lineage.validation, run_id, errors, signed_by)

@@ -12,6 +12,7 @@ and ``on`` (any case) mean on, anything else off.
 | MLREG_NO_PROGRESS     | on: no progress bars                                 | off                      |
 | MLREG_TRITON_TIMEOUT  | seconds for one Triton control call (load: x10)      | ``30``                   |
 | MLREG_MLFLOW_TIMEOUT  | seconds for one MLflow request (2 retries)           | ``15``                   |
+| MLREG_LOCK_LEASE      | seconds of a store lock's lease (renewed while held) | ``900``                  |
 | MLREG_SIGNING_KEY     | sign registered versions: a PEM key, or ``sigstore`` | unsigned                 |
 | MLREG_SIGNING_CERT    | with the key: its certificate (PEM)                  | none                     |
 | MLREG_SIGNING_CHAIN   | with the certificate: the chain up to the root (PEM) | none                     |
@@ -35,6 +36,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[1]
 PROJECT_MARKERS = ("mlreg.toml", ".mlreg", ".git")
 DEFAULT_TRITON_TIMEOUT = 30.0
 DEFAULT_MLFLOW_TIMEOUT = 15.0
+DEFAULT_LOCK_LEASE = 900.0
 EXPORTS_EXPERIMENT = "mlreg-exports"  # MLflow: one run per registered version
 PROMOTIONS_EXPERIMENT = "mlreg-promotions"  # MLflow: one run per promotion
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -111,6 +113,7 @@ class Settings:
     triton_timeout: float = DEFAULT_TRITON_TIMEOUT
     mlflow_uri: str = ""
     mlflow_timeout: float = DEFAULT_MLFLOW_TIMEOUT
+    lock_lease: float = DEFAULT_LOCK_LEASE
 
     @property
     def tracking_uri(self) -> str:
@@ -178,4 +181,5 @@ class Settings:
             triton_timeout=_seconds(env, "MLREG_TRITON_TIMEOUT", DEFAULT_TRITON_TIMEOUT),
             mlflow_uri=env.get("MLFLOW_TRACKING_URI", ""),
             mlflow_timeout=_seconds(env, "MLREG_MLFLOW_TIMEOUT", DEFAULT_MLFLOW_TIMEOUT),
+            lock_lease=_seconds(env, "MLREG_LOCK_LEASE", DEFAULT_LOCK_LEASE),
         )

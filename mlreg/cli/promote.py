@@ -69,6 +69,8 @@ def _render(out: Output, result: PromotionResult, alias: str) -> None:
             f"promoted {plan.model} version {plan.version} to '{plan.env.name}' "
             f"(alias '{alias}'); MLflow run {result.run_id}"
         )
+    for note in result.notes:
+        out.note(f"note: {note}")
 
 
 def promote_cmd(
@@ -193,6 +195,9 @@ def status_cmd(
     out = Output(as_json)
     report = service.status(settings_of(ctx), env, model)
     out.result(report.to_dict(), lambda: _status_table(out, report.models))
+    for lock in report.locks:
+        stale = " (stale: 'mlreg store unlock' may remove it)" if lock["stale"] else ""
+        out.line(f"locked: {lock['model']} by {lock['owner']}, lease until {lock['lease_until']}{stale}")
     if report.drift:
         raise typer.Exit(1)
 

@@ -103,13 +103,23 @@ def ls_cmd(
                 "problems": [p.line() for p in check.problems],
             }
         )
+    locks = target.locks()
     if as_json:
-        emit_json({"store": target.uri, "archive": archive.uri if archive else None, "versions": rows})
+        emit_json(
+            {
+                "store": target.uri,
+                "archive": archive.uri if archive else None,
+                "versions": rows,
+                "locks": [lock.to_dict() for lock in locks],
+            }
+        )
         return
     typer.echo(f"{'MODEL':<30} {'VERSION':>7}  {'STATE':<11}  FILES")
     for row in rows:
         state = str(row["state"]) if row["location"] == "live" else _archived_state(str(row["state"]))
         typer.echo(f"{row['model']:<30} {row['version']:>7}  {state:<11}  {row['files']}")
+    for lock in locks:
+        typer.echo(f"locked: {lock.model} by {lock.describe()}" + (" (stale)" if lock.stale else ""))
 
 
 def _archived(archive: RepositoryStore | None) -> list[tuple[str, str]]:
@@ -260,6 +270,30 @@ def init_cmd(
         return
     state = "written" if created else "already there"
     typer.echo(f"{target.uri}: root marker {ROOT_MARKER} {state}; Triton can start on this repository")
+
+
+@app.command("unlock")
+def unlock_cmd(
+    ctx: typer.Context,
+    model: str = typer.Argument(..., help="The model whose lock to remove."),
+    env: str = typer.Option(None, "--env", "-e", help="The environment's store (mlreg.toml)."),
+    store: str = typer.Option(None, "--store", "-s", help=STORE_HELP),
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove a lock its holder left (a crashed or cut-off promotion); refused while the holder's
+    lease is alive (judged by the store's clock: the lock's LastModified plus its lease).
+
+    Example: mlreg store unlock scorer --env staging
+    """
+    from mlreg import service
+
+    out = Output(as_json)
+    target = service.store_of(settings_of(ctx), store, env)
+    held = target.unlock(model)
+    out.result(
+        {"store": target.uri, "unlocked": held.to_dict()},
+        lambda: out.line(f"{target.uri}: removed the lock of '{model}' held by {held.describe()}"),
+    )
 
 
 @app.command("gc")

@@ -13,16 +13,46 @@ from pipelines.promote.context import PromotionContext
 from pipelines.promote.fanout import Change
 from pipelines.promote.plan import Role, Step, desired_config
 from pipelines.promote.reports import FleetReport
+from registry.errors import PromotionError
 
 
-def apply(ctx: PromotionContext, step: Step, text: str, versions: list[str], override: bool = False) -> None:
+def apply(
+    ctx: PromotionContext,
+    step: Step,
+    text: str,
+    versions: list[str],
+    override: bool = False,
+    retired: tuple[str, ...] = (),
+) -> None:
     """``step.model``'s config written to the store and loaded on every target, noted in the undo
-    log before each write and each load."""
+    log before each write and each load; ``retired`` versions waited for until unloaded."""
     ctx.undo.wrote_config(step)
     ctx.fleet.apply(
-        Change(step.model, text, tuple(versions), override=override),
+        Change(step.model, text, tuple(versions), override=override, retired=retired),
         before=lambda url: ctx.undo.moved(step, url),
     )
+
+
+def check_serves_from_store(ctx: PromotionContext) -> None:
+    """Each target serves from the environment's store: its repository index (Triton lists every
+    model folder of the repository it serves from, loaded or not) names at least one of the store's
+    other models.  Chosen over a marker object at the store's root because Triton's API cannot read
+    a file, and a marker would have to be written by every existing store first; a store holding
+    only this promotion's models cannot be told apart, and the rollback never unloads what a target
+    served before (``undo``)."""
+    planned = {s.model for s in ctx.plan.steps}
+    stored = {m for m in ctx.store.list_models() if m not in planned}
+    if not stored:
+        return
+    for url in ctx.fleet.urls:
+        listed = set(ctx.fleet.target(url).model_states())
+        if not stored & listed:
+            raise PromotionError(
+                f"{url} does not serve from the store {ctx.store.uri}: its repository lists none of "
+                f"the store's models ({', '.join(sorted(stored)[:5])})",
+                fix=f"check environment '{ctx.env.name}' in mlreg.toml: its store must be the "
+                "--model-repository its targets serve from",
+            )
 
 
 @dataclass(frozen=True)
@@ -56,12 +86,13 @@ class AllAtOnce:
                 apply(ctx, other, text, [other.version])
 
     def finalize(self, ctx: PromotionContext) -> FleetReport:
-        """Only the new versions serve now: the old versions unload."""
+        """Only the new versions serve now: the old versions unload (waited for, as loads wait
+        for READY: a rerun never says "retired" while the old version still serves)."""
         first, retired = len(ctx.fleet.rollouts), []
         for step in ctx.plan.steps:
             old = [v for v in step.previous_versions if v != step.version]
             if step.is_ensemble or not old:
                 continue
-            apply(ctx, step, step.config_text, [step.version])
+            apply(ctx, step, step.config_text, [step.version], retired=tuple(old))
             retired.append(f"{step.model} v{','.join(old)}")
         return FleetReport("retired " + (", ".join(retired) or "nothing"), ctx.fleet.rollouts[first:])

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from pipelines.promote.context import PromotionContext, Stage
 from pipelines.promote.integrity import verifier
+from pipelines.promote.plan import serving_versions
 from pipelines.promote.quality import GateFailed, gate_error
 from pipelines.promote.record import record_promotion
 from pipelines.promote.reports import FleetReport, PromotionFailed
@@ -31,19 +32,25 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
     result = ctx.result
     signal_name = _signal_of(exc)
     result.error = f"interrupted ({signal_name})" if signal_name else message_of(exc)
-    touched, changed = ctx.undo.replicas, not ctx.undo.empty
+    touched, changed = ctx.undo.replicas, not ctx.undo.empty and _changed(ctx)
     with _signals_held():
         if changed:
             try:
                 timed(Stage("rollback", _rollback))
+                result.rollback = "succeeded"
             except BaseException as failure:  # recorded and reported below, never swallowed
                 result.rollback_error = message_of(failure)
+                result.rollback = "failed"
         if isinstance(exc, GateFailed):  # the gate's own changes put back: it is a refusal
             exc.report.restored = changed and not result.rollback_error
             result.error = gate_error(exc.report).message
             changed = bool(result.rollback_error)
         result.rolled_back = changed and not result.rollback_error
         record_promotion(ctx.registry, result, ctx.env, PROMOTIONS_EXPERIMENT)
+        if result.rollback_error:
+            result.notes.extend(_store_now(ctx))
+        ctx.locks.close()  # released now: a release that fails is a note, never this error
+        result.notes.extend(ctx.store.lock_notes)
     failed = _failure(ctx, exc, touched)
     if signal_name:
         failed.exit_code = INTERRUPT_EXIT_CODES[signal_name]
@@ -53,10 +60,13 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
 def _failure(ctx: PromotionContext, exc: BaseException, touched: list[str]) -> PromotionFailed:
     result = ctx.result
     head = f"promotion of {ctx.plan.model} version {ctx.plan.version} to '{ctx.env.name}' failed: "
+    notes = "".join(f"; {note}" for note in result.notes)
     if result.rollback_error:
+        stage = f" (stage '{result.failed_stage}')" if result.failed_stage else ""
         return PromotionFailed(
-            head + f"{result.error}; the rollback failed too: {result.rollback_error}",
-            fix="run 'mlreg status' to see what serves, then promote the version you want",
+            head + f"{result.error}{stage}; the rollback failed too: {result.rollback_error}{notes}",
+            fix="run 'mlreg status' to see what serves, then promote the version you want (a rerun "
+            "takes over a lock its holder left)",
             result=result,
         )
     tail = "; nothing was changed"
@@ -66,8 +76,39 @@ def _failure(ctx: PromotionContext, exc: BaseException, touched: list[str]) -> P
         tail = f"{back}; rolled back, the previous versions serve ({restored})"
     fix = exc.fix if isinstance(exc, MlregError) and exc.fix else "read the stage report"
     return PromotionFailed(
-        head + result.error + tail, fix=fix + "; the MLflow alias was not moved", result=result
+        head + result.error + tail + notes, fix=fix + _alias_note(result.failed_stage), result=result
     )
+
+
+def _alias_note(stage: str | None) -> str:
+    """Before ``record`` no alias moved; ``record``'s own error says what moved and what went back."""
+    return "" if stage == "record" else "; the MLflow alias was not moved"
+
+
+def _changed(ctx: PromotionContext) -> bool:
+    """Whether a change noted in the undo log happened (or may have): a replica was sent one, or
+    the store took a write or delete under a noted model (a request refused before it reached
+    the store changed nothing: no rollback then, and none that fails for the same outage)."""
+    entries = ctx.undo.entries.values()
+    return any(e.replicas or ctx.store.changed_under(f"{e.model}/") for e in entries)
+
+
+def _store_now(ctx: PromotionContext) -> list[str]:
+    """What the store's config of each model this promotion wrote lists now (read again)."""
+    lines = []
+    for model, written in sorted(ctx.store.written_configs.items()):
+        try:
+            text = ctx.store.read_config(model)
+        except MlregError as exc:
+            last = ",".join(serving_versions(written))
+            lines.append(
+                f"the store's config of {model} could not be read now ({exc.message}); "
+                f"the last config this promotion wrote there lists v{last}"
+            )
+            continue
+        listed = ",".join(serving_versions(text)) if text else "nothing"
+        lines.append(f"the store's config of {model} lists v{listed}")
+    return lines
 
 
 def _rollback(ctx: PromotionContext) -> FleetReport:

@@ -26,6 +26,7 @@ from registry.settings import Settings
 
 Connect = Callable[[str], ServingTarget]
 PAUSE_VARIABLE = "MLREG_TEST_PAUSE_AT"
+RESUME_VARIABLE = "MLREG_TEST_RESUME_FILE"
 
 
 def checkpoint(point: str) -> None:
@@ -34,7 +35,10 @@ def checkpoint(point: str) -> None:
     if os.environ.get(PAUSE_VARIABLE) == point:
         sys.stderr.write(f"mlreg-test: paused at {point}\n")
         sys.stderr.flush()
-        time.sleep(3600)
+        resume = os.environ.get(RESUME_VARIABLE)  # with it: goes on once that file exists
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
+            time.sleep(0.1 if resume else 3600)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Change:
     versions: tuple[str, ...] = ()
     override: bool = True  # sent with the load; False: the server reads the store's config
     files: Mapping[str, bytes] | None = None  # the model's own files, sent with the load
+    retired: tuple[str, ...] = ()  # versions that must be unloaded after it (waited for)
 
     def describe(self) -> str:
         return f"{self.model} -> v{','.join(self.versions) or 'none'}"
@@ -108,6 +113,7 @@ class Fleet:
         self.parallel = max(1, parallel)
         self.rollouts: list[Rollout] = []
         self._open: dict[str, ServingTarget] = {}
+        self.before: dict[str, dict[str, list[str]]] = {}  # url -> model -> READY before the first move
 
     def target(self, url: str) -> ServingTarget:
         if url not in self._open:
@@ -139,6 +145,20 @@ class Fleet:
         if rollout is not None:
             rollout.targets.append(TargetResult(url, True, time.perf_counter() - began))
 
+    def _remember(self, url: str) -> None:
+        """What the server at ``url`` serves before this fleet's first change of it through the
+        store (``served_before``; the rollback never unloads it)."""
+        if url not in self.before:
+            try:
+                states = self.target(url).model_states()
+            except MlregError:
+                states = {}  # the move itself says why
+            self.before[url] = {m: ready_versions(states, m) for m in states if ready_versions(states, m)}
+
+    def served_before(self, url: str, model: str) -> list[str]:
+        """The versions of ``model`` READY at ``url`` before this fleet first changed it."""
+        return self.before.get(url, {}).get(model, [])
+
     def restore(self, url: str, change: Change) -> str:
         """Put the server at ``url`` back to ``change`` (an earlier state); returns "" or why not."""
         try:
@@ -159,6 +179,29 @@ class Fleet:
             target.load(change.model, config=override, files=change.files)
         for version in change.versions:
             target.wait_ready(change.model, version, timeout=self.load_timeout)
+        if change.retired and not self._unloaded(target, change.model, change.retired):
+            # Triton compares the store file's modification time (one-second resolution on S3):
+            # a config written twice within a second reads as unchanged; sent with the load, it is read
+            target.load(change.model, config=config_json(change.config, change.model))
+            if not self._unloaded(target, change.model, change.retired):
+                still = ",".join(
+                    v for v in change.retired if v in ready_versions(target.model_states(), change.model)
+                )
+                raise PromotionError(
+                    f"{url}: {change.model} v{still} still serves after its retire "
+                    f"({self.load_timeout:.0f}s)",
+                    fix="read the server log; a rerun retires it again",
+                )
+
+    def _unloaded(self, target: ServingTarget, model: str, versions: tuple[str, ...]) -> bool:
+        """Wait (up to the load timeout) until none of ``versions`` of ``model`` is READY, as a load
+        waits for READY: Triton unloads asynchronously."""
+        deadline = time.monotonic() + self.load_timeout
+        while set(versions) & set(ready_versions(target.model_states(), model)):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
     def apply(self, change: Change, before: Callable[[str], None] | None = None) -> Rollout:
         """Write ``change``'s config to the store once (None: delete it), then move every target,
@@ -172,6 +215,7 @@ class Fleet:
         checkpoint(f"config-written:{change.model}")
 
         def move(url: str) -> None:
+            self._remember(url)
             if before is not None:
                 before(url)
             self.move(url, change, rollout)

@@ -6,12 +6,14 @@ import getpass
 import json
 import logging
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.promote.environments import Environment
+from pipelines.promote.fanout import checkpoint
 from pipelines.promote.ports import Registry
 from pipelines.promote.reports import PromotionResult
-from registry.errors import MlregError
+from registry.errors import MlregError, PromotionError
 
 log = logging.getLogger(__name__)
 
@@ -76,3 +78,100 @@ def perf_metrics(result: PromotionResult) -> dict[str, float]:
             if isinstance(load, int | float):
                 found[f"{prefix}_load_seconds"] = float(load)
     return found
+
+
+# -- the record stage's MLflow writes, aliases last ------------------------------------------------
+
+
+@dataclass
+class RecordWrites:
+    """What the record stage changed in MLflow, so that a failure can put it back:
+    ``tags`` (model, version) -> the ``promoted_<env>`` value before (None: none), and
+    ``aliases`` model -> the version the alias named before (None: none), in the order moved."""
+
+    alias: str
+    tag: str
+    tags: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    aliases: dict[str, str | None] = field(default_factory=dict)
+    moved_to: dict[str, str] = field(default_factory=dict)
+
+    def tag_version(self, registry: Registry, model: str, version: str, stamp: str) -> None:
+        before = registry.version_tags(model, version).get(self.tag)
+        self.tags.setdefault((model, version), before)
+        registry.set_version_tag(model, version, self.tag, stamp)
+
+    def move_alias(self, registry: Registry, model: str, version: str) -> None:
+        before = registry.aliases(model).get(self.alias)
+        if before == version:
+            return
+        self.aliases.setdefault(model, before)
+        self.moved_to[model] = version
+        registry.set_alias(model, self.alias, version)
+        checkpoint(f"alias-moved:{model}")
+
+    def put_back(self, registry: Registry) -> tuple[list[str], list[str]]:
+        """Aliases back (newest first), then the tags; (what was put back, what could not be)."""
+        back: list[str] = []
+        left: list[str] = []
+        for model, before in reversed(list(self.aliases.items())):
+            was = f"alias '{self.alias}' of {model} (moved to v{self.moved_to[model]})"
+            try:
+                if before is None:
+                    registry.delete_alias(model, self.alias)
+                else:
+                    registry.set_alias(model, self.alias, before)
+                back.append(f"{was} back to {'none' if before is None else 'v' + before}")
+            except MlregError as exc:
+                left.append(f"{was} could not be put back to {before or 'none'}: {exc.message}")
+        for (model, version), value in self.tags.items():
+            try:
+                if value is None:
+                    registry.delete_version_tag(model, version, self.tag)
+                else:
+                    registry.set_version_tag(model, version, self.tag, value)
+            except MlregError as exc:
+                left.append(f"tag {self.tag} of {model} v{version} could not be removed: {exc.message}")
+        return back, left
+
+
+def failed_record(writes: RecordWrites, registry: Registry, exc: MlregError) -> PromotionError:
+    """The record stage's error: its MLflow writes put back, and exactly what moved said."""
+    back, left = writes.put_back(registry)
+    if not writes.aliases:
+        moved = "; ".join(["no MLflow alias was moved", *left])
+    elif not left:
+        moved = "the alias moves were put back: " + "; ".join(back)
+    else:
+        moved = "; ".join(back + left)
+    return PromotionError(
+        f"recording in MLflow failed: {exc.message}; {moved}",
+        fix=(exc.fix or "bring MLflow back")
+        + "; then promote the version that serves again: a rerun repairs its alias",
+    )
+
+
+def repair_record(registry: Registry, env: Environment, serving: dict[str, str]) -> list[str]:
+    """The no-op path: each ``model: version`` that serves has the environment's alias on it
+    (moved back when a failed record stage left it elsewhere), and no other version carries a
+    ``promoted_<env>`` tag newer than the serving one's (left by a failed attempt); what was
+    repaired, one line each.  MLflow unreachable: a warning, the no-op still holds."""
+    repaired: list[str] = []
+    tag = f"promoted_{env.name}"
+    try:
+        for model, version in serving.items():
+            current = registry.aliases(model).get(env.alias)
+            if current != version:
+                registry.set_alias(model, env.alias, version)
+                repaired.append(
+                    f"alias '{env.alias}' of {model} moved back to v{version} (was {current or 'none'})"
+                )
+            stamp = registry.version_tags(model, version).get(tag, "")
+            for other in registry.find_by_tag(model, tag, "%", like=True):
+                other_version = str(other.version)
+                value = dict(getattr(other, "tags", None) or {}).get(tag, "")
+                if other_version != version and value > stamp:
+                    registry.delete_version_tag(model, other_version, tag)
+                    repaired.append(f"tag {tag} of {model} v{other_version} (a failed attempt's) removed")
+    except MlregError as exc:
+        log.warning("could not check the '%s' aliases in MLflow: %s", env.alias, exc)
+    return repaired

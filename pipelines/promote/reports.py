@@ -157,6 +157,13 @@ class PromotionResult:
     error: str = ""
     rollback_error: str = ""
     run_id: str = ""
+    rollback: str = "not needed"  # "not needed" (nothing changed) | "succeeded" | "failed"
+    notes: list[str] = field(default_factory=list)  # what a failure left: the store's configs, locks
+
+    @property
+    def failed_stage(self) -> str:
+        """The stage that failed ("" when none did, or a lost lock stopped it between stages)."""
+        return next((s.stage for s in self.stages if s.status == "failed" and s.stage != "rollback"), "")
 
     @property
     def noop(self) -> bool:
@@ -179,6 +186,10 @@ class PromotionResult:
             "rolled_back": self.rolled_back,
             "error": self.error,
             "rollback_error": self.rollback_error,
+            "outcome": self.outcome,
+            "failed_stage": self.failed_stage,
+            "rollback": self.rollback,
+            "notes": self.notes,
             "promotion_run": self.run_id,
             "plan": self.plan.to_dict(),
             "stages": [s.to_dict() for s in self.stages],

@@ -121,6 +121,7 @@ class Promotion:
                 self._timed(ctx, Stage("retain", retention.retain, live=True))
         finally:
             ctx.close()
+        ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left
         ctx.result.ok = True
         return ctx.result
 
@@ -152,6 +153,8 @@ class Promotion:
     def _timed(self, ctx: PromotionContext, stage: Stage) -> None:
         began = time.perf_counter()
         try:
+            if stage.live:  # the locks' leases renewed; a lock lost (lease ran out) stops it here
+                ctx.store.renew_leases()
             report = stage.run(ctx)
         except BaseException as exc:
             self._tell(ctx, StageRecord(stage.name, "failed", time.perf_counter() - began, message_of(exc)))

@@ -16,6 +16,7 @@ import numpy as np
 from pipelines.promote import checks, quality, retention
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
+from pipelines.promote.deploy import check_serves_from_store
 from pipelines.promote.fanout import checkpoint
 from pipelines.promote.integrity import apply_repair, check_signatures, check_stored, publish_signature
 from pipelines.promote.plan import (
@@ -29,7 +30,7 @@ from pipelines.promote.plan import (
     serving_versions,
 )
 from pipelines.promote.ports import ServingTarget
-from pipelines.promote.record import record_promotion
+from pipelines.promote.record import RecordWrites, failed_record, record_promotion, repair_record
 from pipelines.promote.reports import (
     ConvertReport,
     NoopReport,
@@ -41,7 +42,7 @@ from pipelines.promote.reports import (
     VerifyReport,
 )
 from registry.contracts.config import CONFIG_NAME
-from registry.errors import PromotionError
+from registry.errors import MlregError, PromotionError
 from registry.settings import PROMOTIONS_EXPERIMENT
 
 # -- planning ----------------------------------------------------------------------------------
@@ -52,7 +53,10 @@ def resolve(ctx: PromotionContext) -> StageReport:
     needs one more model takes its lock and is made again); the no-op decided here, once."""
     plan = ctx.plan
     if not ctx.options.dry_run and already_serving(ctx, plan.model, plan.version):
-        ctx.noop = True  # the fast path: no lock, no MLflow
+        ctx.noop = True  # the fast path: no lock; MLflow only read (and its alias repaired)
+        ctx.result.notes.extend(
+            repair_record(ctx.registry, ctx.env, serving_pins(ctx, plan.model, plan.version))
+        )
         return NoopReport(plan.model, plan.version, ctx.env.name)
     _preconditions(ctx)
     assert plan.workdir is not None
@@ -66,7 +70,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
     while wanted:
         for name in sorted(wanted):
             if not ctx.options.dry_run:  # a plan only reads: it never waits for, nor blocks, others
-                ctx.locks.enter_context(ctx.store.lock(name, wait=0))
+                ctx.locks.enter_context(ctx.store.lock(name, ttl=ctx.settings.lock_lease, wait=0))
             held.add(name)
         plan = build_plan(
             ctx.registry,
@@ -85,6 +89,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
     if plan.noop:
         ctx.noop = True
         return NoopReport(plan.model, plan.version, ctx.env.name)
+    check_serves_from_store(ctx)  # before any live stage (the canary gate loads too)
     return ResolveReport([f"{s.model} v{s.version} ({s.role.value})" for s in plan.steps], sorted(held))
 
 
@@ -119,6 +124,14 @@ def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
     if not ctx.fleet.serve_exactly(wanted):
         return False
     return not any(_pins_astray(ctx, name, text) for name, text in ensembles_using(ctx, {model}).items())
+
+
+def serving_pins(ctx: PromotionContext, model: str, version: str) -> dict[str, str]:
+    """``model: version`` and, for an ensemble, each member at the version its store config pins."""
+    wanted = {model: version}
+    config = ctx.store.read_config(model) or ""
+    wanted.update({m: p for m, p in ensemble_pins(config).items() if int(p) > 0})
+    return wanted
 
 
 def _pins_registered(ctx: PromotionContext, model: str, version: str, config: str) -> bool:
@@ -389,18 +402,28 @@ def _smoke(ctx: PromotionContext, triton: ServingTarget, step: Step) -> None:
 
 
 def record(ctx: PromotionContext) -> RecordReport:
-    """Tags, then the aliases (they move last), then the promotion's run."""
+    """Every other MLflow write (ensemble versions, tags), then the aliases, all of them last;
+    on a failure the aliases already moved and the tags go back (``record.RecordWrites``) and the
+    error says exactly what moved; then the promotion's run."""
     plan = ctx.plan
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    for step in plan.steps:
-        version = step.version
-        if step.role is Role.ENSEMBLE:
-            folder = repointed_folder(ctx, step)
-            pins = ensemble_pins(step.config_text)
-            version = ctx.registry.register_version(
-                step.model, folder / "1", folder / "config.pbtxt", members=pins
-            )
-        ctx.registry.set_version_tag(step.model, version, f"promoted_{ctx.env.name}", stamp)
-        ctx.registry.set_alias(step.model, ctx.env.alias, version)  # the alias moves last
+    writes = RecordWrites(ctx.env.alias, f"promoted_{ctx.env.name}")
+    try:
+        versions: list[tuple[str, str]] = []
+        for step in plan.steps:
+            version = step.version
+            if step.role is Role.ENSEMBLE:
+                folder = repointed_folder(ctx, step)
+                pins = ensemble_pins(step.config_text)
+                version = ctx.registry.register_version(
+                    step.model, folder / "1", folder / "config.pbtxt", members=pins
+                )
+            writes.tag_version(ctx.registry, step.model, version, stamp)
+            versions.append((step.model, version))
+        checkpoint("record:aliases")
+        for model, version in versions:  # the aliases move last
+            writes.move_alias(ctx.registry, model, version)
+    except MlregError as exc:
+        raise failed_record(writes, ctx.registry, exc) from exc
     record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT)
     return RecordReport(ctx.env.alias, plan.model, plan.version, ctx.result.run_id)

@@ -263,7 +263,14 @@ def model_status(
     names = models or store.list_models()
     views = read_store(store, names)
     live, live_pins = probe_targets(settings, env, store, [m for m in names if views[m].is_ensemble])
+    if not models:  # what serves and what the alias names, though the store lost it, is drift too
+        names = sorted(set(names) | served_models(live) | aliased_models(registry, env.alias))
+        views.update(read_store(store, [m for m in names if m not in views]))
     aliases, mlflow_error = read_aliases(registry, names, env.alias)
+    if not models:
+        _ready_outside_index(
+            settings, live, {m: a for m, a in aliases.items() if a and m not in views_with_config(views)}
+        )
     rows = []
     for model in names:
         view, alias = views[model], aliases[model]
@@ -282,6 +289,8 @@ def model_status(
             "drift": drift(registry, env.alias, view, alias, folders, model, numbered)
             + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
         }
+        if view.config is None and (alias or any(f for f in folders.values() if not isinstance(f, str))):
+            row["drift"].insert(0, f"the store has no {model}/config.pbtxt" + _missing_detail(alias, folders))
         if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
             row["drift"].extend(signature_problems(store, registry, model, view.desired, env.signatures))
         if view.is_ensemble:
@@ -291,6 +300,56 @@ def model_status(
             row["drift"].extend(pin_drift(row["pins"], live_pins, model))
         rows.append(row)
     return rows
+
+
+def views_with_config(views: dict[str, StoreView]) -> set[str]:
+    return {m for m, v in views.items() if v.config is not None}
+
+
+def _ready_outside_index(settings: Settings, live: dict[str, Any], wanted: dict[str, str]) -> None:
+    """A model whose folder left the repository is gone from Triton's index but still loaded:
+    each ``model: version`` the alias names and the store lacks is asked for by name, and added to
+    ``live`` where it is READY."""
+    connect = triton_connector(settings)
+    for url, states in live.items():
+        if isinstance(states, str) or not wanted:
+            continue
+        target = connect(url)
+        try:
+            for model, version in wanted.items():
+                if model not in states and target.is_ready(model, version):
+                    states[model] = {version: "READY"}
+        except MlregError:
+            pass  # the target's own row says it is unreachable when it is
+        finally:
+            target.close()
+
+
+def served_models(live: dict[str, Any]) -> set[str]:
+    """Every model a reachable target's repository index lists with a READY version."""
+    return {
+        model
+        for states in live.values()
+        if not isinstance(states, str)
+        for model in states
+        if ready_versions(states, model)
+    }
+
+
+def aliased_models(registry: Registry, alias: str) -> set[str]:
+    """Every registered model ``alias`` names a version of (none when MLflow cannot say: the
+    alias column says why)."""
+    try:
+        return set(registry.alias_versions(alias))
+    except MlregError:
+        return set()
+
+
+def _missing_detail(alias: str, folders: Serving) -> str:
+    serving = sorted({v for f in folders.values() if not isinstance(f, str) for v in f}, key=int)
+    parts = [f"alias names v{alias}"] if alias else []
+    parts += [f"v{','.join(serving)} serves"] if serving else ["nothing serves it"]
+    return f" ({', '.join(parts)}): a restarted replica cannot load it"
 
 
 def history(registry: Registry, model: str, env: str | None) -> list[dict[str, Any]]:

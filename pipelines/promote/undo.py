@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipelines.promote.fanout import Change, Fleet
+from pipelines.promote.fanout import Change, Fleet, ready_versions
 from pipelines.promote.plan import Step, desired_config, ensemble_pins
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
@@ -152,16 +152,21 @@ class UndoLog:
             versions = list(entry.previous_versions) or ["1"]
             text = desired_config(entry.previous, versions, self.gpu, pins)
             change = Change(entry.model, text, tuple(versions))
+        kept = [u for u in entry.replicas if entry.previous is None and fleet.served_before(u, entry.model)]
         for url in entry.replicas:
-            _note(report, fleet.restore(url, change), "")
+            if url not in kept:  # what served there before this promotion is never unloaded
+                _note(report, fleet.restore(url, change), "")
         if entry.previous is None:
-            entry.replicas.clear()  # unloaded already
+            entry.replicas[:] = kept  # the others unloaded already; the kept ones checked later
 
     def _put_back(self, entry: Entry, fleet: Fleet, store: RepositoryStore, report: UndoReport) -> None:
         if entry.store:
             _note(report, _write_back(store, entry), "")
         back = entry.back()
         for url in entry.replicas:
+            if entry.previous is None and fleet.served_before(url, entry.model):
+                _keep(report, fleet, url, entry.model)  # never unload what served before
+                continue
             _note(report, fleet.restore(url, back), "")
         if entry.store or entry.replicas:
             report.restored.append(back.describe())
@@ -172,6 +177,26 @@ def _note(report: UndoReport, failure: str, done: str) -> None:
         report.failed.append(failure)
     elif done:
         report.restored.append(done)
+
+
+def _keep(report: UndoReport, fleet: Fleet, url: str, model: str) -> None:
+    """``model`` new to the store but served at ``url`` before this promotion (from another
+    repository): left loaded; the report says whether it still serves what it served."""
+    before = fleet.served_before(url, model)
+    try:
+        now = ready_versions(fleet.target(url).model_states(), model)
+    except MlregError as exc:
+        report.failed.append(f"{url}: {model} cannot be checked: {exc.message}")
+        return
+    if set(before) <= set(now):
+        report.restored.append(
+            f"{model} left as it served at {url} (v{','.join(before)}, not from this store)"
+        )
+    else:
+        report.failed.append(
+            f"{url}: {model} no longer serves v{','.join(before)} (it served it before this promotion, "
+            "from outside the environment's store)"
+        )
 
 
 def _write_back(store: RepositoryStore, entry: Entry) -> str:

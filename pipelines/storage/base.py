@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipelines.storage.lease import Lease, LockInfo, parse_lock
 from pipelines.storage.verify import MANIFEST, check_version, root_marker
 from registry.contracts.links import refuse_outside_links
 from registry.errors import StorageError
@@ -50,6 +51,7 @@ ROOT_MARKER = ".mlreg-root.json"  # written by `mlreg store init`: a file at the
 CONFIG = "config.pbtxt"
 NAME_PART = re.compile(r"^[0-9A-Za-z.\-_]+$")
 CHUNK = 1 << 20
+LEASE_S = 900.0  # a lock's lease; renewed every third of it while held
 Progress = Callable[[int], None]  # bytes just sent
 
 if TYPE_CHECKING:
@@ -223,29 +225,6 @@ class UploadResult:
         }
 
 
-@dataclass
-class LockInfo:
-    owner: str
-    expires_at: float
-
-    @property
-    def stale(self) -> bool:
-        """Expired, or held by a process of this machine that no longer runs (killed)."""
-        if time.time() > self.expires_at:
-            return True
-        host, _, pid = self.owner.rpartition("@")[2].partition(":")
-        if host == socket.gethostname() and pid.isdigit():
-            return not Path(f"/proc/{pid}").exists() or _zombie(int(pid))
-        return False
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] in {"Z", "X"}
-    except OSError:
-        return True
-
-
 def default_owner() -> str:
     return f"{os.environ.get('USER', 'user')}@{socket.gethostname()}:{os.getpid()}"
 
@@ -313,6 +292,11 @@ class RepositoryStore(ABC):
     def cache_key(self, key: str) -> str:
         """The object's key in the digest cache."""
 
+    def before_upload(self, prefix: str) -> None:
+        """Called before the first file of a version under ``prefix`` is sent (S3: incomplete
+        multipart uploads an interrupted push left there are aborted)."""
+        return None
+
     def outside_links(self, model: str, version: str) -> list[str]:
         """Links in the stored version that leave its model folder (only a local folder has links)."""
         return []
@@ -345,9 +329,6 @@ class RepositoryStore(ABC):
     def read_config(self, model: str) -> str | None:
         data = self.read(f"{check_part(model, 'model name')}/{CONFIG}")
         return None if data is None else data.decode("utf-8")
-
-    def write_config(self, model: str, text: str) -> None:
-        self.write(f"{check_part(model, 'model name')}/{CONFIG}", text.encode("utf-8"))
 
     def read_manifest(self, model: str, version: str) -> Manifest | None:
         data = self.read(f"{model}/{version}/{MANIFEST}")
@@ -461,6 +442,8 @@ class RepositoryStore(ABC):
                 if known == digest and self._stored_matches(key, digest, stamps):
                     result.skipped.append(rel)
                     continue
+                if not result.sent:
+                    self.before_upload(f"{model}/{version}/")
                 self.delete(f"{model}/{version}/{MANIFEST}")  # the version is incomplete from here
                 self.put_file(key, path, digest, progress)
                 result.sent.append(rel)
@@ -475,50 +458,144 @@ class RepositoryStore(ABC):
             self.write(f"{model}/{version}/{MANIFEST}", manifest.to_json().encode())
         return result
 
-    # -- locking -----------------------------------------------------------------------------
+    # -- locking (pipelines/storage/lease.py: the lease, renewed while held) ----------------------
+
+    def lock_state(self, key: str) -> tuple[bytes, str, float | None, float | None] | None:
+        """The lock object's bytes, its token, when the store last wrote it and the store's clock
+        now (epoch seconds; None where the store cannot tell: the host's clock is used then)."""
+        found = self.read_versioned(key)
+        return None if found is None else (found[0], found[1], None, None)
+
+    def lock_models(self) -> list[str]:
+        """Every model with a lock object at the root."""
+        return []
 
     def read_lock(self, model: str) -> LockInfo | None:
-        found = self.read_versioned(lock_key(model))
-        return None if found is None else _parse_lock(found[0])
+        found = self.lock_state(lock_key(model))
+        return None if found is None else parse_lock(model, *found)
+
+    def locks(self) -> list[LockInfo]:
+        """Every lock at the root, with its holder and its lease (the store's clock)."""
+        return [info for model in self.lock_models() if (info := self.read_lock(model)) is not None]
+
+    def unlock(self, model: str) -> LockInfo:
+        """Remove ``model``'s lock, only once its holder's lease ran out (or the holder, on this
+        machine, is gone); StorageError while the lease is alive."""
+        key = lock_key(check_part(model, "model name"))
+        found = self.lock_state(key)
+        if found is None:
+            raise StorageError(f"{self.uri}: model '{model}' is not locked", fix="nothing to do", model=model)
+        held = parse_lock(model, *found)
+        if not held.stale:
+            raise StorageError(
+                f"{self.uri}: model '{model}' is locked by {held.describe()}; its lease is alive",
+                fix="wait for that promotion to finish, or for its lease to run out (a holder that "
+                "stopped renewing it), then run 'mlreg store unlock' again",
+                model=model,
+                holder=held.owner,
+            )
+        self.delete_if_unchanged(key, found[1])
+        return held
+
+    def write_config(self, model: str, text: str) -> None:
+        """Written only while this process still holds ``model``'s lock, when it took it: the lease
+        is renewed first (compare-and-swap on the lock object), and a lost lock aborts the write."""
+        lease = self.leases.get(model)
+        if lease is not None:
+            lease.renew()
+        self.write(f"{check_part(model, 'model name')}/{CONFIG}", text.encode("utf-8"))
+        self.written_configs[model] = text
+
+    @property
+    def written_configs(self) -> dict[str, str]:
+        """The last config this store object wrote for each model (what a store that cannot be
+        read now lists, as far as this process knows)."""
+        if "_configs" not in self.__dict__:
+            self.__dict__["_configs"] = {}
+        return self.__dict__["_configs"]  # type: ignore[no-any-return]
+
+    def renew_leases(self) -> None:
+        """Renew every lease this store holds now; StorageError when one was lost."""
+        for lease in list(self.leases.values()):
+            lease.renew()
+
+    @property
+    def leases(self) -> dict[str, Lease]:
+        if "_leases" not in self.__dict__:
+            self.__dict__["_leases"] = {}
+        return self.__dict__["_leases"]  # type: ignore[no-any-return]
+
+    @property
+    def changed_keys(self) -> set[str]:
+        """Keys this store object wrote or deleted (or may have: the request reached the store)."""
+        if "_changed" not in self.__dict__:
+            self.__dict__["_changed"] = set()
+        return self.__dict__["_changed"]  # type: ignore[no-any-return]
+
+    def note_change(self, key: str) -> None:
+        """Called before each write or delete: refused under a model whose lock this store held
+        and lost (another holder's now: nothing of it is changed from here, a rollback included)."""
+        if key.startswith(LOCK_PREFIX):
+            return
+        lease = self.leases.get(key.split("/", 1)[0])
+        if lease is not None and lease.lost:
+            raise StorageError(f"{lease.lost}; '{key}' left as it is", fix="rerun the promotion", key=key)
+        self.changed_keys.add(key)
+
+    def changed_under(self, prefix: str) -> bool:
+        """Whether this store object changed anything under ``prefix`` (nothing: no rollback)."""
+        return any(key.startswith(prefix) for key in self.changed_keys)
+
+    @property
+    def lock_notes(self) -> list[str]:
+        """Locks this store could not release (the store unreachable): where each was left."""
+        if "_lock_notes" not in self.__dict__:
+            self.__dict__["_lock_notes"] = []
+        return self.__dict__["_lock_notes"]  # type: ignore[no-any-return]
 
     @contextmanager
     def lock(
-        self, model: str, owner: str | None = None, ttl: float = 900.0, wait: float = 0.0
-    ) -> Iterator[LockInfo]:
+        self, model: str, owner: str | None = None, ttl: float = LEASE_S, wait: float = 0.0
+    ) -> Iterator[Lease]:
         """Hold ``model``'s lock; wait up to ``wait`` seconds for another holder, take stale ones.
 
-        A stale lock (expired, or its holder on this machine is gone) is taken over with a
+        The lease (``ttl`` seconds, judged by the store's clock: the lock object's LastModified) is
+        renewed by a thread every third of it while held, and by every config write of the model.
+        A stale lock (lease run out, or its holder on this machine is gone) is taken over with a
         compare-and-swap on the lock object itself, so of two processes taking over the same
-        stale lock exactly one wins."""
+        stale lock exactly one wins.  A release that fails (the store unreachable) is noted in
+        ``lock_notes``, never raised: it must not hide what the holder was doing."""
         check_part(model, "model name")
-        me = LockInfo(owner or default_owner(), time.time() + ttl)
-        mine = json.dumps(me.__dict__).encode()
         key = lock_key(model)
+        lease = Lease(self, key, model, owner or default_owner(), ttl)
         deadline = time.monotonic() + wait
-        while not self.create(key, mine):
-            found = self.read_versioned(key)
+        while not self.create(key, lease.payload()):
+            found = self.lock_state(key)
             if found is None:
                 continue  # released meanwhile: race for it again
-            held = _parse_lock(found[0])
+            held = parse_lock(model, *found)
             if held.stale:
-                if self.replace(key, mine, found[1]):
+                if self.replace(key, lease.payload(), found[1]):
                     break  # taken over
                 continue
             if time.monotonic() >= deadline:
                 raise StorageError(
-                    f"{self.uri}: model '{model}' is locked by {held.owner} until "
-                    f"{time.strftime('%H:%M:%S', time.localtime(held.expires_at))}",
-                    fix="wait for that promotion to finish; a crashed holder's lock expires by itself",
+                    f"{self.uri}: model '{model}' is locked by {held.describe()}",
+                    fix="wait for that promotion to finish; a crashed holder's lock expires by itself "
+                    "(or 'mlreg store unlock MODEL' once its lease ran out)",
                     model=model,
                     holder=held.owner,
                 )
             time.sleep(0.2)
+        lease.held()
+        self.leases[model] = lease
         try:
-            yield me
+            yield lease
         finally:
-            found = self.read_versioned(key)
-            if found is not None and _parse_lock(found[0]).owner == me.owner:
-                self.delete_if_unchanged(key, found[1])  # not a lock taken over meanwhile
+            self.leases.pop(model, None)
+            note = lease.release()
+            if note:
+                self.lock_notes.append(note)
 
 
 def _differs(stored: Manifest, manifest: Manifest) -> bool:
@@ -528,11 +605,3 @@ def _differs(stored: Manifest, manifest: Manifest) -> bool:
         or stored.config != manifest.config
         or stored.recorded_digest != manifest.digest
     )
-
-
-def _parse_lock(data: bytes) -> LockInfo:
-    try:
-        raw = json.loads(data)
-        return LockInfo(str(raw["owner"]), float(raw["expires_at"]))
-    except (ValueError, KeyError, TypeError):
-        return LockInfo("(unreadable lock)", 0.0)  # stale: taken over by compare-and-swap

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -14,6 +16,7 @@ from typing import BinaryIO
 from pipelines.storage.base import (
     ARCHIVE,
     CHUNK,
+    LOCK_PREFIX,
     DigestCache,
     Progress,
     RepositoryStore,
@@ -50,17 +53,23 @@ class LocalStore(RepositoryStore):
             raise self._fail("read", key, exc) from exc
 
     def write(self, key: str, data: bytes) -> None:
+        """Atomic (a temporary file renamed over the old one); on any failure -- a full disk
+        included -- the temporary file is removed: Triton scans the model folder."""
         path = self._path(key)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        self.note_change(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
             tmp.write_bytes(data)
-            tmp.replace(path)  # atomic: readers see the old or the new file
+            os.replace(tmp, path)  # atomic: readers see the old or the new file
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise self._fail("write", key, exc) from exc
 
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
+        self.note_change(key)
         tmp = path.with_name(f".{path.name}.new{os.getpid()}.{secrets.token_hex(4)}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +126,7 @@ class LocalStore(RepositoryStore):
 
     def delete(self, key: str) -> None:
         path = self._path(key)
+        self.note_change(key)
         try:
             path.unlink(missing_ok=True)
         except IsADirectoryError:
@@ -146,6 +156,7 @@ class LocalStore(RepositoryStore):
         target = self._path(key)
         tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
         digest = hashlib.sha256()
+        self.note_change(key)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with path.open("rb") as src, tmp.open("wb") as dst:
@@ -207,6 +218,7 @@ class LocalStore(RepositoryStore):
             super().copy_object_to(key, dest, dest_key)
             return
         source, target = self._path(key), dest._path(dest_key)
+        dest.note_change(dest_key)
         tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -226,6 +238,7 @@ class LocalStore(RepositoryStore):
         if not isinstance(dest, LocalStore):
             return False
         source, target = self._path(f"{model}/{version}"), dest._path(f"{model}/{version}")
+        self.note_change(f"{model}/{version}/")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.exists():
@@ -237,6 +250,27 @@ class LocalStore(RepositoryStore):
         if model_folder.is_dir() and not any(model_folder.iterdir()):
             model_folder.rmdir()
         return True
+
+    def lock_state(self, key: str) -> tuple[bytes, str, float | None, float | None] | None:
+        """The lock file, its token, its mtime and this machine's clock (the folder's own)."""
+        path = self._path(key)
+        try:
+            with path.open("rb") as f:
+                fcntl.flock(f, fcntl.LOCK_SH)
+                data = f.read()
+                st = os.fstat(f.fileno())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._fail("read", key, exc) from exc
+        return data, _token(data, st.st_ino), st.st_mtime, time.time()
+
+    def lock_models(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name[len(LOCK_PREFIX) : -len(".json")] for p in self.root.glob(f"{LOCK_PREFIX}*.json")
+        )
 
     def outside_links(self, model: str, version: str) -> list[str]:
         folder = self._path(model)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ from pipelines.storage.base import (
     ARCHIVE,
     CHUNK,
     CONFIG,
+    LOCK_PREFIX,
     DigestCache,
     Progress,
     RepositoryStore,
@@ -35,7 +40,19 @@ AUTH_CODES = {
     "403",
     "InvalidClientTokenId",
     "ExpiredToken",
+    "ExpiredTokenException",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "RequestExpired",
 }
+TOKEN_CODES = {
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "RequestExpired",
+}
+CODE_IN_TEXT = re.compile(r"An error occurred \((\w+)\) when calling")
 EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 
 
@@ -88,19 +105,18 @@ class S3Store(RepositoryStore):
         from botocore.exceptions import ClientError, NoCredentialsError
 
         where = f"{self.uri} ({self.endpoint_url or 'AWS'})"
+        code, message = _error_code(exc)
+        if code in AUTH_CODES:
+            return StorageError(
+                f"{where}: credentials rejected while trying to {what} '{key}' ({code}: {message})",
+                fix=_credentials_fix(code),
+                key=key,
+            )
         if isinstance(exc, ClientError):
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            message = exc.response.get("Error", {}).get("Message", "") or code
             if code in {"NoSuchBucket"}:
                 return StorageError(
                     f"{where}: bucket '{self.bucket}' does not exist",
                     fix="create the bucket or correct the store URI",
-                    key=key,
-                )
-            if code in AUTH_CODES:
-                return StorageError(
-                    f"{where}: credentials rejected while trying to {what} '{key}' ({code}: {message})",
-                    fix="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile in use",
                     key=key,
                 )
             return StorageError(
@@ -128,6 +144,22 @@ class S3Store(RepositoryStore):
             return fn(*args, **kwargs)
         except (ClientError, BotoCoreError, Boto3Error) as exc:
             raise self._translate(what, key, exc) from exc
+
+    @contextmanager
+    def _changing(self, key: str) -> Iterator[None]:
+        """A write or delete of ``key``: noted as a change unless the request provably never
+        reached the store (refused connection, connect timeout)."""
+        from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+        known = key in self.changed_keys
+        self.note_change(key)
+        try:
+            yield
+        except Exception as exc:
+            cause = exc.__cause__ if isinstance(exc, StorageError) else exc
+            if isinstance(cause, (EndpointConnectionError, ConnectTimeoutError)) and not known:
+                self.changed_keys.discard(key)
+            raise
 
     @staticmethod
     def _missing(exc: Exception) -> bool:
@@ -157,7 +189,10 @@ class S3Store(RepositoryStore):
         return None if found is None else found[0]
 
     def write(self, key: str, data: bytes) -> None:
-        self._call("write", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
+        with self._changing(key):
+            self._call(
+                "write", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data
+            )
 
     def write_config(self, model: str, text: str) -> None:
         """Written so that its LastModified is later than the config it replaces: Triton (2.51) takes
@@ -183,6 +218,8 @@ class S3Store(RepositoryStore):
             if self._missing(exc):
                 return None
             raise self._translate("inspect", key, exc) from exc
+        except Exception as exc:
+            raise self._translate("inspect", key, exc) from exc
 
     def create(self, key: str, data: bytes) -> bool:
         return self._put_if(key, data, IfNoneMatch="*")
@@ -192,10 +229,13 @@ class S3Store(RepositoryStore):
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
+            with self._changing(key):
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
         except ClientError as exc:
             if self._missing(exc) or str(exc.response.get("Error", {}).get("Code")) in EXISTS_CODES:
                 return False
+            raise self._translate("write", key, exc) from exc
+        except Exception as exc:
             raise self._translate("write", key, exc) from exc
         return True
 
@@ -232,7 +272,8 @@ class S3Store(RepositoryStore):
             raise self._translate("delete", key, exc) from exc
 
     def delete(self, key: str) -> None:
-        self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
+        with self._changing(key):
+            self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
 
     def delete_version(self, model: str, version: str) -> None:
         """Batched (DeleteObjects): the files, then the manifest (an interrupted delete is incomplete)."""
@@ -243,6 +284,7 @@ class S3Store(RepositoryStore):
                 objects = [{"Key": self._key(k)} for k in batch[start : start + 1000]]
                 if not objects:
                     continue
+                self.changed_keys.update(batch[start : start + 1000])
                 found = self._call(
                     "delete",
                     batch[start],
@@ -308,6 +350,7 @@ class S3Store(RepositoryStore):
             return
         source = {"Bucket": self.bucket, "Key": self._key(key)}
         target = {"Bucket": dest.bucket, "Key": dest._key(dest_key)}
+        dest.note_change(dest_key)
         if size is not None and size < COPY_PART:
             self._call("copy", key, self.client.copy_object, CopySource=source, **target)
             return
@@ -326,17 +369,23 @@ class S3Store(RepositoryStore):
             use_threads=True,
         )
         size = path.stat().st_size
-        self._call(
-            "upload",
-            key,
-            self.client.upload_file,
-            str(path),
-            self.bucket,
-            self._key(key),
-            ExtraArgs={"Metadata": {"sha256": sha256}},
-            Callback=progress,
-            Config=config,
-        )
+        try:
+            with self._changing(key):
+                self._call(
+                    "upload",
+                    key,
+                    self.client.upload_file,
+                    str(path),
+                    self.bucket,
+                    self._key(key),
+                    ExtraArgs={"Metadata": {"sha256": sha256}},
+                    Callback=progress,
+                    Config=config,
+                )
+        except StorageError:
+            if size >= MULTIPART_CHUNK:
+                self._abort_uploads(key)  # parts of an interrupted multipart upload are billed
+            raise
         head = self._call("verify", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
         if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha256:
             raise StorageError(
@@ -424,3 +473,87 @@ class S3Store(RepositoryStore):
             found["ContentLength"], found["ETag"], found.get("VersionId"), found["LastModified"]
         )
         return digest.hexdigest(), stamp
+
+    # -- incomplete multipart uploads ------------------------------------------------------------
+
+    def before_upload(self, prefix: str) -> None:
+        """Abort the multipart uploads an earlier, interrupted upload under ``prefix`` left behind
+        (S3 keeps, and bills, their parts until aborted): the caller holds the model's lock."""
+        self._abort_uploads(prefix, quiet=False)
+
+    def _abort_uploads(self, prefix: str, quiet: bool = True) -> list[str]:
+        """Abort every incomplete multipart upload of a key starting with ``prefix``; best effort
+        when ``quiet`` (after a failure the store may be unreachable: the next upload retries)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        aborted: list[str] = []
+        try:
+            found = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self._key(prefix))
+            for upload in found.get("Uploads", []):
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+                aborted.append(self._rel(upload["Key"]))
+        except (ClientError, BotoCoreError) as exc:
+            if not quiet:
+                raise self._translate("abort the incomplete uploads under", prefix, exc) from exc
+            log.info("incomplete uploads under %s not aborted now: %s", prefix, exc)
+        if aborted:
+            log.info("aborted incomplete multipart uploads: %s", ", ".join(aborted))
+        return aborted
+
+    # -- locks -----------------------------------------------------------------------------------
+
+    def lock_state(self, key: str) -> tuple[bytes, str, float | None, float | None] | None:
+        """The lock object, its ETag, its LastModified and the server's clock (the response's Date)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            found = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            data = bytes(found["Body"].read())
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise self._translate("read", key, exc) from exc
+        except Exception as exc:
+            raise self._translate("read", key, exc) from exc
+        return data, str(found["ETag"]), found["LastModified"].timestamp(), _server_now(found)
+
+    def lock_models(self) -> list[str]:
+        base = self._key(LOCK_PREFIX)
+        found = self._call("list", LOCK_PREFIX, self.client.list_objects_v2, Bucket=self.bucket, Prefix=base)
+        keys = [self._rel(o["Key"]) for o in found.get("Contents", [])]
+        return sorted(
+            k[len(LOCK_PREFIX) : -len(".json")] for k in keys if k.endswith(".json") and "/" not in k
+        )
+
+
+def _server_now(response: dict[str, Any]) -> float | None:
+    """The server's clock when it answered (the HTTP Date header), None when it sent none."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date).timestamp() if date else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _error_code(exc: Exception) -> tuple[str, str]:
+    """S3's error code and message: from a ClientError, or from the text boto3's transfer errors
+    (S3UploadFailedError) carry it in."""
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        return code, str(error.get("Message", "") or code)
+    found = CODE_IN_TEXT.search(str(exc))
+    return (found.group(1), str(exc)) if found else ("", str(exc))
+
+
+def _credentials_fix(code: str) -> str:
+    if code in TOKEN_CODES:
+        return (
+            "the session token is invalid or expired: get fresh credentials (aws sso login, a new "
+            "AWS_SESSION_TOKEN, or the role's refreshed profile), then rerun"
+        )
+    return "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile in use, then rerun"

@@ -30,6 +30,7 @@ from registry.errors import MlregError, RegistryError
 from registry.lineage import VERSION_FOLDER
 from registry.mlflow import rest, sqlite
 from registry.mlflow.deployments import deployments_of, describe_deployments
+from registry.mlflow.disk import disk_full_error, is_disk_full, remove_local
 from registry.mlflow.environ import ENVIRON, global_tracking_uri
 from registry.mlflow.model import EXPORTS_EXPERIMENT, PROMOTIONS_EXPERIMENT, LoggedTritonModel
 from registry.register import Candidate, register
@@ -76,6 +77,8 @@ class MlflowRegistry:
         if self._client is None:
             for noisy in ("mlflow", "alembic"):
                 logging.getLogger(noisy).setLevel(logging.WARNING)
+            if not self.settings.debug:  # it logs the traceback of a database error _call translates
+                logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
             if self.uri.startswith("sqlite:///"):
                 Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
             from mlflow.tracking import MlflowClient  # heavy (seconds): imported on the first call
@@ -92,7 +95,17 @@ class MlflowRegistry:
         try:
             with self._environ(), contextlib.redirect_stdout(sys.stderr):  # "View run at" lines
                 return fn()
-        except MlflowException as exc:
+        except Exception as exc:
+            if is_disk_full(exc):  # before any other reading: sqlite's or the artifact folder's
+                raise disk_full_error(exc, self.local_root, f"MLflow {what}") from exc
+            if not isinstance(exc, MlflowException | OSError):
+                raise
+            raise self._translated(what, exc) from exc
+
+    def _translated(self, what: str, exc: Exception) -> RegistryError:
+        from mlflow.exceptions import MlflowException
+
+        if isinstance(exc, MlflowException):
             code = getattr(exc, "error_code", "") or ""
             message = exc.message if hasattr(exc, "message") else str(exc)
             if "RESOURCE_DOES_NOT_EXIST" in code:
@@ -105,16 +118,15 @@ class MlflowRegistry:
                 fix = f"check the tracking server at {self.uri} is up (MLFLOW_TRACKING_URI)"
             else:
                 fix = "read the message above"
-            raise RegistryError(
+            return RegistryError(
                 f"MLflow ({redact_uri(self.uri)}): {what} failed: {message.splitlines()[0]}",
                 fix=fix,
                 code=code,
-            ) from exc
-        except OSError as exc:  # requests' ConnectionError is an OSError
-            raise RegistryError(
-                f"MLflow ({redact_uri(self.uri)}): {what} failed: {exc}",
-                fix=f"check the tracking server at {self.uri} is up",
-            ) from exc
+            )
+        return RegistryError(  # requests' ConnectionError is an OSError
+            f"MLflow ({redact_uri(self.uri)}): {what} failed: {exc}",
+            fix=f"check the tracking server at {self.uri} is up",
+        )
 
     def ping(self) -> None:
         """Raise RegistryError unless the registry answers: a tracking server within
@@ -176,17 +188,47 @@ class MlflowRegistry:
     def finish_run(self, run_id: str, ok: bool) -> None:
         self._call("run update", lambda: self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED"))
 
+    @property
+    def local_root(self) -> Path:
+        """Where a local registry writes (the sqlite file's folder), else the state folder."""
+        if self.uri.startswith("sqlite:///"):
+            return Path(self.uri.removeprefix("sqlite:///")).parent
+        return self.settings.home
+
     def discard_run(self, run_id: str) -> None:
-        """Best effort: a run whose version was not created must not linger as a success."""
-        try:
-            with self._environ():
-                self.client.set_tag(run_id, "mlreg_orphaned", "true")
-                self.client.set_terminated(run_id, "FAILED")
-                self.client.delete_run(run_id)
-                if run_id in self._logged:
-                    self.client.delete_logged_model(self._logged.pop(run_id))
-        except Exception as exc:
-            log.warning("could not clean up run %s: %s", run_id, exc)
+        """Best effort: a run whose version was not created must not linger as a success.  Its
+        local artifacts go first (on a full disk they free the space the database needs), then the
+        logged model ends FAILED and is deleted, and the run ends FAILED and is deleted."""
+        self.client  # noqa: B018 - imports MLflow under the lock (see _call)
+        model_id = self._logged.pop(run_id, None)
+        with self._environ():
+            for step, work in (
+                ("artifacts", lambda: self._remove_artifacts(run_id, model_id)),
+                ("logged model", lambda: self._discard_model(model_id)),
+                ("run", lambda: self._end_failed(run_id)),
+            ):
+                try:
+                    work()
+                except Exception as exc:
+                    log.warning("could not clean up the %s of run %s: %s", step, run_id, exc)
+
+    def _remove_artifacts(self, run_id: str, model_id: str | None) -> None:
+        remove_local(self.client.get_run(run_id).info.artifact_uri)
+        if model_id:
+            remove_local(self.client.get_logged_model(model_id).artifact_location)
+
+    def _discard_model(self, model_id: str | None) -> None:
+        if not model_id:
+            return
+        from mlflow.entities import LoggedModelStatus
+
+        self.client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
+        self.client.delete_logged_model(model_id)
+
+    def _end_failed(self, run_id: str) -> None:
+        self.client.set_tag(run_id, "mlreg_orphaned", "true")
+        self.client.set_terminated(run_id, "FAILED")
+        self.client.delete_run(run_id)
 
     def artifact_uri(self, run_id: str) -> str:
         return str(self._call("run lookup", lambda: self.client.get_run(run_id)).info.artifact_uri)
@@ -343,6 +385,9 @@ class MlflowRegistry:
 
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         self._call("tag update", lambda: self.client.set_model_version_tag(name, version, key, value))
+
+    def delete_version_tag(self, name: str, version: str, key: str) -> None:
+        self._call("tag removal", lambda: self.client.delete_model_version_tag(name, version, key))
 
     def register_version(
         self,

@@ -132,6 +132,15 @@ class FakeRegistry:
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         self.tags[(name, version)][key] = value
 
+    def delete_alias(self, name: str, alias: str) -> None:
+        self.alias_map.get(name, {}).pop(alias, None)
+
+    def delete_version_tag(self, name: str, version: str, key: str) -> None:
+        self.tags[(name, version)].pop(key, None)
+
+    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
+        return [self.version(m, v) for (m, v), tags in self.tags.items() if m == name and key in tags]
+
     def record_deployment(
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
     ) -> None:

@@ -1,0 +1,314 @@
+"""Faults of the parts a promotion records into (issue 26, items 1, 2, 4, 6, 7), on real parts:
+a real ``mlflow server`` stopped at a pause point of the record stage, a real tritonserver over the
+local store, and a real tmpfs under ``MLREG_HOME`` for the full disk.
+
+One module-scoped stack (the server, Triton, one model in two versions), used in file order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mlreg.service import environment
+from pipelines.devstack.local_mlflow import MlflowServer, start_mlflow, stop_mlflow
+from pipelines.devstack.stack import stack_down, stack_up
+from pipelines.promote.fanout import PAUSE_VARIABLE, RESUME_VARIABLE
+from pipelines.promote.plan import serving_versions
+from pipelines.promote.reports import PromotionResult
+from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.status import model_status
+from pipelines.storage import open_store
+from pipelines.triton import TritonControl
+from registry.errors import PromotionError, RegistryError
+from registry.mlflow import MlflowRegistry
+from registry.register import find_candidate, register
+from registry.settings import Settings
+from tests.conftest import ROOT, TEMPLATE
+
+pytestmark = pytest.mark.integration
+
+MODEL = "table_data_preprocess"
+ONE_HOT = "return (flat == VOCAB[np.newaxis, :]).astype(np.float32)"
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    registry: MlflowRegistry
+    url: str
+    env_vars: dict[str, str]
+    mlflow: MlflowServer
+    mlflow_process: subprocess.Popen[bytes]
+    mlflow_root: Path
+
+    def promote(self, version: str, env_name: str = "local", **changes: object) -> PromotionResult:
+        env = dataclasses.replace(environment(self.settings, env_name), **changes)  # type: ignore[arg-type]
+        return Promotion(self.settings, env, self.registry, Options()).run(MODEL, version)
+
+    def serving(self, model: str = MODEL) -> list[str]:
+        with TritonControl(self.url) as triton:
+            states = triton.model_states().get(model, {})
+        return sorted((v for v, s in states.items() if s == "READY"), key=int)
+
+    def desired(self) -> list[str]:
+        return serving_versions(open_store(self.settings.local_repository).read_config(MODEL))
+
+    def alias(self) -> str | None:
+        return self.registry.aliases(MODEL).get("local")
+
+    def tags(self, version: str) -> dict[str, str]:
+        return self.registry.version_tags(MODEL, version)
+
+    def stop_mlflow(self) -> None:
+        stop_mlflow(self.mlflow.pid, self.mlflow_process)
+
+    def start_mlflow(self) -> None:
+        root = self.mlflow_root
+        self.mlflow, self.mlflow_process = start_mlflow(
+            f"sqlite:///{root / 'mlflow.db'}",
+            root / "artifacts",
+            root / "mlflow.log",
+            serve_artifacts=True,
+            port=self.mlflow.port,
+        )
+
+
+def _version(folder: Path, mark: str) -> Path:
+    shutil.copytree(TEMPLATE / MODEL, folder)
+    code = folder / "1" / "model.py"
+    code.write_text(code.read_text().replace(ONE_HOT, f"{ONE_HOT}  # {mark}"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    base = tmp_path_factory.mktemp("faults-registry")
+    root = base / "mlflow-server"
+    root.mkdir()
+    server, process = start_mlflow(
+        f"sqlite:///{root / 'mlflow.db'}", root / "artifacts", root / "mlflow.log", serve_artifacts=True
+    )
+    env_vars = {
+        "MLREG_HOME": str(base / ".mlreg"),
+        "MLFLOW_TRACKING_URI": server.url,
+        "MLREG_MLFLOW_TIMEOUT": "5",
+    }
+    settings = Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]})
+    settings.local_repository.mkdir(parents=True)
+    stack_up(settings, ui=False)
+    registry = MlflowRegistry(settings)
+    made = Stack(settings, registry, "", env_vars, server, process, root)
+    try:
+        for mark in ("v1", "v2"):
+            register(registry, find_candidate(_version(base / mark / MODEL, mark)))
+        env = environment(settings, "local")
+        made.url = env.targets[0]
+        yield made
+    finally:
+        stack_down(settings)
+        made.stop_mlflow()
+
+
+def _paused_promote(stack: Stack, point: str, version: str, at_pause: object) -> tuple[int, str]:
+    """``mlreg promote`` run until the test hook pauses it at ``point``; ``at_pause()`` runs there,
+    then the promotion goes on.  Returns its exit code and stderr."""
+    resume = stack.mlflow_root / f"resume-{point.replace(':', '-')}"
+    env = {**os.environ, **stack.env_vars, PAUSE_VARIABLE: point, RESUME_VARIABLE: str(resume)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlreg", "promote", MODEL, "--version", version, "--env", "local"],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    lines = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith(f"mlreg-test: paused at {point}"):
+                break
+        else:
+            raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
+        at_pause()  # type: ignore[operator]
+        resume.touch()
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, "".join(lines) + err
+
+
+def test_first_deployment_and_a_swap_wait_for_the_retired_version(stack: Stack) -> None:
+    """Item 6: the swap returns only once the retired version is unloaded; a rerun says "already
+    serves", never "retired v1" while v1 serves."""
+    stack.promote("1")
+    assert (stack.serving(), stack.desired(), stack.alias()) == (["1"], ["1"], "1")
+    result = stack.promote("2")
+    assert "retired table_data_preprocess v1" in " ".join(s.detail for s in result.stages)
+    assert stack.serving() == ["2"]  # read the moment the promotion returned: v1 is gone already
+    assert (stack.desired(), stack.alias()) == (["2"], "2")
+    again = stack.promote("2")
+    assert again.noop
+    assert stack.serving() == ["2"]
+
+
+def test_mlflow_down_at_the_record_stage_moves_no_alias_and_a_rerun_repairs_the_tags(stack: Stack) -> None:
+    """Item 2: the real MLflow server stopped after the record stage's tags, before the alias: the
+    promotion of v1 fails, serving is rolled back to v2, the alias still names v2 and the message
+    says what moved; the version tag the failed attempt left (MLflow was down, it could not be
+    removed) is removed by a rerun of the serving version, which repairs the record."""
+    assert stack.alias() == "2"
+    stamp_v1 = stack.tags("1").get("promoted_local")
+
+    code, err = _paused_promote(stack, "record:aliases", "1", stack.stop_mlflow)
+    stack.start_mlflow()
+    assert code == 8, err
+    assert "Traceback" not in err
+    assert "recording in MLflow failed" in err, err
+    assert "no MLflow alias was moved" in err, err
+    assert "the MLflow alias was not moved" not in err  # the old, generic claim
+    assert (stack.serving(), stack.desired()) == (["2"], ["2"])
+    assert stack.alias() == "2"
+    left = stack.tags("1").get("promoted_local")  # MLflow was down: the tag could not be put back
+    assert left != stamp_v1
+
+    again = stack.promote("2")
+    assert again.noop
+    assert any("promoted_local of table_data_preprocess v1" in n for n in again.notes), again.notes
+    assert "promoted_local" not in stack.tags("1")
+    assert (stack.serving(), stack.desired(), stack.alias()) == (["2"], ["2"], "2")
+
+
+def test_an_alias_moved_by_a_failed_attempt_is_repaired_by_the_no_op_rerun(stack: Stack) -> None:
+    """Item 2, the no-op path: the alias names v1 (what a failed record left before) while v2
+    serves; a rerun of v2 says it already serves and moves the alias back."""
+    stack.registry.set_alias(MODEL, "local", "1")
+    result = stack.promote("2")
+    assert result.noop
+    assert any("alias 'local' of table_data_preprocess moved back to v2" in n for n in result.notes)
+    assert (stack.alias(), stack.serving()) == ("2", ["2"])
+
+
+def test_status_sees_a_model_the_store_lost_that_serves_and_the_alias_names(stack: Stack) -> None:
+    """Item 1: the store's folder deleted (a recreated bucket): status is drift, not clean; one
+    promotion of the serving version puts the store back and status is clean again."""
+    env = environment(stack.settings, "local")
+    shutil.rmtree(stack.settings.local_repository / MODEL)
+    rows = {r["model"]: r for r in model_status(stack.settings, env, stack.registry)}
+    row = rows[MODEL]
+    assert row["drift"], row
+    assert row["drift"][0].startswith(f"the store has no {MODEL}/config.pbtxt (alias names v2, v2 serves)")
+    with TritonControl(stack.url) as triton:  # gone from the repository index, still loaded
+        assert triton.is_ready(MODEL, "2")
+
+    stack.promote("2")
+    rows = {r["model"]: r for r in model_status(stack.settings, env, stack.registry)}
+    assert rows[MODEL]["drift"] == []
+    assert (stack.serving(), stack.desired(), stack.alias()) == (["2"], ["2"], "2")
+
+
+def test_a_store_the_targets_do_not_serve_from_is_refused_and_never_unloads(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Item 4: an environment whose store is another folder (a copy-paste mistake) holding another
+    model: the pre-deploy check refuses (the target's repository index lists none of the store's
+    models); what serves, the store and the alias are untouched."""
+    other = tmp_path / "other-store"
+    shutil.copytree(TEMPLATE / "image_preprocess", other / "image_preprocess")
+    with pytest.raises(PromotionError, match="does not serve from the store"):
+        stack.promote("1", store=str(other))
+    assert (stack.serving(), stack.desired(), stack.alias()) == (["2"], ["2"], "2")
+
+    assert stack.promote("2").noop  # the rerun on the right store: nothing to do
+
+
+def _mount_tmpfs(folder: Path, size: str) -> bool:
+    folder.mkdir(parents=True)
+    for command in (["mount"], ["sudo", "-n", "mount"]):
+        if shutil.which(command[0]) is None:
+            continue
+        done = subprocess.run(
+            [*command, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=False
+        )
+        if done.returncode == 0:
+            return True
+    return False
+
+
+def _umount(folder: Path) -> None:
+    """Lazily: this process's MLflow client may still hold the database open."""
+    for command in (["umount", "-l"], ["sudo", "-n", "umount", "-l"]):
+        if shutil.which(command[0]) is None:
+            continue
+        if subprocess.run([*command, str(folder)], check=False, capture_output=True).returncode == 0:
+            return
+
+
+def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: Path) -> None:
+    """Item 7 on a real full disk: a 6 MB tmpfs under MLREG_HOME (mounted as root, or with
+    passwordless sudo as on GitHub's runners).  A 3 MB artifact after a 5 MB one: "disk full at
+    MLREG_HOME", no traceback, the partial artifact removed, the run and the logged model FAILED
+    and deleted; once space is back the same register works."""
+    home = tmp_path / "home"
+    if not _mount_tmpfs(home, "6m"):
+        pytest.fail("cannot mount a tmpfs (needs root or passwordless sudo): the disk-full test needs one")
+    try:
+        env = {**os.environ, "MLREG_HOME": str(home)}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        env.pop("MLREG_DEBUG", None)
+
+        def mlreg(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "mlreg", "register", name, str(folder)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+
+        big = _version(tmp_path / "big" / MODEL, "big")
+        (big / "1" / "weights.bin").write_bytes(os.urandom(5_000_000))
+        assert mlreg(MODEL, big).returncode == 0
+        full = _version(tmp_path / "full" / MODEL, "full")
+        (full / "1" / "weights.bin").write_bytes(os.urandom(3_000_000))
+        failed = mlreg(MODEL, full)
+        assert failed.returncode == RegistryError.exit_code, failed.stderr
+        assert "Traceback" not in failed.stderr
+        assert f"error: disk full at {home}" in failed.stderr, failed.stderr
+        assert "tracking server" not in failed.stderr
+        leftovers = [p for p in home.rglob("weights.bin")]
+        assert len(leftovers) == 1, leftovers  # only the first registration's
+
+        settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
+        client = MlflowRegistry(settings).client
+        runs = client.search_runs(
+            [e.experiment_id for e in client.search_experiments()],
+            run_view_type=3,  # ALL
+        )
+        failed_runs = [r for r in runs if r.info.status == "FAILED"]
+        assert len(failed_runs) == 1
+        assert failed_runs[0].info.lifecycle_stage == "deleted"
+        assert not [r for r in runs if r.info.status == "RUNNING"]
+
+        leftovers[0].unlink()  # space back
+        again = mlreg(MODEL, full)
+        assert again.returncode == 0, again.stderr
+        assert "registered version 2" in again.stdout
+    finally:
+        _umount(home)

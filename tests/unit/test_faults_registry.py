@@ -1,0 +1,127 @@
+"""The pure parts of issue 26's items 1, 2 and 7: a full disk recognised, the record stage's
+writes put back, the no-op's alias repair, status over what serves and what the alias names."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from pipelines.promote.ports import Registry
+from pipelines.promote.record import RecordWrites, failed_record, repair_record
+from pipelines.promote.status import _missing_detail, served_models
+from registry.errors import RegistryError
+from registry.mlflow.disk import disk_full_error, is_disk_full
+
+
+class Registered:
+    """Aliases and version tags in memory; ``down`` makes every call fail as MLflow down does."""
+
+    def __init__(self) -> None:
+        self.alias_map: dict[str, dict[str, str]] = {}
+        self.tags: dict[tuple[str, str], dict[str, str]] = {}
+        self.down = False
+        self.fail_on: set[str] = set()
+
+    def _check(self, what: str) -> None:
+        if self.down or what in self.fail_on:
+            raise RegistryError(f"MLflow: {what} failed: connection refused")
+
+    def aliases(self, name: str) -> dict[str, str]:
+        self._check("aliases")
+        return dict(self.alias_map.get(name, {}))
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        self._check(f"set_alias {name}")
+        self.alias_map.setdefault(name, {})[alias] = version
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self._check("delete_alias")
+        self.alias_map.get(name, {}).pop(alias, None)
+
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        self._check("tags")
+        return dict(self.tags.get((name, version), {}))
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        self._check("set_tag")
+        self.tags.setdefault((name, version), {})[key] = value
+
+    def delete_version_tag(self, name: str, version: str, key: str) -> None:
+        self._check("delete_tag")
+        self.tags.get((name, version), {}).pop(key, None)
+
+    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
+        return [
+            SimpleNamespace(version=v, tags=t) for (m, v), t in self.tags.items() if m == name and key in t
+        ]
+
+
+def test_enospc_and_sqlites_full_database_are_one_disk_full_error(tmp_path: Path) -> None:
+    inner = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x" / "f"))
+    wrapped = RuntimeError("MLflow wrapped it")
+    wrapped.__cause__ = inner
+    assert is_disk_full(wrapped)
+    error = disk_full_error(wrapped, tmp_path, "MLflow artifact upload")
+    assert error.message == f"disk full at {tmp_path}: MLflow artifact upload failed"
+    assert "free space" in (error.fix or "")
+    assert is_disk_full(sqlite3.OperationalError("database or disk is full"))
+    assert not is_disk_full(OSError(errno.ECONNREFUSED, "Connection refused"))
+
+
+def test_a_failed_alias_move_puts_back_the_moved_aliases_and_tags_and_says_what_moved() -> None:
+    registry = Registered()
+    registry.alias_map = {"member": {"s3": "8"}, "ens": {"s3": "3"}}
+    registry.tags[("member", "5")] = {}
+    writes = RecordWrites("s3", "promoted_s3")
+    reg = cast(Registry, registry)
+    writes.tag_version(reg, "member", "5", "2026-12-04T10:00:00Z")
+    writes.move_alias(reg, "member", "5")
+    registry.fail_on.add("set_alias ens")
+    with pytest.raises(RegistryError) as info:
+        writes.move_alias(reg, "ens", "4")
+    registry.fail_on.clear()
+    error = failed_record(writes, reg, info.value)
+    assert registry.alias_map == {"member": {"s3": "8"}, "ens": {"s3": "3"}}
+    assert "promoted_s3" not in registry.tags[("member", "5")]
+    assert "alias 's3' of member (moved to v5) back to v8" in error.message
+
+
+def test_mlflow_down_leaves_the_moves_named_in_the_error() -> None:
+    registry = Registered()
+    registry.alias_map = {"member": {"s3": "8"}}
+    writes = RecordWrites("s3", "promoted_s3")
+    reg = cast(Registry, registry)
+    writes.move_alias(reg, "member", "5")
+    registry.down = True
+    error = failed_record(writes, reg, RegistryError("MLflow: alias update failed"))
+    assert "alias 's3' of member (moved to v5) could not be put back to 8" in error.message
+    assert "a rerun repairs its alias" in (error.fix or "")
+
+
+def test_the_no_op_repairs_the_alias_and_a_failed_attempts_tag() -> None:
+    registry = Registered()
+    registry.alias_map = {"member": {"s3": "5"}}
+    registry.tags[("member", "8")] = {"promoted_s3": "2026-12-04T09:00:00Z"}
+    registry.tags[("member", "5")] = {"promoted_s3": "2026-12-04T10:00:00Z"}  # the failed attempt's
+    registry.tags[("member", "2")] = {"promoted_s3": "2026-12-01T10:00:00Z"}  # history: kept
+    env = SimpleNamespace(name="s3", alias="s3")
+    notes = repair_record(cast(Registry, registry), env, {"member": "8"})  # type: ignore[arg-type]
+    assert registry.alias_map["member"]["s3"] == "8"
+    assert "promoted_s3" not in registry.tags[("member", "5")]
+    assert registry.tags[("member", "2")] == {"promoted_s3": "2026-12-01T10:00:00Z"}
+    assert notes[0] == "alias 's3' of member moved back to v8 (was 5)"
+
+
+def test_status_takes_what_serves_and_says_what_the_store_lacks() -> None:
+    live: dict[str, Any] = {
+        "a:8001": {"scorer": {"5": "READY"}, "old": {"": ""}},
+        "b:8001": "unreachable: refused",
+    }
+    assert served_models(live) == {"scorer"}
+    detail = _missing_detail("5", {"a:8001": ["5"], "b:8001": "unreachable"})
+    assert detail == " (alias names v5, v5 serves): a restarted replica cannot load it"
