@@ -332,12 +332,19 @@ def test_an_unknown_version_is_refused_with_one_json_document(stack: Stack) -> N
     assert "Traceback" not in err
 
 
+def _interruptible() -> None:
+    """The child takes SIGINT as a user's Ctrl-C even when this run started as a background job: a
+    shell starts those with SIGINT ignored, the children inherit it, and Python then never raises
+    KeyboardInterrupt (a clean-clone run launched with ``cmd &`` hung here for exactly that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _paused_cli(stack: Stack, point: str, *args: str, sig: int = signal.SIGKILL) -> tuple[int, str]:
     """Run ``mlreg`` until the test hook pauses it at ``point``, then send ``sig``: SIGKILL to its
     process group (a crash), or SIGINT/SIGTERM to the mlreg process alone (an operator).  Returns
     the exit code and what it wrote on stderr."""
     env = {PAUSE_VARIABLE: point, "PYTHONFAULTHANDLER": "1"}  # SIGABRT dumps every thread's stack
-    proc = _cli(stack, *args, start_new_session=True, env_extra=env)
+    proc = _cli(stack, *args, start_new_session=True, env_extra=env, preexec_fn=_interruptible)
     lines = []
     try:
         assert proc.stderr is not None
