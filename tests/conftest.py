@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
+import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from registry.settings import QUIET_TENSORFLOW
+
+if TYPE_CHECKING:
+    from registry import template
 
 for _key, _value in QUIET_TENSORFLOW.items():  # TensorFlow imported by tests stays quiet, as in the CLI
     os.environ.setdefault(_key, _value)
@@ -65,14 +74,44 @@ class TritonPythonModel:
 '''
 
 
+@contextlib.contextmanager
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[Path, bool]]:
+    """A folder made once per test run, however many pytest-xdist workers ask: ``(folder, first)``,
+    the first asker (under a lock the others wait on) makes its content."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:  # one process: a folder of its own
+        yield tmp_path_factory.mktemp(name), True
+        return
+    root = tmp_path_factory.getbasetemp().parent  # the run's folder, the workers' common parent
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root / f"{name}.done"
+        folder = root / name
+        folder.mkdir(exist_ok=True)
+        yield folder, not done.exists()
+        done.touch()
+
+
 @pytest.fixture(scope="session")
-def built_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The template built once per session (configs, python models, exported artifacts)."""
+def template_build(tmp_path_factory: pytest.TempPathFactory) -> template.BuildResult:
+    """The template built once per test run (configs, python models, exported artifacts): the run's
+    one export.  Stacks register it as ``mlreg export`` would (tests/integration/stacks.py)."""
     from registry import template
 
-    out = tmp_path_factory.mktemp("repository")
-    template.build(TEMPLATE, out, device="cpu", force=True)
-    return out
+    with once_per_run(tmp_path_factory, "repository") as (out, first):
+        record = out.parent / f"{out.name}.json"
+        if first:
+            build = template.build(TEMPLATE, out, device="cpu", force=True)
+            record.write_text(json.dumps(dataclasses.asdict(build), default=str))
+            return build
+        saved = json.loads(record.read_text())
+        return template.BuildResult(**{**saved, "out": out})
+
+
+@pytest.fixture(scope="session")
+def built_repository(template_build: template.BuildResult) -> Path:
+    """The session's built template, for this CPU (KIND_GPU instance groups rewritten as KIND_CPU)."""
+    return template_build.out
 
 
 @pytest.fixture(scope="session")

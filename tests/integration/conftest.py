@@ -12,6 +12,7 @@ import pytest
 from pipelines.devstack import local_triton
 from pipelines.triton import TritonControl
 from registry.settings import Settings
+from tests.conftest import TEMPLATE, once_per_run
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -24,6 +25,19 @@ def _tracking_uri_kept() -> Iterator[None]:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = saved
+
+
+@pytest.fixture(scope="session")
+def image_model_seed7(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """image_model exported again with another seed (``mlreg export image_model --seed 7``): other
+    weights, other answers, the same contract.  The session's second and last TensorFlow export: a
+    test that needs only a new version (new bytes) takes one from tests/integration/stacks.py."""
+    from registry import template
+
+    with once_per_run(tmp_path_factory, "image-model-seed-7") as (out, first):
+        if first:
+            template.build(TEMPLATE, out, models=["image_model"], seed=7, device="gpu", force=True)
+    return out / "image_model"
 
 
 @dataclass

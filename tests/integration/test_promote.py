@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from mlreg.cli.main import app
 from mlreg.service import environment
 from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.fanout import PAUSE_VARIABLE
@@ -33,11 +35,12 @@ from pipelines.storage import open_store
 from pipelines.storage.base import lock_key
 from pipelines.triton import TritonControl
 from registry.errors import MlregError, PromotionError
-from registry.export import export_models
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
+from registry.template import BuildResult
 from tests.conftest import ROOT, TEMPLATE, failing_python_model
+from tests.integration.stacks import register_new_bytes, register_template
 from tests.integration.test_serving import ENSEMBLE, golden
 from tests.integration.traffic import Traffic
 
@@ -73,7 +76,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(template_build: BuildResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("promote") / ".mlreg"
     env_vars = {"MLREG_HOME": str(home)}
     settings = Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]})
@@ -81,11 +84,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     status = stack_up(settings, ui=False)
     registry = MlflowRegistry(settings)
     try:
-        export_models(settings, registry)
+        register_template(registry, template_build, home.parent / "exports")  # as `mlreg export` does
         assert status.info is not None
         yield Stack(settings, registry, status.info.grpc_url, env_vars, Path(status.info.log_path))
     finally:
         stack_down(settings)
+
+
+def reexport(stack: Stack, model: str, release: str) -> str:
+    """A re-export of ``model``'s weights (other bytes, same contract and answers): its new version."""
+    exports, work = stack.settings.home.parent / "exports", stack.settings.home.parent / f"release-{release}"
+    return register_new_bytes(stack.registry, exports / model, work, release)
 
 
 MODELS = (
@@ -98,7 +107,7 @@ MODELS = (
 )
 
 
-def snapshot(stack: Stack) -> dict[str, object]:
+def snapshot(stack: Stack, models: tuple[str, ...] = MODELS) -> dict[str, object]:
     """Everything a refused promotion must leave alone: the store's bytes and configs (locks left
     out), the MLflow aliases, and what Triton serves."""
     root = stack.settings.local_repository
@@ -107,8 +116,8 @@ def snapshot(stack: Stack) -> dict[str, object]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and not p.name.startswith(".mlreg-lock.")
     }
-    aliases = {m: stack.registry.aliases(m).get("local") for m in MODELS}
-    return {"files": files, "aliases": aliases, "serving": {m: stack.serving(m) for m in MODELS}}
+    aliases = {m: stack.registry.aliases(m) for m in models}  # every environment's, not only local's
+    return {"files": files, "aliases": aliases, "serving": {m: stack.serving(m) for m in models}}
 
 
 def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) -> None:
@@ -145,12 +154,11 @@ def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) ->
 def ensemble_traffic(url: str) -> Traffic:
     """Ensemble requests from 4 threads while a promotion runs; every answer counted."""
     inputs = golden().ensemble_inputs()
-    return Traffic([url] * 4, lambda triton, _: triton.infer(ENSEMBLE, inputs, ["multi_modal_output"]), 1)
+    return Traffic([url] * 4, lambda triton, _: triton.infer(ENSEMBLE, inputs, ["multi_modal_output"]))
 
 
 def test_a_new_version_swaps_in_under_traffic_with_no_failed_request(stack: Stack) -> None:
-    [new] = export_models(stack.settings, stack.registry, ["image_model"], seed=7)
-    assert new.version == "2"
+    assert reexport(stack, "image_model", "2") == "2"
     with ensemble_traffic(stack.url) as traffic:
         before = traffic.counts["ok"]
         starts = stack.instance_starts("image_model")
@@ -415,26 +423,29 @@ def _status_tells_the_truth(stack: Stack, models: list[str]) -> dict[str, dict[s
 
 
 def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_completes(stack: Stack) -> None:
-    [v3] = export_models(stack.settings, stack.registry, ["image_model"], seed=11)
-    args = ("promote", "image_model", "--version", v3.version, "--skip-quality")
+    v3 = reexport(stack, "image_model", "3")
+    args = ("promote", "image_model", "--version", v3, "--skip-quality")
     store = open_store(stack.settings.local_repository)
     # 1. after the upload: the bytes are in the store, nothing else changed
     _paused_cli(stack, "uploaded", *args)
-    assert store.read_manifest("image_model", v3.version) is not None
+    assert store.read_manifest("image_model", v3) is not None
     assert stack.desired("image_model") == ["2"]
     rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
     assert rows["image_model"]["drift"] == []
+    assert stack.registry.aliases("image_model")["local"] == "2"
     # 2. after the config write: the store wants both versions, Triton still serves the old one
     _paused_cli(stack, "config-written:image_model", *args)
-    assert stack.desired("image_model") == ["2", v3.version]
+    assert stack.desired("image_model") == ["2", v3]
     assert stack.serving("image_model") == ["2"]
     rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
-    assert f"{stack.url} serves v2, store wants v2,{v3.version}" in rows["image_model"]["drift"]
+    assert f"{stack.url} serves v2, store wants v2,{v3}" in rows["image_model"]["drift"]
+    assert stack.registry.aliases("image_model")["local"] == "2"  # recorded last: not moved yet
     # 3. between the loads: the model loaded, the ensemble not re-pointed yet
     _paused_cli(stack, "loaded:image_model", *args)
-    assert stack.serving("image_model") == ["2", v3.version]
+    assert stack.serving("image_model") == ["2", v3]
     assert 'model_name: "image_model"\n    model_version: 2' in (store.read_config(ENSEMBLE) or "")
     _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
+    assert stack.registry.aliases("image_model")["local"] == "2"
     with TritonControl(stack.url) as triton:  # the ensemble never stopped answering
         triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
     # the crashed holders' locks are stale: a rerun takes them over and completes
@@ -442,29 +453,30 @@ def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_com
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert json.loads(out)["ok"] is True
-    assert stack.serving("image_model") == [v3.version]
+    assert stack.serving("image_model") == [v3]
+    assert stack.registry.aliases("image_model")["local"] == v3
     rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
     assert rows["image_model"]["drift"] == []
     assert rows[ENSEMBLE]["drift"] == []
 
 
 def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
-    [saved] = export_models(stack.settings, stack.registry, ["image_model"], seed=12)
+    saved = reexport(stack, "image_model", "saved")
     with ensemble_traffic(stack.url) as traffic:  # the platform changes: no overlap, ensembles follow -1
-        result = stack.promote("image_model", saved.version, serve_as="onnx", skip_quality=True)
+        result = stack.promote("image_model", saved, serve_as="onnx", skip_quality=True)
     assert traffic.counts["failed"] == 0, traffic.errors[:3]
     assert traffic.counts["ok"] > 0
     stages = {s.stage: s.detail for s in result.stages}
     onnx_version = result.plan.version
-    assert onnx_version != saved.version
-    assert f"image_model v{saved.version} (SavedModel) -> v{onnx_version} (ONNX)" in stages["convert"]
+    assert onnx_version != saved
+    assert f"image_model v{saved} (SavedModel) -> v{onnx_version} (ONNX)" in stages["convert"]
     assert stack.serving("image_model") == [onnx_version]
     store = open_store(stack.settings.local_repository)
     assert 'platform: "onnxruntime_onnx"' in store.read_config("image_model")
     assert (stack.settings.local_repository / "image_model" / onnx_version / "model.onnx").is_file()
     assert f"model_version: {onnx_version}" in store.read_config(ENSEMBLE)
     mv = stack.registry.version("image_model", onnx_version)
-    assert mv.tags["derived_from"] == saved.version
+    assert mv.tags["derived_from"] == saved
     assert mv.tags["platform"] == "onnxruntime_onnx"
     with TritonControl(stack.url) as triton:
         out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
@@ -553,36 +565,47 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
 
 
 def _run_env(stack: Stack, *args: str, env_extra: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """``mlreg`` as a user runs it: a new process (the promotions end to end)."""
     with _cli(stack, *args, env_extra=env_extra) as proc:
         out, err = proc.communicate(timeout=300)
     assert "Traceback" not in err, err
     return proc.returncode, out, err
 
 
+def _mlreg(stack: Stack, *args: str, env_extra: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """``mlreg`` in this process (typer's runner), for the read-only and bad-input calls: the same
+    exit code and output, without the seconds a new interpreter spends importing mlreg."""
+    result = CliRunner().invoke(app, list(args), env={**stack.env_vars, **(env_extra or {})})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a traceback: the CLI let an exception escape
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.exit_code, result.stdout, result.stderr
+
+
 def test_cli_status_and_history_and_their_bad_input(stack: Stack) -> None:
-    code, out, err = _run_env(stack, "status", "--json")
+    code, out, err = _mlreg(stack, "status", "--json")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["drift"] is False
     rows = {r["model"]: r for r in doc["models"]}
     assert rows["image_model"]["serving"] == {stack.url: stack.serving("image_model")}
     assert rows["image_model"]["alias"] == stack.registry.aliases("image_model")["local"]
-    code, out, err = _run_env(stack, "status", "image_model")
+    code, out, err = _mlreg(stack, "status", "image_model")
     assert code == 0, err
     assert "image_model" in out
     assert stack.url in out
-    code, out, err = _run_env(stack, "status", "--env", "nowhere")
+    code, out, err = _mlreg(stack, "status", "--env", "nowhere")
     assert code == 2
     assert "error: unknown environment 'nowhere'" in err
-    code, out, err = _run_env(stack, "history", "image_model", "--json")
+    code, out, err = _mlreg(stack, "history", "image_model", "--json")
     assert code == 0, err
     latest = json.loads(out)["promotions"][0]
     assert latest["result"] == "promoted"
     assert [latest["to"]] == stack.serving("image_model")
-    code, out, err = _run_env(stack, "history", "image_model")
+    code, out, err = _mlreg(stack, "history", "image_model")
     assert code == 0, err
     assert latest["run_id"] in out
-    code, out, err = _run_env(stack, "history", "no_such_model")
+    code, out, err = _mlreg(stack, "history", "no_such_model")
     assert code == 4
     assert "error: model 'no_such_model' is not registered in MLflow" in err
 
@@ -595,7 +618,7 @@ def test_status_counts_unreachable_parts_and_missing_folders_as_drift(stack: Sta
     )
     shutil.move(folder, tmp_path / "aside")
     try:
-        code, out, err = _run_env(stack, "status", "table_data_preprocess", "--json")
+        code, out, err = _mlreg(stack, "status", "table_data_preprocess", "--json")
     finally:
         shutil.move(tmp_path / "aside", folder)
     assert code == 1, err
@@ -605,7 +628,7 @@ def test_status_counts_unreachable_parts_and_missing_folders_as_drift(stack: Sta
         in (row["drift"])
     )
     offline = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}", "MLREG_MLFLOW_TIMEOUT": "2"}
-    code, out, err = _run_env(stack, "status", "image_model", "--json", env_extra=offline)
+    code, out, err = _mlreg(stack, "status", "image_model", "--json", env_extra=offline)
     assert code == 1, err
     [row] = json.loads(out)["models"]
     assert any(line.startswith("MLflow unreachable: ") for line in row["drift"]), row
@@ -616,7 +639,7 @@ def test_status_counts_unreachable_parts_and_missing_folders_as_drift(stack: Sta
         f'targets = ["127.0.0.1:{port}", "{stack.url}"]\nalias = "local"\n'
     )
     try:
-        code, out, err = _run_env(stack, "status", "image_model", "--env", "dead")
+        code, out, err = _mlreg(stack, "status", "image_model", "--env", "dead")
     finally:
         toml.unlink()
     assert code == 1, err
@@ -627,17 +650,17 @@ def test_status_counts_unreachable_parts_and_missing_folders_as_drift(stack: Sta
 def test_cli_promote_dry_run_plans_and_changes_nothing(stack: Stack) -> None:
     before = snapshot(stack)
     args = ("promote", "image_model", "--version", "1", "--dry-run", "--serve-as", "native", "--skip-quality")
-    code, out, err = _run_env(stack, *args, "--json")
+    code, out, err = _mlreg(stack, *args, "--json")
     assert code == 0, err
     doc = json.loads(out)
     assert [s["stage"] for s in doc["stages"]] == ["resolve", "validate"]  # stops before "assemble"
     assert doc["plan"]["steps"][0]["model"] == "image_model"
     assert doc["plan"]["steps"][0]["version"] == "1"
-    code, out, err = _run_env(stack, *args)
+    code, out, err = _mlreg(stack, *args)
     assert code == 0, err
     assert "plan (dry run) for image_model v1 in 'local'" in out
     assert snapshot(stack) == before
-    code, out, err = _run_env(stack, "promote", "image_model", "--version", "1", "--serve-as", "tensorrt")
+    code, out, err = _mlreg(stack, "promote", "image_model", "--version", "1", "--serve-as", "tensorrt")
     assert code == 2
     assert "error: unknown --serve-as 'tensorrt'" in err
     assert snapshot(stack) == before
@@ -653,10 +676,12 @@ def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_pa
     assert code == 0, err
     config.write_text(config.read_text().replace("max_batch_size: 256", "max_batch_size: 128"))
     v2 = register(stack.registry, find_candidate(folder)).version
+    before = snapshot(stack, ("solo_preprocess",))
     code, _, err = _run_env(stack, "promote", "solo_preprocess", "--version", v2, "--skip-quality")
     assert code == 8
     assert f"solo_preprocess version {v2} breaks the contract of the serving version" in err
     assert "fix: promote with --allow-breaking" in err
+    assert snapshot(stack, ("solo_preprocess",)) == before  # the store's bytes and configs, aliases, Triton
     assert stack.serving("solo_preprocess") == [v1]
     code, _, err = _run_env(
         stack, "promote", "solo_preprocess", "--version", v2, "--skip-quality", "--allow-breaking"
@@ -667,7 +692,7 @@ def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_pa
 
 def test_cli_rollback_to_a_version(stack: Stack) -> None:
     before = snapshot(stack)
-    code, out, err = _run_env(stack, "rollback", "image_model", "--to-version", "two")
+    code, out, err = _mlreg(stack, "rollback", "image_model", "--to-version", "two")
     assert code == 2
     assert "error: version 'two' is not a number" in err
     assert snapshot(stack) == before
@@ -682,11 +707,11 @@ def test_cli_rollback_to_a_version(stack: Stack) -> None:
 def test_two_promotions_of_two_members_of_one_ensemble_never_take_it_down(stack: Stack) -> None:
     """Two real CLI processes at once, three times: both applied or one refused cleanly (the
     ensemble's lock), the ensemble answering all along and status without drift after each."""
-    [table_v2] = export_models(stack.settings, stack.registry, ["table_data_model"], seed=7)
+    table_v2 = reexport(stack, "table_data_model", "2")
     with ensemble_traffic(stack.url) as traffic:
         for attempt in range(3):
             image = "1" if stack.serving("image_model") != ["1"] else "2"
-            table = table_v2.version if stack.serving("table_data_model") != [table_v2.version] else "1"
+            table = table_v2 if stack.serving("table_data_model") != [table_v2] else "1"
             procs = [
                 _cli(stack, "promote", "image_model", "--version", image, "--skip-quality", "--json"),
                 _cli(stack, "promote", "table_data_model", "--version", table, "--skip-quality", "--json"),
@@ -716,7 +741,9 @@ def test_two_promotions_of_two_members_of_one_ensemble_never_take_it_down(stack:
 
 
 def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path) -> None:
-    """A second Triton on an S3 repository (moto_server): the environment 's3' of mlreg.toml."""
+    """A second Triton on an S3 repository (moto_server): the environment 's3' of mlreg.toml.  Its
+    first promotion is also the proof that Triton loads the whole template from S3 and answers the
+    seed request (once a test of its own in test_triton_control.py, the same load twice)."""
     from pipelines.devstack import local_s3, local_triton
     from pipelines.storage import ensure_root
 
@@ -741,12 +768,13 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
         with TritonControl(info.grpc_url) as triton:
             assert triton.model_states()["image_model"] == {"1": "READY"}
             out_s3 = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
+        assert out_s3["multi_modal_output"].shape == (1, 1)
         assert np.isfinite(out_s3["multi_modal_output"]).all()
         code, out, err = _run_env(
             stack, "promote", "image_model", "--version", "2", "--env", "s3", "--skip-quality"
         )
         assert code == 0, err
-        code, out, err = _run_env(stack, "status", "--env", "s3", "--json")
+        code, out, err = _mlreg(stack, "status", "--env", "s3", "--json")
         assert code == 0, err
         rows = {r["model"]: r for r in json.loads(out)["models"]}
         assert rows["image_model"]["serving"] == {info.grpc_url: ["2"]}

@@ -26,11 +26,12 @@ from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.triton import TritonControl
 from registry.errors import PromotionError
-from registry.export import export_models
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
+from registry.template import BuildResult, exporter_path
 from tests.conftest import TEMPLATE
+from tests.integration.stacks import register_new_bytes, register_template
 from tests.integration.test_serving import ENSEMBLE, golden
 
 pytestmark = pytest.mark.integration
@@ -59,18 +60,24 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(template_build: BuildResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("quality") / ".mlreg"
     settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
     settings.local_repository.mkdir(parents=True)
     status = stack_up(settings, ui=False)
     registry = MlflowRegistry(settings)
     try:
-        export_models(settings, registry)
+        register_template(registry, template_build, home.parent / "exports")  # as `mlreg export` does
         assert status.info is not None
         yield Stack(settings, registry, status.info.grpc_url)
     finally:
         stack_down(settings)
+
+
+def reexport(stack: Stack, release: str) -> str:
+    """image_model v1's weights re-exported (other bytes, same contract and answers): its version."""
+    exports, work = stack.settings.home.parent / "exports", stack.settings.home.parent / f"release-{release}"
+    return register_new_bytes(stack.registry, exports / "image_model", work, release)
 
 
 def snapshot(stack: Stack) -> dict[str, object]:
@@ -105,8 +112,11 @@ def test_the_first_deployment_gates_every_member_on_the_canary(stack: Stack) -> 
     assert np.isfinite(ensemble_answers(stack)).all()
 
 
-def test_a_good_version_passes_the_gate_against_the_serving_version_and_promotes(stack: Stack) -> None:
-    [new] = export_models(stack.settings, stack.registry, ["image_model"], seed=7)
+def test_a_good_version_passes_the_gate_against_the_serving_version_and_promotes(
+    stack: Stack, image_model_seed7: Path
+) -> None:
+    exporter = exporter_path(TEMPLATE / "image_model")  # other weights: other answers, the same contract
+    new = register(stack.registry, find_candidate(image_model_seed7), exporter=exporter)
     promotion = stack.promotion()
     result = promotion.run("image_model", new.version)
     assert result.stage_names() == LIVE_STAGES
@@ -150,10 +160,10 @@ def test_a_version_with_nan_outputs_is_refused_with_nothing_changed(stack: Stack
 
 
 def test_a_dry_run_served_as_onnx_converts_and_gates_but_registers_nothing(stack: Stack) -> None:
-    [saved] = export_models(stack.settings, stack.registry, ["image_model"], seed=9)
+    saved = reexport(stack, "dry-run")
     versions = len(stack.registry.versions("image_model"))
     before = snapshot(stack)
-    result = stack.promotion(serve_as="onnx", dry_run=True).run("image_model", saved.version)
+    result = stack.promotion(serve_as="onnx", dry_run=True).run("image_model", saved)
     assert result.stage_names() == ["resolve", "convert", "validate", "quality"]  # planning only
     convert = next(s for s in result.stages if s.stage == "convert")
     onnx_version = result.plan.version
@@ -166,12 +176,12 @@ def test_a_dry_run_served_as_onnx_converts_and_gates_but_registers_nothing(stack
 
 
 def test_a_savedmodel_served_as_onnx_passes_the_gate(stack: Stack) -> None:
-    [saved] = export_models(stack.settings, stack.registry, ["image_model"], seed=8)
+    saved = reexport(stack, "onnx")  # v1's answers: not those of the serving version (seed 7)
     serving = stack.serving("image_model")
     promotion = stack.promotion(serve_as="onnx")
-    result: PromotionResult = promotion.run("image_model", saved.version)
+    result: PromotionResult = promotion.run("image_model", saved)
     onnx_version = result.plan.version
-    assert onnx_version != saved.version
+    assert onnx_version != saved
     assert result.stage_names() == ["resolve", "convert", *LIVE_STAGES[1:]]
     assert promotion.preflight is not None
     # the ONNX candidate answered alone, compared with the SavedModel serving version's answers

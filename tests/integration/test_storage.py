@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -148,7 +147,7 @@ def test_lock_contention_between_two_processes(s3_server: S3Server, bucket: str)
     uri = s3_server.store_uri(bucket, "repo")
     store = open_store(uri)
     with subprocess.Popen(
-        [sys.executable, "-c", LOCK_HOLDER, uri, "3"],
+        [sys.executable, "-c", LOCK_HOLDER, uri, "1"],
         stdout=subprocess.PIPE,
         text=True,
         env=os.environ.copy(),
@@ -210,13 +209,15 @@ TAKE_OVER = """
 import sys, time
 from pathlib import Path
 from pipelines.storage import open_store
-store, go = open_store(sys.argv[1]), Path(sys.argv[2])
+store, go, release = open_store(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[2] + ".release")
+print("ready", flush=True)
 while not go.exists():
     time.sleep(0.001)
 try:
     with store.lock("m", owner=f"taker-{sys.argv[3]}"):
         print("won", flush=True)
-        time.sleep(3)
+        while not release.exists():  # held until every other taker has tried
+            time.sleep(0.005)
 except Exception as exc:
     print("lost", exc, flush=True)
 """
@@ -238,9 +239,13 @@ def test_one_of_many_takes_over_a_stale_lock(any_store: RepositoryStore, tmp_pat
         )
         for i in range(6)
     ]
-    time.sleep(3)  # all of them imported and waiting
+    for proc in procs:  # all of them imported and waiting
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
     go.touch()
-    outputs = [p.communicate(timeout=60)[0] for p in procs]
+    firsts = [proc.stdout.readline() for proc in procs if proc.stdout is not None]  # won, or lost
+    (tmp_path / "go.release").touch()
+    outputs = [first + p.communicate(timeout=60)[0] for first, p in zip(firsts, procs, strict=True)]
     winners = [o for o in outputs if o.startswith("won")]
     assert len(winners) == 1, outputs
     assert all("is locked by taker-" in o for o in outputs if not o.startswith("won")), outputs

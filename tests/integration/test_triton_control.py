@@ -1,48 +1,26 @@
-"""Triton control against real servers: loading from S3, load failures, unreachable servers."""
+"""Triton control against real servers: load failures, unreachable servers."""
 
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipelines.devstack import local_s3, local_triton
-from pipelines.devstack.local_s3 import S3Server
-from pipelines.storage import open_store
-from pipelines.storage.push import push_path
+from pipelines.devstack import local_triton
 from pipelines.triton import TritonControl
 from registry.errors import TritonError
 from registry.settings import Settings
 from tests.conftest import failing_python_model
-from tests.integration.test_serving import ENSEMBLE, golden
 
 pytestmark = pytest.mark.integration
 
 FAILING_MODEL = failing_python_model("weights checksum mismatch in initialize")
 
 
-def test_triton_loads_the_template_from_s3_and_answers_the_seed_request(
-    built_repository: Path,
-    s3_server: S3Server,
-    tmp_path: Path,
-) -> None:
-    bucket = f"t-{uuid.uuid4().hex[:10]}"
-    local_s3.create_bucket(s3_server.endpoint, bucket)
-    uri = s3_server.store_uri(bucket, "models")
-    push_path(open_store(uri), built_repository)
-    info, process = local_triton.start_server(uri, tmp_path / "state", Settings.from_env().backends_source)
-    try:
-        with TritonControl(info.grpc_url, load_timeout=300) as triton:
-            triton.load(ENSEMBLE)
-            out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
-            assert out["multi_modal_output"].shape == (1, 1)
-            assert np.isfinite(out["multi_modal_output"]).all()
-            assert triton.model_states()["image_model"] == {"1": "READY"}
-    finally:
-        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+# Triton loading the whole template from S3 and answering the seed request: the first promotion of
+# tests/integration/test_promote.py::test_a_promotion_to_an_s3_store (one full-ensemble S3 load).
 
 
 def test_a_failed_reload_reports_the_reason_and_the_old_version_keeps_serving(

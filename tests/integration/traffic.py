@@ -16,19 +16,24 @@ Request = Callable[[TritonControl, np.random.Generator], object]
 
 class Traffic:
     """One client thread per entry of ``urls`` (repeat a URL for more threads on it), each sending
-    ``request`` until the block ends; every outcome counted, every error message kept."""
+    ``request`` until the block ends; every outcome counted, every error message kept.
 
-    def __init__(self, urls: Sequence[str], request: Request, settle: float = 0.5) -> None:
+    The block starts once every thread has had an answer (traffic flows before the swap) and ends
+    once every thread has had one more after it (traffic flows across the swap's end): handshakes,
+    not sleeps."""
+
+    def __init__(self, urls: Sequence[str], request: Request, wait: float = 60.0) -> None:
         self.request = request
-        self.settle = settle
+        self.wait = wait
         self.stop = threading.Event()
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.counts: dict[str, int] = {"ok": 0, "failed": 0}
         self.errors: list[str] = []
+        self.sent = [0] * len(urls)  # requests answered (or failed), per thread
         self.threads = [threading.Thread(target=self.send, args=(url, i)) for i, url in enumerate(urls)]
 
-    def send(self, url: str, seed: int) -> None:
-        rng = np.random.default_rng(seed)
+    def send(self, url: str, index: int) -> None:
+        rng = np.random.default_rng(index)
         with TritonControl(url, timeout=30) as triton:
             deadline = time.monotonic() + 300
             while not self.stop.is_set() and time.monotonic() < deadline:
@@ -40,15 +45,25 @@ class Traffic:
                     self.errors.append(exc.message)
                 with self.lock:
                     self.counts[key] += 1
+                    self.sent[index] += 1
+                    self.lock.notify_all()
+
+    def _each_thread_past(self, marks: list[int]) -> None:
+        with self.lock:
+            self.lock.wait_for(
+                lambda: all(n > m for n, m in zip(self.sent, marks, strict=True)), timeout=self.wait
+            )
 
     def __enter__(self) -> Traffic:
         for thread in self.threads:
             thread.start()
-        time.sleep(self.settle)
+        self._each_thread_past([0] * len(self.threads))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        time.sleep(self.settle)
+        with self.lock:
+            marks = list(self.sent)
+        self._each_thread_past(marks)
         self.stop.set()
         for thread in self.threads:
             thread.join(timeout=60)
