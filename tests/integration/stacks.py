@@ -9,16 +9,28 @@ same weights makes, seconds cheaper than running the exporter.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlreg.service import environment
+from pipelines.devstack.scratch import scratch_servers
+from pipelines.devstack.stack import stack_down, stack_up
+from pipelines.promote.plan import serving_versions
+from pipelines.promote.reports import PromotionResult
+from pipelines.promote.runner import Options, Promotion
+from pipelines.storage import open_store
+from pipelines.triton import TritonControl
 from registry.contracts.config import CONFIG_NAME
 from registry.export import member_versions
 from registry.mlflow import MlflowRegistry
 from registry.register import RegisterResult, find_candidate, register
+from registry.settings import Settings
 from registry.template import BuildResult, exporter_path
 from tests.conftest import TEMPLATE
 
@@ -95,16 +107,8 @@ def register_new_bytes(registry: MlflowRegistry, source: Path, dest: Path, relea
     return register(registry, find_candidate(folder), exporter=exporter).version
 
 
-@dataclass
-class Snapshot:
-    """Everything a refused promotion must leave alone."""
-
-    files: dict[str, str]  # the store's bytes and configs (locks left out)
-    aliases: dict[str, dict[str, str]]  # every alias of every model, every environment's
-    serving: dict[str, list[str]]  # what Triton serves
-
-
 def store_files(root: Path) -> dict[str, str]:
+    """The store's files and their sha256 (locks left out): its bytes and configs."""
     return {
         p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
@@ -112,11 +116,72 @@ def store_files(root: Path) -> dict[str, str]:
     }
 
 
-def snapshot(
-    root: Path, registry: MlflowRegistry, serving: Any, models: tuple[str, ...] = MODELS
-) -> Snapshot:
-    return Snapshot(
-        files=store_files(root),
-        aliases={m: registry.aliases(m) for m in models},
-        serving={m: serving(m) for m in models},
-    )
+@dataclass
+class LocalStack:
+    """``mlreg stack up``'s stack on a home of its own: Triton (explicit mode) on the local store,
+    the embedded MLflow registry, the template registered as ``mlreg export`` registers it."""
+
+    settings: Settings
+    registry: MlflowRegistry
+    url: str
+    log: Path
+
+    @property
+    def env_vars(self) -> dict[str, str]:
+        """What a ``mlreg`` process needs to find this stack."""
+        return {"MLREG_HOME": str(self.settings.home)}
+
+    @property
+    def exports(self) -> Path:
+        return self.settings.home.parent / "exports"
+
+    def promotion(self, **options: Any) -> Promotion:
+        env = environment(self.settings, "local")
+        scratch = scratch_servers(self.settings)  # what the application passes: the dry-run gate's servers
+        return Promotion(self.settings, env, self.registry, Options(**options), scratch=scratch)
+
+    def promote(self, model: str, version: str, **options: Any) -> PromotionResult:
+        return self.promotion(**options).run(model, version)
+
+    def states(self) -> dict[str, dict[str, str]]:
+        with TritonControl(self.url) as triton:
+            return triton.model_states()
+
+    def serving(self, model: str) -> list[str]:
+        return sorted((v for v, s in self.states().get(model, {}).items() if s == "READY"), key=int)
+
+    def desired(self, model: str) -> list[str]:
+        return serving_versions(open_store(self.settings.local_repository).read_config(model))
+
+    def instance_starts(self, model: str) -> int:
+        """How many instances of ``model`` (any version) the server has initialized so far."""
+        return self.log.read_text(errors="replace").count(f"ModelInstanceInitialize: {model}_")
+
+    def reexport(self, model: str, release: str) -> str:
+        """A re-export of ``model``'s weights (other bytes, same contract and answers): its version."""
+        work = self.settings.home.parent / f"release-{release}"
+        return register_new_bytes(self.registry, self.exports / model, work, release)
+
+    def snapshot(self, models: tuple[str, ...] = MODELS) -> dict[str, object]:
+        """Everything a refused promotion must leave alone: the store's bytes and configs, every
+        alias of every model (each environment's, not only local's), what Triton serves."""
+        return {
+            "files": store_files(self.settings.local_repository),
+            "aliases": {m: self.registry.aliases(m) for m in models},
+            "serving": {m: self.serving(m) for m in models},
+        }
+
+
+@contextlib.contextmanager
+def local_stack(build: BuildResult, home: Path) -> Iterator[LocalStack]:
+    """A stack on ``home`` (``MLREG_HOME``) with the session's build registered as version 1."""
+    settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
+    settings.local_repository.mkdir(parents=True)
+    status = stack_up(settings, ui=False)
+    registry = MlflowRegistry(settings)
+    try:
+        register_template(registry, build, home.parent / "exports")
+        assert status.info is not None
+        yield LocalStack(settings, registry, status.info.grpc_url, Path(status.info.log_path))
+    finally:
+        stack_down(settings)

@@ -7,7 +7,6 @@ load rolled back, a killed promotion, contention and unreachable parts.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,7 +14,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +23,9 @@ from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from mlreg.service import environment
-from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.fanout import PAUSE_VARIABLE
 from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed, PromotionResult
+from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
 from pipelines.storage import open_store
@@ -40,7 +37,7 @@ from registry.register import find_candidate, register
 from registry.settings import Settings
 from registry.template import BuildResult
 from tests.conftest import ROOT, TEMPLATE, failing_python_model
-from tests.integration.stacks import register_new_bytes, register_template
+from tests.integration.stacks import MODELS, LocalStack, local_stack
 from tests.integration.test_serving import ENSEMBLE, golden
 from tests.integration.traffic import Traffic
 
@@ -49,75 +46,13 @@ pytestmark = pytest.mark.integration
 FAILING_INIT = failing_python_model("cannot open the vocabulary file")
 
 
-@dataclass
-class Stack:
-    settings: Settings
-    registry: MlflowRegistry
-    url: str
-    env_vars: dict[str, str]
-    log: Path
-
-    def instance_starts(self, model: str) -> int:
-        """How many instances of ``model`` (any version) the server has initialized so far."""
-        return self.log.read_text(errors="replace").count(f"ModelInstanceInitialize: {model}_")
-
-    def promote(self, model: str, version: str, **options: Any) -> PromotionResult:
-        env = environment(self.settings, "local")
-        return Promotion(self.settings, env, self.registry, Options(**options)).run(model, version)
-
-    def serving(self, model: str) -> list[str]:
-        with TritonControl(self.url) as triton:
-            return sorted(
-                (v for v, s in triton.model_states().get(model, {}).items() if s == "READY"), key=int
-            )
-
-    def desired(self, model: str) -> list[str]:
-        return serving_versions(open_store(self.settings.local_repository).read_config(model))
+Stack = LocalStack
 
 
 @pytest.fixture(scope="module")
 def stack(template_build: BuildResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    home = tmp_path_factory.mktemp("promote") / ".mlreg"
-    env_vars = {"MLREG_HOME": str(home)}
-    settings = Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]})
-    settings.local_repository.mkdir(parents=True)
-    status = stack_up(settings, ui=False)
-    registry = MlflowRegistry(settings)
-    try:
-        register_template(registry, template_build, home.parent / "exports")  # as `mlreg export` does
-        assert status.info is not None
-        yield Stack(settings, registry, status.info.grpc_url, env_vars, Path(status.info.log_path))
-    finally:
-        stack_down(settings)
-
-
-def reexport(stack: Stack, model: str, release: str) -> str:
-    """A re-export of ``model``'s weights (other bytes, same contract and answers): its new version."""
-    exports, work = stack.settings.home.parent / "exports", stack.settings.home.parent / f"release-{release}"
-    return register_new_bytes(stack.registry, exports / model, work, release)
-
-
-MODELS = (
-    "table_data_preprocess",
-    "table_data_model",
-    "image_preprocess",
-    "image_model",
-    "multi_modal_model",
-    ENSEMBLE,
-)
-
-
-def snapshot(stack: Stack, models: tuple[str, ...] = MODELS) -> dict[str, object]:
-    """Everything a refused promotion must leave alone: the store's bytes and configs (locks left
-    out), the MLflow aliases, and what Triton serves."""
-    root = stack.settings.local_repository
-    files = {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.startswith(".mlreg-lock.")
-    }
-    aliases = {m: stack.registry.aliases(m) for m in models}  # every environment's, not only local's
-    return {"files": files, "aliases": aliases, "serving": {m: stack.serving(m) for m in models}}
+    with local_stack(template_build, tmp_path_factory.mktemp("promote") / ".mlreg") as running:
+        yield running
 
 
 def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) -> None:
@@ -158,7 +93,7 @@ def ensemble_traffic(url: str) -> Traffic:
 
 
 def test_a_new_version_swaps_in_under_traffic_with_no_failed_request(stack: Stack) -> None:
-    assert reexport(stack, "image_model", "2") == "2"
+    assert stack.reexport("image_model", "2") == "2"
     with ensemble_traffic(stack.url) as traffic:
         before = traffic.counts["ok"]
         starts = stack.instance_starts("image_model")
@@ -209,12 +144,12 @@ def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, 
     config = folder / "config.pbtxt"
     config.write_text(config.read_text().replace("dims: [ 3 ]", "dims: [ 4 ]", 1))
     version = register(stack.registry, find_candidate(folder)).version
-    before = snapshot(stack)
+    before = stack.snapshot()
     with pytest.raises(PromotionError, match="(?s)contract check failed:.*nothing was changed") as info:
         stack.promote("table_data_preprocess", version)
     assert "inconsistent shape" in info.value.message
     assert "table_data_preprocess" in info.value.message
-    assert snapshot(stack) == before
+    assert stack.snapshot() == before
     assert stack.serving("table_data_preprocess") == ["1"]
     assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
 
@@ -228,11 +163,11 @@ def _failing_version(stack: Stack, tmp_path: Path) -> str:
 
 def test_the_quality_gate_catches_a_model_that_cannot_load(stack: Stack, tmp_path: Path) -> None:
     version = _failing_version(stack, tmp_path)
-    before = snapshot(stack)
+    before = stack.snapshot()
     with pytest.raises(PromotionError, match="cannot open the vocabulary file") as info:
         stack.promote("table_data_preprocess", version)
     assert "nothing was changed" in info.value.message
-    assert snapshot(stack) == before
+    assert stack.snapshot() == before
 
 
 ONE_HOT = "return (flat == VOCAB[np.newaxis, :]).astype(np.float32)"  # table_data_preprocess's answer
@@ -253,7 +188,7 @@ def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving
     tmp_path: Path,
 ) -> None:
     version = _preprocess_version(stack, tmp_path, f"return 2 * {ONE_HOT.removeprefix('return ')}")
-    before = snapshot(stack)
+    before = stack.snapshot()
     with pytest.raises(PromotionError, match="quality gate failed") as info:
         stack.promote("table_data_preprocess", version)
     message = info.value.message
@@ -262,7 +197,7 @@ def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving
         "min_value=0.0, max_value=1.0 failed" in message
     )
     assert "changed by up to 1 against serving v1, declared tolerance 0.0" in message
-    assert snapshot(stack) == before
+    assert stack.snapshot() == before
 
 
 def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Path) -> None:
@@ -286,7 +221,7 @@ def test_a_failure_after_the_repoint_rolls_back_under_traffic_with_no_failed_ens
     ensemble first (it follows the serving member), then the member, then the ensemble's pin; no
     ensemble request fails meanwhile, and the store, aliases and servers are as before."""
     version = _preprocess_version(stack, tmp_path, f"{ONE_HOT} * np.float32('nan')")
-    before = snapshot(stack)
+    before = stack.snapshot()
     ensemble_before = open_store(stack.settings.local_repository).read_config(ENSEMBLE)
     with (
         ensemble_traffic(stack.url) as traffic,
@@ -300,7 +235,7 @@ def test_a_failure_after_the_repoint_rolls_back_under_traffic_with_no_failed_ens
     assert ENSEMBLE in deploy.detail  # the ensemble had been re-pointed before the failure
     assert traffic.counts["failed"] == 0, traffic.errors[:3]
     assert traffic.counts["ok"] > 0
-    assert snapshot(stack) == before  # store bytes (the upload removed), aliases, what serves
+    assert stack.snapshot() == before  # store bytes (the upload removed), aliases, what serves
     assert open_store(stack.settings.local_repository).read_config(ENSEMBLE) == ensemble_before
     with TritonControl(stack.url) as triton:
         out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
@@ -392,7 +327,7 @@ def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
     """SIGINT and SIGTERM, sent for real to the mlreg process mid-deploy: the undo log replays
     (ensemble first), the exit code is 128 + the signal, and the message says what was restored."""
     version = _preprocess_version(stack, tmp_path, f"{ONE_HOT}  # {signal.Signals(sig).name}")
-    before = snapshot(stack)
+    before = stack.snapshot()
     runs = len(stack.registry.promotions("table_data_preprocess", "local"))
     args = ("promote", "table_data_preprocess", "--version", version, "--skip-quality")
     returncode, err = _paused_cli(stack, point, *args, sig=sig)
@@ -401,7 +336,7 @@ def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
     assert f"failed: interrupted ({name}); rolled back, the previous versions serve (restored " in err
     assert "nothing was changed" not in err
     assert "Traceback" not in err
-    assert snapshot(stack) == before  # what serves, the store's configs and bytes, the aliases
+    assert stack.snapshot() == before  # what serves, the store's configs and bytes, the aliases
     [latest, *_] = stack.registry.promotions("table_data_preprocess", "local")
     assert len(stack.registry.promotions("table_data_preprocess", "local")) == runs + 1
     assert (latest["to"], latest["result"]) == (version, "rolled back")  # MLflow has the attempt
@@ -423,7 +358,7 @@ def _status_tells_the_truth(stack: Stack, models: list[str]) -> dict[str, dict[s
 
 
 def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_completes(stack: Stack) -> None:
-    v3 = reexport(stack, "image_model", "3")
+    v3 = stack.reexport("image_model", "3")
     args = ("promote", "image_model", "--version", v3, "--skip-quality")
     store = open_store(stack.settings.local_repository)
     # 1. after the upload: the bytes are in the store, nothing else changed
@@ -461,7 +396,7 @@ def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_com
 
 
 def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
-    saved = reexport(stack, "image_model", "saved")
+    saved = stack.reexport("image_model", "saved")
     with ensemble_traffic(stack.url) as traffic:  # the platform changes: no overlap, ensembles follow -1
         result = stack.promote("image_model", saved, serve_as="onnx", skip_quality=True)
     assert traffic.counts["failed"] == 0, traffic.errors[:3]
@@ -513,10 +448,10 @@ def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
     ) as proc:
         try:
             assert proc.stdout.readline().strip() == "locked"
-            before = snapshot(stack)
+            before = stack.snapshot()
             with pytest.raises(MlregError, match="model 'image_model' is locked by ci-job-41@elsewhere:1"):
                 stack.promote("image_model", "2", skip_quality=True)
-            assert snapshot(stack) == before
+            assert stack.snapshot() == before
         finally:
             proc.kill()
     # the holder "elsewhere" is gone for good: its lock would stand until it expires
@@ -527,7 +462,7 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
     from pipelines.devstack.local_triton import free_port
     from registry.errors import RegistryError, StorageError, TritonError
 
-    before = snapshot(stack)
+    before = stack.snapshot()
     toml = stack.settings.home.parent / "mlreg.toml"
     toml.write_text(
         f'[environments.dead]\nstore = "{stack.settings.local_repository}"\n'
@@ -558,7 +493,7 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
             ).run("image_model", "2")
     finally:
         toml.unlink()
-    assert snapshot(stack) == before
+    assert stack.snapshot() == before
 
 
 # -- the CLI, end to end ---------------------------------------------------------------------------
@@ -648,7 +583,7 @@ def test_status_counts_unreachable_parts_and_missing_folders_as_drift(stack: Sta
 
 
 def test_cli_promote_dry_run_plans_and_changes_nothing(stack: Stack) -> None:
-    before = snapshot(stack)
+    before = stack.snapshot()
     args = ("promote", "image_model", "--version", "1", "--dry-run", "--serve-as", "native", "--skip-quality")
     code, out, err = _mlreg(stack, *args, "--json")
     assert code == 0, err
@@ -659,11 +594,11 @@ def test_cli_promote_dry_run_plans_and_changes_nothing(stack: Stack) -> None:
     code, out, err = _mlreg(stack, *args)
     assert code == 0, err
     assert "plan (dry run) for image_model v1 in 'local'" in out
-    assert snapshot(stack) == before
+    assert stack.snapshot() == before
     code, out, err = _mlreg(stack, "promote", "image_model", "--version", "1", "--serve-as", "tensorrt")
     assert code == 2
     assert "error: unknown --serve-as 'tensorrt'" in err
-    assert snapshot(stack) == before
+    assert stack.snapshot() == before
 
 
 def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_path: Path) -> None:
@@ -676,12 +611,12 @@ def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_pa
     assert code == 0, err
     config.write_text(config.read_text().replace("max_batch_size: 256", "max_batch_size: 128"))
     v2 = register(stack.registry, find_candidate(folder)).version
-    before = snapshot(stack, ("solo_preprocess",))
+    before = stack.snapshot(("solo_preprocess",))
     code, _, err = _run_env(stack, "promote", "solo_preprocess", "--version", v2, "--skip-quality")
     assert code == 8
     assert f"solo_preprocess version {v2} breaks the contract of the serving version" in err
     assert "fix: promote with --allow-breaking" in err
-    assert snapshot(stack, ("solo_preprocess",)) == before  # the store's bytes and configs, aliases, Triton
+    assert stack.snapshot(("solo_preprocess",)) == before  # the store's bytes and configs, aliases, Triton
     assert stack.serving("solo_preprocess") == [v1]
     code, _, err = _run_env(
         stack, "promote", "solo_preprocess", "--version", v2, "--skip-quality", "--allow-breaking"
@@ -691,11 +626,11 @@ def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_pa
 
 
 def test_cli_rollback_to_a_version(stack: Stack) -> None:
-    before = snapshot(stack)
+    before = stack.snapshot()
     code, out, err = _mlreg(stack, "rollback", "image_model", "--to-version", "two")
     assert code == 2
     assert "error: version 'two' is not a number" in err
-    assert snapshot(stack) == before
+    assert stack.snapshot() == before
     target = "1" if stack.serving("image_model") == ["2"] else "2"
     code, out, err = _run_env(stack, "rollback", "image_model", "--to-version", target, "--json")
     assert code == 0, err
@@ -707,7 +642,7 @@ def test_cli_rollback_to_a_version(stack: Stack) -> None:
 def test_two_promotions_of_two_members_of_one_ensemble_never_take_it_down(stack: Stack) -> None:
     """Two real CLI processes at once, three times: both applied or one refused cleanly (the
     ensemble's lock), the ensemble answering all along and status without drift after each."""
-    table_v2 = reexport(stack, "table_data_model", "2")
+    table_v2 = stack.reexport("table_data_model", "2")
     with ensemble_traffic(stack.url) as traffic:
         for attempt in range(3):
             image = "1" if stack.serving("image_model") != ["1"] else "2"

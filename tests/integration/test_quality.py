@@ -7,89 +7,36 @@ file order: the ensemble's first deployment, a good swap, a refused version, the
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from mlreg.service import environment
-from pipelines.devstack.scratch import scratch_servers
-from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.quality_canary import PRIVATE_SUFFIX
 from pipelines.promote.reports import PromotionResult
-from pipelines.promote.runner import Options, Promotion
 from pipelines.triton import TritonControl
 from registry.errors import PromotionError
-from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
-from registry.settings import Settings
 from registry.template import BuildResult, exporter_path
 from tests.conftest import TEMPLATE
-from tests.integration.stacks import register_new_bytes, register_template
+from tests.integration.stacks import MEMBERS, LocalStack, local_stack
 from tests.integration.test_serving import ENSEMBLE, golden
 
 pytestmark = pytest.mark.integration
 
-MODELS = ("table_data_preprocess", "table_data_model", "image_preprocess", "image_model", "multi_modal_model")
+MODELS = MEMBERS
 LIVE_STAGES = ["resolve", "validate", "assemble", "quality", "deploy", "verify", "finalize", "record"]
 
 
-@dataclass
-class Stack:
-    settings: Settings
-    registry: MlflowRegistry
-    url: str
-
-    def promotion(self, **options: Any) -> Promotion:
-        env = environment(self.settings, "local")
-        scratch = scratch_servers(self.settings)  # what the application passes: the dry-run gate's servers
-        return Promotion(self.settings, env, self.registry, Options(**options), scratch=scratch)
-
-    def states(self) -> dict[str, dict[str, str]]:
-        with TritonControl(self.url) as triton:
-            return triton.model_states()
-
-    def serving(self, model: str) -> list[str]:
-        return sorted((v for v, s in self.states().get(model, {}).items() if s == "READY"), key=int)
+Stack = LocalStack
 
 
 @pytest.fixture(scope="module")
 def stack(template_build: BuildResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    home = tmp_path_factory.mktemp("quality") / ".mlreg"
-    settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
-    settings.local_repository.mkdir(parents=True)
-    status = stack_up(settings, ui=False)
-    registry = MlflowRegistry(settings)
-    try:
-        register_template(registry, template_build, home.parent / "exports")  # as `mlreg export` does
-        assert status.info is not None
-        yield Stack(settings, registry, status.info.grpc_url)
-    finally:
-        stack_down(settings)
-
-
-def reexport(stack: Stack, release: str) -> str:
-    """image_model v1's weights re-exported (other bytes, same contract and answers): its version."""
-    exports, work = stack.settings.home.parent / "exports", stack.settings.home.parent / f"release-{release}"
-    return register_new_bytes(stack.registry, exports / "image_model", work, release)
-
-
-def snapshot(stack: Stack) -> dict[str, object]:
-    """What a refused promotion must leave alone: store bytes and configs, aliases, Triton versions."""
-    root = stack.settings.local_repository
-    files = {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.startswith(".mlreg-lock.")
-    }
-    aliases = {m: stack.registry.aliases(m).get("local") for m in (*MODELS, ENSEMBLE)}
-    return {"files": files, "aliases": aliases, "serving": {m: stack.serving(m) for m in (*MODELS, ENSEMBLE)}}
+    with local_stack(template_build, tmp_path_factory.mktemp("quality") / ".mlreg") as running:
+        yield running
 
 
 def ensemble_answers(stack: Stack) -> np.ndarray:
@@ -140,19 +87,19 @@ def _nan_version(stack: Stack, tmp_path: Path) -> str:
 
 def test_a_version_with_nan_outputs_is_refused_with_nothing_changed(stack: Stack, tmp_path: Path) -> None:
     version = _nan_version(stack, tmp_path)
-    before = snapshot(stack)
+    before = stack.snapshot()
     answers = ensemble_answers(stack)
     with pytest.raises(PromotionError, match="quality gate failed on a scratch tritonserver:") as info:
         stack.promotion(dry_run=True).run("table_data_preprocess", version)  # the plan job's gate
     assert "expect_column_values_to_not_be_null" in info.value.message
-    assert snapshot(stack) == before
+    assert stack.snapshot() == before
     with pytest.raises(PromotionError, match=f"quality gate failed on the canary {stack.url}") as info:
         stack.promotion().run("table_data_preprocess", version)
     message = info.value.message
     assert "the candidates were unloaded there and their uploaded files removed" in message
     assert "table_data_preprocess/table_data_output_1: expect_column_values_to_not_be_null" in message
     assert message.endswith("nothing was changed")
-    assert snapshot(stack) == before  # store bytes and configs, aliases, what Triton serves
+    assert stack.snapshot() == before  # store bytes and configs, aliases, what Triton serves
     assert version not in stack.states()["table_data_preprocess"] or (
         stack.states()["table_data_preprocess"][version] != "READY"
     )
@@ -160,9 +107,9 @@ def test_a_version_with_nan_outputs_is_refused_with_nothing_changed(stack: Stack
 
 
 def test_a_dry_run_served_as_onnx_converts_and_gates_but_registers_nothing(stack: Stack) -> None:
-    saved = reexport(stack, "dry-run")
+    saved = stack.reexport("image_model", "dry-run")
     versions = len(stack.registry.versions("image_model"))
-    before = snapshot(stack)
+    before = stack.snapshot()
     result = stack.promotion(serve_as="onnx", dry_run=True).run("image_model", saved)
     assert result.stage_names() == ["resolve", "convert", "validate", "quality"]  # planning only
     convert = next(s for s in result.stages if s.stage == "convert")
@@ -172,11 +119,11 @@ def test_a_dry_run_served_as_onnx_converts_and_gates_but_registers_nothing(stack
     quality = next(s for s in result.stages if s.stage == "quality")
     assert "image_model" in quality.detail  # the ONNX candidate answered on the scratch server
     assert len(stack.registry.versions("image_model")) == versions  # MLflow: no new version
-    assert snapshot(stack) == before  # store, aliases, what serves
+    assert stack.snapshot() == before  # store, aliases, what serves
 
 
 def test_a_savedmodel_served_as_onnx_passes_the_gate(stack: Stack) -> None:
-    saved = reexport(stack, "onnx")  # v1's answers: not those of the serving version (seed 7)
+    saved = stack.reexport("image_model", "onnx")  # v1's answers: not those of the serving version (seed 7)
     serving = stack.serving("image_model")
     promotion = stack.promotion(serve_as="onnx")
     result: PromotionResult = promotion.run("image_model", saved)
