@@ -1,0 +1,129 @@
+"""The test suite's own speed, before and after a change, side by side in one run (issue 21).
+
+Two figures, each for two commits of this repository (``--old``, default the commit before issue
+21's work; ``--new``, default HEAD):
+
+- ``unit``: ``pytest tests/unit`` wall time, old and new alternated for ``--rounds`` rounds on
+  this checkout's virtualenv (each tree imports its own code: cwd and PYTHONPATH = the tree).
+  Target: < 8 s.
+- ``full``: what CI does on a clean clone, ``bash .ci/run`` (a fresh .venv: install, lint,
+  mypy, the whole suite), wall time and pytest's own time, and the 25 slowest tests.
+  Target: <= 15 min.  ~20 min per tree: ``--full new`` runs only the new one.
+
+    .venv/bin/python benchmarks/suite.py                    # unit, 3 rounds
+    .venv/bin/python benchmarks/suite.py --full both        # + a clean clone of each, in turn
+    .venv/bin/python benchmarks/suite.py --old f1adb88 --full new --rounds 1
+
+Each clean-clone run is started through ``setsid`` with SIGINT at its default (a suite started as
+a shell's background job inherits SIGINT ignored; one test interrupts a promotion with it).  The
+logs stay under the printed folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE_ISSUE_21 = "f1adb88"
+
+
+def checkout(rev: str, dest: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "-q", rev], check=True)
+    return dest
+
+
+def unit_seconds(tree: Path, log: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env.pop("MLREG_HOME", None)
+    start = time.monotonic()
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.monotonic() - start
+    log.write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"pytest tests/unit failed in {tree} (exit {done.returncode}): see {log}")
+    return seconds
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def full_run(tree: Path, log: Path) -> dict[str, object]:
+    start = time.monotonic()
+    with log.open("w") as out:
+        done = subprocess.run(
+            ["bash", ".ci/run"],
+            cwd=tree,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_default_sigint,
+            start_new_session=True,
+        )
+    seconds = time.monotonic() - start
+    text = log.read_text(errors="replace")
+    summary = re.findall(r"=+ (.* in ([\d.]+)s.*) =+", text)
+    slowest = re.findall(r"^(\d+\.\d+s (?:call|setup|teardown)\s+\S+)$", text, re.M)[:25]
+    return {
+        "exit": done.returncode,
+        "seconds": seconds,
+        "pytest": summary[-1][0] if summary else "(no pytest summary)",
+        "pytest_seconds": float(summary[-1][1]) if summary else float("nan"),
+        "slowest": slowest,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--old", default=BEFORE_ISSUE_21, help=f"baseline commit (default {BEFORE_ISSUE_21})")
+    parser.add_argument("--new", default="HEAD", help="commit measured against it (default HEAD)")
+    parser.add_argument("--rounds", type=int, default=3, help="unit rounds, old and new alternated")
+    parser.add_argument("--full", choices=["none", "new", "both"], default="none", help="clean-clone runs")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="mlreg-suite-"))
+    trees = {"old": checkout(args.old, work / "old"), "new": checkout(args.new, work / "new")}
+    print(f"old = {args.old}, new = {args.new}; logs under {work}", flush=True)
+    if args.rounds:
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        for round_ in range(args.rounds):
+            for name, tree in trees.items():
+                times[name].append(unit_seconds(tree, work / f"unit-{name}-{round_}.log"))
+        old, new = statistics.median(times["old"]), statistics.median(times["new"])
+        print(
+            f"pytest tests/unit (median of {args.rounds}): "
+            f"old {old:.1f} s, new {new:.1f} s ({new / old:.2f}x)"
+        )
+        print(
+            f"  rounds: old {[round(t, 1) for t in times['old']]}, new {[round(t, 1) for t in times['new']]}"
+        )
+    for name in ("old", "new") if args.full == "both" else ("new",) if args.full == "new" else ():
+        result = full_run(trees[name], work / f"full-{name}.log")
+        print(
+            f"bash .ci/run, clean clone, {name}: exit {result['exit']}, {result['seconds'] / 60:.1f} min "
+            f"(pytest {result['pytest_seconds'] / 60:.1f} min: {result['pytest']})",
+            flush=True,
+        )
+        for line in result["slowest"]:  # type: ignore[attr-defined]
+            print(f"  {line}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
