@@ -44,7 +44,7 @@ from typing import Any
 
 from pipelines.promote import metrics
 from pipelines.promote.fanout import Change, Fleet
-from pipelines.promote.perf import PerfResult, PerfSettings, measure
+from pipelines.promote.perf import PerfResult, PerfSettings, check, measure
 from pipelines.promote.plan import Plan, Step, desired_config
 from pipelines.promote.quality import (
     Probe,
@@ -167,8 +167,16 @@ def perf_check(
     names = output_names(step.config_text)
     serving = report.previous.get(step.model, "")  # the version that answered the same inputs
     before = _scrape(metrics_url)
-    result = measure(
-        lambda: fleet.connect(url), step.model, (probe.loaded_as, step.version), serving, inputs, names, perf
+    result = check(
+        lambda: measure(
+            lambda: fleet.connect(url),
+            step.model,
+            (probe.loaded_as, step.version),
+            serving,
+            inputs,
+            names,
+            perf,
+        )
     )
     after = _scrape(metrics_url)
     if not serving and probe.reference:  # e.g. an allowed breaking change: the old one cannot answer
