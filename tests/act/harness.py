@@ -2,8 +2,13 @@
 
 A real ``moto_server`` holds the ``staging`` and ``production`` Triton repositories (one bucket,
 two prefixes), one real ``tritonserver`` per environment reads its prefix, a real ``mlflow
-server`` is the registry.  The project under test is a scratch git repository holding the
-template, the workflows and an ``mlreg.toml`` naming those stores and servers.
+server`` is the registry.  The S3 server may be one the caller runs (the test session's): the
+stack then keeps to a bucket of its own.  The MLflow server is always the stack's own: the
+workflows register the template's models under their real names, which a shared registry
+could already hold (tests/integration/test_registry.py exports ``table_data_model`` into the
+session's server), and MLflow has no per-tenant namespace that mlreg's reads would honour.  The
+project under test is a scratch git repository holding the template, the workflows and an
+``mlreg.toml`` naming those stores and servers.
 
 act runs a workflow's jobs on this machine (``-P ubuntu-latest=-self-hosted``, no Docker); the
 actions that would need the network are mapped with ``--local-repository`` to the local
@@ -18,10 +23,12 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipelines.devstack import local_mlflow, local_s3, local_triton
 from pipelines.triton import TritonControl
@@ -37,7 +44,6 @@ STANDINS = {
     "actions/upload-artifact": "upload-artifact",
 }
 ENSEMBLE = "ensemble_multi_modal_model"
-BUCKET = "models"
 GIT = [
     "git",
     "-c",
@@ -49,10 +55,11 @@ GIT = [
 ]
 
 
-def local_repositories() -> list[str]:
-    """``--local-repository owner/name@SHA=stand-in`` for every pinned action the workflows use
-    (actions/checkout excepted: act checks out the local repository itself)."""
-    text = "".join(p.read_text() for p in sorted((ROOT / ".github" / "workflows").glob("*.yml")))
+def local_repositories(workflow: str) -> list[str]:
+    """``--local-repository owner/name@SHA=stand-in`` for every pinned action ``workflow`` uses
+    (actions/checkout excepted: act checks out the local repository itself).  Only the workflow
+    act runs: ci.yml's actions/cache, say, has no stand-in and needs none here."""
+    text = (ROOT / ".github" / "workflows" / workflow).read_text()
     args = []
     for repo, sha in sorted(set(re.findall(r"uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40})", text))):
         if repo != "actions/checkout":
@@ -65,6 +72,7 @@ class ActRun:
     returncode: int
     seconds: float
     records: list[dict[str, object]]
+    versions_before: dict[str, list[str]] = field(default_factory=dict)  # MLflow's, as act started
 
     def summary(self, job: str) -> str:
         """The job's ``$GITHUB_STEP_SUMMARY`` (act's JSON log carries it whole)."""
@@ -95,6 +103,7 @@ class WorkflowStack:
     repo: Path  # the project under test (a git repository)
     mlflow_url: str
     targets: dict[str, str]  # environment -> Triton gRPC URL
+    bucket: str  # the S3 bucket holding the environments' repositories
     runs: dict[str, ActRun] = field(default_factory=dict)
 
     @property
@@ -140,7 +149,7 @@ class WorkflowStack:
             ["git", "rev-parse", "HEAD"], cwd=self.repo, capture_output=True, text=True, check=True
         ).stdout.strip()
 
-    def act(self, event: str, workflow: str, payload: dict[str, object]) -> ActRun:
+    def act(self, event: str, workflow: str, payload: Mapping[str, object]) -> ActRun:
         """Run ``workflow``'s jobs for ``event`` with act in host mode; the JSON log is parsed."""
         event_file = self.root / f"event-{event}.json"
         event_file.write_text(json.dumps(payload))
@@ -161,7 +170,7 @@ class WorkflowStack:
             f"{RUNNER_LABEL}=-self-hosted",
             "--no-cache-server",
             "--json",
-            *local_repositories(),
+            *local_repositories(workflow),
             "-s",
             f"MLFLOW_TRACKING_URI={self.mlflow_url}",
             "-s",
@@ -175,6 +184,7 @@ class WorkflowStack:
             "MLREG_ACT_ARTIFACTS": str(self.artifacts),
             "MLREG_ACT_VENV": str(VENV_BIN.parent),
         }
+        before = self.versions()
         began = time.perf_counter()
         done = subprocess.run(command, cwd=self.repo, env=env, capture_output=True, text=True, timeout=900)
         seconds = time.perf_counter() - began
@@ -185,13 +195,25 @@ class WorkflowStack:
             except ValueError:
                 records.append({"msg": line})
         records += [{"msg": line} for line in done.stderr.splitlines()]
-        return ActRun(done.returncode, seconds, records)
+        return ActRun(done.returncode, seconds, records, before)
 
-    def aliases(self, model: str, alias: str) -> str | None:
+    def _client(self) -> Any:
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=self.mlflow_url, registry_uri=self.mlflow_url)
-        return dict(client.get_registered_model(model).aliases or {}).get(alias)
+        return MlflowClient(tracking_uri=self.mlflow_url, registry_uri=self.mlflow_url)
+
+    def aliases(self, model: str, alias: str) -> str | None:
+        return dict(self._client().get_registered_model(model).aliases or {}).get(alias)
+
+    def versions(self) -> dict[str, list[str]]:
+        """Every registered model's versions, as MLflow lists them now."""
+        client = self._client()
+        return {
+            m.name: sorted(
+                (str(v.version) for v in client.search_model_versions(f"name='{m.name}'")), key=int
+            )
+            for m in client.search_registered_models()
+        }
 
     def serving(self, env: str, model: str) -> list[str]:
         with TritonControl(self.targets[env], timeout=10) as triton:
@@ -199,21 +221,21 @@ class WorkflowStack:
         return sorted((v for v, s in states.items() if s == "READY"), key=int)
 
 
-def _toml(s3: local_s3.S3Server, targets: dict[str, str]) -> str:
+def _toml(s3: local_s3.S3Server, bucket: str, targets: dict[str, str]) -> str:
     return "".join(
-        f'[environments.{env}]\nstore = "{s3.store_uri(BUCKET, env)}"\n'
+        f'[environments.{env}]\nstore = "{s3.store_uri(bucket, env)}"\n'
         f'targets = ["{url}"]\nalias = "{env}"\ngpu = false\n\n'
         for env, url in targets.items()
     )
 
 
-def _placeholders(s3: local_s3.S3Server, prefixes: tuple[str, ...]) -> None:
+def _placeholders(s3: local_s3.S3Server, bucket: str, prefixes: tuple[str, ...]) -> None:
     """S3 has no empty folders, and Triton refuses a repository path that does not exist."""
     import boto3
 
     client = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1")
     for prefix in prefixes:
-        client.put_object(Bucket=BUCKET, Key=f"{prefix}/.mlreg-keep", Body=b"")
+        client.put_object(Bucket=bucket, Key=f"{prefix}/.mlreg-keep", Body=b"")
 
 
 def _project(repo: Path, toml: str) -> None:
@@ -232,16 +254,20 @@ def _project(repo: Path, toml: str) -> None:
 
 
 @contextmanager
-def workflow_stack(root: Path) -> Iterator[WorkflowStack]:
-    """The stack, with the template exported and ensemble v1 serving in staging and production."""
+def workflow_stack(root: Path, s3: local_s3.S3Server | None = None) -> Iterator[WorkflowStack]:
+    """The stack, with the template exported and ensemble v1 serving in staging and production.
+    ``s3``: a running S3 server to use (a bucket of the stack's own is made there); else one is
+    started for the stack."""
     for key, value in local_s3.CREDENTIALS.items():
         os.environ.setdefault(key, value)
     (root / "home").mkdir(parents=True, exist_ok=True)
+    bucket = f"workflows-{uuid.uuid4().hex[:12]}"
     with ExitStack() as stop:
-        s3, s3_process = local_s3.start_s3(root / "logs" / "moto.log")
-        stop.callback(local_s3.stop_s3, s3.pid, s3_process)
-        local_s3.create_bucket(s3.endpoint, BUCKET)
-        _placeholders(s3, ("staging", "production"))
+        if s3 is None:
+            s3, s3_process = local_s3.start_s3(root / "logs" / "moto.log")
+            stop.callback(local_s3.stop_s3, s3.pid, s3_process)
+        local_s3.create_bucket(s3.endpoint, bucket)
+        _placeholders(s3, bucket, ("staging", "production"))
         mlflow, mlflow_process = local_mlflow.start_mlflow(
             f"sqlite:///{root / 'mlflow.db'}",
             root / "mlflow-artifacts",
@@ -253,12 +279,12 @@ def workflow_stack(root: Path) -> Iterator[WorkflowStack]:
         for env in ("staging", "production"):
             standins = Settings.from_env().backends_source
             info, process = local_triton.start_server(
-                s3.store_uri(BUCKET, env), root / f"triton-{env}", standins
+                s3.store_uri(bucket, env), root / f"triton-{env}", standins
             )
             stop.callback(local_triton.stop_pid, info.pid, info.shm_prefix, process=process)
             targets[env] = info.grpc_url
-        stack = WorkflowStack(root, root / "repo", mlflow.url, targets)
-        _project(stack.repo, _toml(s3, targets))
+        stack = WorkflowStack(root, root / "repo", mlflow.url, targets, bucket)
+        _project(stack.repo, _toml(s3, bucket, targets))
         stack.mlreg("export")
         for env in targets:
             stack.mlreg("promote", ENSEMBLE, "--version", "1", "--env", env, "--skip-quality")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -49,8 +51,8 @@ def copy_model(built: Path, model: str, name: str, dest: Path) -> Path:
     return target
 
 
-def mlreg(*args: str, env: Settings) -> subprocess.CompletedProcess[str]:
-    """The CLI as a separate process (each export in a fresh process, as users run it)."""
+def mlreg_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a separate process, as users run it (this process's MLREG_HOME and MLflow)."""
     return subprocess.run(
         [sys.executable, "-m", "mlreg", *args],
         capture_output=True,
@@ -122,21 +124,46 @@ def test_version_tags_and_description_carry_the_lineage(
     assert data["validation"] == {"validation": "passed", "errors": []}
 
 
-def test_export_registers_and_reexport_is_idempotent(env: Settings) -> None:
-    first = mlreg("export", "table_data_model", "--json", env=env)
+def weights(registry: MlflowRegistry, name: str, version: str, dest: Path) -> dict[str, Any]:
+    """The registered ONNX graph's initializers (its weights), by name."""
+    import onnx
+    from onnx import numpy_helper
+
+    registry.fetch_version(name, version, dest)
+    graph = onnx.load(str(dest / version / "model" / "model.onnx")).graph
+    return {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+
+
+def test_export_registers_and_reexport_is_idempotent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first export and the re-export are fresh ``mlreg`` processes, as users run them: the
+    re-export is "unchanged" by MLflow's state alone.  (Both must be a process's first export of
+    the model: tf2onnx numbers the symbolic batch dimensions, ``unk__N``, process-wide, so a second
+    export in one process differs in bytes.)  The seeded export runs here (CliRunner); its new
+    weights are read back from the registry.  On the embedded registry only (a name of the template
+    in a tmp MLREG_HOME, shared with no other test): register's idempotence on the server is
+    test_register_is_idempotent_and_queryable[server]."""
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    registry = MlflowRegistry(Settings.from_env())
+    first = mlreg_process("export", "table_data_model", "--json")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["versions"][0]["created"] is True
-    again = mlreg("export", "table_data_model", env=env)
+    again = mlreg_process("export", "table_data_model")
     assert again.returncode == 0, again.stderr
     assert "table_data_model: unchanged, matches version 1" in again.stdout
-    changed = mlreg("export", "table_data_model", "--seed", "7", env=env)
+    assert [str(v.version) for v in registry.versions("table_data_model")] == ["1"]
+    changed = CliRunner().invoke(app, ["export", "table_data_model", "--seed", "7"])
+    assert changed.exit_code == 0, changed.output
     assert "table_data_model: registered version 2" in changed.stdout
-    mv = MlflowRegistry(env).version("table_data_model", "2")
+    mv = registry.version("table_data_model", "2")
     assert mv.tags["exporter_sha256"]
-    run = MlflowRegistry(env).client.get_run(mv.run_id)
+    run = registry.client.get_run(mv.run_id)
     assert run.data.params["seed"] == "7"
     assert run.data.params["opset"] == "13"
     assert run.data.metrics["tensor_count"] == 3
+    one, seven = (weights(registry, "table_data_model", v, tmp_path / f"v{v}") for v in ("1", "2"))
+    assert sorted(one) == sorted(seven)
+    assert any((one[k] != seven[k]).any() for k in one)  # other weights: seed 7's, not a renumbering
 
 
 def test_a_contract_failure_is_registered_but_tagged_failed(
@@ -178,24 +205,50 @@ def test_bad_input_gets_a_clear_error(env: Settings, built_repository: Path, tmp
     assert "Traceback" not in result.output
 
 
+def files_under(root: Path) -> dict[str, str]:
+    """Every file and folder under ``root``: a file's sha256, a folder's '/' (links: their target)."""
+    tree = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            tree[rel] = f"-> {os.readlink(path)}"
+        elif path.is_dir():
+            tree[rel] = "/"
+        else:
+            tree[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return tree
+
+
 def test_tracking_server_down_fails_fast_and_writes_nothing(
     built_repository: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """What ``register`` could write: MLflow (the server: down, so nothing), the state folder
+    (MLREG_HOME: an embedded sqlite registry, artifacts, logs), the candidate's own folder, the
+    working folder, and scratch folders (validation, run metadata).  None appears or changes."""
     from pipelines.devstack.local_triton import free_port
 
-    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    home, scratch = tmp_path / "home", tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where mlreg's scratch folders go
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setenv("MLREG_HOME", str(home))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("MLREG_MLFLOW_TIMEOUT", "2")
+    monkeypatch.chdir(tmp_path)
     folder = copy_model(built_repository, "table_data_preprocess", "table_data_preprocess", tmp_path / "m")
+    before = files_under(tmp_path)
     result = CliRunner().invoke(app, ["register", "table_data_preprocess", str(folder)])
-    assert result.exit_code == 4
+    assert result.exit_code == 4, result.output
     assert "error: MLflow (http://127.0.0.1:" in result.output
     assert "fix: check the tracking server at http://127.0.0.1:" in result.output
+    assert files_under(tmp_path) == before  # no state folder, no registry file, no scratch left
+    assert not home.exists()
     versions = CliRunner().invoke(app, ["versions", "table_data_preprocess"])
     assert versions.exit_code == 4
     assert "is up (MLFLOW_TRACKING_URI)" in versions.output
+    assert files_under(tmp_path) == before
 
 
 def test_a_failure_after_the_run_started_leaves_no_orphan(
@@ -225,25 +278,86 @@ def test_a_failure_after_the_run_started_leaves_no_orphan(
     assert registry.find_by_tag(name, "validation", "passed") == []
 
 
+RACE_CHILD = """
+import sys, time
+from pathlib import Path
+from registry.mlflow import MlflowRegistry
+from registry.settings import Settings
+
+home, barrier, me = sys.argv[1:4]
+registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": home}))
+client = registry.client  # MLflow imported and the store opened before the race
+lookup, create = client.get_experiment_by_name, client.create_experiment
+outcome = []
+
+
+def lookup_then_wait_for_the_other(name):
+    found = lookup(name)
+    if not outcome:  # the first lookup returns once both processes have looked
+        Path(barrier, me).touch()
+        deadline = time.monotonic() + 120  # a guard against a dead sibling, not a measurement
+        while len(list(Path(barrier).iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    outcome.append("looked up: " + ("found" if found else "none"))
+    return found
+
+
+def create_and_note(*args, **kwargs):
+    try:
+        made = create(*args, **kwargs)
+    except Exception:
+        outcome.append("creation refused")
+        raise
+    outcome.append("created")
+    return made
+
+
+client.get_experiment_by_name = lookup_then_wait_for_the_other
+client.create_experiment = create_and_note
+experiment = registry.experiment_id("mlreg-promotions")
+print(experiment, "|".join(outcome))
+"""
+
+
 def test_two_processes_creating_one_experiment_at_once_share_it(tmp_path: Path) -> None:
     """Two promotions at once on a fresh MLflow both create 'mlreg-promotions'; the slower one
-    used to lose its run (seen on PostgreSQL).  Both registries here are real (one sqlite file);
-    only the ordering is arranged: the second looks the name up just before the first creates it."""
-    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg"), "PATH": os.environ["PATH"]})
-    first, second = MlflowRegistry(settings), MlflowRegistry(settings)
-    lookup = second.client.get_experiment_by_name
-    calls: list[str] = []
+    used to lose its run (seen on PostgreSQL).  Two real processes on one real sqlite registry.
+    Only the interleaving is arranged, in each child: its first ``get_experiment_by_name`` (the real
+    one) returns only once both children have looked the name up, so both find nothing and both
+    create it; the creations are not arranged (the database lets one win)."""
+    home, barrier = tmp_path / ".mlreg", tmp_path / "barrier"
+    barrier.mkdir()
+    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(home)}))
+    registry.client.search_experiments()  # the database made (schema) before the race, as a server's is
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE_CHILD, str(home), str(barrier), str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        for i in range(2)
+    ]
+    answers = []
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-3000:]
+        answers.append(out.strip().splitlines()[-1].split(" ", 1))
+    ids = {experiment for experiment, _ in answers}
+    assert sorted(outcome for _, outcome in answers) == [
+        "looked up: none|created",
+        "looked up: none|creation refused|looked up: found",
+    ]  # both looked before either created; one creation lost, and its process found the winner's
+    from mlflow.entities import ViewType
 
-    def lookup_before_the_other_creates(name: str) -> Any:  # MLflow's Experiment | None
-        calls.append(name)
-        if len(calls) == 1:
-            first.experiment_id(name)  # the other process creates it now...
-            return None  # ...after this process's lookup found nothing
-        return lookup(name)
-
-    second.client.get_experiment_by_name = lookup_before_the_other_creates  # type: ignore[method-assign]
-    assert second.experiment_id("mlreg-promotions") == first.experiment_id("mlreg-promotions")
-    assert calls == ["mlreg-promotions", "mlreg-promotions"]  # the creation failed, the lookup found it
+    named = registry.client.search_experiments(
+        view_type=ViewType.ALL, filter_string="name = 'mlreg-promotions'"
+    )
+    assert [e.experiment_id for e in named] == list(ids)  # one experiment, the id both use
 
 
 # -- what the promotion asks of the registry (pipelines/promote/ports.py Registry) -----------------

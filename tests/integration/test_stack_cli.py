@@ -12,9 +12,13 @@ from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from pipelines.devstack import local_triton, processes
+from pipelines.triton import TritonControl
 from registry.settings import Settings
+from tests.conftest import failing_python_model
 
 pytestmark = pytest.mark.integration
+
+REASON = "the tokenizer vocabulary is missing"
 
 
 @pytest.fixture
@@ -74,17 +78,24 @@ def test_a_model_that_fails_to_load_reports_the_servers_reason(
     built_repository: Path,
     tmp_path: Path,
 ) -> None:
-    import shutil
-
+    """The reason is Triton's own: the python backend's ``initialize`` raises in the stub that
+    Triton started, and the server hands that error back in its load answer."""
     repo = tmp_path / "repo"
-    shutil.copytree(built_repository / "table_data_model", repo / "table_data_model")
-    shutil.rmtree(repo / "table_data_model" / "1" / "model")
-    result = runner.invoke(app, ["stack", "up", "-r", str(repo), "-l", "table_data_model", "--no-ui"])
+    shutil.copytree(built_repository / "table_data_preprocess", repo / "table_data_preprocess")
+    (repo / "table_data_preprocess" / "1" / "model.py").write_text(failing_python_model(REASON))
+    result = runner.invoke(app, ["stack", "up", "-r", str(repo), "-l", "table_data_preprocess", "--no-ui"])
     try:
-        assert result.exit_code == 6
+        assert result.exit_code == 6, result.output
         assert "error: load failed on 127.0.0.1:" in result.output
-        assert "model 'table_data_model'" in result.output
-        assert "unable to find" in result.output
+        assert "model 'table_data_preprocess'" in result.output
+        # Triton's own words: its load answer names the state and the stub's exception
+        assert f"version 1 is at UNAVAILABLE state: Internal: RuntimeError: {REASON}" in result.output
+        status = runner.invoke(app, ["stack", "status", "--json"])
+        assert status.exit_code == 0, status.output  # the server runs on; the model does not
+        with TritonControl(json.loads(status.output)["grpc_url"]) as triton:
+            index = {m["name"]: m for m in triton.repository_index()}
+        assert index["table_data_preprocess"]["state"] == "UNAVAILABLE"
+        assert REASON in index["table_data_preprocess"]["reason"]  # Triton's record, not mlreg's
     finally:
         runner.invoke(app, ["stack", "down"])
 
@@ -142,7 +153,6 @@ def test_up_with_nothing_built_serves_an_empty_repository_ready_for_promote(
 def test_a_scratch_server_loads_on_demand_and_stops_when_left(built_repository: Path, tmp_path: Path) -> None:
     """The quality gate's dry-run server (pipelines/devstack/scratch.py): explicit model control."""
     from pipelines.devstack.scratch import scratch_servers
-    from pipelines.triton import TritonControl
 
     repository = tmp_path / "repo"
     shutil.copytree(built_repository / "table_data_preprocess", repository / "table_data_preprocess")

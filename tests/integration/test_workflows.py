@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,9 @@ INJECTION = 'x"; touch PWNED; echo "'
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkflowStack]:
-    with workflow_stack(tmp_path_factory.mktemp("workflows")) as running:
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[WorkflowStack]:
+    """The session's S3 server (a bucket of the stack's own); MLflow and Triton the stack's own."""
+    with workflow_stack(tmp_path_factory.mktemp("workflows"), s3=s3_server) as running:
         yield running
 
 
@@ -103,7 +104,7 @@ def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Pat
     assert versions_from_alias(registry, "staging", "production") == [("a", "2"), ("c", "1")]
 
 
-def _registry_state(tmp_path: Path) -> tuple[Any, dict[str, tuple[int, dict[str, str]]]]:
+def _registry_state(tmp_path: Path) -> tuple[Any, Callable[[], dict[str, tuple[int, dict[str, str]]]]]:
     """A sqlite registry under ``tmp_path/.mlreg``: scorer v1, v2 (staging -> 2, local -> 1) and
     ranker v1 (staging -> 1); and a snapshot function of every model's version count and aliases."""
     from registry.mlflow import MlflowRegistry
@@ -246,6 +247,11 @@ def test_push_promotes_the_changed_model_to_staging(stack: WorkflowStack) -> Non
 
 
 def test_production_job_promotes_the_versions_the_staging_alias_holds(stack: WorkflowStack) -> None:
+    """Production never re-exports (nor registers anything): every version MLflow gained during the
+    merge's run is the one the ``staging`` alias holds, so the staging job registered it (the
+    production job moves only ``production``); and the production job has no export step."""
+    import yaml
+
     run = stack.runs["push"]  # the same merge: the production job ran after the staging job
     assert run.job_result("production") == "success", run.output[-6000:]
     for model in (CHANGED, ENSEMBLE):
@@ -255,10 +261,16 @@ def test_production_job_promotes_the_versions_the_staging_alias_holds(stack: Wor
     assert "## mlreg promotion: `production`" in summary
     assert f"| {ENSEMBLE} | v{stack.aliases(ENSEMBLE, 'staging')} | promoted |" in summary
     assert f"| {CHANGED} | v2 | promoted with its ensemble |" in summary
-    exported = [
-        r for r in run.records if r.get("jobID") == "production" and "mlreg export" in str(r.get("msg"))
-    ]
-    assert exported == []  # production never re-exports
+
+    before = {(m, v) for m, vs in run.versions_before.items() for v in vs}
+    now = {(m, v) for m, vs in stack.versions().items() for v in vs}
+    assert before <= now
+    new = now - before  # staging's export of the change, and the ensemble version pinning it
+    assert new == {(CHANGED, "2"), (ENSEMBLE, stack.aliases(ENSEMBLE, "staging"))}, new
+    assert {(model, stack.aliases(model, "staging")) for model, _ in new} == new  # production's: none
+    workflow = yaml.safe_load((stack.repo / ".github" / "workflows" / "promote.yml").read_text())  # act's
+    commands = [str(step.get("run", "")) for step in workflow["jobs"]["production"]["steps"]]
+    assert not [c for c in commands if "mlreg export" in c or "mlreg register" in c]
 
 
 def test_pull_request_with_a_breaking_change_fails_the_plan_naming_the_tensor(stack: WorkflowStack) -> None:
