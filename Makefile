@@ -13,9 +13,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# --no-compile: byte-compiling every dependency costs ~50 s; Python compiles what it imports
-	set -o pipefail; $(PY) -m pip install --quiet --no-compile --disable-pip-version-check -e '.[all,dev]' 2>&1 \
-		| { grep -v '^WARNING: Location' || true; }
+	bash .ci/install.sh $(VENV)
 	$(PY) -c "import registry, pipelines, tensorflow, tf2onnx, onnxruntime, pytriton, tritonclient.grpc, mlflow, boto3, great_expectations, moto"
 	touch $(STAMP)
 
