@@ -6,7 +6,8 @@ Each case folder holds model folders (``config.pbtxt``; version folders are adde
 - ``verdict``: what Triton 2.51 does when ``load`` is loaded (``accept`` / ``reject``);
 - ``mlreg``: mlreg's verdict where it differs on purpose (a fault Triton loads but that fails at
   inference: mlreg reports it labelled ``[mlreg]``); defaults to ``verdict``;
-- ``names``: the tensor / field both must name; ``message``: Triton's wording, which mlreg uses;
+- ``names``: the tensor / field both must name, as Triton's ``message`` writes it (required for every
+  case that Triton or mlreg rejects); ``message``: Triton's wording, which mlreg uses;
 - ``decided-by``: ``core`` (Triton's config checks, any backend) or ``backend`` (only the model's
   backend decides, e.g. NVIDIA's C++ onnxruntime backend; the local stack runs a stand-in).
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CORPUS = Path(__file__).parent
+TRITON_VERSION = "2.51.0"  # the tritonserver (nvidia-pytriton 0.7.0's binary) the verdicts were read from
 PYTHON_MODEL = """import triton_python_backend_utils as pb_utils
 
 

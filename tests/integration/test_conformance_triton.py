@@ -5,6 +5,11 @@ Config errors reach the client only as a failed load ("failed to poll from model
 status message); the reason is read from the repository index and the server log.  Cases that only
 a backend decides (``decided-by: backend``) are not loaded: the local stack's onnxruntime and
 tensorflow backends are stand-ins, not NVIDIA's C++ backends.
+
+The verdicts are those of one Triton release (``corpus.TRITON_VERSION``): the server's own metadata
+is checked against it, so a wheel that brings another tritonserver fails here, not as a changed
+verdict.  Every case that Triton or mlreg rejects names its tensor or field (``names``, as Triton's
+message writes it), so the "names the field" half of each check can never be vacuous.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from pipelines.devstack import local_triton
 from pipelines.triton import TritonControl, TritonError
 from registry.contracts.validate import validate_path
 from registry.settings import Settings
-from tests.conformance.corpus import Case, load_cases, materialize
+from tests.conformance.corpus import TRITON_VERSION, Case, load_cases, materialize
 
 CASES = [c for c in load_cases() if c.decided_by == "core"]
 GPUS = 0  # this machine has no GPU: Triton's instance-group verdicts are those of a 0-GPU server
+
+pytestmark = pytest.mark.integration
 
 
 @dataclass
@@ -60,13 +67,28 @@ def triton_verdict(server: Server, case: Case) -> tuple[str, str]:
     return "accept", ""
 
 
+def test_the_server_is_the_triton_release_the_verdicts_were_read_from(server: Server) -> None:
+    metadata = server.control.server_metadata()
+    assert (metadata["name"], metadata["version"]) == ("triton", TRITON_VERSION), metadata
+
+
+def test_every_rejected_case_names_its_field_in_tritons_words() -> None:
+    rejected = [c for c in load_cases() if "reject" in (c.verdict, c.mlreg)]
+    assert len(rejected) >= 32  # the corpus as of Triton 2.51: 31 rejected by Triton, 1 by mlreg only
+    unnamed = [c.name for c in rejected if not c.names.strip()]
+    assert unnamed == [], "cases without names: (the tensor or field the message names)"
+    astray = [c.name for c in rejected if c.names not in c.message]
+    assert astray == [], "cases whose names are not in their message"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_triton_and_mlreg_agree(server: Server, case: Case, tmp_path: Path) -> None:
     verdict, reason = triton_verdict(server, case)
     assert verdict == case.verdict, f"Triton: {verdict} {reason}"
     if verdict == "reject":
+        assert case.names, f"{case.name}: a rejected case must name its tensor or field (names:)"
         assert case.message in reason, reason
-        assert case.names in reason
+        assert case.names in reason, reason
     # mlreg on the same case: the same verdict (or, labelled [mlreg], a fault Triton leaves to inference)
     materialize(case, tmp_path)
     errors = validate_path(tmp_path, gpus=GPUS).errors
@@ -75,4 +97,6 @@ def test_triton_and_mlreg_agree(server: Server, case: Case, tmp_path: Path) -> N
     if verdict == "reject":
         assert any(case.message in f.line() and case.names in f.line() for f in triton_errors)
     if case.mlreg != verdict:
-        assert any(f.origin == "mlreg" and case.message in f.line() for f in errors)
+        assert case.names, f"{case.name}: a case mlreg rejects must name its tensor or field (names:)"
+        lines = [f.line() for f in errors if f.origin == "mlreg" and case.message in f.line()]
+        assert any(case.names in text for text in lines), [f.line() for f in errors]

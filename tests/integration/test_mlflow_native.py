@@ -9,6 +9,7 @@ deployed with the real `mlflow deployments create -t mlreg` in a subprocess.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -379,6 +380,8 @@ def test_a_contract_breaking_version_is_refused_with_the_reason(
     config.write_text(config.read_text().replace("dims: [ 3 ]", "dims: [ 4 ]", 1))
     version = register(in_project.registry, find_candidate(folder)).version
     uri = f"models:/table_data_preprocess/{version}"
+    before = _untouched(in_project)
+    assert "table_data_preprocess/config.pbtxt" in before["files"]  # the snapshot sees the store
     refused = in_project.mlflow(
         "deployments", "create", "-t", "mlreg", "--name", "table_data_preprocess", "-m", uri
     )
@@ -386,8 +389,28 @@ def test_a_contract_breaking_version_is_refused_with_the_reason(
     assert "error: promotion of table_data_preprocess version" in refused.stderr
     assert "contract check failed" in refused.stderr
     assert "fix: " in refused.stderr
+    assert _untouched(in_project) == before  # the store's configs and bytes, every alias, Triton
     assert in_project.serving("table_data_preprocess") == ["1"]
     assert in_project.registry.aliases("table_data_preprocess")["local"] == "1"
+    assert not (in_project.settings.local_repository / "table_data_preprocess" / version).exists()
+
+
+def _untouched(stack: NativeStack) -> dict[str, Any]:
+    """What a refused promotion must leave alone: the store's files (configs, version files,
+    manifests: sha256 each; locks and the python stub's bytecode cache left out), every alias of
+    the refused model and of the ensemble that uses it, and what Triton serves of both."""
+    root = stack.settings.local_repository
+    files = {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".mlreg-lock.") and "__pycache__" not in p.parts
+    }
+    models = ("table_data_preprocess", ENSEMBLE)
+    return {
+        "files": files,
+        "aliases": {m: stack.registry.aliases(m) for m in models},
+        "serving": {m: stack.serving(m) for m in models},
+    }
 
 
 def test_dry_run_delete_and_bad_requests(

@@ -158,7 +158,7 @@ def test_a_missing_mlreg_home_is_fine_and_not_created(
     assert not (tmp_path / "not").exists()
 
 
-def test_versions_of_an_unknown_model_exits_4(runner: CliRunner, tmp_path: Path) -> None:
+def test_versions_of_an_unknown_model_exits_4(runner: CliRunner, registry_home: Path) -> None:
     result = runner.invoke(app, ["versions", "no_such_model"])
     assert result.exit_code == 4
     assert "error: model 'no_such_model' is not registered in MLflow (sqlite:///" in result.stderr
@@ -206,7 +206,7 @@ def test_tables_are_rich_tables_with_whole_rows(capsys: pytest.CaptureFixture[st
 
 
 def test_register_findings_name_the_users_folder_not_a_scratch_copy(
-    runner: CliRunner, tmp_path: Path
+    runner: CliRunner, tmp_path: Path, registry_home: Path
 ) -> None:
     model = tmp_path / "build" / "table_data_preprocess"
     (model / "1").mkdir(parents=True)
@@ -220,29 +220,7 @@ def test_register_findings_name_the_users_folder_not_a_scratch_copy(
     assert "INFO mlflow" not in result.output  # MLflow's own start-up lines stay out of the CLI's output
 
 
-TENSORFLOW_LINES = ("oneDNN", "absl", "cpu_feature_guard", "This TensorFlow binary", "tensorflow/core")
-
-
-def test_tensorflow_start_up_lines_never_reach_the_cli_output(tmp_path: Path) -> None:
-    """A real export (TensorFlow and tf2onnx imported) with none of TensorFlow's variables set."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "MLREG_DEBUG"))}
-    env["MLREG_HOME"] = str(tmp_path / "home")
-    run = subprocess.run(
-        [sys.executable, "-m", "mlreg", "template", "build", str(tmp_path / "out"), "-m", "table_data_model"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr
-    assert (tmp_path / "out/table_data_model/1/model/model.onnx").is_file()
-    assert run.stdout == f"built 1 models into {tmp_path / 'out'}\n"
-    assert run.stderr == "  table_data_model\n"
-    assert not [line for line in TENSORFLOW_LINES if line in run.stdout + run.stderr]
+# The TensorFlow start-up lines of a real export: tests/integration/test_unit_moved_exports.py
 
 
 def test_a_state_folder_that_cannot_be_created_is_a_settings_error(
@@ -295,7 +273,7 @@ def _registered_models(home: Path) -> list[str]:
 
 
 def test_export_changed_without_a_base_to_compare_with_refuses_before_registering(
-    runner: CliRunner, tmp_path: Path
+    runner: CliRunner, tmp_path: Path, registry_home: Path
 ) -> None:
     result = runner.invoke(app, ["export", "--changed"])
     assert result.exit_code == 2, result.output
@@ -317,7 +295,7 @@ def test_export_against_without_changed_is_a_usage_error(runner: CliRunner, tmp_
     assert not (tmp_path / "home" / "exports").exists()
 
 
-def test_export_changed_needs_only_one_model_holding_the_alias(tmp_path: Path) -> None:
+def test_export_changed_needs_only_one_model_holding_the_alias(tmp_path: Path, registry_home: Path) -> None:
     from registry.errors import UsageError
     from registry.export import require_base
     from registry.mlflow import MlflowRegistry

@@ -13,18 +13,18 @@ from registry.contracts.diff import diff_configs, diff_model
 from registry.contracts.repository import read_repository
 
 
-def config(built: Path, model: str):
-    return load_config(built / model / "config.pbtxt")
+def config(repository: Path, model: str):
+    return load_config(repository / model / "config.pbtxt")
 
 
-def test_identical_versions_have_no_change(built_repository: Path) -> None:
-    old = config(built_repository, "image_model")
+def test_identical_versions_have_no_change(standin_repository: Path) -> None:
+    old = config(standin_repository, "image_model")
     assert diff_configs(old, old) == []
 
 
-def test_classifies_each_kind_of_change(built_repository: Path) -> None:
-    old = config(built_repository, "table_data_model")
-    new = config(built_repository, "table_data_model")
+def test_classifies_each_kind_of_change(standin_repository: Path) -> None:
+    old = config(standin_repository, "table_data_model")
+    new = config(standin_repository, "table_data_model")
     new.input[0].dims[0] = -1  # input widened: compatible
     new.input[1].data_type = 2  # TYPE_UINT8: breaking
     new.output.add(name="extra", data_type=11, dims=[1])  # new output: compatible
@@ -38,20 +38,20 @@ def test_classifies_each_kind_of_change(built_repository: Path) -> None:
     ]
 
 
-def test_removed_output_and_new_input_are_breaking(built_repository: Path) -> None:
-    old = config(built_repository, "multi_modal_model")
-    new = config(built_repository, "multi_modal_model")
+def test_removed_output_and_new_input_are_breaking(standin_repository: Path) -> None:
+    old = config(standin_repository, "multi_modal_model")
+    new = config(standin_repository, "multi_modal_model")
     new.input.add(name="mask", data_type=11, dims=[10])
     del new.output[:]
     kinds = {(c.kind, c.tensor, c.impact) for c in diff_configs(old, new)}
     assert kinds == {("input-added", "mask", "breaking"), ("output-removed", "output", "breaking")}
 
 
-def test_a_reshaped_output_breaks_the_ensemble_that_uses_it(built_repository: Path) -> None:
-    old = config(built_repository, "image_model")
-    new = config(built_repository, "image_model")
+def test_a_reshaped_output_breaks_the_ensemble_that_uses_it(standin_repository: Path) -> None:
+    old = config(standin_repository, "image_model")
+    new = config(standin_repository, "image_model")
     new.output[0].dims[0] = 12
-    result = diff_model(old, new, read_repository(built_repository))
+    result = diff_model(old, new, read_repository(standin_repository))
     assert result.breaking
     [finding] = result.ensemble_findings
     assert finding.model == "ensemble_multi_modal_model"
@@ -62,19 +62,19 @@ def test_a_reshaped_output_breaks_the_ensemble_that_uses_it(built_repository: Pa
     )
 
 
-def test_cli_diff_exit_codes(built_repository: Path, tmp_path: Path) -> None:
+def test_cli_diff_exit_codes(standin_repository: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     same = runner.invoke(
-        app, ["diff", str(built_repository / "image_model"), str(built_repository / "image_model")]
+        app, ["diff", str(standin_repository / "image_model"), str(standin_repository / "image_model")]
     )
     assert same.exit_code == 0
     assert same.output.strip() == "image_model: 0 change(s), compatible"
     candidate = tmp_path / "image_model"
-    shutil.copytree(built_repository / "image_model", candidate, ignore=shutil.ignore_patterns("1"))
+    shutil.copytree(standin_repository / "image_model", candidate, ignore=shutil.ignore_patterns("1"))
     text = (candidate / "config.pbtxt").read_text().replace("data_type: TYPE_FP32", "data_type: TYPE_FP16", 1)
     (candidate / "config.pbtxt").write_text(text)
     broken = runner.invoke(
-        app, ["diff", str(built_repository / "image_model"), str(candidate), "-r", str(built_repository)]
+        app, ["diff", str(standin_repository / "image_model"), str(candidate), "-r", str(standin_repository)]
     )
     assert broken.exit_code == 1
     assert "breaking: retyped 'image': FP32 -> FP16" in broken.output

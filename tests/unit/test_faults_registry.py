@@ -16,49 +16,7 @@ from pipelines.promote.record import RecordWrites, failed_record, repair_record
 from pipelines.promote.status import _missing_detail, served_models
 from registry.errors import RegistryError
 from registry.mlflow.disk import disk_full_error, is_disk_full
-
-
-class Registered:
-    """Aliases and version tags in memory; ``down`` makes every call fail as MLflow down does."""
-
-    def __init__(self) -> None:
-        self.alias_map: dict[str, dict[str, str]] = {}
-        self.tags: dict[tuple[str, str], dict[str, str]] = {}
-        self.down = False
-        self.fail_on: set[str] = set()
-
-    def _check(self, what: str) -> None:
-        if self.down or what in self.fail_on:
-            raise RegistryError(f"MLflow: {what} failed: connection refused")
-
-    def aliases(self, name: str) -> dict[str, str]:
-        self._check("aliases")
-        return dict(self.alias_map.get(name, {}))
-
-    def set_alias(self, name: str, alias: str, version: str) -> None:
-        self._check(f"set_alias {name}")
-        self.alias_map.setdefault(name, {})[alias] = version
-
-    def delete_alias(self, name: str, alias: str) -> None:
-        self._check("delete_alias")
-        self.alias_map.get(name, {}).pop(alias, None)
-
-    def version_tags(self, name: str, version: str) -> dict[str, str]:
-        self._check("tags")
-        return dict(self.tags.get((name, version), {}))
-
-    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
-        self._check("set_tag")
-        self.tags.setdefault((name, version), {})[key] = value
-
-    def delete_version_tag(self, name: str, version: str, key: str) -> None:
-        self._check("delete_tag")
-        self.tags.get((name, version), {}).pop(key, None)
-
-    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
-        return [
-            SimpleNamespace(version=v, tags=t) for (m, v), t in self.tags.items() if m == name and key in t
-        ]
+from tests.fakes import FakeRegistry
 
 
 def test_enospc_and_sqlites_full_database_are_one_disk_full_error(tmp_path: Path) -> None:
@@ -74,7 +32,7 @@ def test_enospc_and_sqlites_full_database_are_one_disk_full_error(tmp_path: Path
 
 
 def test_a_failed_alias_move_puts_back_the_moved_aliases_and_tags_and_says_what_moved() -> None:
-    registry = Registered()
+    registry = FakeRegistry()
     registry.alias_map = {"member": {"s3": "8"}, "ens": {"s3": "3"}}
     registry.tags[("member", "5")] = {}
     writes = RecordWrites("s3", "promoted_s3")
@@ -92,7 +50,7 @@ def test_a_failed_alias_move_puts_back_the_moved_aliases_and_tags_and_says_what_
 
 
 def test_mlflow_down_leaves_the_moves_named_in_the_error() -> None:
-    registry = Registered()
+    registry = FakeRegistry()
     registry.alias_map = {"member": {"s3": "8"}}
     writes = RecordWrites("s3", "promoted_s3")
     reg = cast(Registry, registry)
@@ -104,7 +62,7 @@ def test_mlflow_down_leaves_the_moves_named_in_the_error() -> None:
 
 
 def test_the_no_op_repairs_the_alias_and_a_failed_attempts_tag() -> None:
-    registry = Registered()
+    registry = FakeRegistry()
     registry.alias_map = {"member": {"s3": "5"}}
     registry.tags[("member", "8")] = {"promoted_s3": "2026-12-04T09:00:00Z"}
     registry.tags[("member", "5")] = {"promoted_s3": "2026-12-04T10:00:00Z"}  # the failed attempt's

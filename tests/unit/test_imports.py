@@ -59,8 +59,8 @@ def run_cli(*args: str) -> tuple[dict[str, object], str]:
     return json.loads(last), "\n".join(printed)
 
 
-def test_validate_of_the_built_template_imports_no_heavy_module(built_repository: Path) -> None:
-    result, printed = run_cli("validate", str(built_repository))
+def test_validate_of_the_built_template_imports_no_heavy_module(standin_repository: Path) -> None:
+    result, printed = run_cli("validate", str(standin_repository))
     assert result == {"exit": 0, "heavy": []}
     # the ONNX model and both SavedModels were read (an artifact mismatch would be an error)
     assert "6 model(s) checked: 0 error(s)" in printed

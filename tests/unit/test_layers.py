@@ -11,6 +11,7 @@ function-local imports, which do run, but not ``if TYPE_CHECKING:`` blocks, whic
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -47,8 +48,7 @@ def _is_import_module(func: ast.expr) -> bool:
 def first_party_imports(package: str) -> Iterator[tuple[str, str]]:
     """("file:line", imported top-level package) for each first-party import in ``package``."""
     for path in sorted((ROOT / package).rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for line, name in imported_names(tree):
+        for line, name in imported_names(parse(path)):
             top = name.split(".")[0]
             if top in FIRST_PARTY:
                 yield f"{path.relative_to(ROOT)}:{line}", top
@@ -119,9 +119,10 @@ def module_imports(module: str, nodes: Iterable[ast.AST]) -> Iterator[tuple[int,
         for name in names:
             found = _known(name)
             if found is not None and found != module:
-                yield node.lineno, found
+                yield getattr(node, "lineno", 0), found  # an import or a call: it has one
 
 
+@functools.cache  # each test walks every module: parsed once a run (the trees are only read)
 def parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 

@@ -5,7 +5,7 @@ promotes that version, so production's ensemble serves folder "2"; a member's pr
 production then re-points it again and registers the re-pointed config. The registered artifact is
 a plain model version (``config.pbtxt`` + ``1/``), whatever folder the environment serves it as.
 
-The same fakes as tests/unit/test_promotion.py (registry and targets; the store is a real folder).
+The fakes of tests/fakes.py, as tests/unit/test_promotion.py uses them (the store is a real folder).
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from pipelines.promote.environments import Environment
 from pipelines.promote.plan import Role, serving_versions
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
-from tests.unit.test_promotion import MEMBER, FakeFleet, World
+from tests.unit.test_promotion import MEMBER, Servers, World
 
 
-def _promote_in(
-    world: World, env: Environment, fleet: FakeFleet, model: str, version: str
-) -> PromotionResult:
+def _promote_in(world: World, env: Environment, fleet: Servers, model: str, version: str) -> PromotionResult:
     promotion = Promotion(
         world.settings,
         env,
@@ -42,7 +40,7 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(tmp_path: 
     production_root = tmp_path / "production"
     production_root.mkdir()
     production = Environment("production", str(production_root), ("p0:8001",), "production", gpu=False)
-    fleet = FakeFleet(production_root)
+    fleet = Servers(production_root)
     _promote_in(world, production, fleet, "ens", "2")  # members first, then ens v2 in folder "2"
     assert serving_versions(fleet.store.read_config("ens")) == ["2"]
     assert fleet.targets["p0:8001"].states["ens"] == {"2": "READY"}

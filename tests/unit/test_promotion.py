@@ -1,32 +1,28 @@
 """The promotion runner on small in-memory fakes: the plan, the deploy order, the rollback order.
 
-The registry and the serving targets are fakes of the Protocols in pipelines/promote/ports.py (the
-real ones are exercised by tests/integration/test_promote.py on a real Triton and MLflow); the
-store is a real local folder.  A fake target "loads" a model by reading the store's config, as
-Triton does, and every call is written to one shared event list so the order can be asserted.
+The registry and the serving targets are the fakes of the Protocols in pipelines/promote/ports.py
+(tests/fakes.py; the real ones are exercised by tests/integration/test_promote.py on a real Triton
+and MLflow); the store is a real local folder.  A fake target "loads" a model by reading the
+store's config, as Triton does, and every call is written to one shared event list (``Servers``,
+the targets' handler) so the order can be asserted.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Mapping
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2
 
 from pipelines.promote.environments import Environment
-from pipelines.promote.plan import Role, config_facts, ensemble_pins, serving_versions
+from pipelines.promote.plan import Role, serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from registry.errors import StorageError, TritonError
-from registry.manifest import artifact_digest
 from registry.settings import Settings
+from tests.fakes import Call, FakeRegistry, FakeTarget
 
 MEMBER = """name: "{name}"
 backend: "python"
@@ -49,202 +45,12 @@ ensemble_scheduling {
   ]
 }
 """
-MODEL_PY = """import numpy as np
-import triton_python_backend_utils as pb_utils
 
 
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([]) for _ in requests]  # version {version}
-"""
+class Servers:
+    """The environment's Tritons: ``FakeTarget`` s sharing one handler, which writes every load and
+    unload to one event list (so the order can be asserted) and provokes the faults a test asks for."""
 
-
-class FakeRegistry:
-    """Registered versions as folders (config.pbtxt + <version>/), aliases, tags and runs in memory."""
-
-    uri = "memory://registry"
-
-    def __init__(self, root: Path, events: list[tuple[Any, ...]]) -> None:
-        self.root = root
-        self.events = events
-        self.tags: dict[tuple[str, str], dict[str, str]] = {}
-        self.alias_map: dict[str, dict[str, str]] = {}
-        self.runs: list[dict[str, Any]] = []
-
-    def add(self, name: str, version: str, config: str, validation: str = "passed") -> None:
-        folder = self.root / name / version
-        (folder / "model" / "1").mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(config)
-        if not config_facts(config).is_ensemble:
-            (folder / "model" / "model.py").write_text(MODEL_PY.format(version=version))
-        digest = artifact_digest(folder / "model", folder / "config.pbtxt")
-        self.tags[(name, version)] = {"validation": validation, "artifact_digest": digest}
-
-    # -- the Registry protocol ------------------------------------------------------------------
-
-    def warm_up(self) -> None:
-        pass
-
-    def ping(self) -> None:
-        pass
-
-    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
-        source = self.root / name / version
-        shutil.copy2(source / "config.pbtxt", dest / "config.pbtxt")
-        shutil.copytree(source / "model", dest / version)
-        return dict(self.tags[(name, version)])
-
-    def register_version(
-        self,
-        name: str,
-        version_dir: Path,
-        config_path: Path,
-        *,
-        members: dict[str, str] | None = None,
-        export_info: dict[str, Any] | None = None,
-    ) -> str:
-        version = str(1 + max(int(v) for (m, v) in self.tags if m == name))
-        self.add(name, version, config_path.read_text())
-        self.events.append(("register", name, version, tuple(sorted((members or {}).items()))))
-        return version
-
-    def experiment_id(self, name: str = "x") -> str:
-        return "0"
-
-    def version(self, name: str, version: str) -> Any:
-        if (name, version) not in self.tags:
-            raise LookupError(f"{name} v{version}")
-        return SimpleNamespace(version=version, run_id=f"{name}/{version}", tags=self.tags[(name, version)])
-
-    def version_tags(self, name: str, version: str) -> dict[str, str]:
-        return dict(self.version(name, version).tags)
-
-    def versions(self, name: str) -> list[Any]:
-        return [self.version(m, v) for (m, v) in self.tags if m == name]
-
-    def aliases(self, name: str) -> dict[str, str]:
-        return dict(self.alias_map.get(name, {}))
-
-    def set_alias(self, name: str, alias: str, version: str) -> None:
-        self.events.append(("alias", name, version))
-        self.alias_map.setdefault(name, {})[alias] = version
-
-    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
-        self.tags[(name, version)][key] = value
-
-    def delete_alias(self, name: str, alias: str) -> None:
-        self.alias_map.get(name, {}).pop(alias, None)
-
-    def delete_version_tag(self, name: str, version: str, key: str) -> None:
-        self.tags[(name, version)].pop(key, None)
-
-    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
-        return [self.version(m, v) for (m, v), tags in self.tags.items() if m == name and key in tags]
-
-    def record_deployment(
-        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
-    ) -> None:
-        self.tags[(model, version)][f"promotion_run_{env}"] = run_id
-        self.tags[(model, version)][f"serving_{env}"] = ",".join(targets)
-
-    def download(self, run_id: str, path: str, dest: Path) -> Path:
-        source = self.root / run_id / path
-        dest.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, dest / path)
-        else:
-            shutil.copy2(source, dest / path)
-        return dest / path
-
-    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
-        self.runs.append({"name": name, "tags": tags})
-        return f"run-{len(self.runs)}"
-
-    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
-        self.runs[-1]["params"] = params
-
-    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
-        pass
-
-    def finish_run(self, run_id: str, ok: bool) -> None:
-        self.runs[-1]["ok"] = ok
-
-
-class FakeTarget:
-    """A Triton as the runner sees it: a load reads the store's config and serves its versions."""
-
-    def __init__(self, url: str, fleet: FakeFleet) -> None:
-        self.url = url
-        self.fleet = fleet
-        self.states: dict[str, dict[str, str]] = {}
-        self.ensembles: dict[str, dict[str, str]] = {}  # a loaded model's pins (ensembles)
-
-    def is_live(self) -> bool:
-        return True
-
-    def server_metadata(self) -> dict[str, Any]:
-        return {"version": "2.51.0"}
-
-    def model_states(self) -> dict[str, dict[str, str]]:
-        return {m: dict(v) for m, v in self.states.items()}
-
-    def load(self, model: str, config: str | None = None, files: Mapping[str, bytes] | None = None) -> None:
-        """The config override where one is sent (Triton's load API), else the store's config."""
-        if config is not None:
-            parsed = json_format.Parse(config, model_config_pb2.ModelConfig())
-            versions = [str(v) for v in parsed.version_policy.specific.versions]
-            pins = {s.model_name: str(s.model_version) for s in parsed.ensemble_scheduling.step}
-        else:
-            text = self.fleet.store.read_config(model)
-            assert text is not None, f"{model} has no config in the store"
-            versions, pins = serving_versions(text), ensemble_pins(text)
-        self.fleet.events.append(("load", self.url, model, tuple(versions)))
-        if pins:
-            self.fleet.pins.append((self.url, model, pins))
-        self.fleet.locks_seen.append({m for m in ("pre", "net", "ens") if self.fleet.store.read_lock(m)})
-        self.fleet.loads += 1
-        if self.fleet.loads == self.fleet.fail_at_load:
-            raise TritonError(f"{self.url}: model '{model}' failed to load (load {self.fleet.loads})")
-        for version in versions:
-            if (model, version, self.url) in self.fleet.fail_load or (
-                model,
-                version,
-                "*",
-            ) in self.fleet.fail_load:
-                self.states[model] = {version: "UNAVAILABLE"}
-                raise TritonError(f"{self.url}: model '{model}' version {version} failed to load")
-        self.states[model] = dict.fromkeys(versions, "READY")
-        self.ensembles[model] = pins
-        self.fleet.check(self)
-
-    def unload(self, model: str, unload_dependents: bool = False) -> None:
-        self.fleet.events.append(("unload", self.url, model))
-        self.states.pop(model, None)
-        self.ensembles.pop(model, None)
-        self.fleet.check(self)
-
-    def model_config(self, model: str) -> dict[str, Any]:
-        steps = [{"model_name": m, "model_version": int(v)} for m, v in self.ensembles.get(model, {}).items()]
-        return {"name": model, "ensemble_scheduling": {"step": steps}} if steps else {"name": model}
-
-    def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None:
-        if not self.is_ready(model, version):
-            raise TritonError(f"{self.url}: model '{model}' version {version} is not READY")
-
-    def is_ready(self, model: str, version: str = "") -> bool:
-        return self.states.get(model, {}).get(version) == "READY"
-
-    def infer(
-        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
-    ) -> dict[str, np.ndarray]:
-        value = np.nan if (model, version) in self.fleet.nan_answers else 0.0
-        return {name: np.full((2,), value, np.float32) for name in outputs}
-
-    def close(self) -> None:
-        pass
-
-
-class FakeFleet:
     def __init__(self, store_root: Path) -> None:
         self.store = open_store(store_root)
         self.events: list[tuple[Any, ...]] = []
@@ -257,6 +63,32 @@ class FakeFleet:
         self.fail_at_load = 0  # the Nth load (from 1) fails; 0: none
         self.broken: list[str] = []  # an ensemble pinned to a member version not READY there
 
+    def handle(self, target: FakeTarget, call: Call) -> None:
+        if call.method == "unload":
+            self.events.append(("unload", call.url, call.model))
+        if call.method != "load":
+            return
+        self.events.append(("load", call.url, call.model, call.versions))
+        if call.pins:
+            self.pins.append((call.url, call.model, dict(call.pins)))
+        self.locks_seen.append({m for m in ("pre", "net", "ens") if self.store.read_lock(m)})
+        self.loads += 1
+        if self.loads == self.fail_at_load:
+            raise TritonError(f"{call.url}: model '{call.model}' failed to load (load {self.loads})")
+        for version in call.versions:
+            if {(call.model, version, call.url), (call.model, version, "*")} & self.fail_load:
+                target.states[call.model] = {version: "UNAVAILABLE"}
+                raise TritonError(f"{call.url}: model '{call.model}' version {version} failed to load")
+
+    def read_config(self, model: str) -> str:
+        """What Triton reads without an override: the store's config."""
+        text = self.store.read_config(model)
+        assert text is not None, f"{model} has no config in the store"
+        return text
+
+    def answer(self, model: str, version: str) -> float:
+        return np.nan if (model, version) in self.nan_answers else 0.0
+
     def check(self, target: FakeTarget) -> None:
         """After every change of a target: each loaded ensemble's pins name READY versions."""
         for ensemble, pins in target.ensembles.items():
@@ -266,7 +98,11 @@ class FakeFleet:
                     self.broken.append(f"{target.url}: {ensemble} pins {member} v{version}, READY {ready}")
 
     def connect(self, url: str) -> FakeTarget:
-        return self.targets.setdefault(url, FakeTarget(url, self))
+        if url not in self.targets:
+            self.targets[url] = FakeTarget(
+                url, self.handle, read_config=self.read_config, answer=self.answer, on_change=self.check
+            )
+        return self.targets[url]
 
 
 class World:
@@ -275,7 +111,7 @@ class World:
         self.store_root = tmp_path / "store"
         self.store_root.mkdir()
         self.env = Environment("test", str(self.store_root), ("t0:8001", "t1:8001"), "test", gpu=False)
-        self.fleet = FakeFleet(self.store_root)
+        self.fleet = Servers(self.store_root)
         self.events = self.fleet.events
         self.registry = FakeRegistry(tmp_path / "registry", self.events)
         self.registry.add("pre", "1", MEMBER.format(name="pre", src="IN", dst="MID"))

@@ -166,9 +166,9 @@ def test_keep_in_mlreg_toml(tmp_path: Path) -> None:
 
 
 def test_store_gc_and_ls_on_the_cli(
-    store: RepositoryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: RepositoryStore, registry_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))  # the local store is home/model_repository
+    monkeypatch.setenv("MLREG_HOME", str(registry_home))  # the local store is home/model_repository
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     runner = CliRunner()
     dry = runner.invoke(app, ["store", "gc", "--dry-run", "--json"])

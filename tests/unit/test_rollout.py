@@ -1,12 +1,10 @@
 """Fleet roll-out logic on fakes: policy parsing, wave sizes, the bake's verdict, Triton's metrics
-text, DNS discovery, and the staged roll-out's order and its undo (fake replicas: the real ones
-are in tests/integration/test_fleet.py)."""
+text, DNS discovery, and the staged roll-out's order and its undo (fake replicas, tests/fakes.py's
+FakeTarget: the real ones are in tests/integration/test_fleet.py)."""
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from pipelines.promote.undo import UndoLog
 from pipelines.storage import open_store
 from registry.errors import PromotionError, TritonError, UsageError
 from registry.settings import Settings
+from tests.fakes import Call, FakeTarget, Handler
 
 CONFIG = 'name: "m"\nbackend: "python"\nversion_policy { specific { versions: [ 2 ] } }\n'
 OLD_CONFIG = CONFIG.replace("[ 2 ]", "[ 1 ]")
@@ -188,41 +187,33 @@ def test_triton_metrics_text_is_read_per_model_and_version() -> None:
 # -- the staged roll-out on fake replicas ---------------------------------------------------------
 
 
-class FakeReplica:
-    def __init__(self, url: str, log: list[tuple[str, str, bool]], dead: bool = False) -> None:
-        self.url, self.log, self.dead = url, log, dead
-        self.configs: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def is_live(self) -> bool:
-        if self.dead:
-            raise TritonError(f"live check failed on {self.url}: connection refused", fix="start it")
-        return True
-
-    def load(self, model: str, config: str | None = None, files: Any = None) -> None:
-        if self.dead:
-            raise TritonError(f"load failed on {self.url}: connection refused", fix="start it")
-        self.log.append((self.url, model, config is not None))
-        self.configs.append(json.loads(config) if config else {})
-
-    def unload(self, model: str, unload_dependents: bool = False) -> None:
-        if self.dead:
-            raise TritonError(f"unload failed on {self.url}: connection refused", fix="start it")
-        self.log.append((self.url, f"unload {model}", False))
-
-    def wait_ready(self, model: str, version: str = "", timeout: float = 120.0) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
+Log = list[tuple[str, str, bool]]  # (url, model or "unload <model>", sent a config override)
 
 
-def _fleet(dead: set[str] | None = None) -> tuple[dict[str, FakeReplica], list[tuple[str, str, bool]]]:
-    log: list[tuple[str, str, bool]] = []
-    return {u: FakeReplica(u, log, u in (dead or set())) for u in URLS}, log
+def _replica(log: Log, dead: bool) -> Handler:
+    """A replica's handler: each load and unload written to ``log``; a dead one refuses all."""
+
+    def handle(target: FakeTarget, call: Call) -> None:
+        if dead:
+            what = {"is_live": "live check"}.get(call.method, call.method)
+            raise TritonError(f"{what} failed on {call.url}: connection refused", fix="start it")
+        if call.method == "load":
+            log.append((call.url, call.model, call.config is not None))
+        elif call.method == "unload":
+            log.append((call.url, f"unload {call.model}", False))
+
+    return handle
 
 
-def _opener(replicas: dict[str, FakeReplica]) -> Callable[[str], Any]:
+def _fleet(dead: set[str] | None = None) -> tuple[dict[str, FakeTarget], Log]:
+    log: Log = []
+    # a replica answers ready for whatever version it is asked about: these tests judge the order of
+    # the moves and their undo, and their moves' versions need not match the configs they send
+    replicas = {u: FakeTarget(u, _replica(log, u in (dead or set())), ready=lambda *_: True) for u in URLS}
+    return replicas, log
+
+
+def _opener(replicas: dict[str, FakeTarget]) -> Callable[[str], Any]:
     return replicas.__getitem__
 
 

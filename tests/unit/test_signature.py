@@ -35,7 +35,9 @@ def reference(path: Path) -> tuple[list[tuple[object, ...]], list[tuple[object, 
 
 def read(path: Path) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]], list[str]]:
     sig = read_onnx(path)
-    as_tuples = [[(t.name, t.dtype, t.shape) for t in tensors] for tensors in (sig.inputs, sig.outputs)]
+    as_tuples: list[list[tuple[object, ...]]] = [
+        [(t.name, t.dtype, t.shape) for t in tensors] for tensors in (sig.inputs, sig.outputs)
+    ]
     return as_tuples[0], as_tuples[1], list(sig.initializers)
 
 
@@ -74,12 +76,6 @@ def test_reads_what_the_onnx_package_reads(tmp_path: Path) -> None:
     )
 
 
-def test_the_built_template_onnx_model_reads_as_with_onnx(built_repository: Path) -> None:
-    path = built_repository / "table_data_model" / "1" / "model" / "model.onnx"
-    assert read(path) == reference(path)
-    assert read_onnx(path).to_dict()["inputs"][0]["name"] == "categorical_col_1"
-
-
 @pytest.mark.parametrize(
     ("content", "why"),
     [
@@ -96,15 +92,17 @@ def test_an_unreadable_file_is_one_clear_error(tmp_path: Path, content: bytes, w
 
 
 def test_a_truncated_model_gives_one_finding_not_one_per_tensor(
-    built_repository: Path, tmp_path: Path
+    standin_repository: Path, tmp_path: Path
 ) -> None:
     repo = tmp_path / "repo"
     model = repo / "table_data_model"
     model.mkdir(parents=True)
-    (model / "config.pbtxt").write_text((built_repository / "table_data_model" / "config.pbtxt").read_text())
-    source = built_repository / "table_data_model" / "1" / "model" / "model.onnx"
+    (model / "config.pbtxt").write_text(
+        (standin_repository / "table_data_model" / "config.pbtxt").read_text()
+    )
+    source = standin_repository / "table_data_model" / "1" / "model" / "model.onnx"
     (model / "1" / "model").mkdir(parents=True)
-    (model / "1" / "model" / "model.onnx").write_bytes(source.read_bytes()[:3000])
+    (model / "1" / "model" / "model.onnx").write_bytes(source.read_bytes()[: source.stat().st_size // 2])
 
     report = validate_path(repo)
     assert [f.line() for f in report.errors] == [

@@ -2,7 +2,7 @@
 
 A member's promotion re-points its ensemble: the ensemble is registered as a new version (its
 ``member_<name>`` tags pin the new member) but keeps serving from its Triton folder.  The store is
-a real local folder; the registry and the servers' answers are small fakes.
+a real local folder; the registry is tests/fakes.py's, the servers' answers a stub of probe_targets.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pipelines.promote import status
 from pipelines.promote.environments import Environment
 from pipelines.promote.plan import desired_config
 from pipelines.storage import open_store
-from registry.errors import RegistryError
+from tests.fakes import FakeRegistry
 
 URL = "triton-0:8001"
 MEMBER = """name: "net"
@@ -40,28 +40,6 @@ ensemble_scheduling {
 """
 
 
-class Registry:
-    """Registered versions with their tags, and aliases (the Registry Protocol's reads)."""
-
-    uri = "memory://registry"
-
-    def __init__(self, tags: dict[tuple[str, str], dict[str, str]], aliases: dict[str, str]) -> None:
-        self.tags, self.alias_map, self.down = tags, aliases, False
-
-    def ping(self) -> None:
-        if self.down:
-            raise RegistryError("MLflow (memory://registry): ping failed: connection refused")
-
-    def aliases(self, name: str) -> dict[str, str]:
-        return {"local": self.alias_map[name]} if name in self.alias_map else {}
-
-    def version(self, name: str, version: str) -> Any:
-        return SimpleNamespace(version=version, tags=self.tags[(name, version)])
-
-    def versions(self, name: str) -> list[Any]:
-        return [self.version(m, v) for (m, v) in self.tags if m == name]
-
-
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """After a promotion of net v2: net serves folder 2; ens, re-pointed to net v2, was registered
@@ -71,15 +49,14 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     store.write_config("ens", desired_config(ENSEMBLE.replace("NET", "2"), ["1"], gpu=False))
     for folder in ("net/2", "ens/1"):
         (tmp_path / "store" / folder).mkdir(parents=True)
-    registry = Registry(
-        {
-            ("net", "1"): {},
-            ("net", "2"): {},
-            ("ens", "1"): {"member_net": "1"},
-            ("ens", "2"): {"member_net": "2"},
-        },
-        {"net": "2", "ens": "2"},
-    )
+    registry = FakeRegistry()
+    registry.tags = {
+        ("net", "1"): {},
+        ("net", "2"): {},
+        ("ens", "1"): {"member_net": "1"},
+        ("ens", "2"): {"member_net": "2"},
+    }
+    registry.alias_map = {"net": {"local": "2"}, "ens": {"local": "2"}}
     live: dict[str, Any] = {URL: {"net": {"2": "READY"}, "ens": {"1": "READY"}}}
     pins: dict[str, Any] = {URL: {"ens": {"net": "2"}}}
     monkeypatch.setattr(status, "probe_targets", lambda *args: (live, pins))

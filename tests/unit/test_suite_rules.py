@@ -3,10 +3,14 @@ by a marker, a module skipped whole at import, and an xfail alike (tests/conftes
 
 from __future__ import annotations
 
+import gc
+import importlib.util
 import os
-import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -20,44 +24,58 @@ CASES = {
 PASSING = "def test_ok():\n    assert True\n"
 
 
-def run(tmp_path: Path, *sources: str) -> subprocess.CompletedProcess[str]:
-    for index, source in enumerate(sources):
-        (tmp_path / f"test_case_{index}.py").write_text(source)
-    env = {k: v for k, v in os.environ.items() if k != "MLREG_ALLOW_SKIPS"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "tests.conftest",
-            "-c",
-            os.devnull,
-            "--rootdir",
-            str(tmp_path),
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-        timeout=120,
-    )
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+
+
+def _suite_rules() -> ModuleType:
+    """A fresh copy of tests/conftest.py (its own list of skips) to run as the inner run's plugin."""
+    spec = importlib.util.spec_from_file_location("suite_rules_under_test", ROOT / "tests" / "conftest.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Run]:
+    """A pytest run of the given test modules with the suite's rules, in this process (as pytester's
+    runpytest_inprocess: a new session, its modules and sys.path put back after it)."""
+    monkeypatch.delenv("MLREG_ALLOW_SKIPS", raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+    def run_sources(*sources: str) -> Run:
+        for index, source in enumerate(sources):
+            (tmp_path / f"test_case_{index}.py").write_text(source)
+        modules = set(sys.modules)
+        capsys.readouterr()
+        args = ["-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)]
+        gc.freeze()  # the outer session's heap is left out of the inner run's collections (1 s each)
+        try:
+            code = pytest.main(args, plugins=[_suite_rules()])
+        finally:
+            gc.unfreeze()
+            for name in set(sys.modules) - modules:
+                del sys.modules[name]
+        return Run(int(code), capsys.readouterr().out)
+
+    return run_sources
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
-def test_any_skip_fails_the_run_and_is_named(tmp_path: Path, kind: str) -> None:
-    proc = run(tmp_path, PASSING, CASES[kind])
+def test_any_skip_fails_the_run_and_is_named(run: Callable[..., Run], kind: str) -> None:
+    proc = run(PASSING, CASES[kind])
     assert proc.returncode == 1, proc.stdout
     assert "unexpected skips (the suite fails on any skip)" in proc.stdout
     assert "test_case_1.py" in proc.stdout.split("unexpected skips")[1]
 
 
-def test_a_run_with_no_skip_passes(tmp_path: Path) -> None:
-    proc = run(tmp_path, PASSING)
+def test_a_run_with_no_skip_passes(run: Callable[..., Run]) -> None:
+    proc = run(PASSING)
     assert proc.returncode == 0, proc.stdout
     assert "unexpected skips" not in proc.stdout

@@ -15,10 +15,10 @@ from tests.conftest import TEMPLATE
 
 
 @pytest.fixture
-def repo(built_repository: Path, tmp_path: Path) -> Path:
-    """A private copy of the built template to break."""
+def repo(standin_repository: Path, tmp_path: Path) -> Path:
+    """A private copy of the built template (stand-in artifacts, tests/unit/standins.py) to break."""
     target = tmp_path / "repo"
-    shutil.copytree(built_repository, target)
+    shutil.copytree(standin_repository, target)
     return target
 
 
@@ -37,8 +37,8 @@ def errors(path: Path) -> list[str]:
     return [f.line() for f in validate_path(path).findings if f.is_error]
 
 
-def test_the_built_template_passes_with_no_finding(built_repository: Path) -> None:
-    result = CliRunner().invoke(app, ["validate", str(built_repository)])
+def test_the_built_template_passes_with_no_finding(standin_repository: Path) -> None:
+    result = CliRunner().invoke(app, ["validate", str(standin_repository)])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "6 model(s) checked: 0 error(s), 0 warning(s)"
 
@@ -301,11 +301,11 @@ def test_odd_folders_are_findings_not_tracebacks(repo: Path) -> None:
     assert "and 9996 more" in warning.message
 
 
-def test_cli_usage_error_and_json(tmp_path: Path, built_repository: Path) -> None:
+def test_cli_usage_error_and_json(tmp_path: Path, standin_repository: Path) -> None:
     missing = CliRunner().invoke(app, ["validate", str(tmp_path / "nope")])
     assert missing.exit_code == 2
     assert f"error: '{tmp_path / 'nope'}' does not exist" in missing.output
-    result = CliRunner().invoke(app, ["validate", str(built_repository / "image_model"), "--json"])
+    result = CliRunner().invoke(app, ["validate", str(standin_repository / "image_model"), "--json"])
     assert result.exit_code == 0
     assert '"ok": true' in result.output
 

@@ -1,0 +1,205 @@
+"""Tampered bytes at the promotion level: a real tritonserver, the embedded MLflow registry, the local
+store, a small python model (no TensorFlow).
+
+Every version a promotion may make Triton load is checked against the digest registered in MLflow
+(``pipelines/promote/integrity.py``): a new version after its upload, a stored one (a rollback's
+target) before any change.  A stored copy that does not verify is restored from the registry's
+artifacts when those match the registered digest; when neither copy does, the promotion is refused.
+Each refusal is asserted on state -- the store's files, every alias of the model, what Triton serves
+and what it answers -- and on the line a user sees, which names the model, the version and the file.
+
+``tamper_echo`` answers ``INPUT0 * SCALE``; v1 (SCALE 1) and v2 (SCALE 2) are promoted by the
+fixture, v2 serves.  The tests run in file order; the last one moves the alias back to v1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner, Result
+
+from mlreg.cli.main import app
+from mlreg.service import environment
+from pipelines.devstack.stack import stack_down, stack_up
+from pipelines.promote.runner import Options, Promotion
+from pipelines.storage import open_store
+from pipelines.triton import TritonControl
+from registry.errors import PromotionError
+from registry.mlflow import MlflowRegistry, sqlite
+from registry.register import find_candidate, register
+from registry.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tamper_echo"
+ENV = "tamper"
+CONFIG = f"""name: "{MODEL}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+MODEL_PY = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+SCALE = {scale}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", (x * SCALE).astype(np.float32))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+X = np.array([[1, 2, 3, 4]], np.float32)
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    registry: MlflowRegistry
+    url: str
+    work: Path
+
+    def register(self, scale: str) -> str:
+        folder = self.work / f"scale-{scale}" / MODEL
+        (folder / "1").mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(CONFIG)
+        (folder / "1" / "model.py").write_text(MODEL_PY.format(scale=scale))
+        return register(self.registry, find_candidate(folder)).version
+
+    def promote(self, version: str) -> None:
+        env = environment(self.settings, ENV)
+        Promotion(self.settings, env, self.registry, Options(skip_quality=True)).run(MODEL, version)
+
+    def mlreg(self, *args: str) -> Result:
+        """The ``mlreg`` CLI in-process, on this stack's project."""
+        return CliRunner().invoke(app, list(args), env={"MLREG_HOME": str(self.settings.home)})
+
+    def stored(self, version: str) -> Path:
+        """A version's model.py in the store (what Triton reads)."""
+        return self.settings.local_repository / MODEL / version / "model.py"
+
+    def registered(self, version: str) -> Path:
+        """A version's model.py in MLflow's artifact store (the embedded registry's local files)."""
+        record = sqlite.model_version(self.registry.uri, MODEL, version)
+        source = record.local_source() if record is not None else None
+        assert source is not None, f"{MODEL} v{version}: no local artifacts"
+        return source / "model.py"
+
+    def answers(self) -> np.ndarray:
+        with TritonControl(self.url) as triton:
+            return np.asarray(triton.infer(MODEL, {"INPUT0": X}, ["OUTPUT0"])["OUTPUT0"])
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a refused promotion must leave alone: the store's files (sha256 each; locks and the
+        python stub's bytecode cache left out), every alias of the model, what Triton serves."""
+        root = self.settings.local_repository
+        files = {
+            p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.startswith(".mlreg-lock.") and "__pycache__" not in p.parts
+        }
+        with TritonControl(self.url) as triton:
+            states = triton.model_states().get(MODEL, {})
+        serving = sorted(v for v, s in states.items() if s == "READY")
+        return {"files": files, "aliases": self.registry.aliases(MODEL), "serving": serving}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("tamper")
+    settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
+    settings.local_repository.mkdir(parents=True)
+    status = stack_up(settings, ui=False)
+    try:
+        assert status.info is not None
+        url = status.info.grpc_url
+        (root / "mlreg.toml").write_text(
+            f'[environments.{ENV}]\nstore = "{settings.local_repository}"\ntargets = ["{url}"]\ngpu = false\n'
+        )
+        work = root / "work"
+        work.mkdir()
+        built = Stack(settings, MlflowRegistry(settings), url, work)
+        for scale in ("1.0", "2.0"):
+            built.promote(built.register(scale))
+        yield built
+    finally:
+        stack_down(settings)
+
+
+def _serves_v2(stack: Stack) -> None:
+    assert stack.snapshot()["serving"] == ["2"]
+    assert stack.registry.aliases(MODEL)[ENV] == "2"
+    np.testing.assert_allclose(stack.answers(), X * 2)
+
+
+def test_a_new_version_whose_registered_bytes_changed_is_refused_and_never_served(stack: Stack) -> None:
+    """v3's model.py is rewritten in MLflow's artifact store after registration: the bytes the
+    promotion uploads no longer hash to the registered digest.  The upload is verified before any
+    server loads it, and the refusal removes it from the store again.  The refusal names the model,
+    the version and the manifest whose digest differs (the upload wrote a manifest of the bytes it
+    sent, so each file matches it: which file changed is not named at this point)."""
+    version = stack.register("3.0")
+    registered = stack.registered(version)
+    registered.write_text(MODEL_PY.format(scale="300.0"))
+    before = stack.snapshot()
+    assert f"{MODEL}/2/model.py" in before["files"]  # the snapshot sees the store
+    refused = stack.mlreg("promote", MODEL, "--version", version, "--env", ENV, "--skip-quality")
+    assert refused.exit_code == PromotionError.exit_code, refused.output
+    output = " ".join(refused.output.split())  # the CLI wraps long lines
+    assert f"{MODEL}/{version} does not match what was registered" in output
+    assert ".mlreg-manifest.json does not match the digest registered in MLflow" in output
+    assert f"rolled back, the previous versions serve (restored {MODEL}/{version} removed)" in output
+    assert stack.snapshot() == before  # no v3 folder left in the store; alias and Triton as they were
+    assert not stack.stored(version).parent.exists()
+    _serves_v2(stack)
+
+
+def test_a_rollback_to_a_version_corrupt_in_the_store_and_the_registry_is_refused(stack: Stack) -> None:
+    """v1's model.py changed in the store and in MLflow's artifact store: nothing verifies against
+    the registered digest, so nothing can be loaded or restored: refused before any change."""
+    stored, registered = stack.stored("1"), stack.registered("1")
+    originals = stored.read_bytes(), registered.read_bytes()
+    try:
+        stored.write_text(MODEL_PY.format(scale="9.0"))
+        registered.write_text(MODEL_PY.format(scale="9.0"))
+        before = stack.snapshot()
+        refused = stack.mlreg("rollback", MODEL, "--to-version", "1", "--env", ENV)
+        assert refused.exit_code == PromotionError.exit_code, refused.output
+        output = " ".join(refused.output.split())  # the CLI wraps long lines
+        assert f"{MODEL} v1 in {stack.settings.local_repository} does not verify" in output
+        assert "model.py changed: its sha256 differs from the manifest" in output
+        assert "the registry's copy does not match its registered digest either" in output
+        assert stack.snapshot() == before  # the corrupt v1 left as it was, v2 serving, aliases
+        _serves_v2(stack)
+    finally:
+        stored.write_bytes(originals[0])
+        registered.write_bytes(originals[1])
+
+
+def test_a_rollback_to_a_version_corrupt_in_the_store_loads_the_registered_bytes(stack: Stack) -> None:
+    """v1's model.py changed in the store only (SCALE 9, the same size): the registry's copy verifies, so the
+    rollback writes the registered bytes back before Triton loads v1, which answers X * 1."""
+    good = stack.stored("1").read_bytes()
+    stack.stored("1").write_text(MODEL_PY.format(scale="9.0"))
+    done = stack.mlreg("rollback", MODEL, "--to-version", "1", "--env", ENV)
+    assert done.exit_code == 0, done.output
+    assert f"{MODEL}/1 (corrupt: restored by assemble)" in " ".join(done.output.split())
+    assert stack.stored("1").read_bytes() == good
+    digest = stack.registry.version_tags(MODEL, "1")["artifact_digest"]
+    assert open_store(stack.settings.local_repository).verify_version(MODEL, "1", digest, full=True).ok
+    assert stack.snapshot()["serving"] == ["1"]
+    assert stack.registry.aliases(MODEL)[ENV] == "1"
+    np.testing.assert_allclose(stack.answers(), X * 1)
