@@ -33,7 +33,7 @@ from pipelines.promote.undo import VerifyStored
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, PromotionError, StorageError
-from registry.manifest import CONFIG_ENTRY, artifact_digest, digest_of_manifest, sha256_file
+from registry.manifest import CONFIG_ENTRY, VOLATILE, artifact_digest, digest_of_manifest, sha256_file
 from registry.signing import (
     SIGNATURE_ARTIFACT,
     SIGNATURE_FILE,
@@ -312,6 +312,39 @@ def _registered_files(registry: Registry, step: Step) -> dict[str, str]:
             fix="register the version again",
         )
     return signed_files(files, config_sha)
+
+
+def registered_differences(store: RepositoryStore, registry: Registry, step: Step) -> list[str]:
+    """The files of an uploaded version whose bytes differ from those registered in MLflow, one line
+    each, from the two manifests (the store's, written from the bytes sent, and the registry's
+    ``manifest.json``): nothing hashed.  Empty when either cannot be read (the digest error stands)."""
+    if step.folder is None:
+        return []
+    dest = step.folder.parent / f"registered-manifest-{step.model}-{step.version}"
+    try:
+        stored = store.read_manifest(step.model, step.version)
+        dest.mkdir(parents=True, exist_ok=True)
+        run_id = str(registry.version(step.model, step.version).run_id)
+        registered = dict(json.loads(registry.download(run_id, "manifest.json", dest).read_text())["files"])
+    except (MlregError, OSError, ValueError, KeyError, TypeError):
+        return []
+    if stored is None:
+        return []
+    lines = []
+    for rel in sorted(set(stored.files) | set(registered)):
+        if rel.rsplit("/", 1)[-1] in VOLATILE:
+            continue
+        mine, theirs = stored.files.get(rel), registered.get(rel)
+        if theirs is None:
+            lines.append(f"{step.model}/{step.version}/{rel}: not a file of the registered version")
+        elif mine is None:
+            lines.append(f"{step.model}/{step.version}/{rel}: registered, but not uploaded")
+        elif (mine.get("sha256"), mine.get("size")) != (theirs.get("sha256"), theirs.get("size")):
+            lines.append(
+                f"{step.model}/{step.version}/{rel} changed since registration: its sha256 differs from "
+                "the one MLflow's manifest.json records (the registry's artifact store was altered)"
+            )
+    return lines
 
 
 def _keep(workdir: Path, model: str, version: str, bundle: bytes | None) -> None:

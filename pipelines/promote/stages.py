@@ -18,7 +18,13 @@ from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.deploy import check_serves_from_store
 from pipelines.promote.fanout import checkpoint
-from pipelines.promote.integrity import apply_repair, check_signatures, check_stored, publish_signature
+from pipelines.promote.integrity import (
+    apply_repair,
+    check_signatures,
+    check_stored,
+    publish_signature,
+    registered_differences,
+)
 from pipelines.promote.plan import (
     Plan,
     Role,
@@ -42,7 +48,7 @@ from pipelines.promote.reports import (
     VerifyReport,
 )
 from registry.contracts.config import CONFIG_NAME
-from registry.errors import MlregError, PromotionError
+from registry.errors import MlregError, PromotionError, StorageError
 from registry.settings import PROMOTIONS_EXPERIMENT
 
 # -- planning ----------------------------------------------------------------------------------
@@ -321,8 +327,16 @@ def repointed_folder(ctx: PromotionContext, step: Step) -> Path:
 
 def _verify_bytes(ctx: PromotionContext, step: Step) -> str:
     """The version's files in the store against its manifest and the digest registered in MLflow:
-    the store's ``verify_version`` raises StorageError naming the file."""
-    ctx.store.verify_version(step.model, step.version, step.digest or None)
+    the store's ``verify_version`` raises StorageError naming the file.  An upload whose manifest
+    (written from the bytes sent) misses the registered digest names the files that differ from the
+    registry's own manifest (nothing hashed again: both manifests list every file's sha256)."""
+    try:
+        ctx.store.verify_version(step.model, step.version, step.digest or None)
+    except StorageError as exc:
+        changed = registered_differences(ctx.store, ctx.registry, step)
+        if changed:
+            exc.message += "\n  " + "\n  ".join(changed)
+        raise
     return f"{step.model}/{step.version}"
 
 

@@ -149,8 +149,8 @@ def test_a_new_version_whose_registered_bytes_changed_is_refused_and_never_serve
     """v3's model.py is rewritten in MLflow's artifact store after registration: the bytes the
     promotion uploads no longer hash to the registered digest.  The upload is verified before any
     server loads it, and the refusal removes it from the store again.  The refusal names the model,
-    the version and the manifest whose digest differs (the upload wrote a manifest of the bytes it
-    sent, so each file matches it: which file changed is not named at this point)."""
+    the version, the manifest whose digest differs and the file that differs from the registry's
+    own manifest.json."""
     version = stack.register("3.0")
     registered = stack.registered(version)
     registered.write_text(MODEL_PY.format(scale="300.0"))
@@ -161,6 +161,7 @@ def test_a_new_version_whose_registered_bytes_changed_is_refused_and_never_serve
     output = " ".join(refused.output.split())  # the CLI wraps long lines
     assert f"{MODEL}/{version} does not match what was registered" in output
     assert ".mlreg-manifest.json does not match the digest registered in MLflow" in output
+    assert f"{MODEL}/{version}/model.py changed since registration" in output
     assert f"rolled back, the previous versions serve (restored {MODEL}/{version} removed)" in output
     assert stack.snapshot() == before  # no v3 folder left in the store; alias and Triton as they were
     assert not stack.stored(version).parent.exists()
