@@ -36,16 +36,12 @@ from typing import Any
 from mlflow.deployments import BaseDeploymentClient, PredictionsResponse
 from mlflow.exceptions import MlflowException
 
+from mlreg.deployment_io import _arrays, _deployment, check_name, promote_options
 from registry.errors import MlregError, UsageError
 from registry.settings import Settings
 
 TARGET = "mlreg"
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w.\-]+))$")
-BOOL_KEYS = ("dry_run", "allow_breaking", "skip_quality")
-CONFIG_KEYS = ("env", "serve_as", *BOOL_KEYS)
-TRUE = {"1", "true", "yes", "on"}
-FALSE = {"0", "false", "no", "off", ""}
-NVIDIA_INPUTS = "inputs"  # NVIDIA's predict document: {"inputs": {"INPUT0": [...], ...}}
 
 
 def _telemetry_off() -> None:
@@ -111,45 +107,6 @@ def _translated() -> Iterator[None]:
         text = f"error: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else "")
         code = RESOURCE_DOES_NOT_EXIST if "DOES_NOT_EXIST" in str(exc.context.get("code", "")) else None
         raise MlflowException(text, error_code=code or INVALID_PARAMETER_VALUE) from exc
-
-
-def check_name(name: str | None) -> str:
-    """A deployment's name is a Triton model folder: not empty, not a path (NVIDIA's wording)."""
-    if not name or not name.strip():
-        raise UsageError(
-            "Model name cannot be empty. Please enter a valid name to deploy.",
-            fix="pass --name REGISTERED_MODEL_NAME",
-        )
-    if "/" in name or "\\" in name or name.strip() in (".", ".."):
-        raise UsageError(
-            f"Path traversal is not allowed in model's name: {name}",
-            fix="a deployment is named after its registered model: pass --name without '/' or '..'",
-        )
-    return name
-
-
-def _flag(key: str, value: Any) -> bool:
-    text = str(value).strip().lower()
-    if text in TRUE or text in FALSE:
-        return text in TRUE
-    raise UsageError(f"config '{key}={value}' is not a boolean", fix=f"use -C {key}=true or -C {key}=false")
-
-
-def promote_options(config: dict[str, Any] | None) -> dict[str, Any]:
-    """``-C`` keys as promote options (unknown keys refused, booleans parsed)."""
-    config = dict(config or {})
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
-    if unknown:
-        raise UsageError(
-            f"unknown config key(s) for target 'mlreg': {', '.join(unknown)}",
-            fix=f"use only: {', '.join(CONFIG_KEYS)} (see 'mlflow deployments help -t mlreg')",
-        )
-    options: dict[str, Any] = {key: _flag(key, config[key]) for key in BOOL_KEYS if key in config}
-    if "serve_as" in config:
-        if config["serve_as"] not in {"auto", "native", "onnx"}:
-            raise UsageError(f"unknown serve_as '{config['serve_as']}'", fix="use auto, native or onnx")
-        options["serve_as"] = str(config["serve_as"])
-    return options
 
 
 class MlregDeploymentClient(BaseDeploymentClient):
@@ -283,21 +240,6 @@ def _status(settings: Settings, env: Any, registry: Any, models: list[str] | Non
     return [row for model in models for row in service.status(settings, env.name, model).models]
 
 
-def _deployment(env: str, row: dict[str, Any]) -> dict[str, Any]:
-    serving = row["serving"] or {}
-    ready = bool(row["desired"]) and not row["drift"] and all(v == row["desired"] for v in serving.values())
-    return {
-        "name": row["model"],
-        "flavor": "triton",
-        "environment": env,
-        "version": row["alias"],
-        "state": "READY" if ready and serving else "UNAVAILABLE",  # as NVIDIA's plugin lists it
-        "desired": row["desired"],
-        "serving": serving,
-        "drift": row["drift"],
-    }
-
-
 def _source(registry: Any, name: str, version: str | None) -> dict[str, Any]:
     """The MLflow model a deployment came from (NVIDIA's ``mlflow_model_uri``) and its flavor."""
     from registry.nvidia_flavors import source_of
@@ -308,23 +250,3 @@ def _source(registry: Any, name: str, version: str | None) -> dict[str, Any]:
     if found is None:
         return {"mlflow_model_uri": f"models:/{name}/{version}"}
     return {"mlflow_model_uri": f"models:/{name}/{found[0]}", "flavor": found[1]}
-
-
-def _arrays(inputs: Any) -> dict[str, Any]:
-    """MLflow's predict input (a DataFrame or a dict) as input name -> values; ``service.predict``
-    makes arrays of them, of the deployed config's dtypes.  NVIDIA's input document
-    ``{"inputs": {"NAME": [...]}}`` is taken as a dict, or as the DataFrame the ``mlflow
-    deployments predict`` CLI reads it into (one column ``inputs``, one row per input tensor)."""
-    if hasattr(inputs, "columns"):
-        if list(inputs.columns) == [NVIDIA_INPUTS]:  # NVIDIA's document read by pandas
-            return {str(row): value for row, value in inputs[NVIDIA_INPUTS].items()}
-        # one column per input tensor, one row per item
-        return {str(col): inputs[col].tolist() for col in inputs.columns}
-    if isinstance(inputs, dict):
-        if set(inputs) == {NVIDIA_INPUTS} and isinstance(inputs[NVIDIA_INPUTS], dict):
-            inputs = inputs[NVIDIA_INPUTS]
-        return {str(k): v for k, v in inputs.items()}
-    raise UsageError(
-        f"predict takes a DataFrame or a dict of arrays, not {type(inputs).__name__}",
-        fix="pass {'input_name': array, ...} or a JSON file whose keys are the input names",
-    )

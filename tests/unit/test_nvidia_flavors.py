@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlreg.deployments import _arrays, _deployment, check_name
+from mlreg.deployment_io import _arrays, _deployment, check_name
 from registry.contracts.config import CONFIG_NAME, load_config, model_config_pb2, parse_config
 from registry.contracts.signature import read_onnx
 from registry.errors import ContractError, UsageError
