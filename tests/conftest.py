@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -57,6 +57,51 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("unexpected skips (the suite fails on any skip)")
         for line in _SKIPPED:
             terminalreporter.write_line(line)
+
+
+# -- pytest-xdist (make test: two workers, a module per worker at a time) -------------------------
+
+# The heaviest modules first (worker-seconds of a clean-clone run), so that the light ones fill the
+# end of the run on both workers instead of one worker finishing a long module alone.
+HEAVY_FIRST = (
+    "tests/integration/test_promote.py",
+    "tests/integration/test_workflows.py",
+    "tests/integration/test_fleet.py",
+    "tests/integration/test_browser.py",  # before the module whose stack it looks at, as in file order
+    "tests/integration/test_mlflow_native.py",
+    "tests/integration/test_quality.py",
+    "tests/integration/test_retention.py",
+    "tests/integration/test_registry.py",
+    "tests/integration/test_faults_registry.py",
+    "tests/integration/test_nvidia_plugin.py",
+    "tests/integration/test_faults_storage.py",
+    "tests/integration/test_perf_check.py",
+    "tests/integration/test_storage.py",
+)
+# Modules sharing one session stack run on one worker: test_browser.py looks at the MLflow UI of
+# test_mlflow_native.py's stack (built once per process: ~40 s more on another worker).
+SAME_WORKER = {"tests/integration/test_browser.py": "tests/integration/test_mlflow_native.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heavy modules first; every module's tests keep their order (stable sort)."""
+    rank = {module: i for i, module in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the modules of SAME_WORKER grouped as one."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleGroups(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SAME_WORKER.get(module, module)
+
+    return ModuleGroups(config, log)
 
 
 def failing_python_model(reason: str) -> str:
