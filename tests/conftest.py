@@ -61,32 +61,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 # -- pytest-xdist (make test: two workers, a module per worker at a time) -------------------------
 
-# The heaviest modules first (worker-seconds of a clean-clone run), so that the light ones fill the
-# end of the run on both workers instead of one worker finishing a long module alone.
-HEAVY_FIRST = (
-    "tests/integration/test_promote.py",
-    "tests/integration/test_workflows.py",
-    "tests/integration/test_fleet.py",
-    "tests/integration/test_browser.py",  # before the module whose stack it looks at, as in file order
-    "tests/integration/test_mlflow_native.py",
-    "tests/integration/test_quality.py",
-    "tests/integration/test_retention.py",
-    "tests/integration/test_registry.py",
-    "tests/integration/test_faults_registry.py",
-    "tests/integration/test_nvidia_plugin.py",
-    "tests/integration/test_faults_storage.py",
-    "tests/integration/test_perf_check.py",
-    "tests/integration/test_storage.py",
-)
 # Modules sharing one session stack run on one worker: test_browser.py looks at the MLflow UI of
 # test_mlflow_native.py's stack (built once per process: ~40 s more on another worker).
 SAME_WORKER = {"tests/integration/test_browser.py": "tests/integration/test_mlflow_native.py"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The heavy modules first; every module's tests keep their order (stable sort)."""
-    rank = {module: i for i, module in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
