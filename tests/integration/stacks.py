@@ -44,6 +44,30 @@ MEMBERS = (
 )
 MODELS = (*MEMBERS, ENSEMBLE)
 
+# The smallest real model: python backend, INPUT0 x SCALE (format with name= / scale=).
+SCALING_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+SCALING_MODEL_PY = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+SCALE = {scale}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", (x * SCALE).astype(np.float32))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
 
 def exported_folder(built: Path, model: str, dest: Path) -> Path:
     """``model`` as ``mlreg export`` stages it: the built folder with the template's own config

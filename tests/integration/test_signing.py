@@ -37,33 +37,13 @@ from registry.register import find_candidate, register
 from registry.settings import Settings
 from registry.signing import SIGNATURE_FILE, SigningKey, key_fingerprint
 from tests.conftest import failing_python_model
+from tests.integration.stacks import SCALING_CONFIG, SCALING_MODEL_PY
 
 pytestmark = pytest.mark.integration
 
 MODEL = "signed_echo"
+CONFIG, MODEL_PY = SCALING_CONFIG, SCALING_MODEL_PY  # a python model answering INPUT0 x SCALE
 ABORTED = "signed_abort"
-CONFIG = """name: "{name}"
-backend: "python"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-"""
-MODEL_PY = """import numpy as np
-import triton_python_backend_utils as pb_utils
-
-SCALE = {scale}
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            out = pb_utils.Tensor("OUTPUT0", (x * SCALE).astype(np.float32))
-            responses.append(pb_utils.InferenceResponse([out]))
-        return responses
-"""
 
 
 @dataclass

@@ -35,33 +35,14 @@ from registry.errors import PromotionError
 from registry.mlflow import MlflowRegistry, sqlite
 from registry.register import find_candidate, register
 from registry.settings import Settings
+from tests.integration.stacks import SCALING_CONFIG, SCALING_MODEL_PY
 
 pytestmark = pytest.mark.integration
 
 MODEL = "tamper_echo"
 ENV = "tamper"
-CONFIG = f"""name: "{MODEL}"
-backend: "python"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-"""
-MODEL_PY = """import numpy as np
-import triton_python_backend_utils as pb_utils
-
-SCALE = {scale}
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            out = pb_utils.Tensor("OUTPUT0", (x * SCALE).astype(np.float32))
-            responses.append(pb_utils.InferenceResponse([out]))
-        return responses
-"""
+CONFIG = SCALING_CONFIG.format(name=MODEL)
+MODEL_PY = SCALING_MODEL_PY
 X = np.array([[1, 2, 3, 4]], np.float32)
 
 
