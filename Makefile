@@ -23,7 +23,8 @@ system-deps:
 
 # The suite on two pytest-xdist workers, a test module per worker at a time (its module-scoped stack
 # stays on one worker; the session's template build is shared through a lock: tests/conftest.py).
-# Measured on 2 cores: 13.0 min against ~19.5 min in one process.  PYTEST_WORKERS=0: one process.
+# Measured on 2 cores, the same warm tree: 13.0 min against 22.7 min in one process.  PYTEST_WORKERS=0:
+# one process.
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 

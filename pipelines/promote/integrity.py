@@ -293,11 +293,8 @@ def _registered_files(registry: Registry, step: Step) -> dict[str, str]:
     digest the store's bytes are checked against after the upload): nothing hashed but the config."""
     assert step.folder is not None
     what = f"{step.model} v{step.version}"
-    dest = step.folder.parent / f"manifest-{step.model}-{step.version}"
-    dest.mkdir(parents=True, exist_ok=True)
     try:
-        run_id = str(registry.version(step.model, step.version).run_id)
-        data = json.loads(registry.download(run_id, "manifest.json", dest).read_text())
+        data = _registered_manifest(registry, step)
     except (MlregError, OSError, ValueError) as exc:
         raise SignatureError(
             f"{what}: its manifest cannot be read from MLflow: {exc}", fix="register it again"
@@ -314,18 +311,24 @@ def _registered_files(registry: Registry, step: Step) -> dict[str, str]:
     return signed_files(files, config_sha)
 
 
+def _registered_manifest(registry: Registry, step: Step) -> dict[str, Any]:
+    """The ``manifest.json`` logged with the version's MLflow run (downloaded beside its fetch)."""
+    assert step.folder is not None
+    dest = step.folder.parent / f"manifest-{step.model}-{step.version}"
+    dest.mkdir(parents=True, exist_ok=True)
+    run_id = str(registry.version(step.model, step.version).run_id)
+    return dict(json.loads(registry.download(run_id, "manifest.json", dest).read_text()))
+
+
 def registered_differences(store: RepositoryStore, registry: Registry, step: Step) -> list[str]:
     """The files of an uploaded version whose bytes differ from those registered in MLflow, one line
     each, from the two manifests (the store's, written from the bytes sent, and the registry's
     ``manifest.json``): nothing hashed.  Empty when either cannot be read (the digest error stands)."""
     if step.folder is None:
         return []
-    dest = step.folder.parent / f"registered-manifest-{step.model}-{step.version}"
     try:
         stored = store.read_manifest(step.model, step.version)
-        dest.mkdir(parents=True, exist_ok=True)
-        run_id = str(registry.version(step.model, step.version).run_id)
-        registered = dict(json.loads(registry.download(run_id, "manifest.json", dest).read_text())["files"])
+        registered = dict(_registered_manifest(registry, step)["files"])
     except (MlregError, OSError, ValueError, KeyError, TypeError):
         return []
     if stored is None:
