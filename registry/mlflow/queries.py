@@ -10,7 +10,7 @@ from typing import Any
 
 from registry.contracts.config import load_config
 from registry.lineage import contract_of
-from registry.mlflow import rest
+from registry.mlflow import rest, sqlite
 from registry.mlflow.registry import MlflowRegistry
 from registry.settings import Settings
 
@@ -60,6 +60,10 @@ def list_versions(settings: Settings, model: str) -> list[dict[str, Any]]:
             )
             for v in raw
         ]
+    elif (record := sqlite.registered_model(uri, model)) is not None:  # the embedded registry
+        alias_map, entries = record.aliases, record.versions
+    elif sqlite.model_absent(uri, model):
+        alias_map, entries = {}, []
     else:
         registry = MlflowRegistry(settings)
         found = registry.versions(model)

@@ -347,12 +347,26 @@ class MlflowRegistry:
         return dict(self.version(name, version).tags or {})
 
     def aliases(self, name: str) -> dict[str, str]:
-        """alias -> version (read from the registered model: version searches drop aliases)."""
+        """alias -> version (read from the registered model: version searches drop aliases); the
+        embedded registry answers from its database without importing MLflow."""
+        record = sqlite.registered_model(self.uri, name)
+        if record is not None:
+            return dict(record.aliases)
+        if sqlite.model_absent(self.uri, name):
+            raise RegistryError(
+                f"MLflow ({redact_uri(self.uri)}): model lookup failed: registered model '{name}' not found",
+                fix="check the name and version ('mlreg versions MODEL')",
+                code="RESOURCE_DOES_NOT_EXIST",
+            )
         model = self._call("model lookup", lambda: self.client.get_registered_model(name))
         return {alias: str(version) for alias, version in (model.aliases or {}).items()}
 
     def alias_versions(self, alias: str) -> dict[str, str]:
-        """Every registered model whose ``alias`` names a version -> that version."""
+        """Every registered model whose ``alias`` names a version -> that version (the embedded
+        registry answers from its database)."""
+        held = sqlite.alias_holders(self.uri, alias)
+        if held is not None:
+            return dict(sorted(held.items()))
         found: dict[str, str] = {}
         token: str | None = None
         while True:  # paged: 100 registered models a page

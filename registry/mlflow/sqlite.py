@@ -91,3 +91,82 @@ def version_absent(tracking_uri: str, name: str, version: str) -> bool:
     except sqlite3.Error:
         return False
     return row is None
+
+
+DELETED_STAGE = "Deleted_Internal"  # MLflow's mark on a deleted version (its searches skip it)
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """A registered model as ``mlreg versions`` shows it: its aliases and its versions' tags."""
+
+    name: str
+    aliases: dict[str, str]  # alias -> version
+    versions: list[tuple[str, int, dict[str, str]]]  # (version, creation time in ms, tags)
+
+
+def registered_model(tracking_uri: str, name: str) -> ModelRecord | None:
+    """``name``'s aliases and versions from the embedded registry's file; None when the file is not
+    there, does not read as expected, or holds no such model (then ask MLflow, or ``model_absent``)."""
+    db = database(tracking_uri)
+    if db is None:
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            if conn.execute("SELECT 1 FROM registered_models WHERE name = ?", (name,)).fetchone() is None:
+                return None
+            aliases = dict(
+                conn.execute(
+                    "SELECT alias, version FROM registered_model_aliases WHERE name = ?", (name,)
+                ).fetchall()
+            )
+            rows = conn.execute(
+                "SELECT version, creation_time FROM model_versions"
+                " WHERE name = ? AND (current_stage IS NULL OR current_stage != ?)",
+                (name, DELETED_STAGE),
+            ).fetchall()
+            tags: dict[str, dict[str, str]] = {}
+            for key, value, version in conn.execute(
+                "SELECT key, value, version FROM model_version_tags WHERE name = ?", (name,)
+            ):
+                tags.setdefault(str(version), {})[str(key)] = str(value)
+    except sqlite3.Error:
+        return None
+    return ModelRecord(
+        name,
+        {str(alias): str(version) for alias, version in aliases.items()},
+        [(str(v), int(created or 0), tags.get(str(v), {})) for v, created in rows],
+    )
+
+
+def model_absent(tracking_uri: str, name: str) -> bool:
+    """True when the embedded registry's database reads fine and holds no model ``name``, or does
+    not exist yet (nothing is registered; asking MLflow would create it); False when it holds the
+    model or cannot tell."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return False
+    db = database(tracking_uri)
+    if db is None:
+        return not Path(tracking_uri.removeprefix("sqlite:///")).exists()
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            row = conn.execute("SELECT 1 FROM registered_models WHERE name = ?", (name,)).fetchone()
+    except sqlite3.Error:
+        return False
+    return row is None
+
+
+def alias_holders(tracking_uri: str, alias: str) -> dict[str, str] | None:
+    """Every registered model whose ``alias`` names a version -> that version; None when the
+    embedded registry's file is not there or does not read as expected."""
+    db = database(tracking_uri)
+    if db is None:
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT name, version FROM registered_model_aliases WHERE alias = ?", (alias,)
+            ).fetchall()
+    except sqlite3.Error:
+        return None
+    return {str(name): str(version) for name, version in rows}

@@ -21,7 +21,7 @@ from registry.errors import RegistryError
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TEMPLATE
 
 pytestmark = pytest.mark.integration
 
@@ -203,6 +203,27 @@ def test_bad_input_gets_a_clear_error(env: Settings, built_repository: Path, tmp
     result = runner.invoke(app, ["register", dangling.name, str(dangling)])
     assert "is a link to" in result.output or "is not a regular file" in result.output
     assert "Traceback" not in result.output
+
+
+def test_register_findings_name_the_users_folder_not_a_scratch_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the embedded registry (moved from tests/unit/test_cli.py: it writes through MLflow)."""
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLREG_DEBUG", raising=False)
+    model = tmp_path / "build" / "table_data_preprocess"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text((TEMPLATE / "table_data_preprocess" / "config.pbtxt").read_text())
+    (model / "1" / "other.py").write_text("x = 1\n")  # model.py is missing
+    result = CliRunner().invoke(app, ["register", "table_data_preprocess", str(model)])
+    assert result.exit_code == 0, result.output
+    assert "table_data_preprocess: registered version 1 (validation failed)" in result.stdout
+    assert f"error: table_data_preprocess: unable to find '{model / '1' / 'model.py'}'" in result.stdout
+    assert "mlreg-validate-" not in result.output
+    assert "INFO mlflow" not in result.output  # MLflow's own start-up lines stay out of the CLI's output
+    versions = json.loads(CliRunner().invoke(app, ["versions", "table_data_preprocess", "--json"]).stdout)
+    assert [(v["version"], v["validation"]) for v in versions["versions"]] == [("1", "failed")]
 
 
 def files_under(root: Path) -> dict[str, str]:

@@ -1,9 +1,11 @@
-"""Unit fixtures: seconds, no TensorFlow, no export.
+"""Unit fixtures: seconds, no TensorFlow, no MLflow import, no export.
 
 A unit test that needs a model repository gets ``standin_repository``: the template built by the
 real ``registry.template.build`` (``--device cpu``) with each exporter replaced by a stand-in that
 writes the config's tensors (tests/unit/standins.py).  Tests that need real exported bytes live in
-tests/integration, where ``built_repository`` is.  Any unit test that imports TensorFlow fails.
+tests/integration, where ``built_repository`` is.  Any unit test that imports TensorFlow fails, and
+so does one that imports MLflow: unit tests read the registries of ``registry_state``, which MLflow
+makes beside the run, through the embedded registry's reader (registry.mlflow.sqlite).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,11 +40,15 @@ def _collected_without_tensorflow(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_tensorflow() -> Iterator[None]:
-    """Each unit test leaves TensorFlow unimported (checked where it was not loaded before it)."""
+    """Each unit test leaves TensorFlow and MLflow unimported (checked where they were not loaded
+    before it)."""
     before = _loaded()
+    mlflow_before = "mlflow" in sys.modules
     yield
     if _loaded() - before:
         pytest.fail(f"this unit test imported {sorted(_loaded() - before)}: {MOVE_IT}", pytrace=False)
+    if "mlflow" in sys.modules and not mlflow_before:
+        pytest.fail(f"this unit test imported mlflow: {NOT_MLFLOW}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -63,20 +69,40 @@ def standin_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-# MLflow creates its database through its migrations (2-4 s): done once a run, in a process started
-# as soon as the tests are collected; the tests that need it run last, so it runs beside the others
-CREATE_EMPTY_REGISTRY = """
-import sys
+# MLflow creates its database through its migrations (2-4 s) and its import alone takes 1.5 s: the
+# registries the unit tests read are made once a run, by MLflow itself, in a process started as soon
+# as the tests are collected; the tests that need them run last, so it runs beside the others
+CREATE_REGISTRIES = """
+import shutil, sys
+from pathlib import Path
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 
-MlflowRegistry(Settings.from_env(env={"MLREG_HOME": sys.argv[1]})).client.search_registered_models()
+root = Path(sys.argv[1])
+registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(root / "work")}))
+def keep(state):
+    (root / state).mkdir()
+    shutil.copy2(root / "work" / "mlflow.db", root / state / "mlflow.db")
+registry.client.search_registered_models()
+keep("empty")
+registry.client.create_registered_model("a")
+registry.client.create_model_version("a", source=str(root / "work"))
+keep("a_v1")
+registry.set_alias("a", "production", "1")
+keep("a_v1_production")
 """
-EMPTY_REGISTRY = pytest.StashKey[tuple[subprocess.Popen[str], Path]]()
+REGISTRY_STATES = ("empty", "a_v1", "a_v1_production")
+REGISTRIES = pytest.StashKey[tuple[subprocess.Popen[str], Path]]()
+REGISTRY_FIXTURES = {"registry_home", "registry_state"}
+NOT_MLFLOW = (
+    "MLflow's import alone takes 1.5 s: a unit test reads the embedded registry through "
+    "registry.mlflow.sqlite, from registry_home or registry_state (made by MLflow, beside the run); "
+    "a test that writes through MLflow belongs in tests/integration"
+)
 
 
 def _needs_registry(item: pytest.Item) -> bool:
-    return "registry_home" in getattr(item, "fixturenames", ())
+    return bool(REGISTRY_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,39 +112,54 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not any(_needs_registry(item) for item in session.items):
         return
-    home = Path(tempfile.mkdtemp(prefix="mlreg-empty-registry-"))
+    root = Path(tempfile.mkdtemp(prefix="mlreg-unit-registries-"))
     process = subprocess.Popen(
-        [sys.executable, "-c", CREATE_EMPTY_REGISTRY, str(home)],
+        [sys.executable, "-c", CREATE_REGISTRIES, str(root)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    session.config.stash[EMPTY_REGISTRY] = (process, home)
+    session.config.stash[REGISTRIES] = (process, root)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if EMPTY_REGISTRY in config.stash:
-        process, home = config.stash[EMPTY_REGISTRY]
+    if REGISTRIES in config.stash:
+        process, root = config.stash[REGISTRIES]
         process.kill()
         process.communicate()
-        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def _empty_mlflow_db(request: pytest.FixtureRequest) -> Path:
-    """An embedded registry's database as MLflow creates it, made once a run (see above)."""
-    process, home = request.config.stash[EMPTY_REGISTRY]
+def _registries(request: pytest.FixtureRequest) -> Path:
+    """The embedded registries MLflow made for this run (see above): one folder a state."""
+    process, root = request.config.stash[REGISTRIES]
     _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, f"creating an empty MLflow registry failed:\n{stderr}"
-    return home / "mlflow.db"
+    assert process.returncode == 0, f"creating the unit tests' MLflow registries failed:\n{stderr}"
+    return root
 
 
 @pytest.fixture
-def registry_home(_empty_mlflow_db: Path, tmp_path: Path) -> Path:
+def registry_state(_registries: Path, tmp_path: Path) -> Callable[[str], Path]:
+    """``state`` -> a fresh MLREG_HOME (``tmp_path/state``) holding a copy of that registry: ``empty``;
+    ``a_v1`` (model ``a``, version 1); ``a_v1_production`` (its alias ``production`` on version 1)."""
+
+    def home(state: str) -> Path:
+        assert state in REGISTRY_STATES, f"no registry state {state!r}: one of {REGISTRY_STATES}"
+        folder = tmp_path / state
+        folder.mkdir(exist_ok=True)
+        shutil.copy2(_registries / state / "mlflow.db", folder / "mlflow.db")
+        return folder
+
+    return home
+
+
+@pytest.fixture
+def registry_home(registry_state: Callable[[str], Path], tmp_path: Path) -> Path:
     """``tmp_path/home``: an MLREG_HOME whose embedded registry exists and is empty (a copy of the
-    session's, so no test pays MLflow's migrations again)."""
+    run's, so no test pays MLflow's import and migrations)."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    shutil.copy2(_empty_mlflow_db, home / "mlflow.db")
+    shutil.copy2(registry_state("empty") / "mlflow.db", home / "mlflow.db")
     return home

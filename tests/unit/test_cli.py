@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -205,22 +207,9 @@ def test_tables_are_rich_tables_with_whole_rows(capsys: pytest.CaptureFixture[st
     ]
 
 
-def test_register_findings_name_the_users_folder_not_a_scratch_copy(
-    runner: CliRunner, tmp_path: Path, registry_home: Path
-) -> None:
-    model = tmp_path / "build" / "table_data_preprocess"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text((TEMPLATE / "table_data_preprocess" / "config.pbtxt").read_text())
-    (model / "1" / "other.py").write_text("x = 1\n")  # model.py is missing
-    result = runner.invoke(app, ["register", "table_data_preprocess", str(model)])
-    assert result.exit_code == 0, result.output
-    assert "table_data_preprocess: registered version 1 (validation failed)" in result.stdout
-    assert f"error: table_data_preprocess: unable to find '{model / '1' / 'model.py'}'" in result.stdout
-    assert "mlreg-validate-" not in result.output
-    assert "INFO mlflow" not in result.output  # MLflow's own start-up lines stay out of the CLI's output
-
-
 # The TensorFlow start-up lines of a real export: tests/integration/test_unit_moved_exports.py
+# A registration's findings naming the user's folder (it writes through MLflow):
+# tests/integration/test_registry.py
 
 
 def test_a_state_folder_that_cannot_be_created_is_a_settings_error(
@@ -265,11 +254,9 @@ def test_report_on_a_document_mlreg_did_not_write_is_a_usage_error(
 
 
 def _registered_models(home: Path) -> list[str]:
-    from registry.mlflow import MlflowRegistry
-    from registry.settings import Settings
-
-    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(home)}))
-    return [m.name for m in registry.client.search_registered_models()]
+    """The registered models in the embedded registry's database (read as MLflow wrote it)."""
+    with sqlite3.connect(home / "mlflow.db") as conn:
+        return [name for (name,) in conn.execute("SELECT name FROM registered_models")]
 
 
 def test_export_changed_without_a_base_to_compare_with_refuses_before_registering(
@@ -295,16 +282,21 @@ def test_export_against_without_changed_is_a_usage_error(runner: CliRunner, tmp_
     assert not (tmp_path / "home" / "exports").exists()
 
 
-def test_export_changed_needs_only_one_model_holding_the_alias(tmp_path: Path, registry_home: Path) -> None:
+def test_export_changed_needs_only_one_model_holding_the_alias(
+    registry_state: Callable[[str], Path],
+) -> None:
+    """Model ``a`` v1 registered by MLflow, then its alias ``production`` set (conftest's states)."""
     from registry.errors import UsageError
     from registry.export import require_base
     from registry.mlflow import MlflowRegistry
     from registry.settings import Settings
 
-    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / "home")}))
-    registry.client.create_registered_model("a")
-    registry.client.create_model_version("a", source=str(tmp_path))
-    with pytest.raises(UsageError, match="no registered model in MLflow .* holds 'production'"):
-        require_base(registry, "production")
-    registry.set_alias("a", "production", "1")
-    require_base(registry, "production")
+    def registry(state: str) -> MlflowRegistry:
+        return MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(registry_state(state))}))
+
+    for state in ("empty", "a_v1"):
+        with pytest.raises(UsageError, match="no registered model in MLflow .* holds 'production'"):
+            require_base(registry(state), "production")
+    held = registry("a_v1_production")
+    assert held.alias_versions("production") == {"a": "1"}
+    require_base(held, "production")
