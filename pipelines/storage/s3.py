@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,6 +63,36 @@ def object_stamp(size: Any, etag: Any, version_id: Any, last_modified: Any) -> S
     return [int(size), str(etag), str(version_id or "null"), int(last_modified.timestamp())]
 
 
+class _Client:
+    """One boto3 S3 client, made by the first thread that asks for it."""
+
+    def __init__(
+        self, endpoint_url: str | None, region: str | None, read_timeout: float, retries: int
+    ) -> None:
+        self._args = (endpoint_url, region, read_timeout, retries)
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                import boto3
+                from botocore.config import Config
+
+                endpoint_url, region, read_timeout, retries = self._args
+                config = Config(
+                    connect_timeout=CONNECT_TIMEOUT_S,
+                    read_timeout=read_timeout,
+                    retries={"max_attempts": retries, "mode": "standard"},
+                    s3={"addressing_style": "path" if endpoint_url else "auto"},
+                    max_pool_connections=MAX_CONCURRENCY * 2,
+                )
+                self._client = boto3.session.Session().client(
+                    "s3", endpoint_url=endpoint_url, region_name=region, config=config
+                )
+            return self._client
+
+
 class S3Store(RepositoryStore):
     def __init__(
         self,
@@ -73,25 +104,20 @@ class S3Store(RepositoryStore):
         read_timeout: float = READ_TIMEOUT_S,
         retries: int = 3,
     ) -> None:
-        import boto3
-        from botocore.config import Config
-
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url
         self.uri = uri or f"s3://{bucket}/{self.prefix}"
         self.digests = DigestCache(None)
         self._versioning: bool | None = None
-        config = Config(
-            connect_timeout=CONNECT_TIMEOUT_S,
-            read_timeout=read_timeout,
-            retries={"max_attempts": retries, "mode": "standard"},
-            s3={"addressing_style": "path" if endpoint_url else "auto"},
-            max_pool_connections=MAX_CONCURRENCY * 2,
-        )
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url, region_name=region, config=config
-        )
+        self._client = _Client(endpoint_url, region, read_timeout, retries)
+
+    @property
+    def client(self) -> Any:
+        """The boto3 client, made on first use (importing boto3 and reading botocore's service
+        models takes ~0.3 s: a store only named, e.g. an archive's URI in a plan, never pays it);
+        one for the store and its archive."""
+        return self._client.get()
 
     # -- helpers -------------------------------------------------------------------------------
 

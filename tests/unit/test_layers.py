@@ -27,9 +27,10 @@ ALLOWED = {
 }
 
 
-def imported_names(tree: ast.AST) -> Iterator[tuple[int, str]]:
-    """(line, absolute module name) of every import in ``tree``; relative ones stay in the package."""
-    for node in ast.walk(tree):
+def imported_names(nodes: Iterable[ast.AST]) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of every import among ``nodes`` (a whole tree's, from
+    ``ast.walk``); relative ones stay in the package."""
+    for node in nodes:
         if isinstance(node, ast.Import):
             yield from ((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -48,7 +49,7 @@ def _is_import_module(func: ast.expr) -> bool:
 def first_party_imports(package: str) -> Iterator[tuple[str, str]]:
     """("file:line", imported top-level package) for each first-party import in ``package``."""
     for path in sorted((ROOT / package).rglob("*.py")):
-        for line, name in imported_names(parse(path)):
+        for line, name in imported_names(walked(path)):
             top = name.split(".")[0]
             if top in FIRST_PARTY:
                 yield f"{path.relative_to(ROOT)}:{line}", top
@@ -125,6 +126,12 @@ def module_imports(module: str, nodes: Iterable[ast.AST]) -> Iterator[tuple[int,
 @functools.cache  # each test walks every module: parsed once a run (the trees are only read)
 def parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+@functools.cache
+def walked(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of ``path``'s tree, in ``ast.walk``'s order (walked once a run)."""
+    return tuple(ast.walk(parse(path)))
 
 
 def import_graph() -> dict[str, dict[str, int]]:
@@ -218,7 +225,7 @@ def written_imports(module: str) -> Iterator[tuple[str, list[str]]]:
     module ``pkg.a`` exists (yet)."""
     path = MODULES[module]
     where = path.relative_to(ROOT)
-    for node in ast.walk(parse(path)):
+    for node in walked(path):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -235,7 +242,7 @@ def written_imports(module: str) -> Iterator[tuple[str, list[str]]]:
 def resolved_imports(module: str) -> Iterator[tuple[str, str]]:
     """("file:line", first-party module) of every import of ``module``, TYPE_CHECKING included."""
     path = MODULES[module]
-    for line, name in module_imports(module, ast.walk(parse(path))):
+    for line, name in module_imports(module, walked(path)):
         yield f"{path.relative_to(ROOT)}:{line}", name
 
 
@@ -304,5 +311,5 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
         "def f():\n    import pipelines.devstack.stack\n    importlib.import_module('mlreg.workflow')\n"
         "from . import sibling\n"
     )
-    names = sorted(name for _, name in imported_names(ast.parse(source)))
+    names = sorted(name for _, name in imported_names(ast.walk(ast.parse(source))))
     assert names == ["mlreg.cli", "mlreg.workflow", "pipelines.devstack.stack", "typing"]

@@ -60,11 +60,11 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Pa
         log_path=tmp_path / "stubborn.log",
         marker="SIG_IGN",
         start_timeout=30,
-        stop_grace=0.5,
+        stop_grace=0.2,
     )
     process = managed.start()
     # stopped from "another command": no Popen, found by pid and marker only
-    assert processes.stop_process(process.pid, grace=0.5, marker="SIG_IGN") is True
+    assert processes.stop_process(process.pid, grace=0.2, marker="SIG_IGN") is True
     process.wait(timeout=5)
     assert process.returncode == -9
 
