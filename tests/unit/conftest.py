@@ -10,12 +10,14 @@ makes beside the run, through the embedded registry's reader (registry.mlflow.sq
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -92,7 +94,6 @@ registry.set_alias("a", "production", "1")
 keep("a_v1_production")
 """
 REGISTRY_STATES = ("empty", "a_v1", "a_v1_production")
-REGISTRIES = pytest.StashKey[tuple[subprocess.Popen[str], Path]]()
 REGISTRY_FIXTURES = {"registry_home", "registry_state"}
 NOT_MLFLOW = (
     "MLflow's import alone takes 1.5 s: a unit test reads the embedded registry through "
@@ -101,43 +102,88 @@ NOT_MLFLOW = (
 )
 
 
+class Background(NamedTuple):
+    """A check's subprocess, known before any test runs: a module's ``BACKGROUND`` maps a name to
+    one.  ``cwd`` None is the checkout; ``SCRATCH``, a new empty folder outside it."""
+
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+SCRATCH = "scratch"
+Finished = Callable[[str], subprocess.CompletedProcess[str]]  # the ``background`` fixture
+BACKGROUND = pytest.StashKey[dict[str, subprocess.Popen[str]]]()
+BACKGROUND_ROOT = pytest.StashKey[Path]()
+
+
 def _needs_registry(item: pytest.Item) -> bool:
     return bool(REGISTRY_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
+def _runs_last(item: pytest.Item) -> bool:
+    """Waits on a process started at collection (a registry, a background check): run it last."""
+    return _needs_registry(item) or "background" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items[:] = [i for i in items if not _needs_registry(i)] + [i for i in items if _needs_registry(i)]
+    items[:] = [i for i in items if not _runs_last(i)] + [i for i in items if _runs_last(i)]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if not any(_needs_registry(item) for item in session.items):
-        return
-    root = Path(tempfile.mkdtemp(prefix="mlreg-unit-registries-"))
-    process = subprocess.Popen(
-        [sys.executable, "-c", CREATE_REGISTRIES, str(root)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    session.config.stash[REGISTRIES] = (process, root)
+    """Start, beside the run, what the selected tests will wait on (see CREATE_REGISTRIES and
+    ``background``)."""
+    root = Path(tempfile.mkdtemp(prefix="mlreg-unit-background-"))
+    session.config.stash[BACKGROUND_ROOT] = root
+    started = session.config.stash[BACKGROUND] = {}
+    if any(_needs_registry(item) for item in session.items):
+        started["registries"] = _start([sys.executable, "-c", CREATE_REGISTRIES, str(root / "registries")])
+    modules = {item.module for item in session.items if isinstance(item, pytest.Function)}
+    for module in sorted(modules, key=lambda m: m.__name__):
+        for name, command in getattr(module, "BACKGROUND", {}).items():
+            cwd = ROOT if command.cwd is None else Path(tempfile.mkdtemp(dir=root, prefix=f"{name}-"))
+            env = {**os.environ, **command.env} if command.env else None
+            started[f"{module.__name__}:{name}"] = _start(command.argv, cwd, env)
+
+
+def _start(argv: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if REGISTRIES in config.stash:
-        process, root = config.stash[REGISTRIES]
-        process.kill()
-        process.communicate()
-        shutil.rmtree(root, ignore_errors=True)
+    for process in config.stash.get(BACKGROUND, {}).values():
+        if process.returncode is None:
+            process.kill()
+            process.communicate()
+    if BACKGROUND_ROOT in config.stash:
+        shutil.rmtree(config.stash[BACKGROUND_ROOT], ignore_errors=True)
+
+
+_FINISHED: dict[str, subprocess.CompletedProcess[str]] = {}
+
+
+def _finished(config: pytest.Config, key: str) -> subprocess.CompletedProcess[str]:
+    if key not in _FINISHED:
+        process = config.stash[BACKGROUND][key]
+        out, err = process.communicate(timeout=300)
+        _FINISHED[key] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return _FINISHED[key]
+
+
+@pytest.fixture
+def background(request: pytest.FixtureRequest) -> Finished:
+    """``name`` -> the finished subprocess ``BACKGROUND[name]`` of the test's module: started when the
+    tests were collected, it ran beside the others (a fresh interpreter costs 0.1-0.3 s)."""
+    module = request.module.__name__
+    return lambda name: _finished(request.config, f"{module}:{name}")
 
 
 @pytest.fixture(scope="session")
 def _registries(request: pytest.FixtureRequest) -> Path:
     """The embedded registries MLflow made for this run (see above): one folder a state."""
-    process, root = request.config.stash[REGISTRIES]
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, f"creating the unit tests' MLflow registries failed:\n{stderr}"
-    return root
+    made = _finished(request.config, "registries")
+    assert made.returncode == 0, f"creating the unit tests' MLflow registries failed:\n{made.stderr}"
+    return request.config.stash[BACKGROUND_ROOT] / "registries"
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 
 Each check runs in a fresh interpreter (a subprocess), so what this test process has already
 imported does not count; the CLI runs in-process there through its real entry point, and
-``sys.modules`` is read afterwards.
+``sys.modules`` is read afterwards.  The checks whose command is known up front run beside the
+suite (``BACKGROUND``, tests/unit/conftest.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.unit.conftest import Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = (
@@ -44,19 +47,21 @@ print(json.dumps({"exit": code, "heavy": sorted(m for m in heavy if m in sys.mod
 """
 
 
-def run_cli(*args: str) -> tuple[dict[str, object], str]:
+def cli_result(proc: subprocess.CompletedProcess[str]) -> tuple[dict[str, object], str]:
     """The CLI's last line (exit code and heavy modules found) and what it printed before it."""
-    proc = subprocess.run(
-        [sys.executable, "-c", RUN_CLI, ",".join(HEAVY), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-        timeout=120,
-    )
     assert proc.returncode == 0, proc.stderr
     *printed, last = proc.stdout.strip().splitlines()
     return json.loads(last), "\n".join(printed)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", RUN_CLI, ",".join(HEAVY), *args]
+
+
+def run_cli(*args: str) -> tuple[dict[str, object], str]:
+    return cli_result(
+        subprocess.run(cli(*args), capture_output=True, text=True, cwd=ROOT, check=False, timeout=120)
+    )
 
 
 def test_validate_of_the_built_template_imports_no_heavy_module(standin_repository: Path) -> None:
@@ -66,14 +71,14 @@ def test_validate_of_the_built_template_imports_no_heavy_module(standin_reposito
     assert "6 model(s) checked: 0 error(s)" in printed
 
 
-def test_validate_of_the_source_template_imports_no_heavy_module() -> None:
-    result, printed = run_cli("validate", str(ROOT / "model_repository_template"))
+def test_validate_of_the_source_template_imports_no_heavy_module(background: Finished) -> None:
+    result, printed = cli_result(background("validate the source template"))
     assert result == {"exit": 0, "heavy": []}
     assert "6 model(s) checked: 0 error(s)" in printed
 
 
-def test_help_imports_no_heavy_module() -> None:
-    result, printed = run_cli("--help")
+def test_help_imports_no_heavy_module(background: Finished) -> None:
+    result, printed = cli_result(background("help"))
     assert result == {"exit": 0, "heavy": []}
     assert "validate" in printed
 
@@ -90,10 +95,15 @@ print(service_pb2.ModelConfigResponse(config=config).config.instance_group[0].ki
 """
 
 
-def test_the_config_schema_loads_without_grpc_and_is_the_one_tritonclient_uses() -> None:
+def test_the_config_schema_loads_without_grpc_and_is_the_one_tritonclient_uses(background: Finished) -> None:
     """Loaded first without gRPC, the schema is the same module (and classes) tritonclient.grpc gets."""
-    proc = subprocess.run(
-        [sys.executable, "-c", PB2_THEN_GRPC], capture_output=True, text=True, check=False, timeout=120
-    )
+    proc = background("schema then grpc")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "1"  # KIND_GPU, carried into tritonclient's own message
+
+
+BACKGROUND = {
+    "validate the source template": Background(cli("validate", str(ROOT / "model_repository_template"))),
+    "help": Background(cli("--help")),
+    "schema then grpc": Background([sys.executable, "-c", PB2_THEN_GRPC]),
+}

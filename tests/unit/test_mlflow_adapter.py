@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from registry.mlflow.environ import MlflowEnviron
+from tests.unit.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 IMPORT_ONLY = """
@@ -29,31 +30,32 @@ print(importlib.util.find_spec("mlflow").origin)
 """
 
 
-def run(code: str, cwd: Path) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, check=False, timeout=120
-    )
+# fresh interpreters, run beside the suite (tests/unit/conftest.py)
+BACKGROUND = {
+    "import only": Background([sys.executable, "-c", IMPORT_ONLY]),
+    **{
+        where: Background(
+            [sys.executable, "-c", REAL_MLFLOW],
+            cwd=None if where == "checkout" else SCRATCH,
+            env={"PYTHONPATH": str(ROOT)},
+        )
+        for where in ("checkout", "elsewhere")
+    },
+}
+
+
+def test_importing_the_adapter_does_not_import_mlflow(background: Finished) -> None:
+    proc = background("import only")
     assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
-
-
-def test_importing_the_adapter_does_not_import_mlflow() -> None:
-    assert run(IMPORT_ONLY, ROOT) == "False registry.mlflow.registry"
+    assert proc.stdout.strip() == "False registry.mlflow.registry"
 
 
 @pytest.mark.parametrize("where", ["checkout", "elsewhere"])
-def test_the_subpackage_never_stands_in_for_the_real_mlflow(where: str, tmp_path: Path) -> None:
+def test_the_subpackage_never_stands_in_for_the_real_mlflow(where: str, background: Finished) -> None:
     """Imports are absolute: ``import mlflow`` after the adapter is the installed package (a Python
-    started *inside* registry/ would find registry/mlflow first, as for any folder on sys.path)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", REAL_MLFLOW],
-        capture_output=True,
-        text=True,
-        cwd=ROOT if where == "checkout" else tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-        timeout=120,
-    )
+    started *inside* registry/ would find registry/mlflow first, as for any folder on sys.path);
+    "elsewhere" runs in a new empty folder outside the checkout."""
+    proc = background(where)
     assert proc.returncode == 0, proc.stderr
     assert "site-packages" in proc.stdout
     assert str(ROOT / "registry") not in proc.stdout
