@@ -321,9 +321,8 @@ def test_a_slow_version_trips_the_bake_on_latency_and_is_rolled_back(fleet: Flee
 def test_a_dry_run_shows_the_roll_out_wave_by_wave(
     fleet: FleetStack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from typer.testing import CliRunner
-
     from mlreg.cli.main import app
+    from tests.cli import CliRunner
 
     monkeypatch.setenv("MLREG_HOME", str(fleet.settings.home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the fleet's embedded registry

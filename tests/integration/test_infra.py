@@ -549,9 +549,8 @@ def load_with_mlreg(toml: Path, tmp_path: Path) -> dict[str, Any]:
 
 
 def test_the_store_init_command_the_infra_runs_exists() -> None:
-    from typer.testing import CliRunner
-
     from mlreg.cli.main import app
+    from tests.cli import CliRunner
 
     result = CliRunner().invoke(app, ["store", "init", "--help"])
     assert result.exit_code == 0, result.output
@@ -568,13 +567,12 @@ def test_compose_triton_arguments_start_a_real_server_on_an_initialised_s3_store
     compose's arguments on a fresh S3 prefix that `mlreg store init` prepared, holding one pushed
     model: it starts (strict readiness: ready), and --load-model=* loads the model, not the
     store's root marker or anything else at the root."""
-    from typer.testing import CliRunner
-
     from mlreg.cli.main import app
     from pipelines.devstack import local_s3, local_triton
     from pipelines.storage import open_store
     from pipelines.storage.push import push_path
     from registry.settings import Settings
+    from tests.cli import CliRunner
     from tests.conftest import TEMPLATE
 
     local_s3.create_bucket(s3_server.endpoint, "infra-fleet")

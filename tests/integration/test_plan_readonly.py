@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from mlreg.service import promote
@@ -27,6 +26,7 @@ from pipelines.triton import TritonControl
 from registry.export import export_models
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
+from tests.cli import CliRunner
 from tests.conftest import TEMPLATE
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from mlreg.service import environment
@@ -36,6 +35,7 @@ from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from registry.template import BuildResult
+from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE, failing_python_model
 from tests.integration.stacks import MODELS, LocalStack, local_stack
 from tests.integration.test_serving import ENSEMBLE, golden

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from registry.errors import RegistryError
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
+from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg import service
 from mlreg.cli.main import app
@@ -38,6 +37,7 @@ from pipelines.triton import TritonControl
 from registry.mlflow import MlflowRegistry
 from registry.register import Candidate, register
 from registry.settings import Settings
+from tests.cli import CliRunner
 from tests.conftest import ROOT, failing_python_model
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from mlreg.service import environment, status
@@ -36,6 +35,7 @@ from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from registry.signing import SIGNATURE_FILE, SigningKey, key_fingerprint
+from tests.cli import CliRunner
 from tests.conftest import failing_python_model
 from tests.integration.stacks import SCALING_CONFIG, SCALING_MODEL_PY
 

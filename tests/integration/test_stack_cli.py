@@ -8,12 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from pipelines.devstack import local_triton, processes
 from pipelines.triton import TritonControl
 from registry.settings import Settings
+from tests.cli import CliRunner
 from tests.conftest import failing_python_model
 
 pytestmark = pytest.mark.integration

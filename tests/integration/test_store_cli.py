@@ -7,10 +7,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from pipelines.devstack import local_s3
+from tests.cli import CliRunner
 from tests.integration.conftest import RunningTriton
 
 pytestmark = pytest.mark.integration

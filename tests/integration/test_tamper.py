@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner, Result
 
 from mlreg.cli.main import app
 from mlreg.service import environment
@@ -35,6 +34,7 @@ from registry.errors import PromotionError
 from registry.mlflow import MlflowRegistry, sqlite
 from registry.register import find_candidate, register
 from registry.settings import Settings
+from tests.cli import CliRunner, Result
 from tests.integration.stacks import SCALING_CONFIG, SCALING_MODEL_PY
 
 pytestmark = pytest.mark.integration

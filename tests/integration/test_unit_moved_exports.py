@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from registry import template
@@ -24,6 +23,7 @@ from registry.contracts.config import data_type_name, full_shape, load_config
 from registry.contracts.signature import read_onnx, read_saved_model
 from registry.contracts.validate import validate_path
 from registry.template import load_exporter
+from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE
 from tests.unit.test_signature import read, reference
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from mlreg.cli.report import render
 from tests.act.harness import ENSEMBLE, ROOT, WorkflowStack, workflow_stack
+from tests.cli import CliRunner
 
 pytestmark = pytest.mark.integration
 

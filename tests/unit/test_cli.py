@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
+from tests.cli import CliRunner
 from tests.conftest import TEMPLATE
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from typer.testing import CliRunner
-
 from mlreg.cli.main import app
 from registry.contracts.config import load_config
 from registry.contracts.diff import diff_configs, diff_model
 from registry.contracts.repository import read_repository
+from tests.cli import CliRunner
 
 
 def config(repository: Path, model: str):

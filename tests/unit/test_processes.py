@@ -28,6 +28,7 @@ def http_server(tmp_path: Path, port: int, **options: object) -> processes.Manag
         log_path=tmp_path / "logs" / "http.log",
         marker="http.server",
         start_timeout=30,
+        health_interval=0.02,
         **options,  # type: ignore[arg-type]
     )
 
@@ -60,6 +61,7 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Pa
         log_path=tmp_path / "stubborn.log",
         marker="SIG_IGN",
         start_timeout=30,
+        health_interval=0.02,
         stop_grace=0.2,
     )
     process = managed.start()

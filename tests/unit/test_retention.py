@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from pipelines.promote import retention
@@ -18,6 +17,7 @@ from pipelines.storage.base import RepositoryStore
 from pipelines.storage.s3 import S3Store
 from registry.errors import StorageError, TritonError, UsageError
 from registry.settings import Settings
+from tests.cli import CliRunner
 
 CONFIG = 'name: "m"\nbackend: "python"\nversion_policy: {{ specific: {{ versions: [{versions}] }} }}\n'
 ENSEMBLE = (

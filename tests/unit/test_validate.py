@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from registry.contracts.validate import validate_path
+from tests.cli import CliRunner
 from tests.conftest import TEMPLATE
 
 
@@ -292,13 +292,13 @@ def test_ensembles_that_contain_each_other(repo: Path) -> None:
 def test_odd_folders_are_findings_not_tracebacks(repo: Path) -> None:
     (repo / "loop").symlink_to(repo / "loop")
     os.mkdir(os.fsencode(repo) + b"/bad_\xff_name")
-    for i in range(1_000):  # many: the finding names a few and counts the rest
+    for i in range(100):  # many: the finding names a few and counts the rest
         (repo / f"empty_{i:05d}").mkdir()
     report = validate_path(repo)
     assert report.errors == []
     [warning] = report.warnings
-    assert warning.message.startswith("1001 folder(s) hold no config.pbtxt: bad_\\xff_name, ")
-    assert "and 996 more" in warning.message
+    assert warning.message.startswith("101 folder(s) hold no config.pbtxt: bad_\\xff_name, ")
+    assert "and 96 more" in warning.message
 
 
 def test_cli_usage_error_and_json(tmp_path: Path, standin_repository: Path) -> None:
