@@ -167,6 +167,14 @@ def test_versions_of_an_unknown_model_exits_4(runner: CliRunner, registry_home: 
     assert "fix: check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one" in result.stderr
 
 
+def test_versions_on_a_fresh_home_says_so_and_creates_nothing(runner: CliRunner, tmp_path: Path) -> None:
+    """No registry yet: nothing is registered, and asking must not create MLREG_HOME or its database."""
+    result = runner.invoke(app, ["versions", "image_model"])
+    assert result.exit_code == 4
+    assert "error: model 'image_model' is not registered in MLflow (sqlite:///" in result.stderr
+    assert not (tmp_path / "home").exists()
+
+
 def test_a_closed_pipe_is_reported_with_its_own_exit_code(tmp_path: Path) -> None:
     """A real closed pipe: the reader's end is closed before mlreg writes a line."""
     import subprocess

@@ -102,7 +102,23 @@ def test_the_config_schema_loads_without_grpc_and_is_the_one_tritonclient_uses(b
     assert proc.stdout.strip() == "1"  # KIND_GPU, carried into tritonclient's own message
 
 
+NAMED_S3_STORE = """
+import sys
+from pipelines.storage import open_store
+store = open_store("s3://bucket/models/staging")
+print(store.archive().uri, "boto3" in sys.modules)
+"""
+
+
+def test_an_s3_store_only_named_imports_no_boto3(background: Finished) -> None:
+    """A plan names stores and their archives; the boto3 client is made on first use."""
+    proc = background("named s3 store")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["s3://bucket/models/.mlreg-archive/staging", "False"]
+
+
 BACKGROUND = {
+    "named s3 store": Background([sys.executable, "-c", NAMED_S3_STORE]),
     "validate the source template": Background(cli("validate", str(ROOT / "model_repository_template"))),
     "help": Background(cli("--help")),
     "schema then grpc": Background([sys.executable, "-c", PB2_THEN_GRPC]),
