@@ -129,7 +129,7 @@ def registered_model(tracking_uri: str, name: str) -> ModelRecord | None:
             for key, value, version in conn.execute(
                 "SELECT key, value, version FROM model_version_tags WHERE name = ?", (name,)
             ):
-                tags.setdefault(str(version), {})[str(key)] = str(value)
+                tags.setdefault(str(version), {})[str(key)] = "" if value is None else str(value)
     except sqlite3.Error:
         return None
     return ModelRecord(

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,31 @@ def test_an_unregistered_version_is_answered_from_the_embedded_database_without_
     assert "scorer v99 is not a registered version" in refusal
     assert "mlreg versions MODEL" in refusal
     assert imported == "False"
+
+
+def test_the_embedded_registry_s_models_and_aliases_are_read_as_mlflow_wrote_them(
+    registry_state: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """``mlreg versions`` and a promotion's alias reads use the database MLflow itself wrote
+    (conftest's states: model ``a`` v1, then its alias ``production``)."""
+    from registry.mlflow import sqlite
+
+    def uri(state: str) -> str:
+        return f"sqlite:///{registry_state(state) / 'mlflow.db'}"
+
+    held = sqlite.registered_model(uri("a_v1_production"), "a")
+    assert held is not None
+    assert held.aliases == {"production": "1"}
+    [(version, created, tags)] = held.versions
+    assert (version, tags) == ("1", {})
+    assert created > 0
+    assert sqlite.alias_holders(uri("a_v1_production"), "production") == {"a": "1"}
+    assert sqlite.alias_holders(uri("a_v1"), "production") == {}
+    assert sqlite.registered_model(uri("a_v1"), "b") is None
+    assert sqlite.model_absent(uri("a_v1"), "b")
+    assert not sqlite.model_absent(uri("a_v1"), "a")
+    assert sqlite.model_absent(f"sqlite:///{tmp_path / 'none-yet' / 'mlflow.db'}", "a")  # nothing registered
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database")
+    assert sqlite.registered_model(f"sqlite:///{garbage}", "a") is None  # ask MLflow instead
+    assert not sqlite.model_absent(f"sqlite:///{garbage}", "a")
