@@ -13,12 +13,15 @@ import contextlib
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlreg.service import environment
+from pipelines.devstack import local_triton
 from pipelines.devstack.scratch import scratch_servers
 from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.plan import serving_versions
@@ -29,10 +32,10 @@ from pipelines.triton import TritonControl
 from registry.contracts.config import CONFIG_NAME
 from registry.export import member_versions
 from registry.mlflow import MlflowRegistry
-from registry.register import RegisterResult, find_candidate, register
+from registry.register import Candidate, RegisterResult, find_candidate, register
 from registry.settings import Settings
 from registry.template import BuildResult, exporter_path
-from tests.conftest import TEMPLATE
+from tests.conftest import ROOT, TEMPLATE
 
 ENSEMBLE = "ensemble_multi_modal_model"
 MEMBERS = (
@@ -209,3 +212,121 @@ def local_stack(build: BuildResult, home: Path) -> Iterator[LocalStack]:
         yield LocalStack(settings, registry, status.info.grpc_url, Path(status.info.log_path))
     finally:
         stack_down(settings)
+
+
+# -- the pieces of the modules' own stacks (python models on tritonservers of their own) ----------
+
+# ``scorer``: a python model answering X times its version number (``SCORER_MODEL`` is its
+# model.py; a version's bytes differ by a leading comment, see ``register_scorer``).
+SCORER_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.factor = float(args["model_version"])
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * self.factor)]
+            )
+            for r in requests
+        ]
+"""
+SCORER_CONFIG = """name: "scorer"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+def stack_settings(root: Path, **variables: str) -> tuple[Settings, dict[str, str]]:
+    """A module stack's settings (``MLREG_HOME`` = root/.mlreg, so mlreg.toml is read from ``root``)
+    and the variables a ``mlreg`` process needs to find the same stack."""
+    env_vars = {"MLREG_HOME": str(root / ".mlreg"), **variables}
+    return Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]}), env_vars
+
+
+def register_model(
+    registry: MlflowRegistry,
+    folder: Path,
+    model: str,
+    config: str,
+    files: dict[str, str | bytes],
+    members: dict[str, str] | None = None,
+) -> str:
+    """``files`` (name -> text or bytes) written as version folder ``folder/1`` beside ``config``,
+    registered as ``model``; the version number (identical bytes reuse their version)."""
+    (folder / "1").mkdir(parents=True)
+    (folder / CONFIG_NAME).write_text(config)
+    for name, content in files.items():
+        path = folder / "1" / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    candidate = Candidate(model, folder / "1", folder / CONFIG_NAME)
+    return register(registry, candidate, members=members).version
+
+
+def register_scorer(registry: MlflowRegistry, work: Path, tag: str, weights: int = 64 << 10) -> str:
+    """A new version of ``scorer``: ``tag`` makes its model.py differ, ``weights`` random bytes lie
+    beside it (a version of some size to upload, archive and verify)."""
+    files: dict[str, str | bytes] = {
+        "model.py": f"# {tag}\n{SCORER_MODEL}",
+        "weights.bin": os.urandom(weights),
+    }
+    return register_model(registry, work / tag, "scorer", SCORER_CONFIG, files)
+
+
+@contextlib.contextmanager
+def tritons(
+    settings: Settings, root: Path, stores: list[str] | list[Path], name: str = "triton"
+) -> Iterator[list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]]:
+    """A tritonserver (explicit model control, mlreg's stand-in backends) on each store, state under
+    ``root/<name>-<i>``; the list is the module's to change (a replica killed and started again) and
+    whatever it holds on leaving is stopped."""
+    servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]] = []
+    try:
+        for index, store in enumerate(stores):
+            servers.append(
+                local_triton.start_server(store, root / f"{name}-{index}", settings.backends_source)
+            )
+        yield servers
+    finally:
+        for info, process in servers:
+            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+
+
+def ready_versions(url: str, model: str) -> list[str]:
+    """The versions of ``model`` READY on the Triton at ``url``, in numeric order."""
+    with TritonControl(url) as triton:
+        states = triton.model_states().get(model, {})
+    return sorted((v for v, s in states.items() if s == "READY"), key=int)
+
+
+def mlreg_process(env_vars: dict[str, str], *args: str, **popen: Any) -> subprocess.Popen[str]:
+    """``python -m mlreg ARGS`` from the checkout, finding the stack through ``env_vars`` (the test
+    process's MLFLOW_TRACKING_URI left out), with text pipes for stdout and stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlreg", *args],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**env, **env_vars},
+        **popen,
+    )
+
+
+def wait_for_pause(process: subprocess.Popen[str], point: str) -> list[str]:
+    """Read ``process``'s stderr until mlreg's test hook (``PAUSE_VARIABLE``) says it paused at
+    ``point``; the lines read.  An AssertionError showing the last ones when it ended first."""
+    assert process.stderr is not None
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if line.startswith(f"mlreg-test: paused at {point}"):
+            return lines
+    raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
