@@ -200,14 +200,16 @@ class LocalStack:
 
 
 @contextlib.contextmanager
-def local_stack(build: BuildResult, home: Path) -> Iterator[LocalStack]:
-    """A stack on ``home`` (``MLREG_HOME``) with the session's build registered as version 1."""
+def local_stack(build: BuildResult | None, home: Path) -> Iterator[LocalStack]:
+    """A stack on ``home`` (``MLREG_HOME``) with the session's build registered as version 1 (an
+    empty registry and store for ``None``: a module registering python models of its own)."""
     settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
     settings.local_repository.mkdir(parents=True)
     status = stack_up(settings, ui=False)
     registry = MlflowRegistry(settings)
     try:
-        register_template(registry, build, home.parent / "exports")
+        if build is not None:
+            register_template(registry, build, home.parent / "exports")
         assert status.info is not None
         yield LocalStack(settings, registry, status.info.grpc_url, Path(status.info.log_path))
     finally:

@@ -37,7 +37,7 @@ from registry.settings import Settings
 from registry.template import BuildResult
 from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE, failing_python_model
-from tests.integration.stacks import MODELS, LocalStack, local_stack
+from tests.integration.stacks import MODELS, LocalStack, local_stack, mlreg_process, wait_for_pause
 from tests.integration.test_serving import ENSEMBLE, golden
 from tests.integration.traffic import Traffic
 
@@ -243,17 +243,9 @@ def test_a_failure_after_the_repoint_rolls_back_under_traffic_with_no_failed_ens
 
 
 def _cli(
-    stack: Stack, *args: str, env_extra: dict[str, str] | None = None, **kwargs: object
+    stack: Stack, *args: str, env_extra: dict[str, str] | None = None, **kwargs: Any
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mlreg", *args],
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **stack.env_vars, **(env_extra or {})},
-        **kwargs,
-    )  # type: ignore[call-overload]
+    return mlreg_process({**stack.env_vars, **(env_extra or {})}, *args, **kwargs)
 
 
 def _run_cli(stack: Stack, *args: str, timeout: float = 300) -> tuple[int, str, str]:
@@ -288,15 +280,9 @@ def _paused_cli(stack: Stack, point: str, *args: str, sig: int = signal.SIGKILL)
     the exit code and what it wrote on stderr."""
     env = {PAUSE_VARIABLE: point, "PYTHONFAULTHANDLER": "1"}  # SIGABRT dumps every thread's stack
     proc = _cli(stack, *args, start_new_session=True, env_extra=env, preexec_fn=_interruptible)
-    lines = []
+    lines: list[str] = []
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith(f"mlreg-test: paused at {point}"):
-                break
-        else:
-            raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
+        lines = wait_for_pause(proc, point)
         if sig == signal.SIGKILL:
             os.killpg(proc.pid, signal.SIGKILL)
         else:

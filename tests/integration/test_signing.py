@@ -9,9 +9,7 @@ identity.  The tests run in file order on one module-scoped stack with a small p
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,12 +22,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from mlreg.cli.main import app
 from mlreg.service import environment, status
-from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.k8s_annotations import PREFIX
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
 from registry.errors import PromotionError
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
@@ -37,7 +33,13 @@ from registry.settings import Settings
 from registry.signing import SIGNATURE_FILE, SigningKey, key_fingerprint
 from tests.cli import CliRunner
 from tests.conftest import failing_python_model
-from tests.integration.stacks import SCALING_CONFIG, SCALING_MODEL_PY
+from tests.integration.stacks import (
+    SCALING_CONFIG,
+    SCALING_MODEL_PY,
+    local_stack,
+    ready_versions,
+    store_files,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -69,9 +71,7 @@ class Stack:
         return promotion.run(model, version)
 
     def serving(self, model: str) -> list[str]:
-        with TritonControl(self.url) as triton:
-            states = triton.model_states().get(model, {})
-        return sorted((v for v, s in states.items() if s == "READY"), key=int)
+        return ready_versions(self.url, model)
 
     def stored(self, model: str, version: str) -> Path:
         return self.settings.local_repository / model / version
@@ -89,14 +89,8 @@ class Stack:
         self.registry.set_version_tag(model, version, "artifact_digest", manifest.digest)
 
     def snapshot(self, model: str) -> dict[str, object]:
-        root = self.settings.local_repository
-        files = {
-            p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.startswith(".mlreg-lock.") and "__pycache__" not in p.parts
-        }
-        aliases = self.registry.aliases(model)
-        return {"files": files, "aliases": aliases, "serving": self.serving(model)}
+        files = store_files(self.settings.local_repository)
+        return {"files": files, "aliases": self.registry.aliases(model), "serving": self.serving(model)}
 
 
 def _keypair(folder: Path, name: str) -> None:
@@ -114,28 +108,21 @@ def _keypair(folder: Path, name: str) -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("signing")
-    home = root / ".mlreg"
-    settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
-    settings.local_repository.mkdir(parents=True)
     keys = root / "keys"
     keys.mkdir()
     _keypair(keys, "trusted")
     _keypair(keys, "untrusted")
-    status = stack_up(settings, ui=False)
-    try:
-        assert status.info is not None
-        url = status.info.grpc_url
+    with local_stack(None, root / ".mlreg") as local:
+        store = local.settings.local_repository
         (root / "mlreg.toml").write_text(
-            f'[environments.signed]\nstore = "{settings.local_repository}"\ntargets = ["{url}"]\n'
+            f'[environments.signed]\nstore = "{store}"\ntargets = ["{local.url}"]\n'
             'gpu = false\nsignatures = "required"\ntrusted_keys = ["keys/trusted.pub"]\n\n'
-            f'[environments.warned]\nstore = "{settings.local_repository}"\ntargets = ["{url}"]\n'
+            f'[environments.warned]\nstore = "{store}"\ntargets = ["{local.url}"]\n'
             'gpu = false\nsignatures = "warn"\ntrusted_keys = ["keys/trusted.pub"]\n'
         )
         work = root / "work"
         work.mkdir()
-        yield Stack(settings, MlflowRegistry(settings), url, keys, work)
-    finally:
-        stack_down(settings)
+        yield Stack(local.settings, local.registry, local.url, keys, work)
 
 
 def _fingerprint(stack: Stack, name: str) -> str:

@@ -14,8 +14,6 @@ fixture, v2 serves.  The tests run in file order; the last one moves the alias b
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,6 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.service import environment
-from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from pipelines.triton import TritonControl
@@ -35,7 +32,13 @@ from registry.mlflow import MlflowRegistry, sqlite
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.cli import CliRunner, Result
-from tests.integration.stacks import SCALING_CONFIG, SCALING_MODEL_PY
+from tests.integration.stacks import (
+    SCALING_CONFIG,
+    SCALING_MODEL_PY,
+    local_stack,
+    ready_versions,
+    store_files,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -84,40 +87,30 @@ class Stack:
             return np.asarray(triton.infer(MODEL, {"INPUT0": X}, ["OUTPUT0"])["OUTPUT0"])
 
     def snapshot(self) -> dict[str, Any]:
-        """What a refused promotion must leave alone: the store's files (sha256 each; locks and the
-        python stub's bytecode cache left out), every alias of the model, what Triton serves."""
-        root = self.settings.local_repository
-        files = {
-            p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.startswith(".mlreg-lock.") and "__pycache__" not in p.parts
+        """What a refused promotion must leave alone: the store's files (sha256 each, locks left
+        out), every alias of the model, what Triton serves."""
+        files = store_files(self.settings.local_repository)
+        return {
+            "files": files,
+            "aliases": self.registry.aliases(MODEL),
+            "serving": ready_versions(self.url, MODEL),
         }
-        with TritonControl(self.url) as triton:
-            states = triton.model_states().get(MODEL, {})
-        serving = sorted(v for v, s in states.items() if s == "READY")
-        return {"files": files, "aliases": self.registry.aliases(MODEL), "serving": serving}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("tamper")
-    settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
-    settings.local_repository.mkdir(parents=True)
-    status = stack_up(settings, ui=False)
-    try:
-        assert status.info is not None
-        url = status.info.grpc_url
+    with local_stack(None, root / ".mlreg") as local:
         (root / "mlreg.toml").write_text(
-            f'[environments.{ENV}]\nstore = "{settings.local_repository}"\ntargets = ["{url}"]\ngpu = false\n'
+            f'[environments.{ENV}]\nstore = "{local.settings.local_repository}"\ntargets = ["{local.url}"]\n'
+            "gpu = false\n"
         )
         work = root / "work"
         work.mkdir()
-        built = Stack(settings, MlflowRegistry(settings), url, work)
+        built = Stack(local.settings, local.registry, local.url, work)
         for scale in ("1.0", "2.0"):
             built.promote(built.register(scale))
         yield built
-    finally:
-        stack_down(settings)
 
 
 def _serves_v2(stack: Stack) -> None:
