@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,7 +283,7 @@ def register_scorer(registry: MlflowRegistry, work: Path, tag: str, weights: int
 
 @contextlib.contextmanager
 def tritons(
-    settings: Settings, root: Path, stores: list[str] | list[Path], name: str = "triton"
+    settings: Settings, root: Path, stores: Sequence[str | Path], name: str = "triton"
 ) -> Iterator[list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]]:
     """A tritonserver (explicit model control, mlreg's stand-in backends) on each store, state under
     ``root/<name>-<i>``; the list is the module's to change (a replica killed and started again) and

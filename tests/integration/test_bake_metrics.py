@@ -8,7 +8,6 @@ fix the bake said "bake ok: failure ratio nan over nan requests" and the promoti
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Iterator
@@ -17,12 +16,11 @@ from typing import Any
 
 import pytest
 
-from pipelines.devstack import local_triton
 from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import ensure_root, open_store
 from registry.mlflow import MlflowRegistry
-from registry.settings import Settings
-from tests.integration.test_fleet import ENSEMBLE_CONFIG, SCORER_CONFIG, FleetStack, scorer
+from tests.integration.stacks import SCORER_CONFIG, stack_settings, tritons
+from tests.integration.test_fleet import ENSEMBLE_CONFIG, FleetStack, scorer
 
 pytestmark = pytest.mark.integration
 
@@ -66,16 +64,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory, s3_server: Any, nan_metrics: 
     from pipelines.devstack import local_s3
 
     root = tmp_path_factory.mktemp("bake-metrics")
-    settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
+    settings, _ = stack_settings(root)
     local_s3.create_bucket(s3_server.endpoint, "bake-metrics")
     store = s3_server.store_uri("bake-metrics", "repository")
     ensure_root(store)
-    servers = []
-    try:
-        for index in range(2):
-            servers.append(
-                local_triton.start_server(store, root / f"replica-{index}", settings.backends_source)
-            )
+    with tritons(settings, root, [store] * 2, name="replica") as servers:
         (root / "work").mkdir()
         stack = FleetStack(settings, MlflowRegistry(settings), store, [], root / "work", root, servers)
         stack.urls[:] = [info.grpc_url for info, _ in servers]
@@ -88,9 +81,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory, s3_server: Any, nan_metrics: 
             f"metrics = {{ {metrics} }}\n"
         )
         yield stack
-    finally:
-        for info, process in servers:
-            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
 
 
 def test_nan_metrics_fail_the_bake_naming_the_replica_and_the_metric(pair: FleetStack) -> None:

@@ -38,9 +38,9 @@ from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
 from registry.errors import PromotionError, UsageError
 from registry.mlflow import MlflowRegistry
-from registry.register import Candidate, register
 from registry.settings import Settings
 from tests.conftest import failing_python_model
+from tests.integration.stacks import SCORER_CONFIG, ready_versions, register_model, stack_settings, tritons
 from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
@@ -66,13 +66,6 @@ class TritonPythonModel:
             y = (x * self.factor).astype(np.float32)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
         return responses
-"""
-SCORER_CONFIG = """name: "scorer"
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 ENSEMBLE_CONFIG = """name: "scoring"
 platform: "ensemble"
@@ -122,20 +115,15 @@ class FleetStack:
         self, model: str, config: str, source: str | None, members: dict[str, str] | None = None
     ) -> str:
         folder = self.work / f"{model}-{len(list(self.work.iterdir()))}"
-        (folder / "1").mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(config)
-        if source is not None:
-            (folder / "1" / "model.py").write_text(source)
-        return register(
-            self.registry, Candidate(model, folder / "1", folder / "config.pbtxt"), members=members
-        ).version
+        files: dict[str, str | bytes] = {} if source is None else {"model.py": source}
+        return register_model(self.registry, folder, model, config, files, members=members)
 
     def serving(self, url: str, model: str) -> dict[str, str]:
         with TritonControl(url) as triton:
             return triton.model_states().get(model, {})
 
     def ready(self, url: str, model: str) -> list[str]:
-        return sorted(v for v, s in self.serving(url, model).items() if s == "READY")
+        return ready_versions(url, model)
 
     @contextlib.contextmanager
     def explained(self) -> Iterator[None]:
@@ -188,24 +176,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[
     from pipelines.devstack import local_s3
 
     root = tmp_path_factory.mktemp("fleet")
-    settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
+    settings, _ = stack_settings(root)
     local_s3.create_bucket(s3_server.endpoint, "fleet")
     store = s3_server.store_uri("fleet", "repository")
     ensure_root(store)  # Triton refuses to start on an S3 prefix with no object under it
-    servers = []
-    try:
-        for index in range(REPLICAS):
-            servers.append(
-                local_triton.start_server(store, root / f"replica-{index}", settings.backends_source)
-            )
+    # servers is the list ``tritons`` stops on leaving: a replica restarted into it is stopped too
+    with tritons(settings, root, [store] * REPLICAS, name="replica") as servers:
         work = root / "work"
         work.mkdir()
         stack = FleetStack(settings, MlflowRegistry(settings), store, [], work, root, servers)
         stack.write_environment()
         yield stack
-    finally:
-        for info, process in servers:
-            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
 
 
 def scoring_traffic(urls: list[str]) -> Traffic:
@@ -589,8 +570,9 @@ def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
     from pipelines.devstack.stack import running_servers, stack_down, stack_status, stack_up
     from pipelines.promote.environments import resolve_targets
 
-    home = tmp_path_factory.mktemp("local-fleet") / ".mlreg"
-    settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
+    root = tmp_path_factory.mktemp("local-fleet")
+    home = root / ".mlreg"
+    settings, _ = stack_settings(root)
     try:
         status = stack_up(settings, ui=False, replicas=2)
         assert status.info is not None

@@ -13,7 +13,6 @@ then promotes; a candidate that makes requests wait in Triton's queue trips the 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,6 @@ import numpy as np
 import pytest
 
 from mlreg.cli.report import render
-from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
 from pipelines.promote.perf import PerfSettings, measure
 from pipelines.promote.plan import desired_config
@@ -34,8 +32,8 @@ from pipelines.storage import open_store
 from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
 from registry.mlflow import MlflowRegistry
-from registry.settings import Settings
-from tests.integration.test_fleet import ENSEMBLE_CONFIG, SCORER_CONFIG, FleetStack, scorer
+from tests.integration.stacks import SCORER_CONFIG, stack_settings, tritons
+from tests.integration.test_fleet import ENSEMBLE_CONFIG, FleetStack, scorer
 from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
@@ -55,15 +53,10 @@ QUEUED_SLOW_CONFIG = QUEUED_CONFIG + "dynamic_batching { max_queue_delay_microse
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetStack]:
     root = tmp_path_factory.mktemp("perf-check")
-    settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
+    settings, _ = stack_settings(root)
     store = root / "repository"
     store.mkdir()
-    servers = []
-    try:
-        for index in range(2):
-            servers.append(
-                local_triton.start_server(store, root / f"replica-{index}", settings.backends_source)
-            )
+    with tritons(settings, root, [store] * 2, name="replica") as servers:
         (root / "work").mkdir()
         stack = FleetStack(settings, MlflowRegistry(settings), str(store), [], root / "work", root, servers)
         stack.urls[:] = [info.grpc_url for info, _ in servers]
@@ -78,9 +71,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetStack]:
             '{ metric = "queue_ratio", max = 3.0 }]\n'
         )
         yield stack
-    finally:
-        for info, process in servers:
-            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
 
 
 def promote(pair: FleetStack, model: str, version: str, env: str = "perf", **options: Any) -> PromotionResult:

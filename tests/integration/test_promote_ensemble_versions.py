@@ -9,9 +9,6 @@ re-pointed config must register as a plain version (``config.pbtxt`` + ``1/``).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
 from pipelines.promote.plan import Role, serving_versions
 from pipelines.promote.reports import PromotionResult
@@ -27,9 +23,8 @@ from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from pipelines.triton import TritonControl
 from registry.mlflow import MlflowRegistry
-from registry.register import Candidate, register
 from registry.settings import Settings
-from tests.conftest import ROOT
+from tests.integration.stacks import mlreg_process, register_model, stack_settings, tritons
 from tests.unit.test_promotion import ENSEMBLE, MEMBER
 
 pytestmark = pytest.mark.integration
@@ -60,14 +55,12 @@ class World:
     registry: MlflowRegistry
     urls: dict[str, str]
     work: Path
+    env_vars: dict[str, str]
 
     def register(self, name: str, config: str, scale: float | None = None) -> str:
         folder = self.work / f"{name}-{len(list(self.work.iterdir()))}"
-        (folder / "1").mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(config)
-        if scale is not None:
-            (folder / "1" / "model.py").write_text(SCALED.format(scale=scale))
-        return register(self.registry, Candidate(name, folder / "1", folder / "config.pbtxt")).version
+        files: dict[str, str | bytes] = {} if scale is None else {"model.py": SCALED.format(scale=scale)}
+        return register_model(self.registry, folder, name, config, files)
 
     def promote(self, env: str, model: str, version: str) -> PromotionResult:
         target = environment(self.settings, env)
@@ -85,17 +78,11 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("ensemble-versions")
-    settings = Settings.from_env(env={"MLREG_HOME": str(root / ".mlreg"), "PATH": os.environ["PATH"]})
-    started = []
-    try:
-        urls = {}
-        for env in ENVS:
-            (root / env).mkdir()
-            info, process = local_triton.start_server(
-                root / env, root / f"triton-{env}", settings.backends_source
-            )
-            started.append((info, process))
-            urls[env] = info.grpc_url
+    settings, env_vars = stack_settings(root)
+    for env in ENVS:
+        (root / env).mkdir()
+    with tritons(settings, root, [root / env for env in ENVS]) as servers:
+        urls = {env: info.grpc_url for env, (info, _) in zip(ENVS, servers, strict=True)}
         (root / "mlreg.toml").write_text(
             "".join(
                 f'[environments.{env}]\nstore = "{root / env}"\ntargets = ["{urls[env]}"]\n'
@@ -104,10 +91,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             )
         )
         (root / "work").mkdir()
-        yield World(settings, MlflowRegistry(settings), urls, root / "work")
-    finally:
-        for info, process in started:
-            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+        yield World(settings, MlflowRegistry(settings), urls, root / "work", env_vars)
 
 
 def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(world: World) -> None:
@@ -119,17 +103,13 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(world: Wor
     world.promote("staging", "net", "2")  # ens re-pointed to net v2, registered as ens v2
     assert world.registry.aliases("ens")["staging"] == "2"
 
-    code = subprocess.run(
-        [sys.executable, "-m", "mlreg", "promote", "--from-alias", "staging", "--env", "production"]
-        + ["--skip-quality"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "MLREG_HOME": str(world.settings.home)},
-    )
-    assert code.returncode == 0, code.stderr
+    args = ("promote", "--from-alias", "staging", "--env", "production", "--skip-quality")
+    with mlreg_process(world.env_vars, *args) as process:
+        try:
+            _, stderr = process.communicate(timeout=300)
+        finally:
+            process.kill()  # a no-op once it has ended: a hung promotion does not outlive the test
+    assert process.returncode == 0, stderr
     production = open_store(world.store("production"))
     assert serving_versions(production.read_config("ens")) == ["2"]  # registered v2, Triton folder 2
     np.testing.assert_allclose(world.ensemble_output("production"), [2.0, 4.0])
