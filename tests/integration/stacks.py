@@ -1,5 +1,7 @@
 """What the integration stacks share: the template registered as ``mlreg export`` registers it, new
-versions without running an exporter again, and the snapshot a refused promotion must leave alone.
+versions without running an exporter again, the snapshot a refused promotion must leave alone, and
+the pieces the modules' own stacks of python models are built from (their settings, tritonservers
+on stores, an S3 repository, a registered model, ``mlreg`` in a subprocess, the test hook's pause).
 
 One TensorFlow export per session (``built_repository`` in tests/conftest.py, plus image_model
 re-exported once with another seed where a test needs other *answers*).  A test that needs only a
@@ -332,3 +334,15 @@ def wait_for_pause(process: subprocess.Popen[str], point: str) -> list[str]:
         if line.startswith(f"mlreg-test: paused at {point}"):
             return lines
     raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
+
+
+def s3_repository(s3_server: Any, bucket: str, prefix: str = "repository") -> str:
+    """A new bucket on the session's moto_server and the URI of a store under ``prefix`` in it,
+    its root marker written (Triton refuses to start on an S3 prefix with no object under it)."""
+    from pipelines.devstack import local_s3
+    from pipelines.storage import ensure_root
+
+    local_s3.create_bucket(s3_server.endpoint, bucket)
+    store = str(s3_server.store_uri(bucket, prefix))
+    ensure_root(store)
+    return store

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from pipelines.promote.reports import PromotionFailed
-from pipelines.storage import ensure_root, open_store
+from pipelines.storage import open_store
 from registry.mlflow import MlflowRegistry
-from tests.integration.stacks import SCORER_CONFIG, stack_settings, tritons
+from tests.integration.stacks import SCORER_CONFIG, s3_repository, stack_settings, tritons
 from tests.integration.test_fleet import ENSEMBLE_CONFIG, FleetStack, scorer
 
 pytestmark = pytest.mark.integration
@@ -61,13 +61,10 @@ def nan_metrics() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, s3_server: Any, nan_metrics: str) -> Iterator[FleetStack]:
     """Two replicas; the canary's metrics are Triton's own, the other's are ``nan_metrics``."""
-    from pipelines.devstack import local_s3
 
     root = tmp_path_factory.mktemp("bake-metrics")
     settings, _ = stack_settings(root)
-    local_s3.create_bucket(s3_server.endpoint, "bake-metrics")
-    store = s3_server.store_uri("bake-metrics", "repository")
-    ensure_root(store)
+    store = s3_repository(s3_server, "bake-metrics")
     with tritons(settings, root, [store] * 2, name="replica") as servers:
         (root / "work").mkdir()
         stack = FleetStack(settings, MlflowRegistry(settings), store, [], root / "work", root, servers)

@@ -34,6 +34,7 @@ from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.conftest import ROOT, TEMPLATE
+from tests.integration.stacks import mlreg_process, ready_versions, stack_settings, wait_for_pause
 
 pytestmark = pytest.mark.integration
 
@@ -56,9 +57,7 @@ class Stack:
         return Promotion(self.settings, env, self.registry, Options()).run(MODEL, version)
 
     def serving(self, model: str = MODEL) -> list[str]:
-        with TritonControl(self.url) as triton:
-            states = triton.model_states().get(model, {})
-        return sorted((v for v, s in states.items() if s == "READY"), key=int)
+        return ready_versions(self.url, model)
 
     def desired(self) -> list[str]:
         return serving_versions(open_store(self.settings.local_repository).read_config(MODEL))
@@ -98,12 +97,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     server, process = start_mlflow(
         f"sqlite:///{root / 'mlflow.db'}", root / "artifacts", root / "mlflow.log", serve_artifacts=True
     )
-    env_vars = {
-        "MLREG_HOME": str(base / ".mlreg"),
-        "MLFLOW_TRACKING_URI": server.url,
-        "MLREG_MLFLOW_TIMEOUT": "5",
-    }
-    settings = Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]})
+    settings, env_vars = stack_settings(base, MLFLOW_TRACKING_URI=server.url, MLREG_MLFLOW_TIMEOUT="5")
     settings.local_repository.mkdir(parents=True)
     stack_up(settings, ui=False)
     registry = MlflowRegistry(settings)
@@ -123,25 +117,11 @@ def _paused_promote(stack: Stack, point: str, version: str, at_pause: object) ->
     """``mlreg promote`` run until the test hook pauses it at ``point``; ``at_pause()`` runs there,
     then the promotion goes on.  Returns its exit code and stderr."""
     resume = stack.mlflow_root / f"resume-{point.replace(':', '-')}"
-    env = {**os.environ, **stack.env_vars, PAUSE_VARIABLE: point, RESUME_VARIABLE: str(resume)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlreg", "promote", MODEL, "--version", version, "--env", "local"],
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
-    lines = []
+    env_vars = {**stack.env_vars, PAUSE_VARIABLE: point, RESUME_VARIABLE: str(resume)}
+    args = ("promote", MODEL, "--version", version, "--env", "local")
+    proc = mlreg_process(env_vars, *args, start_new_session=True)
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith(f"mlreg-test: paused at {point}"):
-                break
-        else:
-            raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
+        lines = wait_for_pause(proc, point)
         at_pause()  # type: ignore[operator]
         resume.touch()
         _, err = proc.communicate(timeout=240)

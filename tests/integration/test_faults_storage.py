@@ -17,7 +17,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -28,47 +27,29 @@ from typing import Any
 
 import pytest
 
-from pipelines.devstack import local_s3, local_triton
+from pipelines.devstack import local_s3
 from pipelines.promote.environments import environment
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.runner import Options, Promotion
-from pipelines.storage import ensure_root, open_store
+from pipelines.storage import open_store
 from pipelines.storage.base import lock_key
 from pipelines.storage.s3 import S3Store
-from pipelines.triton import TritonControl
 from registry.errors import StorageError
 from registry.mlflow import MlflowRegistry
-from registry.register import Candidate, register
 from registry.settings import Settings
-from tests.conftest import ROOT
+from tests.integration.stacks import (
+    mlreg_process,
+    ready_versions,
+    register_scorer,
+    s3_repository,
+    stack_settings,
+    tritons,
+)
 
 pytestmark = pytest.mark.integration
 
 DATE = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 LEASE_S = 3  # MLREG_LOCK_LEASE of the promotions here: renewed every second while held
-MODEL = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.factor = float(args["model_version"])
-
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse(
-                [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * self.factor)]
-            )
-            for r in requests
-        ]
-"""
-CONFIG = """name: "scorer"
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
 
 
 class Proxy:
@@ -262,23 +243,10 @@ class Stack:
     through: str  # the environment's store URI: through the proxy
 
     def register(self, tag: str, weights: int = 64 << 10) -> str:
-        folder = self.root / "work" / tag
-        (folder / "1").mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(CONFIG)
-        (folder / "1" / "model.py").write_text(f"# {tag}\n{MODEL}")
-        (folder / "1" / "weights.bin").write_bytes(os.urandom(weights))
-        return register(self.registry, Candidate("scorer", folder / "1", folder / "config.pbtxt")).version
+        return register_scorer(self.registry, self.root / "work", tag, weights)
 
     def cli(self, *args: str) -> subprocess.Popen[str]:
-        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-        return subprocess.Popen(
-            [sys.executable, "-m", "mlreg", *args],
-            cwd=ROOT,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**env, **self.env_vars},
-        )
+        return mlreg_process(self.env_vars, *args)
 
     def run(self, *args: str) -> tuple[int, str, str]:
         with self.cli(*args) as p:
@@ -297,9 +265,7 @@ class Stack:
         return serving_versions(self.store().read_config("scorer"))
 
     def serving(self) -> list[str]:
-        with TritonControl(self.url) as triton:
-            states = triton.model_states().get("scorer", {})
-        return sorted((v for v, s in states.items() if s == "READY"), key=int)
+        return ready_versions(self.url, "scorer")
 
     def alias(self) -> str | None:
         return self.registry.aliases("scorer").get("s3")
@@ -308,29 +274,25 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("faults")
-    env_vars = {"MLREG_HOME": str(root / ".mlreg"), "MLREG_LOCK_LEASE": str(LEASE_S)}
-    settings = Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]})
-    local_s3.create_bucket(s3_server.endpoint, "faults")
-    direct = s3_server.store_uri("faults", "repo")
-    ensure_root(direct)
+    settings, env_vars = stack_settings(root, MLREG_LOCK_LEASE=str(LEASE_S))
+    direct = s3_repository(s3_server, "faults", "repo")
     proxy = Proxy(s3_server.port)
     through = f"s3://127.0.0.1:{proxy.port}/faults/repo"
-    info, process = local_triton.start_server(direct, root / "triton", settings.backends_source)
     try:
-        (root / "mlreg.toml").write_text(
-            f'[environments.s3]\nstore = "{through}"\ntargets = ["{info.grpc_url}"]\n'
-            'alias = "s3"\ngpu = false\n'
-        )
-        stack = Stack(
-            settings, MlflowRegistry(settings), root, env_vars, info.grpc_url, proxy, direct, through
-        )
-        first = stack.register("first")
-        env = environment(settings, "s3")
-        Promotion(settings, env, stack.registry, Options(skip_quality=True)).run("scorer", first)
-        yield stack
+        with tritons(settings, root, [direct]) as [(info, _)]:
+            (root / "mlreg.toml").write_text(
+                f'[environments.s3]\nstore = "{through}"\ntargets = ["{info.grpc_url}"]\n'
+                'alias = "s3"\ngpu = false\n'
+            )
+            stack = Stack(
+                settings, MlflowRegistry(settings), root, env_vars, info.grpc_url, proxy, direct, through
+            )
+            first = stack.register("first")
+            env = environment(settings, "s3")
+            Promotion(settings, env, stack.registry, Options(skip_quality=True)).run("scorer", first)
+            yield stack
     finally:
         proxy.close()
-        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
 
 
 def _settled(stack: Stack, version: str) -> None:

@@ -32,7 +32,7 @@ from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
-from pipelines.storage import ensure_root, open_store
+from pipelines.storage import open_store
 from pipelines.storage.base import LOCK_PREFIX
 from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
@@ -40,7 +40,14 @@ from registry.errors import PromotionError, UsageError
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 from tests.conftest import failing_python_model
-from tests.integration.stacks import SCORER_CONFIG, ready_versions, register_model, stack_settings, tritons
+from tests.integration.stacks import (
+    SCORER_CONFIG,
+    ready_versions,
+    register_model,
+    s3_repository,
+    stack_settings,
+    tritons,
+)
 from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
@@ -173,13 +180,9 @@ class FleetStack:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[FleetStack]:
-    from pipelines.devstack import local_s3
-
     root = tmp_path_factory.mktemp("fleet")
     settings, _ = stack_settings(root)
-    local_s3.create_bucket(s3_server.endpoint, "fleet")
-    store = s3_server.store_uri("fleet", "repository")
-    ensure_root(store)  # Triton refuses to start on an S3 prefix with no object under it
+    store = s3_repository(s3_server, "fleet")
     # servers is the list ``tritons`` stops on leaving: a replica restarted into it is stopped too
     with tritons(settings, root, [store] * REPLICAS, name="replica") as servers:
         work = root / "work"

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,47 +24,33 @@ import pytest
 
 from mlreg import service
 from mlreg.cli.main import app
-from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
 from pipelines.promote.fanout import PAUSE_VARIABLE
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
-from pipelines.storage import ensure_root, open_store
+from pipelines.storage import open_store
 from pipelines.storage.archive import archive_of
 from pipelines.storage.base import RepositoryStore
 from pipelines.triton import TritonControl
 from registry.mlflow import MlflowRegistry
-from registry.register import Candidate, register
 from registry.settings import Settings
 from tests.cli import CliRunner
-from tests.conftest import ROOT, failing_python_model
+from tests.conftest import failing_python_model
+from tests.integration.stacks import (
+    SCORER_CONFIG,
+    SCORER_MODEL,
+    mlreg_process,
+    ready_versions,
+    register_model,
+    register_scorer,
+    s3_repository,
+    stack_settings,
+    tritons,
+    wait_for_pause,
+)
 
 pytestmark = pytest.mark.integration
 
-MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.factor = float(args["model_version"])
-
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse(
-                [pb_utils.Tensor("Y", (pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * self.factor))]
-            )
-            for r in requests
-        ]
-"""
-CONFIG = """name: "scorer"
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
 PINNING = """name: "scoring"
 platform: "ensemble"
 max_batch_size: 0
@@ -87,12 +72,7 @@ class Stack:
     disk_url: str
 
     def register(self, tag: str) -> str:
-        folder = self.root / "work" / tag
-        (folder / "1").mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(CONFIG)
-        (folder / "1" / "model.py").write_text(f"# {tag}\n{MODEL}")
-        (folder / "1" / "weights.bin").write_bytes(os.urandom(WEIGHTS))
-        return register(self.registry, Candidate("scorer", folder / "1", folder / "config.pbtxt")).version
+        return register_scorer(self.registry, self.root / "work", tag, WEIGHTS)
 
     def promote(self, env_name: str, version: str) -> PromotionResult:
         env = environment(self.settings, env_name)
@@ -109,48 +89,26 @@ class Stack:
             return triton.model_states()
 
     def ready(self, url: str) -> list[str]:
-        return sorted((v for v, s in self.states(url).get("scorer", {}).items() if s == "READY"), key=int)
+        return ready_versions(url, "scorer")
 
-    def cli(self, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
-        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-        return subprocess.Popen(
-            [sys.executable, "-m", "mlreg", *args],
-            cwd=ROOT,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**env, **self.env_vars, **kwargs.pop("env_extra", {})},
-            **kwargs,
-        )
+    def cli(self, *args: str, env_extra: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[str]:
+        return mlreg_process({**self.env_vars, **(env_extra or {})}, *args, **popen)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[Stack]:
-    from pipelines.devstack import local_s3
-
     root = tmp_path_factory.mktemp("retention")
-    env_vars = {"MLREG_HOME": str(root / ".mlreg")}
-    settings = Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]})
-    local_s3.create_bucket(s3_server.endpoint, "retention")
-    s3_store = s3_server.store_uri("retention", "repository")
-    ensure_root(s3_store)
+    settings, env_vars = stack_settings(root)
+    s3_store = s3_repository(s3_server, "retention")
     disk_store = root / "disk" / "repository"
     disk_store.mkdir(parents=True)
-    servers = []
-    try:
-        for index, repository in enumerate((s3_store, disk_store)):
-            servers.append(
-                local_triton.start_server(repository, root / f"triton-{index}", settings.backends_source)
-            )
+    with tritons(settings, root, [s3_store, str(disk_store)]) as servers:
         (s3_url, disk_url) = (info.grpc_url for info, _ in servers)
         (root / "mlreg.toml").write_text(
             f'[environments.s3]\nstore = "{s3_store}"\ntargets = ["{s3_url}"]\ngpu = false\nkeep = 2\n'
             f'[environments.disk]\nstore = "{disk_store}"\ntargets = ["{disk_url}"]\ngpu = false\n'
         )
         yield Stack(settings, MlflowRegistry(settings), root, env_vars, s3_url, disk_url)
-    finally:
-        for info, process in servers:
-            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
 
 
 def archived_whole(stack: Stack, archive: RepositoryStore, versions: list[str]) -> None:
@@ -177,7 +135,7 @@ def test_twelve_promotions_leave_what_serves_and_the_one_before_it_under_triton_
     assembled = [s.detail for r in results for s in r.stages if s.stage == "assemble"]
     retained = [s.detail for r in results for s in r.stages if s.stage == "retain"]
     assert retained == [], (retained, assembled)  # every move happened before the load
-    size = WEIGHTS + len(f"# v1{MODEL}") + 1
+    size = WEIGHTS + len(f"# v1\n{SCORER_MODEL}")
     assert assembled[2].endswith(f"; keep 2: archived scorer v1 ({size:,} bytes)")
     assert all(f"keep 2: archived scorer v{i - 2} (" in assembled[i - 1] for i in range(3, 13))
     assert "archived" not in assembled[0] + assembled[1]
@@ -211,14 +169,7 @@ def test_a_promotion_killed_mid_archive_loses_nothing_and_a_rerun_finishes(stack
     args = ("promote", "scorer", "--version", "13", "--env", "s3", "--skip-quality")
     point = "archive-copied:scorer/12"  # 13 will serve, 3 serves now: 12 leaves before the load
     with stack.cli(*args, start_new_session=True, env_extra={PAUSE_VARIABLE: point}) as proc:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith(f"mlreg-test: paused at {point}"):
-                break
-        else:
-            raise AssertionError("".join(lines[-20:]))
+        wait_for_pause(proc, point)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
     store = stack.store("s3")
@@ -242,11 +193,8 @@ def test_a_promotion_killed_mid_archive_loses_nothing_and_a_rerun_finishes(stack
 def test_a_failed_promotion_puts_back_what_it_archived_before_the_load(stack: Stack) -> None:
     store, archive = stack.store("s3"), archive_of(stack.store("s3"))
     before = (store.list_prefix("scorer/"), archive.list_prefix(""))
-    folder = stack.root / "work" / "broken"
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(CONFIG)
-    (folder / "1" / "model.py").write_text(failing_python_model("cannot open the weights"))
-    version = register(stack.registry, Candidate("scorer", folder / "1", folder / "config.pbtxt")).version
+    files: dict[str, str | bytes] = {"model.py": failing_python_model("cannot open the weights")}
+    version = register_model(stack.registry, stack.root / "work" / "broken", "scorer", SCORER_CONFIG, files)
     with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as info:
         stack.promote("s3", version)
     assemble = next(s for s in info.value.result.stages if s.stage == "assemble")
