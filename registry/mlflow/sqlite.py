@@ -8,7 +8,9 @@ client (``registry.mlflow.registry``), the one place that writes.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -43,6 +45,13 @@ def _file_path(uri: str) -> Path | None:
     return Path(unquote(parsed.path)) if parsed.scheme == "file" else None
 
 
+@contextlib.contextmanager
+def _read_only(db: Path) -> Iterator[sqlite3.Connection]:
+    """``db`` opened read-only, closed on leaving (sqlite3's own ``with`` only ends a transaction)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+        yield conn
+
+
 def database(tracking_uri: str) -> Path | None:
     if not tracking_uri.startswith("sqlite:///"):
         return None
@@ -55,7 +64,7 @@ def model_version(tracking_uri: str, name: str, version: str) -> VersionRecord |
     if db is None:
         return None
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        with _read_only(db) as conn:
             row = conn.execute(
                 "SELECT source, run_id, storage_location FROM model_versions WHERE name = ? AND version = ?",
                 (name, int(version)),
@@ -84,7 +93,7 @@ def version_absent(tracking_uri: str, name: str, version: str) -> bool:
     except ValueError:
         return False
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        with _read_only(db) as conn:
             row = conn.execute(
                 "SELECT 1 FROM model_versions WHERE name = ? AND version = ?", (name, number)
             ).fetchone()
@@ -112,7 +121,7 @@ def registered_model(tracking_uri: str, name: str) -> ModelRecord | None:
     if db is None:
         return None
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        with _read_only(db) as conn:
             if conn.execute("SELECT 1 FROM registered_models WHERE name = ?", (name,)).fetchone() is None:
                 return None
             aliases = dict(
@@ -149,7 +158,7 @@ def model_absent(tracking_uri: str, name: str) -> bool:
     if db is None:
         return not Path(tracking_uri.removeprefix("sqlite:///")).exists()
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        with _read_only(db) as conn:
             row = conn.execute("SELECT 1 FROM registered_models WHERE name = ?", (name,)).fetchone()
     except sqlite3.Error:
         return False
@@ -163,7 +172,7 @@ def alias_holders(tracking_uri: str, alias: str) -> dict[str, str] | None:
     if db is None:
         return None
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        with _read_only(db) as conn:
             rows = conn.execute(
                 "SELECT name, version FROM registered_model_aliases WHERE alias = ?", (alias,)
             ).fetchall()

@@ -42,6 +42,7 @@ SHM = Path("/dev/shm")
 SHM_NEEDED = 256 * 2**20
 SHM_PREFIX = "mlreg-unit-"
 TMPFS = pytest.StashKey[tuple[Path, str | None]]()
+PASSED = pytest.StashKey[bool]()
 
 
 def _unit_only(config: pytest.Config) -> bool:
@@ -96,12 +97,12 @@ def _leave_tmpfs(config: pytest.Config) -> None:
     else:
         os.environ["TMPDIR"] = tmpdir
     tempfile.tempdir = None
-    if getattr(config, "_mlreg_unit_passed", False):
+    if config.stash.get(PASSED, False):
         shutil.rmtree(root, ignore_errors=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    session.config._mlreg_unit_passed = exitstatus == 0  # type: ignore[attr-defined]
+    session.config.stash[PASSED] = exitstatus == 0
 
 
 @pytest.fixture(autouse=True, scope="session")
