@@ -90,11 +90,16 @@ class SettingsError(MlregError):
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised where the process was by the CLI's handler.  Like ``KeyboardInterrupt`` it is
-    not an ``Exception``: no library code swallows it, and a promotion puts back what it changed."""
+    """SIGTERM, SIGHUP (a closed terminal or SSH session) or SIGQUIT, raised where the process was
+    by the CLI's handler.  Like ``KeyboardInterrupt`` it is not an ``Exception``: no library code
+    swallows it, and a promotion puts back what it changed."""
+
+    def __init__(self, signal_name: str = "SIGTERM") -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
-INTERRUPT_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # the shell's 128 + signal number
+INTERRUPT_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129, "SIGQUIT": 131}  # 128 + signal number
 
 
 class OutputClosedError(MlregError):

@@ -252,8 +252,11 @@ def report(exc: BaseException) -> int:
         typer.echo("interrupted", err=True)
         return INTERRUPTED_EXIT
     if isinstance(exc, Terminated):
-        typer.echo("terminated", err=True)
-        return INTERRUPT_EXIT_CODES["SIGTERM"]
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            typer.echo(
+                "terminated" if exc.signal_name == "SIGTERM" else f"terminated ({exc.signal_name})", err=True
+            )
+        return INTERRUPT_EXIT_CODES[exc.signal_name]
     if isinstance(exc, _click.exceptions.NoArgsIsHelpError):
         typer.echo(exc.format_message())
         return UsageError.exit_code
@@ -279,21 +282,26 @@ def silence_stdout() -> None:
 
 
 def _terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+    raise Terminated(signal.Signals(signum).name)
+
+
+RAISED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises ``Terminated`` where the command is (as SIGINT raises KeyboardInterrupt), so a
-    promotion puts back what it changed before the process exits 143 (main thread only)."""
+    """SIGTERM, SIGHUP (a closed terminal or SSH session) and SIGQUIT raise ``Terminated`` where the
+    command is (as SIGINT raises KeyboardInterrupt), so a promotion puts back what it changed
+    before the process exits 143, 129 or 131 (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    previous = {sig: signal.signal(sig, _terminated) for sig in RAISED}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class MlregGroup(TyperGroup):

@@ -105,6 +105,13 @@ def promote_cmd(
         help="Skip the gate's performance check (the candidate's latency against the serving "
         "version's on the canary); the golden-input checks still run.",
     ),
+    no_way_back: bool = typer.Option(
+        False,
+        "--no-way-back",
+        help="Promote although the serving version's bytes (or signature) no longer verify in the "
+        "store nor the registry: an abort then leaves the model as it serves instead of loading "
+        "unverified bytes. Without it such a promotion is refused before any change.",
+    ),
     as_json: JsonFlag = False,
 ) -> None:
     """Promote a registered version: validate, quality gate, upload, swap with no failed request.
@@ -123,6 +130,7 @@ def promote_cmd(
         skip_quality=skip_quality,
         serve_as=serve_as,
         skip_perf=skip_perf,
+        no_way_back=no_way_back,
     )
     if from_alias or from_file:  # several versions, members first: mlreg/cli/report.py
         from mlreg.cli.report import promote_many_cmd
@@ -152,6 +160,7 @@ def promote_cmd(
             serve_as=serve_as,
             on_stage=_stage_lines(out),
             skip_perf=skip_perf,
+            no_way_back=no_way_back,
         ),
     )
     _render(out, result, result.plan.env.alias)

@@ -39,6 +39,7 @@ class Options:
     serve_as: str = "auto"
     on_stage: OnStage | None = None
     skip_perf: bool = False  # the quality gate's performance check (pipelines/promote/perf.py)
+    no_way_back: bool = False  # promote although the serving version could not be loaded again
 
 
 class Deployer(Protocol):
@@ -88,6 +89,8 @@ class PromotionContext:
 
     def __post_init__(self) -> None:
         self.undo = UndoLog(self.env.gpu)
+        self.undo.plan(self.plan.steps)
+        self.fleet.on_touch = self.undo.touched  # every move notes the replica's before-state first
         self.result = PromotionResult(self.plan)
         self._tmp = tempfile.TemporaryDirectory(prefix="mlreg-promote-")
         self.locks.callback(self._tmp.cleanup)
@@ -95,6 +98,7 @@ class PromotionContext:
 
     def set_plan(self, plan: Plan) -> None:
         self.plan = self.result.plan = plan
+        self.undo.plan(plan.steps)
 
     def close(self) -> None:
         self.locks.close()

@@ -25,12 +25,10 @@ def apply(
     retired: tuple[str, ...] = (),
 ) -> None:
     """``step.model``'s config written to the store and loaded on every target, noted in the undo
-    log before each write and each load; ``retired`` versions waited for until unloaded."""
+    log before the write (each load tells it through ``Fleet.move``); ``retired`` versions waited
+    for until unloaded."""
     ctx.undo.wrote_config(step)
-    ctx.fleet.apply(
-        Change(step.model, text, tuple(versions), override=override, retired=retired),
-        before=lambda url: ctx.undo.moved(step, url),
-    )
+    ctx.fleet.apply(Change(step.model, text, tuple(versions), override=override, retired=retired))
 
 
 def check_serves_from_store(ctx: PromotionContext) -> None:
@@ -45,7 +43,7 @@ def check_serves_from_store(ctx: PromotionContext) -> None:
     if not stored:
         return
     for url in ctx.fleet.urls:
-        listed = set(ctx.fleet.target(url).model_states())
+        listed = set(ctx.fleet.states_of(url))
         if not stored & listed:
             raise PromotionError(
                 f"{url} does not serve from the store {ctx.store.uri}: its repository lists none of "

@@ -1,7 +1,12 @@
 """The promotion's one error hook: any exit of a stage after ``resolve`` -- an ``MlregError``, any
-other exception, SIGINT, SIGTERM -- replays the undo log, records the attempt in MLflow, and raises
-``PromotionFailed`` saying what was put back (exit 130 after SIGINT, 143 after SIGTERM).  A second
-signal cannot cut the replay short: both are ignored while it runs.
+other exception, SIGINT, SIGTERM, SIGHUP, SIGQUIT -- replays the undo log (servers, store, archive
+and the MLflow aliases and tags), records the attempt in MLflow, and raises ``PromotionFailed``
+saying what was put back (exit 130, 143, 129, 131 after the signals).  A second signal cannot cut
+the replay short: every one of them is ignored while it runs.
+
+A promotion that lost a lock (its lease ran out and another promotion took it over) touches
+nothing any more -- no store write, no server move, no registry write, its undo included: what it
+changed now belongs to the lock's new holder.  It says what it left and who holds the lock.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
     result.error = f"interrupted ({signal_name})" if signal_name else message_of(exc)
     touched, changed = ctx.undo.replicas, not ctx.undo.empty and _changed(ctx)
     with _signals_held():
+        lost: list[str] = getattr(ctx.store, "fenced", list)() if not ctx.undo.empty else []  # TODO
+        if lost:
+            _fenced(ctx, exc, lost, signal_name)
         if changed:
             try:
                 timed(Stage("rollback", _rollback))
@@ -52,6 +60,24 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
         ctx.locks.close()  # released now: a release that fails is a note, never this error
         result.notes.extend(ctx.store.lock_notes)
     failed = _failure(ctx, exc, touched)
+    if signal_name:
+        failed.exit_code = INTERRUPT_EXIT_CODES[signal_name]
+    raise failed from exc
+
+
+def _fenced(ctx: PromotionContext, exc: BaseException, lost: list[str], signal_name: str) -> NoReturn:
+    """Another promotion owns the models now: nothing is put back (that would undo its work)."""
+    ctx.undo.entries.clear()
+    ctx.locks.close()  # a lost lock is not deleted: the release checks its holder first
+    plan = ctx.plan
+    changed = ", ".join(ctx.undo.replicas) or "no replica"
+    failed = PromotionFailed(
+        f"promotion of {plan.model} version {plan.version} to '{ctx.env.name}' failed: "
+        f"{ctx.result.error}; it lost its lock, so nothing was put back ({'; '.join(lost)}); "
+        f"what it had changed is left to the lock's new holder (replicas sent a change: {changed})",
+        fix="run 'mlreg status' to see what serves now; promote again once the other promotion is done",
+        result=ctx.result,
+    )
     if signal_name:
         failed.exit_code = INTERRUPT_EXIT_CODES[signal_name]
     raise failed from exc
@@ -81,16 +107,19 @@ def _failure(ctx: PromotionContext, exc: BaseException, touched: list[str]) -> P
 
 
 def _alias_note(stage: str | None) -> str:
-    """Before ``record`` no alias moved; ``record``'s own error says what moved and what went back."""
+    """Before ``record`` no alias moved; in ``record`` the rollback's report says what went back."""
     return "" if stage == "record" else "; the MLflow alias was not moved"
 
 
 def _changed(ctx: PromotionContext) -> bool:
-    """Whether a change noted in the undo log happened (or may have): a replica was sent one, or
-    the store took a write or delete under a noted model (a request refused before it reached
-    the store changed nothing: no rollback then, and none that fails for the same outage)."""
-    entries = ctx.undo.entries.values()
-    return any(e.replicas or ctx.store.changed_under(f"{e.model}/") for e in entries)
+    """Whether a change noted in the undo log happened (or may have): a replica was sent one, the
+    store took a write or delete under a noted model (a request refused before it reached the store
+    changed nothing: no rollback then, and none that fails for the same outage), a version was
+    archived, or the registry was written."""
+    undo = ctx.undo
+    if undo.archived or (undo.registry is not None and undo.registry.changed):
+        return True
+    return any(e.replicas or ctx.store.changed_under(f"{e.model}/") for e in undo.entries.values())
 
 
 def _store_now(ctx: PromotionContext) -> list[str]:
@@ -139,17 +168,20 @@ def _replicas_back(touched: list[str], targets: tuple[str, ...]) -> str:
 def _signal_of(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return "SIGINT"
-    return "SIGTERM" if isinstance(exc, Terminated) else ""
+    return exc.signal_name if isinstance(exc, Terminated) else ""
+
+
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM ignored while the undo log replays (main thread only: where Python
-    delivers them); restored after."""
+    """SIGINT, SIGTERM, SIGHUP and SIGQUIT ignored while the undo log replays (main thread only:
+    where Python delivers them); restored after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in HELD}
     try:
         yield
     finally:

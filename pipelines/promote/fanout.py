@@ -6,6 +6,12 @@ after it -- and goes through two calls: ``Fleet.move(url, change)`` (raises, rec
 ``Rollout``) and ``Fleet.restore(url, change)`` (returns what could not be put back).
 ``Fleet.apply`` writes a config to the store once, then moves every target: the first is the
 canary, the others follow one by one, or ``parallel`` at a time; the first failure is raised.
+
+The fleet is asked once per promotion what each server holds (the view, taken by ``refresh`` in
+``resolve`` under the locks) and keeps the view up to date with its own moves; only ``verify`` and
+the wait loops ask again.  ``move`` tells ``on_touch(url, model, ready)`` what the server held
+before its first change of ``model`` -- the undo log's before-state, whoever moves it (deployer,
+staged roll-out, gate, retire); ``restore`` (the undo itself) tells nobody.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
 
 Connect = Callable[[str], ServingTarget]
+States = dict[str, dict[str, str]]  # model -> version -> state, as Triton's repository index says
+OnTouch = Callable[[str, str, tuple[str, ...]], None]  # url, model, READY versions before the move
 PAUSE_VARIABLE = "MLREG_TEST_PAUSE_AT"
 RESUME_VARIABLE = "MLREG_TEST_RESUME_FILE"
 
@@ -113,7 +121,10 @@ class Fleet:
         self.parallel = max(1, parallel)
         self.rollouts: list[Rollout] = []
         self._open: dict[str, ServingTarget] = {}
-        self.before: dict[str, dict[str, list[str]]] = {}  # url -> model -> READY before the first move
+        self.view: dict[str, States] = {}  # url -> what it holds, as last asked and moved since
+        self.listings = 0  # full state listings asked of the servers (the benchmarks and tests count)
+        self.on_touch: OnTouch | None = None  # the undo log's before-state hook
+        self.view_under_locks = False  # the view was taken under the promotion's locks
 
     def target(self, url: str) -> ServingTarget:
         if url not in self._open:
@@ -135,6 +146,8 @@ class Fleet:
 
     def move(self, url: str, change: Change, rollout: Rollout | None = None) -> None:
         """``change`` on the server at ``url``: loaded and every wanted version READY (or raises)."""
+        if self.on_touch is not None:
+            self.on_touch(url, change.model, tuple(self.ready(url, change.model)))
         began = time.perf_counter()
         try:
             self._send(url, change)
@@ -145,19 +158,41 @@ class Fleet:
         if rollout is not None:
             rollout.targets.append(TargetResult(url, True, time.perf_counter() - began))
 
-    def _remember(self, url: str) -> None:
-        """What the server at ``url`` serves before this fleet's first change of it through the
-        store (``served_before``; the rollback never unloads it)."""
-        if url not in self.before:
-            try:
-                states = self.target(url).model_states()
-            except MlregError:
-                states = {}  # the move itself says why
-            self.before[url] = {m: ready_versions(states, m) for m in states if ready_versions(states, m)}
+    # -- the view: asked once, kept up to date by the moves ----------------------------------------
 
-    def served_before(self, url: str, model: str) -> list[str]:
-        """The versions of ``model`` READY at ``url`` before this fleet first changed it."""
-        return self.before.get(url, {}).get(model, [])
+    def states_of(self, url: str) -> States:
+        """What the server at ``url`` holds: the view, asked of the server the first time only."""
+        if url not in self.view:
+            self.listings += 1
+            self.view[url] = self.target(url).model_states()
+        return self.view[url]
+
+    def ready(self, url: str, model: str) -> list[str]:
+        """The versions of ``model`` READY at ``url``, from the view (an unreachable server: none,
+        its move says why)."""
+        try:
+            return ready_versions(self.states_of(url), model)
+        except MlregError:
+            return []
+
+    def refresh(self, urls: Sequence[str] | None = None) -> None:
+        """Forget the view of ``urls`` (every target): the next question asks the servers again."""
+        for url in self.urls if urls is None else urls:
+            self.view.pop(url, None)
+
+    def _moved(self, url: str, change: Change, ok: bool) -> None:
+        """The view after a change: its versions READY (none: unloaded); a failed change forgets
+        the server's view (what it holds now is asked again when needed)."""
+        if not ok:
+            self.view.pop(url, None)
+            return
+        held = self.view.get(url)
+        if held is None:
+            return
+        if change.config is None:
+            held.pop(change.model, None)
+        else:
+            held[change.model] = {v: "READY" for v in change.versions}
 
     def restore(self, url: str, change: Change) -> str:
         """Put the server at ``url`` back to ``change`` (an earlier state); returns "" or why not."""
@@ -168,6 +203,14 @@ class Fleet:
         return ""
 
     def _send(self, url: str, change: Change) -> None:
+        try:
+            self._load(url, change)
+        except BaseException:
+            self._moved(url, change, ok=False)
+            raise
+        self._moved(url, change, ok=True)
+
+    def _load(self, url: str, change: Change) -> None:
         target = self.target(url)
         if change.config is None:
             target.unload(change.model)
@@ -203,9 +246,9 @@ class Fleet:
             time.sleep(0.2)
         return True
 
-    def apply(self, change: Change, before: Callable[[str], None] | None = None) -> Rollout:
+    def apply(self, change: Change) -> Rollout:
         """Write ``change``'s config to the store once (None: delete it), then move every target,
-        canary first; ``before(url)`` is told before each target moves (the undo log)."""
+        canary first (each move tells ``on_touch`` first: the undo log)."""
         rollout = Rollout(change.model, list(change.versions) if change.config is not None else [])
         self.rollouts.append(rollout)
         if change.config is None:
@@ -214,13 +257,7 @@ class Fleet:
             self.store.write_config(change.model, change.config)
         checkpoint(f"config-written:{change.model}")
 
-        def move(url: str) -> None:
-            self._remember(url)
-            if before is not None:
-                before(url)
-            self.move(url, change, rollout)
-
-        self.each(move)
+        self.each(lambda url: self.move(url, change, rollout))
         checkpoint(f"loaded:{change.model}")
         return rollout
 
@@ -245,7 +282,7 @@ class Fleet:
 
         def probe(url: str) -> dict[str, dict[str, str]] | MlregError:
             try:
-                return self.target(url).model_states()
+                return self.states_of(url)
             except MlregError as exc:
                 return exc
 
@@ -254,12 +291,13 @@ class Fleet:
 
     def serving(self, model: str) -> dict[str, list[str]]:
         """url -> the versions of ``model`` READY there (raises when a target is unreachable)."""
-        return {url: ready_versions(self.target(url).model_states(), model) for url in self.urls}
+        return {url: ready_versions(self.states_of(url), model) for url in self.urls}
 
     def serve_exactly(self, wanted: dict[str, str]) -> bool:
         """Every target serves exactly version ``v`` of each ``model: v`` (the no-op test)."""
+        self.states()  # the targets asked in parallel, once
         for url in self.urls:
-            states = self.target(url).model_states()
+            states = self.states_of(url)
             if any(ready_versions(states, model) != [version] for model, version in wanted.items()):
                 return False
         return True
@@ -267,7 +305,7 @@ class Fleet:
     def live_pins(self, url: str, ensemble: str) -> dict[str, str] | None:
         """The member versions ``ensemble`` pins as loaded at ``url`` (None: not READY there)."""
         target = self.target(url)
-        if not ready_versions(target.model_states(), ensemble):
+        if not ready_versions(self.states_of(url), ensemble):
             return None
         steps = target.model_config(ensemble).get("ensemble_scheduling", {}).get("step", [])
         return {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps}
@@ -276,16 +314,24 @@ class Fleet:
         for url in self.urls:
             self.target(url).is_live()
 
+    def only(self, urls: Sequence[str]) -> None:
+        """Narrow the fleet to ``urls`` (the reachable ones); the others' connections closed."""
+        for url in self.urls:
+            if url not in urls and url in self._open:
+                self._open.pop(url).close()
+        self.urls = tuple(u for u in self.urls if u in urls)
+
 
 def ready_versions(states: dict[str, dict[str, str]], model: str) -> list[str]:
     return sorted((v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
 
 
 def reachable(
-    targets: Sequence[str], connect: Connect, max_unavailable: int
+    targets: Sequence[str], connect: Connect, max_unavailable: int, keep_open: bool = False
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """The live replicas, and the ones skipped (url -> why); more than ``max_unavailable``
-    unreachable ones, or none reachable, refuse the promotion."""
+    unreachable ones, or none reachable, refuse the promotion.  ``keep_open``: ``connect`` hands
+    out connections someone keeps (a ``Fleet``'s): they stay open for the promotion."""
 
     def live(url: str) -> str:
         try:
@@ -297,7 +343,8 @@ def reachable(
         except MlregError as exc:
             return exc.message
         finally:
-            replica.close()
+            if not keep_open:
+                replica.close()
         return ""
 
     with ThreadPoolExecutor(max(1, min(8, len(targets)))) as pool:

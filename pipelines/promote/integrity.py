@@ -144,12 +144,13 @@ def check_signatures(
     steps: Iterable[Step],
     trust: Trust | None,
     workdir: Path | None,
+    no_way_back: bool = False,
 ) -> list[str]:
     """Before any change: the signature of every version the promotion may load -- each step's new
     version and the versions an abort would load again.  One line per version for the validate
-    report; PromotionError for the new version when ``trust`` requires signatures.  A way back whose
-    signature does not verify does not block the way forward: the undo log asks again (``verifier``)
-    and leaves the model as it serves rather than load it."""
+    report; PromotionError when ``trust`` requires signatures and one does not verify -- the way
+    back's too, unless ``no_way_back`` (the user said so: the undo log asks again, ``verifier``,
+    and leaves the model as it serves rather than load it)."""
     if trust is None:
         return []
     assert workdir is not None  # the promotion's work folder: set when its context is made
@@ -160,7 +161,18 @@ def check_signatures(
         lines.append(_check_new(store, registry, step, trust, workdir))
         for version in step.previous_versions:
             if version != step.version:
-                lines.append(_check_previous(store, registry, step.model, version, trust, workdir))
+                line = _check_previous(store, registry, step.model, version, trust, workdir)
+                if trust.required and " NOT verified " in line and not no_way_back:
+                    raise PromotionError(
+                        f"{step.model} v{version}, the version an abort would load again: {line}; a "
+                        "failed promotion would have no way back",
+                        fix=f"sign {step.model} v{version} again (or promote a signed version first), "
+                        "or pass --no-way-back to promote anyway: an abort then leaves the model as it "
+                        "serves, never loading unverified bytes",
+                        model=step.model,
+                        version=version,
+                    )
+                lines.append(line)
     return lines
 
 

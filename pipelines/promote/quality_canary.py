@@ -98,10 +98,6 @@ def canary_gate(
             name = f"{step.model}{PRIVATE_SUFFIX}" if step.runtime_changes else ""
             probe = Probe(step.model, step.version, reference, canary if reference else None, name)
             probes.append((step, probe))
-            if name:
-                undo.loaded_privately(name, url)
-            else:
-                undo.moved(step, url)
             began = time.perf_counter()
             fleet.move(url, candidate(step, name, gpu))
             loads[step.model] = time.perf_counter() - began

@@ -85,31 +85,37 @@ def perf_metrics(result: PromotionResult) -> dict[str, float]:
 
 @dataclass
 class RecordWrites:
-    """What the record stage changed in MLflow, so that a failure can put it back:
-    ``tags`` (model, version) -> the ``promoted_<env>`` value before (None: none), and
+    """What the record stage changed in MLflow, noted in the undo log before the first write
+    (``UndoLog.wrote_registry``) so that any exit -- an error, an interrupt, a signal -- puts it
+    back: ``tags`` (model, version) -> the ``promoted_<env>`` value before (None: none), and
     ``aliases`` model -> the version the alias named before (None: none), in the order moved."""
 
+    registry: Registry
     alias: str
     tag: str
     tags: dict[tuple[str, str], str | None] = field(default_factory=dict)
     aliases: dict[str, str | None] = field(default_factory=dict)
     moved_to: dict[str, str] = field(default_factory=dict)
 
-    def tag_version(self, registry: Registry, model: str, version: str, stamp: str) -> None:
-        before = registry.version_tags(model, version).get(self.tag)
-        self.tags.setdefault((model, version), before)
-        registry.set_version_tag(model, version, self.tag, stamp)
+    @property
+    def changed(self) -> bool:
+        return bool(self.tags or self.aliases)
 
-    def move_alias(self, registry: Registry, model: str, version: str) -> None:
-        before = registry.aliases(model).get(self.alias)
+    def tag_version(self, model: str, version: str, stamp: str) -> None:
+        before = self.registry.version_tags(model, version).get(self.tag)
+        self.tags.setdefault((model, version), before)  # noted before the write
+        self.registry.set_version_tag(model, version, self.tag, stamp)
+
+    def move_alias(self, model: str, version: str) -> None:
+        before = self.registry.aliases(model).get(self.alias)
         if before == version:
             return
-        self.aliases.setdefault(model, before)
+        self.aliases.setdefault(model, before)  # noted before the write
         self.moved_to[model] = version
-        registry.set_alias(model, self.alias, version)
+        self.registry.set_alias(model, self.alias, version)
         checkpoint(f"alias-moved:{model}")
 
-    def put_back(self, registry: Registry) -> tuple[list[str], list[str]]:
+    def put_back(self) -> tuple[list[str], list[str]]:
         """Aliases back (newest first), then the tags; (what was put back, what could not be)."""
         back: list[str] = []
         left: list[str] = []
@@ -117,32 +123,33 @@ class RecordWrites:
             was = f"alias '{self.alias}' of {model} (moved to v{self.moved_to[model]})"
             try:
                 if before is None:
-                    registry.delete_alias(model, self.alias)
+                    self.registry.delete_alias(model, self.alias)
                 else:
-                    registry.set_alias(model, self.alias, before)
+                    self.registry.set_alias(model, self.alias, before)
                 back.append(f"{was} back to {'none' if before is None else 'v' + before}")
             except MlregError as exc:
                 left.append(f"{was} could not be put back to {before or 'none'}: {exc.message}")
         for (model, version), value in self.tags.items():
             try:
                 if value is None:
-                    registry.delete_version_tag(model, version, self.tag)
+                    self.registry.delete_version_tag(model, version, self.tag)
                 else:
-                    registry.set_version_tag(model, version, self.tag, value)
+                    self.registry.set_version_tag(model, version, self.tag, value)
             except MlregError as exc:
-                left.append(f"tag {self.tag} of {model} v{version} could not be removed: {exc.message}")
+                left.append(f"tag {self.tag} of {model} v{version} could not be put back: {exc.message}")
+        self.tags.clear()
+        self.aliases.clear()
         return back, left
 
 
-def failed_record(writes: RecordWrites, registry: Registry, exc: MlregError) -> PromotionError:
-    """The record stage's error: its MLflow writes put back, and exactly what moved said."""
-    back, left = writes.put_back(registry)
-    if not writes.aliases:
-        moved = "; ".join(["no MLflow alias was moved", *left])
-    elif not left:
-        moved = "the alias moves were put back: " + "; ".join(back)
-    else:
-        moved = "; ".join(back + left)
+def failed_record(writes: RecordWrites, exc: MlregError) -> PromotionError:
+    """The record stage's error, saying what it had moved (the undo log puts it back)."""
+    moved = (
+        "no MLflow alias was moved"
+        if not writes.aliases
+        else "the aliases it moved go back: "
+        + ", ".join(f"{m} (was v{b or 'none'})" for m, b in writes.aliases.items())
+    )
     return PromotionError(
         f"recording in MLflow failed: {exc.message}; {moved}",
         fix=(exc.fix or "bring MLflow back")

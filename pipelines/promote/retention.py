@@ -262,24 +262,16 @@ def make_room(ctx: PromotionContext) -> RetentionReport | None:
         report = _pass(ctx, pre_deploy=True)
     except MlregError as exc:  # the promotion goes on with every version where it is
         report = RetentionReport(keep, failed=[exc.message])
-    if report.moves:  # every exit restores: a failed promotion puts them back (under its locks)
-        ctx.locks.callback(_put_back, ctx, [(m.model, m.version) for m in report.moves])
+    for move in report.moves:  # every exit restores: the undo log brings them back (under the locks)
+        ctx.undo.archived_version(move.model, move.version, lambda m, v: _unarchive(ctx.store, m, v))
     report.seconds = time.perf_counter() - began
     return report
 
 
-def _put_back(ctx: PromotionContext, moved: list[tuple[str, str]]) -> None:
-    """When the promotion failed (its error hook ran, the undo log replayed), the versions
-    ``make_room`` moved come back where Triton reads (a rename locally, as they left); a version
-    that cannot is left whole in the archive, named in the log."""
-    if not ctx.result.error:
-        return
-    try:
-        archive = archive_of(ctx.store)
-        for model, version in moved:
-            move_to_archive(archive, ctx.store, model, version)
-    except MlregError as exc:
-        log.warning("a version archived before the failed load stays in the archive: %s", exc.message)
+def _unarchive(store: RepositoryStore, model: str, version: str) -> None:
+    """A version ``make_room`` moved comes back where Triton reads (a rename locally, as it left);
+    raises when it cannot (it stays whole in the archive)."""
+    move_to_archive(archive_of(store), store, model, version)
 
 
 def _pass(ctx: PromotionContext, pre_deploy: bool) -> RetentionReport:

@@ -128,12 +128,13 @@ class Promotion:
     def _context(self, model: str, version: str) -> PromotionContext:
         targets = resolve_targets(self.settings, self.env)
         policy, skipped = self.env.policy, dict[str, str]()
-        if policy is not None:
-            check_fleet(policy, len(targets), f"environment '{self.env.name}'")
-            targets, skipped = reachable(targets, self.connect, policy.max_unavailable)
         store = open_store(self.env.store, digest_cache=self.settings.digest_cache)
         load_timeout = self.settings.triton_timeout * 10
         fleet = Fleet(store, targets, self.connect, load_timeout, policy.max_parallel if policy else 1)
+        if policy is not None:  # the live check's connections are the promotion's
+            check_fleet(policy, len(targets), f"environment '{self.env.name}'")
+            targets, skipped = reachable(targets, fleet.target, policy.max_unavailable, keep_open=True)
+            fleet.only(targets)
         plan = Plan(self.env, targets, model, version, skipped=skipped)
         return PromotionContext(
             self.settings, self.env, self.registry, self.options, store, fleet, plan, self.scratch

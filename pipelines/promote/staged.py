@@ -25,7 +25,6 @@ from pipelines.promote.fanout import Change, Fleet, Rollout, checkpoint
 from pipelines.promote.plan import Step, desired_config
 from pipelines.promote.policy import Policy, Verdict, judge, waves_of
 from pipelines.promote.reports import FleetReport
-from pipelines.promote.undo import UndoLog
 from registry.errors import MlregError, PromotionError
 
 Scrape = Callable[[str], metrics.Snapshot]
@@ -66,21 +65,20 @@ def following_latest(ensembles: Sequence[Step], members: Sequence[Step], gpu: bo
 
 
 class StagedRollout:
-    """Moves ``moves`` over ``targets`` wave by wave, noting each replica in ``undo`` first."""
+    """Moves ``moves`` over ``targets`` wave by wave (each move tells the undo log first, through
+    ``Fleet.move``)."""
 
     def __init__(
         self,
         targets: Sequence[str],
         fleet: Fleet,
         policy: Policy,
-        undo: UndoLog,
         scrape: Scrape | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.targets = list(targets)
         self.fleet = fleet
         self.policy = policy
-        self.undo = undo
         self.scrape = scrape or (lambda url: metrics.scrape(policy.metrics_url(url)))
         self.sleep = sleep
         self.moved: list[str] = []
@@ -117,8 +115,7 @@ class StagedRollout:
                 future.result()
 
     def _on_replica(self, url: str, moves: list[Move]) -> None:
-        for move in moves:
-            self.undo.moved(move.step, url)
+        for move in moves:  # Fleet.move tells the undo log the replica's before-state
             self.fleet.move(url, move.change, self.results[move.change.model])
 
     def _scrape_all(self, urls: Sequence[str]) -> dict[str, metrics.Snapshot]:
@@ -210,7 +207,7 @@ class Staged:
         for move in moves:
             if move.step.previous_config is None:  # new to the store: no replica serves it yet
                 self._write(ctx, move)
-        rollout = StagedRollout(plan.targets, fleet, self.policy, ctx.undo, self.scrape, self.sleep)
+        rollout = StagedRollout(plan.targets, fleet, self.policy, self.scrape, self.sleep)
         fleet.rollouts.extend(rollout.run(following_latest(repointed, moving, gpu) + moves))
         for move in moves:
             self._write(ctx, move)
@@ -219,7 +216,7 @@ class Staged:
             change = Change(
                 step.model, desired_config(step.config_text, [step.version], gpu), (step.version,)
             )
-            fleet.apply(change, before=lambda url, step=step: ctx.undo.moved(step, url))  # type: ignore[misc]
+            fleet.apply(change)
         baked = "; ".join(f"bake ok: {v.detail}" for v in rollout.verdicts)
         summary = ", ".join(f"{s.model} v{s.version}" for s in steps)
         waves = len(waves_of(plan.targets, self.policy))

@@ -78,6 +78,9 @@ def resolve(ctx: PromotionContext) -> StageReport:
             if not ctx.options.dry_run:  # a plan only reads: it never waits for, nor blocks, others
                 ctx.locks.enter_context(ctx.store.lock(name, ttl=ctx.settings.lock_lease, wait=0))
             held.add(name)
+        if not ctx.options.dry_run and not fleet.view_under_locks:
+            fleet.refresh()  # the view (what each server holds) taken once, under the locks
+            fleet.view_under_locks = True
         plan = build_plan(
             ctx.registry,
             ctx.store,
@@ -200,7 +203,8 @@ def _preconditions(ctx: PromotionContext) -> None:
     ctx.registry.warm_up()  # MLflow's import overlaps with the work below
     if not ctx.options.skip_quality:
         quality.warm_up()  # great_expectations (seconds) imports while the promotion plans
-    ctx.fleet.check_live()
+    if ctx.env.policy is None:  # a staged policy checked every replica's liveness already
+        ctx.fleet.check_live()
     ctx.store.list_models()
     ctx.registry.ping()
 
@@ -272,7 +276,9 @@ def validate(ctx: PromotionContext) -> ValidateReport:
             "the same promotion, or keep the contract",
         )
     verified = [name for step in plan.steps if not step.is_ensemble for name in _check_bytes(ctx, step)]
-    verified += check_signatures(ctx.store, ctx.registry, plan.steps, ctx.env.signatures, plan.workdir)
+    verified += check_signatures(
+        ctx.store, ctx.registry, plan.steps, ctx.env.signatures, plan.workdir, ctx.options.no_way_back
+    )
     return ValidateReport(len(plan.steps), breaking, verified)
 
 
@@ -287,17 +293,30 @@ def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
     for version, digest in wanted:
         try:
             repair = check_stored(ctx.store, ctx.registry, step, version, digest, ctx.plan.workdir)
-        except PromotionError:
+        except PromotionError as exc:
             if version == step.version:
                 raise  # what this promotion loads: refused
-            # a way back that cannot be verified nor restored does not block the way forward: the
-            # undo log checks it again and leaves the model as it serves rather than load it
+            if not ctx.options.no_way_back:  # an abort could not load it: no way back, no change
+                raise _no_way_back(step.model, version, exc.message) from exc
+            # the user said so: the undo log checks it again and leaves the model as it serves
             checked.append(f"{step.model}/{version} (unverified: an abort would leave it as it serves)")
             continue
         if repair is not None:
             ctx.repairs.append(repair)
         checked.append(f"{step.model}/{version}" + (" (corrupt: restored by assemble)" if repair else ""))
     return checked
+
+
+def _no_way_back(model: str, version: str, why: str) -> PromotionError:
+    return PromotionError(
+        f"{model} v{version}, the version an abort would load again, cannot be verified nor restored "
+        f"from the registry, so a failed promotion would have no way back: {why}",
+        fix=f"restore {model} v{version} (register its bytes again, or promote a version that "
+        "verifies first), or pass --no-way-back to promote anyway: an abort then leaves the model "
+        "as it serves, never loading unverified bytes",
+        model=model,
+        version=version,
+    )
 
 
 def _repointed_errors(ctx: PromotionContext) -> list[str]:
@@ -385,7 +404,8 @@ def _register_converted(ctx: PromotionContext, converted: Converted) -> None:
 
 def verify(ctx: PromotionContext) -> VerifyReport:
     """Every step READY and answering on every target, and every ensemble over them loaded with
-    the store's pins there."""
+    the store's pins there (the servers asked again: the view is not proof)."""
+    ctx.fleet.refresh()
     for url in ctx.plan.targets:
         triton = ctx.fleet.target(url)
         for step in ctx.plan.steps:
@@ -421,7 +441,8 @@ def record(ctx: PromotionContext) -> RecordReport:
     error says exactly what moved; then the promotion's run."""
     plan = ctx.plan
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    writes = RecordWrites(ctx.env.alias, f"promoted_{ctx.env.name}")
+    writes = RecordWrites(ctx.registry, ctx.env.alias, f"promoted_{ctx.env.name}")
+    ctx.undo.wrote_registry(writes)  # any exit from here on puts these writes back
     try:
         versions: list[tuple[str, str]] = []
         for step in plan.steps:
@@ -432,12 +453,12 @@ def record(ctx: PromotionContext) -> RecordReport:
                 version = ctx.registry.register_version(
                     step.model, folder / "1", folder / "config.pbtxt", members=pins
                 )
-            writes.tag_version(ctx.registry, step.model, version, stamp)
+            writes.tag_version(step.model, version, stamp)
             versions.append((step.model, version))
         checkpoint("record:aliases")
         for model, version in versions:  # the aliases move last
-            writes.move_alias(ctx.registry, model, version)
+            writes.move_alias(model, version)
     except MlregError as exc:
-        raise failed_record(writes, ctx.registry, exc) from exc
+        raise failed_record(writes, exc) from exc
     record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT)
     return RecordReport(ctx.env.alias, plan.model, plan.version, ctx.result.run_id)

@@ -1,24 +1,38 @@
-"""The undo log: what a promotion changed, and how to put it back.
+"""The undo log: the one owner of what a promotion changed, and of how to put it back.
 
-Every writer of a promotion -- the upload, the canary gate, the one-shot and the staged deploy --
-notes a change here *before* making it: a version folder uploaded, a config written to the store,
-a model sent to a replica.  On any failure or interrupt the runner replays the log once, in an
-order that never leaves an ensemble pinned to a member version that is gone:
+Noted *before* each change, whoever makes it:
 
-1. every re-pointed ensemble follows the latest loaded version (-1) of the members that move back,
-   on the replicas it was sent to (an ensemble new to the store is unloaded);
-2. the members: the store's config back, then each replica back to it (a model new there unloaded);
-3. the ensembles: the store's config back, then each replica back to its old config;
-4. the version folders this promotion uploaded, new to the store, removed.
+- what each replica held before this promotion first changed a model there (its before-state,
+  told by ``Fleet.move`` -- deployer, staged roll-out, canary gate, retire alike -- from the fleet's
+  view taken under the locks);
+- every config written to the store, and every version folder uploaded new to it;
+- every version retention moved out of Triton's prefix (``make_room``);
+- every MLflow alias and tag the ``record`` stage wrote.
 
-A replica is put back with the store's old config sent as a load override: Triton keeps an
-earlier override over a store file older than it, so a plain reload would not be enough.
+The runner's error hook replays it once, on any exit after the first change, in an order that
+never leaves an ensemble pinned to a member version that is gone:
+
+1. the registry: aliases back (newest first), then the tags;
+2. every re-pointed ensemble follows the latest loaded version (-1) of the members that move back,
+   on the replicas it was sent to (an ensemble new to a replica is unloaded there);
+3. the members: the store's config back, then each replica back to its before-state (the store's
+   old config sent as a load override, naming the versions it held; a model it did not hold
+   unloaded);
+4. the ensembles, the same way;
+5. the version folders this promotion uploaded, new to the store, removed;
+6. the versions archived by this promotion brought back where Triton reads.
+
+A model whose earlier bytes no longer verify (``verify``) is never loaded again: it is left as it
+serves now (store and replicas, its uploaded folder kept so the store's config never names a
+folder that is gone), and so is every ensemble pinning it; the report names it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pipelines.promote.fanout import Change, Fleet, ready_versions
 from pipelines.promote.plan import Step, desired_config, ensemble_pins
@@ -26,6 +40,16 @@ from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
 
 VerifyStored = Callable[[str, str], str]  # (model, version) -> "" when its stored bytes verify, else why
+Unarchive = Callable[[str, str], None]  # (model, version) back from the archive (raises MlregError)
+
+
+class RegistryWrites(Protocol):
+    """The record stage's MLflow writes (``record.RecordWrites``): put back on replay."""
+
+    @property
+    def changed(self) -> bool: ...
+
+    def put_back(self) -> tuple[list[str], list[str]]: ...
 
 
 @dataclass
@@ -38,10 +62,24 @@ class Entry:
     previous_versions: tuple[str, ...]
     store: bool = False  # the store's config was written
     replicas: list[str] = field(default_factory=list)  # servers sent a change of it, in order
+    before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # url -> READY at the first touch
     uploaded: list[str] = field(default_factory=list)  # version folders new to the store
 
-    def back(self) -> Change:
-        return Change(self.model, self.previous, self.previous_versions if self.previous else ())
+    def back_at(self, url: str, gpu: bool) -> Change | None:
+        """What the replica at ``url`` held before (None: held, but not from this store's config)."""
+        held = self.before.get(url, ())
+        if not held:
+            return Change(self.model, None)
+        if self.previous is None:
+            return None
+        return Change(self.model, desired_config(self.previous, list(held), gpu), held)
+
+    @property
+    def describe(self) -> str:
+        versions = sorted(
+            {v for held in self.before.values() for v in held} or self.previous_versions, key=int
+        )
+        return f"{self.model} -> v{','.join(versions) or 'none'}"
 
 
 @dataclass
@@ -58,40 +96,65 @@ class UndoLog:
     def __init__(self, gpu: bool) -> None:
         self.gpu = gpu
         self.entries: dict[str, Entry] = {}
+        self.steps: dict[str, Step] = {}  # the plan's steps by model (what a new entry starts from)
+        self.registry: RegistryWrites | None = None
+        self.archived: list[tuple[str, str]] = []  # (model, version) moved out of Triton's prefix
+        self.unarchive: Unarchive | None = None
+        self._mutex = threading.Lock()  # a staged wave touches replicas from several threads
 
     # -- what the writers note ---------------------------------------------------------------------
 
-    def entry(self, step: Step) -> Entry:
-        if step.model not in self.entries:
-            self.entries[step.model] = Entry(
-                step.model, step.is_ensemble, step.previous_config, tuple(step.previous_versions)
-            )
-        return self.entries[step.model]
+    def plan(self, steps: Iterable[Step]) -> None:
+        self.steps = {s.model: s for s in steps}
+
+    def entry(self, model: str) -> Entry:
+        with self._mutex:
+            if model not in self.entries:
+                step = self.steps.get(model)
+                self.entries[model] = (
+                    Entry(model, step.is_ensemble, step.previous_config, tuple(step.previous_versions))
+                    if step is not None
+                    else Entry(model, False, None, ())  # only this promotion knows it (the gate's)
+                )
+            return self.entries[model]
+
+    def track(self, model: str, previous: str, versions: Iterable[str]) -> None:
+        """A model changed outside a plan (``mlreg retire``): its store config before."""
+        self.entries[model] = Entry(model, False, previous, tuple(versions))
+
+    def wrote_config_of(self, model: str) -> None:
+        self.entry(model).store = True
+
+    def touched(self, url: str, model: str, ready: tuple[str, ...]) -> None:
+        """``Fleet.move``'s hook: the replica's before-state, kept from its first touch only."""
+        entry = self.entry(model)
+        with self._mutex:
+            if url not in entry.before:
+                entry.before[url] = ready
+                entry.replicas.append(url)
 
     def wrote_config(self, step: Step) -> None:
-        self.entry(step).store = True
-
-    def moved(self, step: Step, url: str) -> None:
-        replicas = self.entry(step).replicas
-        if url not in replicas:
-            replicas.append(url)
+        self.wrote_config_of(step.model)
 
     def uploaded(self, step: Step, version: str) -> None:
         if version not in step.previous_versions:
-            self.entry(step).uploaded.append(version)
+            self.entry(step.model).uploaded.append(version)
 
-    def loaded_privately(self, model: str, url: str) -> None:
-        """A model only this promotion knows (the gate's private candidate): unloaded on undo."""
-        entry = self.entries.setdefault(model, Entry(model, False, None, ()))
-        if url not in entry.replicas:
-            entry.replicas.append(url)
+    def archived_version(self, model: str, version: str, back: Unarchive) -> None:
+        self.archived.append((model, version))
+        self.unarchive = back
+
+    def wrote_registry(self, writes: RegistryWrites) -> None:
+        self.registry = writes
 
     def forget(self, model: str) -> None:
         self.entries.pop(model, None)
 
     @property
     def empty(self) -> bool:
-        return not any(e.store or e.replicas or e.uploaded for e in self.entries.values())
+        return not (self.archived or (self.registry is not None and self.registry.changed)) and not any(
+            e.store or e.replicas or e.uploaded for e in self.entries.values()
+        )
 
     @property
     def replicas(self) -> list[str]:
@@ -101,39 +164,67 @@ class UndoLog:
             seen.extend(url for url in entry.replicas if url not in seen)
         return seen
 
+    def before(self, url: str, model: str) -> tuple[str, ...] | None:
+        """What ``model`` was at ``url`` before this promotion touched it (None: not touched)."""
+        entry = self.entries.get(model)
+        return entry.before.get(url) if entry else None
+
     # -- the replay --------------------------------------------------------------------------------
 
     def replay(self, fleet: Fleet, store: RepositoryStore, verify: VerifyStored | None = None) -> UndoReport:
-        """Put everything back; ``verify`` is asked before a version is loaded again: a member whose
-        earlier bytes do not verify is left as it serves now (store and replicas), and so is every
-        ensemble pinning it -- never loaded unverified -- and the report names it."""
+        """Put everything back (see the module's docstring for the order)."""
         report = UndoReport()
+        self._registry_back(report)
         newest_first = list(reversed(self.entries.values()))
         ensembles = [e for e in newest_first if e.ensemble]
         members = [e for e in newest_first if not e.ensemble]
-        moving = {m.model for m in members if m.store or m.replicas}
         kept = self._unverified(members, verify, report)
+        moving = {m.model for m in members if (m.store or m.replicas) and m.model not in kept}
         for entry in ensembles:
-            self._follow(entry, moving, fleet, report)
+            if not kept & set(ensemble_pins(entry.previous or "")):
+                self._follow(entry, moving, fleet, report)
         for entry in members + ensembles:
             if entry.model in kept or (entry.ensemble and kept & set(ensemble_pins(entry.previous or ""))):
                 continue
             self._put_back(entry, fleet, store, report)
         for entry in newest_first:
+            if entry.model in kept:
+                continue  # the store's config still names them: the folders stay
             for version in entry.uploaded:
                 _note(
                     report, _delete_version(store, entry.model, version), f"{entry.model}/{version} removed"
                 )
+        self._archive_back(report)
         self.entries.clear()
         return report
 
-    @staticmethod
-    def _unverified(members: list[Entry], verify: VerifyStored | None, report: UndoReport) -> set[str]:
+    def _registry_back(self, report: UndoReport) -> None:
+        if self.registry is None or not self.registry.changed:
+            return
+        back, left = self.registry.put_back()
+        report.restored.extend(back)
+        report.failed.extend(left)
+        self.registry = None
+
+    def _archive_back(self, report: UndoReport) -> None:
+        for model, version in self.archived:
+            assert self.unarchive is not None
+            try:
+                self.unarchive(model, version)
+            except MlregError as exc:
+                report.failed.append(f"{model}/{version} stays in the archive: {exc.message}")
+                continue
+            report.restored.append(f"{model}/{version} back from the archive")
+        self.archived.clear()
+
+    def _unverified(self, members: list[Entry], verify: VerifyStored | None, report: UndoReport) -> set[str]:
+        """The members whose way back would load bytes that no longer verify."""
         kept: set[str] = set()
         for entry in members:
             if verify is None or entry.previous is None or not (entry.store or entry.replicas):
                 continue
-            for version in entry.previous_versions:
+            loads = {v for held in entry.before.values() for v in held} or set(entry.previous_versions)
+            for version in sorted(loads, key=int):
                 why = verify(entry.model, version)
                 if why:
                     where = ", ".join(entry.replicas) or "no replica yet"
@@ -143,33 +234,29 @@ class UndoLog:
         return kept
 
     def _follow(self, entry: Entry, moving: set[str], fleet: Fleet, report: UndoReport) -> None:
-        if entry.previous is None:
-            change = Change(entry.model, None)  # new: it goes before its members
-        else:
-            pins = {m: "-1" for m in ensemble_pins(entry.previous) if m in moving}
-            if not pins:
-                return
-            versions = list(entry.previous_versions) or ["1"]
-            text = desired_config(entry.previous, versions, self.gpu, pins)
-            change = Change(entry.model, text, tuple(versions))
-        kept = [u for u in entry.replicas if entry.previous is None and fleet.served_before(u, entry.model)]
-        for url in entry.replicas:
-            if url not in kept:  # what served there before this promotion is never unloaded
-                _note(report, fleet.restore(url, change), "")
-        if entry.previous is None:
-            entry.replicas[:] = kept  # the others unloaded already; the kept ones checked later
+        """An ensemble first follows the latest loaded version of the members moving back; where
+        it was new to a replica, it is unloaded there before its members go."""
+        pins = {m: "-1" for m in ensemble_pins(entry.previous or "") if m in moving}
+        for url in list(entry.replicas):
+            held = entry.before.get(url, ())
+            if not held:
+                _note(report, fleet.restore(url, Change(entry.model, None)), "")
+                entry.replicas.remove(url)  # unloaded already
+            elif entry.previous is not None and pins:
+                text = desired_config(entry.previous, list(held), self.gpu, pins)
+                _note(report, fleet.restore(url, Change(entry.model, text, held)), "")
 
     def _put_back(self, entry: Entry, fleet: Fleet, store: RepositoryStore, report: UndoReport) -> None:
         if entry.store:
             _note(report, _write_back(store, entry), "")
-        back = entry.back()
         for url in entry.replicas:
-            if entry.previous is None and fleet.served_before(url, entry.model):
-                _keep(report, fleet, url, entry.model)  # never unload what served before
+            change = entry.back_at(url, self.gpu)
+            if change is None:
+                _keep(report, fleet, url, entry.model, entry.before[url])  # never unload what served
                 continue
-            _note(report, fleet.restore(url, back), "")
+            _note(report, fleet.restore(url, change), "")
         if entry.store or entry.replicas:
-            report.restored.append(back.describe())
+            report.restored.append(entry.describe)
 
 
 def _note(report: UndoReport, failure: str, done: str) -> None:
@@ -179,23 +266,22 @@ def _note(report: UndoReport, failure: str, done: str) -> None:
         report.restored.append(done)
 
 
-def _keep(report: UndoReport, fleet: Fleet, url: str, model: str) -> None:
+def _keep(report: UndoReport, fleet: Fleet, url: str, model: str, before: tuple[str, ...]) -> None:
     """``model`` new to the store but served at ``url`` before this promotion (from another
     repository): left loaded; the report says whether it still serves what it served."""
-    before = fleet.served_before(url, model)
     try:
         now = ready_versions(fleet.target(url).model_states(), model)
     except MlregError as exc:
         report.failed.append(f"{url}: {model} cannot be checked: {exc.message}")
         return
-    if set(before) <= set(now):
+    if set(before) == set(now):
         report.restored.append(
             f"{model} left as it served at {url} (v{','.join(before)}, not from this store)"
         )
     else:
         report.failed.append(
-            f"{url}: {model} no longer serves v{','.join(before)} (it served it before this promotion, "
-            "from outside the environment's store)"
+            f"{url}: {model} serves v{','.join(now) or 'nothing'}, not v{','.join(before)} as before this "
+            "promotion (it served it from outside the environment's store: load it there again)"
         )
 
 

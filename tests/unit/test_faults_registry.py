@@ -11,9 +11,12 @@ from typing import Any, cast
 
 import pytest
 
+from pipelines.promote.fanout import Fleet
 from pipelines.promote.ports import Registry
 from pipelines.promote.record import RecordWrites, failed_record, repair_record
 from pipelines.promote.status import _missing_detail, served_models
+from pipelines.promote.undo import UndoLog
+from pipelines.storage import open_store
 from registry.errors import RegistryError
 from registry.mlflow.disk import disk_full_error, is_disk_full
 from tests.fakes import FakeRegistry
@@ -31,34 +34,51 @@ def test_enospc_and_sqlites_full_database_are_one_disk_full_error(tmp_path: Path
     assert not is_disk_full(OSError(errno.ECONNREFUSED, "Connection refused"))
 
 
-def test_a_failed_alias_move_puts_back_the_moved_aliases_and_tags_and_says_what_moved() -> None:
+def test_a_failed_alias_move_is_put_back_by_the_undo_log_with_the_tags_and_says_what_moved(
+    tmp_path: Path,
+) -> None:
     registry = FakeRegistry()
     registry.alias_map = {"member": {"s3": "8"}, "ens": {"s3": "3"}}
     registry.tags[("member", "5")] = {}
-    writes = RecordWrites("s3", "promoted_s3")
-    reg = cast(Registry, registry)
-    writes.tag_version(reg, "member", "5", "2026-12-04T10:00:00Z")
-    writes.move_alias(reg, "member", "5")
+    writes = RecordWrites(cast(Registry, registry), "s3", "promoted_s3")
+    undo = UndoLog(gpu=False)
+    undo.wrote_registry(writes)  # as the record stage does, before its first write
+    writes.tag_version("member", "5", "2026-12-04T10:00:00Z")
+    writes.move_alias("member", "5")
+    assert registry.alias_map["member"] == {"s3": "5"}  # the move happened
     registry.fail_on.add("set_alias ens")
     with pytest.raises(RegistryError) as info:
-        writes.move_alias(reg, "ens", "4")
+        writes.move_alias("ens", "4")
     registry.fail_on.clear()
-    error = failed_record(writes, reg, info.value)
+    error = failed_record(writes, info.value)
+    assert "the aliases it moved go back: member (was v8)" in error.message
+    store = open_store(tmp_path / "store")
+    report = undo.replay(Fleet(store, (), lambda url: None, 1), store)  # type: ignore[arg-type, return-value]
     assert registry.alias_map == {"member": {"s3": "8"}, "ens": {"s3": "3"}}
     assert "promoted_s3" not in registry.tags[("member", "5")]
-    assert "alias 's3' of member (moved to v5) back to v8" in error.message
+    assert report.restored == [  # newest first; the failed write noted before it was sent: put back too
+        "alias 's3' of ens (moved to v4) back to v3",
+        "alias 's3' of member (moved to v5) back to v8",
+    ]
+    assert report.ok
 
 
-def test_mlflow_down_leaves_the_moves_named_in_the_error() -> None:
+def test_mlflow_down_leaves_the_moves_named_in_the_undo_report(tmp_path: Path) -> None:
     registry = FakeRegistry()
     registry.alias_map = {"member": {"s3": "8"}}
-    writes = RecordWrites("s3", "promoted_s3")
-    reg = cast(Registry, registry)
-    writes.move_alias(reg, "member", "5")
+    writes = RecordWrites(cast(Registry, registry), "s3", "promoted_s3")
+    undo = UndoLog(gpu=False)
+    undo.wrote_registry(writes)
+    writes.move_alias("member", "5")
     registry.down = True
-    error = failed_record(writes, reg, RegistryError("MLflow: alias update failed"))
-    assert "alias 's3' of member (moved to v5) could not be put back to 8" in error.message
+    error = failed_record(writes, RegistryError("MLflow: alias update failed"))
     assert "a rerun repairs its alias" in (error.fix or "")
+    store = open_store(tmp_path / "store")
+    report = undo.replay(Fleet(store, (), lambda url: None, 1), store)  # type: ignore[arg-type, return-value]
+    assert report.failed == [
+        "alias 's3' of member (moved to v5) could not be put back to 8: "
+        "MLflow (memory://registry): set_alias failed: connection refused"
+    ]
 
 
 def test_the_no_op_repairs_the_alias_and_a_failed_attempts_tag() -> None:

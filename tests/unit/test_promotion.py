@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from pipelines.promote.environments import Environment
+from pipelines.promote.fanout import Fleet
 from pipelines.promote.plan import Role, serving_versions
+from pipelines.promote.policy import Policy
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from registry.errors import StorageError, TritonError
+from registry.errors import StorageError, Terminated, TritonError
 from registry.settings import Settings
 from tests.fakes import Call, FakeRegistry, FakeTarget
 
@@ -332,7 +334,7 @@ def test_a_version_corrupt_in_the_store_and_the_registry_is_refused_before_any_c
     _tamper(world, "net", "2")
     registered = world.registry.root / "net" / "2" / "model" / "model.py"
     registered.write_text(registered.read_text() + "# lost\n")
-    world.promote("net", "3")
+    world.promote("net", "3", no_way_back=True)  # net/2 is its way back: told to go on without one
     world.events.clear()
     with pytest.raises(
         PromotionFailed, match="(?s)net v2 in .* does not verify .*registry's copy does not match"
@@ -341,14 +343,23 @@ def test_a_version_corrupt_in_the_store_and_the_registry_is_refused_before_any_c
     assert world.loads() == []
 
 
-def test_a_way_back_that_cannot_be_verified_does_not_block_the_way_forward(deployed: World) -> None:
+def test_a_way_back_that_cannot_be_verified_refuses_the_promotion_unless_told_no_way_back(
+    deployed: World,
+) -> None:
     """The serving version's bytes are bad in the store and in the registry: promoting a new version
-    goes ahead (validate says so), and a failure then leaves the model as it serves."""
+    is refused before any change (an abort could not load it again), naming the fix; with
+    ``no_way_back`` it goes ahead (validate says so)."""
     world = deployed
     _tamper(world, "net", "1")
     registered = world.registry.root / "net" / "1" / "model" / "model.py"
     registered.write_text(registered.read_text() + "# lost\n")
-    result = world.promote("net", "2")
+    with pytest.raises(PromotionFailed, match="net v1, the version an abort would load again") as info:
+        world.promote("net", "2")
+    assert "--no-way-back" in (info.value.fix or "")
+    assert "nothing was changed" in info.value.message
+    assert world.loads() == []
+    assert serving_versions(world.config("net")) == ["1"]
+    result = world.promote("net", "2", no_way_back=True)
     validate = next(s for s in result.stages if s.stage == "validate")
     assert "net/1 (unverified: an abort would leave it as it serves)" in validate.detail
     assert serving_versions(world.config("net")) == ["2"]
@@ -530,3 +541,91 @@ def test_status_counts_a_stopped_local_stack_and_a_missing_folder_as_drift(world
         "the store has no folder net/1/ for the version its config serves",
         "local stack unreachable: the local stack is not running, so environment 'local' has no Triton",
     ]
+
+
+# -- the undo log owns every change: signals in record, the before-state, the fleet asked once ----
+
+
+def _tags(world: World) -> dict[tuple[str, str], dict[str, str]]:
+    return {key: dict(value) for key, value in world.registry.tags.items()}
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129), ("SIGQUIT", 131)]
+)
+@pytest.mark.parametrize("moved", ["net", "ens"])
+def test_a_signal_right_after_an_alias_moved_puts_back_aliases_tags_and_servers(
+    deployed: World, signal_name: str, code: int, moved: str
+) -> None:
+    """The signal arrives the moment the record stage moved an alias (the member's, or the
+    ensemble's after it): every alias and tag is as before, and so is everything else."""
+    world = deployed
+    before, tags = _state(world), _tags(world)
+    set_alias = world.registry.set_alias
+    signals = [signal_name]  # one signal; the put-back's own alias writes go through
+
+    def then_signalled(name: str, alias: str, version: str) -> None:
+        set_alias(name, alias, version)
+        if name == moved and signals:
+            signals.pop()
+            raise KeyboardInterrupt() if signal_name == "SIGINT" else Terminated(signal_name)
+
+    world.registry.set_alias = then_signalled  # type: ignore[method-assign]
+    with pytest.raises(PromotionFailed, match=rf"interrupted \({signal_name}\); .*rolled back") as info:
+        world.promote("net", "2")
+    world.registry.set_alias = set_alias  # type: ignore[method-assign]
+    assert info.value.exit_code == code
+    assert f"alias 'test' of {moved} (moved to v" in info.value.message  # the message says it went back
+    assert _state(world) == before  # servers, the store's configs, every alias
+    after = _tags(world)
+    assert {k: after[k] for k in tags} == tags  # every tag of every version as before
+    registered = {k: v for k, v in after.items() if k not in tags}  # the re-pointed ensemble's record
+    assert [k for k, v in registered.items() if "promoted_test" in v] == []  # carries no promotion
+    assert world.fleet.broken == []
+
+
+def test_a_staged_rollback_never_unloads_what_a_replica_served_before(tmp_path: Path) -> None:
+    """Item 5: the before-state is taken at the first touch, whoever moves the replica: a model new
+    to the store that a replica already served is left loaded there, and only there."""
+    world = World(tmp_path)
+    world.env = Environment(
+        "test", str(world.store_root), ("t0:8001", "t1:8001"), "test", gpu=False, policy=Policy(canary=1)
+    )
+    world.fleet.connect("t0:8001").states["net"] = {"1": "READY"}  # served before, not from this store
+    world.fleet.fail_load.add(("net", "1", "t1:8001"))  # the second wave fails
+    with pytest.raises(PromotionFailed, match="wave 2 of 2 failed") as info:
+        world.promote("net", "1")
+    assert ("unload", "t0:8001", "net") not in world.events  # served before: never unloaded
+    assert world.fleet.targets["t0:8001"].is_ready("net", "1")
+    assert ("unload", "t1:8001", "net") in world.events  # new there: unloaded
+    assert "net left as it served at t0:8001 (v1, not from this store)" in info.value.message
+
+
+def test_a_plain_swap_asks_each_target_what_it_holds_twice_resolve_and_verify(
+    deployed: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 7: one view per promotion, taken under the locks and kept up to date by the moves;
+    only verify asks again (and the retire's wait loop, which waits for Triton's async unload)."""
+    world = deployed
+    asked: dict[str, int] = {}
+    for url in ("t0:8001", "t1:8001"):
+        target = world.fleet.connect(url)
+        states = target.model_states
+
+        def counted(url: str = url, states: Any = states) -> dict[str, dict[str, str]]:
+            asked[url] = asked.get(url, 0) + 1
+            return states()  # type: ignore[no-any-return]
+
+        target.model_states = counted  # type: ignore[method-assign]
+    waits: list[str] = []
+    unloaded = Fleet._unloaded
+
+    def waited(self: Fleet, target: Any, model: str, versions: tuple[str, ...]) -> bool:
+        waits.append(target.url)
+        return unloaded(self, target, model, versions)
+
+    monkeypatch.setattr(Fleet, "_unloaded", waited)
+    assert world.promote("net", "2").ok
+    assert waits  # the retire waited on each target: one poll each (the fake unloads at once)
+    for url in ("t0:8001", "t1:8001"):
+        assert asked[url] - waits.count(url) <= 2, (url, asked, waits)

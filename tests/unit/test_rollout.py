@@ -244,10 +244,16 @@ class Rig:
             open_store(tmp_path / "store"), URLS, _opener(self.replicas), 10, policy.max_parallel
         )
         self.undo = UndoLog(gpu=False)
-        self.staged = StagedRollout(URLS, self.fleet, policy, self.undo, **kwargs)
+        self.fleet.on_touch = self.undo.touched  # as the promotion's context wires them
+        self.staged = StagedRollout(URLS, self.fleet, policy, **kwargs)
 
     def run_and_undo(self, moves: list[Move]) -> PromotionError:
         """The roll-out fails; the runner's replay of the undo log follows (as on_error does)."""
+        self.undo.plan(m.step for m in moves)
+        for move in moves:  # each replica serves the version a model had in the store before
+            for replica in self.replicas.values():
+                if move.step.previous_config is not None:
+                    replica.states[move.step.model] = {v: "READY" for v in move.step.previous_versions}
         with pytest.raises(PromotionError) as info:
             self.staged.run(moves)
         self.report = self.undo.replay(self.fleet, self.fleet.store)
