@@ -99,8 +99,9 @@ def model_bytes(store_uri: str) -> int:
 
 
 def archive_seconds(result: PromotionResult) -> float:
-    """The archive step's time: the move inside assemble (reported by it) and retain's stage."""
-    seconds = sum(s.seconds for s in result.stages if s.stage == "retain")
+    """The archive step's time: its own stage (or, in older trees, the move inside assemble,
+    reported by it) and retain's stage."""
+    seconds = sum(s.seconds for s in result.stages if s.stage in ("archive", "retain"))
     for stage in result.stages:
         report = stage.report
         seconds += float(getattr(report, "archive_seconds", 0.0) or 0.0)

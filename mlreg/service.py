@@ -72,6 +72,7 @@ def promote(
     serve_as: str = "auto",
     on_stage: OnStage | None = None,
     skip_perf: bool = False,
+    no_way_back: bool = False,
 ) -> PromotionResult:
     """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot)."""
     from pipelines.devstack.scratch import scratch_servers
@@ -82,7 +83,15 @@ def promote(
     if not version.isdigit():
         raise UsageError(f"version '{version}' is not a number", fix="pass --version N (1, 2, 3, ...)")
     ctx = context(settings, env_name)
-    options = Options(dry_run, allow_breaking, skip_quality, serve_as, on_stage, skip_perf=skip_perf)
+    options = Options(
+        dry_run,
+        allow_breaking,
+        skip_quality,
+        serve_as,
+        on_stage,
+        skip_perf=skip_perf,
+        no_way_back=no_way_back,
+    )
     promotion = Promotion(settings, ctx.env, ctx.registry, options, scratch=scratch_servers(settings))
     return promotion.run(model, version)
 
@@ -96,16 +105,11 @@ def rollback(
     dry_run: bool = False,
     on_stage: OnStage | None = None,
 ) -> PromotionResult:
-    """Serve an earlier version again: a promotion without the quality gate (breaking allowed)."""
-    from pipelines.promote.status import previous_version
-
+    """Serve an earlier version again: a promotion without the quality gate (breaking allowed).
+    Without ``to_version``: the newest version promoted in the environment that is not the one
+    serving now (a UsageError when there is none)."""
     if to_version is None:
-        to_version = previous_version(context(settings, env_name).registry, model, env_name)
-        if to_version is None:
-            raise UsageError(
-                f"no earlier promotion of {model} in '{env_name}' to return to",
-                fix=f"pass --to-version N (see 'mlreg history {model}')",
-            )
+        to_version = _rollback_version(settings, env_name, model)
     return promote(
         settings,
         env_name,
@@ -118,15 +122,32 @@ def rollback(
     )
 
 
+def _rollback_version(settings: Settings, env_name: str, model: str) -> str:
+    from pipelines.promote.status import rollback_target
+
+    ctx = context(settings, env_name)
+    target = rollback_target(ctx.registry, model, env_name, ctx.env.alias)
+    if target.version is not None:
+        return target.version
+    serving = f"v{','.join(target.serving)} serves" if target.serving else "nothing was promoted"
+    raise UsageError(
+        f"{model} in '{env_name}': no earlier promoted version to return to ({serving}; "
+        "a repair rerun or a failed attempt is not one)",
+        fix=f"pass --to-version N (see 'mlreg history {model} --env {env_name}')",
+    )
+
+
 @dataclass
 class StatusReport:
     environment: str
     models: list[dict[str, Any]]
     locks: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the store's, with leases
+    store_error: str = ""  # why the store could not be read ("": it was); the rows say what serves
+    store_fix: str = ""
 
     @property
     def drift(self) -> bool:
-        return any(row["drift"] for row in self.models)
+        return bool(self.store_error) or any(row["drift"] for row in self.models)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -134,29 +155,19 @@ class StatusReport:
             "drift": self.drift,
             "models": self.models,
             "locks": self.locks,
+            "store_error": self.store_error,
+            "store_fix": self.store_fix,
         }
 
 
 def status(settings: Settings, env_name: str, model: str | None = None) -> StatusReport:
-    """The alias, the store's desired versions and what each target serves, per model; drift flagged."""
-    from pipelines.promote.status import model_status
+    """The alias, the store's desired versions and what each target serves, per model; drift flagged.
+    A store that does not answer within seconds leaves what the targets serve, and says why."""
+    from pipelines.promote.status import environment_status
 
     ctx = context(settings, env_name)
-    rows = model_status(settings, ctx.env, ctx.registry, [model] if model else None)
-    return StatusReport(env_name, rows, store_locks(ctx.env.store, model))
-
-
-def store_locks(uri: str, model: str | None = None) -> list[dict[str, Any]]:
-    """The store's locks (holder, lease on the store's clock); none listed when it cannot be read
-    (the status rows say why)."""
-    from pipelines.storage import open_store
-    from registry.errors import StorageError
-
-    try:
-        found = open_store(uri).locks()
-    except StorageError:
-        return []
-    return [lock.to_dict() for lock in found if model is None or lock.model == model]
+    found = environment_status(settings, ctx.env, ctx.registry, [model] if model else None)
+    return StatusReport(env_name, found.rows, found.locks, found.store_error, found.store_fix)
 
 
 def store_of(settings: Settings, store: str | None, env_name: str | None) -> RepositoryStore:
@@ -205,9 +216,12 @@ def _ensemble_users(store: RepositoryStore, name: str) -> list[str]:
 
 def retire(settings: Settings, env_name: str, name: str) -> None:
     """Unload ``name`` from every target of the environment and remove its desired state (its
-    config.pbtxt), then its alias; refused while an ensemble there uses it.  When a target fails
-    to unload, the config is put back and the error raised."""
+    config.pbtxt), then its alias; refused while an ensemble there uses it.  Any exit before the
+    end -- a target that fails to unload, an interrupt -- replays the undo log: the config back in
+    the store, each replica back to what it held."""
     from pipelines.promote.fanout import Change
+    from pipelines.promote.plan import serving_versions
+    from pipelines.promote.undo import UndoLog
     from pipelines.storage import open_store
 
     ctx = context(settings, env_name)
@@ -226,10 +240,14 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
             fix="retire the ensemble first, or promote an ensemble version that does not use it",
         )
     with _fleet(settings, env, store) as fleet, store.lock(name, wait=0):
+        undo = UndoLog(env.gpu)
+        undo.track(name, config, serving_versions(config))
+        fleet.on_touch = undo.touched  # each replica's before-state, at its first touch
+        undo.wrote_config_of(name)
         try:
             fleet.apply(Change(name, None))  # the config deleted, then unloaded on every target
-        except MlregError:
-            store.write_config(name, config)
+        except BaseException:
+            undo.replay(fleet, store)
             raise
     with contextlib.suppress(MlregError):  # the servers are done; the registry's record is best effort
         if env.alias in ctx.registry.aliases(name):
@@ -265,7 +283,13 @@ def store_gc(
 
     window = env.keep if keep is None else keep
     stamp = registry_stamp(ctx.registry, env.name)
-    return collect(store, ask, stamp, window, dry_run=dry_run, models=models)
+    try:
+        report = collect(store, ask, stamp, window, dry_run=dry_run, models=models)
+    except MlregError as exc:  # an outage: each lock it could not release named
+        exc.message += "".join(f"; {note}" for note in store.lock_notes)
+        raise
+    report.failed.extend(f"lock not released: {note}" for note in store.lock_notes)
+    return report
 
 
 def predict(settings: Settings, env_name: str, name: str, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:

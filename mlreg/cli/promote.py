@@ -206,7 +206,14 @@ def status_cmd(
     out.result(report.to_dict(), lambda: _status_table(out, report.models))
     for lock in report.locks:
         stale = " (stale: 'mlreg store unlock' may remove it)" if lock["stale"] else ""
-        out.line(f"locked: {lock['model']} by {lock['owner']}, lease until {lock['lease_until']}{stale}")
+        lease = (
+            f"lease ran out at {lock['lease_until']}"
+            if lock["stale"]
+            else f"lease until {lock['lease_until']}"
+        )
+        out.line(f"locked: {lock['model']} by {lock['owner']}, {lease}{stale}")
+    if report.store_error and not as_json:
+        out.line(f"store unreachable: {report.store_error} (fix: {report.store_fix})")
     if report.drift:
         raise typer.Exit(1)
 

@@ -107,8 +107,13 @@ class PromotionContext:
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of a promotion; ``live`` when it writes anything (store, servers, registry)."""
+    """One step of a promotion; ``live`` when it writes anything (store, servers, registry);
+    ``when``: run only when it says so (else not run, not recorded); ``undone``: a failure of it
+    replays the undo log (False: the promotion stands whatever it does, e.g. ``retain``)."""
 
     name: str
     run: Callable[[PromotionContext], StageReport]
     live: bool = False
+    when: Callable[[PromotionContext], bool] | None = None
+    undone: bool = True
+    by: str = ""  # the strategy that runs it (the deployer's or the gate's name)

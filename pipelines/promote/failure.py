@@ -39,7 +39,7 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
     result.error = f"interrupted ({signal_name})" if signal_name else message_of(exc)
     touched, changed = ctx.undo.replicas, not ctx.undo.empty and _changed(ctx)
     with _signals_held():
-        lost: list[str] = getattr(ctx.store, "fenced", list)() if not ctx.undo.empty else []  # TODO
+        lost = _taken_over(ctx) if changed else []
         if lost:
             _fenced(ctx, exc, lost, signal_name)
         if changed:
@@ -65,16 +65,29 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
     raise failed from exc
 
 
+def _taken_over(ctx: PromotionContext) -> list[str]:
+    """The locks this promotion lost to time or to another holder.  A store that cannot be reached
+    right now proves nothing either way: its lease is then not used for any store write (the store
+    fences them), but while its end has not come no one else can hold the lock, so the servers are
+    still put back."""
+    return [line for line in ctx.store.fenced() if NOT_PROVEN not in line]
+
+
+NOT_PROVEN = "could not be reached"  # a lease the store could not be asked about (lease.Lease.prove)
+
+
 def _fenced(ctx: PromotionContext, exc: BaseException, lost: list[str], signal_name: str) -> NoReturn:
     """Another promotion owns the models now: nothing is put back (that would undo its work)."""
+    changed = ", ".join(ctx.undo.replicas) or "no replica"
     ctx.undo.entries.clear()
     ctx.locks.close()  # a lost lock is not deleted: the release checks its holder first
+    notes = "".join(f"; {note}" for note in ctx.store.lock_notes)
     plan = ctx.plan
-    changed = ", ".join(ctx.undo.replicas) or "no replica"
     failed = PromotionFailed(
         f"promotion of {plan.model} version {plan.version} to '{ctx.env.name}' failed: "
         f"{ctx.result.error}; it lost its lock, so nothing was put back ({'; '.join(lost)}); "
-        f"what it had changed is left to the lock's new holder (replicas sent a change: {changed})",
+        f"what it had changed is left to the lock's new holder (replicas sent a change: "
+        f"{changed}){notes}",
         fix="run 'mlreg status' to see what serves now; promote again once the other promotion is done",
         result=ctx.result,
     )

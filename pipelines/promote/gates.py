@@ -21,7 +21,9 @@ def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
     ctx.checked = report
     if report.failures:
         raise GateFailed(report)
-    return QualityStageReport(report.checked, report.changes, report.perf)
+    return QualityStageReport(
+        report.checked, report.changes, report.perf, report.where, dict(report.previous)
+    )
 
 
 @dataclass(frozen=True)

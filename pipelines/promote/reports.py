@@ -34,6 +34,16 @@ class NoopReport:
 
 
 @dataclass
+class RepairReport:
+    """The no-op's registry repair: what it put right (an alias, a failed attempt's tag)."""
+
+    repaired: list[str] = field(default_factory=list)
+
+    def detail(self) -> str:
+        return "; ".join(self.repaired) or "the registry already says what serves"
+
+
+@dataclass
 class ConvertReport:
     model: str
     source_version: str
@@ -69,6 +79,8 @@ class QualityStageReport:
     checked: list[str]
     changes: dict[str, float]
     perf: list[dict[str, Any]] = field(default_factory=list)  # pipelines/promote/perf.py, per model
+    where: str = ""  # "the canary URL" / "a scratch tritonserver"
+    previous: dict[str, str] = field(default_factory=dict)  # model -> the serving version compared
 
     def detail(self) -> str:
         changes = ", ".join(f"{k} max|Δ| {v:.3g}" for k, v in self.changes.items())
@@ -85,12 +97,9 @@ class UploadReport:
     bytes_sent: int
     store: str
     uploaded: list[str]
-    archived: str = ""  # what retention moved out of Triton's prefix before the load (retention.py)
-    archive_seconds: float = 0.0
 
     def detail(self) -> str:
-        moved = f"; {self.archived}" if self.archived else ""
-        return f"{self.bytes_sent:,} bytes uploaded to {self.store}{moved}"
+        return f"{self.bytes_sent:,} bytes uploaded to {self.store}"
 
 
 @dataclass
@@ -135,6 +144,7 @@ class StageRecord:
     seconds: float
     detail: str
     report: StageReport | None = None
+    by: str = ""  # the strategy that ran it: the deployer ("all at once", "staged") or the gate
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -143,6 +153,8 @@ class StageRecord:
             "seconds": self.seconds,
             "detail": self.detail,
         }
+        if self.by:
+            data["by"] = self.by
         if self.report is not None:
             data["report"] = asdict(self.report)  # type: ignore[call-overload]
         return data

@@ -12,10 +12,10 @@ this promotion, then the others by their last promotion to the environment (MLfl
 archived while any ensemble of the store pins it or any target holds it -- every target is asked;
 when one cannot be, nothing is archived (what it holds is unknown).
 
-In a promotion, ``make_room`` runs in ``assemble``, after the upload and before the load, under
-the promotion's locks: the versions that will be beyond the window once it is done leave first, so
-the load localizes only the window (never what serves now nor the new versions).  A failed
-promotion puts them back when it closes (after the undo log replayed): every exit restores.
+In a promotion, the ``archive`` stage (``make_room``) runs after ``assemble``'s upload and before
+the load, under the promotion's locks: the versions that will be beyond the window once it is done
+leave first, so the load localizes only the window (never what serves now nor the new versions).
+Each move is in the undo log: a failed promotion brings them back (every exit restores).
 ``retain`` runs once the alias has moved, and only when there is anything left (keep = 1: the
 version that served until now; the archive's copy of a version brought back): it never undoes a
 promotion.  A failed move is a warning in the stage report (the version stays live, or in both
@@ -244,6 +244,23 @@ def pending(ctx: PromotionContext) -> bool:
     except MlregError:
         return True  # retain says why in its report
     return False
+
+
+def room_needed(ctx: PromotionContext) -> bool:
+    """Whether the ``archive`` stage has anything to do: retention on and a planned model with
+    more versions under Triton's prefix than the window (asked of the store)."""
+    keep = ctx.env.keep
+    if keep <= 0 or not ctx.plan.steps:
+        return False
+    try:
+        return any(len(ctx.store.list_versions(m)) > keep for m in _models(ctx))
+    except MlregError:
+        return True  # the stage says why in its report
+
+
+def archive(ctx: PromotionContext) -> RetentionReport:
+    """The ``archive`` stage (after ``assemble``, before any load): ``make_room``."""
+    return make_room(ctx) or RetentionReport(ctx.env.keep)
 
 
 def make_room(ctx: PromotionContext) -> RetentionReport | None:

@@ -5,13 +5,13 @@ do; the strategies are then chosen (``choose_deployer``: all at once, or staged 
 environment's policy; ``choose_gate``: on the canary, on a scratch server, or none) and the stage
 list names them:
 
-    resolve ▸ [convert] ▸ validate ▸ [quality: scratch] ▸ assemble ▸ [quality: canary] ▸
-    deploy ▸ verify ▸ finalize ▸ record ▸ [retain]
+    resolve ▸ [convert] ▸ validate ▸ [quality: scratch] ▸ assemble ▸ [archive] ▸ [quality: canary] ▸
+    deploy ▸ verify ▸ finalize ▸ record ▸ [retain]        (a no-op: resolve ▸ repair)
 
-Retention (``pipelines/promote/retention.py``): ``assemble`` moves the versions beyond the
+Retention (``pipelines/promote/retention.py``): ``archive`` moves the versions beyond the
 environment's window out of Triton's prefix before the load; ``retain`` finishes what is left once
-the alias has moved (keep = 1, the archive's copy of a version brought back).  It runs outside the
-error hook (a promotion is never undone for its sake), and only when there is something to do.
+the alias has moved (keep = 1, the archive's copy of a version brought back).  Retain is never
+undone (a promotion is never undone for its sake); both run only when there is something to do.
 
 The runner only sequences, times and reports.  ``--dry-run`` stops before the first live stage.
 Any exit of a stage after ``resolve`` -- an ``MlregError``, any other exception, an interrupt --
@@ -38,7 +38,6 @@ from pipelines.promote.gates import choose_gate
 from pipelines.promote.plan import Plan
 from pipelines.promote.policy import check_fleet
 from pipelines.promote.ports import Registry, ScratchServers
-from pipelines.promote.quality import QualityReport
 from pipelines.promote.reports import PromotionFailed, PromotionResult, StageRecord
 from pipelines.promote.staged import Staged
 from pipelines.promote.stages import (
@@ -46,6 +45,7 @@ from pipelines.promote.stages import (
     assemble,
     convert,
     record,
+    repair,
     resolve,
     validate,
     verify,
@@ -72,22 +72,24 @@ def choose_deployer(env: Environment) -> Deployer:
 def pipeline(ctx: PromotionContext) -> list[Stage]:
     """The stages after ``resolve``, with the strategies ``resolve``'s plan chose."""
     if ctx.noop:
-        return []
+        return [Stage("repair", repair, live=True)]
     assert ctx.deployer is not None
     gate, deployer = ctx.gate, ctx.deployer
     stages = [Stage("convert", convert)] if wants_onnx(ctx) else []
     stages.append(Stage("validate", validate))
     if gate is not None and not gate.live:
-        stages.append(Stage("quality", gate.run))
+        stages.append(Stage("quality", gate.run, by=gate.name))
     stages.append(Stage("assemble", assemble, live=True))
+    stages.append(Stage("archive", retention.archive, live=True, when=retention.room_needed))
     if gate is not None and gate.live:
-        stages.append(Stage("quality", gate.run, live=True))
+        stages.append(Stage("quality", gate.run, live=True, by=gate.name))
     return [
         *stages,
-        Stage("deploy", deployer.deploy, live=True),
+        Stage("deploy", deployer.deploy, live=True, by=deployer.name),
         Stage("verify", verify, live=True),
-        Stage("finalize", deployer.finalize, live=True),
+        Stage("finalize", deployer.finalize, live=True, by=deployer.name),
         Stage("record", record, live=True),
+        Stage("retain", retention.retain, live=True, when=retention.pending, undone=False),
     ]
 
 
@@ -106,19 +108,12 @@ class Promotion:
         self.scratch = scratch
         self.ctx: PromotionContext | None = None
 
-    @property
-    def preflight(self) -> QualityReport | None:
-        """The quality gate's outputs of the last run (None: no gate ran)."""
-        return self.ctx.checked if self.ctx else None
-
     def run(self, model: str, version: str) -> PromotionResult:
         ctx = self.ctx = self._context(model, version)
         try:
             self._sequence(ctx, [Stage("resolve", resolve)], planning=True)
             ctx.deployer, ctx.gate = choose_deployer(self.env), choose_gate(ctx)
             self._sequence(ctx, pipeline(ctx))
-            if retention.pending(ctx):  # after the alias moved, under the locks: never undone
-                self._timed(ctx, Stage("retain", retention.retain, live=True))
         finally:
             ctx.close()
         ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left
@@ -144,11 +139,13 @@ class Promotion:
         for stage in stages:
             if stage.live and self.options.dry_run:
                 return
+            if stage.when is not None and not stage.when(ctx):
+                continue
             try:
                 self._timed(ctx, stage)
             except BaseException as exc:
-                if planning:
-                    raise  # nothing changed, nothing to record
+                if planning or not stage.undone:
+                    raise  # nothing changed, nothing to record; or a stage the promotion outlives
                 self.on_error(ctx, exc)
 
     def _timed(self, ctx: PromotionContext, stage: Stage) -> None:
@@ -158,10 +155,15 @@ class Promotion:
                 ctx.store.renew_leases()
             report = stage.run(ctx)
         except BaseException as exc:
-            self._tell(ctx, StageRecord(stage.name, "failed", time.perf_counter() - began, message_of(exc)))
+            self._tell(
+                ctx,
+                StageRecord(stage.name, "failed", time.perf_counter() - began, message_of(exc), by=stage.by),
+            )
             raise
-        name = "noop" if ctx.noop else stage.name  # resolve reports the no-op
-        self._tell(ctx, StageRecord(name, "ok", time.perf_counter() - began, report.detail(), report))
+        name = "noop" if ctx.noop and stage.name == "resolve" else stage.name  # resolve says no-op
+        self._tell(
+            ctx, StageRecord(name, "ok", time.perf_counter() - began, report.detail(), report, stage.by)
+        )
 
     def _tell(self, ctx: PromotionContext, record: StageRecord) -> None:
         ctx.result.stages.append(record)

@@ -41,6 +41,7 @@ from pipelines.promote.reports import (
     ConvertReport,
     NoopReport,
     RecordReport,
+    RepairReport,
     ResolveReport,
     StageReport,
     UploadReport,
@@ -59,10 +60,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
     needs one more model takes its lock and is made again); the no-op decided here, once."""
     plan = ctx.plan
     if not ctx.options.dry_run and already_serving(ctx, plan.model, plan.version):
-        ctx.noop = True  # the fast path: no lock; MLflow only read (and its alias repaired)
-        ctx.result.notes.extend(
-            repair_record(ctx.registry, ctx.env, serving_pins(ctx, plan.model, plan.version))
-        )
+        ctx.noop = True  # the fast path: no lock; MLflow only read (the repair stage follows)
         return NoopReport(plan.model, plan.version, ctx.env.name)
     _preconditions(ctx)
     assert plan.workdir is not None
@@ -100,6 +98,15 @@ def resolve(ctx: PromotionContext) -> StageReport:
         return NoopReport(plan.model, plan.version, ctx.env.name)
     check_serves_from_store(ctx)  # before any live stage (the canary gate loads too)
     return ResolveReport([f"{s.model} v{s.version} ({s.role.value})" for s in plan.steps], sorted(held))
+
+
+def repair(ctx: PromotionContext) -> RepairReport:
+    """The no-op's one write: each model that serves has the environment's alias on it, and no
+    failed attempt's tag is newer than its own (``record.repair_record``)."""
+    plan = ctx.plan
+    repaired = repair_record(ctx.registry, ctx.env, serving_pins(ctx, plan.model, plan.version))
+    ctx.result.notes.extend(repaired)
+    return RepairReport(repaired)
 
 
 def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
@@ -377,9 +384,7 @@ def assemble(ctx: PromotionContext) -> UploadReport:
             uploaded.append(_verify_bytes(ctx, step))
             publish_signature(ctx.store, step, ctx.plan.workdir)  # beside the manifest, when checked
     checkpoint("uploaded")
-    room = retention.make_room(ctx)  # versions beyond the window leave before the load
-    archived = room.detail() if room else ""
-    return UploadReport(sent, ctx.store.uri, uploaded, archived, room.seconds if room else 0.0)
+    return UploadReport(sent, ctx.store.uri, uploaded)
 
 
 def _register_converted(ctx: PromotionContext, converted: Converted) -> None:

@@ -3,9 +3,11 @@
 ``model_status`` composes four reads, each on its own: the store (``read_store``), the servers
 (``probe_targets``: model states and each loaded ensemble's pins), MLflow (``read_aliases``),
 and the drift rules (``drift``).  A part that cannot be reached is drift, said per target,
-within the configured timeouts.  Every column speaks one numbering, MLflow's versions; the
-Triton folders they serve from come beside them (``desired_folders``, ``serving_folders``): a
-re-pointed ensemble is a new registered version in its old folder.
+within the configured timeouts; the store is read through a client that gives up within seconds
+(``status_store``), and a store that does not answer leaves the servers' columns as they are.
+Every column speaks one numbering, MLflow's versions; the Triton folders they serve from come
+beside them (``desired_folders``, ``serving_folders``): a re-pointed ensemble is a new
+registered version in its old folder.
 """
 
 from __future__ import annotations
@@ -20,12 +22,21 @@ from pipelines.promote.fanout import Fleet, ready_versions, triton_connector
 from pipelines.promote.integrity import signature_problems
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
 from pipelines.promote.ports import Registry
-from pipelines.storage import open_store
+from pipelines.storage import open_store, parse_s3_uri
 from pipelines.storage.base import RepositoryStore
-from registry.errors import MlregError
+from registry.errors import MlregError, StorageError
 from registry.settings import Settings
 
 Serving = dict[str, list[str] | str]  # url -> READY versions, or why the target cannot say
+
+# A frozen S3 accepts connections and never answers: the promotion's client waits 60 s a request,
+# four times; status reads a few small objects, and what the servers say must not wait on them.
+STORE_READ_TIMEOUT_S = 5.0
+STORE_RETRIES = 1
+STORE_FIX = (
+    "what each replica serves is read from Triton, not the store: check that {uri} answers "
+    "(endpoint up, credentials valid), then rerun 'mlreg status' for the desired versions and locks"
+)
 
 
 @dataclass
@@ -35,6 +46,7 @@ class StoreView:
     config: str | None
     desired: list[str]  # the versions its config serves
     missing: list[str]  # of those, versions with no folder in the store
+    error: str = ""  # why the store could not be read ("": it was; then nothing above is known)
 
     @property
     def is_ensemble(self) -> bool:
@@ -51,14 +63,52 @@ def read_store(store: RepositoryStore, names: list[str]) -> dict[str, StoreView]
     return views
 
 
+def status_store(uri: str) -> RepositoryStore:
+    """The environment's store for status's reads: on S3, a request is given up after
+    ``STORE_READ_TIMEOUT_S`` and retried ``STORE_RETRIES`` times (seconds, not minutes)."""
+    if not uri.startswith("s3://"):
+        return open_store(uri)
+    from pipelines.storage.s3 import S3Store  # lazy: boto3
+
+    loc = parse_s3_uri(uri)
+    return S3Store(
+        loc.bucket,
+        loc.prefix,
+        loc.endpoint_url,
+        uri=uri,
+        read_timeout=STORE_READ_TIMEOUT_S,
+        retries=STORE_RETRIES,
+    )
+
+
+def read_views(store: RepositoryStore, names: list[str], why: str = "") -> tuple[dict[str, StoreView], str]:
+    """``read_store``; when the store cannot be read (or ``why`` says it could not), every view
+    is unknown and carries why (the store is not asked again)."""
+    if not why:
+        try:
+            return read_store(store, names), ""
+        except StorageError as exc:
+            why = exc.message
+    return {model: StoreView(None, [], [], error=why) for model in names}, why
+
+
+def listed_models(store: RepositoryStore) -> tuple[list[str], str]:
+    """The store's models, and why it could not list them ("" when it could)."""
+    try:
+        return store.list_models(), ""
+    except StorageError as exc:
+        return [], exc.message
+
+
 Pins = dict[str, dict[str, dict[str, str]]]  # url -> ensemble -> member -> version pinned there
 
 
 def probe_targets(
-    settings: Settings, env: Environment, store: RepositoryStore, ensembles: Sequence[str] = ()
+    settings: Settings, env: Environment, store: RepositoryStore, ensembles: Sequence[str] | None = ()
 ) -> tuple[dict[str, Any], Pins]:
     """url -> model states, or the reason the target cannot be asked (a string); and, over the
-    same connections, the member versions each READY ensemble of ``ensembles`` pins there."""
+    same connections, the member versions each READY ensemble of ``ensembles`` pins there (None:
+    the store cannot say which are ensembles; every READY model is asked, the ensembles kept)."""
     try:
         targets = resolve_targets(settings, env)
     except MlregError as exc:
@@ -71,23 +121,26 @@ def probe_targets(
         return live, _live_pins(fleet, live, ensembles)
 
 
-def _live_pins(fleet: Fleet, live: dict[str, Any], ensembles: Sequence[str]) -> Pins:
+def _live_pins(fleet: Fleet, live: dict[str, Any], ensembles: Sequence[str] | None) -> Pins:
     """What each ensemble loaded on a reachable target pins (-1: the latest), probed in parallel;
-    a target that stops answering meanwhile is left out (its states already say so)."""
+    a target that stops answering meanwhile is left out (its states already say so).  ``ensembles``
+    None: every READY model is asked, and those with ensemble steps kept."""
 
     def probe(url: str) -> dict[str, dict[str, str]]:
         found: dict[str, dict[str, str]] = {}
-        for model in (m for m in ensembles if ready_versions(live[url], m)):
+        asked = sorted(live[url]) if ensembles is None else ensembles
+        for model in (m for m in asked if ready_versions(live[url], m)):
             try:
                 config = fleet.target(url).model_config(model)
             except MlregError:
                 break
             steps = config.get("ensemble_scheduling", {}).get("step", [])
-            found[model] = {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps}
+            if steps or ensembles is not None:
+                found[model] = {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps}
         return found
 
     urls = [url for url, states in live.items() if not isinstance(states, str)]
-    if not urls or not ensembles:
+    if not urls or (ensembles is not None and not ensembles):
         return {}
     with ThreadPoolExecutor(max(1, min(16, len(urls)))) as pool:
         return dict(zip(urls, pool.map(probe, urls), strict=True))
@@ -184,17 +237,17 @@ class Numbering:
 def numbering(
     registry: Registry, model: str, view: StoreView, alias: str, live_pins: Pins, reachable: bool
 ) -> Numbering:
-    if not view.is_ensemble:
+    live = {url: pins[model] for url, pins in live_pins.items() if model in pins}
+    if not view.is_ensemble and not (view.error and live):  # store unread: the servers say
         return Numbering(alias)
-    assert view.config is not None
     registered: Tags = {}
     if reachable:
         try:
             registered = {str(v.version): dict(v.tags or {}) for v in registry.versions(model)}
         except MlregError:
             pass  # every folder is UNKNOWN; the alias's own drift check says why
-    live = {url: pins[model] for url, pins in live_pins.items() if model in pins}
-    return Numbering(alias, registered, ensemble_pins(view.config), live)
+    stored = ensemble_pins(view.config) if view.config is not None else {}
+    return Numbering(alias, registered, stored, live)
 
 
 # -- drift -----------------------------------------------------------------------------------------
@@ -212,6 +265,9 @@ def drift(
     """What disagrees: the alias and the store, the store and its own folders, the store and each
     target.  Folders are compared; ``numbered`` names them by registered version in the messages."""
     numbered = numbered or Numbering(alias)
+    if view.error:  # nothing to compare with: what serves is in the row, and the targets' errors
+        unreachable = [f"{url} {folders}" for url, folders in serving.items() if isinstance(folders, str)]
+        return [f"store unreachable: {view.error}", *unreachable]
     found: list[str] = []
     if view.is_ensemble:
         # an ensemble's Triton folder keeps its number when it is re-pointed; its registered
@@ -259,47 +315,104 @@ def model_status(
 ) -> list[dict[str, Any]]:
     """One row per model: the alias, the store's desired versions and what each target serves, as
     registered (MLflow) versions, with the Triton folders beside them; drift flagged."""
-    store = open_store(env.store)
-    names = models or store.list_models()
-    views = read_store(store, names)
-    live, live_pins = probe_targets(settings, env, store, [m for m in names if views[m].is_ensemble])
+    return _model_rows(settings, env, registry, status_store(env.store), models)[0]
+
+
+@dataclass
+class EnvironmentStatus:
+    """`mlreg status`: the rows, the store's locks, and why the store could not be read."""
+
+    rows: list[dict[str, Any]]
+    locks: list[dict[str, Any]] = field(default_factory=list)  # the store's, with leases
+    store_error: str = ""  # "": the store answered; else the rows' store columns are unknown
+    store_fix: str = ""
+
+
+def environment_status(
+    settings: Settings, env: Environment, registry: Registry, models: list[str] | None = None
+) -> EnvironmentStatus:
+    """``model_status`` and the store's locks; a store that does not answer within seconds leaves
+    what the servers serve in the rows, and says why with a fix (the locks are then unknown)."""
+    store = status_store(env.store)
+    rows, why = _model_rows(settings, env, registry, store, models)
+    if not why:
+        try:
+            found = store.locks()
+        except StorageError as exc:
+            why = exc.message
+        else:
+            locks = [lock.to_dict() for lock in found if not models or lock.model in models]
+            return EnvironmentStatus(rows, locks)
+    return EnvironmentStatus(rows, [], why, STORE_FIX.format(uri=env.store))
+
+
+def _model_rows(
+    settings: Settings,
+    env: Environment,
+    registry: Registry,
+    store: RepositoryStore,
+    models: list[str] | None,
+) -> tuple[list[dict[str, Any]], str]:
+    """The rows, and why the store could not be read ("" when it could)."""
+    names, why = (list(models), "") if models else listed_models(store)
+    views, why = read_views(store, names, why)
+    ensembles = None if why else [m for m in names if views[m].is_ensemble]
+    live, live_pins = probe_targets(settings, env, store, ensembles)
     if not models:  # what serves and what the alias names, though the store lost it, is drift too
         names = sorted(set(names) | served_models(live) | aliased_models(registry, env.alias))
-        views.update(read_store(store, [m for m in names if m not in views]))
+        more, why = read_views(store, [m for m in names if m not in views], why)
+        views.update(more)
     aliases, mlflow_error = read_aliases(registry, names, env.alias)
     if not models:
         _ready_outside_index(
             settings, live, {m: a for m, a in aliases.items() if a and m not in views_with_config(views)}
         )
-    rows = []
-    for model in names:
-        view, alias = views[model], aliases[model]
-        folders: Serving = {
-            url: states if isinstance(states, str) else ready_versions(states, model)
-            for url, states in live.items()
-        }
-        numbered = numbering(registry, model, view, alias, live_pins, reachable=not mlflow_error)
-        row: dict[str, Any] = {
-            "model": model,
-            "alias": alias,
-            "desired": numbered.versions(view.desired),
-            "desired_folders": view.desired,
-            "serving": {u: f if isinstance(f, str) else numbered.versions(f, u) for u, f in folders.items()},
-            "serving_folders": folders,
-            "drift": drift(registry, env.alias, view, alias, folders, model, numbered)
-            + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
-        }
-        if view.config is None and (alias or any(f for f in folders.values() if not isinstance(f, str))):
-            row["drift"].insert(0, f"the store has no {model}/config.pbtxt" + _missing_detail(alias, folders))
-        if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
-            row["drift"].extend(signature_problems(store, registry, model, view.desired, env.signatures))
-        if view.is_ensemble:
-            assert view.config is not None
-            row["pins"] = ensemble_pins(view.config)  # its alias names a registered version, not a folder
-            row["target_pins"] = numbered.live_pins
-            row["drift"].extend(pin_drift(row["pins"], live_pins, model))
-        rows.append(row)
-    return rows
+    rows = [
+        _row(env, registry, store, model, views[model], aliases[model], live, live_pins, mlflow_error)
+        for model in names
+    ]
+    return rows, why
+
+
+def _row(
+    env: Environment,
+    registry: Registry,
+    store: RepositoryStore,
+    model: str,
+    view: StoreView,
+    alias: str,
+    live: dict[str, Any],
+    live_pins: Pins,
+    mlflow_error: str,
+) -> dict[str, Any]:
+    folders: Serving = {
+        url: states if isinstance(states, str) else ready_versions(states, model)
+        for url, states in live.items()
+    }
+    numbered = numbering(registry, model, view, alias, live_pins, reachable=not mlflow_error)
+    row: dict[str, Any] = {
+        "model": model,
+        "alias": alias,
+        "desired": numbered.versions(view.desired),
+        "desired_folders": view.desired,
+        "serving": {u: f if isinstance(f, str) else numbered.versions(f, u) for u, f in folders.items()},
+        "serving_folders": folders,
+        "drift": drift(registry, env.alias, view, alias, folders, model, numbered)
+        + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
+    }
+    if view.error:  # the store's columns are unknown, the servers' are not
+        row["store"] = f"store unreachable: {view.error}"
+        return row
+    if view.config is None and (alias or any(f for f in folders.values() if not isinstance(f, str))):
+        row["drift"].insert(0, f"the store has no {model}/config.pbtxt" + _missing_detail(alias, folders))
+    if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
+        row["drift"].extend(signature_problems(store, registry, model, view.desired, env.signatures))
+    if view.is_ensemble:
+        assert view.config is not None
+        row["pins"] = ensemble_pins(view.config)  # its alias names a registered version, not a folder
+        row["target_pins"] = numbered.live_pins
+        row["drift"].extend(pin_drift(row["pins"], live_pins, model))
+    return row
 
 
 def views_with_config(views: dict[str, StoreView]) -> set[str]:
@@ -357,7 +470,25 @@ def history(registry: Registry, model: str, env: str | None) -> list[dict[str, A
     return registry.promotions(model, env)
 
 
-def previous_version(registry: Registry, model: str, env: str) -> str | None:
-    """The version promoted in ``env`` before the current one (what `mlreg rollback` returns to)."""
-    done = [h for h in history(registry, model, env) if h["result"] == "promoted"]
-    return str(done[1]["to"]) if len(done) > 1 else None
+@dataclass(frozen=True)
+class RollbackTarget:
+    """Where `mlreg rollback MODEL` (no --to-version) goes, and what it leaves."""
+
+    version: str | None  # the newest version promoted in the environment that is not serving now
+    serving: tuple[str, ...]  # what serves now, as MLflow records it (the alias, the last promotion)
+
+
+def rollback_target(registry: Registry, model: str, env: str, alias: str) -> RollbackTarget:
+    """The newest successful promotion in ``env`` to a version other than what serves now.
+
+    What serves is the version ``alias`` names and the one the newest successful promotion
+    went to (they differ when a promotion was cut short after moving the alias); a repair rerun
+    (``N -> N``) and a failed attempt are never a way back."""
+    done = [h for h in history(registry, model, env) if h.get("result") == "promoted" and h.get("to")]
+    serving = {str(done[0]["to"])} if done else set()
+    if named := registry.aliases(model).get(alias):
+        serving.add(str(named))
+    earlier = (str(h["to"]) for h in done if str(h["to"]) not in serving)
+    return RollbackTarget(
+        next(earlier, None), tuple(sorted(serving, key=lambda v: int(v) if v.isdigit() else -1))
+    )

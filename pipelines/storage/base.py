@@ -234,6 +234,7 @@ class RepositoryStore(ABC):
 
     uri: str
     digests: DigestCache
+    clock_grain = 0.0  # how coarse the store's clock is (lock times): S3's are whole seconds
 
     # -- primitives --------------------------------------------------------------------------
 
@@ -443,6 +444,7 @@ class RepositoryStore(ABC):
                     result.skipped.append(rel)
                     continue
                 if not result.sent:
+                    self.fence(model, f"{model}/{version}/")  # before aborting stale uploads
                     self.before_upload(f"{model}/{version}/")
                 self.delete(f"{model}/{version}/{MANIFEST}")  # the version is incomplete from here
                 self.put_file(key, path, digest, progress)
@@ -500,10 +502,11 @@ class RepositoryStore(ABC):
     def write_config(self, model: str, text: str) -> None:
         """Written only while this process still holds ``model``'s lock, when it took it: the lease
         is renewed first (compare-and-swap on the lock object), and a lost lock aborts the write."""
+        key = f"{check_part(model, 'model name')}/{CONFIG}"
         lease = self.leases.get(model)
         if lease is not None:
-            lease.renew()
-        self.write(f"{check_part(model, 'model name')}/{CONFIG}", text.encode("utf-8"))
+            lease.renew(key)
+        self.write(key, text.encode("utf-8"))
         self.written_configs[model] = text
 
     @property
@@ -533,14 +536,48 @@ class RepositoryStore(ABC):
         return self.__dict__["_changed"]  # type: ignore[no-any-return]
 
     def note_change(self, key: str) -> None:
-        """Called before each write or delete: refused under a model whose lock this store held
-        and lost (another holder's now: nothing of it is changed from here, a rollback included)."""
+        """Called before each write or delete: fenced (:meth:`fence`) under a locked model."""
         if key.startswith(LOCK_PREFIX):
             return
-        lease = self.leases.get(key.split("/", 1)[0])
-        if lease is not None and lease.lost:
-            raise StorageError(f"{lease.lost}; '{key}' left as it is", fix="rerun the promotion", key=key)
+        self.fence(key.split("/", 1)[0], key)
         self.changed_keys.add(key)
+
+    def fence(self, model: str, key: str = "") -> None:
+        """Before a write or delete of ``key`` under ``model`` (its archive's copy included): a
+        StorageError naming who holds the lock now when this store held ``model``'s lock and lost
+        it, or its lease is past its end (another holder's, or soon: nothing of it is changed from
+        here, a rollback included).  A held lease is proven again first (a compare-and-swap
+        renewal) when its last proof is older than a few seconds (lease.RECHECK_S)."""
+        holder = self.lease_holder
+        lease = holder.leases.get(model) or holder.lost_leases.get(model)
+        if lease is not None:
+            lease.check(key)
+
+    def fenced(self) -> list[str]:
+        """One line per model whose lock this store held and lost ("lock of scorer lost: now held
+        by <holder>", "lock of scorer lost: lease ran out at <when>"); empty while every lease is
+        held.  Asks the store (a renewal) only for leases not known lost; never raises: a store
+        that cannot be reached proves nothing, and its lease counts as lost from then on ("lock of
+        scorer lost: not proven, the store could not be reached (<why>)")."""
+        leases = {**self.lost_leases, **self.leases}
+        return [line for _, lease in sorted(leases.items()) if (line := lease.prove())]
+
+    @property
+    def lost_leases(self) -> dict[str, Lease]:
+        """Leases this store lost and released: its writes under those models stay refused until
+        it takes the lock again."""
+        if "_lost_leases" not in self.__dict__:
+            self.__dict__["_lost_leases"] = {}
+        return self.__dict__["_lost_leases"]  # type: ignore[no-any-return]
+
+    @property
+    def lease_holder(self) -> RepositoryStore:
+        """The store whose leases fence this one's writes: itself; an archive, its store's."""
+        return self.__dict__.get("_lease_holder", self)  # type: ignore[no-any-return]
+
+    def fenced_with(self, store: RepositoryStore) -> None:
+        """Fence this store's writes (an archive's) with ``store``'s leases."""
+        self.__dict__["_lease_holder"] = store.lease_holder
 
     def changed_under(self, prefix: str) -> bool:
         """Whether this store object changed anything under ``prefix`` (nothing: no rollback)."""
@@ -564,7 +601,8 @@ class RepositoryStore(ABC):
         A stale lock (lease run out, or its holder on this machine is gone) is taken over with a
         compare-and-swap on the lock object itself, so of two processes taking over the same
         stale lock exactly one wins.  A release that fails (the store unreachable) is noted in
-        ``lock_notes``, never raised: it must not hide what the holder was doing."""
+        ``lock_notes``, never raised: it must not hide what the holder was doing.  While held, and
+        after it was lost, every write under the model is fenced (:meth:`fence`)."""
         check_part(model, "model name")
         key = lock_key(model)
         lease = Lease(self, key, model, owner or default_owner(), ttl)
@@ -589,6 +627,7 @@ class RepositoryStore(ABC):
             time.sleep(0.2)
         lease.held()
         self.leases[model] = lease
+        self.lost_leases.pop(model, None)
         try:
             yield lease
         finally:
@@ -596,6 +635,8 @@ class RepositoryStore(ABC):
             note = lease.release()
             if note:
                 self.lock_notes.append(note)
+            if lease.lost:
+                self.lost_leases[model] = lease  # still fenced: another holder's, or nobody's
 
 
 def _differs(stored: Manifest, manifest: Manifest) -> bool:

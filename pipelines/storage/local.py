@@ -210,6 +210,7 @@ class LocalStore(RepositoryStore):
         """``<parent>/.mlreg-archive/<name>/``: beside the folder Triton reads, on its file system."""
         archive = LocalStore(self.root.parent / ARCHIVE / self.root.name)
         archive.digests = self.digests
+        archive.fenced_with(self)  # a model's lock lost: its archived copies are not changed either
         return archive
 
     def copy_object_to(self, key: str, dest: RepositoryStore, dest_key: str, size: int | None = None) -> None:

@@ -94,6 +94,8 @@ class _Client:
 
 
 class S3Store(RepositoryStore):
+    clock_grain = 1.0  # LastModified and Date are whole seconds
+
     def __init__(
         self,
         bucket: str,
@@ -310,7 +312,8 @@ class S3Store(RepositoryStore):
                 objects = [{"Key": self._key(k)} for k in batch[start : start + 1000]]
                 if not objects:
                     continue
-                self.changed_keys.update(batch[start : start + 1000])
+                for key in batch[start : start + 1000]:
+                    self.note_change(key)  # fenced: nothing deleted under a lock this store lost
                 found = self._call(
                     "delete",
                     batch[start],
@@ -366,6 +369,7 @@ class S3Store(RepositoryStore):
         base = self.uri.rstrip("/")
         root = base[: -len(self.prefix)] if base.endswith(self.prefix) else f"s3://{self.bucket}/"
         archive.uri = root + archive.prefix
+        archive.fenced_with(self)  # a model's lock lost: its archived copies are not changed either
         return archive
 
     def copy_object_to(self, key: str, dest: RepositoryStore, dest_key: str, size: int | None = None) -> None:

@@ -488,7 +488,7 @@ def test_a_rerun_repairs_an_ensemble_left_on_the_latest_member_or_missing_on_a_r
         assert fleet.ready(url, "scoring") == ["1"], url
         assert fleet.pinned(url) == 5, url
         assert fleet.ready(url, "scorer") == ["5"], url
-    assert fleet.promote("scorer", "5").stage_names() == ["noop"]
+    assert fleet.promote("scorer", "5").stage_names() == ["noop", "repair"]
 
 
 def test_a_replica_skipped_under_max_unavailable_is_named_in_every_report(fleet: FleetStack) -> None:

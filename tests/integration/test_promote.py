@@ -83,7 +83,7 @@ def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) ->
         out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
     assert out["multi_modal_output"].shape == (1, 1)
     again = stack.promote(ENSEMBLE, "1")
-    assert again.stage_names() == ["noop"]  # the fast path: nothing was touched
+    assert again.stage_names() == ["noop", "repair"]  # the fast path: nothing was touched
 
 
 def ensemble_traffic(url: str) -> Traffic:
@@ -300,11 +300,22 @@ def _paused_cli(stack: Stack, point: str, *args: str, sig: int = signal.SIGKILL)
     return proc.returncode, "".join(lines) + err
 
 
+def _promoted_tags(stack: Stack) -> dict[tuple[str, str], str]:
+    """Every version of the member and the ensemble carrying a promoted_local tag, and its value."""
+    return {
+        (model, str(found.version)): dict(found.tags or {})["promoted_local"]
+        for model in ("table_data_preprocess", ENSEMBLE)
+        for found in stack.registry.find_by_tag(model, "promoted_local", "%", like=True)
+    }
+
+
 @pytest.mark.parametrize(
     ("sig", "point", "code"),
     [
         (signal.SIGINT, f"loaded:{ENSEMBLE}", 130),  # after the ensemble was re-pointed
         (signal.SIGTERM, "loaded:table_data_preprocess", 143),  # after the member loaded
+        (signal.SIGHUP, f"alias-moved:{ENSEMBLE}", 129),  # a closed SSH session, every alias moved
+        (signal.SIGINT, "alias-moved:table_data_preprocess", 130),  # the member's alias moved only
     ],
 )
 def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
@@ -313,7 +324,7 @@ def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
     """SIGINT and SIGTERM, sent for real to the mlreg process mid-deploy: the undo log replays
     (ensemble first), the exit code is 128 + the signal, and the message says what was restored."""
     version = _preprocess_version(stack, tmp_path, f"{ONE_HOT}  # {signal.Signals(sig).name}")
-    before = stack.snapshot()
+    before, tags = stack.snapshot(), _promoted_tags(stack)
     runs = len(stack.registry.promotions("table_data_preprocess", "local"))
     args = ("promote", "table_data_preprocess", "--version", version, "--skip-quality")
     returncode, err = _paused_cli(stack, point, *args, sig=sig)
@@ -323,6 +334,7 @@ def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
     assert "nothing was changed" not in err
     assert "Traceback" not in err
     assert stack.snapshot() == before  # what serves, the store's configs and bytes, the aliases
+    assert _promoted_tags(stack) == tags  # and every version's promoted_local tag
     [latest, *_] = stack.registry.promotions("table_data_preprocess", "local")
     assert len(stack.registry.promotions("table_data_preprocess", "local")) == runs + 1
     assert (latest["to"], latest["result"]) == (version, "rolled back")  # MLflow has the attempt
@@ -727,4 +739,4 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_
     for member, version in registered.items():
         assert stack.serving(member) == [version], member
     assert stack.registry.aliases(ENSEMBLE)["local"] == "1"
-    assert stack.promote(ENSEMBLE, "1").stage_names() == ["noop"]  # now it is
+    assert stack.promote(ENSEMBLE, "1").stage_names() == ["noop", "repair"]  # now it is

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pipelines.promote.quality_canary import PRIVATE_SUFFIX
-from pipelines.promote.reports import PromotionResult
+from pipelines.promote.reports import PromotionResult, QualityStageReport
 from pipelines.triton import TritonControl
 from registry.errors import PromotionError
 from registry.register import find_candidate, register
@@ -39,6 +39,13 @@ def stack(template_build: BuildResult, tmp_path_factory: pytest.TempPathFactory)
         yield running
 
 
+def _gate(result: PromotionResult) -> QualityStageReport:
+    """The quality stage's report, as the stage list recorded it."""
+    [report] = [s.report for s in result.stages if s.stage == "quality"]
+    assert isinstance(report, QualityStageReport)
+    return report
+
+
 def ensemble_answers(stack: Stack) -> np.ndarray:
     with TritonControl(stack.url) as triton:
         return triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])[
@@ -50,9 +57,9 @@ def test_the_first_deployment_gates_every_member_on_the_canary(stack: Stack) -> 
     promotion = stack.promotion()
     result = promotion.run(ENSEMBLE, "1")
     assert result.stage_names() == LIVE_STAGES
-    assert promotion.preflight is not None
-    assert promotion.preflight.where == f"the canary {stack.url}"
-    assert sorted(promotion.preflight.checked) == sorted(MODELS)  # ensembles: verify's smoke
+    gate = _gate(result)
+    assert gate.where == f"the canary {stack.url}"
+    assert sorted(gate.checked) == sorted(MODELS)  # ensembles: verify's smoke
     for model in (*MODELS, ENSEMBLE):
         assert stack.serving(model) == ["1"], model
         assert stack.registry.aliases(model)["local"] == "1"
@@ -67,9 +74,9 @@ def test_a_good_version_passes_the_gate_against_the_serving_version_and_promotes
     promotion = stack.promotion()
     result = promotion.run("image_model", new.version)
     assert result.stage_names() == LIVE_STAGES
-    assert promotion.preflight is not None
-    assert promotion.preflight.previous == {"image_model": "1"}  # asked version-specifically
-    assert set(promotion.preflight.changes) == {"image_model/output"}
+    gate = _gate(result)
+    assert gate.previous == {"image_model": "1"}  # asked version-specifically
+    assert set(gate.changes) == {"image_model/output"}
     assert stack.serving("image_model") == [new.version]
     assert stack.registry.aliases("image_model")["local"] == new.version
 
@@ -130,10 +137,10 @@ def test_a_savedmodel_served_as_onnx_passes_the_gate(stack: Stack) -> None:
     onnx_version = result.plan.version
     assert onnx_version != saved
     assert result.stage_names() == ["resolve", "convert", *LIVE_STAGES[1:]]
-    assert promotion.preflight is not None
+    gate = _gate(result)
     # the ONNX candidate answered alone, compared with the SavedModel serving version's answers
-    assert promotion.preflight.previous == {"image_model": serving[-1]}
-    assert "image_model/output" in promotion.preflight.changes
+    assert gate.previous == {"image_model": serving[-1]}
+    assert "image_model/output" in gate.changes
     assert stack.serving("image_model") == [onnx_version]
     assert f"image_model{PRIVATE_SUFFIX}" not in stack.states()
     assert stack.registry.aliases("image_model")["local"] == onnx_version

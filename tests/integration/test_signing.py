@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -23,9 +24,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from mlreg.cli.main import app
 from mlreg.service import environment, status
 from pipelines.promote.k8s_annotations import PREFIX
+from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
+from pipelines.triton import TritonControl
 from registry.errors import PromotionError
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
@@ -64,9 +67,12 @@ class Stack:
         signer = SigningKey(self.keys / f"{key}.pem") if key else None
         return register(self.registry, find_candidate(folder), signer=signer).version
 
-    def promote(self, env: str, model: str, version: str) -> PromotionResult:
+    def promote(self, env: str, model: str, version: str, **options: Any) -> PromotionResult:
         promotion = Promotion(
-            self.settings, environment(self.settings, env), self.registry, Options(skip_quality=True)
+            self.settings,
+            environment(self.settings, env),
+            self.registry,
+            Options(skip_quality=True, **options),
         )
         return promotion.run(model, version)
 
@@ -187,21 +193,38 @@ def test_an_extra_unsigned_file_in_the_version_folder_is_refused(stack: Stack) -
     _refused(stack, version, f"{MODEL} v{version}", "extra.py is not signed")
 
 
-def test_the_previous_versions_signature_is_checked_on_an_abort(stack: Stack) -> None:
+def test_the_previous_versions_signature_is_checked_before_any_change_and_on_an_abort(stack: Stack) -> None:
     """The serving version's stored bytes change (manifest and registered digest made to match, so
-    the byte check passes); the new version fails to load, and the abort refuses to load the
-    previous version again: its signature no longer matches its files."""
+    the byte check passes; only its signature can tell).  A promotion with no way back is refused
+    before any change; told ``no_way_back``, the new version fails to load and the abort refuses
+    to load the previous version again: every replica keeps answering with what it served, and
+    the store's config names only folders that are there."""
     first = stack.register(ABORTED, "1.0", key="trusted")
     assert stack.promote("signed", ABORTED, first).ok
     stack.put_tampered(ABORTED, first, lambda v: (v / "model.py").write_text(MODEL_PY.format(scale="9.0")))
     broken = stack.register(ABORTED, "2.0", key="trusted", code=failing_python_model("no vocabulary"))
-    with pytest.raises(PromotionError) as caught:
+    before = stack.snapshot(ABORTED)
+    with pytest.raises(PromotionError) as refused:
         stack.promote("signed", ABORTED, broken)
+    assert f"{ABORTED} v{first}, the version an abort would load again" in refused.value.message
+    assert "model.py changed since signing" in refused.value.message
+    assert "nothing was changed" in refused.value.message
+    assert "--no-way-back" in (refused.value.fix or "")
+    assert stack.snapshot(ABORTED) == before
+
+    with pytest.raises(PromotionError) as caught:
+        stack.promote("signed", ABORTED, broken, no_way_back=True)
     message = caught.value.message
     assert f"{ABORTED} v{first}: its signature does not verify" in message
-    assert "model.py changed since signing" in message
     assert f"{ABORTED} left as it serves now" in message
     assert stack.registry.aliases(ABORTED)["signed"] == first
+    assert stack.serving(ABORTED) == [first]  # never unloaded, never re-read
+    with TritonControl(stack.url) as triton:
+        answer = triton.infer(ABORTED, {"INPUT0": np.ones((1, 4), np.float32)}, ["OUTPUT0"])["OUTPUT0"]
+    assert answer.ravel().tolist() == [1.0] * 4  # the bytes it loaded before the tampering (x 1.0)
+    config = open_store(stack.settings.local_repository).read_config(ABORTED) or ""
+    for version in serving_versions(config):  # the config never names a folder that is gone
+        assert stack.stored(ABORTED, version).is_dir(), (version, config)
 
 
 def test_warn_promotes_an_unsigned_version_and_warns(stack: Stack) -> None:
@@ -258,7 +281,12 @@ def test_mlreg_sign_signs_an_earlier_version_and_show_says_by_whom(
     assert "unsigned" in rows["2"]
     description = stack.registry.version(MODEL, "3").description
     assert f"Signature: signed by key {fingerprint}" in description
-    assert stack.promote("signed", MODEL, "3").ok
+    # what serves (v2, promoted through the warn environment on the same store) is unsigned: its way
+    # back cannot be verified, so the promotion is refused unless told to go on without one
+    with pytest.raises(PromotionError, match=f"{MODEL} v2, the version an abort would load again"):
+        stack.promote("signed", MODEL, "3")
+    assert stack.serving(MODEL) == ["2"]
+    assert stack.promote("signed", MODEL, "3", no_way_back=True).ok
     assert stack.serving(MODEL) == ["3"]
 
 

@@ -278,7 +278,7 @@ def test_a_rerun_repairs_an_ensemble_left_on_other_pins_or_missing_on_a_target(d
     assert t0.ensembles["ens"]["net"] == "2"
     assert t1.is_ready("ens", "1")
     assert t1.ensembles["ens"]["net"] == "2"
-    assert world.promote("net", "2").stage_names() == ["noop"]  # and now it is a no-op
+    assert world.promote("net", "2").stage_names() == ["noop", "repair"]  # and now it is a no-op
 
 
 def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_no_noop(deployed: World) -> None:
@@ -294,7 +294,7 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_no_noop(deplo
     for target in world.fleet.targets.values():
         assert target.ensembles["ens"]["net"] == "1"
         assert target.is_ready("net", "1")
-    assert world.promote("ens", "1").stage_names() == ["noop"]
+    assert world.promote("ens", "1").stage_names() == ["noop", "repair"]
 
 
 def _tamper(world: World, model: str, version: str) -> Path:
@@ -482,7 +482,7 @@ def test_a_failure_inside_the_rollback_is_recorded_and_reported(deployed: World)
 
 def test_the_noop_asks_every_target_about_every_member(deployed: World) -> None:
     world = deployed
-    assert world.promote("ens", "1").stage_names() == ["noop"]
+    assert world.promote("ens", "1").stage_names() == ["noop", "repair"]
     assert world.loads() == []
     world.fleet.targets["t1:8001"].states.pop("net")  # t1 restarted and lost a member
     result = world.promote("ens", "1")

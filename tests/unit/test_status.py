@@ -20,6 +20,7 @@ from pipelines.storage import open_store
 from tests.fakes import FakeRegistry
 
 URL = "triton-0:8001"
+PROBE_TARGETS = status.probe_targets  # ``world`` stubs it
 MEMBER = """name: "net"
 backend: "python"
 max_batch_size: 0
@@ -163,3 +164,84 @@ def test_the_status_table_shows_versions_with_folders_in_brackets(
         ["net", "2", "2", f"{URL}:", "2"],
         ["ens", "2", "2", "[1]", f"{URL}:", "2", "[1]"],
     ]
+
+
+# -- a store that does not answer: what Triton serves is still said --------------------------------
+
+URL2 = "triton-1:8001"
+TIMEOUTS: Any = SimpleNamespace(triton_timeout=1.0)  # the settings probe_targets reads
+FROZEN = "S3 (s3://models/repo): cannot list '': ReadTimeoutError: Read timeout on endpoint URL"
+
+
+class FrozenStore:
+    """An S3 store whose every request timed out (as S3Store raises it: the upload's fix)."""
+
+    uri = "s3://models/repo"
+    asked = 0
+
+    def _frozen(self, *args: object) -> Any:
+        from registry.errors import StorageError
+
+        self.asked += 1
+        raise StorageError(
+            FROZEN, fix="check the endpoint is reachable, then rerun: files already stored are not sent again"
+        )
+
+    list_models = read_config = list_versions = locks = read = _frozen
+
+
+@pytest.fixture
+def frozen(world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """``world`` on a frozen store, its two replicas tests/fakes.py's FakeTargets probed for real:
+    triton-0 serves net v2 and ens (folder 1, pinning net v2), triton-1 still net v1."""
+    from tests.fakes import FakeTarget
+
+    first, second = FakeTarget(URL), FakeTarget(URL2)
+    first.states = {"net": {"2": "READY"}, "ens": {"1": "READY"}}
+    first.ensembles = {"ens": {"net": "2"}}
+    second.states = {"net": {"1": "READY"}}
+    targets = {URL: first, URL2: second}
+    monkeypatch.setattr(status, "probe_targets", PROBE_TARGETS)  # the real one, over the fakes
+    world.store = FrozenStore()
+    monkeypatch.setattr(status, "status_store", lambda uri: world.store)
+    monkeypatch.setattr(status, "triton_connector", lambda settings: targets.__getitem__)
+    world.env = Environment("s3", FrozenStore.uri, (URL, URL2), "local", gpu=False)
+    return world
+
+
+def test_a_frozen_store_leaves_what_each_replica_serves_and_says_why(frozen: SimpleNamespace) -> None:
+    found = status.environment_status(TIMEOUTS, frozen.env, frozen.registry)
+    rows = {row["model"]: row for row in found.rows}
+    assert sorted(rows) == ["ens", "net"]  # what serves and what the alias names, though unlisted
+    assert rows["net"]["serving"] == {URL: ["2"], URL2: ["1"]}
+    assert (rows["ens"]["serving"], rows["ens"]["serving_folders"]) == (
+        {URL: ["2"], URL2: []},
+        {URL: ["1"], URL2: []},
+    )
+    for row in rows.values():
+        assert (row["desired"], row["store"]) == ([], f"store unreachable: {FROZEN}")
+        assert row["drift"] == [f"store unreachable: {FROZEN}"]  # no "store wants nothing"
+    assert (found.store_error, found.locks) == (FROZEN, [])
+    assert frozen.store.asked == 1  # one request timed out: the store is not asked per model
+    assert "then rerun 'mlreg status'" in found.store_fix
+    assert "files already stored" not in found.store_fix  # the upload's fix is not status's
+
+
+def test_the_status_table_of_a_frozen_store_lists_each_replica(
+    frozen: SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlreg.cli.output import Output
+    from mlreg.cli.promote import _status_table
+
+    found = status.environment_status(TIMEOUTS, frozen.env, frozen.registry, ["net"])
+    _status_table(Output(), found.rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["net", "2", "-", f"{URL}:", "2;", f"{URL2}:", "1"]  # desired unknown
+    assert lines[2] == f"net drift: store unreachable: {FROZEN}"
+
+
+def test_status_gives_up_on_an_s3_store_within_seconds() -> None:
+    store = status.status_store("s3://127.0.0.1:9/models/repo")
+    config = store.client.meta.config  # type: ignore[attr-defined]
+    assert (config.connect_timeout, config.read_timeout) == (5, status.STORE_READ_TIMEOUT_S)
+    assert config.retries["total_max_attempts"] == 1 + status.STORE_RETRIES == 2  # not 4 x 60 s
