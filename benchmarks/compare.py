@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("promote", "quality", "fleet")
+BENCHMARKS = ("promote", "quality", "fleet", "fleet_scale")
 DROPPED_ENV = (
     "MLREG_HOME",
     "MLREG_TEMPLATE_DIR",
@@ -109,6 +109,14 @@ def fleet_ratio(m: re.Match[str]) -> list[Figure]:
 def quality_row(m: re.Match[str]) -> list[Figure]:
     label = m.group(1)
     return [(f"{label} s", number(m.group(2)), INFO if label.startswith("bare baseline") else LOWER)]
+
+
+def labelled(m: re.Match[str]) -> list[Figure]:
+    """``<label>  1.23 s`` | ``2.01 x`` | ``4 calls`` (fleet_scale); the bare baseline and counts
+    are shown, not judged."""
+    label, unit = m.group(1), m.group(3)
+    kind = INFO if label.startswith("(b)") or unit == "calls" else LOWER
+    return [(f"{label} {unit}", number(m.group(2)), kind)]
 
 
 # per benchmark: (pattern searched in each line, its figures); None: a line known to hold no figure
@@ -175,6 +183,10 @@ RULES: dict[str, list[tuple[str, Handler | None]]] = {
             rf"^status --env over (?:\d+) replicas: {N} s \(the \d+ probes alone, serially: {N} s\)",
             named(("status --env s", LOWER), ("the probes alone, serially s", LOWER)),
         ),
+    ],
+    "fleet_scale": [
+        (r"^fleet_scale: \d+ replicas", None),
+        (rf"^(\([abc]\) .+?)\s+{N} (s|x|calls)$", labelled),
     ],
 }
 

@@ -57,7 +57,7 @@ def _result(entry: Doc) -> str:
     stages = [s["stage"] for s in report.get("stages", [])]
     if not entry.get("ok", report.get("ok")):
         return "rolled back" if report.get("rolled_back") else "failed"
-    if stages and stages[-1] == "noop":
+    if stages and stages[0] == "noop":
         return "already serving"
     return "planned" if (report.get("plan") or {}).get("dry_run") or "record" not in stages else "promoted"
 

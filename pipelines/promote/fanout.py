@@ -145,7 +145,9 @@ class Fleet:
     # -- the two ways a server changes -----------------------------------------------------------
 
     def move(self, url: str, change: Change, rollout: Rollout | None = None) -> None:
-        """``change`` on the server at ``url``: loaded and every wanted version READY (or raises)."""
+        """``change`` on the server at ``url``: loaded and every wanted version READY (or raises).
+        Never once the promotion lost the model's lock (the store's fence: its lease proven first)."""
+        self.store.fence(change.model)
         if self.on_touch is not None:
             self.on_touch(url, change.model, tuple(self.ready(url, change.model)))
         began = time.perf_counter()

@@ -18,9 +18,17 @@ from registry.errors import MlregError, PromotionError
 log = logging.getLogger(__name__)
 
 
-def record_promotion(registry: Registry, result: PromotionResult, env: Environment, experiment: str) -> None:
+def record_promotion(
+    registry: Registry,
+    result: PromotionResult,
+    env: Environment,
+    experiment: str,
+    writes: RecordWrites | None = None,
+) -> None:
     """Log ``result`` as a run of ``experiment``; a registry that cannot be written is a warning
-    (the promotion's outcome does not depend on its record)."""
+    (the promotion's outcome does not depend on its record).  A promotion that succeeded records
+    the deployment of every model it moved (``writes.deployed``: members brought along and
+    re-pointed ensembles too), each tag noted in ``writes`` first so that an exit puts it back."""
     plan = result.plan
     try:
         previous = ",".join(plan.step(plan.model).previous_versions) or "none"
@@ -54,7 +62,11 @@ def record_promotion(registry: Registry, result: PromotionResult, env: Environme
         registry.finish_run(run_id, ok=not result.error)
         result.run_id = run_id
         if not result.error:  # version tags, run link, the model's environments
-            registry.record_deployment(plan.model, plan.version, env.name, run_id, plan.targets)
+            deployed = writes.deployed if writes is not None else [(plan.model, plan.version)]
+            for model, version in deployed:
+                if writes is not None:
+                    writes.note_deployment(model, version, env.name)
+                registry.record_deployment(model, version, env.name, run_id, plan.targets)
     except MlregError as exc:
         log.warning("could not record the promotion in MLflow: %s", exc)
 
@@ -88,23 +100,38 @@ class RecordWrites:
     """What the record stage changed in MLflow, noted in the undo log before the first write
     (``UndoLog.wrote_registry``) so that any exit -- an error, an interrupt, a signal -- puts it
     back: ``tags`` (model, version) -> the ``promoted_<env>`` value before (None: none), and
-    ``aliases`` model -> the version the alias named before (None: none), in the order moved."""
+    ``aliases`` model -> the version the alias named before (None: none), in the order moved; the
+    deployment tags of every model moved (``serving_<env>``, ``promotion_run_<env>``, on the new
+    version and on the versions that served before) are noted the same way (``note_deployment``)."""
 
     registry: Registry
     alias: str
     tag: str
-    tags: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    tags: dict[tuple[str, str, str], str | None] = field(default_factory=dict)  # (model, version, key)
     aliases: dict[str, str | None] = field(default_factory=dict)
     moved_to: dict[str, str] = field(default_factory=dict)
+    deployed: list[tuple[str, str]] = field(default_factory=list)  # (model, version) this promotion serves
 
     @property
     def changed(self) -> bool:
         return bool(self.tags or self.aliases)
 
+    def _note(self, model: str, version: str, keys: tuple[str, ...]) -> None:
+        found = self.registry.version_tags(model, version)
+        for key in keys:
+            self.tags.setdefault((model, version, key), found.get(key))  # noted before the write
+
     def tag_version(self, model: str, version: str, stamp: str) -> None:
-        before = self.registry.version_tags(model, version).get(self.tag)
-        self.tags.setdefault((model, version), before)  # noted before the write
+        self._note(model, version, (self.tag,))
+        self.deployed.append((model, version))
         self.registry.set_version_tag(model, version, self.tag, stamp)
+
+    def note_deployment(self, model: str, version: str, env: str) -> None:
+        """Before ``record_deployment``: the tags it writes on ``version`` and removes elsewhere."""
+        keys = (f"serving_{env}", f"promotion_run_{env}")
+        self._note(model, version, keys)
+        for other in self.registry.find_by_tag(model, keys[0], "%", like=True):
+            self._note(model, str(other.version), keys[:1])
 
     def move_alias(self, model: str, version: str) -> None:
         before = self.registry.aliases(model).get(self.alias)
@@ -129,14 +156,14 @@ class RecordWrites:
                 back.append(f"{was} back to {'none' if before is None else 'v' + before}")
             except MlregError as exc:
                 left.append(f"{was} could not be put back to {before or 'none'}: {exc.message}")
-        for (model, version), value in self.tags.items():
+        for (model, version, key), value in self.tags.items():
             try:
                 if value is None:
-                    self.registry.delete_version_tag(model, version, self.tag)
+                    self.registry.delete_version_tag(model, version, key)
                 else:
-                    self.registry.set_version_tag(model, version, self.tag, value)
+                    self.registry.set_version_tag(model, version, key, value)
             except MlregError as exc:
-                left.append(f"tag {self.tag} of {model} v{version} could not be put back: {exc.message}")
+                left.append(f"tag {key} of {model} v{version} could not be put back: {exc.message}")
         self.tags.clear()
         self.aliases.clear()
         return back, left

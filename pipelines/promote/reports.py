@@ -179,7 +179,7 @@ class PromotionResult:
 
     @property
     def noop(self) -> bool:
-        return bool(self.stages) and self.stages[-1].stage == "noop"
+        return bool(self.stages) and self.stages[0].stage == "noop"  # resolve found nothing to do
 
     @property
     def outcome(self) -> str:

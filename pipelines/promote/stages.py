@@ -465,5 +465,5 @@ def record(ctx: PromotionContext) -> RecordReport:
             writes.move_alias(model, version)
     except MlregError as exc:
         raise failed_record(writes, exc) from exc
-    record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT)
+    record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT, writes)
     return RecordReport(ctx.env.alias, plan.model, plan.version, ctx.result.run_id)

@@ -8,6 +8,7 @@ One module-scoped stack (the server, Triton, one model in two versions), used in
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import signal
@@ -238,6 +239,16 @@ def _umount(folder: Path) -> None:
             return
 
 
+def _home_files(home: Path) -> dict[str, str]:
+    """Every file under ``home`` and its sha256, MLflow's database aside (a failed run is written
+    there, marked FAILED and deleted: its rows are checked through MLflow)."""
+    return {
+        str(path.relative_to(home)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(home.rglob("*"))
+        if path.is_file() and not path.name.startswith("mlflow.db")
+    }
+
+
 def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: Path) -> None:
     """Item 7 on a real full disk: a 6 MB tmpfs under MLREG_HOME (mounted as root, or with
     passwordless sudo as on GitHub's runners).  A 3 MB artifact after a 5 MB one: "disk full at
@@ -267,11 +278,13 @@ def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: P
         assert mlreg(MODEL, big).returncode == 0
         full = _version(tmp_path / "full" / MODEL, "full")
         (full / "1" / "weights.bin").write_bytes(os.urandom(3_000_000))
+        files = _home_files(home)
         failed = mlreg(MODEL, full)
         assert failed.returncode == RegistryError.exit_code, failed.stderr
         assert "Traceback" not in failed.stderr
         assert f"error: disk full at {home}" in failed.stderr, failed.stderr
         assert "tracking server" not in failed.stderr
+        assert _home_files(home) == files  # every file under MLREG_HOME, byte for byte (the db aside)
         leftovers = [p for p in home.rglob("weights.bin")]
         assert len(leftovers) == 1, leftovers  # only the first registration's
 
@@ -281,6 +294,7 @@ def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: P
             [e.experiment_id for e in client.search_experiments()],
             run_view_type=3,  # ALL
         )
+        assert [v.version for v in client.search_model_versions(f"name = '{MODEL}'")] == ["1"]
         failed_runs = [r for r in runs if r.info.status == "FAILED"]
         assert len(failed_runs) == 1
         assert failed_runs[0].info.lifecycle_stage == "deleted"

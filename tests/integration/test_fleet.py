@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ import pytest
 
 from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
+from pipelines.promote.fanout import PAUSE_VARIABLE, RESUME_VARIABLE
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
@@ -37,16 +39,18 @@ from pipelines.storage.base import LOCK_PREFIX
 from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
 from registry.errors import PromotionError, UsageError
-from registry.mlflow import MlflowRegistry
+from registry.mlflow import MlflowRegistry, sqlite
 from registry.settings import Settings
 from tests.conftest import failing_python_model
 from tests.integration.stacks import (
     SCORER_CONFIG,
+    mlreg_process,
     ready_versions,
     register_model,
     s3_repository,
     stack_settings,
     tritons,
+    wait_for_pause,
 )
 from tests.integration.traffic import Traffic
 
@@ -564,6 +568,89 @@ def test_an_abort_never_loads_the_previous_versions_corrupt_bytes(fleet: FleetSt
         assert fleet.ready(url, "scorer") == ["6"], url
         with TritonControl(url) as triton:
             np.testing.assert_allclose(triton.infer("scoring", {"X": x}, ["Y"])["Y"], x * 6)
+
+
+def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_before_any_change(
+    fleet: FleetStack,
+) -> None:
+    """Item 3 of the undo issue, on S3 with every replica: the serving version's model.py altered
+    (same size) in the store and in MLflow's artifacts alike, so an abort could not load it again:
+    the promotion is refused before any change, naming the fix; every object of the store, what
+    each replica serves and pins, and every alias are as before."""
+    store = open_store(fleet.store)
+    [serving] = serving_versions(store.read_config("scorer"))
+    key = f"scorer/{serving}/model.py"
+    good = store.read(key)
+    assert good is not None
+    assert b"y = (x * self.factor)" in good
+    bad = good.replace(b"y = (x * self.factor)", b"y = (x *-self.factor)")
+    record = sqlite.model_version(fleet.registry.uri, "scorer", serving)
+    source = record.local_source() if record is not None else None
+    assert source is not None, f"scorer v{serving}: no local artifacts"
+    registered = source / "model.py"
+    kept = registered.read_bytes()
+    new = fleet.register("scorer", SCORER_CONFIG, scorer("after-tamper"))
+    store.write(key, bad)
+    registered.write_bytes(bad)
+    try:
+        before = _fleet_state(fleet)
+        with pytest.raises(
+            PromotionFailed, match=f"scorer v{serving}, the version an abort would load"
+        ) as info:
+            fleet.promote("scorer", new)
+        assert "nothing was changed" in info.value.message
+        assert "--no-way-back" in (info.value.fix or "")
+        assert [s.stage for s in info.value.result.stages][-1] == "validate"  # before any live stage
+        assert _fleet_state(fleet) == before
+    finally:
+        store.write(key, good)
+        registered.write_bytes(kept)
+
+
+def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its_lock(
+    fleet: FleetStack, tmp_path: Path
+) -> None:
+    """Item 9 of the undo issue: promotion A (lease 3 s) moves the canary, then is frozen (SIGSTOP)
+    past its lease; promotion B takes the stale locks over and promotes its own version everywhere.
+    A, resumed, is fenced: it writes nothing to the store, moves no replica (its undo included) and
+    says so -- B's version still serves on every replica, with its folder, config and alias."""
+    mine = fleet.register("scorer", SCORER_CONFIG, scorer("frozen"))
+    theirs = fleet.register("scorer", SCORER_CONFIG, scorer("taker"))
+    resume, point = tmp_path / "resume", "wave:1"
+    env = {
+        "MLREG_HOME": str(fleet.settings.home),
+        "MLREG_LOCK_LEASE": "3",
+        PAUSE_VARIABLE: point,
+        RESUME_VARIABLE: str(resume),
+    }
+    args = ("promote", "scorer", "--version", mine, "--env", "fleet", "--skip-quality")
+    proc = mlreg_process(env, *args, start_new_session=True)
+    try:
+        wait_for_pause(proc, point)  # the canary serves A's version now
+        assert mine in fleet.ready(fleet.urls[0], "scorer")
+        os.kill(proc.pid, signal.SIGSTOP)  # frozen: its lease is not renewed any more
+        time.sleep(5)  # past the 3 s lease by the store's clock
+        with fleet.explained(), scoring_traffic(fleet.urls):
+            assert fleet.promote("scorer", theirs).ok  # takes the stale locks over
+        before = _fleet_state(fleet)
+        assert [ready[0] for ready in before["ready"].values()] == [[theirs]] * len(fleet.urls)
+        resume.touch()
+        os.kill(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 8, err
+    assert "it lost its lock, so nothing was put back" in err, err
+    assert "lock of scorer lost" in err, err
+    assert "Traceback" not in err
+    after = _fleet_state(fleet)
+    assert after == before  # every object of the store, what each replica serves and pins, aliases
+    for url in fleet.urls:
+        assert fleet.ready(url, "scorer") == [theirs], url
+    assert fleet.registry.aliases("scorer")["fleet"] == theirs
+    assert f"scorer/{theirs}/model.py" in after["objects"]
 
 
 def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(

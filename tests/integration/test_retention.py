@@ -132,13 +132,16 @@ def test_twelve_promotions_leave_what_serves_and_the_one_before_it_under_triton_
     assert archive_of(store).uri.endswith("/retention/.mlreg-archive/repository")
     assert stack.ready(stack.s3_url) == ["12"]
     assert ".mlreg-archive" not in stack.states(stack.s3_url)  # Triton never sees the archive
-    assembled = [s.detail for r in results for s in r.stages if s.stage == "assemble"]
+    archived = [next((s.detail for s in r.stages if s.stage == "archive"), "") for r in results]
     retained = [s.detail for r in results for s in r.stages if s.stage == "retain"]
-    assert retained == [], (retained, assembled)  # every move happened before the load
+    assert retained == [], (retained, archived)  # every move happened before the load
+    for result in results[2:]:  # its own stage, after the upload and before any load
+        names = result.stage_names()
+        assert names.index("assemble") < names.index("archive") < names.index("deploy"), names
     size = WEIGHTS + len(f"# v1\n{SCORER_MODEL}")
-    assert assembled[2].endswith(f"; keep 2: archived scorer v1 ({size:,} bytes)")
-    assert all(f"keep 2: archived scorer v{i - 2} (" in assembled[i - 1] for i in range(3, 13))
-    assert "archived" not in assembled[0] + assembled[1]
+    assert archived[2] == f"keep 2: archived scorer v1 ({size:,} bytes)"
+    assert all(f"keep 2: archived scorer v{i - 2} (" in archived[i - 1] for i in range(3, 13))
+    assert archived[:2] == ["", ""]  # nothing beyond the window yet: the stage did not run
     keys = store.list_prefix("scorer/")
     assert {k.split("/")[1] for k in keys} == {"config.pbtxt", "11", "12"}  # what a load localizes
 
@@ -148,7 +151,8 @@ def test_a_rollback_to_an_archived_version_serves_it_after_verification(stack: S
     assert result.ok
     assemble = next(s for s in result.stages if s.stage == "assemble")
     assert assemble.detail.startswith("0 bytes uploaded")  # a server-side copy from the archive
-    assert "; keep 2: archived scorer v11 (" in assemble.detail  # before the load
+    archived = next(s for s in result.stages if s.stage == "archive")
+    assert archived.detail.startswith("keep 2: archived scorer v11 (")  # before the load
     assert stack.ready(stack.s3_url) == ["3"]
     assert stack.registry.aliases("scorer")["s3"] == "3"
     store = stack.store("s3")
@@ -197,9 +201,11 @@ def test_a_failed_promotion_puts_back_what_it_archived_before_the_load(stack: St
     version = register_model(stack.registry, stack.root / "work" / "broken", "scorer", SCORER_CONFIG, files)
     with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as info:
         stack.promote("s3", version)
-    assemble = next(s for s in info.value.result.stages if s.stage == "assemble")
-    assert "keep 2: archived scorer v3 (" in assemble.detail  # 3 left before the load ...
+    archived = next(s for s in info.value.result.stages if s.stage == "archive")
+    assert archived.detail.startswith("keep 2: archived scorer v3 (")  # 3 left before the load ...
     assert (store.list_prefix("scorer/"), archive.list_prefix("")) == before  # ... and came back
+    rollback = next(s for s in info.value.result.stages if s.stage == "rollback")
+    assert "scorer/3 back from the archive" in rollback.detail  # the report says so
     assert stack.ready(stack.s3_url) == ["13"]
     assert stack.registry.aliases("scorer")["s3"] == "13"
 
@@ -251,3 +257,26 @@ def test_the_same_on_a_local_store(stack: Stack) -> None:
     store.verify_version("scorer", "1", stack.digest("1"), full=True)
     assert store.list_versions("scorer") == ["1", "4"]
     archived_whole(stack, archive, ["2", "3"])
+
+
+@pytest.mark.parametrize(("env_name", "version"), [("s3", "5"), ("disk", "2")])
+def test_an_archived_copy_corrupted_in_place_is_never_served(
+    stack: Stack, env_name: str, version: str
+) -> None:
+    """Issue 32 item 3: the archive's copy of a version changed in place (same size, other bytes); a
+    rollback to it never serves those bytes: the copy brought back fails verification, and the
+    version served is the registry's, verified against the registered digest."""
+    store = stack.store(env_name)
+    archive = archive_of(store)
+    key = f"scorer/{version}/model.py"
+    good = archive.read(key)
+    assert good is not None, archive.list_prefix("scorer/")
+    assert b"# v" in good
+    archive.write(key, good.replace(b"# v", b"#-v", 1))  # same size: only the hash can tell
+    result = service.rollback(stack.settings, env_name, "scorer", version)
+    assert result.ok
+    url = stack.s3_url if env_name == "s3" else stack.disk_url
+    assert stack.ready(url) == [version]
+    assert store.read(key) == good  # the registered bytes serve, not the archive's
+    store.verify_version("scorer", version, stack.digest(version), full=True)
+    assert stack.registry.aliases("scorer")[env_name] == version

@@ -140,6 +140,12 @@ def test_a_new_version_whose_registered_bytes_changed_is_refused_and_never_serve
     assert stack.snapshot() == before  # no v3 folder left in the store; alias and Triton as they were
     assert not stack.stored(version).parent.exists()
     _serves_v2(stack)
+    # never loaded, not merely rolled back: Triton's repository index keeps every version it ever
+    # loaded (v1, retired when v2 came, is listed UNAVAILABLE: the positive control) -- v3 is absent
+    with TritonControl(stack.url) as triton:
+        states = triton.model_states()[MODEL]
+    assert states.get("1") == "UNAVAILABLE", states
+    assert version not in states, states
 
 
 def test_a_rollback_to_a_version_corrupt_in_the_store_and_the_registry_is_refused(stack: Stack) -> None:

@@ -629,3 +629,35 @@ def test_a_plain_swap_asks_each_target_what_it_holds_twice_resolve_and_verify(
     assert waits  # the retire waited on each target: one poll each (the fake unloads at once)
     for url in ("t0:8001", "t1:8001"):
         assert asked[url] - waits.count(url) <= 2, (url, asked, waits)
+
+
+def test_every_model_a_promotion_moves_carries_its_deployment_tags_and_an_exit_puts_them_back(
+    world: World,
+) -> None:
+    """Item 11: the members brought along and the ensemble get ``serving_<env>`` and
+    ``promotion_run_<env>`` as the model does; an interrupt while they are written puts every tag
+    back (noted before each write)."""
+    result = world.promote("ens", "1")
+    for model in ("pre", "net", "ens"):
+        tags = world.registry.tags[(model, "1")]
+        assert tags["serving_test"] == "t0:8001,t1:8001", model
+        assert tags["promotion_run_test"] == result.run_id, model
+        assert "promoted_test" in tags, model
+    world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
+    before, tags = _state(world), _tags(world)
+    record = world.registry.record_deployment
+    calls: list[str] = []
+
+    def interrupted(model: str, *args: Any) -> None:
+        calls.append(model)
+        record(model, *args)
+        if len(calls) == 2:  # the second model's deployment tags written: Ctrl-C
+            raise KeyboardInterrupt()
+
+    world.registry.record_deployment = interrupted  # type: ignore[method-assign]
+    with pytest.raises(PromotionFailed, match=r"interrupted \(SIGINT\)"):
+        world.promote("net", "2")
+    assert calls == ["net", "ens"]
+    assert _state(world) == before
+    after = _tags(world)
+    assert {k: after[k] for k in tags} == tags
