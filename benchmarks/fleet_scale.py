@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fleet import CONFIG, MODEL  # noqa: E402  (benchmarks/fleet.py's light python model)
+
 from pipelines.devstack import local_triton  # noqa: E402
 from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
@@ -49,29 +51,6 @@ from pipelines.triton import TritonControl  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
 from registry.register import Candidate, register  # noqa: E402
 from registry.settings import Settings  # noqa: E402
-
-MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-VERSION_TAG = {tag}
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.astype(np.float32))]))
-        return out
-"""
-CONFIG = """name: "bench"
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
 
 
 def write_env(root: Path, store: Path, urls: list[str]) -> None:

@@ -294,7 +294,7 @@ def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: P
             [e.experiment_id for e in client.search_experiments()],
             run_view_type=3,  # ALL
         )
-        assert [v.version for v in client.search_model_versions(f"name = '{MODEL}'")] == ["1"]
+        assert [str(v.version) for v in client.search_model_versions(f"name = '{MODEL}'")] == ["1"]
         failed_runs = [r for r in runs if r.info.status == "FAILED"]
         assert len(failed_runs) == 1
         assert failed_runs[0].info.lifecycle_stage == "deleted"
