@@ -253,7 +253,11 @@ class FakeRegistry:
 
     def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
         self._call("find_by_tag", name)
-        return [self.version(m, v) for (m, v), tags in self.tags.items() if m == name and key in tags]
+        return [
+            self.version(m, v)
+            for (m, v), tags in self.tags.items()
+            if m == name and key in tags and (_like(tags[key], value) if like else tags[key] == value)
+        ]
 
     def record_deployment(
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
@@ -287,3 +291,11 @@ class FakeRegistry:
 
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
         return [dict(run["tags"]) for run in reversed(self.runs) if run["tags"].get("model") == name]
+
+
+def _like(text: str, pattern: str) -> bool:
+    """SQL LIKE as MLflow's search filter reads it: ``%`` any run of characters, ``_`` one."""
+    import re
+
+    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, text, re.DOTALL) is not None

@@ -20,9 +20,8 @@ from typing import NoReturn
 from pipelines.promote.context import PromotionContext, Stage
 from pipelines.promote.integrity import verifier
 from pipelines.promote.plan import serving_versions
-from pipelines.promote.quality import GateFailed, gate_error
 from pipelines.promote.record import record_promotion
-from pipelines.promote.reports import FleetReport, PromotionFailed
+from pipelines.promote.reports import FleetReport, PromotionFailed, Refusal
 from registry.errors import INTERRUPT_EXIT_CODES, MlregError, PromotionError, Terminated
 from registry.settings import PROMOTIONS_EXPERIMENT
 
@@ -49,9 +48,8 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
             except BaseException as failure:  # recorded and reported below, never swallowed
                 result.rollback_error = message_of(failure)
                 result.rollback = "failed"
-        if isinstance(exc, GateFailed):  # the gate's own changes put back: it is a refusal
-            exc.report.restored = changed and not result.rollback_error
-            result.error = gate_error(exc.report).message
+        if isinstance(exc, Refusal):  # its own changes put back: nothing changed, it refused
+            result.error = exc.after_undo(changed and not result.rollback_error)
             changed = bool(result.rollback_error)
         result.rolled_back = changed and not result.rollback_error
         record_promotion(ctx.registry, result, ctx.env, PROMOTIONS_EXPERIMENT)

@@ -34,6 +34,7 @@ import numpy as np
 
 from pipelines.promote.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
 from pipelines.promote.ports import ScratchServers
+from pipelines.promote.reports import Refusal
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME, data_type_name, parse_config
 from registry.errors import MlregError, PromotionError
@@ -128,13 +129,17 @@ def serving_reference(step: Step) -> str:
     return old[-1] if old else ""
 
 
-class GateFailed(PromotionError):
+class GateFailed(Refusal):
     """The candidates did not pass; ``report`` says why.  The runner's undo log puts back what the
-    gate changed and then words the error (``gate_error``)."""
+    gate changed; the error then says whether the candidates left the canary (``after_undo``)."""
 
     def __init__(self, report: QualityReport) -> None:
         super().__init__(gate_error(report).message, fix=GATE_FIX)
         self.report = report
+
+    def after_undo(self, restored: bool) -> str:
+        self.report.restored = restored
+        return gate_error(self.report).message
 
 
 GATE_FIX = "fix the model; its outputs on the golden inputs are not sane"

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.promote import metrics
-from pipelines.promote.fanout import Change, Fleet
+from pipelines.promote.fanout import Change, Fleet, checkpoint
 from pipelines.promote.perf import PerfResult, PerfSettings, check, measure
 from pipelines.promote.plan import Plan, Step, desired_config
 from pipelines.promote.quality import (
@@ -101,6 +101,7 @@ def canary_gate(
             began = time.perf_counter()
             fleet.move(url, candidate(step, name, gpu))
             loads[step.model] = time.perf_counter() - began
+            checkpoint(f"gate:{step.model}")  # the candidate loaded on the canary, not yet judged
         for step, probe in probes:
             check_model(canary, settings, step.config_text, probe, report)
         if perf is not None and not report.failures:

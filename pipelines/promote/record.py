@@ -111,13 +111,16 @@ class RecordWrites:
     aliases: dict[str, str | None] = field(default_factory=dict)
     moved_to: dict[str, str] = field(default_factory=dict)
     deployed: list[tuple[str, str]] = field(default_factory=list)  # (model, version) this promotion serves
+    read: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # tags as first read
 
     @property
     def changed(self) -> bool:
         return bool(self.tags or self.aliases)
 
     def _note(self, model: str, version: str, keys: tuple[str, ...]) -> None:
-        found = self.registry.version_tags(model, version)
+        if (model, version) not in self.read:  # read once: the values before this stage wrote any
+            self.read[(model, version)] = self.registry.version_tags(model, version)
+        found = self.read[(model, version)]
         for key in keys:
             self.tags.setdefault((model, version, key), found.get(key))  # noted before the write
 

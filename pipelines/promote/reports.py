@@ -208,6 +208,15 @@ class PromotionResult:
         }
 
 
+class Refusal(PromotionError):
+    """A check refused the candidates after they were put where it judges them (the canary gate):
+    once the undo log took that back, the promotion changed nothing, and ``after_undo`` words the
+    error for what the undo did."""
+
+    def after_undo(self, restored: bool) -> str:
+        return self.message
+
+
 class PromotionFailed(PromotionError):
     """A promotion stage failed; ``result`` holds the plan, the stage reports and what was undone."""
 

@@ -607,6 +607,32 @@ def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_
         registered.write_bytes(kept)
 
 
+def test_a_closed_terminal_at_the_first_wave_puts_every_touched_replica_back(fleet: FleetStack) -> None:
+    """Item 2 of the undo issue on a real fleet: SIGHUP (a closed SSH session) once the canary moved
+    in its wave: the undo log puts the canary back, the other replicas never moved, the locks are
+    released, and mlreg exits 129 saying so."""
+    version = fleet.register("scorer", SCORER_CONFIG, scorer("hang-up"))
+    before = _fleet_state(fleet)
+    env = {"MLREG_HOME": str(fleet.settings.home), PAUSE_VARIABLE: "wave:1"}
+    args = ("promote", "scorer", "--version", version, "--env", "fleet", "--skip-quality")
+    proc = mlreg_process(env, *args, start_new_session=True)
+    try:
+        wait_for_pause(proc, "wave:1")
+        assert version in fleet.ready(fleet.urls[0], "scorer")  # the canary moved
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 129, err
+    assert "interrupted (SIGHUP)" in err, err
+    assert "rolled back, the previous versions serve" in err, err
+    assert "Traceback" not in err
+    assert _fleet_state(fleet) == before  # every object of the store, every replica, the aliases
+    assert open_store(fleet.store).locks() == []  # released on the way out
+
+
 def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its_lock(
     fleet: FleetStack, tmp_path: Path
 ) -> None:

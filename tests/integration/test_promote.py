@@ -316,17 +316,21 @@ def _promoted_tags(stack: Stack) -> dict[tuple[str, str], str]:
         (signal.SIGTERM, "loaded:table_data_preprocess", 143),  # after the member loaded
         (signal.SIGHUP, f"alias-moved:{ENSEMBLE}", 129),  # a closed SSH session, every alias moved
         (signal.SIGINT, "alias-moved:table_data_preprocess", 130),  # the member's alias moved only
+        (signal.SIGTERM, "gate:table_data_preprocess", 143),  # the candidate loaded on the canary
     ],
 )
 def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
     stack: Stack, tmp_path: Path, sig: int, point: str, code: int
 ) -> None:
-    """SIGINT and SIGTERM, sent for real to the mlreg process mid-deploy: the undo log replays
-    (ensemble first), the exit code is 128 + the signal, and the message says what was restored."""
-    version = _preprocess_version(stack, tmp_path, f"{ONE_HOT}  # {signal.Signals(sig).name}")
+    """SIGINT, SIGTERM and SIGHUP, sent for real to the mlreg process mid-deploy, with the candidate
+    on the canary, or right after an alias moved: the undo log replays (aliases and tags, then the
+    ensemble, then the member), the exit code is 128 + the signal, and the message says what was
+    restored."""
+    version = _preprocess_version(stack, tmp_path, f"{ONE_HOT}  # {signal.Signals(sig).name} {point}")
     before, tags = stack.snapshot(), _promoted_tags(stack)
     runs = len(stack.registry.promotions("table_data_preprocess", "local"))
-    args = ("promote", "table_data_preprocess", "--version", version, "--skip-quality")
+    gate = () if point.startswith("gate:") else ("--skip-quality",)  # the gate runs where it pauses
+    args = ("promote", "table_data_preprocess", "--version", version, *gate)
     returncode, err = _paused_cli(stack, point, *args, sig=sig)
     assert returncode == code, err
     name = signal.Signals(sig).name

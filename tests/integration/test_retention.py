@@ -26,6 +26,7 @@ from mlreg import service
 from mlreg.cli.main import app
 from pipelines.promote.environments import environment
 from pipelines.promote.fanout import PAUSE_VARIABLE
+from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
@@ -131,7 +132,8 @@ def test_twelve_promotions_leave_what_serves_and_the_one_before_it_under_triton_
     archived_whole(stack, archive_of(store), [str(v) for v in range(1, 11)])
     assert archive_of(store).uri.endswith("/retention/.mlreg-archive/repository")
     assert stack.ready(stack.s3_url) == ["12"]
-    assert ".mlreg-archive" not in stack.states(stack.s3_url)  # Triton never sees the archive
+    assert ".mlreg-archive" not in stack.states(stack.s3_url)  # Triton never sees the archive:
+    assert not archive_of(store).uri.startswith(store.uri.rstrip("/") + "/")  # it is outside its prefix
     archived = [next((s.detail for s in r.stages if s.stage == "archive"), "") for r in results]
     retained = [s.detail for r in results for s in r.stages if s.stage == "retain"]
     assert retained == [], (retained, archived)  # every move happened before the load
@@ -178,6 +180,8 @@ def test_a_promotion_killed_mid_archive_loses_nothing_and_a_rerun_finishes(stack
         proc.communicate()
     store = stack.store("s3")
     assert stack.ready(stack.s3_url) == ["3"]  # killed before the load
+    assert serving_versions(store.read_config("scorer")) == ["3"]  # the store's config as it was
+    assert stack.registry.aliases("scorer")["s3"] == "3"  # and the alias
     verify = CliRunner().invoke(
         app, ["store", "verify", "scorer", "12", "--store", store.uri, "--json"], env=stack.env_vars
     )
@@ -251,6 +255,7 @@ def test_the_same_on_a_local_store(stack: Stack) -> None:
     archived_whole(stack, archive, ["1", "2"])
     assert stack.ready(stack.disk_url) == ["4"]
     assert ".mlreg-archive" not in stack.states(stack.disk_url)
+    assert not Path(archive.uri).is_relative_to(Path(store.uri))  # outside Triton's repository
     result = service.rollback(stack.settings, "disk", "scorer", "1")
     assert result.ok
     assert stack.ready(stack.disk_url) == ["1"]
