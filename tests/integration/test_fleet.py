@@ -615,6 +615,7 @@ def test_a_closed_terminal_at_the_first_wave_puts_every_touched_replica_back(fle
     before = _fleet_state(fleet)
     env = {"MLREG_HOME": str(fleet.settings.home), PAUSE_VARIABLE: "wave:1"}
     args = ("promote", "scorer", "--version", version, "--env", "fleet", "--skip-quality")
+    _environment_with(fleet, fleet.urls, "")  # the canary, then the rest; no bake: not judged here
     proc = mlreg_process(env, *args, start_new_session=True)
     try:
         wait_for_pause(proc, "wave:1")
@@ -622,6 +623,7 @@ def test_a_closed_terminal_at_the_first_wave_puts_every_touched_replica_back(fle
         proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=300)
     finally:
+        fleet.write_environment()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
@@ -650,13 +652,14 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
         RESUME_VARIABLE: str(resume),
     }
     args = ("promote", "scorer", "--version", mine, "--env", "fleet", "--skip-quality")
+    _environment_with(fleet, fleet.urls, "")  # the canary, then the rest; no bake: not judged here
     proc = mlreg_process(env, *args, start_new_session=True)
     try:
         wait_for_pause(proc, point)  # the canary serves A's version now
         assert mine in fleet.ready(fleet.urls[0], "scorer")
         os.kill(proc.pid, signal.SIGSTOP)  # frozen: its lease is not renewed any more
         time.sleep(5)  # past the 3 s lease by the store's clock
-        with fleet.explained(), scoring_traffic(fleet.urls):
+        with fleet.explained():
             assert fleet.promote("scorer", theirs).ok  # takes the stale locks over
         before = _fleet_state(fleet)
         assert [ready[0] for ready in before["ready"].values()] == [[theirs]] * len(fleet.urls)
@@ -664,6 +667,7 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
         os.kill(proc.pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=300)
     finally:
+        fleet.write_environment()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
