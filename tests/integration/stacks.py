@@ -302,6 +302,15 @@ def tritons(
             local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
 
 
+def triton_index(url: str, model: str) -> dict[str, str]:
+    """Every version of ``model`` in the repository index of the Triton at ``url`` and its state --
+    not READY only: a version loaded and unloaded again stays listed, so a refusal that loaded a
+    candidate and took it back shows here.  UNLOADING reads as UNAVAILABLE (unloads are async)."""
+    with TritonControl(url) as triton:
+        states = triton.model_states().get(model, {})
+    return {v: "UNAVAILABLE" if s == "UNLOADING" else s for v, s in states.items()}
+
+
 def ready_versions(url: str, model: str) -> list[str]:
     """The versions of ``model`` READY on the Triton at ``url``, in numeric order."""
     with TritonControl(url) as triton:

@@ -42,6 +42,7 @@ from tests.integration.stacks import (
     local_stack,
     ready_versions,
     store_files,
+    triton_index,
 )
 
 pytestmark = pytest.mark.integration
@@ -96,7 +97,12 @@ class Stack:
 
     def snapshot(self, model: str) -> dict[str, object]:
         files = store_files(self.settings.local_repository)
-        return {"files": files, "aliases": self.registry.aliases(model), "serving": self.serving(model)}
+        return {
+            "files": files,
+            "aliases": self.registry.aliases(model),
+            "serving": self.serving(model),
+            "index": triton_index(self.url, model),  # never loaded: not even listed UNAVAILABLE
+        }
 
 
 def _keypair(folder: Path, name: str) -> None:

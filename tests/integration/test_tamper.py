@@ -38,6 +38,7 @@ from tests.integration.stacks import (
     local_stack,
     ready_versions,
     store_files,
+    triton_index,
 )
 
 pytestmark = pytest.mark.integration
@@ -88,12 +89,13 @@ class Stack:
 
     def snapshot(self) -> dict[str, Any]:
         """What a refused promotion must leave alone: the store's files (sha256 each, locks left
-        out), every alias of the model, what Triton serves."""
+        out), every alias of the model, what Triton serves and every version its index lists."""
         files = store_files(self.settings.local_repository)
         return {
             "files": files,
             "aliases": self.registry.aliases(MODEL),
             "serving": ready_versions(self.url, MODEL),
+            "index": triton_index(self.url, MODEL),
         }
 
 
