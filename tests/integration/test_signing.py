@@ -294,6 +294,8 @@ def test_mlreg_sign_signs_an_earlier_version_and_show_says_by_whom(
     assert stack.serving(MODEL) == ["2"]
     assert stack.promote("signed", MODEL, "3", no_way_back=True).ok
     assert stack.serving(MODEL) == ["3"]
+    (row,) = status(stack.settings, "signed", MODEL).models  # the other side of the status flag:
+    assert not [line for line in row["drift"] if "signature" in line], row["drift"]  # v3 verifies
 
 
 def test_mlreg_sign_without_a_key_says_how(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
