@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fleet import CONFIG, MODEL  # noqa: E402  (benchmarks/fleet.py's light python model)
+from fleet import CONFIG, MODEL, new_version  # noqa: E402  (benchmarks/fleet.py's light python model)
 
 from pipelines.devstack import local_triton  # noqa: E402
 from pipelines.devstack.scratch import scratch_servers  # noqa: E402
@@ -49,7 +49,6 @@ from pipelines.promote.ports import ServingTarget  # noqa: E402
 from pipelines.promote.runner import Options, Promotion  # noqa: E402
 from pipelines.triton import TritonControl  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
-from registry.register import Candidate, register  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 
 
@@ -77,14 +76,6 @@ def counting(settings: Settings, counts: Counter[str]) -> Connect:
         return target
 
     return counted
-
-
-def new_version(registry: MlflowRegistry, work: Path, tag: int) -> str:
-    folder = work / f"bench-{tag}"
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(CONFIG)
-    (folder / "1" / "model.py").write_text(MODEL.format(tag=tag))
-    return register(registry, Candidate("bench", folder / "1", folder / "config.pbtxt")).version
 
 
 def promote(

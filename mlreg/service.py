@@ -246,8 +246,14 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
         undo.wrote_config_of(name)
         try:
             fleet.apply(Change(name, None))  # the config deleted, then unloaded on every target
-        except BaseException:
-            undo.replay(fleet, store)
+        except BaseException as exc:
+            report = undo.replay(fleet, store)
+            if isinstance(exc, MlregError):  # the error says whether the way back worked
+                exc.message += (
+                    f"; put back: {', '.join(report.restored)}"
+                    if report.ok
+                    else f"; NOT put back: {'; '.join(report.failed)}"
+                )
             raise
     with contextlib.suppress(MlregError):  # the servers are done; the registry's record is best effort
         if env.alias in ctx.registry.aliases(name):

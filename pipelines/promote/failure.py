@@ -68,16 +68,12 @@ def _taken_over(ctx: PromotionContext) -> list[str]:
     right now proves nothing either way: its lease is then not used for any store write (the store
     fences them), but while its end has not come no one else can hold the lock, so the servers are
     still put back."""
-    return [line for line in ctx.store.fenced() if NOT_PROVEN not in line]
-
-
-NOT_PROVEN = "could not be reached"  # a lease the store could not be asked about (lease.Lease.prove)
+    return ctx.store.fenced(proven_only=True)
 
 
 def _fenced(ctx: PromotionContext, exc: BaseException, lost: list[str], signal_name: str) -> NoReturn:
     """Another promotion owns the models now: nothing is put back (that would undo its work)."""
     changed = ", ".join(ctx.undo.replicas) or "no replica"
-    ctx.undo.entries.clear()
     ctx.locks.close()  # a lost lock is not deleted: the release checks its holder first
     notes = "".join(f"; {note}" for note in ctx.store.lock_notes)
     plan = ctx.plan

@@ -122,9 +122,7 @@ class Fleet:
         self.rollouts: list[Rollout] = []
         self._open: dict[str, ServingTarget] = {}
         self.view: dict[str, States] = {}  # url -> what it holds, as last asked and moved since
-        self.listings = 0  # full state listings asked of the servers (the benchmarks and tests count)
         self.on_touch: OnTouch | None = None  # the undo log's before-state hook
-        self.view_under_locks = False  # the view was taken under the promotion's locks
 
     def target(self, url: str) -> ServingTarget:
         if url not in self._open:
@@ -165,7 +163,6 @@ class Fleet:
     def states_of(self, url: str) -> States:
         """What the server at ``url`` holds: the view, asked of the server the first time only."""
         if url not in self.view:
-            self.listings += 1
             self.view[url] = self.target(url).model_states()
         return self.view[url]
 

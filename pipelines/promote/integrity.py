@@ -161,19 +161,29 @@ def check_signatures(
         lines.append(_check_new(store, registry, step, trust, workdir))
         for version in step.previous_versions:
             if version != step.version:
-                line = _check_previous(store, registry, step.model, version, trust, workdir)
-                if trust.required and " NOT verified " in line and not no_way_back:
-                    raise PromotionError(
-                        f"{step.model} v{version}, the version an abort would load again: {line}; a "
-                        "failed promotion would have no way back",
-                        fix=f"sign {step.model} v{version} again (or promote a signed version first), "
-                        "or pass --no-way-back to promote anyway: an abort then leaves the model as it "
-                        "serves, never loading unverified bytes",
-                        model=step.model,
-                        version=version,
+                line, why = _check_previous(store, registry, step.model, version, trust, workdir)
+                if why and trust.required and not no_way_back:
+                    raise no_way_back_error(
+                        step.model,
+                        version,
+                        f"has a signature that does not verify ({why})",
+                        f"sign {step.model} v{version} again (or promote a signed version first)",
                     )
                 lines.append(line)
     return lines
+
+
+def no_way_back_error(model: str, version: str, why: str, restore: str) -> PromotionError:
+    """The refusal of a promotion whose way back (``version``, which an abort would load again)
+    cannot be loaded: ``why`` it cannot, and how to ``restore`` it."""
+    return PromotionError(
+        f"{model} v{version}, the version an abort would load again, {why}, so a failed promotion "
+        "would have no way back",
+        fix=f"{restore}, or pass --no-way-back to promote anyway: an abort then leaves the model as it "
+        "serves, never loading unverified bytes",
+        model=model,
+        version=version,
+    )
 
 
 def _check_new(store: RepositoryStore, registry: Registry, step: Step, trust: Trust, workdir: Path) -> str:
@@ -225,15 +235,18 @@ def _registered_check(registry: Registry, step: Step, trust: Trust, workdir: Pat
 
 def _check_previous(
     store: RepositoryStore, registry: Registry, model: str, version: str, trust: Trust, workdir: Path
-) -> str:
+) -> tuple[str, str]:
+    """The validate report's line for a version an abort would load again, and why its signature
+    does not verify ("" when it does)."""
     try:
         signed = stored_signature_check(store, registry, model, version, trust, workdir)
     except (SignatureError, StorageError) as exc:
         log.warning("%s", exc.message)
-        return (
+        line = (
             f"{model} v{version} signature NOT verified (an abort would leave it as it serves: {exc.message})"
         )
-    return f"{model} v{version} signed by {signed.identity}"
+        return line, exc.message
+    return f"{model} v{version} signed by {signed.identity}", ""
 
 
 _CHECKED: dict[tuple[str, str, tuple[Any, ...]], Signed] = {}  # (bundle sha256, manifest digest, trust)

@@ -22,6 +22,7 @@ from pipelines.promote.integrity import (
     apply_repair,
     check_signatures,
     check_stored,
+    no_way_back_error,
     publish_signature,
     registered_differences,
 )
@@ -67,6 +68,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
     held: set[str] = set()
     wanted = _lock_names(ctx, plan.model)
     fleet = ctx.fleet
+    fleet.refresh()  # the view (what each server holds) taken once, under the locks taken next
 
     def serves(model: str, version: str) -> bool:
         return fleet.serve_exactly({model: version})
@@ -76,9 +78,6 @@ def resolve(ctx: PromotionContext) -> StageReport:
             if not ctx.options.dry_run:  # a plan only reads: it never waits for, nor blocks, others
                 ctx.locks.enter_context(ctx.store.lock(name, ttl=ctx.settings.lock_lease, wait=0))
             held.add(name)
-        if not ctx.options.dry_run and not fleet.view_under_locks:
-            fleet.refresh()  # the view (what each server holds) taken once, under the locks
-            fleet.view_under_locks = True
         plan = build_plan(
             ctx.registry,
             ctx.store,
@@ -304,7 +303,13 @@ def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
             if version == step.version:
                 raise  # what this promotion loads: refused
             if not ctx.options.no_way_back:  # an abort could not load it: no way back, no change
-                raise _no_way_back(step.model, version, exc.message) from exc
+                raise no_way_back_error(
+                    step.model,
+                    version,
+                    f"cannot be verified nor restored from the registry ({exc.message})",
+                    f"restore {step.model} v{version} (register its bytes again, or promote a version "
+                    "that verifies first)",
+                ) from exc
             # the user said so: the undo log checks it again and leaves the model as it serves
             checked.append(f"{step.model}/{version} (unverified: an abort would leave it as it serves)")
             continue
@@ -312,18 +317,6 @@ def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
             ctx.repairs.append(repair)
         checked.append(f"{step.model}/{version}" + (" (corrupt: restored by assemble)" if repair else ""))
     return checked
-
-
-def _no_way_back(model: str, version: str, why: str) -> PromotionError:
-    return PromotionError(
-        f"{model} v{version}, the version an abort would load again, cannot be verified nor restored "
-        f"from the registry, so a failed promotion would have no way back: {why}",
-        fix=f"restore {model} v{version} (register its bytes again, or promote a version that "
-        "verifies first), or pass --no-way-back to promote anyway: an abort then leaves the model "
-        "as it serves, never loading unverified bytes",
-        model=model,
-        version=version,
-    )
 
 
 def _repointed_errors(ctx: PromotionContext) -> list[str]:

@@ -22,7 +22,7 @@ from pipelines.promote.fanout import Fleet, ready_versions, triton_connector
 from pipelines.promote.integrity import signature_problems
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
 from pipelines.promote.ports import Registry
-from pipelines.storage import open_store, parse_s3_uri
+from pipelines.storage import open_store
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError, StorageError
 from registry.settings import Settings
@@ -66,19 +66,7 @@ def read_store(store: RepositoryStore, names: list[str]) -> dict[str, StoreView]
 def status_store(uri: str) -> RepositoryStore:
     """The environment's store for status's reads: on S3, a request is given up after
     ``STORE_READ_TIMEOUT_S`` and retried ``STORE_RETRIES`` times (seconds, not minutes)."""
-    if not uri.startswith("s3://"):
-        return open_store(uri)
-    from pipelines.storage.s3 import S3Store  # lazy: boto3
-
-    loc = parse_s3_uri(uri)
-    return S3Store(
-        loc.bucket,
-        loc.prefix,
-        loc.endpoint_url,
-        uri=uri,
-        read_timeout=STORE_READ_TIMEOUT_S,
-        retries=STORE_RETRIES,
-    )
+    return open_store(uri, patience=(STORE_READ_TIMEOUT_S, STORE_RETRIES))
 
 
 def read_views(store: RepositoryStore, names: list[str], why: str = "") -> tuple[dict[str, StoreView], str]:

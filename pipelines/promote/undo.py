@@ -164,11 +164,6 @@ class UndoLog:
             seen.extend(url for url in entry.replicas if url not in seen)
         return seen
 
-    def before(self, url: str, model: str) -> tuple[str, ...] | None:
-        """What ``model`` was at ``url`` before this promotion touched it (None: not touched)."""
-        entry = self.entries.get(model)
-        return entry.before.get(url) if entry else None
-
     # -- the replay --------------------------------------------------------------------------------
 
     def replay(self, fleet: Fleet, store: RepositoryStore, verify: VerifyStored | None = None) -> UndoReport:

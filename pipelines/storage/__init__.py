@@ -55,16 +55,22 @@ def parse_s3_uri(uri: str) -> S3Location:
 
 
 def open_store(
-    uri: str | Path, region: str | None = None, digest_cache: Path | None = None
+    uri: str | Path,
+    region: str | None = None,
+    digest_cache: Path | None = None,
+    *,
+    patience: tuple[float, int] | None = None,
 ) -> RepositoryStore:
-    """The store for ``uri``; ``digest_cache`` (a JSON file) spares re-hashing unchanged files."""
+    """The store for ``uri``; ``digest_cache`` (a JSON file) spares re-hashing unchanged files;
+    ``patience`` (read timeout in seconds, retries) bounds each S3 request (default: the upload's)."""
     text = str(uri)
     store: RepositoryStore
     if text.startswith("s3://"):
-        from pipelines.storage.s3 import S3Store
+        from pipelines.storage.s3 import READ_TIMEOUT_S, RETRIES, S3Store
 
         loc = parse_s3_uri(text)
-        store = S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region=region, uri=text)
+        read, retries = patience or (READ_TIMEOUT_S, RETRIES)
+        store = S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region, text, read, retries)
     elif "://" in text:
         raise StorageError(
             f"unsupported store URI '{text}'",

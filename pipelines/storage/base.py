@@ -553,14 +553,17 @@ class RepositoryStore(ABC):
         if lease is not None:
             lease.check(key)
 
-    def fenced(self) -> list[str]:
+    def fenced(self, proven_only: bool = False) -> list[str]:
         """One line per model whose lock this store held and lost ("lock of scorer lost: now held
         by <holder>", "lock of scorer lost: lease ran out at <when>"); empty while every lease is
         held.  Asks the store (a renewal) only for leases not known lost; never raises: a store
         that cannot be reached proves nothing, and its lease counts as lost from then on ("lock of
-        scorer lost: not proven, the store could not be reached (<why>)")."""
+        scorer lost: not proven, the store could not be reached (<why>)").  ``proven_only``: only
+        the leases known lost to time or to another holder, not those the store could not be asked
+        about (no one else can hold those before their end)."""
         leases = {**self.lost_leases, **self.leases}
-        return [line for _, lease in sorted(leases.items()) if (line := lease.prove())]
+        lines = [(lease, line) for _, lease in sorted(leases.items()) if (line := lease.prove())]
+        return [line for lease, line in lines if not (proven_only and lease.unproven)]
 
     @property
     def lost_leases(self) -> dict[str, Lease]:

@@ -153,6 +153,7 @@ class Lease:
         self.lost: str = ""  # why the lock is no longer this holder's, in full
         self.line: str = ""  # the same in one line ("lock of M lost: ..."): RepositoryStore.fenced()
         self.taken_by: str = ""  # the holder that took it over (LockInfo.describe()), when one did
+        self.unproven = False  # lost only because the store could not be asked (prove)
         self._ends = time.monotonic() + ttl  # this process's clock: the lease surely lasts until then
         self._proven = time.monotonic()  # when the last proof of the lease began
         self._renew_by: float | None = None  # the store's time by which a renewal must land
@@ -209,6 +210,7 @@ class Lease:
             self._prove(force=True)
         except Exception as exc:  # any failure to prove it is reported, never raised
             why = exc.message if isinstance(exc, MlregError) else f"{type(exc).__name__}: {exc}"
+            self.unproven = not self.lost
             self._lose(
                 None,
                 f"the store could not be reached to prove it is still held ({why})",

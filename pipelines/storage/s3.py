@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 60
+RETRIES = 3  # botocore's retries of a request (standard mode: 4 attempts in all)
 MULTIPART_CHUNK = 16 << 20
 MAX_CONCURRENCY = 8
 COPY_PART = 1 << 30  # server-side copies in one request up to 1 GiB (S3 allows 5 GiB)
@@ -104,7 +105,7 @@ class S3Store(RepositoryStore):
         region: str | None = None,
         uri: str | None = None,
         read_timeout: float = READ_TIMEOUT_S,
-        retries: int = 3,
+        retries: int = RETRIES,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")

@@ -607,26 +607,37 @@ def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_
         registered.write_bytes(kept)
 
 
+@contextlib.contextmanager
+def _paused_at_first_wave(
+    fleet: FleetStack, version: str, env_extra: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``mlreg promote scorer`` in a process of its own, paused by the test hook once its canary
+    moved (``wave:1``), on an environment without a bake (the canary, then the rest); the fleet's
+    environment back and the process killed if still running on the way out."""
+    env = {"MLREG_HOME": str(fleet.settings.home), PAUSE_VARIABLE: "wave:1", **(env_extra or {})}
+    args = ("promote", "scorer", "--version", version, "--env", "fleet", "--skip-quality")
+    _environment_with(fleet, fleet.urls, "")
+    proc = mlreg_process(env, *args, start_new_session=True)
+    try:
+        wait_for_pause(proc, "wave:1")
+        yield proc
+    finally:
+        fleet.write_environment()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
 def test_a_closed_terminal_at_the_first_wave_puts_every_touched_replica_back(fleet: FleetStack) -> None:
     """Item 2 of the undo issue on a real fleet: SIGHUP (a closed SSH session) once the canary moved
     in its wave: the undo log puts the canary back, the other replicas never moved, the locks are
     released, and mlreg exits 129 saying so."""
     version = fleet.register("scorer", SCORER_CONFIG, scorer("hang-up"))
     before = _fleet_state(fleet)
-    env = {"MLREG_HOME": str(fleet.settings.home), PAUSE_VARIABLE: "wave:1"}
-    args = ("promote", "scorer", "--version", version, "--env", "fleet", "--skip-quality")
-    _environment_with(fleet, fleet.urls, "")  # the canary, then the rest; no bake: not judged here
-    proc = mlreg_process(env, *args, start_new_session=True)
-    try:
-        wait_for_pause(proc, "wave:1")
+    with _paused_at_first_wave(fleet, version) as proc:
         assert version in fleet.ready(fleet.urls[0], "scorer")  # the canary moved
         proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=300)
-    finally:
-        fleet.write_environment()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
     assert proc.returncode == 129, err
     assert "interrupted (SIGHUP)" in err, err
     assert "rolled back, the previous versions serve" in err, err
@@ -644,19 +655,10 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
     says so -- B's version still serves on every replica, with its folder, config and alias."""
     mine = fleet.register("scorer", SCORER_CONFIG, scorer("frozen"))
     theirs = fleet.register("scorer", SCORER_CONFIG, scorer("taker"))
-    resume, point = tmp_path / "resume", "wave:1"
-    env = {
-        "MLREG_HOME": str(fleet.settings.home),
-        "MLREG_LOCK_LEASE": "3",
-        PAUSE_VARIABLE: point,
-        RESUME_VARIABLE: str(resume),
-    }
-    args = ("promote", "scorer", "--version", mine, "--env", "fleet", "--skip-quality")
-    _environment_with(fleet, fleet.urls, "")  # the canary, then the rest; no bake: not judged here
-    proc = mlreg_process(env, *args, start_new_session=True)
-    try:
-        wait_for_pause(proc, point)  # the canary serves A's version now
-        assert mine in fleet.ready(fleet.urls[0], "scorer")
+    resume = tmp_path / "resume"
+    extra = {"MLREG_LOCK_LEASE": "3", RESUME_VARIABLE: str(resume)}
+    with _paused_at_first_wave(fleet, mine, extra) as proc:
+        assert mine in fleet.ready(fleet.urls[0], "scorer")  # the canary serves A's version now
         os.kill(proc.pid, signal.SIGSTOP)  # frozen: its lease is not renewed any more
         time.sleep(5)  # past the 3 s lease by the store's clock
         with fleet.explained():
@@ -666,11 +668,6 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
         resume.touch()
         os.kill(proc.pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=300)
-    finally:
-        fleet.write_environment()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
     assert proc.returncode == 8, err
     assert "it lost its lock, so nothing was put back" in err, err
     assert "lock of scorer lost" in err, err
