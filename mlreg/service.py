@@ -219,6 +219,7 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
     config.pbtxt), then its alias; refused while an ensemble there uses it.  Any exit before the
     end -- a target that fails to unload, an interrupt -- replays the undo log: the config back in
     the store, each replica back to what it held."""
+    from pipelines.promote.failure import signals_held
     from pipelines.promote.fanout import Change
     from pipelines.promote.plan import serving_versions
     from pipelines.promote.undo import UndoLog
@@ -247,7 +248,8 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
         try:
             fleet.apply(Change(name, None))  # the config deleted, then unloaded on every target
         except BaseException as exc:
-            report = undo.replay(fleet, store)
+            with signals_held():  # a second signal cannot cut the way back short
+                report = undo.replay(fleet, store)
             if isinstance(exc, MlregError):  # the error says whether the way back worked
                 exc.message += (
                     f"; put back: {', '.join(report.restored)}"

@@ -37,7 +37,7 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
     signal_name = _signal_of(exc)
     result.error = f"interrupted ({signal_name})" if signal_name else message_of(exc)
     touched, changed = ctx.undo.replicas, not ctx.undo.empty and _changed(ctx)
-    with _signals_held():
+    with signals_held():
         lost = _taken_over(ctx) if changed else []
         if lost:
             _fenced(ctx, exc, lost, signal_name)
@@ -182,7 +182,7 @@ HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT, SIGTERM, SIGHUP and SIGQUIT ignored while the undo log replays (main thread only:
     where Python delivers them); restored after."""
     if threading.current_thread() is not threading.main_thread():
