@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("promote", "quality", "fleet", "fleet_scale")
+BENCHMARKS = ("promote", "quality", "fleet", "fleet_scale", "control_key")
 DROPPED_ENV = (
     "MLREG_HOME",
     "MLREG_TEMPLATE_DIR",
@@ -119,6 +119,11 @@ def labelled(m: re.Match[str]) -> list[Figure]:
     return [(f"{label} {unit}", number(m.group(2)), kind)]
 
 
+def control_key_row(m: re.Match[str]) -> list[Figure]:
+    """``(a) ...  1.23 s`` | ``(b) ...  2.01 ms`` | ``... 1.01 x`` (control_key): all judged."""
+    return [(f"{m.group(1)} {m.group(3)}", number(m.group(2)), LOWER)]
+
+
 # per benchmark: (pattern searched in each line, its figures); None: a line known to hold no figure
 RULES: dict[str, list[tuple[str, Handler | None]]] = {
     "promote": [
@@ -187,6 +192,10 @@ RULES: dict[str, list[tuple[str, Handler | None]]] = {
     "fleet_scale": [
         (r"^fleet_scale: \d+ replicas", None),
         (rf"^(\([abc]\) .+?)\s+{N} (s|x|calls)$", labelled),
+    ],
+    "control_key": [
+        (r"^control_key: ", None),
+        (rf"^(\([ab]\) .+?)\s+{N} (s|ms|x)$", control_key_row),
     ],
 }
 

@@ -7,7 +7,7 @@ The command shapes are those of NVIDIA's mlflow-triton plugin, so its users swit
     mlflow deployments update -t mlreg --name image_model -m models:/image_model@candidate
     mlflow deployments get    -t mlreg --name image_model        # what each replica serves
     mlflow deployments list   -t mlreg [-t mlreg:/staging]
-    mlflow deployments delete -t mlreg --name image_model        # unload + desired state removed
+    mlflow deployments delete -t mlreg --name image_model        # unloaded, its folder archived
     mlflow deployments predict -t mlreg --name image_model --input-path in.json
     mlflow deployments run-local -t mlreg --name image_model -m models:/image_model/2
 
@@ -74,8 +74,9 @@ def target_help() -> str:
         "allow_breaking=true, skip_quality=true, serve_as=auto|native|onnx.\n\n"
         "create/update: run `mlreg promote NAME --version V --env ENV` (refused versions change nothing).\n"
         "get/list: what the environment's store wants and each replica serves, the alias, drift.\n"
-        "delete: unload NAME from every replica and remove its desired state (refused while an ensemble\n"
-        "uses it).  predict: send a DataFrame (columns = input tensors), a dict of arrays or NVIDIA's\n"
+        "delete: unload NAME from every replica, remove its desired state and move its versions to the\n"
+        "store's archive (refused while an ensemble uses it; its versions stay in MLflow).\n"
+        "predict: send a DataFrame (columns = input tensors), a dict of arrays or NVIDIA's\n"
         '{"inputs": {NAME: [...]}} document to the environment\'s first replica.\n'
         "run-local: start the local stack (a real tritonserver) and create the deployment in 'local'.\n"
     )

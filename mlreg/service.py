@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from registry.errors import MlregError, PromotionError, UsageError
+from registry.errors import MlregError, PromotionError, StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
@@ -144,6 +144,7 @@ class StatusReport:
     locks: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the store's, with leases
     store_error: str = ""  # why the store could not be read ("": it was); the rows say what serves
     store_fix: str = ""
+    open_control: list[str] = dataclasses.field(default_factory=list)  # replicas anyone can drive
 
     @property
     def drift(self) -> bool:
@@ -157,6 +158,7 @@ class StatusReport:
             "locks": self.locks,
             "store_error": self.store_error,
             "store_fix": self.store_fix,
+            "open_control": self.open_control,
         }
 
 
@@ -167,7 +169,9 @@ def status(settings: Settings, env_name: str, model: str | None = None) -> Statu
 
     ctx = context(settings, env_name)
     found = environment_status(settings, ctx.env, ctx.registry, [model] if model else None)
-    return StatusReport(env_name, found.rows, found.locks, found.store_error, found.store_fix)
+    return StatusReport(
+        env_name, found.rows, found.locks, found.store_error, found.store_fix, found.open_control
+    )
 
 
 def store_of(settings: Settings, store: str | None, env_name: str | None) -> RepositoryStore:
@@ -199,7 +203,7 @@ def _fleet(settings: Settings, env: Environment, store: RepositoryStore | None =
     from pipelines.storage import open_store
 
     targets = resolve_targets(settings, env)
-    connect = triton_connector(settings)
+    connect = triton_connector(settings, env.key(settings))
     return Fleet(store or open_store(env.store), targets, connect, settings.triton_timeout * 10)
 
 
@@ -216,20 +220,18 @@ def _ensemble_users(store: RepositoryStore, name: str) -> list[str]:
 
 def retire(settings: Settings, env_name: str, name: str) -> None:
     """Unload ``name`` from every target of the environment and remove its desired state (its
-    config.pbtxt), then its alias; refused while an ensemble there uses it.  Any exit before the
-    end -- a target that fails to unload, an interrupt -- replays the undo log: the config back in
-    the store, each replica back to what it held."""
-    from pipelines.promote.failure import signals_held
-    from pipelines.promote.fanout import Change
-    from pipelines.promote.plan import serving_versions
-    from pipelines.promote.undo import UndoLog
+    config.pbtxt), then its folder (:func:`_clear_folder`: its versions to the store's archive),
+    then its alias; refused while an ensemble there uses it.  Any exit before the servers are done
+    -- a target that fails to unload, an interrupt -- replays the undo log: the config back in the
+    store, each replica back to what it held.  A folder left by a retire that stopped after the
+    unload is cleared by the next one."""
     from pipelines.storage import open_store
 
     ctx = context(settings, env_name)
     env = ctx.env
     store = open_store(env.store)
     config = store.read_config(name)
-    if config is None:
+    if config is None and not store.list_prefix(f"{name}/"):
         raise PromotionError(
             f"{name} is not deployed in '{env.name}' ({env.store} has no {name}/config.pbtxt)",
             fix=f"see 'mlflow deployments list -t mlreg:/{env.name}'",
@@ -240,13 +242,35 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
             f"{name} is used by ensemble(s) {', '.join(users)} in '{env.name}'; retiring it would break them",
             fix="retire the ensemble first, or promote an ensemble version that does not use it",
         )
-    with _fleet(settings, env, store) as fleet, store.lock(name, wait=0):
+    with store.lock(name, wait=0):
+        if config is not None:  # None: unloaded by a retire that stopped before its folder was gone
+            _unload_everywhere(settings, env, store, name, config)
+        unfinished = _clear_folder(store, name)
+    with contextlib.suppress(MlregError):  # the servers are done; the registry's record is best effort
+        if env.alias in ctx.registry.aliases(name):
+            ctx.registry.delete_alias(name, env.alias)
+        ctx.registry.forget_deployment(name, env.name)
+    if unfinished is not None:
+        raise unfinished
+
+
+def _unload_everywhere(
+    settings: Settings, env: Environment, store: RepositoryStore, name: str, config: str
+) -> None:
+    """The config deleted, then ``name`` unloaded on every target; any exit before the end replays
+    the undo log (the config back, each replica back to what it held) and says what it put back."""
+    from pipelines.promote.failure import signals_held
+    from pipelines.promote.fanout import Change
+    from pipelines.promote.plan import serving_versions
+    from pipelines.promote.undo import UndoLog
+
+    with _fleet(settings, env, store) as fleet:
         undo = UndoLog(env.gpu)
         undo.track(name, config, serving_versions(config))
         fleet.on_touch = undo.touched  # each replica's before-state, at its first touch
         undo.wrote_config_of(name)
         try:
-            fleet.apply(Change(name, None))  # the config deleted, then unloaded on every target
+            fleet.apply(Change(name, None))
         except BaseException as exc:
             with signals_held():  # a second signal cannot cut the way back short
                 report = undo.replay(fleet, store)
@@ -257,10 +281,37 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
                     else f"; NOT put back: {'; '.join(report.failed)}"
                 )
             raise
-    with contextlib.suppress(MlregError):  # the servers are done; the registry's record is best effort
-        if env.alias in ctx.registry.aliases(name):
-            ctx.registry.delete_alias(name, env.alias)
-        ctx.registry.forget_deployment(name, env.name)
+
+
+def _clear_folder(store: RepositoryStore, name: str) -> StorageError | None:
+    """A retired model's folder gone from the store (so no list shows it): each whole version
+    moved to the archive beside the store (never lost; its registered bytes stay in MLflow too),
+    one that is not whole (an upload that did not finish) and every other file deleted.  A store
+    at a bucket's root has no archive: its versions are deleted, MLflow keeping their bytes.
+    Returns, rather than raises, what stopped it: the servers are done by then."""
+    from pipelines.storage.archive import archive_of, complete, move_to_archive
+
+    try:
+        archive: RepositoryStore | None = archive_of(store)
+    except StorageError:
+        archive = None
+    try:
+        for version in store.list_versions(name):
+            if archive is not None and complete(store, name, version) is not None:
+                move_to_archive(store, archive, name, version)
+            else:
+                store.delete_version(name, version)
+        for key in store.list_prefix(f"{name}/"):
+            store.delete(key)
+    except StorageError as exc:
+        return StorageError(
+            f"{name} is unloaded and its config removed, but its folder is not gone from {store.uri}: "
+            f"{exc.message}",
+            fix=f"{exc.fix + '; then ' if exc.fix else ''}delete it again: that finishes the move of its "
+            "versions to the archive",
+            model=name,
+        )
+    return None
 
 
 def store_gc(

@@ -1,18 +1,21 @@
 """Triton's model-control and inference API over gRPC, with a timeout on every call.
 
 ``InferenceServerException`` is translated into ``TritonError`` here and nowhere
-else; UNAVAILABLE (server starting, restarting) is retried with backoff.
+else; UNAVAILABLE (server starting, restarting) is retried with backoff -- except Triton's refusal
+of a call without the control key (also UNAVAILABLE), which is final (pipelines/control_key.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 
+from pipelines.control_key import PROBE_MODEL, REFUSED, ControlKey, control_key
 from registry.errors import TritonError
 
 log = logging.getLogger(__name__)
@@ -25,12 +28,18 @@ RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
 class TritonControl:
     """One Triton server, addressed by its gRPC URL (``host:port``)."""
 
-    def __init__(self, url: str, timeout: float = 30.0, load_timeout: float = 300.0) -> None:
+    def __init__(
+        self, url: str, timeout: float = 30.0, load_timeout: float = 300.0, key: ControlKey | None = None
+    ) -> None:
+        """``key``: what unlocks the replica's control API (None: ``MLREG_CONTROL_KEY`` or
+        ``MLREG_CONTROL_KEY_FILE`` when set, else no header)."""
         import tritonclient.grpc as grpcclient
 
         self.url = url
         self.timeout = timeout
         self.load_timeout = load_timeout
+        self.key = key if key is not None else control_key()
+        self._headers = self.key.grpc_headers() if self.key else None
         self._grpc = grpcclient
         self._client = grpcclient.InferenceServerClient(url=url)
 
@@ -52,10 +61,29 @@ class TritonControl:
                 return fn()
             except InferenceServerException as exc:
                 status = str(exc.status() or "")
+                if REFUSED in (exc.message() or ""):
+                    raise self._refused(what, model) from None
                 if status in RETRY_STATUSES and delays:
                     time.sleep(delays.pop(0))
                     continue
                 raise self._translate(what, exc, model) from exc
+
+    def _refused(self, what: str, model: str | None) -> TritonError:
+        """Triton refused the call for want of the right key: final, never retried, no key shown."""
+        if self.key is None:
+            fix = (
+                "set MLREG_CONTROL_KEY (or MLREG_CONTROL_KEY_FILE, or the environment's control_key in "
+                "mlreg.toml) to the replica's control key"
+            )
+        else:
+            fix = f"{self.key} is not this replica's: set the replica's key there"
+        return TritonError(
+            f"replica {self.url} refused the {what} call: not authorised",
+            fix=fix,
+            status="unauthorised",
+            model=model,
+            url=self.url,
+        )
 
     def _translate(self, what: str, exc: Any, model: str | None) -> TritonError:
         status = str(exc.status() or "")
@@ -77,13 +105,18 @@ class TritonControl:
 
     def is_live(self) -> bool:
         return bool(
-            self._call("live check", lambda: self._client.is_server_live(client_timeout=self.timeout))
+            self._call(
+                "live check",
+                lambda: self._client.is_server_live(headers=self._headers, client_timeout=self.timeout),
+            )
         )
 
     def server_metadata(self) -> dict[str, Any]:
         meta = self._call(
             "server metadata",
-            lambda: self._client.get_server_metadata(as_json=True, client_timeout=self.timeout),
+            lambda: self._client.get_server_metadata(
+                headers=self._headers, as_json=True, client_timeout=self.timeout
+            ),
         )
         return dict(meta)
 
@@ -92,7 +125,9 @@ class TritonControl:
     def repository_index(self) -> list[dict[str, Any]]:
         index = self._call(
             "repository index",
-            lambda: self._client.get_model_repository_index(as_json=True, client_timeout=self.timeout),
+            lambda: self._client.get_model_repository_index(
+                headers=self._headers, as_json=True, client_timeout=self.timeout
+            ),
         )
         return list(index.get("models", []))
 
@@ -110,6 +145,7 @@ class TritonControl:
                 "load",
                 lambda: self._client.load_model(
                     model,
+                    headers=self._headers,
                     config=config,
                     files=dict(files) if files else None,
                     client_timeout=self.load_timeout,
@@ -118,19 +154,40 @@ class TritonControl:
                 retry=False,
             )
         except TritonError as exc:
-            reason = self.unavailable_reason(model)
-            if reason and reason not in exc.message:
+            reason = self._load_reason(model, policy_versions(config), exc.message)
+            if reason:
                 exc.message = f"{exc.message} (server's reason: {reason})"
             raise
 
-    def unavailable_reason(self, model: str) -> str:
-        """The repository index's reason for ``model`` not being READY ("" when unknown)."""
+    def _load_reason(self, model: str, versions: tuple[str, ...], said: str) -> str:
+        """Why this load failed, from the repository index: only the reasons of the ``versions`` it
+        loads (a version that failed earlier stays UNAVAILABLE in the index with its own, stale
+        reason).  Loading the store's config (``versions`` unknown): a reason Triton's answer
+        already quotes is this load's, and nothing is added; else the model's own reason (a config
+        it could not read), else every version's."""
+        found = self._unavailable(model)
+        if versions:
+            return _joined(r for v, r in found if v in versions)
+        if any(r in said for _, r in found):
+            return ""
+        return _joined([r for v, r in found if not v] or [r for _, r in found])
+
+    def unavailable_reason(self, model: str, versions: Collection[str] = ()) -> str:
+        """The repository index's reason for ``model`` (its ``versions``, when given) not being
+        READY ("" when unknown)."""
+        return _joined(r for v, r in self._unavailable(model) if not versions or v in versions)
+
+    def _unavailable(self, model: str) -> list[tuple[str, str]]:
+        """(version, reason) of every entry of ``model`` in the repository index that is not READY."""
         try:
             index = self.repository_index()
         except TritonError:
-            return ""
-        reasons = [m.get("reason", "") for m in index if m.get("name") == model and m.get("state") != "READY"]
-        return "; ".join(r for r in reasons if r)
+            return []
+        return [
+            (str(m.get("version", "")), str(m.get("reason", "")))
+            for m in index
+            if m.get("name") == model and m.get("state") != "READY" and m.get("reason")
+        ]
 
     def model_states(self) -> dict[str, dict[str, str]]:
         """model -> version -> state (READY, UNAVAILABLE, LOADING, UNLOADING)."""
@@ -148,7 +205,7 @@ class TritonControl:
             state = self.model_states().get(model, {})
             current = state.get(version) if version else next(iter(state.values()), None)
             if current == "UNAVAILABLE":
-                reason = self.unavailable_reason(model) or "no reason given"
+                reason = self.unavailable_reason(model, (version,) if version else ()) or "no reason given"
                 raise TritonError(
                     f"{self.url}: model '{model}' version {version or 'latest'} is UNAVAILABLE: {reason}",
                     fix="read the server log",
@@ -165,7 +222,9 @@ class TritonControl:
     def model_config(self, model: str) -> dict[str, Any]:
         result = self._call(
             "model config",
-            lambda: self._client.get_model_config(model, as_json=True, client_timeout=self.timeout),
+            lambda: self._client.get_model_config(
+                model, headers=self._headers, as_json=True, client_timeout=self.timeout
+            ),
             model=model,
         )
         return dict(result.get("config", {}))
@@ -174,7 +233,7 @@ class TritonControl:
         self._call(
             "unload",
             lambda: self._client.unload_model(
-                model, unload_dependents=unload_dependents, client_timeout=self.timeout
+                model, headers=self._headers, unload_dependents=unload_dependents, client_timeout=self.timeout
             ),
             model=model,
         )
@@ -183,7 +242,9 @@ class TritonControl:
         return bool(
             self._call(
                 "readiness",
-                lambda: self._client.is_model_ready(model, version, client_timeout=self.timeout),
+                lambda: self._client.is_model_ready(
+                    model, version, headers=self._headers, client_timeout=self.timeout
+                ),
                 model=model,
             )
         )
@@ -191,7 +252,9 @@ class TritonControl:
     def statistics(self, model: str = "") -> list[dict[str, Any]]:
         stats = self._call(
             "statistics",
-            lambda: self._client.get_inference_statistics(model, as_json=True, client_timeout=self.timeout),
+            lambda: self._client.get_inference_statistics(
+                model, headers=self._headers, as_json=True, client_timeout=self.timeout
+            ),
             model=model or None,
         )
         return list(stats.get("model_stats", []))
@@ -212,7 +275,12 @@ class TritonControl:
         result = self._call(
             "inference",
             lambda: self._client.infer(
-                model, tensors, model_version=version, outputs=requested, client_timeout=self.timeout
+                model,
+                tensors,
+                model_version=version,
+                outputs=requested,
+                headers=self._headers,
+                client_timeout=self.timeout,
             ),
             model=model,
             retry=False,
@@ -220,10 +288,10 @@ class TritonControl:
         return {name: result.as_numpy(name) for name in outputs}
 
 
-def server_report(url: str, timeout: float = 10.0) -> dict[str, Any]:
+def server_report(url: str, timeout: float = 10.0, key: ControlKey | None = None) -> dict[str, Any]:
     """Version and model states of one server; an unreachable server is reported, not raised."""
     try:
-        with TritonControl(url, timeout=timeout) as triton:
+        with TritonControl(url, timeout=timeout, key=key) as triton:
             meta = triton.server_metadata()
             return {
                 "url": url,
@@ -233,3 +301,39 @@ def server_report(url: str, timeout: float = 10.0) -> dict[str, Any]:
             }
     except TritonError as exc:
         return {"url": url, "error": exc.message}
+
+
+def control_api_open(url: str, timeout: float = 5.0) -> bool | None:
+    """Whether ``url``'s model-control API takes a load from anyone (no key): the harmless probe of
+    a load of a model that cannot exist -- a locked replica refuses it before looking, an open one
+    looks and finds nothing. None when the answer tells neither (unreachable, another error)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url=url)
+    try:
+        client.load_model(PROBE_MODEL, client_timeout=timeout)
+    except InferenceServerException as exc:
+        message = exc.message() or ""
+        if REFUSED in message:
+            return False
+        if PROBE_MODEL in message and ("failed to poll" in message or "failed to load" in message):
+            return True
+        return None
+    finally:
+        client.close()
+    return True  # it loaded a model of that name: open (and someone put one there)
+
+
+def policy_versions(config: str | None) -> tuple[str, ...]:
+    """The versions a load's config (JSON) names in ``version_policy.specific``; () when it sends
+    none (the store's config is loaded) or names no specific versions."""
+    try:
+        specific = json.loads(config or "{}")["version_policy"]["specific"]
+        return tuple(str(int(v)) for v in specific["versions"])  # int64: a string in proto's JSON
+    except (ValueError, KeyError, TypeError):
+        return ()
+
+
+def _joined(reasons: Iterable[str]) -> str:
+    return "; ".join(dict.fromkeys(r for r in reasons if r))

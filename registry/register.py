@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from registry.contracts.checks import check_artifacts, read_signature
 from registry.contracts.config import CONFIG_NAME, load_config
 from registry.contracts.repository import ModelEntry
-from registry.contracts.rules import check_model, kind, model_file
+from registry.contracts.rules import PATHS_RULE, check_model, kind, model_file
 from registry.errors import ContractError, RegistryError
 from registry.lineage import (
     Lineage,
@@ -151,6 +151,14 @@ def validate_candidate(candidate: Candidate) -> tuple[list[str], dict[str, Any]]
             str(model_dir): str(candidate.config_path.parent),
         }
         errors = [_replace_all(f.line(), shown) for f in findings if f.is_error]
+    unsafe = [f for f in findings if f.is_error and f.rule == PATHS_RULE]
+    if unsafe:  # never recorded, not even as validation=failed: Triton would run what nobody hashed
+        raise ContractError(
+            f"{candidate.config_path}: " + "; ".join(f.message for f in unsafe) + "; not registered",
+            fix=unsafe[0].fix,
+            model=candidate.name,
+            file=str(candidate.config_path),
+        )
     return errors, signature
 
 

@@ -20,15 +20,20 @@ and ``on`` (any case) mean on, anything else off.
 
 The three MLREG_SIGNING_* variables are the ``--sign-key``/``--sign-cert``/``--sign-chain`` options'
 defaults (typer reads them for ``mlreg register``, ``export`` and ``sign``; registry/signing.py).
+
+``redact_uri`` masks the credentials of every URI in a text (``redact_data``: of every string in a
+document): what the CLI prints (mlreg/cli/output.py) and a promotion records in MLflow pass through it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from registry.errors import SettingsError
 
@@ -73,17 +78,61 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw) if raw else default
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not 0 < value < math.inf:  # nan and inf too: no timeout can be made of them
         raise SettingsError(
             f"{name}={raw!r} is not a number of seconds", fix=f"set {name} to e.g. {default:g}"
         )
     return value
 
 
-def redact_uri(uri: str) -> str:
-    """``uri`` as error messages show it: a password in it (``postgresql://user:secret@host``) is
-    replaced by ``***``."""
-    return re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", uri)
+# a URI inside any text: a scheme, then everything up to a blank or a quote
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"]*")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+# query parameters that carry a secret (a presigned URL's X-Amz-Signature, Azure's sig, a token)
+_SECRET_PARAM = re.compile(
+    r"(?i)([?&;][^=&#\s]*(?:secret|password|passwd|token|signature|credential|key|sig)=)[^&#;\s'\"]*"
+)
+MASK = "***"
+
+
+def redact_uri(text: str) -> str:
+    """``text`` with the credentials of every URI in it masked, as every message, document, record
+    and report shows it: the password of a user info (``postgresql://user:***@host``), a user info
+    without password whole (``https://***@host``: often a token; pip masks it so too), the whole
+    user info of an ``s3://`` URI (an access key ID and its secret: its path parts never hold an
+    '@', so a secret holding '/' is caught too), and secret query parameters
+    (``?X-Amz-Signature=***``).  Idempotent; ``alice@host`` (a lock's owner) is no URI."""
+    return _URI_IN_TEXT.sub(lambda m: _redact_one(m.group(0)), text)
+
+
+def _redact_one(uri: str, s3: bool = False) -> str:
+    scheme = _SCHEME.match(uri)
+    end_of_scheme = scheme.end() if scheme else 0
+    head, rest = uri[:end_of_scheme], uri[end_of_scheme:]
+    s3 = s3 or head.lower() == "s3://"
+    if _SCHEME.match(rest):  # Triton's s3://http://host:port/bucket/prefix
+        return head + _redact_one(rest, s3)
+    end = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, end)
+    userinfo = rest[:at] if at >= 0 else ""
+    first = userinfo.split("/", 1)[0]
+    if at >= 0 and ("/" not in userinfo or ":" in first or s3):  # else an '@' in a path
+        user, colon, _ = first.partition(":")
+        keep = bool(colon and user and user != MASK) and not s3  # an S3 user is an access key ID
+        rest = (f"{user}:{MASK}" if keep else MASK) + rest[at:]
+    return head + _SECRET_PARAM.sub(lambda m: m.group(1) + MASK, rest)
+
+
+def redact_data(data: Any) -> Any:
+    """``data`` (a JSON-able document: dicts, lists, strings...) with ``redact_uri`` applied to
+    every string in it, keys included: what is printed with ``--json`` or recorded in MLflow."""
+    if isinstance(data, str):
+        return redact_uri(data)
+    if isinstance(data, Mapping):
+        return {redact_data(k) if isinstance(k, str) else k: redact_data(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [redact_data(item) for item in data]
+    return data
 
 
 def check_tracking_uri(uri: str) -> str:
@@ -91,7 +140,7 @@ def check_tracking_uri(uri: str) -> str:
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else "file"
     if scheme not in TRACKING_SCHEMES:
         raise SettingsError(
-            f"MLFLOW_TRACKING_URI={uri!r}: MLflow keeps no model registry at a '{scheme}' URI",
+            f"MLFLOW_TRACKING_URI={redact_uri(uri)!r}: MLflow keeps no model registry at a '{scheme}' URI",
             fix="use sqlite:///PATH, http(s)://HOST:PORT of an 'mlflow server', or postgresql://...; "
             "unset it for the embedded registry under MLREG_HOME",
         )

@@ -370,15 +370,11 @@ def _read_pb(bundle: bytes) -> Any:
 
 def _key_verifiers(trust: Trust, hint: str) -> list[tuple[str, Any, Any]]:
     """A verifier per trusted public key whose fingerprint is the bundle's hint."""
-    from cryptography import x509
     from model_signing._signing import sign_ec_key
 
     found = []
     for path in trust.keys:
-        pem = path.read_bytes()
-        if b"BEGIN CERTIFICATE" in pem:
-            pem = _public_pem(x509.load_pem_x509_certificate(pem).public_key())
-        fingerprint = key_fingerprint(_public_pem(_load_public(pem)))
+        fingerprint = key_fingerprint(trusted_pem(path))
         if hint and fingerprint != hint:
             continue
         found.append((f"key {fingerprint[:16]} ({path.name})", sign_ec_key.Verifier(path), _read_pb))
@@ -490,7 +486,45 @@ def _key_path(where: str, base: Path, value: object) -> Path:
             f"{where}: trusted key {value!r} is not a file ({path})",
             fix="list PEM public keys (or CA certificates), relative to mlreg.toml",
         )
+    trusted_pem(path, where)
     return path
+
+
+def trusted_pem(path: Path, where: str = "") -> bytes:
+    """The PEM public key of a trusted key file (a CA certificate's key for a certificate file),
+    else one UsageError naming the file: a private key (a signer's secret: only its public half
+    is trusted), or anything that is not a PEM public key or certificate."""
+    place = f"{where}: " if where else ""
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(
+            f"{place}trusted key {path} cannot be read: {exc.strerror or exc}",
+            fix="list readable PEM public keys (or CA certificates)",
+        ) from exc
+    if b"PRIVATE KEY-----" in pem:
+        raise UsageError(
+            f"{place}trusted key {path} is a private key: trust takes the public key, and a private "
+            "key must not be handed around",
+            fix=f"trust its public half instead (openssl ec -in {path.name} -pubout -out "
+            f"{path.stem}.pub) and keep {path.name} with the signer only",
+        )
+    return _public_of(pem, path, place)
+
+
+def _public_of(pem: bytes, path: Path, place: str) -> bytes:
+    from cryptography import x509
+
+    try:
+        if b"BEGIN CERTIFICATE" in pem:
+            return _public_pem(x509.load_pem_x509_certificate(pem).public_key())
+        return _public_pem(_load_public(pem))
+    except (ValueError, TypeError) as exc:  # cryptography's answer to bytes that are no such PEM
+        raise UsageError(
+            f"{place}trusted key {path} is not a PEM public key or certificate ({exc})",
+            fix="list PEM public keys ('-----BEGIN PUBLIC KEY-----', e.g. from 'openssl ec -in "
+            "key.pem -pubout') or CA certificates ('-----BEGIN CERTIFICATE-----')",
+        ) from None
 
 
 def _identity(where: str, value: object) -> TrustedIdentity:

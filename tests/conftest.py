@@ -7,6 +7,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
 
 for _key, _value in QUIET_TENSORFLOW.items():  # TensorFlow imported by tests stays quiet, as in the CLI
     os.environ.setdefault(_key, _value)
+# Every local stack a test starts locks its control API (pipelines/control_key.py) with this key, and
+# every client the tests open (in process or a mlreg subprocess) sends it: one per worker process.
+# tests/integration/test_security.py starts a stack without it (the key generated into MLREG_HOME).
+os.environ.setdefault("MLREG_CONTROL_KEY", secrets.token_urlsafe(24))
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "model_repository_template"
 
@@ -138,16 +143,22 @@ def built_repository(template_build: template.BuildResult) -> Path:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real S3-compatible server process (moto_server) on 127.0.0.1, once per session."""
+    """A real S3-compatible server process (moto_server) on 127.0.0.1, once per session; its
+    credentials in the environment while it runs (the ones this set are removed again)."""
     from pipelines.devstack import local_s3
 
-    for key, value in local_s3.CREDENTIALS.items():
-        os.environ.setdefault(key, value)
-    server, process = local_s3.start_s3(tmp_path_factory.mktemp("moto") / "moto.log")
+    added = [key for key in local_s3.CREDENTIALS if key not in os.environ]
+    for key in added:
+        os.environ[key] = local_s3.CREDENTIALS[key]
     try:
-        yield server
+        server, process = local_s3.start_s3(tmp_path_factory.mktemp("moto") / "moto.log")
+        try:
+            yield server
+        finally:
+            local_s3.stop_s3(server.pid, process)
     finally:
-        local_s3.stop_s3(server.pid, process)
+        for key in added:
+            os.environ.pop(key, None)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,9 @@
 """What every command shares: its options (``Annotated`` aliases) and the run's ``Settings``.
 
 A command declares ``as_json: JsonFlag = False``, ``env: EnvName = "local"``,
-``version: ModelVersion``, takes ``ctx: typer.Context`` and asks
+``version: ModelVersion`` (or ``VersionArg``; another version option takes
+``callback=positive_version``: ``--version -1`` says "a positive version number"),
+takes ``ctx: typer.Context`` and asks
 
 - ``settings_of(ctx)`` for the ``Settings`` the root callback built once (a ``SettingsError``
   about the environment surfaces here, so ``mlreg X --help`` works whatever the environment), and
@@ -16,12 +18,33 @@ from typing import Annotated
 import typer
 
 from mlreg.cli.output import RUN
-from registry.errors import SettingsError
+from registry.errors import SettingsError, UsageError
 from registry.settings import Settings, env_flag
+
+
+def positive_version(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A version option's or argument's value: a positive whole number, as MLflow numbers versions
+    (``007`` reads 7); None when it was not given."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        name = param.opts[0] if param.param_type_name == "option" else (param.metavar or "VERSION")
+        raise UsageError(
+            f"{name} {value!r} is not a positive version number",
+            fix="pass a registered version: 1, 2, 3... ('mlreg versions MODEL' lists them)",
+        )
+    return str(int(text))
+
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON document on stdout (for CI).")]
 EnvName = Annotated[str, typer.Option("--env", "-e", help="Environment (mlreg.toml).")]
-ModelVersion = Annotated[str, typer.Option("--version", "-V", help="The registered version.")]
+ModelVersion = Annotated[
+    str, typer.Option("--version", "-V", help="The registered version.", callback=positive_version)
+]
+VersionArg = Annotated[
+    str, typer.Argument(metavar="VERSION", help="The registered version.", callback=positive_version)
+]
 ModelName = Annotated[str, typer.Argument(metavar="MODEL", help="The registered model's name.")]
 
 

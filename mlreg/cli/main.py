@@ -73,6 +73,20 @@ def root(
     _configure_logging(verbose or debug, quiet_tensorflow=not debug)
 
 
+def _redacting(record: object) -> bool:
+    """A logging filter: the record's message with every URI's credentials masked."""
+    import logging
+
+    from registry.settings import redact_uri
+
+    assert isinstance(record, logging.LogRecord)
+    message = record.getMessage()
+    redacted = redact_uri(message)
+    if redacted != message:
+        record.msg, record.args = redacted, ()
+    return True
+
+
 def _configure_logging(verbose: bool, quiet_tensorflow: bool) -> None:
     """Log level for mlreg and MLflow; TensorFlow's start-up lines (C++ and absl) silenced here and in every
     child process (exporters, tf2onnx, tritonserver's stand-in backend) unless MLREG_DEBUG is on."""
@@ -84,6 +98,8 @@ def _configure_logging(verbose: bool, quiet_tensorflow: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:  # no credential of a URI in a log line either
+        handler.addFilter(_redacting)
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "INFO" if verbose else "WARNING")  # its own handler
     if quiet_tensorflow:
         for key, value in QUIET_TENSORFLOW.items():

@@ -6,7 +6,8 @@ which prints either one JSON document (``--json``) or what people read — ``ric
 closed pipe, is reported in one place (``report``, called by ``MlregGroup.main``):
 ``error: what, where`` and ``fix: what to do`` on stderr, the error class's exit code
 (``registry.errors``), one JSON error document on stdout with ``--json``, and a traceback only
-with ``MLREG_DEBUG=1``.
+with ``MLREG_DEBUG=1``.  Whatever passes through here -- documents, lines, tables, errors,
+tracebacks -- has the credentials of every URI in it masked (``registry.settings.redact_uri``).
 
 Importing this module stays cheap (``mlreg --help`` loads it): ``rich`` is imported only when a
 table is drawn.
@@ -38,7 +39,7 @@ from registry.errors import (
     Terminated,
     UsageError,
 )
-from registry.settings import env_flag
+from registry.settings import env_flag, redact_data, redact_uri
 
 F = TypeVar("F", bound=Callable[..., Any])
 INTERNAL_ERROR_EXIT = 70
@@ -90,7 +91,7 @@ def render_table(
     for name in columns:
         table.add_column(name, justify="right" if name in right else "left", no_wrap=True)
     for row in rows:
-        table.add_row(*("-" if cell is None or cell == "" else str(cell) for cell in row))
+        table.add_row(*("-" if cell is None or cell == "" else redact_uri(str(cell)) for cell in row))
     terminal = sys.stdout.isatty()
     width = shutil.get_terminal_size().columns if terminal else 10_000
     buffer = io.StringIO()
@@ -124,7 +125,8 @@ class Output:
         import json
 
         RUN.emitted = True
-        typer.echo(json.dumps(data, indent=2, default=str))
+        plain = json.loads(json.dumps(data, default=str))  # what default=str makes of objects, too
+        typer.echo(json.dumps(redact_data(plain), indent=2))
 
     def result(self, data: object, human: Callable[[], None]) -> None:
         """``data`` as JSON with ``--json``, else whatever ``human`` prints."""
@@ -135,12 +137,12 @@ class Output:
 
     def line(self, text: str = "") -> None:
         if not self.json:
-            typer.echo(text)
+            typer.echo(redact_uri(text))
 
     def note(self, text: str) -> None:
         """A line about progress (stderr), never mixed into a JSON document."""
         if not self.json:
-            typer.echo(text, err=True)
+            typer.echo(redact_uri(text), err=True)
 
     def table(
         self,
@@ -159,7 +161,7 @@ class Output:
             return
         width = max(len(k) for k in pairs)
         for key, value in pairs.items():
-            typer.echo(f"{' ' * indent}{key:<{width}}  {value}")
+            typer.echo(redact_uri(f"{' ' * indent}{key:<{width}}  {value}"))
 
 
 def emit_json(data: object) -> None:
@@ -213,15 +215,15 @@ def error_document(exc: BaseException, code: int) -> dict[str, object]:
     if error is None:
         return {
             "ok": False,
-            "error": f"internal error: {type(exc).__name__}: {exc}",
+            "error": redact_uri(f"internal error: {type(exc).__name__}: {exc}"),
             "fix": "",
             "exit_code": code,
             "kind": "InternalError",
         }
     return {
         "ok": False,
-        "error": error.message,
-        "fix": error.fix,
+        "error": redact_uri(error.message),
+        "fix": redact_uri(error.fix) if error.fix else error.fix,
         "exit_code": code,
         "kind": type(error).__name__,
     }
@@ -231,16 +233,16 @@ def _print_failure(exc: BaseException, error: MlregError | None) -> int:
     if RUN.debugging:
         import traceback
 
-        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.write(redact_uri("".join(traceback.format_exception(exc))))
     if error is None:
-        typer.echo(f"error: internal error: {type(exc).__name__}: {exc}", err=True)
+        typer.echo(redact_uri(f"error: internal error: {type(exc).__name__}: {exc}"), err=True)
         typer.echo("fix: this is a bug in mlreg: report it with the traceback (MLREG_DEBUG=1)", err=True)
         return INTERNAL_ERROR_EXIT
     if isinstance(exc, _click.exceptions.UsageError) and exc.ctx is not None:
         typer.echo(exc.ctx.get_usage(), err=True)
-    typer.echo(f"error: {error.message}", err=True)
+    typer.echo(redact_uri(f"error: {error.message}"), err=True)
     if error.fix:
-        typer.echo(f"fix: {error.fix}", err=True)
+        typer.echo(redact_uri(f"fix: {error.fix}"), err=True)
     if not RUN.debugging and not isinstance(error, (UsageError, SettingsError, OutputClosedError)):
         typer.echo("(set MLREG_DEBUG=1 for the traceback)", err=True)
     return error.exit_code

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mlreg.cli.common import EnvName, JsonFlag, settings_of
+from mlreg.cli.common import EnvName, JsonFlag, positive_version, settings_of
 from mlreg.cli.output import Output, rollout_line
 
 if TYPE_CHECKING:
@@ -76,7 +76,9 @@ def _render(out: Output, result: PromotionResult, alias: str) -> None:
 def promote_cmd(
     ctx: typer.Context,
     model: str = typer.Argument(None, help="Registered model name."),
-    version: str = typer.Option(None, "--version", "-V", help="Registered version to promote."),
+    version: str = typer.Option(
+        None, "--version", "-V", help="Registered version to promote.", callback=positive_version
+    ),
     env: EnvName = "local",
     from_alias: str = typer.Option(
         None,
@@ -170,7 +172,10 @@ def rollback_cmd(
     ctx: typer.Context,
     model: str = typer.Argument(..., help="Registered model name."),
     to_version: str = typer.Option(
-        None, "--to-version", help="Version to return to (default: the one promoted before the current)."
+        None,
+        "--to-version",
+        help="Version to return to (default: the one promoted before the current).",
+        callback=positive_version,
     ),
     env: EnvName = "local",
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
@@ -214,6 +219,11 @@ def status_cmd(
         out.line(f"locked: {lock['model']} by {lock['owner']}, {lease}{stale}")
     if report.store_error and not as_json:
         out.line(f"store unreachable: {report.store_error} (fix: {report.store_fix})")
+    if not as_json:
+        from pipelines.promote.fanout import OPEN_CONTROL
+
+        for url in report.open_control:
+            out.line("warning: " + OPEN_CONTROL.format(url=url))
     if report.drift:
         raise typer.Exit(1)
 

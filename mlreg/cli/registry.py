@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mlreg.cli.common import EnvName, JsonFlag, ModelName, ModelVersion, settings_of
+from mlreg.cli.common import EnvName, JsonFlag, ModelName, ModelVersion, VersionArg, settings_of
 from mlreg.cli.output import Output
 
 if TYPE_CHECKING:
@@ -170,9 +170,11 @@ def register_cmd(
 
     Example: mlreg register image_model build/image_model
     """
+    from pipelines.storage import check_model_name_fits
     from registry.errors import UsageError
     from registry.register import find_candidate, register
 
+    check_model_name_fits(model)  # every store must be able to lock it: before anything is written
     settings = settings_of(ctx)
     candidate = find_candidate(path, config)
     if candidate.name != model:
@@ -188,7 +190,7 @@ def register_cmd(
 def sign_cmd(
     ctx: typer.Context,
     model: ModelName,
-    version: Annotated[str, typer.Argument(metavar="VERSION", help="The registered version.")],
+    version: VersionArg,
     sign_key: SignKey = None,
     sign_cert: SignCert = None,
     sign_chain: SignChain = None,
@@ -280,7 +282,7 @@ def show_cmd(ctx: typer.Context, model: ModelName, version: ModelVersion, as_jso
 
 
 @alias_app.command("set")
-def alias_set(ctx: typer.Context, model: ModelName, alias: str, version: str) -> None:
+def alias_set(ctx: typer.Context, model: ModelName, alias: str, version: VersionArg) -> None:
     """Point ALIAS of MODEL at VERSION.  Example: mlreg alias set image_model staging 2"""
     _registry(settings_of(ctx)).set_alias(model, alias, version)
     Output().line(f"{model}@{alias} -> version {version}")

@@ -110,11 +110,14 @@ def down_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Stop the local stack (SIGTERM, then SIGKILL after a bound) and clean its shared memory."""
     from pipelines.devstack.stack import stack_down
 
-    info = stack_down(settings_of(ctx))
+    stopped = stack_down(settings_of(ctx))
+    pids = [info.pid for info in stopped]
     out = Output(as_json)
     out.result(
-        {"stopped": info is not None, "pid": info.pid if info else None},
+        {"stopped": bool(stopped), "pid": pids[0] if pids else None, "pids": pids},
         lambda: out.line(
-            "the local stack was not running" if info is None else f"stopped tritonserver (pid {info.pid})"
+            "the local stack was not running"
+            if not stopped
+            else f"stopped tritonserver{'s' if len(pids) > 1 else ''} (pid {', '.join(map(str, pids))})"
         ),
     )

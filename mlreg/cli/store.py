@@ -14,8 +14,11 @@ from registry.errors import StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pipelines.promote.retention import RetentionReport
     from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.verify import Verification
 
 app = typer.Typer(
     help="Push and list versioned model folders in a store (local folder or S3).", no_args_is_help=True
@@ -42,13 +45,17 @@ def push_cmd(
 ) -> None:
     """Upload every version folder with a sha256 manifest; unchanged files are not sent again.
 
+    A stored version is written once: a version the store holds with other bytes is refused
+    (exit 5, naming each file; register and push a new version instead), the same bytes are a
+    no-op.  Each model's lock is held while it is pushed, as a promotion holds it.
+
     Example: mlreg store push .mlreg/model_repository --store s3://127.0.0.1:9000/models/prod
     """
     from pipelines.storage.push import push_path
 
     target = _store(store)
     with byte_progress(f"pushing to {target.uri}", quiet=as_json) as progress:
-        results = push_path(target, path, progress)
+        results = push_path(target, path, progress, lease=Settings.from_env().lock_lease)
     if as_json:
         emit_json({"store": target.uri, "versions": [r.to_dict() for r in results]})
         return
@@ -73,9 +80,14 @@ def ls_cmd(
     digest cache), unverified (sizes match but some file was not hashed on this machine since it
     changed or was uploaded: run 'mlreg store verify'), corrupt (a file or the manifest does not
     match), incomplete (no manifest: an upload did not finish).  Nothing is hashed by 'ls'.
+
+    A version numbered below a stored one that is neither live nor archived is named (JSON:
+    "missing"): mlreg moves a version out of the store only into its archive, so if this store
+    held it, its archived copy was deleted; an archive that cannot be listed is said so.
     """
     target = _store(store)
     archive = _archive(target)
+    archived, archive_error = _archived(archive)
     rows = []
     for model in target.list_models():
         for version in target.list_versions(model) or [""]:
@@ -90,7 +102,7 @@ def ls_cmd(
                     "problems": [p.line() for p in check.problems] if check else [],
                 }
             )
-    for model, version in _archived(archive):
+    for model, version in archived:
         assert archive is not None
         check = archive.check_version(model, version, hashing="none")
         rows.append(
@@ -104,12 +116,15 @@ def ls_cmd(
             }
         )
     locks = target.locks()
+    missing = _missing(rows)
     if as_json:
         emit_json(
             {
                 "store": target.uri,
                 "archive": archive.uri if archive else None,
                 "versions": rows,
+                "missing": missing,
+                "archive_error": archive_error,
                 "locks": [lock.to_dict() for lock in locks],
             }
         )
@@ -118,14 +133,41 @@ def ls_cmd(
     for row in rows:
         state = str(row["state"]) if row["location"] == "live" else _archived_state(str(row["state"]))
         typer.echo(f"{row['model']:<30} {row['version']:>7}  {state:<11}  {row['files']}")
+    for model, versions in missing.items():
+        where = f"from the archive {archive.uri}" if archive is not None else "from this store"
+        typer.echo(
+            f"missing: {model} v{', v'.join(versions)}: neither live nor archived (if this store held "
+            f"any, it was deleted {where}; a promotion to one uploads the registry's copy again)"
+        )
+    if archive_error:
+        typer.echo(f"archive not listed: {archive_error}; archived versions are not shown")
     for lock in locks:
         typer.echo(f"locked: {lock.model} by {lock.describe()}" + (" (stale)" if lock.stale else ""))
 
 
-def _archived(archive: RepositoryStore | None) -> list[tuple[str, str]]:
+def _archived(archive: RepositoryStore | None) -> tuple[list[tuple[str, str]], str]:
+    """(model, version) of every archived copy, and why the archive could not be listed ("")."""
     if archive is None:
-        return []
-    return [(m, v) for m in archive.list_models() for v in archive.list_versions(m)]
+        return [], ""
+    try:
+        return [(m, v) for m in archive.list_models() for v in archive.list_versions(m)], ""
+    except StorageError as exc:
+        return [], exc.message
+
+
+def _missing(rows: list[dict[str, object]]) -> dict[str, list[str]]:
+    """model -> the versions below its newest stored one (live or archived) that are in neither:
+    a version leaves the store only for its archive, so such a gap is an archived copy deleted --
+    or a version this store never held (registered but promoted elsewhere only)."""
+    held: dict[str, set[int]] = {}
+    for row in rows:
+        version = str(row["version"])
+        held.setdefault(str(row["model"]), set()).update({int(version)} if version.isdigit() else set())
+    return {
+        model: [str(v) for v in range(1, max(versions)) if v not in versions]
+        for model, versions in sorted(held.items())
+        if versions and len(versions) < max(versions)
+    }
 
 
 def _archived_state(state: str) -> str:
@@ -183,11 +225,19 @@ def verify_cmd(
     trusted_keys: list[Path] = typer.Option(
         [], "--trusted-key", help="With --signatures: a trusted PEM public key or CA certificate (repeat)."
     ),
+    registered: bool = typer.Option(
+        False,
+        "--registered",
+        help="Also compare each version's manifest and signature with what MLflow registered: "
+        "flags one changed after it was written.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Re-hash every file of the stored versions and compare with their manifests.
 
     Exit 0 when every version matches; 5 naming each bad file otherwise.  Reads only.
+    With --registered, a manifest whose digest is not the version's artifact_digest in MLflow, or
+    a signature beside it other than the one MLflow holds, was changed after it was written.
 
     Example: mlreg store verify table_data_model 1 --store s3://127.0.0.1:9000/models/prod
     """
@@ -196,10 +246,19 @@ def verify_cmd(
         raise UsageError(
             "--digest needs MODEL and VERSION", fix="mlreg store verify MODEL VERSION --digest SHA"
         )
+    if digest and registered:
+        raise UsageError("--digest and --registered name the digest twice", fix="pass one of them")
     archive = _archive(target)
     pairs = _selected(target, model, version, archive)
     stores = {"live": target, "archived": archive or target}
-    checks = [(where, stores[where].check_version(m, v, digest, hashing="all")) for where, m, v in pairs]
+    check = _registered_check() if registered else None
+    checks = [
+        (
+            where,
+            check(stores[where], m, v) if check else stores[where].check_version(m, v, digest, hashing="all"),
+        )
+        for where, m, v in pairs
+    ]
     bad = [c for _, c in checks if not c.ok]
     signed = _signatures([(stores[w], m, v) for w, m, v in pairs], trusted_keys) if signatures else {}
     if as_json:
@@ -215,6 +274,8 @@ def verify_cmd(
             typer.echo(f"{c.model}/{c.version}{label}: {c.status} ({hashed})")
             for problem in c.problems:
                 typer.echo(f"  {problem.line()}")
+            if c.note:
+                typer.echo(f"  note: {c.note}")
             if signed:
                 typer.echo(f"  signature: {signed[(c.model, c.version)]}")
     if bad:
@@ -223,7 +284,8 @@ def verify_cmd(
             f"{target.uri}: {len(bad)} of {len(checks)} version(s) do not match their manifest: "
             + ", ".join(files[:10])
             + (f" and {len(files) - 10} more" if len(files) > 10 else ""),
-            fix="push the registered version again (a promotion re-uploads what differs), then verify again",
+            fix="put the registered bytes back ('mlreg store repair MODEL VERSION'; a promotion re-uploads "
+            "what differs too), then verify again",
         )
     unsigned = [f"{m}/{v}" for (m, v), line in signed.items() if not line.startswith("signed by")]
     if unsigned:
@@ -231,6 +293,14 @@ def verify_cmd(
             f"{target.uri}: {len(unsigned)} version(s) not signed by a trusted key: {', '.join(unsigned)}",
             fix="sign them ('mlreg sign MODEL VERSION --sign-key KEY'), or pass the signer's --trusted-key",
         )
+
+
+def _registered_check() -> Callable[[RepositoryStore, str, str], Verification]:
+    """--registered: each version against what MLflow registered (the project's registry)."""
+    from mlreg.store_ops import registry_of, verify_registered
+
+    registry = registry_of(Settings.from_env())
+    return lambda target, model, version: verify_registered(registry, target, model, version)
 
 
 def _signatures(
@@ -246,6 +316,33 @@ def _signatures(
 
 def _signature_of(signed: dict[tuple[str, str], str], model: str, version: str) -> dict[str, str]:
     return {"signature": signed[(model, version)]} if (model, version) in signed else {}
+
+
+@app.command("repair")
+def repair_cmd(
+    ctx: typer.Context,
+    model: str = typer.Argument(..., help="The registered model."),
+    version: str = typer.Argument(..., help="Its registered version, as stored."),
+    env: str = typer.Option(None, "--env", "-e", help="The environment's store (mlreg.toml)."),
+    store: str = typer.Option(None, "--store", "-s", help=STORE_HELP),
+    as_json: JsonFlag = False,
+) -> None:
+    """Put a stored version's registered bytes back, as a promotion does when it finds them changed.
+
+    The registry's copy is checked against the digest MLflow registered, the files that differ
+    are sent again and the version verified; a signed version's signature is kept (MLflow's put
+    back where the store's differs).  Holds the model's lock.
+
+    Example: mlreg store repair scorer 1 --env staging
+    """
+    from mlreg import service
+    from mlreg.store_ops import registry_of, store_repair
+
+    out = Output(as_json)
+    settings = settings_of(ctx)
+    target = service.store_of(settings, store, env)
+    report = store_repair(settings, model, version, registry_of(settings), target)
+    out.result(report.to_dict(), lambda: out.line(report.line()))
 
 
 @app.command("init")

@@ -38,6 +38,7 @@ def status_cmd(
 
     Example: mlreg triton status --url triton-0:8001 --url triton-1:8001
     """
+    from pipelines.control_key import control_key
     from pipelines.triton import server_report
     from registry.errors import TritonError, UsageError
 
@@ -53,7 +54,8 @@ def status_cmd(
                 fix="pass --url host:port or start it with 'mlreg stack up'",
             )
         urls = [info.grpc_url]
-    reports = [server_report(u, timeout=settings.triton_timeout) for u in urls]
+    key = control_key(settings.home)
+    reports = [server_report(u, timeout=settings.triton_timeout, key=key) for u in urls]
     out = Output(as_json)
     out.result({"servers": reports}, lambda: _human(out, reports))
     if any("error" in r for r in reports):

@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipelines.control_key import restriction_args
 from pipelines.devstack.processes import ManagedProcess, group_alive, process_runs, stop_process
 from pipelines.devstack.processes import http_ok as http_ok  # re-exported for callers of the first launcher
 from pipelines.devstack.processes import tail as tail
@@ -230,7 +231,10 @@ def server_command(
     backend_dir: Path,
     ports: tuple[int, int, int],
     shm_prefix: str,
+    control_key: str | None = None,
 ) -> list[str]:
+    """``control_key``: the model-repository, trace and statistics endpoints answer only calls that
+    carry it (pipelines/control_key.py); None leaves them open (a test's own server)."""
     grpc, http, metrics = ports
     return [
         str(install.server),
@@ -246,6 +250,7 @@ def server_command(
         f"--metrics-port={metrics}",
         "--allow-gpu-metrics=false",
         "--strict-readiness=false",
+        *(restriction_args(control_key) if control_key else []),
     ]
 
 
@@ -257,8 +262,10 @@ def start_server(
     ports: tuple[int, int, int] | None = None,
     timeout: float = START_TIMEOUT_S,
     install: TritonInstall | None = None,
+    control_key: str | None = None,
 ) -> tuple[ServerInfo, subprocess.Popen[bytes]]:
-    """Start tritonserver detached from this process's session; return once it is live."""
+    """Start tritonserver detached from this process's session; return once it is live.
+    ``control_key``: lock its model-control API to that key (``server_command``)."""
     install = install or locate_triton()
     env = server_env(install)
     check_binaries(install, env)
@@ -275,7 +282,9 @@ def start_server(
     for _ in range(PORT_ATTEMPTS if ports is None else 1):
         chosen = ports or (free_port(), free_port(), free_port())
         try:
-            return _launch(install, env, str(repository), backend_dir, chosen, state_dir, timeout)
+            return _launch(
+                install, env, str(repository), backend_dir, chosen, state_dir, timeout, control_key
+            )
         except _PortRace as race:
             last_error = race.error
     assert last_error is not None
@@ -313,10 +322,11 @@ def _launch(
     ports: tuple[int, int, int],
     state_dir: Path,
     timeout: float,
+    control_key: str | None = None,
 ) -> tuple[ServerInfo, subprocess.Popen[bytes]]:
     log_path = state_dir / "triton.log"
     shm_prefix = f"mlreg_{os.getpid()}_{ports[0]}_"
-    command = server_command(install, repository, backend_dir, ports, shm_prefix)
+    command = server_command(install, repository, backend_dir, ports, shm_prefix, control_key)
     try:
         process = triton_process(command, env, ports[1], log_path, timeout).start()
     except StackError as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 import psutil
 
+from pipelines.control_key import HEADER
 from registry.errors import StackError
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,12 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def redacted(argv: list[str]) -> list[str]:
+    """``argv`` fit for a log: the value of a ``<header>=<key>`` restriction (Triton's control
+    key, pipelines/control_key.py) replaced."""
+    return [re.sub(rf"({re.escape(HEADER)}=)\S+", r"\1<redacted>", arg) for arg in argv]
+
+
 @dataclass
 class ManagedProcess:
     """A server process mlreg starts, waits for, finds again and stops."""
@@ -111,7 +119,7 @@ class ManagedProcess:
     def start(self) -> subprocess.Popen[bytes]:
         """Run the server detached; return once it is healthy (StackError if it exits or times out)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("starting %s", " ".join(self.argv))
+        log.info("starting %s", " ".join(redacted(self.argv)))
         with self.log_path.open("wb") as log_file:
             process = subprocess.Popen(
                 self.argv,

@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.control_key import local_key
 from pipelines.devstack import local_triton, processes
 from pipelines.devstack.local_triton import ServerInfo
 from pipelines.triton import TritonControl
@@ -65,7 +66,12 @@ def running_servers(settings: Settings) -> list[ServerInfo]:
     primary = running_server(settings)
     if primary is None:
         return []
-    found = [primary]
+    return [primary, *_running_replicas(settings)]
+
+
+def _running_replicas(settings: Settings) -> list[ServerInfo]:
+    """The extra replicas still alive, whether or not the primary is (it may have been killed)."""
+    found = []
     for path in sorted(settings.stack_dir.glob("replica-*/triton.json"), key=lambda p: p.parent.name):
         if processes.running(path, "tritonserver") is not None:
             info = local_triton.load_info(path)
@@ -78,7 +84,9 @@ def start_replicas(settings: Settings, repository: str, replicas: int) -> list[S
     started = running_servers(settings)[1:]
     for index in range(len(started) + 1, replicas):
         state = settings.stack_dir / f"replica-{index}"
-        info, process = local_triton.start_server(repository, state, settings.backends_source)
+        info, process = local_triton.start_server(
+            repository, state, settings.backends_source, control_key=local_key(settings.home).value
+        )
         local_triton.save_info(info, state / "triton.json")
         with warnings.catch_warnings():  # the server is meant to outlive this process
             warnings.simplefilter("ignore", ResourceWarning)
@@ -208,6 +216,7 @@ def stack_up(
             settings.stack_dir,
             settings.backends_source,
             ports=ports,
+            control_key=local_key(settings.home).value,  # its control API locked (pipelines/control_key.py)
         )
         local_triton.save_info(info, state_file(settings))
         with warnings.catch_warnings():  # the server is meant to outlive this process
@@ -226,7 +235,10 @@ def stack_up(
 
 def load_models(info: ServerInfo, models: list[str], settings: Settings, status: StackStatus) -> None:
     with TritonControl(
-        info.grpc_url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10
+        info.grpc_url,
+        timeout=settings.triton_timeout,
+        load_timeout=settings.triton_timeout * 10,
+        key=local_key(settings.home),
     ) as triton:
         for model in models:
             try:
@@ -244,7 +256,7 @@ def stack_status(settings: Settings) -> StackStatus:
     status = StackStatus(running=True, info=info, replicas=running_servers(settings)[1:])
     status.mlflow_url = str((running_mlflow(settings) or {}).get("url", ""))
     try:
-        with TritonControl(info.grpc_url, timeout=5.0) as triton:
+        with TritonControl(info.grpc_url, timeout=5.0, key=local_key(settings.home)) as triton:
             status.loaded = sorted(
                 f"{m['name']}:{m.get('version', '')}"
                 for m in triton.repository_index()
@@ -255,15 +267,18 @@ def stack_status(settings: Settings) -> StackStatus:
     return status
 
 
-def stack_down(settings: Settings) -> ServerInfo | None:
-    """Stop the project's server; return what was stopped (None when nothing ran)."""
+def stack_down(settings: Settings) -> list[ServerInfo]:
+    """Stop the project's servers -- the primary and every replica still alive, even when the
+    primary died or was killed -- and the UI and S3 server it started; return the tritonservers
+    stopped ([] when none ran)."""
     info = running_server(settings)
-    if info is None:
-        return None
-    for replica in running_servers(settings)[1:]:
+    stopped = _running_replicas(settings)
+    for replica in stopped:
         local_triton.stop_pid(replica.pid, replica.shm_prefix)
         (Path(replica.log_path).parent / "triton.json").unlink(missing_ok=True)
-    local_triton.stop_pid(info.pid, info.shm_prefix)
+    if info is not None:
+        local_triton.stop_pid(info.pid, info.shm_prefix)
+        stopped.insert(0, info)
     state_file(settings).unlink(missing_ok=True)
     ui = running_mlflow(settings)
     if ui is not None:
@@ -277,4 +292,4 @@ def stack_down(settings: Settings) -> ServerInfo | None:
 
         stop_s3(int(s3["pid"]))  # type: ignore[call-overload]
         s3_state_file(settings).unlink(missing_ok=True)
-    return info
+    return stopped

@@ -34,23 +34,31 @@ def apply(
 def check_serves_from_store(ctx: PromotionContext) -> None:
     """Each target serves from the environment's store: its repository index (Triton lists every
     model folder of the repository it serves from, loaded or not) names at least one of the store's
-    other models.  Chosen over a marker object at the store's root because Triton's API cannot read
-    a file, and a marker would have to be written by every existing store first; a store holding
-    only this promotion's models cannot be told apart, and the rollback never unloads what a target
-    served before (``undo``)."""
+    other models -- or, when the store holds none (a new or emptied store, or only this promotion's
+    models), no other model: a target whose repository holds models the store does not serves
+    from elsewhere, and would load its own copy of a model, never verified.  A planned model a
+    target holds proves nothing either way (a candidate an interrupted gate loaded from its files).
+    Chosen over a marker object at the store's root because Triton's API cannot read a file, and
+    a marker would have to be written by every existing store first; an empty store and a
+    repository holding only this promotion's models cannot be told apart (a load from an empty
+    one then fails: it has no such model), and the rollback never unloads what a target served
+    before (``undo``)."""
     planned = {s.model for s in ctx.plan.steps}
-    stored = {m for m in ctx.store.list_models() if m not in planned}
-    if not stored:
-        return
+    stored = set(ctx.store.list_models()) - planned
     for url in ctx.fleet.urls:
         listed = set(ctx.fleet.states_of(url))
-        if not stored & listed:
-            raise PromotionError(
-                f"{url} does not serve from the store {ctx.store.uri}: its repository lists none of "
-                f"the store's models ({', '.join(sorted(stored)[:5])})",
-                fix=f"check environment '{ctx.env.name}' in mlreg.toml: its store must be the "
-                "--model-repository its targets serve from",
-            )
+        if stored and not stored & listed:
+            problem = f"its repository lists none of the store's models ({', '.join(sorted(stored)[:5])})"
+        elif not stored and listed - planned:
+            foreign = ", ".join(sorted(listed - planned)[:5])
+            problem = f"the store holds no other model, and its repository lists {foreign}"
+        else:
+            continue
+        raise PromotionError(
+            f"{url} does not serve from the store {ctx.store.uri}: {problem}",
+            fix=f"check environment '{ctx.env.name}' in mlreg.toml: its store must be the "
+            "--model-repository its targets serve from",
+        )
 
 
 @dataclass(frozen=True)

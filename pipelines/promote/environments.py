@@ -9,17 +9,21 @@ keep = 2                                     # versions per model Triton reads (
 signatures = "required"                      # or "warn"; absent: no signature check
 trusted_keys = ["keys/release.pub"]          # PEM public keys / CA certificates, relative to mlreg.toml
 trusted_identities = [{ issuer = "https://token.actions.githubusercontent.com", subject = "<regex>" }]
+control_key = "env:MLREG_STAGING_CONTROL_KEY"  # or a file ("/run/secrets/mlreg/control-key"), never the key
 """
 
 from __future__ import annotations
 
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.control_key import ControlKey, control_key, local_key
 from pipelines.promote import discovery
 from pipelines.promote.perf import PERF_KEYS, PerfSettings, parse_perf
 from pipelines.promote.policy import Policy, check_keys, parse_policy
+from pipelines.storage import check_store_uri
 from registry.errors import PromotionError, UsageError
 from registry.settings import Settings
 from registry.signing import TRUST_KEYS, Trust, parse_trust
@@ -29,7 +33,9 @@ LOCAL = "local"
 # every key of an environment section this module reads; the roll-out policy's are policy.KEYS
 # (a key in neither is refused: a typo must not silently change what a promotion does)
 ENVIRONMENT_KEYS = (
-    frozenset({"store", "targets", "alias", "gpu", "discover", "keep"}) | TRUST_KEYS | PERF_KEYS
+    frozenset({"store", "targets", "alias", "gpu", "discover", "keep", "control_key"})
+    | TRUST_KEYS
+    | PERF_KEYS
 )
 KEEP = 2  # retention's default: what serves and the one before it (an instant rollback)
 
@@ -48,6 +54,13 @@ class Environment:
     keep: int = KEEP  # versions per model where Triton reads (pipelines/promote/retention.py); 0: off
     perf: PerfSettings = PerfSettings()  # the canary's performance check (pipelines/promote/perf.py)
     metrics_urls: tuple[tuple[str, str], ...] = ()  # target -> Triton's metrics (the local stack's)
+    control_key: str = ""  # "env:VAR" or a key file: what unlocks its replicas (pipelines/control_key.py)
+
+    def key(self, settings: Settings) -> ControlKey | None:
+        """What this environment's replicas' control API takes (None: they are expected open)."""
+        if self.local_stack:
+            return local_key(settings.home)
+        return control_key(settings.home, self.control_key)
 
     def metrics_url(self, target: str) -> str:
         """Where ``target``'s Triton metrics are read ("" when the environment does not say)."""
@@ -78,15 +91,16 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
             check_keys(f"{path} [environments.{name}]", raw, ENVIRONMENT_KEYS)
             envs[name] = Environment(
                 name,
-                str(raw["store"]),
+                _store(path, name, raw["store"]),
                 _targets(path, name, raw.get("targets", [])),
                 str(raw.get("alias", name)),
-                bool(raw.get("gpu", True)),
+                _gpu(path, name, raw.get("gpu", True)),
                 policy=parse_policy(f"{path} [environments.{name}]", raw),
                 discover=_discover(path, name, raw),
                 keep=_keep(path, name, raw),
                 perf=parse_perf(f"{path} [environments.{name}]", raw),
                 signatures=parse_trust(f"{path} [environments.{name}]", raw, path.parent),
+                control_key=_control_key(path, name, raw),
             )
         except (KeyError, TypeError) as exc:
             raise UsageError(
@@ -103,7 +117,36 @@ def _targets(path: Path, name: str, raw: object) -> tuple[str, ...]:
             f"{path}: environment '{name}': targets must be a list of \"host:port\" strings, not {raw!r}",
             fix=f'write targets = ["host:8001"] (a list, even for one server) in [environments.{name}]',
         )
-    return tuple(t.strip() for t in raw)
+    targets = tuple(t.strip() for t in raw)
+    counts = Counter(t.lower() for t in targets)  # host names know no case
+    twice = sorted({t for t in targets if counts[t.lower()] > 1})
+    if twice:
+        raise UsageError(
+            f"{path}: environment '{name}': targets lists {', '.join(twice)} more than once",
+            fix=f"list each server once in [environments.{name}] targets (a replica moved twice "
+            "would count twice in every wave)",
+        )
+    return targets
+
+
+def _store(path: Path, name: str, raw: object) -> str:
+    """``store``: a folder or an s3:// URI, without credentials (pipelines/storage: never echoed)."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise UsageError(
+            f"{path}: environment '{name}': store must be a folder or an s3:// URI, not {raw!r}",
+            fix=f'write store = "s3://bucket/prefix" in [environments.{name}]',
+        )
+    return check_store_uri(raw.strip(), f"{path} [environments.{name}] store", UsageError)
+
+
+def _gpu(path: Path, name: str, raw: object) -> bool:
+    """``gpu`` must be true or false: a string ("false") is not read as true."""
+    if not isinstance(raw, bool):
+        raise UsageError(
+            f"{path}: environment '{name}': gpu must be true or false (a TOML boolean), not {raw!r}",
+            fix=f"write gpu = false (or gpu = true), without quotes, in [environments.{name}]",
+        )
+    return raw
 
 
 def _keep(path: Path, name: str, raw: dict[str, object]) -> int:
@@ -115,6 +158,25 @@ def _keep(path: Path, name: str, raw: dict[str, object]) -> int:
             f"[environments.{name}]",
         )
     return keep
+
+
+def _control_key(path: Path, name: str, raw: dict[str, object]) -> str:
+    """``"env:VAR"`` or a key file (made absolute against mlreg.toml's folder); never echoed back,
+    since a key written here by mistake would be."""
+    spec = raw.get("control_key", "")
+    if not spec:
+        return ""
+    if isinstance(spec, str) and spec.startswith("env:") and spec[4:].isidentifier():
+        return spec
+    file = path.parent / Path(spec).expanduser() if isinstance(spec, str) else None
+    if file is None or not file.is_file():
+        raise UsageError(
+            f"{path}: environment '{name}': control_key must be \"env:VAR\" or the path of a file "
+            "holding the replicas' key, and the file it names does not exist",
+            fix=f'write control_key = "env:MLREG_{name.upper()}_CONTROL_KEY" in [environments.{name}] '
+            "and export that variable (the key itself never goes in mlreg.toml)",
+        )
+    return str(file)
 
 
 def _discover(path: Path, name: str, raw: dict[str, object]) -> str:

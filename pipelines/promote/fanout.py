@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.control_key import ControlKey, control_key
 from pipelines.promote.ports import ServingTarget
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import config_json
@@ -92,15 +93,37 @@ class Rollout:
         }
 
 
-def triton_connector(settings: Settings) -> Connect:
-    """Real targets: Triton over gRPC with the configured timeouts."""
+def triton_connector(settings: Settings, key: ControlKey | None = None) -> Connect:
+    """Real targets: Triton over gRPC with the configured timeouts, every call carrying ``key``
+    (the environment's: ``Environment.key``; None: ``MLREG_CONTROL_KEY``/the local stack's, if any)."""
+    key = key if key is not None else control_key(settings.home)
 
     def connect(url: str) -> ServingTarget:
         from pipelines.triton import TritonControl  # tritonclient's gRPC stack: imported when used
 
-        return TritonControl(url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10)
+        return TritonControl(
+            url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10, key=key
+        )
 
     return connect
+
+
+OPEN_CONTROL = (
+    "{url} takes model-control calls from anyone: whoever reaches it can load, unload or re-point "
+    "a model (start it with the restriction flags of infra/: pipelines/control_key.py)"
+)
+
+
+def open_control(urls: Sequence[str], timeout: float) -> list[str]:
+    """The replicas whose model-control API accepts a load without the key (the harmless probe of
+    ``control_api_open``, all at once); one that does not answer is not listed (status says so)."""
+    from pipelines.triton import control_api_open  # tritonclient's gRPC stack: imported when used
+
+    if not urls:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
+        opened = list(pool.map(lambda url: control_api_open(url, timeout), urls))
+    return [url for url, is_open in zip(urls, opened, strict=True) if is_open]
 
 
 class Fleet:

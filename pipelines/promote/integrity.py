@@ -103,7 +103,7 @@ def apply_repair(store: RepositoryStore, repair: Repair) -> str:
     """Rewrite the stored version from the registry's copy, then verify it; returns the detail."""
     folder = repair.folder
     store.put_version(repair.model, repair.version, folder / repair.version, config=folder / CONFIG_NAME)
-    store.verify_version(repair.model, repair.version, None)
+    store.verify_version(repair.model, repair.version, None, drop_bytecode=True)
     return repair.detail()
 
 
@@ -119,7 +119,9 @@ def verifier(
 
     def verify(model: str, version: str) -> str:
         try:
-            checked = store.verify_version(model, version, digests.get((model, version)) or None)
+            checked = store.verify_version(
+                model, version, digests.get((model, version)) or None, drop_bytecode=True
+            )
         except StorageError as exc:
             return f"{model} v{version} does not verify ({exc.message})"
         if trust is None:

@@ -75,6 +75,8 @@ def parse_perf(where: str, raw: Mapping[str, Any]) -> PerfSettings:
         return value
 
     seconds = raw.get("perf_seconds", 2.0)
+    if isinstance(seconds, float) and seconds != seconds:  # TOML's nan
+        raise UsageError(f"{where}: perf_seconds = nan is not a number", fix="e.g. perf_seconds = 2.0")
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= 600:
         raise UsageError(
             f"{where}: perf_seconds must be a number of seconds within (0, 600], not {seconds!r}",

@@ -255,6 +255,10 @@ def _check_entry(entry: object) -> Check:
         raise ValueError(f"the {metric} check needs min or max")
     low = _number(entry["min"], f"{metric} min") if "min" in entry else None
     high = _number(entry["max"], f"{metric} max") if "max" in entry else None
+    if low is not None and high is not None and low > high:
+        raise ValueError(
+            f"the {metric} check's min = {low:g} is above its max = {high:g}: no value passes it"
+        )
     return Check(str(metric), low, high)
 
 
@@ -271,7 +275,9 @@ def _number(raw: object, name: str) -> float:
         value = float(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, not {raw!r}") from None
-    if value < 0 or math.isnan(value):
+    if math.isnan(value):  # TOML's nan: every comparison with it is false, so no check would fail
+        raise ValueError(f"{name} = {raw!r} is not a number")
+    if value < 0:
         raise ValueError(f"{name} must not be negative, not {raw!r}")
     return value
 

@@ -14,6 +14,7 @@ from pipelines.promote.fanout import checkpoint
 from pipelines.promote.ports import Registry
 from pipelines.promote.reports import PromotionResult
 from registry.errors import MlregError, PromotionError
+from registry.settings import redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,8 @@ def record_promotion(
             {
                 "from_version": previous,
                 "to_version": plan.version,
-                "targets": ",".join(plan.targets),
-                "store": env.store,
+                "targets": redact_uri(",".join(plan.targets)),
+                "store": redact_uri(env.store),  # never a secret in MLflow (refused already, too)
             },
             {f"{s.stage}_seconds": s.seconds for s in result.stages} | perf_metrics(result),
         )
@@ -68,7 +69,7 @@ def record_promotion(
                     writes.note_deployment(model, version, env.name)
                 registry.record_deployment(model, version, env.name, run_id, plan.targets)
     except MlregError as exc:
-        log.warning("could not record the promotion in MLflow: %s", exc)
+        log.warning("could not record the promotion in MLflow: %s", redact_uri(str(exc)))
 
 
 def perf_metrics(result: PromotionResult) -> dict[str, float]:

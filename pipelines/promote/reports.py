@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from pipelines.promote.fanout import Rollout
 from pipelines.promote.plan import Plan
 from registry.errors import PromotionError
+from registry.settings import redact_data, redact_uri
 
 
 class StageReport(Protocol):
@@ -99,7 +100,7 @@ class UploadReport:
     uploaded: list[str]
 
     def detail(self) -> str:
-        return f"{self.bytes_sent:,} bytes uploaded to {self.store}"
+        return f"{self.bytes_sent:,} bytes uploaded to {redact_uri(self.store)}"
 
 
 @dataclass
@@ -193,6 +194,11 @@ class PromotionResult:
         return [s.stage for s in self.stages]
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as ``--json`` prints it and MLflow's ``report.json`` keeps it: every URI in
+        it redacted (``registry.settings.redact_uri``), whatever a stage or an error wrote."""
+        return redact_data(self._fields())
+
+    def _fields(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "rolled_back": self.rolled_back,

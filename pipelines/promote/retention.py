@@ -349,7 +349,7 @@ def restored(store: RepositoryStore, step: Step) -> bool:
     if not bring_back(store, archive, step.model, step.version):
         return False
     try:
-        store.verify_version(step.model, step.version, step.digest or None)
+        store.verify_version(step.model, step.version, step.digest or None, drop_bytecode=True)
     except StorageError:
         return False
     return True

@@ -104,7 +104,7 @@ class Promotion:
         scratch: ScratchServers | None = None,  # the dry-run gate's servers (the application's)
     ) -> None:
         self.settings, self.env, self.registry, self.options = settings, env, registry, options
-        self.connect = connect or triton_connector(settings)
+        self.connect = connect or triton_connector(settings, env.key(settings))
         self.scratch = scratch
         self.ctx: PromotionContext | None = None
 

@@ -17,7 +17,7 @@ from pipelines.promote import checks, quality, retention
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.deploy import check_serves_from_store
-from pipelines.promote.fanout import checkpoint
+from pipelines.promote.fanout import OPEN_CONTROL, checkpoint, open_control
 from pipelines.promote.integrity import (
     apply_repair,
     check_signatures,
@@ -96,6 +96,9 @@ def resolve(ctx: PromotionContext) -> StageReport:
         ctx.noop = True
         return NoopReport(plan.model, plan.version, ctx.env.name)
     check_serves_from_store(ctx)  # before any live stage (the canary gate loads too)
+    if ctx.options.dry_run:  # the plan says which replicas anyone could drive
+        opened = open_control(plan.targets, min(5.0, ctx.settings.triton_timeout))
+        ctx.result.notes.extend(OPEN_CONTROL.format(url=url) for url in opened)
     return ResolveReport([f"{s.model} v{s.version} ({s.role.value})" for s in plan.steps], sorted(held))
 
 
@@ -376,6 +379,10 @@ def assemble(ctx: PromotionContext) -> UploadReport:
                 sent += ctx.store.put_version(step.model, step.version, step.folder / step.version).bytes_sent
             uploaded.append(_verify_bytes(ctx, step))
             publish_signature(ctx.store, step, ctx.plan.workdir)  # beside the manifest, when checked
+    for step in ctx.plan.steps:  # what the loads read next, verified (validate, above): no cache in it
+        if not step.is_ensemble:
+            for version in sorted({step.version, *serving_versions(step.config_text)}, key=int):
+                ctx.store.drop_bytecode(step.model, version)
     checkpoint("uploaded")
     return UploadReport(sent, ctx.store.uri, uploaded)
 

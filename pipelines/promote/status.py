@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.promote.fanout import Fleet, ready_versions, triton_connector
+from pipelines.promote.fanout import Connect, Fleet, open_control, ready_versions, triton_connector
 from pipelines.promote.integrity import signature_problems
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
 from pipelines.promote.ports import Registry
@@ -101,7 +101,9 @@ def probe_targets(
         targets = resolve_targets(settings, env)
     except MlregError as exc:
         return {"local stack" if env.local_stack else "(no target)": f"unreachable: {exc.message}"}, {}
-    with Fleet(store, targets, triton_connector(settings), settings.triton_timeout) as fleet:
+    with Fleet(
+        store, targets, triton_connector(settings, env.key(settings)), settings.triton_timeout
+    ) as fleet:
         live = {
             url: f"unreachable: {found.message}" if isinstance(found, MlregError) else found
             for url, found in fleet.states().items()
@@ -314,6 +316,7 @@ class EnvironmentStatus:
     locks: list[dict[str, Any]] = field(default_factory=list)  # the store's, with leases
     store_error: str = ""  # "": the store answered; else the rows' store columns are unknown
     store_fix: str = ""
+    open_control: list[str] = field(default_factory=list)  # replicas whose control API takes anyone's calls
 
 
 def environment_status(
@@ -323,6 +326,7 @@ def environment_status(
     what the servers serve in the rows, and says why with a fix (the locks are then unknown)."""
     store = status_store(env.store)
     rows, why = _model_rows(settings, env, registry, store, models)
+    opened = _open_control(settings, env)
     if not why:
         try:
             found = store.locks()
@@ -330,8 +334,16 @@ def environment_status(
             why = exc.message
         else:
             locks = [lock.to_dict() for lock in found if not models or lock.model in models]
-            return EnvironmentStatus(rows, locks)
-    return EnvironmentStatus(rows, [], why, STORE_FIX.format(uri=env.store))
+            return EnvironmentStatus(rows, locks, open_control=opened)
+    return EnvironmentStatus(rows, [], why, STORE_FIX.format(uri=env.store), opened)
+
+
+def _open_control(settings: Settings, env: Environment) -> list[str]:
+    try:
+        targets = resolve_targets(settings, env)
+    except MlregError:
+        return []  # the rows say why
+    return open_control(targets, min(5.0, settings.triton_timeout))
 
 
 def _model_rows(
@@ -353,7 +365,9 @@ def _model_rows(
     aliases, mlflow_error = read_aliases(registry, names, env.alias)
     if not models:
         _ready_outside_index(
-            settings, live, {m: a for m, a in aliases.items() if a and m not in views_with_config(views)}
+            triton_connector(settings, env.key(settings)),
+            live,
+            {m: a for m, a in aliases.items() if a and m not in views_with_config(views)},
         )
     rows = [
         _row(env, registry, store, model, views[model], aliases[model], live, live_pins, mlflow_error)
@@ -407,11 +421,10 @@ def views_with_config(views: dict[str, StoreView]) -> set[str]:
     return {m for m, v in views.items() if v.config is not None}
 
 
-def _ready_outside_index(settings: Settings, live: dict[str, Any], wanted: dict[str, str]) -> None:
+def _ready_outside_index(connect: Connect, live: dict[str, Any], wanted: dict[str, str]) -> None:
     """A model whose folder left the repository is gone from Triton's index but still loaded:
     each ``model: version`` the alias names and the store lacks is asked for by name, and added to
     ``live`` where it is READY."""
-    connect = triton_connector(settings)
     for url, states in live.items():
         if isinstance(states, str) or not wanted:
             continue

@@ -40,7 +40,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.storage.lease import Lease, LockInfo, parse_lock
-from pipelines.storage.verify import MANIFEST, check_version, root_marker
+from pipelines.storage.verify import (
+    MANIFEST,
+    SIGNATURE_FILE,
+    bytecode_cache,
+    check_version,
+    other_bytes,
+    rewrite_refused,
+    root_marker,
+)
 from registry.contracts.links import refuse_outside_links
 from registry.errors import StorageError
 from registry.manifest import CONFIG_ENTRY, digest_of_manifest, sha256_file
@@ -352,7 +360,7 @@ class RepositoryStore(ABC):
         prefix = f"{model}/{version}/"
         for key in self.list_prefix(prefix):
             rel = key[len(prefix) :]
-            if rel == MANIFEST:
+            if rel == MANIFEST or bytecode_cache(key):  # no cache nobody hashed (drop_bytecode)
                 continue
             data = self.read(key)
             if data is None:
@@ -371,15 +379,38 @@ class RepositoryStore(ABC):
         return check_version(self, model, version, expected_digest, hashing)
 
     def verify_version(
-        self, model: str, version: str, expected_digest: str | None = None, *, full: bool = False
+        self,
+        model: str,
+        version: str,
+        expected_digest: str | None = None,
+        *,
+        full: bool = False,
+        drop_bytecode: bool = False,
     ) -> Verification:
         """Refuse (StorageError naming each bad file) unless every file of ``<model>/<version>/``
         matches the manifest and the manifest matches ``expected_digest`` (the version's
-        ``artifact_digest`` in MLflow) when given.  Reads only; changes nothing.  ``full``
-        re-hashes every file instead of reusing digests the cache proves."""
+        ``artifact_digest`` in MLflow) when given.  ``full`` re-hashes every file instead of
+        reusing digests the cache proves.
+
+        ``drop_bytecode`` (right before Triton reads the folder): a version that verifies then
+        loses its Python bytecode caches (``drop_bytecode``); without it, nothing is changed."""
         result = self.check_version(model, version, expected_digest, "all" if full else "changed")
         result.raise_if_bad()
+        if drop_bytecode:
+            for key in result.bytecode:
+                self.delete(key)
         return result
+
+    def drop_bytecode(self, model: str, version: str) -> list[str]:
+        """Remove the Python bytecode caches (``__pycache__/*.pyc``) of ``<model>/<version>/``: no
+        manifest covers them, and Python runs a valid one in place of the verified ``model.py``
+        (Triton's python stub imports it; on S3 Triton copies the folder, cache and all). Removed
+        right before a load, so what Triton reads is exactly what was hashed; the stub compiles the
+        verified source again. Returns the keys removed."""
+        keys = [k for k in self.list_prefix(f"{model}/{version}/") if bytecode_cache(k)]
+        for key in keys:
+            self.delete(key)
+        return keys
 
     def is_empty(self) -> bool:
         """True when the repository holds no object (S3: Triton cannot start on it)."""
@@ -417,13 +448,19 @@ class RepositoryStore(ABC):
         folder: Path,
         progress: Progress | None = None,
         config: Path | None = None,
+        *,
+        write_once: bool = False,
     ) -> UploadResult:
         """Upload ``folder`` as ``<model>/<version>/``; only files not already stored are sent.
 
         ``config`` (default: ``folder``'s parent's config.pbtxt when there is one) is the model's
         registered config: recorded in the manifest, so that its digest is MLflow's
         ``artifact_digest``.  A file is skipped only when the stored bytes are proven equal (by the
-        digest cache, else by hashing the stored copy), so a push also repairs a changed file."""
+        digest cache, else by hashing the stored copy), so a push also repairs a changed file.
+        The manifest of a new version is created, never overwritten (:meth:`_create_manifest`);
+        the signature beside a version's manifest is kept.  ``write_once`` (``mlreg store push``):
+        a version already stored keeps what was first written -- other files are refused
+        (StorageError naming each), its manifest is never rewritten."""
         check_part(model, "model name")
         check_part(version, "version")
         if not version.isdigit():
@@ -433,6 +470,10 @@ class RepositoryStore(ABC):
             config = folder.parent / CONFIG
         manifest = Manifest.of_folder(files, self.digests, config)
         stored = self.read_manifest(model, version)
+        kept = write_once and stored is not None  # the stored manifest stays as it is
+        lines = other_bytes(stored.files, manifest.files) if kept and stored is not None else []
+        if lines:
+            raise rewrite_refused(self.uri, model, version, lines)
         stamps = self.object_stamps(f"{model}/{version}/")
         result = UploadResult(model, version)
         try:
@@ -446,7 +487,8 @@ class RepositoryStore(ABC):
                 if not result.sent:
                     self.fence(model, f"{model}/{version}/")  # before aborting stale uploads
                     self.before_upload(f"{model}/{version}/")
-                self.delete(f"{model}/{version}/{MANIFEST}")  # the version is incomplete from here
+                    if stored is not None and not kept:  # the version is incomplete from here
+                        self.delete(f"{model}/{version}/{MANIFEST}")
                 self.put_file(key, path, digest, progress)
                 result.sent.append(rel)
                 result.bytes_sent += int(manifest.files[rel]["size"])
@@ -454,11 +496,34 @@ class RepositoryStore(ABC):
             self.digests.save()
         for key in stamps:
             rel = key.split("/", 2)[2]
-            if rel != MANIFEST and rel not in files:  # files the new version no longer has
+            if rel not in {MANIFEST, SIGNATURE_FILE} and rel not in files:  # files the version lacks
                 self.delete(key)
-        if result.sent or stored is None or _differs(stored, manifest):
+        if stored is None:
+            self._create_manifest(model, version, manifest)
+        elif not kept and (result.sent or _differs(stored, manifest)):
             self.write(f"{model}/{version}/{MANIFEST}", manifest.to_json().encode())
         return result
+
+    def _create_manifest(self, model: str, version: str, manifest: Manifest) -> None:
+        """A new version's manifest, created only where none is (S3: a put with If-None-Match), so
+        that of two writers of one new version exactly one makes it; the other, when its files
+        differ, gets a StorageError (they may have mixed the files: verify says)."""
+        if self.create(f"{model}/{version}/{MANIFEST}", manifest.to_json().encode()):
+            return
+        first = self.read_manifest(model, version)
+        lines = other_bytes(first.files, manifest.files) if first is not None else ["the manifest vanished"]
+        if not lines:
+            return  # the other writer stored the same bytes
+        raise StorageError(
+            f"{self.uri}: {model} v{version} was created by another writer while this push sent it "
+            "(its manifest was written first), with other bytes; the files stored now may mix both "
+            "uploads:\n  " + "\n  ".join(lines[:10]),
+            fix=f"check it with 'mlreg store verify {model} {version}' ('mlreg store repair {model} "
+            f"{version}' puts the registered bytes back); to store other bytes, register and push a "
+            "new version",
+            model=model,
+            version=version,
+        )
 
     # -- locking (pipelines/storage/lease.py: the lease, renewed while held) ----------------------
 

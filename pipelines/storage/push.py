@@ -1,11 +1,29 @@
-"""Push local model folders (or a whole repository) into a store as versioned folders."""
+"""Push local model folders (or a whole repository) into a store as versioned folders.
+
+A stored version is written once: a push of a version the store holds with other bytes is
+refused before anything is sent (StorageError naming each file that differs; the fix is a new
+version), the same bytes are a no-op, and the version's manifest and signature stay as first
+written.  A push holds the model's lock, as a promotion does, so that two writers never change one
+model at once; the manifest of a new version is created only where none is (S3: If-None-Match),
+so of two writers of one new version exactly one makes it (:meth:`RepositoryStore.put_version`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.storage.base import CONFIG, Progress, RepositoryStore, UploadResult, check_part
+from pipelines.storage.base import (
+    CONFIG,
+    LEASE_S,
+    Manifest,
+    Progress,
+    RepositoryStore,
+    UploadResult,
+    check_part,
+    local_files,
+)
+from pipelines.storage.verify import other_bytes, rewrite_refused
 from registry.contracts.links import refuse_outside_links
 from registry.errors import StorageError
 
@@ -25,21 +43,47 @@ def model_folders(path: Path) -> list[Path]:
     return models
 
 
+def version_folders(folder: Path, versions: list[str] | None = None) -> list[str]:
+    """The version folders of the model folder ``folder`` (only ``versions``, when given)."""
+    found = sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
+    return [v for v in found if versions is None or v in versions]
+
+
+def refuse_rewrites(store: RepositoryStore, folder: Path, versions: list[str] | None = None) -> None:
+    """StorageError, before anything is sent, when a version of ``folder`` is stored with other
+    bytes (the comparison of the two manifests; local files hashed once, through the cache)."""
+    model = check_part(folder.name, "model name")
+    for version in version_folders(folder, versions):
+        stored = store.read_manifest(model, version)
+        if stored is None:
+            continue  # a new version (or one whose upload did not finish)
+        pushed = Manifest.of_folder(local_files(folder / version), store.digests)
+        lines = other_bytes(stored.files, pushed.files)
+        if lines:
+            raise rewrite_refused(store.uri, model, version, lines)
+
+
 def push_model(
-    store: RepositoryStore, folder: Path, progress: Progress | None = None, versions: list[str] | None = None
+    store: RepositoryStore,
+    folder: Path,
+    progress: Progress | None = None,
+    versions: list[str] | None = None,
+    lease: float = LEASE_S,
 ) -> list[UploadResult]:
+    """Push every version folder of ``folder`` (only ``versions``, when given), then its config,
+    under the model's lock (``lease``: its lease in seconds); see the module's docstring."""
     model = check_part(folder.name, "model name")
     refuse_outside_links(folder, error=StorageError)  # before anything is sent
-    local_versions = sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
-    results = [
-        store.put_version(model, v, folder / v, progress)
-        for v in local_versions
-        if versions is None or v in versions
-    ]
-    # config last: it is what makes Triton see the model with its new versions
-    text = (folder / CONFIG).read_text()
-    if store.read_config(model) != text:
-        store.write_config(model, text)
+    with store.lock(model, ttl=lease, wait=0):
+        refuse_rewrites(store, folder, versions)  # again under the lock: every version, then send
+        results = [
+            store.put_version(model, v, folder / v, progress, write_once=True)
+            for v in version_folders(folder, versions)
+        ]
+        # config last: it is what makes Triton see the model with its new versions
+        text = (folder / CONFIG).read_text()
+        if store.read_config(model) != text:
+            store.write_config(model, text)
     return results
 
 
@@ -48,14 +92,16 @@ def push_path(
     path: Path,
     progress: Progress | None = None,
     on_model: Callable[[str], None] | None = None,
+    lease: float = LEASE_S,
 ) -> list[UploadResult]:
     results: list[UploadResult] = []
     folders = model_folders(path)
-    for folder in folders:  # check every name and link before sending anything
+    for folder in folders:  # every name, link and stored version checked before sending anything
         check_part(folder.name, "model name")
         refuse_outside_links(folder, error=StorageError)
+        refuse_rewrites(store, folder)
     for folder in folders:
         if on_model:
             on_model(folder.name)
-        results.extend(push_model(store, folder, progress))
+        results.extend(push_model(store, folder, progress, lease=lease))
     return results

@@ -49,6 +49,8 @@ class FileProblem:
             "manifest": "was edited: its digest field does not match its contents",
             "digest": "does not match the digest registered in MLflow",
             "incomplete": "is missing: the version is incomplete (an upload did not finish)",
+            "signature": "was changed after it was written: it differs from the signature registered "
+            "in MLflow",
         }.get(self.problem, self.problem)
         detail = f" (expected {self.expected}, found {self.actual})" if self.expected or self.actual else ""
         return f"{self.file} {what}{detail}"
@@ -69,6 +71,8 @@ class Verification:
     reused: int = 0  # files whose digest the cache proved
     unverified: list[str] = field(default_factory=list)  # files not hashed (hashing="none")
     problems: list[FileProblem] = field(default_factory=list)
+    bytecode: list[str] = field(default_factory=list)  # keys of Python bytecode caches (never hashed)
+    note: str = ""  # what was not compared, and why (e.g. a version MLflow does not know)
 
     @property
     def ok(self) -> bool:
@@ -95,6 +99,7 @@ class Verification:
             "reused": self.reused,
             "unverified": self.unverified,
             "problems": [p.to_dict() for p in self.problems],
+            **({"note": self.note} if self.note else {}),
         }
 
     def raise_if_bad(self) -> None:
@@ -107,9 +112,9 @@ class Verification:
             lines.append(f"... and {len(self.problems) - MAX_NAMED} more")
         raise StorageError(
             f"{where} does not match what was registered; refusing to use it:\n  " + "\n  ".join(lines),
-            fix="upload the registered bytes again (a promotion of this version re-sends every file "
-            "whose stored bytes differ; or 'mlreg store push MODEL_FOLDER'), then check with "
-            f"'mlreg store verify {self.model} {self.version}'",
+            fix=f"put the registered bytes back ('mlreg store repair {self.model} {self.version}'; a "
+            "promotion of this version re-sends every file whose stored bytes differ), then check "
+            f"with 'mlreg store verify {self.model} {self.version}'",
             model=self.model,
             version=self.version,
             files=[p.file for p in self.problems],
@@ -163,7 +168,9 @@ def _check_files(
 ) -> None:
     known = {prefix + f for f in manifest.files} | {prefix + MANIFEST, prefix + SIGNATURE_FILE}
     for rel in sorted(stamps.keys() - known):
-        if not _bytecode_cache(rel):
+        if bytecode_cache(rel):
+            result.bytecode.append(rel)
+        else:
             result.problems.append(FileProblem(rel[len(prefix) :], "unexpected"))
     for rel, meta in sorted(manifest.files.items()):
         result.files += 1
@@ -177,11 +184,14 @@ def _check_files(
             _check_digest(store, prefix + rel, rel, str(meta["sha256"]), stamp, hashing, result)
 
 
-def _bytecode_cache(key: str) -> bool:
+def bytecode_cache(key: str) -> bool:
     """Python's bytecode cache, which Triton's python backend writes into a local store's version
     folder when it loads ``model.py`` (2.51's stub runs its interpreter isolated, so the
     PYTHONDONTWRITEBYTECODE=1 mlreg starts it with is ignored; other servers may not set it): never
-    uploaded, never registered, so not "unexpected" either."""
+    uploaded, never registered, so not "unexpected" either -- but never trusted: Python imports a
+    valid cache in place of ``model.py`` (a timestamp .pyc carrying its mtime and size, or an
+    unchecked-hash one), so every one is removed right before Triton reads the folder
+    (``RepositoryStore.drop_bytecode``, ``verify_version(drop_bytecode=True)``)."""
     parts = key.split("/")
     return "__pycache__" in parts[:-1] and parts[-1].endswith(".pyc")
 
@@ -212,6 +222,40 @@ def _check_digest(
         store.digests.remember(cache_key, read_stamp, actual)
     if actual != expected:
         result.problems.append(FileProblem(rel, "sha256", f"sha256 {expected}", f"sha256 {actual}"))
+
+
+# -- write-once versions -------------------------------------------------------------------------
+
+
+def other_bytes(stored: dict[str, dict[str, Any]], pushed: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per file whose bytes differ between a stored version's manifest and the files
+    pushed as that version (empty: the same bytes)."""
+    lines = []
+    for rel in sorted(stored.keys() | pushed.keys()):
+        mine, theirs = pushed.get(rel), stored.get(rel)
+        if theirs is None:
+            lines.append(f"{rel}: not a file of the stored version")
+        elif mine is None:
+            lines.append(f"{rel}: stored, but not in the folder pushed")
+        elif (mine["sha256"], int(mine["size"])) != (theirs["sha256"], int(theirs["size"])):
+            stored_sha, pushed_sha = str(theirs["sha256"])[:12], str(mine["sha256"])[:12]
+            lines.append(f"{rel}: other bytes (stored sha256 {stored_sha}..., pushed {pushed_sha}...)")
+    return lines
+
+
+def rewrite_refused(uri: str, model: str, version: str, lines: list[str]) -> StorageError:
+    """The refusal of a push that would change a version already stored (written once)."""
+    named = lines[:MAX_NAMED] + ([f"... and {len(lines) - MAX_NAMED} more"] if len(lines) > MAX_NAMED else [])
+    return StorageError(
+        f"{uri}: {model} v{version} is already stored with other bytes, and a stored version never "
+        "changes; nothing was sent:\n  " + "\n  ".join(named),
+        fix=f"register these bytes as a new version of {model} ('mlreg register {model} FOLDER') and push "
+        f"or promote that version; to put v{version}'s registered bytes back: "
+        f"'mlreg store repair {model} {version}'",
+        model=model,
+        version=version,
+        files=lines,
+    )
 
 
 def root_marker(uri: str) -> bytes:

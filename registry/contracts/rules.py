@@ -7,6 +7,7 @@ a finding with ``origin="mlreg"`` is a rule mlreg adds beyond Triton and is labe
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def check_model(entry: ModelEntry, gpus: int | None = None) -> Iterator[Finding]
     if entry.config is None:
         return
     yield from check_name(entry)
+    yield from check_paths(entry)
     platform_ok = True
     for finding in check_platform(entry):
         platform_ok = platform_ok and not finding.is_error
@@ -66,6 +68,74 @@ def check_name(entry: ModelEntry) -> Iterator[Finding]:
             expected=entry.name,
             actual=config.name,
         )
+
+
+PATHS_RULE = "paths"  # a file name leaving the version folder: refused even at register
+MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"  # Triton's stand-in for the model's folder in parameters
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+PATH_PARAMETER = re.compile(r"PATH|FILE|DIR", re.IGNORECASE)
+
+
+def check_paths(entry: ModelEntry) -> Iterator[Finding]:
+    """Every file name Triton resolves from the config stays inside a version folder, the only
+    place mlreg hashes (and signs) what it loads (origin mlreg: Triton joins them as given, so
+    ``default_model_filename: "../../../evil/model.py"`` runs a file nobody verified)."""
+    config = entry.config
+    assert config is not None
+    fix = "name a file inside the version folder (e.g. model.py), never an absolute path or '..'"
+    if config.backend and (not PLAIN_NAME.fullmatch(config.backend) or not config.backend.strip(".")):
+        yield error(
+            PATHS_RULE,
+            entry.name,
+            f"backend '{config.backend}' is not a backend name: Triton would look for "
+            "libtriton_<backend>.so (or a python-based backend's model.py) at that path",
+            'give the backend by name, e.g. backend: "python" or "onnxruntime"',
+            origin="mlreg",
+            actual=config.backend,
+        )
+    if config.runtime and (not PLAIN_NAME.fullmatch(config.runtime) or not config.runtime.strip(".")):
+        yield error(
+            PATHS_RULE,
+            entry.name,
+            f"runtime '{config.runtime}' is not a file name in the backend's folder",
+            "give a file name of the backend (e.g. model.py), without a path",
+            origin="mlreg",
+            actual=config.runtime,
+        )
+    named = [("default_model_filename", config.default_model_filename)]
+    named += [(f"cc_model_filenames['{k}']", v) for k, v in sorted(config.cc_model_filenames.items())]
+    for field, value in named:
+        if value and _escapes(value):
+            yield error(
+                PATHS_RULE,
+                entry.name,
+                f"{field} '{value}' leaves the version folder: Triton would load a file mlreg never verified",
+                fix,
+                origin="mlreg",
+                actual=value,
+            )
+    for key, parameter in sorted(config.parameters.items()):
+        value = parameter.string_value
+        if not value or not (key == "EXECUTION_ENV_PATH" or PATH_PARAMETER.search(key)):
+            continue
+        inside = value.startswith(MODEL_DIRECTORY + "/")
+        rest = value[len(MODEL_DIRECTORY) + 1 :] if inside else value
+        in_version = inside and rest.split("/", 1)[0].isdigit() and not _escapes(rest)
+        if key == "EXECUTION_ENV_PATH" and not in_version or inside and _escapes(rest) or _escapes(value):
+            yield error(
+                PATHS_RULE,
+                entry.name,
+                f"parameter {key} '{value}' leaves the version folder: Triton would read a file "
+                "mlreg never verified",
+                f"put the file in a version folder and name it {MODEL_DIRECTORY}/<version>/<file>",
+                origin="mlreg",
+                actual=value,
+            )
+
+
+def _escapes(value: str) -> bool:
+    """Absolute, or a '..' anywhere: it may leave the folder it is joined to."""
+    return value.startswith(("/", "~", "\\")) or ".." in re.split(r"[/\\]", value)
 
 
 def check_platform(entry: ModelEntry) -> Iterator[Finding]:

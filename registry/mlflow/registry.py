@@ -115,7 +115,7 @@ class MlflowRegistry:
                 or "ConnectionError" in message
                 or ("timed out" in message.lower())
             ):
-                fix = f"check the tracking server at {self.uri} is up (MLFLOW_TRACKING_URI)"
+                fix = f"check the tracking server at {redact_uri(self.uri)} is up (MLFLOW_TRACKING_URI)"
             else:
                 fix = "read the message above"
             return RegistryError(
@@ -125,7 +125,7 @@ class MlflowRegistry:
             )
         return RegistryError(  # requests' ConnectionError is an OSError
             f"MLflow ({redact_uri(self.uri)}): {what} failed: {exc}",
-            fix=f"check the tracking server at {self.uri} is up",
+            fix=f"check the tracking server at {redact_uri(self.uri)} is up",
         )
 
     def ping(self) -> None:

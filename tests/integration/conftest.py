@@ -1,8 +1,10 @@
-"""A real tritonserver (the nvidia-pytriton wheel's binary), started once per session."""
+"""A real tritonserver (the nvidia-pytriton wheel's binary), started once per session; the session's
+MLflow-native stack (tests/integration/nativestack.py) that two modules share."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,7 @@ from pipelines.devstack import local_triton
 from pipelines.triton import TritonControl
 from registry.settings import Settings
 from tests.conftest import TEMPLATE, once_per_run
+from tests.integration.nativestack import NativeStack, start_native_stack
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -60,3 +63,18 @@ def triton(built_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     finally:
         control.close()
         local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+
+
+@pytest.fixture(scope="session")
+def native_stack(built_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeStack]:
+    """test_mlflow_native.py's and test_browser.py's stack (one worker runs both: SAME_WORKER)."""
+    home = tmp_path_factory.mktemp("native") / ".mlreg"
+    with start_native_stack(built_repository, home) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def deployed(native_stack: NativeStack) -> subprocess.CompletedProcess[str]:
+    """image_model v2 promoted by `mlflow deployments create -t mlreg` (NVIDIA's command shape)."""
+    create = ["deployments", "create", "-t", "mlreg", "--name", "image_model", "-m", "models:/image_model/2"]
+    return native_stack.mlflow(*create)

@@ -1,7 +1,13 @@
 """What the integration stacks share: the template registered as ``mlreg export`` registers it, new
 versions without running an exporter again, the snapshot a refused promotion must leave alone, and
 the pieces the modules' own stacks of python models are built from (their settings, tritonservers
-on stores, an S3 repository, a registered model, ``mlreg`` in a subprocess, the test hook's pause).
+on stores, an S3 repository, a registered model, ``mlreg`` in a subprocess, paused by the test
+hook: :func:`paused_mlreg`, the one helper every such test uses).
+
+:func:`refusal_state` is what every "nothing changed" claim compares: the sha256 of every object of
+the store and of its archive, every target's whole repository index (not READY only: a version
+loaded and taken back stays listed), the pins of every ensemble each target serves, and every
+alias of every model of the registry.
 
 One TensorFlow export per session (``built_repository`` in tests/conftest.py, plus image_model
 re-exported once with another seed where a test needs other *answers*).  A test that needs only a
@@ -15,10 +21,12 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +34,15 @@ from mlreg.service import environment
 from pipelines.devstack import local_triton
 from pipelines.devstack.scratch import scratch_servers
 from pipelines.devstack.stack import stack_down, stack_up
+from pipelines.promote.fanout import PAUSE_VARIABLE, RESUME_VARIABLE
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
+from pipelines.storage.base import LOCK_PREFIX, RepositoryStore
 from pipelines.triton import TritonControl
 from registry.contracts.config import CONFIG_NAME
+from registry.errors import StorageError
 from registry.export import member_versions
 from registry.mlflow import MlflowRegistry
 from registry.register import Candidate, RegisterResult, find_candidate, register
@@ -48,6 +59,16 @@ MEMBERS = (
     "table_data_preprocess",
 )
 MODELS = (*MEMBERS, ENSEMBLE)
+
+
+def golden() -> Any:
+    """The template's ``golden_inputs`` module (the seed's request and its expected answers)."""
+    if str(TEMPLATE) not in sys.path:
+        sys.path.insert(0, str(TEMPLATE))
+    import golden_inputs
+
+    return golden_inputs
+
 
 # The smallest real model: python backend, INPUT0 x SCALE (format with name= / scale=).
 SCALING_CONFIG = """name: "{name}"
@@ -192,13 +213,19 @@ class LocalStack:
         return register_new_bytes(self.registry, self.exports / model, work, release)
 
     def snapshot(self, models: tuple[str, ...] = MODELS) -> dict[str, object]:
-        """Everything a refused promotion must leave alone: the store's bytes and configs, every
-        alias of every model (each environment's, not only local's), what Triton serves."""
+        """What a promotion that went back must have put back: the store's bytes and configs,
+        every alias of ``models`` (each environment's, not only local's), what Triton serves (READY:
+        the versions it loaded and gave back stay listed in its index, see :meth:`refused`)."""
         return {
             "files": store_files(self.settings.local_repository),
             "aliases": {m: self.registry.aliases(m) for m in models},
             "serving": {m: self.serving(m) for m in models},
         }
+
+    def refused(self) -> dict[str, Any]:
+        """What a promotion refused before any change must leave alone (:func:`refusal_state`):
+        every object of the store and its archive, Triton's whole index and pins, every alias."""
+        return refusal_state(self.settings.local_repository, [self.url], self.registry)
 
 
 @contextlib.contextmanager
@@ -333,16 +360,87 @@ def mlreg_process(env_vars: dict[str, str], *args: str, **popen: Any) -> subproc
     )
 
 
-def wait_for_pause(process: subprocess.Popen[str], point: str) -> list[str]:
+def wait_for_pause(process: subprocess.Popen[str], point: str, timeout: float = 240) -> list[str]:
     """Read ``process``'s stderr until mlreg's test hook (``PAUSE_VARIABLE``) says it paused at
-    ``point``; the lines read.  An AssertionError showing the last ones when it ended first."""
-    assert process.stderr is not None
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if line.startswith(f"mlreg-test: paused at {point}"):
-            return lines
+    ``point``; the lines read.  An AssertionError showing the last ones when it ended first, or when
+    it is still running after ``timeout`` seconds (then SIGABRT first: with PYTHONFAULTHANDLER set,
+    where every thread was)."""
+    stderr = process.stderr
+    assert stderr is not None
+    lines: list[str] = []
+    paused = threading.Event()
+
+    def read() -> None:
+        for line in stderr:
+            lines.append(line)
+            if line.startswith(f"mlreg-test: paused at {point}"):
+                paused.set()
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if paused.is_set():
+        return lines
+    if reader.is_alive():  # stuck before the point
+        process.send_signal(signal.SIGABRT)
+        reader.join(60)
+        raise AssertionError(f"no pause at {point} within {timeout:.0f} s:\n{''.join(lines[-60:])}")
     raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
+
+
+def _interruptible() -> None:
+    """The child takes SIGINT as a user's Ctrl-C even when this run started as a background job: a
+    shell starts those with SIGINT ignored, the children inherit it, and Python then never raises
+    KeyboardInterrupt (a clean-clone run launched with ``cmd &`` hung on exactly that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@dataclass
+class Paused:
+    """An ``mlreg`` process stopped by the test hook: the process (a group of its own) and the
+    stderr lines it wrote up to the pause."""
+
+    process: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+    out: str = ""
+
+    def kill(self) -> None:
+        """SIGKILL to its whole process group: a crash."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.communicate()
+
+    def finish(self, timeout: float = 150) -> tuple[int, str]:
+        """Its exit code and everything it wrote on stderr, once it ends (stdout: ``out``).  Still
+        running after ``timeout`` seconds: SIGABRT (every thread's stack, by faulthandler), then an
+        AssertionError showing them."""
+        try:
+            self.out, err = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            _, err = self.process.communicate(timeout=60)
+            raise AssertionError(f"mlreg did not exit within {timeout:.0f} s:\n{err[-6000:]}") from None
+        return self.process.returncode, "".join(self.lines) + err
+
+
+@contextlib.contextmanager
+def paused_mlreg(
+    env_vars: dict[str, str], point: str, *args: str, resume: Path | None = None
+) -> Iterator[Paused]:
+    """``mlreg ARGS`` (see :func:`mlreg_process`) in a process group of its own, paused by the test
+    hook at ``point``: with ``resume``, it goes on once that file exists.  SIGINT is a Ctrl-C there
+    (whatever this run inherited) and SIGABRT dumps every thread's stack (faulthandler).  On the
+    way out a process still running is killed with its group."""
+    env = {**env_vars, PAUSE_VARIABLE: point, "PYTHONFAULTHANDLER": "1"}
+    if resume is not None:
+        env[RESUME_VARIABLE] = str(resume)
+    process = mlreg_process(env, *args, start_new_session=True, preexec_fn=_interruptible)
+    try:
+        yield Paused(process, wait_for_pause(process, point))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
 
 
 def s3_repository(s3_server: Any, bucket: str, prefix: str = "repository") -> str:
@@ -355,3 +453,73 @@ def s3_repository(s3_server: Any, bucket: str, prefix: str = "repository") -> st
     store = str(s3_server.store_uri(bucket, prefix))
     ensure_root(store)
     return store
+
+
+# -- what a refusal must leave alone ----------------------------------------------------------------
+
+
+def store_objects(store: RepositoryStore) -> dict[str, str]:
+    """Every object of ``store`` (locks left out) and its sha256."""
+    return {
+        key: hashlib.sha256(store.read(key) or b"").hexdigest()
+        for key in store.list_prefix("")
+        if not key.startswith(LOCK_PREFIX)
+    }
+
+
+def ensemble_pins(url: str, states: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Each ensemble READY on the Triton at ``url`` -> its steps' member -> version, as loaded."""
+    pins: dict[str, dict[str, str]] = {}
+    with TritonControl(url) as triton:
+        for model, versions in sorted(states.items()):
+            if "READY" not in versions.values():
+                continue
+            config = triton.model_config(model)
+            if config.get("platform") == "ensemble":
+                steps = config.get("ensemble_scheduling", {}).get("step", [])
+                pins[model] = {s["model_name"]: str(s.get("model_version", "-1")) for s in steps}
+    return pins
+
+
+def registry_aliases(registry: MlflowRegistry) -> dict[str, dict[str, str]]:
+    """Every registered model of ``registry`` -> its aliases (every environment's)."""
+    found = registry.client.search_registered_models(max_results=1000)
+    return {name: registry.aliases(name) for name in sorted(str(m.name) for m in found)}
+
+
+def refusal_state(store: str | Path, targets: Sequence[str], registry: MlflowRegistry) -> dict[str, Any]:
+    """Everything a refused promotion must leave alone, as one value to compare: the sha256 of every
+    object of the store and of its archive (locks left out), every target's whole repository index
+    (every model, every version Triton lists and its state: a version loaded and taken back again
+    stays listed UNAVAILABLE; UNLOADING reads as UNAVAILABLE, unloads being async), the pins of
+    every ensemble each target serves, and every alias of every model of the registry."""
+    opened = open_store(store)
+    try:
+        archive: dict[str, str] | None = store_objects(opened.archive())
+    except StorageError:
+        archive = None  # a store with no place for an archive
+    index: dict[str, dict[str, dict[str, str]]] = {}
+    pins: dict[str, dict[str, dict[str, str]]] = {}
+    for url in targets:
+        with TritonControl(url) as triton:
+            states = triton.model_states()
+        index[url] = {
+            model: {v: "UNAVAILABLE" if s == "UNLOADING" else s for v, s in versions.items()}
+            for model, versions in states.items()
+        }
+        pins[url] = ensemble_pins(url, states)
+    return {
+        "objects": store_objects(opened),
+        "archive": archive,
+        "index": index,
+        "pins": pins,
+        "aliases": registry_aliases(registry),
+    }
+
+
+def unloaded_on(state: dict[str, Any], url: str, model: str, *versions: str) -> dict[str, Any]:
+    """``state`` (a :func:`refusal_state`) as it reads once ``url`` loaded ``versions`` of ``model``
+    and took them back: Triton's index then lists them UNAVAILABLE, nothing else changes."""
+    index = {u: {m: dict(v) for m, v in models.items()} for u, models in state["index"].items()}
+    index[url].setdefault(model, {}).update(dict.fromkeys(versions, "UNAVAILABLE"))
+    return {**state, "index": index}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.test_mlflow_native import NativeStack, deployed, native_stack  # noqa: F401
+from tests.integration.nativestack import NativeStack
 
 pytestmark = pytest.mark.integration
 
@@ -57,8 +57,8 @@ def open_page(browser: Any, url: str, shot: Path) -> str:
 
 
 def test_the_ui_shows_the_signature_the_commit_and_where_version_2_serves(
-    native_stack: NativeStack,  # noqa: F811
-    deployed: subprocess.CompletedProcess[str],  # noqa: F811
+    native_stack: NativeStack,
+    deployed: subprocess.CompletedProcess[str],
 ) -> None:
     from playwright.sync_api import sync_playwright
 

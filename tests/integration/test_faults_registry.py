@@ -11,19 +11,18 @@ import dataclasses
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mlreg.service import environment
 from pipelines.devstack.local_mlflow import MlflowServer, start_mlflow, stop_mlflow
 from pipelines.devstack.stack import stack_down, stack_up
-from pipelines.promote.fanout import PAUSE_VARIABLE, RESUME_VARIABLE
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
@@ -35,7 +34,13 @@ from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.conftest import ROOT, TEMPLATE
-from tests.integration.stacks import mlreg_process, ready_versions, stack_settings, wait_for_pause
+from tests.integration.stacks import (
+    paused_mlreg,
+    ready_versions,
+    refusal_state,
+    stack_settings,
+    store_files,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -118,29 +123,52 @@ def _paused_promote(stack: Stack, point: str, version: str, at_pause: object) ->
     """``mlreg promote`` run until the test hook pauses it at ``point``; ``at_pause()`` runs there,
     then the promotion goes on.  Returns its exit code and stderr."""
     resume = stack.mlflow_root / f"resume-{point.replace(':', '-')}"
-    env_vars = {**stack.env_vars, PAUSE_VARIABLE: point, RESUME_VARIABLE: str(resume)}
     args = ("promote", MODEL, "--version", version, "--env", "local")
-    proc = mlreg_process(env_vars, *args, start_new_session=True)
-    try:
-        lines = wait_for_pause(proc, point)
+    with paused_mlreg(stack.env_vars, point, *args, resume=resume) as paused:
         at_pause()  # type: ignore[operator]
         resume.touch()
-        _, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return proc.returncode, "".join(lines) + err
+        return paused.finish(240)
 
 
 def test_first_deployment_and_a_swap_wait_for_the_retired_version(stack: Stack) -> None:
     """Item 6: the swap returns only once the retired version is unloaded; a rerun says "already
-    serves", never "retired v1" while v1 serves."""
+    serves", never "retired v1" while v1 serves.  The wait is observed, not inferred from a state
+    read after the record stage's MLflow round trips: every call the promotion makes to Triton is
+    noted in order, and after the retire's load (the store's config serving v2 alone) comes a look
+    at the repository index that finds v1 no longer READY -- the last call, before the promotion
+    records anything (on S3, issue 26 saw v1 READY there: then the wait loads again)."""
     stack.promote("1")
     assert (stack.serving(), stack.desired(), stack.alias()) == (["1"], ["1"], "1")
-    result = stack.promote("2")
+    calls: list[tuple[str, object]] = []  # ("load", what the store serves) / ("states", v1's state)
+
+    def connect(url: str) -> TritonControl:
+        control = TritonControl(url)
+        load, model_states = control.load, control.model_states
+
+        def noted_load(model: str, config: str | None = None, files: Any = None) -> None:
+            load(model, config, files)
+            if model == MODEL:
+                calls.append(("load", stack.desired()))
+
+        def noted_states() -> dict[str, dict[str, str]]:
+            states = model_states()
+            calls.append(("states", states.get(MODEL, {}).get("1")))
+            return states
+
+        setattr(control, "load", noted_load)  # noqa: B010 (instance attributes, on purpose)
+        setattr(control, "model_states", noted_states)  # noqa: B010
+        return control
+
+    env = environment(stack.settings, "local")
+    result = Promotion(stack.settings, env, stack.registry, Options(), connect=connect).run(MODEL, "2")
     assert "retired table_data_preprocess v1" in " ".join(s.detail for s in result.stages)
-    assert stack.serving() == ["2"]  # read the moment the promotion returned: v1 is gone already
+    retire = calls.index(("load", ["2"]))
+    assert ("load", ["1", "2"]) in calls[:retire]  # the overlap came first
+    looked = calls[retire + 1 :]
+    assert looked, calls  # the retire was followed by a look at what Triton serves ...
+    assert {kind for kind, _ in looked} == {"states"}, calls
+    assert looked[-1][1] in {"UNLOADING", "UNAVAILABLE"}, calls  # ... which found v1 gone
+    assert stack.serving() == ["2"]
     assert (stack.desired(), stack.alias()) == (["2"], "2")
     again = stack.promote("2")
     assert again.noop
@@ -210,9 +238,16 @@ def test_a_store_the_targets_do_not_serve_from_is_refused_and_never_unloads(
     models); what serves, the store and the alias are untouched."""
     other = tmp_path / "other-store"
     shutil.copytree(TEMPLATE / "image_preprocess", other / "image_preprocess")
+    before = refusal_state(stack.settings.local_repository, [stack.url], stack.registry)
+    wrong = store_files(other)
     with pytest.raises(PromotionError, match="does not serve from the store"):
         stack.promote("1", store=str(other))
     assert (stack.serving(), stack.desired(), stack.alias()) == (["2"], ["2"], "2")
+    # the store Triton serves from, Triton's whole index, every alias -- and the wrong store: no
+    # upload, no config, no archive there either
+    assert refusal_state(stack.settings.local_repository, [stack.url], stack.registry) == before
+    assert store_files(other) == wrong
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-store"]
 
     assert stack.promote("2").noop  # the rerun on the right store: nothing to do
 

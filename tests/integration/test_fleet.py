@@ -1,8 +1,9 @@
 """Fleet roll-out on three real tritonservers reading one repository in S3 (moto_server).
 
-Light python-backend models (no TensorFlow): ``scorer`` (Y = X * its version) and the ensemble
-``scoring`` over it.  Traffic is spread over the three replicas while the promotions run; the
-``fleet`` environment of mlreg.toml declares a canary, waves and a bake on Triton's metrics.
+Light python-backend models (no TensorFlow, tests/integration/fleetstack.py): ``scorer`` (Y = X *
+its version) and the ensemble ``scoring`` over it.  Traffic is spread over the three replicas
+while the promotions run; the ``fleet`` environment of mlreg.toml declares a canary, waves and a
+bake on Triton's metrics.
 In file order: the first deployment, a good version through canary -> waves with no failed
 request (the store and the replicas not yet moved untouched until the fleet has moved), a version
 failing on part of the real requests and a slow one, both tripped by the bake and rolled back, a
@@ -13,173 +14,47 @@ after the promotion, and a replica SIGKILLed during a wave.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from pipelines.devstack import local_triton
+from pipelines.devstack import local_triton, processes
+from pipelines.promote import staged
 from pipelines.promote.environments import environment
-from pipelines.promote.fanout import PAUSE_VARIABLE, RESUME_VARIABLE
+from pipelines.promote.metrics import DERIVED, Counters
 from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed, PromotionResult
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.policy import Policy, Verdict, judge
+from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.status import model_status
 from pipelines.storage import open_store
-from pipelines.storage.base import LOCK_PREFIX
 from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
 from registry.errors import PromotionError, UsageError
 from registry.mlflow import MlflowRegistry, sqlite
-from registry.settings import Settings
 from tests.conftest import failing_python_model
+from tests.integration.fleetstack import ENSEMBLE_CONFIG, FleetStack, scorer
 from tests.integration.stacks import (
     SCORER_CONFIG,
-    mlreg_process,
-    ready_versions,
-    register_model,
+    Paused,
+    paused_mlreg,
     s3_repository,
     stack_settings,
+    triton_index,
     tritons,
-    wait_for_pause,
+    unloaded_on,
 )
 from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
 
-SCORER = """
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.factor = float(args["model_version"])
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            if FAILS and float(x[0]) > 0.5:  # raised: Triton counts an error *response* as a success
-                raise ValueError("scorer: value out of the trained range")
-            time.sleep(DELAY)
-            y = (x * self.factor).astype(np.float32)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
-        return responses
-"""
-ENSEMBLE_CONFIG = """name: "scoring"
-platform: "ensemble"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ { model_name: "scorer" model_version: 1
-  input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }
-"""
 REPLICAS = 3
-
-
-def scorer(tag: str, fails: bool = False, delay: float = 0.0) -> str:
-    """The scorer's model.py; ``tag`` makes each version's bytes differ."""
-    return f"FAILS = {fails}  # {tag}\nDELAY = {delay}\n" + SCORER
-
-
-@dataclass
-class FleetStack:
-    settings: Settings
-    registry: MlflowRegistry
-    store: str
-    urls: list[str]
-    work: Path
-    root: Path
-    servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]
-
-    def write_environment(self, max_latency_ratio: float = 50, min_requests: int = 5) -> None:
-        """The ``fleet`` environment; by default latency is not judged (a cold python stub on 2 busy
-        cores answers its first requests many times slower)."""
-        self.urls[:] = [info.grpc_url for info, _ in self.servers]
-        metrics = ", ".join(f'"{info.grpc_url}" = "{info.metrics_url}"' for info, _ in self.servers)
-        targets = ", ".join(f'"{url}"' for url in self.urls)
-        (self.root / "mlreg.toml").write_text(
-            f'[environments.fleet]\nstore = "{self.store}"\ntargets = [{targets}]\ngpu = false\n'
-            "canary = 1\nwaves = [50, 100]\nbake_seconds = 3\nmax_parallel = 2\n"
-            f"min_requests = {min_requests}\n"
-            f"max_latency_ratio = {max_latency_ratio}\nmetrics = {{ {metrics} }}\n"
-        )
-
-    def promote(self, model: str, version: str, connect: Any = None) -> PromotionResult:
-        env = environment(self.settings, "fleet")
-        options = Options(skip_quality=True)
-        return Promotion(self.settings, env, self.registry, options, connect=connect).run(model, version)
-
-    def register(
-        self, model: str, config: str, source: str | None, members: dict[str, str] | None = None
-    ) -> str:
-        folder = self.work / f"{model}-{len(list(self.work.iterdir()))}"
-        files: dict[str, str | bytes] = {} if source is None else {"model.py": source}
-        return register_model(self.registry, folder, model, config, files, members=members)
-
-    def serving(self, url: str, model: str) -> dict[str, str]:
-        with TritonControl(url) as triton:
-            return triton.model_states().get(model, {})
-
-    def ready(self, url: str, model: str) -> list[str]:
-        return ready_versions(url, model)
-
-    @contextlib.contextmanager
-    def explained(self) -> Iterator[None]:
-        """On a failure, say which replicas still run and what each serves, how a dead one's log
-        ends (a replica that dies where the test did not kill it is Triton's own story: its log is
-        the evidence), and what the store and the alias want."""
-        try:
-            yield
-        except Exception as exc:
-            lines = []
-            for info, process in self.servers:
-                state = "runs" if process.poll() is None else f"exited {process.returncode}"
-                lines.append(f"{info.grpc_url}: {state}")
-                if process.poll() is None:
-                    lines.append(f"    {self._states(info.grpc_url)}")
-                else:
-                    tail = Path(info.log_path).read_text(errors="replace").splitlines()[-15:]
-                    lines.extend(f"    {line}" for line in tail)
-            lines.append(f"store wants scorer {self._wanted()}; aliases {self._aliases()}")
-            raise AssertionError(f"{exc}\nreplicas:\n" + "\n".join(lines)) from exc
-
-    def _states(self, url: str) -> str:
-        try:
-            with TritonControl(url, timeout=5) as triton:
-                states = triton.model_states()
-        except Exception as exc:  # a diagnostic: it must never hide the failure it explains
-            return f"(states unreadable: {exc})"
-        return f"scorer {states.get('scorer', {})}, scoring {states.get('scoring', {})}"
-
-    def _wanted(self) -> str:
-        try:
-            return str(serving_versions(open_store(self.store).read_config("scorer")))
-        except Exception as exc:  # a diagnostic: it must never hide the failure it explains
-            return f"(unreadable: {exc})"
-
-    def _aliases(self) -> str:
-        try:
-            return str(self.registry.aliases("scorer"))
-        except Exception as exc:  # a diagnostic: it must never hide the failure it explains
-            return f"(unreadable: {exc})"
-
-    def pinned(self, url: str) -> int:
-        """The scorer version the ensemble pins on ``url`` (-1: the latest loaded)."""
-        with TritonControl(url) as triton:
-            return int(triton.model_config("scoring")["ensemble_scheduling"]["step"][0]["model_version"])
 
 
 @pytest.fixture(scope="module")
@@ -213,9 +88,20 @@ def test_first_deployment_reaches_every_replica(fleet: FleetStack) -> None:
         assert fleet.ready(url, "scoring") == ["1"]
 
 
-def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet: FleetStack) -> None:
+def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(
+    fleet: FleetStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also the bake's ``queue_ratio`` check passing on real Triton metrics (its other side, a
+    version making requests wait, is test_perf_check.py's): judged by the real ``judge``, noted."""
     assert fleet.register("scorer", SCORER_CONFIG, scorer("v2")) == "2"
     seen: dict[str, Any] = {}
+    judged: list[tuple[tuple[str, ...], Verdict]] = []
+
+    def noted(old: Counters, new: Counters, policy: Policy) -> Verdict:
+        judged.append((tuple(c.metric for c in policy.checks), judge(old, new, policy)))
+        return judged[-1][1]
+
+    monkeypatch.setattr(staged, "judge", noted)
 
     def connect(url: str) -> TritonControl:
         """Real replicas; when the last wave begins, what the others and the store hold is noted."""
@@ -235,8 +121,12 @@ def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet
         return control
 
     before = (open_store(fleet.store).read_config("scorer"), open_store(fleet.store).read_config("scoring"))
-    with scoring_traffic(fleet.urls) as traffic:
-        result = fleet.promote("scorer", "2", connect=connect)
+    fleet.write_environment(queue_ratio=3)  # the bake's checks as a list, the queue time's among them
+    try:
+        with scoring_traffic(fleet.urls) as traffic:
+            result = fleet.promote("scorer", "2", connect=connect)
+    finally:
+        fleet.write_environment()
     # mid-roll-out: the store untouched, the moved replicas' ensemble following their latest
     # scorer (-1, a per-replica override), the last one still on its own pin and version
     assert seen["store"] == before
@@ -247,6 +137,14 @@ def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(fleet
     deploy = next(s for s in result.stages if s.stage == "deploy")
     assert "over 3 replica(s) in 3 wave(s)" in deploy.detail
     assert deploy.detail.count("bake ok: failure ratio 0.000") == 2  # after the canary and wave 2
+    assert len(judged) == 2
+    for checks, verdict in judged:  # the queue check judged (the old version answered too) and passed
+        assert checks == ("requests", "failure_ratio", "latency_ratio", "queue_ratio")
+        assert verdict.ok, verdict.detail
+        assert verdict.old.requests > 0
+        queue_ratio = DERIVED["queue_ratio"].value(verdict.old, verdict.new)
+        assert queue_ratio is not None
+        assert queue_ratio <= 3, (verdict.old, verdict.new)
     for url in fleet.urls:
         assert fleet.ready(url, "scorer") == ["2"], url
         assert fleet.pinned(url) == 2, url
@@ -269,8 +167,11 @@ def test_a_version_failing_on_real_requests_trips_the_bake_and_is_rolled_back(fl
     for url in fleet.urls:
         assert fleet.ready(url, "scorer") == ["2"], url
         assert fleet.pinned(url) == 2, url
+    # never loaded there -- read on the index, which lists a version loaded and given back (the
+    # canary's v3, the positive control)
+    assert triton_index(fleet.urls[0], "scorer").get("3") == "UNAVAILABLE"
     for url in fleet.urls[1:]:
-        assert "3" not in fleet.serving(url, "scorer"), url  # never loaded there
+        assert "3" not in fleet.serving(url, "scorer"), url
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
     assert fleet.registry.aliases("scorer")["fleet"] == "2"
 
@@ -300,8 +201,11 @@ def test_a_slow_version_trips_the_bake_on_latency_and_is_rolled_back(fleet: Flee
     for url in fleet.urls:
         assert fleet.ready(url, "scorer") == ["2"], url
         assert fleet.pinned(url) == 2, url
+    # never loaded there -- read on the index, which lists a version loaded and given back (the
+    # canary's v4, the positive control)
+    assert triton_index(fleet.urls[0], "scorer").get("4") == "UNAVAILABLE"
     for url in fleet.urls[1:]:
-        assert "4" not in fleet.serving(url, "scorer"), url  # never loaded there
+        assert "4" not in fleet.serving(url, "scorer"), url
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
     assert fleet.registry.aliases("scorer")["fleet"] == "2"
 
@@ -416,11 +320,11 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     assert fleet.registry.aliases("scorer")["fleet"] == "2"
     [row] = model_status(fleet.settings, environment(fleet.settings, "fleet"), fleet.registry, ["scorer"])
     assert any(line.startswith(f"{victim.grpc_url} unreachable") for line in row["drift"])
-    before = _fleet_state(fleet, fleet.urls[:2])
+    before = fleet.state(fleet.urls[:2])
     assert "scorer/2/model.py" in before["objects"]  # the snapshot sees the store
     with pytest.raises(PromotionError, match=rf"unreachable \({victim.grpc_url}\), max_unavailable = 0"):
         fleet.promote("scorer", "5")  # while it is down: refused before anything changes
-    assert _fleet_state(fleet, fleet.urls[:2]) == before  # the store's objects, both live replicas, aliases
+    assert fleet.state(fleet.urls[:2]) == before  # the store's objects, both live replicas, aliases
     assert "promoted_fleet" not in (fleet.registry.version("scorer", "5").tags or {})
 
     local_triton.remove_shm(victim.shm_prefix)
@@ -448,26 +352,6 @@ def _environment_with(fleet: FleetStack, targets: list[str], extra: str) -> None
         f'[environments.fleet]\nstore = "{fleet.store}"\ntargets = [{listed}]\ngpu = false\n'
         f"canary = 1\nwaves = [100]\nmetrics = {{ {metrics} }}\n{extra}"
     )
-
-
-def _fleet_state(fleet: FleetStack, urls: list[str] | None = None) -> dict[str, Any]:
-    """What a refused promotion must leave alone: every object of the store (configs, version files,
-    manifests: sha256 each; locks left out), what ``urls`` (default: every replica) serve and pin,
-    and every alias of both models."""
-    store = open_store(fleet.store)
-    urls = fleet.urls if urls is None else urls
-    objects = {
-        key: hashlib.sha256(store.read(key) or b"").hexdigest()
-        for key in store.list_prefix("")
-        if not key.startswith(LOCK_PREFIX)
-    }
-    return {
-        "configs": (store.read_config("scorer"), store.read_config("scoring")),
-        "objects": objects,
-        "ready": {url: (fleet.ready(url, "scorer"), fleet.ready(url, "scoring")) for url in urls},
-        "pins": {url: fleet.pinned(url) for url in urls},
-        "aliases": (fleet.registry.aliases("scorer"), fleet.registry.aliases("scoring")),
-    }
 
 
 def test_a_rerun_repairs_an_ensemble_left_on_the_latest_member_or_missing_on_a_replica(
@@ -529,7 +413,7 @@ def test_a_fleet_with_no_reachable_replica_is_refused_and_the_alias_stays(
 ) -> None:
     from pipelines.devstack.local_triton import free_port
 
-    before = _fleet_state(fleet)
+    before = fleet.state()
     ghosts = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     _environment_with(fleet, ghosts, f"max_unavailable = {max_unavailable}\n")
     try:
@@ -538,7 +422,7 @@ def test_a_fleet_with_no_reachable_replica_is_refused_and_the_alias_stays(
             fleet.promote("scorer", version)
     finally:
         fleet.write_environment()
-    assert _fleet_state(fleet) == before  # store, every replica, aliases
+    assert fleet.state() == before  # store, every replica, aliases
     assert "promoted_fleet" not in (fleet.registry.version("scorer", version).tags or {})
 
 
@@ -593,7 +477,7 @@ def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_
     store.write(key, bad)
     registered.write_bytes(bad)
     try:
-        before = _fleet_state(fleet)
+        before = fleet.state()
         with pytest.raises(
             PromotionFailed, match=f"scorer v{serving}, the version an abort would load"
         ) as info:
@@ -601,7 +485,7 @@ def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_
         assert "nothing was changed" in info.value.message
         assert "--no-way-back" in (info.value.fix or "")
         assert [s.stage for s in info.value.result.stages][-1] == "validate"  # before any live stage
-        assert _fleet_state(fleet) == before
+        assert fleet.state() == before
     finally:
         store.write(key, good)
         registered.write_bytes(kept)
@@ -609,23 +493,19 @@ def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_
 
 @contextlib.contextmanager
 def _paused_at_first_wave(
-    fleet: FleetStack, version: str, env_extra: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[str]]:
+    fleet: FleetStack, version: str, env_extra: dict[str, str] | None = None, resume: Path | None = None
+) -> Iterator[Paused]:
     """``mlreg promote scorer`` in a process of its own, paused by the test hook once its canary
     moved (``wave:1``), on an environment without a bake (the canary, then the rest); the fleet's
     environment back and the process killed if still running on the way out."""
-    env = {"MLREG_HOME": str(fleet.settings.home), PAUSE_VARIABLE: "wave:1", **(env_extra or {})}
+    env = {"MLREG_HOME": str(fleet.settings.home), **(env_extra or {})}
     args = ("promote", "scorer", "--version", version, "--env", "fleet", "--skip-quality")
     _environment_with(fleet, fleet.urls, "")
-    proc = mlreg_process(env, *args, start_new_session=True)
     try:
-        wait_for_pause(proc, "wave:1")
-        yield proc
+        with paused_mlreg(env, "wave:1", *args, resume=resume) as paused:
+            yield paused
     finally:
         fleet.write_environment()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
 
 
 def test_a_closed_terminal_at_the_first_wave_puts_every_touched_replica_back(fleet: FleetStack) -> None:
@@ -633,16 +513,18 @@ def test_a_closed_terminal_at_the_first_wave_puts_every_touched_replica_back(fle
     in its wave: the undo log puts the canary back, the other replicas never moved, the locks are
     released, and mlreg exits 129 saying so."""
     version = fleet.register("scorer", SCORER_CONFIG, scorer("hang-up"))
-    before = _fleet_state(fleet)
-    with _paused_at_first_wave(fleet, version) as proc:
+    before = fleet.state()
+    with _paused_at_first_wave(fleet, version) as paused:
         assert version in fleet.ready(fleet.urls[0], "scorer")  # the canary moved
-        proc.send_signal(signal.SIGHUP)
-        _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 129, err
+        paused.process.send_signal(signal.SIGHUP)
+        code, err = paused.finish(300)
+    assert code == 129, err
     assert "interrupted (SIGHUP)" in err, err
     assert "rolled back, the previous versions serve" in err, err
     assert "Traceback" not in err
-    assert _fleet_state(fleet) == before  # every object of the store, every replica, the aliases
+    # every object of the store, the aliases, what every replica lists and pins: the canary's index
+    # keeps the version it loaded and gave back (UNAVAILABLE); the others never listed it
+    assert fleet.state() == unloaded_on(before, fleet.urls[0], "scorer", version)
     assert open_store(fleet.store).locks() == []  # released on the way out
 
 
@@ -656,23 +538,23 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
     mine = fleet.register("scorer", SCORER_CONFIG, scorer("frozen"))
     theirs = fleet.register("scorer", SCORER_CONFIG, scorer("taker"))
     resume = tmp_path / "resume"
-    extra = {"MLREG_LOCK_LEASE": "3", RESUME_VARIABLE: str(resume)}
-    with _paused_at_first_wave(fleet, mine, extra) as proc:
+    with _paused_at_first_wave(fleet, mine, {"MLREG_LOCK_LEASE": "3"}, resume) as paused:
         assert mine in fleet.ready(fleet.urls[0], "scorer")  # the canary serves A's version now
-        os.kill(proc.pid, signal.SIGSTOP)  # frozen: its lease is not renewed any more
+        os.kill(paused.process.pid, signal.SIGSTOP)  # frozen: its lease is not renewed any more
         time.sleep(5)  # past the 3 s lease by the store's clock
         with fleet.explained():
             assert fleet.promote("scorer", theirs).ok  # takes the stale locks over
-        before = _fleet_state(fleet)
-        assert [ready[0] for ready in before["ready"].values()] == [[theirs]] * len(fleet.urls)
+        before = fleet.state()
+        for url in fleet.urls:
+            assert fleet.ready(url, "scorer") == [theirs], url
         resume.touch()
-        os.kill(proc.pid, signal.SIGCONT)
-        _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 8, err
+        os.kill(paused.process.pid, signal.SIGCONT)
+        code, err = paused.finish(300)
+    assert code == 8, err
     assert "it lost its lock, so nothing was put back" in err, err
     assert "lock of scorer lost" in err, err
     assert "Traceback" not in err
-    after = _fleet_state(fleet)
+    after = fleet.state()
     assert after == before  # every object of the store, what each replica serves and pins, aliases
     for url in fleet.urls:
         assert fleet.ready(url, "scorer") == [theirs], url
@@ -702,7 +584,11 @@ def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
                 assert triton.is_live()
         assert stack_up(settings, ui=False, replicas=2).replicas == status.replicas  # reused
         assert stack_status(settings).to_dict()["replicas"] == [status.replicas[0].grpc_url]
+        os.kill(status.info.pid, signal.SIGKILL)  # the primary killed: `stack down` still stops the rest
+        assert processes.poll_until(lambda: not local_triton.pid_alive(status.info.pid), 10, 0.1)
     finally:
-        stack_down(settings)
+        stopped = stack_down(settings)
+    assert [info.pid for info in stopped] == [status.replicas[0].pid]
+    assert not local_triton.pid_alive(status.replicas[0].pid)
     assert running_servers(settings) == []
     assert not list(home.glob("stack/replica-*/triton.json"))

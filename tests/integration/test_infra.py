@@ -18,7 +18,7 @@ import sys
 import time
 import tomllib
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,18 +26,17 @@ from typing import Any
 import pytest
 import yaml
 
+from pipelines import control_key
 from tests.conftest import ROOT
+from tests.integration.infra import COMPOSE_DIR, INFRA, compose, env_example, interpolate
 
 pytestmark = pytest.mark.integration
 
-INFRA = ROOT / "infra"
-COMPOSE_DIR = INFRA / "compose"
 K8S = INFRA / "k8s"
 OVERLAYS = ("dev", "staging", "production")
 # the oldest minor the managed clouds still support, and the newest kubernetes-validate bundles
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
-SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|CREDENTIAL", re.IGNORECASE)
-VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|CREDENTIAL|CONTROL_KEY", re.IGNORECASE)
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -109,44 +108,6 @@ def flag_map(args: list[str]) -> dict[str, str | None]:
             name, eq, value = arg.partition("=")
             flags[name] = value if eq else None
     return flags
-
-
-def env_example() -> dict[str, str]:
-    values = {}
-    for line in (COMPOSE_DIR / ".env.example").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
-
-
-def interpolate(value: Any, env: Mapping[str, str]) -> Any:
-    """Compose's variable syntax (${VAR}, ${VAR:-default}, ${VAR:?error}, $$) over parsed YAML."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if not isinstance(value, str):
-        return value
-
-    def substitute(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name, op, arg = match.groups()
-        current = env.get(name)
-        if op in (":-", "-"):
-            return current if current else (arg or "")
-        if op in (":?", "?") and not current:
-            raise KeyError(f"{name}: {arg}")
-        return current or ""
-
-    return VARIABLE.sub(substitute, value)
-
-
-def compose(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """compose.yaml as ``docker compose config`` would see it with .env.example (+ ``env``)."""
-    raw = yaml.safe_load((COMPOSE_DIR / "compose.yaml").read_text())
-    return dict(interpolate(raw, {**env_example(), **(env or {})}))
 
 
 def image_pinned(image: str) -> bool:
@@ -383,6 +344,9 @@ def k8s_triton_args(overlay: str) -> list[str]:
     return list(triton["args"])
 
 
+RESTRICTION_FLAGS = ("--http-restricted-api", "--grpc-restricted-protocol")
+
+
 def test_triton_server_arguments_agree_across_launcher_compose_and_kubernetes() -> None:
     from pipelines.devstack import local_triton
 
@@ -394,14 +358,26 @@ def test_triton_server_arguments_agree_across_launcher_compose_and_kubernetes() 
     deployed.update({overlay: flag_map(k8s_triton_args(overlay)) for overlay in OVERLAYS})
     for where, flags in deployed.items():
         assert {k: flags.get(k) for k in fleet} == fleet, where
-    # compose and every overlay differ only in where the repository is
+        # the control API locked on both protocols with the key of a variable, never a value
+        # (compose's read from .env: .env.example's placeholder here, its absence refused below)
+        variable = "$(MLREG_CONTROL_KEY)" if where != "compose" else "CHANGE-ME"
+        for flag in RESTRICTION_FLAGS:
+            value = flags.get(flag) or ""
+            assert value.startswith(f"{control_key.RESTRICTED}:{control_key.HEADER}={variable}"), (
+                where,
+                flag,
+            )
+    # compose and every overlay differ only in where the repository is and how the key is read
     shapes = {
-        where: {k: v for k, v in f.items() if k != "--model-repository"} for where, f in deployed.items()
+        where: {k: v for k, v in f.items() if k not in ("--model-repository", *RESTRICTION_FLAGS)}
+        for where, f in deployed.items()
     }
     assert len({tuple(sorted(s.items())) for s in shapes.values()}) == 1, shapes
     # the local launcher: the same control arguments, departing only where LOCAL_DEPARTURES says
     install = local_triton.TritonInstall(Path("tritonserver"), (), Path("python"), Path("stub"))
-    local = flag_map(local_triton.server_command(install, "/repo", Path("/backends"), (1, 2, 3), "p_"))
+    local = flag_map(local_triton.server_command(install, "/repo", Path("/backends"), (1, 2, 3), "p_", "K"))
+    for flag in RESTRICTION_FLAGS:  # the local stack's key (MLREG_HOME/control.key): the same restriction
+        assert local.pop(flag) == f"{control_key.RESTRICTED}:{control_key.HEADER}=K", flag
     for flag, value in fleet.items():
         if flag in local_triton.LOCAL_DEPARTURES:
             expected = local_triton.LOCAL_DEPARTURES[flag]
@@ -477,6 +453,8 @@ def test_compose_takes_every_credential_from_the_environment() -> None:
             assert value.startswith("CHANGE-ME"), key
     with pytest.raises(KeyError, match="POSTGRES_PASSWORD: set POSTGRES_PASSWORD in .env"):
         interpolate(raw["services"]["postgres"], {})
+    with pytest.raises(KeyError, match="MLREG_CONTROL_KEY: set MLREG_CONTROL_KEY in .env"):
+        interpolate(raw["services"]["triton"], {k: v for k, v in example.items() if k != "MLREG_CONTROL_KEY"})
 
 
 def test_pinned_images_match_the_versions_mlreg_is_tested_with() -> None:
@@ -566,7 +544,7 @@ def test_compose_triton_arguments_start_a_real_server_on_an_initialised_s3_store
     """The wheel's tritonserver (2.51; the container's 2.55 takes the same options) started with
     compose's arguments on a fresh S3 prefix that `mlreg store init` prepared, holding one pushed
     model: it starts (strict readiness: ready), and --load-model=* loads the model, not the
-    store's root marker or anything else at the root."""
+    store's root marker or anything else at the root; its control API answers only with the key."""
     from mlreg.cli.main import app
     from pipelines.devstack import local_s3, local_triton
     from pipelines.storage import open_store
@@ -613,8 +591,14 @@ def test_compose_triton_arguments_start_a_real_server_on_an_initialised_s3_store
             assert process.poll() is None, log.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
             time.sleep(0.2)
+        index_url = f"{base}/v2/repository/index"
+        with pytest.raises(urllib.error.HTTPError) as refused:  # compose's key locks the control API
+            urllib.request.urlopen(urllib.request.Request(index_url, data=b"{}", method="POST"), timeout=10)
+        refused.value.close()
+        assert refused.value.code == 403
+        key = {control_key.HEADER: env_example()["MLREG_CONTROL_KEY"]}
         with urllib.request.urlopen(
-            urllib.request.Request(f"{base}/v2/repository/index", data=b"{}", method="POST"), timeout=10
+            urllib.request.Request(index_url, data=b"{}", headers=key, method="POST"), timeout=10
         ) as response:
             index = json.loads(response.read())
         assert [(m["name"], m.get("version"), m.get("state")) for m in index] == [

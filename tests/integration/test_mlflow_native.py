@@ -1,143 +1,38 @@
 """MLflow, natively: versions as MLflow Models, where they run, and `mlflow deployments -t mlreg`.
 
 One session-scoped local stack (a real tritonserver, the embedded registry, the MLflow UI as a
-real `mlflow server` on it) serves these tests and tests/integration/test_browser.py: the
+real `mlflow server` on it: tests/integration/nativestack.py, its fixtures in conftest.py) serves
+these tests and tests/integration/test_browser.py: the
 template exported and its ensemble promoted, then image_model v2 exported (``--seed 7``) and
 deployed with the real `mlflow deployments create -t mlreg` in a subprocess.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from mlreg import service
-from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.plan import fetch_version
 from pipelines.triton import TritonControl
 from registry.contracts.config import load_config
-from registry.export import member_versions
 from registry.lineage import contract_of
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
-from registry.template import exporter_path
-from tests.conftest import ROOT, TEMPLATE
-from tests.integration.test_serving import ENSEMBLE, MODELS, golden
+from tests.conftest import TEMPLATE
+from tests.integration.nativestack import NativeStack
+from tests.integration.stacks import ENSEMBLE, golden
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class NativeStack:
-    settings: Settings
-    registry: MlflowRegistry
-    grpc_url: str
-    ui_url: str
-    env: dict[str, str]  # the environment of a user's shell on this project
-
-    def mlflow(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """The real `mlflow` CLI in a subprocess."""
-        return subprocess.run(
-            [sys.executable, "-m", "mlflow", *args],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-            cwd=ROOT,
-            env=self.env,
-        )
-
-    def serving(self, model: str) -> list[str]:
-        with TritonControl(self.grpc_url) as triton:
-            states = triton.model_states().get(model, {})
-        return sorted((v for v, s in states.items() if s == "READY"), key=int)
-
-
-def register_template(registry: MlflowRegistry, built: Path) -> None:
-    """The built template's six models, members before the ensemble, with their exporters' lineage."""
-    for name in (*sorted(m for m in MODELS if m != ENSEMBLE), ENSEMBLE):
-        folder = built / name
-        members = member_versions(registry, folder) if name == ENSEMBLE else None
-        register(registry, find_candidate(folder), exporter=exporter_path(TEMPLATE / name), members=members)
-
-
-def image_model_v2(built: Path, dest: Path) -> Path:
-    """image_model with other bytes and the same contract (a new version, as a re-export makes)."""
-    folder = dest / "image_model"
-    shutil.copytree(built / "image_model", folder)
-    (folder / "1" / "model" / "assets").mkdir(exist_ok=True)
-    (folder / "1" / "model" / "assets" / "release.txt").write_text("image_model, second release\n")
-    return folder
-
-
-_SHARED: dict[str, list[Any]] = {}
-
-
-@contextlib.contextmanager
-def shared(key: str, make: Callable[[], contextlib.AbstractContextManager[Any]]) -> Iterator[Any]:
-    """One instance for the whole session although test_browser.py imports these fixtures (pytest
-    sets up an imported session fixture once per module that names it): the last user tears down."""
-    if key not in _SHARED:
-        manager = make()
-        _SHARED[key] = [manager.__enter__(), manager, 0]
-    entry = _SHARED[key]
-    entry[2] += 1
-    try:
-        yield entry[0]
-    finally:
-        entry[2] -= 1
-        if entry[2] == 0:
-            del _SHARED[key]
-            entry[1].__exit__(None, None, None)
-
-
-@contextlib.contextmanager
-def start_native_stack(built: Path, home: Path) -> Iterator[NativeStack]:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env["MLREG_HOME"] = str(home)
-    settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
-    settings.local_repository.mkdir(parents=True)
-    status = stack_up(settings, ui=True)
-    registry = MlflowRegistry(settings)
-    try:
-        register_template(registry, built)
-        service.promote(settings, "local", ENSEMBLE, "1", skip_quality=True)
-        exporter = exporter_path(TEMPLATE / "image_model")
-        v2 = register(registry, find_candidate(image_model_v2(built, home / "v2")), exporter=exporter)
-        assert v2.version == "2"
-        assert status.info is not None
-        yield NativeStack(settings, registry, status.info.grpc_url, status.mlflow_url, env)
-    finally:
-        stack_down(settings)
-
-
-@pytest.fixture(scope="session")
-def native_stack(built_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeStack]:
-    home = tmp_path_factory.mktemp("native") / ".mlreg"
-    with shared("stack", lambda: start_native_stack(built_repository, home)) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="session")
-def deployed(native_stack: NativeStack) -> Iterator[subprocess.CompletedProcess[str]]:
-    """image_model v2 promoted by `mlflow deployments create -t mlreg` (NVIDIA's command shape)."""
-    create = ["deployments", "create", "-t", "mlreg", "--name", "image_model", "-m", "models:/image_model/2"]
-    with shared("deployed", lambda: contextlib.nullcontext(native_stack.mlflow(*create))) as done:
-        yield done
 
 
 @pytest.fixture

@@ -257,8 +257,13 @@ def _deploy_and_check(project: Project, name: str) -> dict[str, Any]:
     served = project.served_config(name)
     assert project.serving(name) == ["2"]
     client.delete_deployment(name)
+    assert client.list_deployments() == []  # NVIDIA's flow ends with an empty list
     assert project.serving(name) == []
-    assert not project.stored_config(name).exists()
+    repository = project.settings.local_repository
+    assert not (repository / name).exists()  # the folder gone from the store ...
+    archived = repository.parent / ".mlreg-archive" / repository.name / name
+    assert sorted(p.name for p in archived.iterdir()) == ["2"]  # ... its version in the archive
+    assert sorted(int(v.version) for v in project.registry.versions(name)) == [1, 2]  # and MLflow
     return served
 
 
@@ -362,7 +367,24 @@ def test_names_that_are_empty_or_escape_the_repository_are_refused(project: Proj
     from mlflow.exceptions import MlflowException
 
     client = get_deploy_client("mlreg")
-    before = sorted(p.name for p in project.settings.local_repository.iterdir())
+    repository = project.settings.local_repository
+    archive = repository.parent / ".mlreg-archive" / repository.name
+
+    def where_they_lead() -> dict[str, object]:
+        """What lies where each escaping name points, from the repository and from its archive (an
+        absolute name: anywhere): a file's bytes, a folder's entries, or None when nothing is there."""
+        found: dict[str, object] = {}
+        for root, name in ((r, n) for r in (repository, archive) for n in ESCAPING_NAMES):
+            path = Path(os.path.normpath(root / name))
+            if path.is_file():
+                found[str(path)] = path.read_bytes()
+            else:
+                found[str(path)] = sorted(c.name for c in path.iterdir()) if path.is_dir() else None
+        return found
+
+    before = sorted(p.name for p in repository.iterdir())
+    outside = where_they_lead()
+    assert outside[str(repository.parents[1] / "etc" / "passwd")] is None
     for name in EMPTY_NAMES:
         with pytest.raises(
             MlflowException, match="Model name cannot be empty. Please enter a valid name to deploy."
@@ -378,4 +400,5 @@ def test_names_that_are_empty_or_escape_the_repository_are_refused(project: Proj
         MlflowException, match="(?s)flavor 'sklearn' is not deployable by mlreg.*fix: use --flavor"
     ):
         client.create_deployment("onnx_model", "models:/onnx_model/1", flavor="sklearn")
-    assert sorted(p.name for p in project.settings.local_repository.iterdir()) == before
+    assert sorted(p.name for p in repository.iterdir()) == before
+    assert where_they_lead() == outside  # nothing written where they point either

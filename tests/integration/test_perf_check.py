@@ -7,7 +7,8 @@ In file order: a first deployment records the candidate's figures without judgin
 3x slower than the serving version but answering identically is refused before any other replica
 moves; an equal candidate passes the check 5 times out of 5 while two processes load both cores,
 then promotes; a candidate that makes requests wait in Triton's queue trips the bake's
-``queue_ratio`` check (a ``[bake] checks`` list) and is rolled back.
+``queue_ratio`` check (a ``[bake] checks`` list) and is rolled back (the check passing a good
+version on real Triton: test_fleet.py's roll-out under traffic).
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from pipelines.promote.perf import PerfSettings, measure
 from pipelines.promote.plan import desired_config
 from pipelines.promote.reports import PromotionFailed, PromotionResult, QualityStageReport
 from pipelines.promote.runner import Options, Promotion
-from pipelines.storage import open_store
 from pipelines.triton import TritonControl
 from registry.contracts.config import config_json
 from registry.mlflow import MlflowRegistry
-from tests.integration.stacks import SCORER_CONFIG, stack_settings, tritons
-from tests.integration.test_fleet import ENSEMBLE_CONFIG, FleetStack, scorer
+from tests.integration.fleetstack import ENSEMBLE_CONFIG, FleetStack, scorer
+from tests.integration.stacks import SCORER_CONFIG, stack_settings, tritons, unloaded_on
 from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
@@ -110,8 +110,7 @@ def test_a_first_deployment_records_the_candidates_figures_without_judging(pair:
 
 def test_a_candidate_three_times_slower_is_refused_before_any_other_replica_moves(pair: FleetStack) -> None:
     assert pair.register("scorer", SCORER_CONFIG, scorer("v2", delay=3 * SERVING_DELAY)) == "2"
-    store = open_store(pair.store)
-    configs = (store.read_config("scorer"), store.read_config("scoring"))
+    before = pair.state()
     with pytest.raises(PromotionFailed) as info:
         promote(pair, "scorer", "2")
     message = info.value.message
@@ -121,12 +120,15 @@ def test_a_candidate_three_times_slower_is_refused_before_any_other_replica_move
     assert candidate_ms > serving_ms
     assert ratio > limit >= 1.25
     assert "performance check failed" in message
-    for url in pair.urls:  # the canary put back; the other replica never loaded v2
+    for url in pair.urls:  # the canary put back
         assert pair.ready(url, "scorer") == ["1"], url
         assert pair.pinned(url) == 1, url
+    # the store's objects, the aliases, each replica's whole index and pins as they were, but for the
+    # canary's index listing v2, loaded and given back (the positive control of "never loaded there":
+    # the other replica's index does not list it)
+    assert pair.state() == unloaded_on(before, pair.urls[0], "scorer", "2")
     assert "2" not in pair.serving(pair.urls[1], "scorer")
-    assert (store.read_config("scorer"), store.read_config("scoring")) == configs
-    assert pair.registry.aliases("scorer")["perf"] == "1"
+    assert before["aliases"]["scorer"]["perf"] == "1"
 
 
 def test_an_equal_candidate_passes_five_of_five_on_a_busy_machine_then_promotes(pair: FleetStack) -> None:
@@ -182,8 +184,7 @@ def test_a_candidate_that_makes_requests_wait_in_the_queue_trips_the_bakes_queue
     assert pair.register("queued", QUEUED_CONFIG, scorer("q1")) == "1"
     assert promote(pair, "queued", "1", env="queue", skip_perf=True).ok
     assert pair.register("queued", QUEUED_SLOW_CONFIG, scorer("q2")) == "2"
-    store = open_store(pair.store)
-    before = store.read_config("queued")
+    before = pair.state()
 
     def request(triton: TritonControl, rng: np.random.Generator) -> object:
         return triton.infer("queued", {"X": rng.random((1, 4)).astype(np.float32)}, ["Y"])
@@ -199,5 +200,5 @@ def test_a_candidate_that_makes_requests_wait_in_the_queue_trips_the_bakes_queue
     assert message.count("queue_ratio <= 3") == 1
     for url in pair.urls:
         assert pair.ready(url, "queued") == ["1"], url
-    assert store.read_config("queued") == before
+    assert pair.state() == unloaded_on(before, pair.urls[0], "queued", "2")  # only the canary had it
     assert pair.registry.aliases("queued")["queue"] == "1"

@@ -22,12 +22,12 @@ import pytest
 from mlreg.cli.main import app
 from mlreg.service import promote
 from pipelines.devstack.stack import stack_down, stack_up
-from pipelines.triton import TritonControl
 from registry.export import export_models
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 from tests.cli import CliRunner
 from tests.conftest import TEMPLATE
+from tests.integration.stacks import ENSEMBLE, refusal_state
 
 pytestmark = pytest.mark.integration
 
@@ -43,26 +43,18 @@ class Stack:
     env: dict[str, str]
 
     def state(self) -> dict[str, Any]:
-        """What a plan must leave alone: MLflow's models, versions, aliases and runs, the store's
-        files and what Triton serves."""
+        """What a plan must leave alone: MLflow's models, versions and runs, and what any refusal
+        must (stacks.refusal_state): the sha256 of every object of the store, Triton's whole index
+        and pins, every alias of every model."""
         client = self.registry.client
         experiments = [e.experiment_id for e in client.search_experiments()]
-        root = self.settings.local_repository
-        with TritonControl(self.url) as triton:
-            serving = triton.model_states()
         return {
             "versions": {
                 m.name: sorted(str(v.version) for v in self.registry.versions(m.name))
                 for m in client.search_registered_models()
             },
-            "aliases": {m.name: dict(m.aliases or {}) for m in client.search_registered_models()},
             "runs": len(client.search_runs(experiments)) if experiments else 0,
-            "store": sorted(
-                p.relative_to(root).as_posix()
-                for p in root.rglob("*")
-                if p.is_file() and ".mlreg-lock." not in p.name
-            ),
-            "serving": serving,
+            **refusal_state(self.settings.local_repository, [self.url], self.registry),
         }
 
 
@@ -160,7 +152,6 @@ def test_the_plan_registry_numbers_after_mlflow_and_writes_nothing(tmp_path: Pat
     from registry.errors import RegistryError
     from registry.export import PlanRegistry, member_versions
     from registry.register import find_candidate, register
-    from tests.integration.test_serving import ENSEMBLE
 
     registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")}))
     assert register(registry, find_candidate(TEMPLATE / MODEL)).version == "1"

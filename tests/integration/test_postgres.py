@@ -32,7 +32,7 @@ import pytest
 from pipelines.devstack import local_s3
 from pipelines.devstack.local_triton import free_port, http_ok
 from tests.conftest import ROOT, TEMPLATE
-from tests.integration.test_infra import compose
+from tests.integration.infra import compose
 
 pytestmark = pytest.mark.integration
 

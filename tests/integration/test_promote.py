@@ -8,7 +8,6 @@ load rolled back, a killed promotion, contention and unreachable parts.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -22,7 +21,6 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.service import environment
-from pipelines.promote.fanout import PAUSE_VARIABLE
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.runner import Options, Promotion
@@ -37,8 +35,16 @@ from registry.settings import Settings
 from registry.template import BuildResult
 from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE, failing_python_model
-from tests.integration.stacks import MODELS, LocalStack, local_stack, mlreg_process, wait_for_pause
-from tests.integration.test_serving import ENSEMBLE, golden
+from tests.integration.stacks import (
+    ENSEMBLE,
+    MODELS,
+    LocalStack,
+    golden,
+    local_stack,
+    mlreg_process,
+    paused_mlreg,
+    unloaded_on,
+)
 from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
@@ -144,12 +150,12 @@ def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, 
     config = folder / "config.pbtxt"
     config.write_text(config.read_text().replace("dims: [ 3 ]", "dims: [ 4 ]", 1))
     version = register(stack.registry, find_candidate(folder)).version
-    before = stack.snapshot()
+    before = stack.refused()
     with pytest.raises(PromotionError, match="(?s)contract check failed:.*nothing was changed") as info:
         stack.promote("table_data_preprocess", version)
     assert "inconsistent shape" in info.value.message
     assert "table_data_preprocess" in info.value.message
-    assert stack.snapshot() == before
+    assert stack.refused() == before  # the store's objects, Triton's whole index and pins, every alias
     assert stack.serving("table_data_preprocess") == ["1"]
     assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
 
@@ -163,11 +169,13 @@ def _failing_version(stack: Stack, tmp_path: Path) -> str:
 
 def test_the_quality_gate_catches_a_model_that_cannot_load(stack: Stack, tmp_path: Path) -> None:
     version = _failing_version(stack, tmp_path)
-    before = stack.snapshot()
+    before = stack.refused()
     with pytest.raises(PromotionError, match="cannot open the vocabulary file") as info:
         stack.promote("table_data_preprocess", version)
     assert "nothing was changed" in info.value.message
-    assert stack.snapshot() == before
+    # the store's objects, every alias, Triton's pins as they were; its index lists the candidate
+    # the gate loaded on the canary and gave back, nothing else
+    assert stack.refused() == unloaded_on(before, stack.url, "table_data_preprocess", version)
 
 
 ONE_HOT = "return (flat == VOCAB[np.newaxis, :]).astype(np.float32)"  # table_data_preprocess's answer
@@ -188,7 +196,7 @@ def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving
     tmp_path: Path,
 ) -> None:
     version = _preprocess_version(stack, tmp_path, f"return 2 * {ONE_HOT.removeprefix('return ')}")
-    before = stack.snapshot()
+    before = stack.refused()
     with pytest.raises(PromotionError, match="quality gate failed") as info:
         stack.promote("table_data_preprocess", version)
     message = info.value.message
@@ -197,7 +205,7 @@ def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving
         "min_value=0.0, max_value=1.0 failed" in message
     )
     assert "changed by up to 1 against serving v1, declared tolerance 0.0" in message
-    assert stack.snapshot() == before
+    assert stack.refused() == unloaded_on(before, stack.url, "table_data_preprocess", version)  # gated
 
 
 def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Path) -> None:
@@ -267,37 +275,16 @@ def test_an_unknown_version_is_refused_with_one_json_document(stack: Stack) -> N
     assert "Traceback" not in err
 
 
-def _interruptible() -> None:
-    """The child takes SIGINT as a user's Ctrl-C even when this run started as a background job: a
-    shell starts those with SIGINT ignored, the children inherit it, and Python then never raises
-    KeyboardInterrupt (a clean-clone run launched with ``cmd &`` hung here for exactly that)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _paused_cli(stack: Stack, point: str, *args: str, sig: int = signal.SIGKILL) -> tuple[int, str]:
     """Run ``mlreg`` until the test hook pauses it at ``point``, then send ``sig``: SIGKILL to its
     process group (a crash), or SIGINT/SIGTERM to the mlreg process alone (an operator).  Returns
     the exit code and what it wrote on stderr."""
-    env = {PAUSE_VARIABLE: point, "PYTHONFAULTHANDLER": "1"}  # SIGABRT dumps every thread's stack
-    proc = _cli(stack, *args, start_new_session=True, env_extra=env, preexec_fn=_interruptible)
-    lines: list[str] = []
-    try:
-        lines = wait_for_pause(proc, point)
+    with paused_mlreg(stack.env_vars, point, *args) as paused:
         if sig == signal.SIGKILL:
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:
-            proc.send_signal(sig)
-        try:
-            _, err = proc.communicate(timeout=150)
-        except subprocess.TimeoutExpired:  # stuck: where, in every thread (faulthandler), then fail
-            proc.send_signal(signal.SIGABRT)
-            _, err = proc.communicate(timeout=60)
-            raise AssertionError(f"mlreg did not exit after the signal:\n{err[-6000:]}") from None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return proc.returncode, "".join(lines) + err
+            paused.kill()
+            return paused.process.returncode, "".join(paused.lines)
+        paused.process.send_signal(sig)
+        return paused.finish(150)
 
 
 def _promoted_tags(stack: Stack) -> dict[tuple[str, str], str]:
@@ -450,10 +437,10 @@ def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
     ) as proc:
         try:
             assert proc.stdout.readline().strip() == "locked"
-            before = stack.snapshot()
+            before = stack.refused()
             with pytest.raises(MlregError, match="model 'image_model' is locked by ci-job-41@elsewhere:1"):
                 stack.promote("image_model", "2", skip_quality=True)
-            assert stack.snapshot() == before
+            assert stack.refused() == before
         finally:
             proc.kill()
     # the holder "elsewhere" is gone for good: its lock would stand until it expires
@@ -464,7 +451,7 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
     from pipelines.devstack.local_triton import free_port
     from registry.errors import RegistryError, StorageError, TritonError
 
-    before = stack.snapshot()
+    before = stack.refused()
     toml = stack.settings.home.parent / "mlreg.toml"
     toml.write_text(
         f'[environments.dead]\nstore = "{stack.settings.local_repository}"\n'
@@ -495,7 +482,7 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
             ).run("image_model", "2")
     finally:
         toml.unlink()
-    assert stack.snapshot() == before
+    assert stack.refused() == before
 
 
 # -- the CLI, end to end ---------------------------------------------------------------------------
@@ -585,7 +572,7 @@ def test_status_counts_unreachable_parts_and_missing_folders_as_drift(stack: Sta
 
 
 def test_cli_promote_dry_run_plans_and_changes_nothing(stack: Stack) -> None:
-    before = stack.snapshot()
+    before = stack.refused()
     args = ("promote", "image_model", "--version", "1", "--dry-run", "--serve-as", "native", "--skip-quality")
     code, out, err = _mlreg(stack, *args, "--json")
     assert code == 0, err
@@ -596,11 +583,11 @@ def test_cli_promote_dry_run_plans_and_changes_nothing(stack: Stack) -> None:
     code, out, err = _mlreg(stack, *args)
     assert code == 0, err
     assert "plan (dry run) for image_model v1 in 'local'" in out
-    assert stack.snapshot() == before
+    assert stack.refused() == before
     code, out, err = _mlreg(stack, "promote", "image_model", "--version", "1", "--serve-as", "tensorrt")
     assert code == 2
     assert "error: unknown --serve-as 'tensorrt'" in err
-    assert stack.snapshot() == before
+    assert stack.refused() == before
 
 
 def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_path: Path) -> None:
@@ -613,12 +600,12 @@ def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_pa
     assert code == 0, err
     config.write_text(config.read_text().replace("max_batch_size: 256", "max_batch_size: 128"))
     v2 = register(stack.registry, find_candidate(folder)).version
-    before = stack.snapshot(("solo_preprocess",))
+    before = stack.refused()
     code, _, err = _run_env(stack, "promote", "solo_preprocess", "--version", v2, "--skip-quality")
     assert code == 8
     assert f"solo_preprocess version {v2} breaks the contract of the serving version" in err
     assert "fix: promote with --allow-breaking" in err
-    assert stack.snapshot(("solo_preprocess",)) == before  # the store's bytes and configs, aliases, Triton
+    assert stack.refused() == before  # the store's objects, every alias, Triton's whole index and pins
     assert stack.serving("solo_preprocess") == [v1]
     code, _, err = _run_env(
         stack, "promote", "solo_preprocess", "--version", v2, "--skip-quality", "--allow-breaking"
@@ -628,11 +615,11 @@ def test_cli_allow_breaking_lets_a_breaking_version_through(stack: Stack, tmp_pa
 
 
 def test_cli_rollback_to_a_version(stack: Stack) -> None:
-    before = stack.snapshot()
+    before = stack.refused()
     code, out, err = _mlreg(stack, "rollback", "image_model", "--to-version", "two")
     assert code == 2
-    assert "error: version 'two' is not a number" in err
-    assert stack.snapshot() == before
+    assert "error: --to-version 'two' is not a positive version number" in err
+    assert stack.refused() == before
     target = "1" if stack.serving("image_model") == ["2"] else "2"
     code, out, err = _run_env(stack, "rollback", "image_model", "--to-version", target, "--json")
     assert code == 0, err
@@ -642,11 +629,11 @@ def test_cli_rollback_to_a_version(stack: Stack) -> None:
 
 
 def test_two_promotions_of_two_members_of_one_ensemble_never_take_it_down(stack: Stack) -> None:
-    """Two real CLI processes at once, three times: both applied or one refused cleanly (the
-    ensemble's lock), the ensemble answering all along and status without drift after each."""
+    """Two real CLI processes at once, twice: both applied or one refused cleanly (the ensemble's
+    lock), the ensemble answering all along and status without drift after each."""
     table_v2 = stack.reexport("table_data_model", "2")
     with ensemble_traffic(stack.url) as traffic:
-        for attempt in range(3):
+        for attempt in range(2):
             image = "1" if stack.serving("image_model") != ["1"] else "2"
             table = table_v2 if stack.serving("table_data_model") != [table_v2] else "1"
             procs = [

@@ -25,7 +25,7 @@ from pipelines.triton import TritonControl
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 from tests.integration.stacks import mlreg_process, register_model, stack_settings, tritons
-from tests.unit.test_promotion import ENSEMBLE, MEMBER
+from tests.unit.worlds import ENSEMBLE, MEMBER
 
 pytestmark = pytest.mark.integration
 

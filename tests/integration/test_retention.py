@@ -5,16 +5,15 @@ In file order on one module-scoped stack: twelve promotions of a python model wi
 leave the serving version and the one before it under Triton's prefix and the rest archived with
 their manifests; a rollback to archived version 3 serves it after verification (a server-side copy,
 nothing uploaded); a promotion SIGKILLed mid-archive loses nothing and a rerun finishes the move;
-``store gc --dry-run`` lists and changes nothing; a version an ensemble pins is never archived; the
-same on a local store.
+``store gc --dry-run`` lists and changes nothing; a version an ensemble pins is never archived (by
+``store gc`` or a promotion); the same on a local store.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ import pytest
 from mlreg import service
 from mlreg.cli.main import app
 from pipelines.promote.environments import environment
-from pipelines.promote.fanout import PAUSE_VARIABLE
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
@@ -41,13 +39,15 @@ from tests.integration.stacks import (
     SCORER_CONFIG,
     SCORER_MODEL,
     mlreg_process,
+    paused_mlreg,
     ready_versions,
+    refusal_state,
     register_model,
     register_scorer,
     s3_repository,
     stack_settings,
     tritons,
-    wait_for_pause,
+    unloaded_on,
 )
 
 pytestmark = pytest.mark.integration
@@ -92,8 +92,14 @@ class Stack:
     def ready(self, url: str) -> list[str]:
         return ready_versions(url, "scorer")
 
-    def cli(self, *args: str, env_extra: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[str]:
-        return mlreg_process({**self.env_vars, **(env_extra or {})}, *args, **popen)
+    def cli(self, *args: str) -> subprocess.Popen[str]:
+        return mlreg_process(self.env_vars, *args)
+
+    def state(self, env_name: str) -> dict[str, Any]:
+        """What a refusal must leave alone (stacks.refusal_state): the store's and its archive's
+        objects, the environment's Triton (whole index and pins), every alias of every model."""
+        url = self.s3_url if env_name == "s3" else self.disk_url
+        return refusal_state(environment(self.settings, env_name).store, [url], self.registry)
 
 
 @pytest.fixture(scope="module")
@@ -174,10 +180,8 @@ def test_a_promotion_killed_mid_archive_loses_nothing_and_a_rerun_finishes(stack
     assert stack.register("v13") == "13"
     args = ("promote", "scorer", "--version", "13", "--env", "s3", "--skip-quality")
     point = "archive-copied:scorer/12"  # 13 will serve, 3 serves now: 12 leaves before the load
-    with stack.cli(*args, start_new_session=True, env_extra={PAUSE_VARIABLE: point}) as proc:
-        wait_for_pause(proc, point)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    with paused_mlreg(stack.env_vars, point, *args) as paused:
+        paused.kill()
     store = stack.store("s3")
     assert stack.ready(stack.s3_url) == ["3"]  # killed before the load
     assert serving_versions(store.read_config("scorer")) == ["3"]  # the store's config as it was
@@ -198,16 +202,23 @@ def test_a_promotion_killed_mid_archive_loses_nothing_and_a_rerun_finishes(stack
     archived_whole(stack, archive_of(store), [str(v) for v in (1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12)])
 
 
-def test_a_failed_promotion_puts_back_what_it_archived_before_the_load(stack: Stack) -> None:
-    store, archive = stack.store("s3"), archive_of(stack.store("s3"))
-    before = (store.list_prefix("scorer/"), archive.list_prefix(""))
+def _broken(stack: Stack) -> str:
+    """A version of scorer that fails to load (identical bytes: the same version every time)."""
     files: dict[str, str | bytes] = {"model.py": failing_python_model("cannot open the weights")}
-    version = register_model(stack.registry, stack.root / "work" / "broken", "scorer", SCORER_CONFIG, files)
+    folder = Path(tempfile.mkdtemp(prefix="broken-", dir=stack.root / "work")) / "scorer"
+    return register_model(stack.registry, folder, "scorer", SCORER_CONFIG, files)
+
+
+def test_a_failed_promotion_puts_back_what_it_archived_before_the_load(stack: Stack) -> None:
+    version = _broken(stack)
+    before = stack.state("s3")
     with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as info:
         stack.promote("s3", version)
     archived = next(s for s in info.value.result.stages if s.stage == "archive")
     assert archived.detail.startswith("keep 2: archived scorer v3 (")  # 3 left before the load ...
-    assert (store.list_prefix("scorer/"), archive.list_prefix("")) == before  # ... and came back
+    # ... and came back: every object of the store and the archive, every alias, Triton's whole index
+    # (listing the version that failed to load, UNAVAILABLE) and pins as they were
+    assert stack.state("s3") == unloaded_on(before, stack.s3_url, "scorer", version)
     rollback = next(s for s in info.value.result.stages if s.stage == "rollback")
     assert "scorer/3 back from the archive" in rollback.detail  # the report says so
     assert stack.ready(stack.s3_url) == ["13"]
@@ -215,8 +226,7 @@ def test_a_failed_promotion_puts_back_what_it_archived_before_the_load(stack: St
 
 
 def test_store_gc_dry_run_lists_and_changes_nothing(stack: Stack) -> None:
-    store, archive = stack.store("s3"), archive_of(stack.store("s3"))
-    before = (store.list_prefix(""), archive.list_prefix(""))
+    before = stack.state("s3")
     runner = CliRunner()
     result = runner.invoke(
         app, ["store", "gc", "--env", "s3", "--keep", "1", "--dry-run"], env=stack.env_vars
@@ -224,11 +234,13 @@ def test_store_gc_dry_run_lists_and_changes_nothing(stack: Stack) -> None:
     assert result.exit_code == 0, result.output
     assert "keep 1: would move to the archive" in result.stdout
     assert "1 version(s), would free" in result.stdout
-    assert (store.list_prefix(""), archive.list_prefix("")) == before
+    assert stack.state("s3") == before  # the store's and the archive's objects, Triton, the aliases
     assert stack.ready(stack.s3_url) == ["13"]
 
 
 def test_a_version_an_ensemble_pins_is_never_archived(stack: Stack) -> None:
+    """Neither by ``store gc`` nor by a promotion's ``make_room`` (the archive stage, before the
+    load), which would otherwise move v3: the new version and v13, serving, fill the window."""
     store = stack.store("s3")
     store.write_config("scoring", PINNING.replace("PIN", "3"))  # an ensemble of the store pins v3
     try:
@@ -241,6 +253,14 @@ def test_a_version_an_ensemble_pins_is_never_archived(stack: Stack) -> None:
         assert report["moves"] == []
         assert report["protected"] == {"scorer": {"3": "pinned by ensemble scoring"}}
         assert store.list_versions("scorer") == ["3", "13"]
+        version = _broken(stack)
+        before = stack.state("s3")
+        with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as info:
+            stack.promote("s3", version)  # fails at its load, after the archive stage
+        archived = next(s for s in info.value.result.stages if s.stage == "archive")
+        pinned = "kept beyond the window: scorer v3 (pinned by ensemble scoring)"
+        assert archived.detail == f"keep 2: archived nothing (0 bytes); {pinned}"
+        assert stack.state("s3") == unloaded_on(before, stack.s3_url, "scorer", version)
     finally:
         store.delete("scoring/config.pbtxt")
 

@@ -11,26 +11,9 @@ import pytest
 from registry.errors import TritonError
 from tests.conftest import TEMPLATE
 from tests.integration.conftest import RunningTriton
+from tests.integration.stacks import ENSEMBLE, MODELS, golden
 
 pytestmark = pytest.mark.integration
-ENSEMBLE = "ensemble_multi_modal_model"
-MODELS = [
-    "ensemble_multi_modal_model",
-    "image_model",
-    "image_preprocess",
-    "multi_modal_model",
-    "table_data_model",
-    "table_data_preprocess",
-]
-
-
-def golden():
-    import sys
-
-    sys.path.insert(0, str(TEMPLATE))
-    import golden_inputs
-
-    return golden_inputs
 
 
 def expected_prediction(repository: Path, table: tuple[int, int], image: np.ndarray) -> float:

@@ -41,8 +41,7 @@ from tests.integration.stacks import (
     SCALING_MODEL_PY,
     local_stack,
     ready_versions,
-    store_files,
-    triton_index,
+    refusal_state,
 )
 
 pytestmark = pytest.mark.integration
@@ -96,13 +95,11 @@ class Stack:
         self.registry.set_version_tag(model, version, "artifact_digest", manifest.digest)
 
     def snapshot(self, model: str) -> dict[str, object]:
-        files = store_files(self.settings.local_repository)
-        return {
-            "files": files,
-            "aliases": self.registry.aliases(model),
-            "serving": self.serving(model),
-            "index": triton_index(self.url, model),  # never loaded: not even listed UNAVAILABLE
-        }
+        """What a refused promotion must leave alone (stacks.refusal_state): the store's objects,
+        every alias of every model, Triton's whole index (a version never loaded is not even listed
+        UNAVAILABLE) and pins; and the versions of ``model`` it serves."""
+        state = refusal_state(self.settings.local_repository, [self.url], self.registry)
+        return {"serving": self.serving(model), **state}
 
 
 def _keypair(folder: Path, name: str) -> None:
@@ -267,6 +264,23 @@ def test_store_verify_checks_signatures_beside_the_manifest(
     assert bad.exit_code == 5, bad.output
     assert f"signature: NOT verified: {MODEL} v4 is not signed" in bad.output
     assert f"not signed by a trusted key: {MODEL}/4" in bad.output
+    # present but wrong: v1's signature (a trusted key's, of other bytes) beside v4's files (in the
+    # archive, where retention moved v4)
+    copied = Path(open_store(store).archive().uri) / MODEL / "4" / SIGNATURE_FILE
+    shutil.copy2(stack.stored(MODEL, "1") / SIGNATURE_FILE, copied)
+    try:
+        wrong = runner.invoke(
+            app, ["store", "verify", MODEL, "4", "-s", store, "--signatures", "--trusted-key", trusted]
+        )
+    finally:
+        copied.unlink()
+    assert wrong.exit_code == 5, wrong.output
+    output = " ".join(wrong.output.split())  # the CLI wraps long lines
+    trusted_key = _fingerprint(stack, "trusted")
+    assert f"{MODEL}/4 (archived): verified" in output  # the bytes match their manifest ...
+    assert f"signature: NOT verified: {MODEL} v4: the signature by key {trusted_key}" in output
+    assert "does not match the version's files: model.py changed since signing" in output  # ... not it
+    assert f"not signed by a trusted key: {MODEL}/4" in output
 
 
 def test_mlreg_sign_signs_an_earlier_version_and_show_says_by_whom(

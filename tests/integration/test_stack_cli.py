@@ -145,7 +145,7 @@ def test_up_with_nothing_built_serves_an_empty_repository_ready_for_promote(
         assert state["pid"] == info["pid"]
     finally:
         down = runner.invoke(app, ["stack", "down", "--json"])
-    assert json.loads(down.stdout) == {"stopped": True, "pid": info["pid"]}
+    assert json.loads(down.stdout) == {"stopped": True, "pid": info["pid"], "pids": [info["pid"]]}
     assert processes.process_gone(info["pid"])
     assert not (tmp_path / "home/stack/triton.json").exists()
 

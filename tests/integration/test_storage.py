@@ -68,14 +68,17 @@ def test_template_push_is_complete_and_idempotent(
     again = push_path(store, built_repository)
     assert sum(r.bytes_sent for r in again) == 0
     assert all(r.sent == [] for r in again)
-    sent = []
+    sent: list[int] = []
     (built_repository / "table_data_preprocess" / "1" / "extra.txt").write_text("new")
-    try:
-        changed = push_path(store, built_repository / "table_data_preprocess", progress=sent.append)
+    try:  # a stored version is written once: a file more is other bytes
+        with pytest.raises(
+            StorageError, match=r"(?s)table_data_preprocess v1 is already stored with other.*extra"
+        ):
+            push_path(store, built_repository / "table_data_preprocess", progress=sent.append)
     finally:
         (built_repository / "table_data_preprocess" / "1" / "extra.txt").unlink()
-    assert changed[0].sent == ["extra.txt"]
-    assert sum(sent) == 3
+    assert sent == []
+    assert store.verify_version("table_data_preprocess", "1").status == "verified"
 
 
 def test_names_triton_cannot_read_from_s3_are_refused(tmp_path: Path, s3_server, bucket) -> None:
@@ -211,12 +214,15 @@ from pathlib import Path
 from pipelines.storage import open_store
 store, go, release = open_store(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[2] + ".release")
 print("ready", flush=True)
+deadline = time.monotonic() + 120
 while not go.exists():
+    assert time.monotonic() < deadline, "never told to go"
     time.sleep(0.001)
 try:
     with store.lock("m", owner=f"taker-{sys.argv[3]}"):
         print("won", flush=True)
         while not release.exists():  # held until every other taker has tried
+            assert time.monotonic() < deadline, "never released"
             time.sleep(0.005)
 except Exception as exc:
     print("lost", exc, flush=True)

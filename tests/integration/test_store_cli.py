@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import shutil
+import threading
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from mlreg.cli.main import app
 from pipelines.devstack import local_s3
+from pipelines.storage.push import push_model
+from pipelines.storage.s3 import S3Store
+from pipelines.storage.verify import MANIFEST
+from registry.errors import StorageError
+from registry.manifest import sha256_file
+from registry.signing import SIGNATURE_FILE
 from tests.cli import CliRunner
+from tests.conftest import TEMPLATE
 from tests.integration.conftest import RunningTriton
 
 pytestmark = pytest.mark.integration
@@ -77,8 +90,6 @@ def test_store_verify_names_the_changed_file(runner: CliRunner, built_repository
     [version] = json.loads(good.stdout)["versions"]
     assert (version["status"], version["problems"]) == ("verified", [])
     assert version["hashed_bytes"] == version["bytes"] > 0  # verify re-hashes everything
-    from pipelines.storage.s3 import S3Store
-
     store = S3Store(bucket, "prod", s3_server.endpoint)
     key = "prod/table_data_preprocess/1/model.py"
     original = store.client.get_object(Bucket=bucket, Key=key)
@@ -139,3 +150,113 @@ def test_store_init_writes_the_root_marker_once(runner: CliRunner, s3_server) ->
         second.stdout.strip()
         == f"{uri}: root marker .mlreg-root.json already there; Triton can start on this repository"
     )
+
+
+# -- a stored version is written once (real S3: moto_server) --------------------------------------
+
+
+def _objects(store: S3Store) -> dict[str, str]:
+    """sha256 of every object under the store's prefix (files, manifests, signatures, configs)."""
+    listed = store.client.list_objects_v2(Bucket=store.bucket, Prefix=f"{store.prefix}/")
+    return {
+        o["Key"]: hashlib.sha256(
+            store.client.get_object(Bucket=store.bucket, Key=o["Key"])["Body"].read()
+        ).hexdigest()
+        for o in listed.get("Contents", [])
+    }
+
+
+def _variant(dest: Path, line: bytes = b"") -> Path:
+    """The template's table_data_preprocess (a python model: no export needed) copied, with
+    ``line`` appended to its model.py (other bytes)."""
+    folder = dest / "table_data_preprocess"
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    with (folder / "1" / "model.py").open("ab") as f:
+        f.write(line)
+    return folder
+
+
+def test_store_push_over_a_stored_signed_version_with_other_bytes_is_refused(
+    runner: CliRunner, s3_server, tmp_path: Path
+) -> None:
+    bucket = f"w-{uuid.uuid4().hex[:10]}"
+    local_s3.create_bucket(s3_server.endpoint, bucket)
+    uri = s3_server.store_uri(bucket, "prod")
+    same = _variant(tmp_path / "same")
+    assert runner.invoke(app, ["store", "push", str(same), "--store", uri]).exit_code == 0
+    store = S3Store(bucket, "prod", s3_server.endpoint)
+    store.write(f"table_data_preprocess/1/{SIGNATURE_FILE}", b'{"mediaType": "signature"}')  # as promoted
+    before = _objects(store)
+    other = _variant(tmp_path / "other", b"SIGN = -1\n")
+    refused = runner.invoke(app, ["store", "push", str(other.parent), "--store", uri])
+    assert refused.exit_code == 5, refused.output
+    assert f"error: {uri}: table_data_preprocess v1 is already stored with other bytes" in refused.stderr
+    assert "  model.py: other bytes (stored sha256 " in refused.stderr
+    assert "fix: register these bytes as a new version of table_data_preprocess" in refused.stderr
+    assert "Traceback" not in refused.output
+    assert _objects(store) == before  # every byte, the manifest and the signature as they were
+    again = runner.invoke(app, ["store", "push", str(same), "--store", uri])
+    assert again.exit_code == 0, again.output
+    assert "table_data_preprocess/1: sent 0 file(s) (0 bytes), skipped" in again.stdout
+    assert _objects(store) == before
+    assert store.locks() == []
+
+
+def test_of_two_writers_of_one_new_s3_version_exactly_one_succeeds(s3_server, tmp_path: Path) -> None:
+    bucket = f"r-{uuid.uuid4().hex[:10]}"
+    local_s3.create_bucket(s3_server.endpoint, bucket)
+    folders = [_variant(tmp_path / str(i), f"WRITER = {i}\n".encode()) for i in range(2)]
+    start = threading.Barrier(2)
+
+    def push(folder: Path) -> object:
+        store = S3Store(bucket, "prod", s3_server.endpoint)
+        start.wait()
+        try:
+            return push_model(store, folder)
+        except StorageError as exc:
+            return exc
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(push, folders))
+    failed = [o for o in outcomes if isinstance(o, StorageError)]
+    assert len(failed) == 1, outcomes
+    assert re.search(
+        r"is locked by|already stored with other bytes|created by another writer", failed[0].message
+    )
+    winner = folders[outcomes.index(next(o for o in outcomes if not isinstance(o, StorageError)))]
+    store = S3Store(bucket, "prod", s3_server.endpoint)
+    assert store.verify_version("table_data_preprocess", "1", full=True).status == "verified"
+    assert store.read("table_data_preprocess/1/model.py") == (winner / "1" / "model.py").read_bytes()
+
+
+class RacedS3Store(S3Store):
+    """An S3 store on which ``racer`` runs just before it creates a manifest: another writer's
+    whole upload of the same new version lands between this one's files and its manifest."""
+
+    racer: Callable[[], object] | None = None
+
+    def create(self, key: str, data: bytes) -> bool:
+        if key.endswith(MANIFEST) and self.racer is not None:
+            racer, self.racer = self.racer, None
+            racer()
+        return super().create(key, data)
+
+
+def test_the_manifest_of_a_new_s3_version_is_created_with_if_none_match(s3_server, tmp_path: Path) -> None:
+    """Two writers that do not lock (an older mlreg): the manifest is a conditional put (moto 5.2
+    answers 412 PreconditionFailed to If-None-Match: * on an existing key), so the second writer
+    cannot overwrite the first one's; it is refused, naming the version and what to do."""
+    bucket = f"n-{uuid.uuid4().hex[:10]}"
+    local_s3.create_bucket(s3_server.endpoint, bucket)
+    first, second = (_variant(tmp_path / str(i), f"WRITER = {i}\n".encode()) for i in range(2))
+    other = S3Store(bucket, "prod", s3_server.endpoint)
+    store = RacedS3Store(bucket, "prod", s3_server.endpoint)
+    store.racer = lambda: other.put_version("table_data_preprocess", "1", second / "1")
+    with pytest.raises(
+        StorageError, match=r"table_data_preprocess v1 was created by another writer"
+    ) as caught:
+        store.put_version("table_data_preprocess", "1", first / "1")
+    assert "mlreg store verify table_data_preprocess 1" in str(caught.value.fix)
+    manifest = store.read_manifest("table_data_preprocess", "1")
+    assert manifest is not None
+    assert manifest.files["model.py"]["sha256"] == sha256_file(second / "1" / "model.py")

@@ -37,8 +37,7 @@ from tests.integration.stacks import (
     SCALING_MODEL_PY,
     local_stack,
     ready_versions,
-    store_files,
-    triton_index,
+    refusal_state,
 )
 
 pytestmark = pytest.mark.integration
@@ -88,15 +87,11 @@ class Stack:
             return np.asarray(triton.infer(MODEL, {"INPUT0": X}, ["OUTPUT0"])["OUTPUT0"])
 
     def snapshot(self) -> dict[str, Any]:
-        """What a refused promotion must leave alone: the store's files (sha256 each, locks left
-        out), every alias of the model, what Triton serves and every version its index lists."""
-        files = store_files(self.settings.local_repository)
-        return {
-            "files": files,
-            "aliases": self.registry.aliases(MODEL),
-            "serving": ready_versions(self.url, MODEL),
-            "index": triton_index(self.url, MODEL),
-        }
+        """What a refused promotion must leave alone (stacks.refusal_state): the store's objects
+        (sha256 each, locks left out), every alias of every model, Triton's whole repository index
+        (every version it lists, loaded or given back) and pins; and what it serves."""
+        state = refusal_state(self.settings.local_repository, [self.url], self.registry)
+        return {"serving": ready_versions(self.url, MODEL), **state}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +126,7 @@ def test_a_new_version_whose_registered_bytes_changed_is_refused_and_never_serve
     registered = stack.registered(version)
     registered.write_text(MODEL_PY.format(scale="300.0"))
     before = stack.snapshot()
-    assert f"{MODEL}/2/model.py" in before["files"]  # the snapshot sees the store
+    assert f"{MODEL}/2/model.py" in before["objects"]  # the snapshot sees the store
     refused = stack.mlreg("promote", MODEL, "--version", version, "--env", ENV, "--skip-quality")
     assert refused.exit_code == PromotionError.exit_code, refused.output
     output = " ".join(refused.output.split())  # the CLI wraps long lines

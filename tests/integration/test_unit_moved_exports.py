@@ -25,7 +25,7 @@ from registry.contracts.validate import validate_path
 from registry.template import load_exporter
 from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE
-from tests.unit.test_signature import read, reference
+from tests.unit.onnx_signatures import read, reference
 
 pytestmark = pytest.mark.integration
 

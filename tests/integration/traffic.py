@@ -49,9 +49,17 @@ class Traffic:
                     self.lock.notify_all()
 
     def _each_thread_past(self, marks: list[int]) -> None:
+        """Until every thread has had an answer (or a failure) since ``marks``; an AssertionError
+        naming the threads that had none within ``wait`` seconds (the handshake is the claim)."""
         with self.lock:
-            self.lock.wait_for(
+            passed = self.lock.wait_for(
                 lambda: all(n > m for n, m in zip(self.sent, marks, strict=True)), timeout=self.wait
+            )
+            stuck = [i for i, (n, m) in enumerate(zip(self.sent, marks, strict=True)) if n <= m]
+        if not passed:
+            self.stop.set()
+            raise AssertionError(
+                f"traffic threads {stuck} had no answer within {self.wait:.0f} s: {self.errors[-3:]}"
             )
 
     def __enter__(self) -> Traffic:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -263,7 +264,7 @@ def test_report_on_a_document_mlreg_did_not_write_is_a_usage_error(
 
 def _registered_models(home: Path) -> list[str]:
     """The registered models in the embedded registry's database (read as MLflow wrote it)."""
-    with sqlite3.connect(home / "mlflow.db") as conn:
+    with contextlib.closing(sqlite3.connect(home / "mlflow.db")) as conn:  # `with connect()` only commits
         return [name for (name,) in conn.execute("SELECT name FROM registered_models")]
 
 

@@ -1,8 +1,9 @@
 """The layers point one way: mlreg (the application) -> pipelines -> registry.
 
 Read from the source with ``ast``: every ``import``/``from ... import`` anywhere in a module
-(inside functions and ``TYPE_CHECKING`` blocks too) and every literal
-``importlib.import_module("...")``.  Within the layers, a few packages are fenced off (the
+(inside functions and ``TYPE_CHECKING`` blocks too; a relative one resolved against the module's
+package) and every literal ``importlib.import_module("...")``.  Each rule has a positive control:
+a synthetic module breaking it is flagged.  Within the layers, a few packages are fenced off (the
 promotion never reaches the development stack nor MLflow's adapters; the contracts stay pure),
 and no two first-party modules import each other, however indirectly (the cycle test counts
 function-local imports, which do run, but not ``if TYPE_CHECKING:`` blocks, which do not).
@@ -27,14 +28,24 @@ ALLOWED = {
 }
 
 
-def imported_names(nodes: Iterable[ast.AST]) -> Iterator[tuple[int, str]]:
+def absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from`` import names, a relative one resolved against ``package`` (the
+    importing module's package: ``from ..x import y`` in ``a.b.c`` is ``a.x``)."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    anchor = ".".join(parts[: len(parts) - node.level + 1])
+    return f"{anchor}.{node.module}" if node.module else anchor
+
+
+def imported_names(nodes: Iterable[ast.AST], package: str = "") -> Iterator[tuple[int, str]]:
     """(line, absolute module name) of every import among ``nodes`` (a whole tree's, from
-    ``ast.walk``); relative ones stay in the package."""
+    ``ast.walk``) of a module of ``package``: relative ones resolved against it."""
     for node in nodes:
         if isinstance(node, ast.Import):
             yield from ((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.lineno, node.module
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            yield node.lineno, absolute(node, package)
         elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
@@ -46,13 +57,20 @@ def _is_import_module(func: ast.expr) -> bool:
     return name in {"import_module", "__import__"}
 
 
-def first_party_imports(package: str) -> Iterator[tuple[str, str]]:
-    """("file:line", imported top-level package) for each first-party import in ``package``."""
-    for path in sorted((ROOT / package).rglob("*.py")):
-        for line, name in imported_names(walked(path)):
+def package_of(path: Path, root: Path = ROOT) -> str:
+    """The package a module file belongs to (a package's ``__init__`` is in its own)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1])
+
+
+def first_party_imports(package: str, root: Path = ROOT) -> Iterator[tuple[str, str]]:
+    """("file:line", imported top-level package) for each first-party import in ``package`` (under
+    ``root``), relative imports resolved."""
+    for path in sorted((root / package).rglob("*.py")):
+        for line, name in imported_names(walked(path), package_of(path, root)):
             top = name.split(".")[0]
             if top in FIRST_PARTY:
-                yield f"{path.relative_to(ROOT)}:{line}", top
+                yield f"{path.relative_to(root)}:{line}", top
 
 
 def first_party_modules() -> dict[str, Path]:
@@ -108,10 +126,7 @@ def module_imports(module: str, nodes: Iterable[ast.AST]) -> Iterator[tuple[int,
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
-                base = f"{anchor}.{base}" if base else anchor
+            base = absolute(node, package)
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
             first = node.args[0]
@@ -200,15 +215,13 @@ def cycles(graph: dict[str, dict[str, int]]) -> list[str]:
     return found
 
 
-# package prefix -> the first-party modules no module under it may import (anywhere in the file)
+# package prefix -> the first-party modules no module under it may import (anywhere in the file);
+# each one exists (test_every_fenced_name_is_a_module_that_exists): a name of a module long gone
+# fences nothing
 FORBIDDEN = {
     "pipelines.promote": (
         "pipelines.devstack",  # the local development stack: the application hands over URLs
-        *(f"pipelines.{m}" for m in ("stack", "local_triton", "local_s3", "local_mlflow", "processes")),
         "registry.mlflow",  # MLflow's adapters: the promotion sees only the Registry Protocol
-        "registry.mlflow_registry",
-        "registry.mlflow_rest",
-        "registry.mlflow_sqlite",
     ),
 }
 # package prefix -> the only first-party modules it may import
@@ -219,24 +232,36 @@ def _under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def written_imports(module: str) -> Iterator[tuple[str, list[str]]]:
-    """("file:line", names) of every import of ``module``, TYPE_CHECKING and functions included:
-    for ``from pkg import a`` the names are ``pkg`` and ``pkg.a`` as written, whether or not a
-    module ``pkg.a`` exists (yet)."""
-    path = MODULES[module]
-    where = path.relative_to(ROOT)
+def written_imports(module: str, path: Path | None = None) -> Iterator[tuple[str, list[str]]]:
+    """("file:line", names) of every import of ``module`` (its file, or ``path``), TYPE_CHECKING
+    and functions included: for ``from pkg import a`` the names are ``pkg`` and ``pkg.a`` as
+    written (a relative ``pkg`` resolved), whether or not a module ``pkg.a`` exists (yet)."""
+    path = MODULES[module] if path is None else path
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in walked(path):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            base = absolute(node, package)
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
         elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
                 names = [first.value]
         if names:
             yield f"{where}:{node.lineno}", names  # type: ignore[attr-defined]
+
+
+def fence_breaches(prefix: str, modules: dict[str, Path]) -> list[str]:
+    """Every import of ``modules`` (name -> file) under ``prefix`` of what FORBIDDEN fences off."""
+    wrong = []
+    for module in (m for m in sorted(modules) if _under(m, prefix)):
+        for where, names in written_imports(module, modules[module]):
+            banned = [n for n in names if any(_under(n, b) for b in FORBIDDEN[prefix])]
+            wrong += [f"{where} imports {banned[0]}"] if banned else []
+    return wrong
 
 
 def resolved_imports(module: str) -> Iterator[tuple[str, str]]:
@@ -252,12 +277,33 @@ def modules_under(prefix: str) -> list[str]:
 
 @pytest.mark.parametrize("prefix", sorted(FORBIDDEN))
 def test_a_fenced_package_does_not_import_what_it_must_not(prefix: str) -> None:
-    wrong = []
-    for module in modules_under(prefix):
-        for where, names in written_imports(module):
-            banned = [n for n in names if any(_under(n, b) for b in FORBIDDEN[prefix])]
-            wrong += [f"{where} imports {banned[0]}"] if banned else []
+    wrong = fence_breaches(prefix, MODULES)
     assert wrong == [], f"{prefix} must not import {', '.join(FORBIDDEN[prefix])}:\n" + "\n".join(wrong)
+
+
+def test_every_fenced_name_is_a_module_that_exists() -> None:
+    named = [*(p for p in FORBIDDEN), *(n for names in FORBIDDEN.values() for n in names)]
+    named += [*(p for p in ONLY), *(n for names in ONLY.values() for n in names)]
+    assert [name for name in named if name not in MODULES] == []
+
+
+def test_the_fence_catches_a_module_reaching_past_it_relatively_or_not(tmp_path: Path) -> None:
+    """The positive control: synthetic modules of the fenced package, importing what it must not
+    (relative, absolute, function-local, through importlib), are each flagged at their line."""
+    folder = tmp_path / "pipelines" / "promote"
+    folder.mkdir(parents=True)
+    (folder / "sneaky.py").write_text(
+        "from ..devstack import stack\n"
+        "def f():\n    from registry.mlflow.sqlite import model_version\n"
+        "    importlib.import_module('pipelines.devstack.local_triton')\n"
+        "from . import plan\n"
+    )
+    wrong = fence_breaches("pipelines.promote", {"pipelines.promote.sneaky": folder / "sneaky.py"})
+    assert [line.split("sneaky.py:")[1] for line in wrong] == [
+        "1 imports pipelines.devstack",
+        "3 imports registry.mlflow.sqlite",
+        "4 imports pipelines.devstack.local_triton",
+    ]
 
 
 @pytest.mark.parametrize("prefix", sorted(ONLY))
@@ -311,5 +357,28 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
         "def f():\n    import pipelines.devstack.stack\n    importlib.import_module('mlreg.workflow')\n"
         "from . import sibling\n"
     )
-    names = sorted(name for _, name in imported_names(ast.walk(ast.parse(source))))
-    assert names == ["mlreg.cli", "mlreg.workflow", "pipelines.devstack.stack", "typing"]
+    names = sorted(name for _, name in imported_names(ast.walk(ast.parse(source)), "registry.contracts"))
+    assert names == [
+        "mlreg.cli",
+        "mlreg.workflow",
+        "pipelines.devstack.stack",
+        "registry.contracts",
+        "typing",
+    ]
+
+
+def test_a_synthetic_module_importing_upward_is_flagged(tmp_path: Path) -> None:
+    """The positive control of the layer rule, run as it runs on the packages: a module of
+    ``registry`` importing the layers above it, absolutely and relatively within its own package."""
+    folder = tmp_path / "registry" / "contracts"
+    folder.mkdir(parents=True)
+    (folder / "upward.py").write_text(
+        "from .. import errors\nfrom mlreg import service\ndef f():\n    import pipelines.triton\n"
+    )
+    found = sorted(first_party_imports("registry", tmp_path))
+    assert found == [
+        ("registry/contracts/upward.py:1", "registry"),
+        ("registry/contracts/upward.py:2", "mlreg"),
+        ("registry/contracts/upward.py:4", "pipelines"),
+    ]
+    assert [top for _, top in found if top not in ALLOWED["registry"]] == ["mlreg", "pipelines"]

@@ -131,10 +131,11 @@ def test_an_unregistered_version_is_answered_from_the_embedded_database_without_
     """A promotion asks for the digest of every version it may go back to; a folder nobody
     registered (written into the store by hand) is "not registered", read from the database, not
     after MLflow's 3-5 s import."""
+    import contextlib
     import sqlite3
 
     db = tmp_path / "mlflow.db"
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:  # closed, and committed
         conn.execute(
             "CREATE TABLE model_versions (name TEXT, version INTEGER, source TEXT, run_id TEXT, "
             "storage_location TEXT)"

@@ -55,36 +55,47 @@ def test_a_first_deployment_is_recorded_not_judged() -> None:
 
 
 class Recorder:
-    """A client that answers at once and records what it was asked, per connection."""
-
-    calls: list[tuple[int, str, str]] = []
-    lock = threading.Lock()
-    opened = 0
+    """Clients that answer at once and record what they were asked, per connection: ``connect``
+    is what ``measure`` opens a client with; one recorder per test (the ``recorder`` fixture)."""
 
     def __init__(self) -> None:
-        with Recorder.lock:
-            Recorder.opened += 1
-            self.id = Recorder.opened
+        self.calls: list[tuple[int, str, str]] = []
+        self.lock = threading.Lock()
+        self.opened = 0
+
+    def connect(self) -> Client:
+        with self.lock:
+            self.opened += 1
+            return Client(self, self.opened)
+
+
+class Client:
+    def __init__(self, recorder: Recorder, number: int) -> None:
+        self.recorder, self.id = recorder, number
 
     def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
     ) -> dict[str, np.ndarray]:
-        with Recorder.lock:
-            Recorder.calls.append((self.id, model, version))
+        with self.recorder.lock:
+            self.recorder.calls.append((self.id, model, version))
         return {"Y": inputs["X"]}
 
     def close(self) -> None:
         return None
 
 
-def test_requests_are_interleaved_per_worker_after_a_warm_up_on_both() -> None:
-    Recorder.calls, Recorder.opened = [], 0
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def test_requests_are_interleaved_per_worker_after_a_warm_up_on_both(recorder: Recorder) -> None:
     settings = PerfSettings(concurrency=2, requests=8, seconds=60)
-    outcome = measure(Recorder, "m", ("m__private", "2"), "1", {"X": np.zeros(4)}, ["Y"], settings)
-    warm = [c for c in Recorder.calls if c[0] == 1]
+    outcome = measure(recorder.connect, "m", ("m__private", "2"), "1", {"X": np.zeros(4)}, ["Y"], settings)
+    warm = [c for c in recorder.calls if c[0] == 1]
     assert [(m, v) for _, m, v in warm] == [("m__private", "2"), ("m", "1")] * 3  # 3 warm-up pairs
     for worker in (2, 3):
-        asked = [(m, v) for w, m, v in Recorder.calls if w == worker]
+        asked = [(m, v) for w, m, v in recorder.calls if w == worker]
         assert len(asked) == 8  # 4 pairs each
         for i in range(0, 8, 2):
             assert {asked[i], asked[i + 1]} == {("m__private", "2"), ("m", "1")}  # A B or B A, never A A
@@ -92,10 +103,11 @@ def test_requests_are_interleaved_per_worker_after_a_warm_up_on_both() -> None:
     assert len(outcome.candidate.latencies) == len(outcome.serving.latencies) == 8  # type: ignore[union-attr]
 
 
-def test_a_first_deployment_asks_only_the_candidate() -> None:
-    Recorder.calls, Recorder.opened = [], 0
-    outcome = measure(Recorder, "m", ("m", "1"), "", {"X": np.zeros(4)}, ["Y"], PerfSettings(requests=4))
-    assert {(m, v) for _, m, v in Recorder.calls} == {("m", "1")}
+def test_a_first_deployment_asks_only_the_candidate(recorder: Recorder) -> None:
+    outcome = measure(
+        recorder.connect, "m", ("m", "1"), "", {"X": np.zeros(4)}, ["Y"], PerfSettings(requests=4)
+    )
+    assert {(m, v) for _, m, v in recorder.calls} == {("m", "1")}
     assert outcome.serving is None
     assert outcome.ok
 

@@ -16,7 +16,7 @@ from pipelines.promote.environments import Environment
 from pipelines.promote.plan import Role, serving_versions
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
-from tests.unit.test_promotion import MEMBER, Servers, World
+from tests.unit.worlds import MEMBER, Servers, World
 
 
 def _promote_in(world: World, env: Environment, fleet: Servers, model: str, version: str) -> PromotionResult:

@@ -4,7 +4,7 @@ The registry and the serving targets are the fakes of the Protocols in pipelines
 (tests/fakes.py; the real ones are exercised by tests/integration/test_promote.py on a real Triton
 and MLflow); the store is a real local folder.  A fake target "loads" a model by reading the
 store's config, as Triton does, and every call is written to one shared event list (``Servers``,
-the targets' handler) so the order can be asserted.
+the targets' handler, in tests/unit/worlds.py) so the order can be asserted.
 """
 
 from __future__ import annotations
@@ -12,129 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from pipelines.promote.environments import Environment
 from pipelines.promote.fanout import Fleet
 from pipelines.promote.plan import Role, serving_versions
 from pipelines.promote.policy import Policy
-from pipelines.promote.reports import PromotionFailed, PromotionResult
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import open_store
-from registry.errors import StorageError, Terminated, TritonError
-from registry.settings import Settings
-from tests.fakes import Call, FakeRegistry, FakeTarget
-
-MEMBER = """name: "{name}"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "{src}" data_type: TYPE_FP32 dims: [ 2 ] }} ]
-output [ {{ name: "{dst}" data_type: TYPE_FP32 dims: [ 2 ] }} ]
-instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-"""
-ENSEMBLE = """name: "ens"
-platform: "ensemble"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
-ensemble_scheduling {
-  step [
-    { model_name: "pre" model_version: 1
-      input_map { key: "IN" value: "IN" } output_map { key: "MID" value: "mid" } },
-    { model_name: "net" model_version: 1
-      input_map { key: "MID" value: "mid" } output_map { key: "OUT" value: "OUT" } }
-  ]
-}
-"""
-
-
-class Servers:
-    """The environment's Tritons: ``FakeTarget`` s sharing one handler, which writes every load and
-    unload to one event list (so the order can be asserted) and provokes the faults a test asks for."""
-
-    def __init__(self, store_root: Path) -> None:
-        self.store = open_store(store_root)
-        self.events: list[tuple[Any, ...]] = []
-        self.locks_seen: list[set[str]] = []
-        self.fail_load: set[tuple[str, str, str]] = set()  # (model, version, url or "*")
-        self.nan_answers: set[tuple[str, str]] = set()
-        self.targets: dict[str, FakeTarget] = {}
-        self.pins: list[tuple[str, str, dict[str, str]]] = []  # (url, ensemble, pins) of each load
-        self.loads = 0
-        self.fail_at_load = 0  # the Nth load (from 1) fails; 0: none
-        self.broken: list[str] = []  # an ensemble pinned to a member version not READY there
-
-    def handle(self, target: FakeTarget, call: Call) -> None:
-        if call.method == "unload":
-            self.events.append(("unload", call.url, call.model))
-        if call.method != "load":
-            return
-        self.events.append(("load", call.url, call.model, call.versions))
-        if call.pins:
-            self.pins.append((call.url, call.model, dict(call.pins)))
-        self.locks_seen.append({m for m in ("pre", "net", "ens") if self.store.read_lock(m)})
-        self.loads += 1
-        if self.loads == self.fail_at_load:
-            raise TritonError(f"{call.url}: model '{call.model}' failed to load (load {self.loads})")
-        for version in call.versions:
-            if {(call.model, version, call.url), (call.model, version, "*")} & self.fail_load:
-                target.states[call.model] = {version: "UNAVAILABLE"}
-                raise TritonError(f"{call.url}: model '{call.model}' version {version} failed to load")
-
-    def read_config(self, model: str) -> str:
-        """What Triton reads without an override: the store's config."""
-        text = self.store.read_config(model)
-        assert text is not None, f"{model} has no config in the store"
-        return text
-
-    def answer(self, model: str, version: str) -> float:
-        return np.nan if (model, version) in self.nan_answers else 0.0
-
-    def check(self, target: FakeTarget) -> None:
-        """After every change of a target: each loaded ensemble's pins name READY versions."""
-        for ensemble, pins in target.ensembles.items():
-            for member, version in pins.items():
-                ready = [v for v, s in target.states.get(member, {}).items() if s == "READY"]
-                if not ready or (version != "-1" and version not in ready):
-                    self.broken.append(f"{target.url}: {ensemble} pins {member} v{version}, READY {ready}")
-
-    def connect(self, url: str) -> FakeTarget:
-        if url not in self.targets:
-            self.targets[url] = FakeTarget(
-                url, self.handle, read_config=self.read_config, answer=self.answer, on_change=self.check
-            )
-        return self.targets[url]
-
-
-class World:
-    def __init__(self, tmp_path: Path) -> None:
-        self.settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
-        self.store_root = tmp_path / "store"
-        self.store_root.mkdir()
-        self.env = Environment("test", str(self.store_root), ("t0:8001", "t1:8001"), "test", gpu=False)
-        self.fleet = Servers(self.store_root)
-        self.events = self.fleet.events
-        self.registry = FakeRegistry(tmp_path / "registry", self.events)
-        self.registry.add("pre", "1", MEMBER.format(name="pre", src="IN", dst="MID"))
-        self.registry.add("net", "1", MEMBER.format(name="net", src="MID", dst="OUT"))
-        self.registry.add("ens", "1", ENSEMBLE)
-
-    def promote(self, model: str, version: str, **options: Any) -> PromotionResult:
-        promotion = Promotion(
-            self.settings,
-            self.env,
-            self.registry,
-            Options(skip_quality=True, **options),
-            connect=self.fleet.connect,
-        )
-        return promotion.run(model, version)
-
-    def config(self, model: str) -> str | None:
-        return open_store(self.store_root).read_config(model)
-
-    def loads(self, since: int = 0) -> list[tuple[Any, ...]]:
-        return [e for e in self.events[since:] if e[0] == "load"]
+from registry.errors import StorageError, Terminated
+from tests.unit.worlds import MEMBER, World
 
 
 @pytest.fixture
@@ -462,8 +349,17 @@ def test_a_failing_canary_stops_the_rollout_before_the_other_targets(deployed: W
     world.fleet.fail_load.add(("net", "2", "t0:8001"))
     with pytest.raises(PromotionFailed, match="t0:8001: model 'net' version 2 failed to load"):
         world.promote("net", "2")
-    assert ("load", "t1:8001", "net", ("1", "2")) not in world.events
+    assert ("load", "t0:8001", "net", ("1", "2")) in world.events  # the canary was asked to load ...
+    assert [e for e in world.events if "t1:8001" in e] == []  # ... the other target nothing at all
     assert serving_versions(world.config("net")) == ["1"]
+
+
+def test_the_broken_pins_detector_fires_on_an_ensemble_pinned_to_a_member_not_ready(deployed: World) -> None:
+    """The other side of every ``broken == []`` here: a member unloaded from under its ensemble."""
+    world = deployed
+    assert world.fleet.broken == []
+    world.fleet.connect("t0:8001").unload("net")
+    assert world.fleet.broken == ["t0:8001: ens pins net v1, READY []"]
 
 
 def test_a_failure_inside_the_rollback_is_recorded_and_reported(deployed: World) -> None:
@@ -563,11 +459,13 @@ def test_a_signal_right_after_an_alias_moved_puts_back_aliases_tags_and_servers(
     before, tags = _state(world), _tags(world)
     set_alias = world.registry.set_alias
     signals = [signal_name]  # one signal; the put-back's own alias writes go through
+    at_signal: dict[str, str] = {}
 
     def then_signalled(name: str, alias: str, version: str) -> None:
         set_alias(name, alias, version)
         if name == moved and signals:
             signals.pop()
+            at_signal.update(world.registry.aliases(name))  # what the registry held at the signal
             raise KeyboardInterrupt() if signal_name == "SIGINT" else Terminated(signal_name)
 
     world.registry.set_alias = then_signalled  # type: ignore[method-assign]
@@ -575,7 +473,9 @@ def test_a_signal_right_after_an_alias_moved_puts_back_aliases_tags_and_servers(
         world.promote("net", "2")
     world.registry.set_alias = set_alias  # type: ignore[method-assign]
     assert info.value.exit_code == code
-    assert f"alias 'test' of {moved} (moved to v" in info.value.message  # the message says it went back
+    assert signals == []  # the signal came, right after the alias moved
+    assert at_signal["test"] != before["aliases"][moved]["test"], at_signal  # it had moved
+    assert f"alias 'test' of {moved} (moved to v{at_signal['test']}" in info.value.message  # put back
     assert _state(world) == before  # servers, the store's configs, every alias
     after = _tags(world)
     assert {k: after[k] for k in tags} == tags  # every tag of every version as before

@@ -248,9 +248,9 @@ def test_a_subject_regex_must_match_the_whole_identity() -> None:
     assert not identity.matches(GITHUB, [f"https://evil.example/?{WORKFLOW}"])
 
 
-def test_parse_trust_reads_modes_keys_and_identities(tmp_path: Path) -> None:
+def test_parse_trust_reads_modes_keys_and_identities(tmp_path: Path, keys: Path) -> None:
     (tmp_path / "keys").mkdir()
-    (tmp_path / "keys" / "release.pub").write_text("pem")
+    shutil.copy(keys / "trusted.pub", tmp_path / "keys" / "release.pub")  # a real public key: checked
     raw = {
         "signatures": "required",
         "trusted_keys": ["keys/release.pub"],

@@ -169,7 +169,8 @@ def test_the_status_table_shows_versions_with_folders_in_brackets(
 # -- a store that does not answer: what Triton serves is still said --------------------------------
 
 URL2 = "triton-1:8001"
-TIMEOUTS: Any = SimpleNamespace(triton_timeout=1.0)  # the settings probe_targets reads
+# the settings probe_targets reads (no control key under that home)
+TIMEOUTS: Any = SimpleNamespace(triton_timeout=1.0, home=Path("/nonexistent/.mlreg"))
 FROZEN = "S3 (s3://models/repo): cannot list '': ReadTimeoutError: Read timeout on endpoint URL"
 
 
@@ -204,7 +205,7 @@ def frozen(world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> SimpleNam
     monkeypatch.setattr(status, "probe_targets", PROBE_TARGETS)  # the real one, over the fakes
     world.store = FrozenStore()
     monkeypatch.setattr(status, "status_store", lambda uri: world.store)
-    monkeypatch.setattr(status, "triton_connector", lambda settings: targets.__getitem__)
+    monkeypatch.setattr(status, "triton_connector", lambda settings, key=None: targets.__getitem__)
     world.env = Environment("s3", FrozenStore.uri, (URL, URL2), "local", gpu=False)
     return world
 

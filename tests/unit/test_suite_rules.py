@@ -1,8 +1,10 @@
-"""The suite's own rule: a skipped test proves nothing, so any skip fails the run -- a test skipped
-by a marker, a module skipped whole at import, and an xfail alike (tests/conftest.py)."""
+"""The suite's own rules: a skipped test proves nothing, so any skip fails the run -- a test skipped
+by a marker, a module skipped whole at import, and an xfail alike (tests/conftest.py); and no test
+module imports another (what two share lives in a helper module or a conftest.py)."""
 
 from __future__ import annotations
 
+import ast
 import gc
 import importlib.util
 import os
@@ -79,3 +81,28 @@ def test_a_run_with_no_skip_passes(run: Callable[..., Run]) -> None:
     proc = run(PASSING)
     assert proc.returncode == 0, proc.stdout
     assert "unexpected skips" not in proc.stdout
+
+
+def imports_of_test_modules(root: Path) -> list[str]:
+    """Every import, in the .py files under ``root / "tests"``, of a test module (``test_*``)."""
+    found = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            tested = [n for n in names if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")]
+            found += [f"{path.relative_to(root)}:{node.lineno} imports {tested[0]}"] if tested else []
+    return found
+
+
+def test_no_test_module_imports_another(tmp_path: Path) -> None:
+    """Importing a test module runs its collection-time code and, for a fixture, sets it up once per
+    importing module: shared stacks, configs and helpers live in tests/integration/stacks.py,
+    fleetstack.py, nativestack.py, infra.py, tests/unit/worlds.py ... or a conftest.py."""
+    assert imports_of_test_modules(ROOT) == []
+    (tmp_path / "tests" / "unit").mkdir(parents=True)  # the control: one that does is named
+    (tmp_path / "tests" / "unit" / "helper.py").write_text("import os\nfrom tests.unit.test_x import y\n")
+    assert imports_of_test_modules(tmp_path) == ["tests/unit/helper.py:2 imports tests.unit.test_x"]
