@@ -92,7 +92,9 @@ def promote(
         skip_perf=skip_perf,
         no_way_back=no_way_back,
     )
-    promotion = Promotion(settings, ctx.env, ctx.registry, options, scratch=scratch_servers(settings))
+    promotion = Promotion(
+        settings, ctx.env, ctx.registry, options, scratch=scratch_servers(settings, ctx.env.key(settings))
+    )
     return promotion.run(model, version)
 
 

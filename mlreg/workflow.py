@@ -219,7 +219,9 @@ def promote_many(
             continue
         opts = Options(dry_run=dry_run, on_stage=on_stage, **options)
         try:
-            promotion = Promotion(settings, env, registry, opts, scratch=scratch_servers(settings))
+            promotion = Promotion(
+                settings, env, registry, opts, scratch=scratch_servers(settings, env.key(settings))
+            )
             result = promotion.run(model, version)
             batch.promotions.append(_entry(model, version, result, None))
         except MlregError as exc:

@@ -12,18 +12,23 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipelines.control_key import ControlKey
 from pipelines.devstack import local_triton
 from pipelines.promote.ports import ScratchServers
 from registry.settings import Settings
 
 
-def scratch_servers(settings: Settings) -> ScratchServers:
-    """A factory of local tritonservers (explicit model control, the settings' stand-in backends)."""
+def scratch_servers(settings: Settings, key: ControlKey | None = None) -> ScratchServers:
+    """A factory of local tritonservers (explicit model control, the settings' stand-in backends),
+    their control API locked to ``key`` -- the environment's, which the gate's connector sends
+    (None: the environment's replicas take no key, and neither does the scratch server)."""
 
     @contextlib.contextmanager
     def scratch(repository: Path) -> Iterator[str]:
         with tempfile.TemporaryDirectory(prefix="mlreg-scratch-") as state:
-            info, process = local_triton.start_server(repository, Path(state), settings.backends_source)
+            info, process = local_triton.start_server(
+                repository, Path(state), settings.backends_source, control_key=key.value if key else None
+            )
             try:
                 yield info.grpc_url
             finally:

@@ -187,7 +187,7 @@ class LocalStack:
 
     def promotion(self, **options: Any) -> Promotion:
         env = environment(self.settings, "local")
-        scratch = scratch_servers(self.settings)  # what the application passes: the dry-run gate's servers
+        scratch = scratch_servers(self.settings, env.key(self.settings))  # what the application passes
         return Promotion(self.settings, env, self.registry, Options(**options), scratch=scratch)
 
     def promote(self, model: str, version: str, **options: Any) -> PromotionResult:
