@@ -20,7 +20,7 @@ from registry.contracts.checks import check_artifacts, read_signature
 from registry.contracts.config import CONFIG_NAME, load_config
 from registry.contracts.repository import ModelEntry
 from registry.contracts.rules import PATHS_RULE, check_model, kind, model_file
-from registry.errors import ContractError, RegistryError
+from registry.errors import ContractError, MlregError, RegistryError
 from registry.lineage import (
     Lineage,
     contract_of,
@@ -32,7 +32,7 @@ from registry.lineage import (
     tensor_specs,
 )
 from registry.manifest import CONFIG_ENTRY, manifest_of, sha256_file
-from registry.mlflow.disk import disk_full_error, is_disk_full
+from registry.mlflow.disk import cleaned_up, disk_full_error, is_disk_full, local_path
 from registry.mlflow.model import EXPORTS_EXPERIMENT, LoggedTritonModel
 from registry.signing import (
     SIGNATURE_ARTIFACT,
@@ -250,7 +250,10 @@ def register(
     except BaseException as exc:
         registry.discard_run(run_id)
         if isinstance(exc, OSError) and is_disk_full(exc):  # a write outside MLflow's calls
-            raise disk_full_error(exc, registry.local_root, "registering the version") from exc
+            full = disk_full_error(exc, registry.local_root, "registering the version")
+            raise cleaned_up(full) from exc
+        if isinstance(exc, RegistryError) and is_disk_full(exc):  # an MLflow call's, translated
+            raise cleaned_up(exc) from exc
         raise
     registry.finish_run(run_id, ok=True)
     return RegisterResult(candidate.name, version, True, lineage.validation, run_id, errors, signed_by)
@@ -370,11 +373,66 @@ def sign_registered(registry: MlflowRegistry, name: str, version: str, signer: S
         meta = Path(tmp) / "meta"
         meta.mkdir()
         (meta / SIGNATURE_ARTIFACT).write_bytes(bundle)
-        registry.log_artifacts(str(registry.version(name, version).run_id), meta)
-    signed_by = claimed_identity(bundle)
-    registry.set_version_tag(name, version, SIGNED_BY_TAG, signed_by)
-    _describe_signature(registry, name, version, signed_by)
+        signed_by = claimed_identity(bundle)
+        written = SignatureWrite(registry, name, version, tags.get(SIGNED_BY_TAG, ""))
+        try:
+            registry.log_artifacts(written.run_id, meta)
+            registry.set_version_tag(name, version, SIGNED_BY_TAG, signed_by)
+        except MlregError as exc:
+            raise written.undone(exc) from exc
+    try:
+        _describe_signature(registry, name, version, signed_by)
+    except MlregError as exc:
+        raise written.signed(exc, signed_by) from exc
     return signed_by
+
+
+class SignatureWrite:
+    """The signature file ``mlreg sign`` writes into a version's run, and the one it replaces: a
+    failure before the version's ``signed_by`` tag names the new signer puts the file back as it
+    was (an embedded registry's artifacts are local files), or says that it stays."""
+
+    def __init__(self, registry: MlflowRegistry, name: str, version: str, was_signed_by: str) -> None:
+        self.name, self.version, self.was_signed_by = name, version, was_signed_by
+        self.run_id = str(registry.version(name, version).run_id)
+        folder = local_path(registry.artifact_uri(self.run_id))
+        self.path = folder / SIGNATURE_ARTIFACT if folder is not None else None
+        self.before = self.path.read_bytes() if self.path is not None and self.path.is_file() else None
+
+    def undone(self, exc: MlregError) -> MlregError:
+        """``exc``, once the file is as it was before; saying what stays where it cannot be."""
+        if self._put_back():
+            return cleaned_up(exc)
+        tag = f"its tag still says signed by {self.was_signed_by}" if self.was_signed_by else "unsigned"
+        stays = (
+            f"the signature it wrote stays in run {self.run_id}'s artifacts ({SIGNATURE_ARTIFACT}) "
+            f"while {self.name} v{self.version} is {tag}: 'mlreg sign' again replaces it"
+        )
+        return _fixed(exc, f"{exc.fix}; {stays}" if exc.fix else stays)
+
+    def _put_back(self) -> bool:
+        if self.path is None:  # a remote artifact store: MLflow's client deletes no artifact
+            return False
+        try:
+            if self.before is None:
+                self.path.unlink(missing_ok=True)
+            else:
+                self.path.write_bytes(self.before)
+        except OSError:
+            return False
+        return True
+
+    def signed(self, exc: MlregError, signed_by: str) -> MlregError:
+        """``exc`` of the description's update: the version is signed all the same."""
+        done = (
+            f"{self.name} v{self.version} is signed by {signed_by} (its tag and {SIGNATURE_ARTIFACT}); "
+            "only its MLflow description does not say so: 'mlreg sign' again updates it"
+        )
+        return _fixed(exc, f"{exc.fix}; {done}" if exc.fix else done)
+
+
+def _fixed(exc: MlregError, fix: str) -> MlregError:
+    return type(exc)(exc.message, fix=fix, **exc.context)
 
 
 def _describe_signature(registry: MlflowRegistry, name: str, version: str, signed_by: str) -> None:
@@ -382,6 +440,8 @@ def _describe_signature(registry: MlflowRegistry, name: str, version: str, signe
     current = str(registry.version(name, version).description or "")
     kept = "\n".join(line for line in current.splitlines() if not line.startswith("**Signature:"))
     text = kept.rstrip() + "\n\n" + signature_line(signed_by)
+    if text == current:  # signed again by the same signer: nothing to write
+        return
     registry._call(  # the adapter has no description update: the one call, through its translation
         "version update", lambda: registry.client.update_model_version(name, version, description=text)
     )

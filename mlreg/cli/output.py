@@ -188,6 +188,9 @@ def _as_mlreg_error(exc: BaseException) -> MlregError | None:
         return UsageError(exc.format_message(), fix="see 'mlreg --help'")
     if isinstance(exc, BrokenPipeError):
         return closed_pipe()
+    full = _disk_full(exc)
+    if full is not None:
+        return full
     if isinstance(exc, OSError) and exc.strerror:
         where = f": '{exc.filename}'" if exc.filename else ""
         if RUN.home and str(exc.filename or "").startswith(RUN.home):
@@ -199,6 +202,21 @@ def _as_mlreg_error(exc: BaseException) -> MlregError | None:
             f"{exc.strerror}{where}", fix="check that the path exists and that you may read and write there"
         )
     return None
+
+
+def _disk_full(exc: BaseException) -> MlregError | None:
+    """A full disk anywhere (TMPDIR, MLREG_HOME, a local store), however it was wrapped: one
+    "disk full at PATH" error with the fix (the path the error names, else the fuller of the two)."""
+    # lazy: the storage package is read only when a command failed (mlreg --help stays cheap)
+    from pathlib import Path
+    from tempfile import gettempdir
+
+    from pipelines.storage.disk import disk_full_error, is_disk_full
+
+    if not is_disk_full(exc):
+        return None
+    places = [Path(gettempdir()), *([Path(RUN.home)] if RUN.home else [])]
+    return disk_full_error(exc, "a file could not be written", *places)
 
 
 def closed_pipe() -> OutputClosedError:

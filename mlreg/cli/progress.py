@@ -1,12 +1,20 @@
-"""Progress bars: drawn only here, only in a terminal, never with MLREG_NO_PROGRESS=1."""
+"""Progress: bars drawn only here, only in a terminal, never with MLREG_NO_PROGRESS=1; and the
+lines that say a command still waits on a store or server that does not answer (``waiting``)."""
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from registry.settings import Settings, env_flag
+import typer
+
+from registry.settings import Settings, env_flag, redact_uri
+
+WAIT_FIRST_S = 3.0  # a command silent this long says it still waits ...
+WAIT_EVERY_S = 10.0  # ... and again this often
 
 
 def enabled(settings: Settings | None = None) -> bool:
@@ -30,3 +38,31 @@ def byte_progress(
     ) as bar:
         task = bar.add_task(label, total=None)
         yield lambda n: bar.advance(task, n)
+
+
+@contextmanager
+def waiting(label: str, deadline: str, quiet: bool = False) -> Iterator[None]:
+    """While the block runs, a line on stderr after ``WAIT_FIRST_S`` and then every
+    ``WAIT_EVERY_S`` ("{label}: still waiting after 3 s ({deadline})"), so a store or server that
+    does not answer never looks like a hung mlreg; none with ``quiet`` (--json).  Lines, not a
+    bar: they land in CI logs too."""
+    if quiet:
+        yield
+        return
+    done = threading.Event()
+    began = time.monotonic()
+
+    def tell() -> None:
+        pause = WAIT_FIRST_S
+        while not done.wait(pause):
+            waited = time.monotonic() - began
+            typer.echo(redact_uri(f"{label}: still waiting after {waited:.0f} s ({deadline})"), err=True)
+            pause = WAIT_EVERY_S
+
+    teller = threading.Thread(target=tell, name="waiting", daemon=True)
+    teller.start()
+    try:
+        yield
+    finally:
+        done.set()
+        teller.join()

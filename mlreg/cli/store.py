@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -9,12 +10,12 @@ import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, settings_of
 from mlreg.cli.output import Output, emit_json, handle_errors
-from mlreg.cli.progress import byte_progress
+from mlreg.cli.progress import byte_progress, waiting
 from registry.errors import StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from pipelines.promote.retention import RetentionReport
     from pipelines.storage.base import RepositoryStore
@@ -79,13 +80,45 @@ def ls_cmd(
     STATE: verified (every file matches the manifest: sizes checked now, digests proven by the
     digest cache), unverified (sizes match but some file was not hashed on this machine since it
     changed or was uploaded: run 'mlreg store verify'), corrupt (a file or the manifest does not
-    match), incomplete (no manifest: an upload did not finish).  Nothing is hashed by 'ls'.
+    match), corrupt manifest (its manifest cannot be read: 'mlreg store repair' restores it from the
+    registry), incomplete (no manifest: an upload did not finish).  Nothing is hashed by 'ls'.
 
     A version numbered below a stored one that is neither live nor archived is named (JSON:
     "missing"): mlreg moves a version out of the store only into its archive, so if this store
     held it, its archived copy was deleted; an archive that cannot be listed is said so.
+
+    On S3 a request the store does not answer within seconds is given up (as 'mlreg status'
+    does); stderr says meanwhile what it waits for.
     """
-    target = _store(store)
+    from pipelines.promote.status import STORE_READ_TIMEOUT_S, STORE_RETRIES, status_store
+
+    settings = Settings.from_env()
+    target = status_store(store or settings.local_repository, digest_cache=settings.digest_cache)
+    deadline = f"gives up on a request after {1 + STORE_RETRIES} tries of {STORE_READ_TIMEOUT_S:g} s"
+    with (
+        waiting(f"mlreg store ls: reading {target.uri}", deadline, quiet=as_json),
+        _answering(target, deadline),
+    ):
+        _ls(target, as_json)
+
+
+@contextmanager
+def _answering(target: RepositoryStore, deadline: str) -> Iterator[None]:
+    """A remote store that failed a read (it did not answer in time, or refused) ends `store ls`
+    with one error naming it and the fix."""
+    try:
+        yield
+    except StorageError as exc:
+        if not target.uri.startswith("s3://"):
+            raise  # a local folder's error says which file and why
+        raise StorageError(
+            f"{exc.message} ('mlreg store ls' {deadline})",
+            fix=f"check that {target.uri} answers (endpoint up, credentials valid), then rerun "
+            "'mlreg store ls'; 'mlreg status' says what each replica serves meanwhile",
+        ) from exc
+
+
+def _ls(target: RepositoryStore, as_json: bool) -> None:
     archive = _archive(target)
     archived, archive_error = _archived(archive)
     rows = []
@@ -129,10 +162,10 @@ def ls_cmd(
             }
         )
         return
-    typer.echo(f"{'MODEL':<30} {'VERSION':>7}  {'STATE':<11}  FILES")
+    typer.echo(f"{'MODEL':<30} {'VERSION':>7}  {'STATE':<16}  FILES")
     for row in rows:
         state = str(row["state"]) if row["location"] == "live" else _archived_state(str(row["state"]))
-        typer.echo(f"{row['model']:<30} {row['version']:>7}  {state:<11}  {row['files']}")
+        typer.echo(f"{row['model']:<30} {row['version']:>7}  {state:<16}  {row['files']}")
     for model, versions in missing.items():
         where = f"from the archive {archive.uri}" if archive is not None else "from this store"
         typer.echo(
@@ -375,10 +408,18 @@ def unlock_cmd(
     model: str = typer.Argument(..., help="The model whose lock to remove."),
     env: str = typer.Option(None, "--env", "-e", help="The environment's store (mlreg.toml)."),
     store: str = typer.Option(None, "--store", "-s", help=STORE_HELP),
+    force: str = typer.Option(
+        None,
+        "--force",
+        metavar="HOLDER",
+        help="Remove it though its lease looks alive (a lock written by a clock ahead), naming the "
+        "holder the lock names (as the refusal and 'mlreg store ls' show it): another's lock stays.",
+    ),
     as_json: JsonFlag = False,
 ) -> None:
     """Remove a lock its holder left (a crashed or cut-off promotion); refused while the holder's
-    lease is alive (judged by the store's clock: the lock's LastModified plus its lease).
+    lease is alive (judged by the store's clock: the lock's LastModified plus its lease), unless
+    --force names its holder.
 
     Example: mlreg store unlock scorer --env staging
     """
@@ -386,9 +427,9 @@ def unlock_cmd(
 
     out = Output(as_json)
     target = service.store_of(settings_of(ctx), store, env)
-    held = target.unlock(model)
+    held = target.unlock(model, force or "")
     out.result(
-        {"store": target.uri, "unlocked": held.to_dict()},
+        {"store": target.uri, "unlocked": held.to_dict(), "forced": bool(force)},
         lambda: out.line(f"{target.uri}: removed the lock of '{model}' held by {held.describe()}"),
     )
 

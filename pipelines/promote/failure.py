@@ -12,9 +12,11 @@ changed now belongs to the lock's new holder.  It says what it left and who hold
 from __future__ import annotations
 
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 from pipelines.promote.context import PromotionContext, Stage
@@ -22,6 +24,7 @@ from pipelines.promote.integrity import verifier
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.record import record_promotion
 from pipelines.promote.reports import FleetReport, PromotionFailed, Refusal
+from pipelines.storage.disk import disk_full_error, is_disk_full
 from registry.errors import INTERRUPT_EXIT_CODES, MlregError, PromotionError, Terminated
 from registry.settings import PROMOTIONS_EXPERIMENT
 
@@ -29,10 +32,22 @@ Timed = Callable[[Stage], None]  # runs a stage, recorded in the result (the run
 
 
 def message_of(exc: BaseException) -> str:
-    return exc.message if isinstance(exc, MlregError) else f"{type(exc).__name__}: {exc}"
+    error = known(exc)
+    return error.message if isinstance(error, MlregError) else f"{type(exc).__name__}: {exc}"
+
+
+def known(exc: BaseException) -> BaseException:
+    """``exc``, or the error it stands for: a full disk met outside the store's own calls (the
+    promotion's work folder in TMPDIR, a copy of the registry's files) is "disk full at PATH"."""
+    if isinstance(exc, MlregError) or not is_disk_full(exc):
+        return exc
+    full = disk_full_error(exc, "a file could not be written", Path(tempfile.gettempdir()))
+    full.__cause__ = exc
+    return full
 
 
 def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
+    exc = known(exc)
     result = ctx.result
     signal_name = _signal_of(exc)
     result.error = f"interrupted ({signal_name})" if signal_name else message_of(exc)
@@ -52,7 +67,7 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
             result.error = exc.after_undo(changed and not result.rollback_error)
             changed = bool(result.rollback_error)
         result.rolled_back = changed and not result.rollback_error
-        record_promotion(ctx.registry, result, ctx.env, PROMOTIONS_EXPERIMENT)
+        _record(ctx)
         if result.rollback_error:
             result.notes.extend(_store_now(ctx))
         ctx.locks.close()  # released now: a release that fails is a note, never this error
@@ -61,6 +76,16 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
     if signal_name:
         failed.exit_code = INTERRUPT_EXIT_CODES[signal_name]
     raise failed from exc
+
+
+def _record(ctx: PromotionContext) -> None:
+    """The attempt recorded in MLflow, as far as it can be: a file it cannot write (its report in
+    a full TMPDIR) is a note, never the promotion's error (what was put back must still be said,
+    and the locks released)."""
+    try:
+        record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT)
+    except OSError as exc:
+        ctx.result.notes.append(f"the attempt was not recorded in MLflow ({exc.strerror or exc})")
 
 
 def _taken_over(ctx: PromotionContext) -> list[str]:

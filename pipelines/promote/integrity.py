@@ -31,6 +31,7 @@ from pipelines.promote.plan import Step
 from pipelines.promote.ports import Registry
 from pipelines.promote.undo import VerifyStored
 from pipelines.storage.base import RepositoryStore
+from pipelines.storage.verify import MANIFEST
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, PromotionError, StorageError
 from registry.manifest import CONFIG_ENTRY, VOLATILE, artifact_digest, digest_of_manifest, sha256_file
@@ -409,6 +410,24 @@ def signature_problems(
                 stored_signature_check(store, registry, model, version, trust, Path(tmp))
             except (SignatureError, StorageError) as exc:
                 found.append(f"v{version}: its signature does not verify ({exc.message})")
+    return found
+
+
+def manifest_problems(store: RepositoryStore, model: str, versions: Iterable[str]) -> list[str]:
+    """``mlreg status``: one line per version the store serves whose manifest cannot be read (one
+    small read each; a store that stops answering is said by its other reads)."""
+    found = []
+    for version in versions:
+        try:
+            _, why = store.load_manifest(model, version)
+        except StorageError:
+            break
+        if why:
+            found.append(
+                f"v{version}: its manifest {model}/{version}/{MANIFEST} is unreadable ({why}), so "
+                f"its bytes cannot be verified: 'mlreg store repair {model} {version}' (or a promotion "
+                "of the model) restores it from the registry"
+            )
     return found
 
 

@@ -286,8 +286,9 @@ def make_room(ctx: PromotionContext) -> RetentionReport | None:
 
 
 def _unarchive(store: RepositoryStore, model: str, version: str) -> None:
-    """A version ``make_room`` moved comes back where Triton reads (a rename locally, as it left);
-    raises when it cannot (it stays whole in the archive)."""
+    """A version ``make_room`` moved comes back where Triton reads (as it left: a rename locally,
+    a checked copy across file systems or on S3); raises when it cannot (it stays whole in the
+    archive)."""
     move_to_archive(archive_of(store), store, model, version)
 
 

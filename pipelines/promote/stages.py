@@ -113,30 +113,31 @@ def repair(ctx: PromotionContext) -> RepairReport:
 
 def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
     """The store wants exactly this version, it is complete, every ensemble pins it, and every
-    target serves exactly it (and, for an ensemble, every member at the version it pins)."""
+    target serves exactly it (and, for an ensemble, every member at the version it pins).  A
+    re-pointed ensemble is a registered version served from its old Triton folder: ``version``
+    serves from the store's one folder when it is what that folder's config serves."""
     store = ctx.store
     config = store.read_config(model)
-    if config is None or config_facts(config).versions != (version,):
+    folders = config_facts(config).versions if config is not None else ()
+    if config is None or len(folders) != 1:
         return False
-    if store.read_manifest(model, version) is None:
+    [folder] = folders
+    is_ensemble = config_facts(config).is_ensemble
+    if (folder != version and not is_ensemble) or store.read_manifest(model, folder) is None:
         return False
-    wanted = {model: version}
+    wanted = {model: folder}
     for member, pinned in ensemble_pins(config).items():
         if int(pinned) <= 0:
             return False  # "latest": only the registry knows which
         wanted[member] = pinned
-    if config_facts(config).is_ensemble and not _pins_registered(ctx, model, version, config):
+    if is_ensemble and not _registered_as_stored(ctx, model, version, config, folder):
         return False
     for ensemble in store.list_models():
         text = store.read_config(ensemble)
         if (
             text
             and config_facts(text).is_ensemble
-            and ensemble_pins(text).get(model, version)
-            not in (
-                version,
-                "-1",
-            )
+            and ensemble_pins(text).get(model, folder) not in (folder, "-1")
         ):
             return False
     if not ctx.fleet.serve_exactly(wanted):
@@ -152,15 +153,21 @@ def serving_pins(ctx: PromotionContext, model: str, version: str) -> dict[str, s
     return wanted
 
 
-def _pins_registered(ctx: PromotionContext, model: str, version: str, config: str) -> bool:
-    """The store's ensemble pins what registered ``version`` pins: re-pointed ensembles keep their
-    Triton folder, so the folder alone cannot tell version 1 from its re-pointed version 2.  (The
+def _registered_as_stored(ctx: PromotionContext, model: str, version: str, config: str, folder: str) -> bool:
+    """The store's ensemble (served from Triton ``folder``) is registered ``version``: in its own
+    folder, its pins are that version's (re-pointed ensembles keep their Triton folder, so the
+    folder alone cannot tell version 1 from its re-pointed version 2); in another folder (a
+    re-pointed version), its whole config is that version's, the version policy aside.  (The
     embedded registry answers from its files, without importing MLflow.)"""
     assert ctx.plan.workdir is not None
-    folder = ctx.plan.workdir / f"registered-{model}-{version}"
-    folder.mkdir(parents=True, exist_ok=True)
-    ctx.registry.fetch_version(model, version, folder)
-    return ensemble_pins((folder / CONFIG_NAME).read_text()) == ensemble_pins(config)
+    fetched = ctx.plan.workdir / f"registered-{model}-{version}"
+    fetched.mkdir(parents=True, exist_ok=True)
+    ctx.registry.fetch_version(model, version, fetched)
+    registered = (fetched / CONFIG_NAME).read_text()
+    if folder == version:
+        return ensemble_pins(registered) == ensemble_pins(config)
+    gpu = ctx.env.gpu
+    return desired_config(registered, [folder], gpu) == desired_config(config, [folder], gpu)
 
 
 def ensembles_using(ctx: PromotionContext, models: set[str]) -> dict[str, str]:
@@ -461,9 +468,27 @@ def record(ctx: PromotionContext) -> RecordReport:
             writes.tag_version(step.model, version, stamp)
             versions.append((step.model, version))
         checkpoint("record:aliases")
-        for model, version in versions:  # the aliases move last
+        members = _pinned_members(plan, {model for model, _ in versions})
+        for model, version in versions + members:  # the aliases move last
             writes.move_alias(model, version)
     except MlregError as exc:
         raise failed_record(writes, exc) from exc
+    ctx.result.notes.extend(
+        f"alias '{ctx.env.alias}' of {model} moved to v{version} (was {writes.aliases[model] or 'none'}): "
+        f"the version {plan.model} v{plan.version} pins"
+        for model, version in members
+        if model in writes.aliases
+    )
     record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT, writes)
     return RecordReport(ctx.env.alias, plan.model, plan.version, ctx.result.run_id)
+
+
+def _pinned_members(plan: Plan, moved: set[str]) -> list[tuple[str, str]]:
+    """The members a promoted ensemble pins that the plan did not bring along (they served
+    already): their aliases name the versions it pins too, so a failed attempt's alias left on
+    another version is put right by promoting the ensemble."""
+    step = plan.step(plan.model)
+    if not step.is_ensemble:
+        return []
+    pins = ensemble_pins(step.config_text)
+    return [(m, v) for m, v in sorted(pins.items()) if int(v) > 0 and m not in moved]

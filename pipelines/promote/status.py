@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.fanout import Connect, Fleet, open_control, ready_versions, triton_connector
-from pipelines.promote.integrity import signature_problems
+from pipelines.promote.integrity import manifest_problems, signature_problems
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
-from pipelines.promote.ports import Registry
+from pipelines.promote.ports import Registry, ServingTarget
 from pipelines.storage import open_store
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError, StorageError
@@ -63,10 +64,11 @@ def read_store(store: RepositoryStore, names: list[str]) -> dict[str, StoreView]
     return views
 
 
-def status_store(uri: str) -> RepositoryStore:
-    """The environment's store for status's reads: on S3, a request is given up after
-    ``STORE_READ_TIMEOUT_S`` and retried ``STORE_RETRIES`` times (seconds, not minutes)."""
-    return open_store(uri, patience=(STORE_READ_TIMEOUT_S, STORE_RETRIES))
+def status_store(uri: str | Path, digest_cache: Path | None = None) -> RepositoryStore:
+    """The environment's store for status's reads (and `mlreg store ls`'s): on S3, a request is
+    given up after ``STORE_READ_TIMEOUT_S`` and retried ``STORE_RETRIES`` times (seconds, not
+    minutes)."""
+    return open_store(uri, digest_cache=digest_cache, patience=(STORE_READ_TIMEOUT_S, STORE_RETRIES))
 
 
 def read_views(store: RepositoryStore, names: list[str], why: str = "") -> tuple[dict[str, StoreView], str]:
@@ -228,7 +230,7 @@ def numbering(
     registry: Registry, model: str, view: StoreView, alias: str, live_pins: Pins, reachable: bool
 ) -> Numbering:
     live = {url: pins[model] for url, pins in live_pins.items() if model in pins}
-    if not view.is_ensemble and not (view.error and live):  # store unread: the servers say
+    if not view.is_ensemble and not ((view.error or view.config is None) and live):  # the servers say
         return Numbering(alias)
     registered: Tags = {}
     if reachable:
@@ -363,12 +365,9 @@ def _model_rows(
         more, why = read_views(store, [m for m in names if m not in views], why)
         views.update(more)
     aliases, mlflow_error = read_aliases(registry, names, env.alias)
-    if not models:
-        _ready_outside_index(
-            triton_connector(settings, env.key(settings)),
-            live,
-            {m: a for m, a in aliases.items() if a and m not in views_with_config(views)},
-        )
+    lost = {m: a for m, a in aliases.items() if a and m not in views_with_config(views)}
+    if lost:  # served, though the store lost its folder: asked by name
+        _ready_outside_index(triton_connector(settings, env.key(settings)), live, lost, live_pins)
     rows = [
         _row(env, registry, store, model, views[model], aliases[model], live, live_pins, mlflow_error)
         for model in names
@@ -406,7 +405,10 @@ def _row(
         row["store"] = f"store unreachable: {view.error}"
         return row
     if view.config is None and (alias or any(f for f in folders.values() if not isinstance(f, str))):
-        row["drift"].insert(0, f"the store has no {model}/config.pbtxt" + _missing_detail(alias, folders))
+        row["drift"].insert(0, _lost_line(model, alias, row["serving"], folders))
+        if numbered.live_pins:  # an ensemble the store lost: what each target's loaded one pins
+            row["target_pins"] = numbered.live_pins
+    row["drift"].extend(manifest_problems(store, model, view.desired))  # its bytes cannot be verified
     if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
         row["drift"].extend(signature_problems(store, registry, model, view.desired, env.signatures))
     if view.is_ensemble:
@@ -421,22 +423,42 @@ def views_with_config(views: dict[str, StoreView]) -> set[str]:
     return {m for m, v in views.items() if v.config is not None}
 
 
-def _ready_outside_index(connect: Connect, live: dict[str, Any], wanted: dict[str, str]) -> None:
+def _ready_outside_index(connect: Connect, live: dict[str, Any], wanted: dict[str, str], pins: Pins) -> None:
     """A model whose folder left the repository is gone from Triton's index but still loaded:
     each ``model: version`` the alias names and the store lacks is asked for by name, and added to
-    ``live`` where it is READY."""
+    ``live`` where it is READY (an ensemble's pins to ``pins``: they say which registered version
+    its folder is)."""
     for url, states in live.items():
-        if isinstance(states, str) or not wanted:
+        if isinstance(states, str):
             continue
         target = connect(url)
         try:
             for model, version in wanted.items():
-                if model not in states and target.is_ready(model, version):
-                    states[model] = {version: "READY"}
+                if model not in states:
+                    _ask_by_name(target, model, version, states, pins.setdefault(url, {}))
         except MlregError:
             pass  # the target's own row says it is unreachable when it is
         finally:
             target.close()
+
+
+def _ask_by_name(
+    target: ServingTarget, model: str, version: str, states: dict[str, Any], pins: dict[str, dict[str, str]]
+) -> None:
+    """The folders ``model``'s loaded config serves (a re-pointed ensemble keeps its old folder, so
+    not always the alias's number; that number when the config says none), READY ones added to
+    ``states``; an ensemble's steps to ``pins``.  A model not loaded there: nothing added."""
+    try:
+        config = target.model_config(model)
+    except MlregError:
+        config = {}  # not loaded (Triton: unknown model); asked for the alias's version below
+    specific = config.get("version_policy", {}).get("specific", {}).get("versions", [])
+    ready = [str(v) for v in (specific or [version]) if target.is_ready(model, str(v))]
+    if ready:
+        states[model] = dict.fromkeys(ready, "READY")
+    steps = config.get("ensemble_scheduling", {}).get("step", [])
+    if ready and steps:
+        pins[model] = {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps}
 
 
 def served_models(live: dict[str, Any]) -> set[str]:
@@ -459,8 +481,34 @@ def aliased_models(registry: Registry, alias: str) -> set[str]:
         return set()
 
 
+def _lost_line(model: str, alias: str, serving: Serving, folders: Serving) -> str:
+    """The drift line of a model whose store config is gone: what the alias names, what Triton
+    still serves (registered versions, the folder beside where it differs) and the way back."""
+    labelled: Serving = {
+        url: [labels([v], [f]) for v, f in zip(found, folders[url], strict=True)]
+        for url, found in serving.items()
+        if not isinstance(found, str) and not isinstance(folders[url], str)
+    }
+    line = f"the store has no {model}/config.pbtxt" + _missing_detail(alias, labelled)
+    served = _served(labelled)
+    if not served:
+        return line
+    again = alias or served[0].split()[0]
+    again = "the version it serves" if again == UNKNOWN else f"v{again}"
+    return (
+        f"{line}; the store lost its folder; Triton still serves v{','.join(served)} "
+        f"(promote {again} again to put it back)"
+    )
+
+
+def _served(folders: Serving) -> list[str]:
+    """Every version (or ``version [folder]`` label) a reachable target serves, in order."""
+    found = {v for f in folders.values() if not isinstance(f, str) for v in f}
+    return sorted(found, key=lambda v: int(v.split()[0]) if v.split()[0].isdigit() else -1)
+
+
 def _missing_detail(alias: str, folders: Serving) -> str:
-    serving = sorted({v for f in folders.values() if not isinstance(f, str) for v in f}, key=int)
+    serving = _served(folders)
     parts = [f"alias names v{alias}"] if alias else []
     parts += [f"v{','.join(serving)} serves"] if serving else ["nothing serves it"]
     return f" ({', '.join(parts)}): a restarted replica cannot load it"

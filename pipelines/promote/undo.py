@@ -15,7 +15,8 @@ never leaves an ensemble pinned to a member version that is gone:
 1. the registry: aliases back (newest first), then the tags;
 2. every re-pointed ensemble follows the latest loaded version (-1) of the members that move back,
    on the replicas it was sent to (an ensemble new to a replica is unloaded there);
-3. the members: the store's config back, then each replica back to its before-state (the store's
+3. the members: the store's config back (where it is not as noted: a write that failed before it
+   changed the file left nothing to restore), then each replica back to its before-state (the store's
    old config sent as a load override, naming the versions it held; a model it did not hold
    unloaded);
 4. the ensembles, the same way;
@@ -242,7 +243,10 @@ class UndoLog:
                 _note(report, fleet.restore(url, Change(entry.model, text, held)), "")
 
     def _put_back(self, entry: Entry, fleet: Fleet, store: RepositoryStore, report: UndoReport) -> None:
-        if entry.store:
+        # the config noted before the first write: nothing is written back where it still is -- a
+        # write that failed before it changed the file (a full disk) left nothing to restore
+        written = entry.store and not _unchanged(store, entry)
+        if written:
             _note(report, _write_back(store, entry), "")
         for url in entry.replicas:
             change = entry.back_at(url, self.gpu)
@@ -250,7 +254,7 @@ class UndoLog:
                 _keep(report, fleet, url, entry.model, entry.before[url])  # never unload what served
                 continue
             _note(report, fleet.restore(url, change), "")
-        if entry.store or entry.replicas:
+        if written or entry.replicas:
             report.restored.append(entry.describe)
 
 
@@ -289,6 +293,15 @@ def _write_back(store: RepositoryStore, entry: Entry) -> str:
     except MlregError as exc:
         return f"{store.uri}: {entry.model}/config.pbtxt: {exc.message}"
     return ""
+
+
+def _unchanged(store: RepositoryStore, entry: Entry) -> bool:
+    """Whether the store's config is the one noted before this promotion's first write (False
+    when it cannot be read: the write back is tried, and says why it fails)."""
+    try:
+        return store.read_config(entry.model) == entry.previous
+    except MlregError:
+        return False
 
 
 def _delete_version(store: RepositoryStore, model: str, version: str) -> str:

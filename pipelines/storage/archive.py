@@ -15,8 +15,11 @@ the very root of a bucket has no place beside it: retention refuses it, saying s
 
 A move keeps the version whole in at least one place at every instant: locally one ``rename``; on
 S3 a server-side copy of every file, the manifest last, the copy checked against the manifest,
-then the live files deleted (the manifest last).  A crash leaves the live copy, or both: the next
-move (a promotion's retention, ``mlreg store gc``) finishes it.  Bringing a version back copies it
+then the live files deleted (the manifest last).  A local archive on another file system (its
+folder a mount of its own: ``rename`` fails with ``EXDEV``) is moved as S3 is, each file copied
+and hashed as it is written, so the check compares every sha256 with the manifest before the live
+copy goes -- both ways.  A crash leaves the live copy, or both: the next move (a promotion's
+retention, ``mlreg store gc``) finishes it.  Bringing a version back copies it
 (the archive keeps its copy until the version is live and complete again), then the caller verifies
 it against the digest registered in MLflow before any load.
 """

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.storage.lease import Lease, LockInfo, parse_lock
+from pipelines.storage.lease import Lease, LockInfo, parse_lock, remove_lock
 from pipelines.storage.verify import (
     MANIFEST,
     SIGNATURE_FILE,
@@ -340,16 +340,20 @@ class RepositoryStore(ABC):
         return None if data is None else data.decode("utf-8")
 
     def read_manifest(self, model: str, version: str) -> Manifest | None:
+        """The version's manifest; None when there is none or it is unreadable (truncated, not a
+        manifest): either way the version has no usable manifest and counts as incomplete -- a
+        promotion sends it again from the registry, ``check_version`` names a corrupt manifest."""
+        return self.load_manifest(model, version)[0]
+
+    def load_manifest(self, model: str, version: str) -> tuple[Manifest | None, str]:
+        """The version's manifest, or why the one stored cannot be read ("": none is stored)."""
         data = self.read(f"{model}/{version}/{MANIFEST}")
         if data is None:
-            return None
+            return None, ""
         try:
-            return Manifest.from_json(data)
-        except (ValueError, KeyError) as exc:
-            raise StorageError(
-                f"{self.uri}: the manifest of {model}/{version} is unreadable: {exc}",
-                fix="push the version again to rewrite it",
-            ) from exc
+            return Manifest.from_json(data), ""
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return None, f"{len(data)} bytes, {type(exc).__name__}: {exc}"
 
     def get_version(self, model: str, version: str, dest: Path, expected_digest: str | None = None) -> Path:
         """Download ``<model>/<version>/`` into ``dest`` (the manifest left out); return dest.  The
@@ -469,7 +473,7 @@ class RepositoryStore(ABC):
         if config is None and (folder.parent / CONFIG).is_file():
             config = folder.parent / CONFIG
         manifest = Manifest.of_folder(files, self.digests, config)
-        stored = self.read_manifest(model, version)
+        stored = self._stored_manifest(model, version, write_once)
         kept = write_once and stored is not None  # the stored manifest stays as it is
         lines = other_bytes(stored.files, manifest.files) if kept and stored is not None else []
         if lines:
@@ -503,6 +507,26 @@ class RepositoryStore(ABC):
         elif not kept and (result.sent or _differs(stored, manifest)):
             self.write(f"{model}/{version}/{MANIFEST}", manifest.to_json().encode())
         return result
+
+    def _stored_manifest(self, model: str, version: str, write_once: bool) -> Manifest | None:
+        """The stored manifest an upload starts from.  One that cannot be read proves nothing: it
+        is removed (the version is incomplete until this upload writes it again, every file proven
+        or sent).  A write-once push refuses it: it cannot tell whether its files are the stored
+        version's; the registry can (``mlreg store repair``)."""
+        stored, why = self.load_manifest(model, version)
+        if not why:
+            return stored
+        if write_once:
+            raise StorageError(
+                f"{self.uri}: the manifest of {model} v{version} is unreadable ({why}); a stored "
+                "version never changes, and without its manifest this push cannot tell whether its "
+                "files are that version's; nothing was sent",
+                fix=f"put the registered bytes back: 'mlreg store repair {model} {version}'",
+                model=model,
+                version=version,
+            )
+        self.delete(f"{model}/{version}/{MANIFEST}")  # fenced: a lost lock stops it here
+        return None
 
     def _create_manifest(self, model: str, version: str, manifest: Manifest) -> None:
         """A new version's manifest, created only where none is (S3: a put with If-None-Match), so
@@ -545,24 +569,10 @@ class RepositoryStore(ABC):
         """Every lock at the root, with its holder and its lease (the store's clock)."""
         return [info for model in self.lock_models() if (info := self.read_lock(model)) is not None]
 
-    def unlock(self, model: str) -> LockInfo:
-        """Remove ``model``'s lock, only once its holder's lease ran out (or the holder, on this
-        machine, is gone); StorageError while the lease is alive."""
-        key = lock_key(check_part(model, "model name"))
-        found = self.lock_state(key)
-        if found is None:
-            raise StorageError(f"{self.uri}: model '{model}' is not locked", fix="nothing to do", model=model)
-        held = parse_lock(model, *found)
-        if not held.stale:
-            raise StorageError(
-                f"{self.uri}: model '{model}' is locked by {held.describe()}; its lease is alive",
-                fix="wait for that promotion to finish, or for its lease to run out (a holder that "
-                "stopped renewing it), then run 'mlreg store unlock' again",
-                model=model,
-                holder=held.owner,
-            )
-        self.delete_if_unchanged(key, found[1])
-        return held
+    def unlock(self, model: str, force: str = "") -> LockInfo:
+        """Remove ``model``'s lock once its holder's lease ran out, or with ``force`` naming its
+        holder (``lease.remove_lock``); StorageError while the lease is alive."""
+        return remove_lock(self, lock_key(check_part(model, "model name")), model, force)
 
     def write_config(self, model: str, text: str) -> None:
         """Written only while this process still holds ``model``'s lock, when it took it: the lease

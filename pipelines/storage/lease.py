@@ -28,6 +28,12 @@ A lease that ran out is never renewed, so a renewal delivered late cannot bring 
   run out at ``renew_by``;
 - once lost or released, a lease writes nothing more; its release only deletes a lock object that
   still carries its own token (one its late renewal left), never another holder's.
+
+A lock whose time lies ahead of the clock judging it (a local folder's mtime written by a host
+whose clock runs ahead, or a file touched or copied from one) looks alive until that clock's time
+is reached -- days, maybe.  It is never taken for stale (its holder may run), but it is named as
+clock skew, and ``remove_lock`` with ``force`` naming its holder removes it (`mlreg store unlock
+MODEL --force HOLDER`).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from registry.errors import MlregError, StorageError
 log = logging.getLogger(__name__)
 
 RECHECK_S = 5.0  # before a write under a locked model, its lease is proven again when older than this
+SKEW_S = 5.0  # a lock written further ahead of the clock judging it was written by a clock ahead
 
 LockState = tuple[bytes, str, float | None, float | None]  # bytes, token, written at, store's now
 
@@ -66,6 +73,17 @@ class LockStore(Protocol):
 def when(epoch: float) -> str:
     """A date people read in lock messages (UTC)."""
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+
+
+def span(seconds: float) -> str:
+    """A duration people read: "42 s", "17 min", "30 h", "2 days"."""
+    if seconds >= 36 * 3600:
+        return f"{seconds / 86400:.0f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.0f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
 
 
 @dataclass
@@ -90,12 +108,28 @@ class LockInfo:
             return not Path(f"/proc/{pid}").exists() or _zombie(int(pid))
         return False
 
+    @property
+    def skew(self) -> float:
+        """How far the lock's time (when the store last wrote it) lies ahead of the clock judging
+        it now: written by a clock ahead (a host's on a shared folder, or a file copied or touched
+        from one), its lease looks alive until that clock's time is reached -- days, maybe.  0: not
+        ahead (by more than ``SKEW_S``)."""
+        if self.since is None:
+            return 0.0
+        ahead = self.since - (self.now if self.now is not None else time.time())
+        return ahead if ahead > SKEW_S else 0.0
+
     def describe(self) -> str:
         renewed = f" since {when(self.since)}," if self.since is not None else ""
         clock = "the store's clock" if self.clock == "store" else "the holder's clock"
         now = self.now if self.now is not None else time.time()
         ends = "lease ran out at" if now >= self.expires_at else "lease until"
-        return f"{self.owner}{renewed} {ends} {when(self.expires_at)} ({clock})"
+        skew = f"; {self.skew_line()}" if self.skew else ""
+        return f"{self.owner}{renewed} {ends} {when(self.expires_at)} ({clock}){skew}"
+
+    def skew_line(self) -> str:
+        """ "the lock's time lies 2 days in the future (clock skew: a clock ahead wrote it)"."""
+        return f"the lock's time lies {span(self.skew)} in the future (clock skew: a clock ahead wrote it)"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -105,6 +139,7 @@ class LockInfo:
             "lease_until": when(self.expires_at),
             "clock": self.clock,
             "stale": self.stale,
+            "skew_seconds": round(self.skew),  # its time ahead of the clock judging it (0: none)
         }
 
 
@@ -124,6 +159,49 @@ def parse_lock(
         return LockInfo(owner, float(raw["expires_at"]), model, str(raw.get("token", "")))
     except (ValueError, KeyError, TypeError, AttributeError):
         return LockInfo("(unreadable lock)", 0.0, model)
+
+
+def remove_lock(store: LockStore, key: str, model: str, force: str = "") -> LockInfo:
+    """Remove ``model``'s lock (the object ``key``) once its holder's lease ran out (or the
+    holder, on this machine, is gone); with ``force`` naming the holder the lock names, whatever
+    its lease says (a lock written by a clock ahead looks alive until that clock's time).  Only the
+    lock as read is deleted (compare-and-delete): one taken over meanwhile stays.  StorageError
+    when there is none, while its lease is alive, or when ``force`` names another holder."""
+    found = store.lock_state(key)
+    if found is None:
+        raise StorageError(f"{store.uri}: model '{model}' is not locked", fix="nothing to do", model=model)
+    held = parse_lock(model, *found)
+    if force and force != held.owner:
+        raise StorageError(
+            f"{store.uri}: the lock of '{model}' is held by {held.describe()}, not by '{force}': "
+            "nothing was removed",
+            fix=f"--force takes the holder the lock names ('mlreg store ls' lists it); pass '{held.owner}' "
+            "only once you know no promotion of it runs",
+            model=model,
+            holder=held.owner,
+        )
+    if not held.stale and not force:
+        raise StorageError(
+            f"{store.uri}: model '{model}' is locked by {held.describe()}; its lease is alive",
+            fix=_alive_fix(model, held),
+            model=model,
+            holder=held.owner,
+        )
+    store.delete_if_unchanged(key, found[1])
+    return held
+
+
+def _alive_fix(model: str, held: LockInfo) -> str:
+    force = f"'mlreg store unlock {model} --force {held.owner}' (same --store or --env)"
+    if held.skew:
+        return (
+            f"a clock ahead wrote this lock, so its lease would look alive for {span(held.skew)} more: "
+            f"once you know no promotion of '{model}' runs at {held.owner}, remove it with {force}"
+        )
+    return (
+        "wait for that promotion to finish, or for its lease to run out (a holder that stopped "
+        f"renewing it), then run 'mlreg store unlock' again; a holder you know is gone: {force}"
+    )
 
 
 def _zombie(pid: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -23,6 +24,7 @@ from pipelines.storage.base import (
     Stamp,
     file_stamp,
 )
+from pipelines.storage.disk import disk_full_error, is_disk_full, where_full
 from registry.contracts.links import outside_links
 from registry.errors import StorageError
 from registry.manifest import sha256_file
@@ -37,7 +39,15 @@ class LocalStore(RepositoryStore):
     def _path(self, key: str) -> Path:
         return self.root / key
 
-    def _fail(self, what: str, key: str, exc: OSError) -> StorageError:
+    def _fail(self, what: str, key: str, exc: OSError, *more: Path) -> StorageError:
+        """A failed file operation: a full disk says where and to free space (``more``: other
+        folders it wrote to, e.g. a copy's destination); anything else names the error."""
+        if is_disk_full(exc):
+            path = where_full(exc, (self.root, *more))
+            store = "" if path == self.root else f" of the store {self.uri}"
+            error = disk_full_error(exc, f"cannot {what} '{key}'{store}", path)
+            error.context["key"] = key
+            return error
         return StorageError(
             f"{self.uri}: cannot {what} '{key}': {exc.strerror or exc}",
             fix="check the folder exists and is writable",
@@ -214,28 +224,36 @@ class LocalStore(RepositoryStore):
         return archive
 
     def copy_object_to(self, key: str, dest: RepositoryStore, dest_key: str, size: int | None = None) -> None:
-        """A hard link where both are local folders on one file system (instant), else a copy."""
+        """A hard link where both are local folders on one file system (instant), else a copy
+        (another file system: an archive mounted apart) hashed as it is written, its digest
+        remembered for the copy's stamp -- the check of the copy against its manifest that
+        follows (``archive.complete``) then compares every file's sha256 without reading it again."""
         if not isinstance(dest, LocalStore):
             super().copy_object_to(key, dest, dest_key)
             return
         source, target = self._path(key), dest._path(dest_key)
         dest.note_change(dest_key)
         tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        digest = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp.unlink(missing_ok=True)
             try:
                 os.link(source, tmp)
             except OSError:
-                shutil.copyfile(source, tmp)
+                digest = _hashed_copy(source, tmp)
             tmp.replace(target)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise self._fail("copy", key, exc) from exc
+            raise self._fail("copy", key, exc, dest.root) from exc
+        if digest is not None:
+            dest.digests.remember(dest.cache_key(dest_key), file_stamp(target.stat()), digest)
 
     def move_version_to(self, dest: RepositoryStore, model: str, version: str) -> bool:
         """One ``rename`` of the version folder (atomic: the version is in one place or the other);
-        a stale partial copy at the destination is removed first."""
+        a stale partial copy at the destination is removed first.  False where ``dest`` is on
+        another file system (``EXDEV``: an archive mounted apart): the caller copies, checks the
+        copy, then deletes (:func:`pipelines.storage.archive.move_to_archive`)."""
         if not isinstance(dest, LocalStore):
             return False
         source, target = self._path(f"{model}/{version}"), dest._path(f"{model}/{version}")
@@ -246,7 +264,9 @@ class LocalStore(RepositoryStore):
                 shutil.rmtree(target)
             os.rename(source, target)
         except OSError as exc:
-            raise self._fail("archive", f"{model}/{version}", exc) from exc
+            if exc.errno == errno.EXDEV:
+                return False
+            raise self._fail("move", f"{model}/{version}", exc, dest.root) from exc
         model_folder = source.parent
         if model_folder.is_dir() and not any(model_folder.iterdir()):
             model_folder.rmdir()
@@ -279,6 +299,16 @@ class LocalStore(RepositoryStore):
             link.link.relative_to(folder / version).as_posix() if link.link != folder / version else "."
             for link in outside_links(folder, folder / version)
         ]
+
+
+def _hashed_copy(source: Path, target: Path) -> str:
+    """Copy ``source`` to ``target``; the sha256 of the bytes written."""
+    digest = hashlib.sha256()
+    with source.open("rb") as src, target.open("wb") as dst:
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
+    return digest.hexdigest()
 
 
 def _token(data: bytes, inode: int) -> str:

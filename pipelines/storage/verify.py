@@ -35,7 +35,7 @@ MAX_NAMED = 10
 @dataclass(frozen=True)
 class FileProblem:
     file: str  # path inside the version folder (or the manifest's name)
-    problem: str  # missing | size | sha256 | unexpected | link | manifest | digest
+    problem: str  # missing | size | sha256 | unexpected | link | manifest | unreadable | digest | incomplete
     expected: str = ""
     actual: str = ""
 
@@ -49,6 +49,7 @@ class FileProblem:
             "manifest": "was edited: its digest field does not match its contents",
             "digest": "does not match the digest registered in MLflow",
             "incomplete": "is missing: the version is incomplete (an upload did not finish)",
+            "unreadable": "is unreadable (truncated or not JSON): nothing of the version can be checked",
             "signature": "was changed after it was written: it differs from the signature registered "
             "in MLflow",
         }.get(self.problem, self.problem)
@@ -80,9 +81,11 @@ class Verification:
 
     @property
     def status(self) -> str:
-        """verified | corrupt | incomplete | unverified."""
+        """verified | corrupt | corrupt manifest | incomplete | unverified."""
         if any(p.problem == "incomplete" for p in self.problems):
             return "incomplete"
+        if any(p.problem == "unreadable" for p in self.problems):
+            return "corrupt manifest"
         if self.problems:
             return "corrupt"
         return "unverified" if self.unverified else "verified"
@@ -135,10 +138,11 @@ def check_version(
     prefix = f"{model}/{version}/"
     with ThreadPoolExecutor(1) as pool:  # the listing and the manifest's read, at once
         listing = pool.submit(store.object_stamps, prefix)
-        manifest = store.read_manifest(model, version)
+        manifest, unreadable = store.load_manifest(model, version)
         stamps = listing.result()
     if manifest is None:
-        result.problems.append(FileProblem(MANIFEST, "incomplete"))
+        problem = FileProblem(MANIFEST, "unreadable", "a manifest", unreadable) if unreadable else None
+        result.problems.append(problem or FileProblem(MANIFEST, "incomplete"))
         return result
     result.digest = manifest.digest
     result.problems.extend(_manifest_problems(manifest, expected_digest))

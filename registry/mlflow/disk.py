@@ -9,10 +9,11 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from registry.errors import RegistryError
+from registry.errors import MlregError, RegistryError
 
 FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 FULL_TEXTS = ("database or disk is full", "no space left on device", "disk quota exceeded")
+REMOVED = "(what the failed command wrote was removed)"
 
 
 def chain(exc: BaseException) -> list[BaseException]:
@@ -44,11 +45,12 @@ def full_path(exc: BaseException, default: Path) -> Path:
                 if name:
                     path = Path(str(name))
                     places.extend(p for p in (path.parent, *path.parents)[:1] if p.is_dir())
-    fullest = min(places, key=_free)
+    fullest = min(places, key=free_bytes)
     return default if _device(default) == _device(fullest) else fullest
 
 
-def _free(path: Path) -> int:
+def free_bytes(path: Path) -> int:
+    """Bytes free for an unprivileged writer on ``path``'s file system (huge when unknown)."""
     try:
         stats = os.statvfs(path)
     except OSError:
@@ -64,21 +66,46 @@ def _device(path: Path) -> int:
 
 
 def disk_full_error(exc: BaseException, default: Path, what: str) -> RegistryError:
+    """Where the disk is full and what failed; a caller that removed what the command wrote says
+    so with ``cleaned_up`` (the claim is the caller's to make)."""
     path = full_path(exc, default)
     return RegistryError(
         f"disk full at {path}: {what} failed",
-        fix=f"free space at {path} ('df -h {path}'), then run the command again "
-        "(what the failed command wrote was removed)",
+        fix=f"free space at {path} ('df -h {path}'), then run the command again",
         path=str(path),
     )
 
 
-def remove_local(uri: str | None) -> None:
-    """Remove a local artifact folder (``file://`` or a plain path); remote ones are left."""
+def cleaned_up(error: MlregError) -> MlregError:
+    """``error``, saying that what the failed command wrote was removed."""
+    fix = f"{error.fix} {REMOVED}" if error.fix else REMOVED
+    return type(error)(error.message, fix=fix, **error.context)
+
+
+def local_path(uri: str | None) -> Path | None:
+    """The folder a ``file://`` (or plain path) artifact URI names; None for a remote one."""
     if not uri:
-        return
+        return None
     parsed = urlparse(uri)
     if parsed.scheme not in ("", "file"):
+        return None
+    return Path(unquote(parsed.path if parsed.scheme else uri))
+
+
+def remove_local(uri: str | None, within: Path | None = None) -> None:
+    """Remove a local artifact folder (``file://`` or a plain path); remote ones are left.  The
+    folders MLflow made above it (``<run id>/`` of ``<run id>/artifacts``, ``models/<id>/``) go
+    too once empty, up to ``within`` (the registry's artifact root), which stays."""
+    path = local_path(uri)
+    if path is None:
         return
-    path = Path(unquote(parsed.path if parsed.scheme else uri))
     shutil.rmtree(path, ignore_errors=True)
+    if within is None or within.resolve() not in path.resolve().parents:
+        return
+    for parent in path.resolve().parents:
+        if parent == within.resolve():
+            return
+        try:
+            parent.rmdir()  # only an empty one
+        except OSError:
+            return

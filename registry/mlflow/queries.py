@@ -11,6 +11,7 @@ from typing import Any
 from registry.contracts.config import load_config
 from registry.lineage import contract_of
 from registry.mlflow import rest, sqlite
+from registry.mlflow.locked import lock_wait
 from registry.mlflow.registry import MlflowRegistry
 from registry.settings import Settings
 
@@ -48,7 +49,7 @@ def _row(
 
 def list_versions(settings: Settings, model: str) -> list[dict[str, Any]]:
     """Every version of ``model``, newest first (over REST for an HTTP server: no MLflow import)."""
-    uri = settings.tracking_uri
+    uri, wait = settings.tracking_uri, lock_wait(settings)
     if uri.startswith(("http://", "https://")):
         raw = rest.search_versions(uri, model, settings.mlflow_timeout)
         alias_map = rest.aliases(uri, model, settings.mlflow_timeout) if raw else {}
@@ -60,9 +61,9 @@ def list_versions(settings: Settings, model: str) -> list[dict[str, Any]]:
             )
             for v in raw
         ]
-    elif (record := sqlite.registered_model(uri, model)) is not None:  # the embedded registry
+    elif (record := sqlite.registered_model(uri, model, wait)) is not None:  # the embedded registry
         alias_map, entries = record.aliases, record.versions
-    elif sqlite.model_absent(uri, model):
+    elif sqlite.model_absent(uri, model, wait):
         alias_map, entries = {}, []
     else:
         registry = MlflowRegistry(settings)

@@ -1,13 +1,14 @@
 """The MLflow adapter: every MLflow call of mlreg goes through here.
 
-``MlflowException`` and HTTP failures are translated into ``RegistryError`` in
-``_call`` only.  Requests are bounded (``MLREG_MLFLOW_TIMEOUT``, two retries), so a
-tracking server that is down fails in seconds, not minutes.  Read-only queries
-against an HTTP server use MLflow's REST API directly (``registry.mlflow.rest``), and
-the embedded registry's file is read directly (``registry.mlflow.sqlite``), so neither
-``mlreg versions`` nor a promotion's plan pays MLflow's multi-second import.  MLflow's
-settings are environment variables: they are set only while MLflow works
-(``registry.mlflow.environ``), so ``os.environ`` is left as it was found.
+``MlflowException`` and HTTP failures are translated into ``RegistryError`` in ``_call`` only (by
+``registry.mlflow.translate``).  Requests are bounded (``MLREG_MLFLOW_TIMEOUT``, two retries), so a
+tracking server that is down fails in seconds, not minutes; so does an embedded registry whose
+database another process holds (``registry.mlflow.locked``: MLflow itself would wait 20 s a query).
+Read-only queries against an HTTP server use MLflow's REST API directly (``registry.mlflow.rest``),
+and the embedded registry's file is read directly (``registry.mlflow.sqlite``), so neither
+``mlreg versions`` nor a promotion's plan pays MLflow's multi-second import.  MLflow's settings are
+environment variables: they are set only while MLflow works (``registry.mlflow.environ``), so
+``os.environ`` is left as it was found.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from registry.errors import MlregError, RegistryError
 from registry.lineage import VERSION_FOLDER
 from registry.mlflow import rest, sqlite
 from registry.mlflow.deployments import deployments_of, describe_deployments
-from registry.mlflow.disk import disk_full_error, is_disk_full, remove_local
+from registry.mlflow.disk import remove_local
 from registry.mlflow.environ import ENVIRON, global_tracking_uri
+from registry.mlflow.locked import DATABASE_LOCKED, lock_wait
 from registry.mlflow.model import EXPORTS_EXPERIMENT, PROMOTIONS_EXPERIMENT, LoggedTritonModel
+from registry.mlflow.translate import translated
 from registry.register import Candidate, register
 from registry.settings import Settings, redact_uri
 
@@ -49,15 +52,33 @@ class MlflowRegistry:
         self._lock = threading.Lock()
         self._experiments: dict[str, str] = {}
         self._logged: dict[str, str] = {}  # run id -> the model id it logged (removed if discarded)
+        # how long a call waits for an embedded database another process holds: none after it
+        # waited in vain once (a command fails in seconds, not a wait a call), again after a success
+        self._patience = lock_wait(settings)
+        self.warming: threading.Thread | None = None
 
     def warm_up(self) -> None:
-        """Import MLflow and open the client in the background (it takes seconds)."""
-        threading.Thread(target=lambda: self.client, daemon=True).start()
+        """Import MLflow and open the client in the background (it takes seconds).  A failure is
+        the next call's to report (it opens the client again): no thread prints a traceback."""
+        self.warming = threading.Thread(target=self._warm, daemon=True)
+        self.warming.start()
+
+    def _warm(self) -> None:
+        try:
+            self.client  # noqa: B018
+        except Exception as exc:
+            log.debug("opening MLflow in the background failed: %s", exc)
 
     @property
     def client(self) -> Any:
         with self._lock, self._environ():
-            return self._open()
+            try:
+                return self._open()
+            except Exception as exc:
+                failure = translated(self.uri, self.local_root, "opening the registry", exc)
+                if failure is None:
+                    raise
+                raise failure from exc
 
     @contextlib.contextmanager
     def _environ(self) -> Iterator[None]:
@@ -81,61 +102,57 @@ class MlflowRegistry:
                 logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
             if self.uri.startswith("sqlite:///"):
                 Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+                # opening reads the schema: 5 s of sqlite's default wait on a locked file
+                self._local(partial(sqlite.wait_unlocked, self.uri, what="MLflow opening the registry"))
             from mlflow.tracking import MlflowClient  # heavy (seconds): imported on the first call
 
             self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
         return self._client
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        # MLflow is imported once, under the lock, by whichever thread gets there first: importing
-        # its modules from two threads at once breaks protobuf's descriptor pool (seen for real)
-        self.client  # noqa: B018
-        from mlflow.exceptions import MlflowException
-
+        """``fn``'s answer; any failure translated once (registry.mlflow.translate).  MLflow waits
+        20 s a query on a locked embedded database: it is asked only once the file can be written."""
+        self._local(partial(sqlite.wait_unlocked, self.uri, what=f"MLflow {what}"))
         try:
+            # MLflow is imported once, under the lock, by whichever thread gets there first: importing
+            # its modules from two threads at once breaks protobuf's descriptor pool (seen for real)
+            self.client  # noqa: B018
             with self._environ(), contextlib.redirect_stdout(sys.stderr):  # "View run at" lines
-                return fn()
+                answer = fn()
         except Exception as exc:
-            if is_disk_full(exc):  # before any other reading: sqlite's or the artifact folder's
-                raise disk_full_error(exc, self.local_root, f"MLflow {what}") from exc
-            if not isinstance(exc, MlflowException | OSError):
+            failure = translated(self.uri, self.local_root, what, exc)
+            if failure is None:
                 raise
-            raise self._translated(what, exc) from exc
+            if failure.context.get("code") == DATABASE_LOCKED:
+                self._patience = 0.0
+            if failure is exc:
+                raise
+            raise failure from exc
+        self._patience = lock_wait(self.settings)
+        return answer
 
-    def _translated(self, what: str, exc: Exception) -> RegistryError:
-        from mlflow.exceptions import MlflowException
-
-        if isinstance(exc, MlflowException):
-            code = getattr(exc, "error_code", "") or ""
-            message = exc.message if hasattr(exc, "message") else str(exc)
-            if "RESOURCE_DOES_NOT_EXIST" in code:
-                fix = "check the name and version ('mlreg versions MODEL')"
-            elif (
-                "Max retries exceeded" in message
-                or "ConnectionError" in message
-                or ("timed out" in message.lower())
-            ):
-                fix = f"check the tracking server at {redact_uri(self.uri)} is up (MLFLOW_TRACKING_URI)"
-            else:
-                fix = "read the message above"
-            return RegistryError(
-                f"MLflow ({redact_uri(self.uri)}): {what} failed: {message.splitlines()[0]}",
-                fix=fix,
-                code=code,
-            )
-        return RegistryError(  # requests' ConnectionError is an OSError
-            f"MLflow ({redact_uri(self.uri)}): {what} failed: {exc}",
-            fix=f"check the tracking server at {redact_uri(self.uri)} is up",
-        )
+    def _local(self, read: Callable[[float], T]) -> T:
+        """A read of the embedded registry's file (registry.mlflow.sqlite) that waits for a lock
+        as long as this adapter's patience lasts."""
+        try:
+            answer = read(self._patience)
+        except RegistryError:  # the one error the reader raises: the database is locked
+            self._patience = 0.0
+            raise
+        self._patience = lock_wait(self.settings)
+        return answer
 
     def ping(self) -> None:
         """Raise RegistryError unless the registry answers: a tracking server within
-        MLREG_MLFLOW_TIMEOUT (over REST: no MLflow import); the embedded registry is created where
-        it does not exist yet."""
+        MLREG_MLFLOW_TIMEOUT (over REST: no MLflow import); the embedded registry's database not
+        held by another process (MLREG_MLFLOW_TIMEOUT, at most 5 s), created where it does not
+        exist yet."""
         if self.uri.startswith(("http://", "https://")):
             rest.ping(self.uri, self.settings.mlflow_timeout)
         elif sqlite.database(self.uri) is None:
             self.experiment_id(PROMOTIONS_EXPERIMENT)
+        else:
+            self._local(partial(sqlite.wait_unlocked, self.uri, what="MLflow ping"))
 
     # -- experiments and runs ------------------------------------------------------------------
 
@@ -198,9 +215,15 @@ class MlflowRegistry:
     def discard_run(self, run_id: str) -> None:
         """Best effort: a run whose version was not created must not linger as a success.  Its
         local artifacts go first (on a full disk they free the space the database needs), then the
-        logged model ends FAILED and is deleted, and the run ends FAILED and is deleted."""
-        self.client  # noqa: B018 - imports MLflow under the lock (see _call)
+        logged model ends FAILED and is deleted, and the run ends FAILED and is deleted.  Nothing is
+        tried on a database another process holds (MLflow would wait 20 s a step)."""
         model_id = self._logged.pop(run_id, None)
+        try:
+            self._local(partial(sqlite.wait_unlocked, self.uri, what="MLflow run clean-up"))
+            self.client  # noqa: B018 - imports MLflow under the lock (see _call)
+        except MlregError as exc:
+            log.warning("could not clean up run %s: %s", run_id, exc.message)
+            return
         with self._environ():
             for step, work in (
                 ("artifacts", lambda: self._remove_artifacts(run_id, model_id)),
@@ -213,9 +236,10 @@ class MlflowRegistry:
                     log.warning("could not clean up the %s of run %s: %s", step, run_id, exc)
 
     def _remove_artifacts(self, run_id: str, model_id: str | None) -> None:
-        remove_local(self.client.get_run(run_id).info.artifact_uri)
+        root = self.settings.artifact_root if self.uri.startswith("sqlite:") else None
+        remove_local(self.client.get_run(run_id).info.artifact_uri, root)
         if model_id:
-            remove_local(self.client.get_logged_model(model_id).artifact_location)
+            remove_local(self.client.get_logged_model(model_id).artifact_location, root)
 
     def _discard_model(self, model_id: str | None) -> None:
         if not model_id:
@@ -278,13 +302,11 @@ class MlflowRegistry:
     # -- registered models ----------------------------------------------------------------------
 
     def ensure_model(self, name: str, description: str) -> None:
-        self.client  # noqa: B018 - imports MLflow under the lock (see _call)
-        from mlflow.exceptions import MlflowException
-
         try:
-            with self._environ():
-                self.client.get_registered_model(name)
-        except MlflowException:
+            self._call("model lookup", lambda: self.client.get_registered_model(name))
+        except RegistryError as exc:
+            if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
+                raise
             self._call(
                 "model registration",
                 lambda: self.client.create_registered_model(
@@ -335,10 +357,11 @@ class MlflowRegistry:
     def version_tags(self, name: str, version: str) -> dict[str, str]:
         """The tags of ``name`` ``version``; the embedded registry answers from its database
         without importing MLflow (a promotion reads the digests of the versions it may go back to)."""
-        record = sqlite.model_version(self.uri, name, version)
+        record = self._local(partial(sqlite.model_version, self.uri, name, version))
         if record is not None:
             return dict(record.tags)
-        if sqlite.version_absent(self.uri, name, version):  # e.g. a hand-written folder in the store
+        absent = self._local(partial(sqlite.version_absent, self.uri, name, version))
+        if absent:  # e.g. a hand-written folder in the store
             raise RegistryError(
                 f"MLflow ({redact_uri(self.uri)}): {name} v{version} is not a registered version",
                 fix="check the name and version ('mlreg versions MODEL')",
@@ -349,10 +372,10 @@ class MlflowRegistry:
     def aliases(self, name: str) -> dict[str, str]:
         """alias -> version (read from the registered model: version searches drop aliases); the
         embedded registry answers from its database without importing MLflow."""
-        record = sqlite.registered_model(self.uri, name)
+        record = self._local(partial(sqlite.registered_model, self.uri, name))
         if record is not None:
             return dict(record.aliases)
-        if sqlite.model_absent(self.uri, name):
+        if self._local(partial(sqlite.model_absent, self.uri, name)):
             raise RegistryError(
                 f"MLflow ({redact_uri(self.uri)}): model lookup failed: registered model '{name}' not found",
                 fix="check the name and version ('mlreg versions MODEL')",
@@ -364,7 +387,7 @@ class MlflowRegistry:
     def alias_versions(self, alias: str) -> dict[str, str]:
         """Every registered model whose ``alias`` names a version -> that version (the embedded
         registry answers from its database)."""
-        held = sqlite.alias_holders(self.uri, alias)
+        held = self._local(partial(sqlite.alias_holders, self.uri, alias))
         if held is not None:
             return dict(sorted(held.items()))
         found: dict[str, str] = {}
@@ -421,7 +444,7 @@ class MlflowRegistry:
         """``name`` ``version`` as a Triton model folder ``dest`` (``config.pbtxt`` + ``<version>/``,
         replacing what was there); returns the version's tags.  The embedded registry's artifacts
         are local files, copied without importing MLflow; otherwise they are downloaded."""
-        record = sqlite.model_version(self.uri, name, version)
+        record = self._local(partial(sqlite.model_version, self.uri, name, version))
         local = record.local_source() if record else None
         if record is not None and local is not None and (local.parent / CONFIG_NAME).is_file():
             _fresh(dest)

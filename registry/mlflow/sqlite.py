@@ -3,7 +3,9 @@
 MLflow's import costs 3-5 s.  The promotion's resolve step only needs a version's run, source
 and tags, which the embedded registry keeps in ``model_versions`` / ``model_version_tags``; this
 reader answers those and returns None on anything unexpected, so callers fall back to the MLflow
-client (``registry.mlflow.registry``), the one place that writes.
+client (``registry.mlflow.registry``), the one place that writes.  A database another process
+holds is the exception: after ``wait`` seconds it is a RegistryError naming the file
+(``registry.mlflow.locked``), since MLflow would only wait longer (20 s a query) for the same answer.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from registry.lineage import VERSION_FOLDER
+from registry.mlflow.locked import LOCK_WAIT, is_locked, locked_error
+
+EMBEDDED = "sqlite:///"  # the embedded registry's tracking URI: this prefix, then the file's path
 
 
 @dataclass(frozen=True)
@@ -46,25 +51,51 @@ def _file_path(uri: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def _read_only(db: Path) -> Iterator[sqlite3.Connection]:
-    """``db`` opened read-only, closed on leaving (sqlite3's own ``with`` only ends a transaction)."""
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
-        yield conn
+def _read_only(db: Path, wait: float) -> Iterator[sqlite3.Connection]:
+    """``db`` opened read-only, closed on leaving (sqlite3's own ``with`` only ends a transaction);
+    a RegistryError when another process holds it locked for ``wait`` seconds."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=wait)) as conn:
+            yield conn
+    except sqlite3.OperationalError as exc:
+        if is_locked(exc):
+            raise locked_error(db, "reading it", wait) from exc
+        raise
+
+
+def wait_unlocked(tracking_uri: str, wait: float, what: str) -> None:
+    """Return once the embedded registry's database can take a write (``BEGIN IMMEDIATE``, rolled
+    back at once: no byte written), waiting at most ``wait`` seconds; a RegistryError when another
+    process still holds it.  Anything else (no file yet, a read-only file) is MLflow's to report."""
+    db = database(tracking_uri)
+    if db is None:
+        return
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=wait, isolation_level=None)
+        ) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        if is_locked(exc):
+            raise locked_error(db, what, wait) from exc
 
 
 def database(tracking_uri: str) -> Path | None:
-    if not tracking_uri.startswith("sqlite:///"):
+    if not tracking_uri.startswith(EMBEDDED):
         return None
-    path = Path(tracking_uri.removeprefix("sqlite:///"))
+    path = Path(tracking_uri.removeprefix(EMBEDDED))
     return path if path.is_file() else None
 
 
-def model_version(tracking_uri: str, name: str, version: str) -> VersionRecord | None:
+def model_version(
+    tracking_uri: str, name: str, version: str, wait: float = LOCK_WAIT
+) -> VersionRecord | None:
     db = database(tracking_uri)
     if db is None:
         return None
     try:
-        with _read_only(db) as conn:
+        with _read_only(db, wait) as conn:
             row = conn.execute(
                 "SELECT source, run_id, storage_location FROM model_versions WHERE name = ? AND version = ?",
                 (name, int(version)),
@@ -82,7 +113,7 @@ def model_version(tracking_uri: str, name: str, version: str) -> VersionRecord |
     return VersionRecord(name, str(version), str(row[1] or ""), str(row[0] or ""), tags, str(row[2] or ""))
 
 
-def version_absent(tracking_uri: str, name: str, version: str) -> bool:
+def version_absent(tracking_uri: str, name: str, version: str, wait: float = LOCK_WAIT) -> bool:
     """True when the embedded registry's database reads fine and holds no such version (the
     MLflow client would only say the same, after a 3-5 s import); False when it cannot tell."""
     db = database(tracking_uri)
@@ -93,7 +124,7 @@ def version_absent(tracking_uri: str, name: str, version: str) -> bool:
     except ValueError:
         return False
     try:
-        with _read_only(db) as conn:
+        with _read_only(db, wait) as conn:
             row = conn.execute(
                 "SELECT 1 FROM model_versions WHERE name = ? AND version = ?", (name, number)
             ).fetchone()
@@ -114,14 +145,14 @@ class ModelRecord:
     versions: list[tuple[str, int, dict[str, str]]]  # (version, creation time in ms, tags)
 
 
-def registered_model(tracking_uri: str, name: str) -> ModelRecord | None:
+def registered_model(tracking_uri: str, name: str, wait: float = LOCK_WAIT) -> ModelRecord | None:
     """``name``'s aliases and versions from the embedded registry's file; None when the file is not
     there, does not read as expected, or holds no such model (then ask MLflow, or ``model_absent``)."""
     db = database(tracking_uri)
     if db is None:
         return None
     try:
-        with _read_only(db) as conn:
+        with _read_only(db, wait) as conn:
             if conn.execute("SELECT 1 FROM registered_models WHERE name = ?", (name,)).fetchone() is None:
                 return None
             aliases = dict(
@@ -148,31 +179,31 @@ def registered_model(tracking_uri: str, name: str) -> ModelRecord | None:
     )
 
 
-def model_absent(tracking_uri: str, name: str) -> bool:
+def model_absent(tracking_uri: str, name: str, wait: float = LOCK_WAIT) -> bool:
     """True when the embedded registry's database reads fine and holds no model ``name``, or does
     not exist yet (nothing is registered; asking MLflow would create it); False when it holds the
     model or cannot tell."""
-    if not tracking_uri.startswith("sqlite:///"):
+    if not tracking_uri.startswith(EMBEDDED):
         return False
     db = database(tracking_uri)
     if db is None:
-        return not Path(tracking_uri.removeprefix("sqlite:///")).exists()
+        return not Path(tracking_uri.removeprefix(EMBEDDED)).exists()
     try:
-        with _read_only(db) as conn:
+        with _read_only(db, wait) as conn:
             row = conn.execute("SELECT 1 FROM registered_models WHERE name = ?", (name,)).fetchone()
     except sqlite3.Error:
         return False
     return row is None
 
 
-def alias_holders(tracking_uri: str, alias: str) -> dict[str, str] | None:
+def alias_holders(tracking_uri: str, alias: str, wait: float = LOCK_WAIT) -> dict[str, str] | None:
     """Every registered model whose ``alias`` names a version -> that version; None when the
     embedded registry's file is not there or does not read as expected."""
     db = database(tracking_uri)
     if db is None:
         return None
     try:
-        with _read_only(db) as conn:
+        with _read_only(db, wait) as conn:
             rows = conn.execute(
                 "SELECT name, version FROM registered_model_aliases WHERE alias = ?", (alias,)
             ).fetchall()

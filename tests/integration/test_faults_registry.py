@@ -1,8 +1,10 @@
 """Faults of the parts a promotion records into (issue 26, items 1, 2, 4, 6, 7), on real parts:
 a real ``mlflow server`` stopped at a pause point of the record stage, a real tritonserver over the
-local store, and a real tmpfs under ``MLREG_HOME`` for the full disk.
+local store, and a real tmpfs under ``MLREG_HOME`` for the full disk (issue 38, items 5 and 11: a
+full disk under ``register`` and ``sign`` leaves no file and no folder behind).
 
-One module-scoped stack (the server, Triton, one model in two versions), used in file order.
+One module-scoped stack (the server, Triton, one model in two versions), used in file order; the
+full-disk tests mount their own tmpfs and use the embedded registry.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from mlreg.cli.main import app
 from mlreg.service import environment
 from pipelines.devstack.local_mlflow import MlflowServer, start_mlflow, stop_mlflow
 from pipelines.devstack.stack import stack_down, stack_up
@@ -33,6 +36,8 @@ from registry.errors import PromotionError, RegistryError
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
 from registry.settings import Settings
+from registry.signing import SIGNATURE_ARTIFACT, SIGNED_BY_TAG
+from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE
 from tests.integration.stacks import (
     paused_mlreg,
@@ -275,20 +280,24 @@ def _umount(folder: Path) -> None:
 
 
 def _home_files(home: Path) -> dict[str, str]:
-    """Every file under ``home`` and its sha256, MLflow's database aside (a failed run is written
-    there, marked FAILED and deleted: its rows are checked through MLflow)."""
+    """Every file under ``home`` and its sha256, and every folder (``"folder"``: an empty one left
+    behind counts), MLflow's database aside (a failed run is written there, marked FAILED and
+    deleted: its rows are checked through MLflow)."""
     return {
         str(path.relative_to(home)): hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.is_file()
+        else "folder"
         for path in sorted(home.rglob("*"))
-        if path.is_file() and not path.name.startswith("mlflow.db")
+        if not path.name.startswith("mlflow.db")
     }
 
 
 def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: Path) -> None:
     """Item 7 on a real full disk: a 6 MB tmpfs under MLREG_HOME (mounted as root, or with
     passwordless sudo as on GitHub's runners).  A 3 MB artifact after a 5 MB one: "disk full at
-    MLREG_HOME", no traceback, the partial artifact removed, the run and the logged model FAILED
-    and deleted; once space is back the same register works."""
+    MLREG_HOME", no traceback, the partial artifact removed and the folders MLflow made for it (the
+    run's and the logged model's: issue 38 item 11 found both left empty), the run and the logged
+    model FAILED and deleted; once space is back the same register works."""
     home = tmp_path / "home"
     if not _mount_tmpfs(home, "6m"):
         pytest.fail("cannot mount a tmpfs (needs root or passwordless sudo): the disk-full test needs one")
@@ -319,7 +328,7 @@ def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: P
         assert "Traceback" not in failed.stderr
         assert f"error: disk full at {home}" in failed.stderr, failed.stderr
         assert "tracking server" not in failed.stderr
-        assert _home_files(home) == files  # every file under MLREG_HOME, byte for byte (the db aside)
+        assert _home_files(home) == files  # every file and folder under MLREG_HOME (the db aside)
         leftovers = [p for p in home.rglob("weights.bin")]
         assert len(leftovers) == 1, leftovers  # only the first registration's
 
@@ -341,3 +350,72 @@ def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: P
         assert "registered version 2" in again.stdout
     finally:
         _umount(home)
+
+
+def _fill(disk: Path, keep: int) -> Path:
+    """A file taking all of ``disk``'s free space but ``keep`` bytes."""
+    stats = os.statvfs(disk)
+    filler = disk / "filler"
+    with filler.open("wb") as out:
+        os.posix_fallocate(out.fileno(), 0, max(stats.f_bavail * stats.f_frsize - keep, 1))
+    return filler
+
+
+def _signing_key(folder: Path) -> Path:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = folder / "release.pem"
+    key.write_bytes(
+        ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return key
+
+
+def test_a_full_disk_during_sign_leaves_no_signature_and_a_rerun_signs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38 item 5 on a real full disk: a version registered on a 6 MB tmpfs under MLREG_HOME,
+    the disk then filled but for nothing (the signature's upload fails) or one page (the signature is
+    written, the tag's update fails: it stayed in the run while ``versions`` said unsigned).  Both:
+    exit 4 "disk full", and the fix's "what the failed command wrote was removed" holds -- no
+    signature in the version's run, no ``signed_by`` tag, every file and folder under MLREG_HOME as
+    before.  Once space is back the same ``sign`` signs and ``versions`` says by whom."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "6m"):
+        pytest.fail("cannot mount a tmpfs (needs root or passwordless sudo): the disk-full test needs one")
+    try:
+        home = disk / "home"
+        monkeypatch.setenv("MLREG_HOME", str(home))
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        monkeypatch.delenv("MLREG_DEBUG", raising=False)
+        registry = MlflowRegistry(Settings.from_env())
+        run_id = register(registry, find_candidate(_version(tmp_path / "v1" / MODEL, "v1"))).run_id
+        signature = Path(registry.artifact_uri(run_id).removeprefix("file://")) / SIGNATURE_ARTIFACT
+        key, runner, files = _signing_key(tmp_path), CliRunner(), _home_files(home)
+        failed_steps = []
+        for keep in (0, 4096):
+            filler = _fill(disk, keep)
+            result = runner.invoke(app, ["sign", MODEL, "1", "--sign-key", str(key)])
+            filler.unlink()
+            assert result.exit_code == RegistryError.exit_code, result.output
+            assert "Traceback" not in result.output
+            assert f"error: disk full at {home}: MLflow " in result.output, result.output
+            assert "(what the failed command wrote was removed)" in result.output
+            failed_steps.append(result.output.split("MLflow ")[1].split(" failed")[0])
+            assert not signature.exists()
+            assert SIGNED_BY_TAG not in registry.version_tags(MODEL, "1")
+            assert _home_files(home) == files  # every file and folder (the db aside)
+        assert failed_steps == ["artifact upload", "tag update"]  # both sides of the signature's write
+
+        signed = runner.invoke(app, ["sign", MODEL, "1", "--sign-key", str(key)])
+        assert signed.exit_code == 0, signed.output
+        signer = registry.version_tags(MODEL, "1")[SIGNED_BY_TAG]
+        assert f"{MODEL}: version 1 signed by {signer}" in signed.output
+        assert signature.is_file()
+        listed = runner.invoke(app, ["versions", MODEL])
+        assert signer in listed.output.splitlines()[1], listed.output
+    finally:
+        _umount(disk)

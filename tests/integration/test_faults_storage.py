@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -43,6 +44,7 @@ from tests.integration.stacks import (
     register_scorer,
     s3_repository,
     stack_settings,
+    store_objects,
     tritons,
 )
 
@@ -217,7 +219,7 @@ def test_an_upload_cut_by_an_outage_leaves_no_multipart_upload_after_the_rerun(
 
         with pytest.raises(StorageError, match=r"cannot upload 'big/1/weights\.bin'") as caught:
             S3Store(bucket, "p", through, retries=1).put_version("big", "1", version, progress=cut)
-        assert "check the endpoint is reachable" in caught.value.fix
+        assert "check the endpoint is reachable" in (caught.value.fix or "")
         assert _uploads(s3_server.endpoint, bucket) == ["p/big/1/weights.bin"]  # billed until aborted
         proxy.up()
         store = S3Store(bucket, "p", through)
@@ -424,6 +426,66 @@ def test_an_s3_outage_says_the_stage_the_rollback_the_store_and_the_lock_and_a_r
     assert stack.alias() == old
     assert [lock.model for lock in stack.store().locks()] == ["scorer"]
     # 3. the rerun takes the lock over and converges
+    code, _, err = stack.promote(version)
+    assert code == 0, err
+    _settled(stack, version)
+
+
+# -- issue 38, item 2: TMPDIR full, on the real parts ------------------------------------------------
+
+
+def _mount_tmpfs(folder: Path, size: str) -> None:
+    """A real tmpfs at ``folder`` (as root, or with passwordless sudo as on GitHub's runners)."""
+    folder.mkdir(parents=True)
+    for command in (["mount"], ["sudo", "-n", "mount"]):
+        if shutil.which(command[0]) is None:
+            continue
+        options = ["-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
+        if subprocess.run([*command, *options], capture_output=True, check=False).returncode == 0:
+            return
+    pytest.fail("cannot mount a tmpfs (needs root or passwordless sudo): the full TMPDIR needs one")
+
+
+def _umount(folder: Path) -> None:
+    for command in (["umount", "-l"], ["sudo", "-n", "umount", "-l"]):
+        if shutil.which(command[0]) is None:
+            continue
+        if subprocess.run([*command, str(folder)], capture_output=True, check=False).returncode == 0:
+            return
+
+
+def test_a_full_tmpdir_is_one_disk_full_error_and_a_rerun_promotes(stack: Stack, tmp_path: Path) -> None:
+    """``mlreg promote`` with TMPDIR a real 1 MB tmpfs and a version of 2 MB: the registry's copy
+    cannot be fetched into the promotion's work folder.  One "disk full at TMPDIR" error (exit 5,
+    no traceback, not "internal error ... this is a bug"), nothing changed in the store, on Triton
+    or in MLflow, no lock left; with TMPDIR back, the rerun promotes."""
+    [old] = stack.desired()
+    version = stack.register("tmpdir", weights=2 << 20)
+    temp = tmp_path / "tmp"
+    _mount_tmpfs(temp, "1m")
+    objects = store_objects(stack.store())
+    try:
+        with mlreg_process(
+            {**stack.env_vars, "TMPDIR": str(temp)},
+            "promote",
+            "scorer",
+            "--version",
+            version,
+            "--env",
+            "s3",
+            "--skip-quality",
+        ) as proc:
+            _, err = proc.communicate(timeout=300)
+    finally:
+        _umount(temp)
+    assert proc.returncode == StorageError.exit_code, err
+    assert f"error: disk full at {temp} (TMPDIR): " in err
+    assert f"fix: free space at {temp} ('df -h {temp}'), or point TMPDIR at a folder with room" in err
+    assert "Traceback" not in err
+    assert "internal error" not in err
+    assert store_objects(stack.store()) == objects
+    assert (stack.serving(), stack.alias()) == ([old], old)
+    assert stack.store().locks() == []
     code, _, err = stack.promote(version)
     assert code == 0, err
     _settled(stack, version)

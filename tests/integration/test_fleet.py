@@ -592,3 +592,89 @@ def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
     assert not local_triton.pid_alive(status.replicas[0].pid)
     assert running_servers(settings) == []
     assert not list(home.glob("stack/replica-*/triton.json"))
+
+
+# -- issue 38: an ensemble rerun that repairs, an ensemble the store lost ----------------------------
+
+
+def _cli(fleet: FleetStack, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
+    """``mlreg ARGS`` in this process, on the fleet's project and its embedded registry."""
+    from mlreg.cli.main import app
+    from tests.cli import CliRunner
+
+    monkeypatch.setenv("MLREG_HOME", str(fleet.settings.home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLREG_DEBUG", raising=False)
+    return CliRunner().invoke(app, list(args))
+
+
+def test_a_rerun_through_the_serving_ensemble_repairs_the_alias_its_member_was_left_with(
+    fleet: FleetStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 6 of issue 38: what MLflow going down at ``alias-moved:scorer`` leaves -- scorer's alias
+    on a version that never served, every replica and the store as before -- and the rerun through
+    the ensemble that serves (re-pointed: a registered version in Triton folder 1): `mlreg promote
+    scoring --version N` says it already serves and moves scorer's alias back; status is clean."""
+    store = open_store(fleet.store)
+    [serving] = serving_versions(store.read_config("scorer"))
+    ensemble = fleet.registry.aliases("scoring")["fleet"]
+    assert (serving_versions(store.read_config("scoring")), ensemble != "1") == (["1"], True)
+    before = fleet.state()
+    failed = max({str(v.version) for v in fleet.registry.versions("scorer")} - {serving}, key=int)
+    fleet.registry.set_alias("scorer", "fleet", failed)  # moved by the record stage, never put back
+
+    status = _cli(fleet, monkeypatch, "status", "--env", "fleet")
+    assert status.exit_code == 1, status.output
+    assert f"alias fleet=v{failed} but the store serves v{serving}" in status.output
+
+    rerun = _cli(fleet, monkeypatch, "promote", "scoring", "--version", ensemble, "--env", "fleet")
+    assert rerun.exit_code == 0, rerun.output
+    assert f"scoring version {ensemble} already serves in 'fleet': nothing to do" in rerun.output
+    assert f"alias 'fleet' of scorer moved back to v{serving} (was {failed})" in rerun.output
+    assert "Traceback" not in rerun.output
+    assert fleet.state() == before  # every object of the store, every replica's index and pins, aliases
+    assert store.locks() == []
+    status = _cli(fleet, monkeypatch, "status", "--env", "fleet")
+    assert status.exit_code == 0, status.output
+
+
+def test_status_says_what_serves_an_ensemble_whose_store_folder_was_deleted(
+    fleet: FleetStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 9 of issue 38: the store's ``scoring/`` deleted while scoring answers on every replica:
+    status exits 1 saying what Triton still serves (the registered version, folder 1) instead of
+    "nothing serves it"; promoting that version again puts the folder back and status is clean."""
+    store = open_store(fleet.store)
+    [serving] = serving_versions(store.read_config("scorer"))
+    ensemble = fleet.registry.aliases("scoring")["fleet"]
+    for key in store.list_prefix("scoring/"):
+        store.delete(key)
+    x = np.array([1, 2, 3, 4], np.float32)
+    for url in fleet.urls:  # still loaded, though gone from the repository index
+        assert fleet.serving(url, "scoring") == {}, url
+        with TritonControl(url) as triton:
+            np.testing.assert_allclose(triton.infer("scoring", {"X": x}, ["Y"])["Y"], x * int(serving))
+    aliases = fleet.state()["aliases"]
+
+    status = _cli(fleet, monkeypatch, "status", "--env", "fleet")
+    assert status.exit_code == 1, status.output
+    row = next(line.split() for line in status.output.splitlines() if line.startswith("scoring "))
+    assert row[:3] == ["scoring", ensemble, "-"]
+    assert " ".join(row[3:]) == "; ".join(f"{url}: {ensemble} [1]" for url in fleet.urls)
+    assert f"the store lost its folder; Triton still serves v{ensemble} [1]" in status.output
+    assert "nothing serves it" not in status.output
+
+    _environment_with(fleet, fleet.urls, "")  # the canary, then the rest: no bake without traffic
+    try:
+        rerun = _cli(fleet, monkeypatch, "promote", "scoring", "--version", ensemble, "--env", "fleet")
+    finally:
+        fleet.write_environment()
+    assert rerun.exit_code == 0, rerun.output
+    assert serving_versions(store.read_config("scoring")) == [ensemble]  # the folder is back
+    for url in fleet.urls:
+        assert fleet.ready(url, "scoring") == [ensemble], url
+        assert fleet.pinned(url) == int(serving), url
+    assert fleet.state()["aliases"] == aliases
+    assert store.locks() == []
+    status = _cli(fleet, monkeypatch, "status", "--env", "fleet")
+    assert status.exit_code == 0, status.output

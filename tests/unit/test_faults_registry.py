@@ -1,25 +1,49 @@
 """The pure parts of issue 26's items 1, 2 and 7: a full disk recognised, the record stage's
-writes put back, the no-op's alias repair, status over what serves and what the alias names."""
+writes put back, the no-op's alias repair, status over what serves and what the alias names; and
+issue 38's item 1 on a real database another process holds (nothing of it needs MLflow's import)
+and item 5's undo of a failed ``mlreg sign``."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
+import shutil
 import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from mlreg.cli.main import app
+from pipelines.promote.environments import Environment
 from pipelines.promote.fanout import Fleet
 from pipelines.promote.ports import Registry
 from pipelines.promote.record import RecordWrites, failed_record, repair_record
+from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import _missing_detail, served_models
 from pipelines.promote.undo import UndoLog
 from pipelines.storage import open_store
 from registry.errors import RegistryError
+from registry.lineage import digest_of_manifest
+from registry.manifest import CONFIG_ENTRY, manifest_of, sha256_file
+from registry.mlflow import MlflowRegistry
 from registry.mlflow.disk import disk_full_error, is_disk_full
+from registry.mlflow.translate import translated
+from registry.register import sign_registered
+from registry.settings import Settings
+from registry.signing import SIGNATURE_ARTIFACT, SIGNED_BY_TAG, SigningKey
+from tests.cli import CliRunner
+from tests.conftest import TEMPLATE
 from tests.fakes import FakeRegistry
+from tests.unit.worlds import Servers
 
 
 def test_enospc_and_sqlites_full_database_are_one_disk_full_error(tmp_path: Path) -> None:
@@ -103,3 +127,212 @@ def test_status_takes_what_serves_and_says_what_the_store_lacks() -> None:
     assert served_models(live) == {"scorer"}
     detail = _missing_detail("5", {"a:8001": ["5"], "b:8001": "unreachable"})
     assert detail == " (alias names v5, v5 serves): a restarted replica cannot load it"
+
+
+# -- issue 38, item 1: the embedded registry's database held by another process -----------------
+
+HOLD = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+print("held", flush=True)
+sys.stdin.read()
+conn.execute("ROLLBACK")
+"""
+
+
+@contextlib.contextmanager
+def _held(db: Path) -> Iterator[int]:
+    """A second process holding ``db`` in a ``BEGIN EXCLUSIVE`` transaction until the block ends;
+    yields its pid."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.communicate("", timeout=30)  # stdin closed: it rolls back and ends
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _model_folder(where: Path, name: str) -> Path:
+    """The template's python-backend model as model ``name``."""
+    folder = where / name
+    shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "table_data_preprocess"', f'name: "{name}"'))
+    return folder
+
+
+def test_a_registry_database_another_process_holds_is_one_error_naming_it_and_a_rerun_reads_it(
+    registry_state: Callable[[str], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Item 1: ``BEGIN EXCLUSIVE`` held on the real mlflow.db (made by MLflow: model ``a`` v1, alias
+    ``production``) by a second process.  ``versions`` and ``register`` exit 4 once the bounded wait
+    (MLREG_MLFLOW_TIMEOUT, 0.2 s here; was 12-22 s and exit 70) ran out, naming the file, the
+    process that holds it and the fix; ``status`` says it on the model's row.  The database is not
+    written; once the other process ends its transaction the same commands read it."""
+    home = registry_state("a_v1_production")
+    db = home / "mlflow.db"
+    _model_folder(home / "model_repository", "a")  # status lists the store's models
+    candidate = _model_folder(tmp_path / "candidate", "a")
+    monkeypatch.setenv("MLREG_HOME", str(home))
+    monkeypatch.setenv("MLREG_MLFLOW_TIMEOUT", "0.2")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLREG_DEBUG", raising=False)
+    runner, before = CliRunner(), _sha256(db)
+    with _held(db) as pid:
+        said = f"error: the embedded MLflow registry {db} is locked by another process (held by pid {pid} ("
+        for args, code in ((["versions", "a"], 4), (["register", "a", str(candidate)], 4), (["status"], 1)):
+            started = time.monotonic()
+            result = runner.invoke(app, args)
+            took = time.monotonic() - started
+            assert result.exit_code == code, (args, result.output)
+            assert "Traceback" not in result.output
+            assert "internal error" not in result.output
+            assert took < 4, (args, took)  # one bounded wait, not MLflow's 20 s a query
+            if code == 4:
+                assert said in result.output, result.output
+                assert "failed after 0.2 s" in result.output
+                assert "fix: wait until that process ends its transaction, or stop it" in result.output
+        assert f"a drift: MLflow unreachable: the embedded MLflow registry {db} is locked" in result.output
+        registry = MlflowRegistry(Settings.from_env())
+        with pytest.raises(RegistryError, match="is locked by another process") as info:
+            registry.ping()
+        assert info.value.context["code"] == "DATABASE_LOCKED"
+        started = time.monotonic()
+        with pytest.raises(RegistryError, match="is locked by another process") as info:
+            registry.aliases("a")  # this adapter waited once in vain: at once now
+        assert time.monotonic() - started < 0.4
+        assert info.value.message.endswith(": reading it failed")  # no "after 0.2 s": no wait
+        _promote_refused(home, tmp_path, capfd)
+    assert _sha256(db) == before  # nothing written
+    listed = runner.invoke(app, ["versions", "a"])
+    assert listed.exit_code == 0, listed.output
+    assert [line.split()[0] for line in listed.output.splitlines()[1:]] == ["1"]
+    assert "production" in listed.output
+    assert registry.aliases("a") == {"production": "1"}  # the same adapter, patient again
+    assert "locked" not in runner.invoke(app, ["status"]).output
+
+
+def _promote_refused(home: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A promotion over fake Tritons with the real adapter: its MLflow warm-up thread meets the
+    lock and keeps quiet (it printed two tracebacks), the promotion stops before any change with
+    the one RegistryError (exit 4), and nothing was loaded."""
+    store = tmp_path / "store"
+    shutil.copytree(home / "model_repository", store)
+    servers = Servers(store)
+    env = Environment("test", str(store), ("t0:8001",), "test", gpu=False)
+    registry = MlflowRegistry(Settings.from_env())
+    promotion = Promotion(
+        registry.settings, env, registry, Options(skip_quality=True), connect=servers.connect
+    )
+    capfd.readouterr()
+    with pytest.raises(RegistryError, match="is locked by another process"):
+        promotion.run("a", "1")
+    assert registry.warming is not None
+    registry.warming.join(10)
+    assert not registry.warming.is_alive()
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.err + printed.out
+    assert "Exception in thread" not in printed.err + printed.out
+    assert servers.loads == 0
+
+
+def test_a_locked_database_in_any_wrapping_is_the_locked_error(tmp_path: Path) -> None:
+    """MLflow wraps sqlite's error in SQLAlchemy's: recognised along the chain, for the embedded
+    registry (a server's database is the server's to report), without importing MLflow."""
+    outer = RuntimeError("(sqlite3.OperationalError) database is locked [SQL: SELECT ...]")
+    outer.__cause__ = sqlite3.OperationalError("database is locked")
+    db = tmp_path / "mlflow.db"
+    error = translated(f"sqlite:///{db}", tmp_path, "tag update", outer)
+    assert error is not None
+    assert (
+        error.message
+        == f"the embedded MLflow registry {db} is locked by another process: MLflow tag update failed"
+    )
+    assert error.context == {"path": str(db), "code": "DATABASE_LOCKED"}
+    assert "stop it" in (error.fix or "")
+
+
+# -- issue 38, item 5: what a failed ``mlreg sign`` wrote ---------------------------------------
+
+
+class _SignRegistry:
+    """The adapter calls ``sign_registered`` makes, on ``source`` (a Triton model folder): its
+    run's artifacts at ``artifacts`` (a local folder, or a remote URI), the tag update failing as
+    on a full disk."""
+
+    def __init__(self, source: Path, artifacts: str, signed_by: str) -> None:
+        config = source / "config.pbtxt"
+        config_meta = {"sha256": sha256_file(config), "size": config.stat().st_size}
+        digest = digest_of_manifest({**manifest_of(source / "1"), CONFIG_ENTRY: config_meta})
+        self.source, self.artifacts = source, artifacts
+        self.tags = {"artifact_digest": digest, **({SIGNED_BY_TAG: signed_by} if signed_by else {})}
+
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        return dict(self.tags)
+
+    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
+        shutil.copytree(self.source, dest)
+        return dict(self.tags)
+
+    def version(self, name: str, version: str) -> SimpleNamespace:
+        return SimpleNamespace(run_id="r1", description="")
+
+    def artifact_uri(self, run_id: str) -> str:
+        return self.artifacts
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
+        if self.artifacts.startswith("file://"):
+            shutil.copytree(folder, self.artifacts.removeprefix("file://"), dirs_exist_ok=True)
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        raise disk_full_error(
+            OSError(errno.ENOSPC, "No space left on device"), self.source, "MLflow tag update"
+        )
+
+
+def _pem_key(folder: Path) -> Path:
+    key = folder / "release.pem"
+    key.write_bytes(
+        ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return key
+
+
+def test_a_failed_sign_puts_the_previous_signature_back_or_says_that_its_own_stays(tmp_path: Path) -> None:
+    """The tag's update fails after the signature was written into the version's run.  A local
+    artifact folder gets back what it held (the earlier signer's file: the tag still names that
+    signer) and the fix says it was removed; a remote store, whose files MLflow's client cannot
+    delete, is named with the file that stays and the rerun that replaces it."""
+    source, key = _model_folder(tmp_path / "source", "a"), _pem_key(tmp_path)
+    run = tmp_path / "run-artifacts"
+    run.mkdir()
+    (run / SIGNATURE_ARTIFACT).write_bytes(b"the earlier signature")
+    local = _SignRegistry(source, run.as_uri(), signed_by="key 0123")
+    with pytest.raises(RegistryError, match="MLflow tag update failed") as info:
+        sign_registered(cast(MlflowRegistry, local), "a", "1", SigningKey(key))
+    assert (run / SIGNATURE_ARTIFACT).read_bytes() == b"the earlier signature"
+    assert str(info.value.fix).endswith(
+        "then run the command again (what the failed command wrote was removed)"
+    )
+
+    remote = _SignRegistry(source, "s3://bucket/1/r1/artifacts", signed_by="")
+    with pytest.raises(RegistryError, match="MLflow tag update failed") as info:
+        sign_registered(cast(MlflowRegistry, remote), "a", "1", SigningKey(key))
+    assert "was removed" not in str(info.value.fix)
+    assert str(info.value.fix).endswith(
+        f"; the signature it wrote stays in run r1's artifacts ({SIGNATURE_ARTIFACT}) while a v1 is "
+        "unsigned: 'mlreg sign' again replaces it"
+    )

@@ -185,3 +185,31 @@ def test_the_embedded_registry_s_models_and_aliases_are_read_as_mlflow_wrote_the
     garbage.write_bytes(b"not a database")
     assert sqlite.registered_model(f"sqlite:///{garbage}", "a") is None  # ask MLflow instead
     assert not sqlite.model_absent(f"sqlite:///{garbage}", "a")
+
+
+def test_removing_a_runs_local_artifacts_removes_the_folders_mlflow_made_for_them(tmp_path: Path) -> None:
+    """A discarded run's ``<root>/<run>/artifacts`` and its logged model's ``<root>/models/<id>/artifacts``
+    go with the folders above them once empty (issue 38 item 11: two were left), up to the
+    registry's artifact root, which stays; a folder still holding something stays too."""
+    from registry.mlflow.disk import remove_local
+
+    root = tmp_path / "artifacts"
+    for folder in ("r1/artifacts/model/1", "models/m-1/artifacts/a/1", "models/m-2/artifacts"):
+        (root / folder).mkdir(parents=True)
+    (root / "r1/artifacts/model/1/weights.bin").write_bytes(b"w")
+    (root / "models/m-2/artifacts/MLmodel").write_text("kept")
+    remove_local((root / "r1/artifacts").as_uri(), root)
+    remove_local(str(root / "models/m-1/artifacts"), root)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == [
+        "models",
+        "models/m-2",
+        "models/m-2/artifacts",
+        "models/m-2/artifacts/MLmodel",
+    ]
+    remove_local((root / "models/m-2/artifacts").as_uri(), root)
+    assert list(root.iterdir()) == []  # the root itself stays
+    elsewhere = tmp_path / "elsewhere" / "r2" / "artifacts"
+    elsewhere.mkdir(parents=True)
+    remove_local(elsewhere.as_uri(), root)  # not under the root: only the folder named goes
+    assert (tmp_path / "elsewhere" / "r2").is_dir()
+    remove_local("s3://bucket/r3/artifacts", root)  # remote: left alone

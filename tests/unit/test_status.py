@@ -246,3 +246,77 @@ def test_status_gives_up_on_an_s3_store_within_seconds() -> None:
     config = store.client.meta.config  # type: ignore[attr-defined]
     assert (config.connect_timeout, config.read_timeout) == (5, status.STORE_READ_TIMEOUT_S)
     assert config.retries["total_max_attempts"] == 1 + status.STORE_RETRIES == 2  # not 4 x 60 s
+
+
+# -- a store that lost a model's folder: Triton still serves it (issue 38, item 9) -------------------
+
+
+class LostFolderTarget:
+    """A Triton after the store lost a model's folder (tests/fakes.py's FakeTarget inside): its
+    repository index drops the model, which still answers by name -- loaded from Triton folder 1,
+    its config as Triton's JSON gives it (int64 versions as strings)."""
+
+    def __init__(self, url: str, lost: set[str]) -> None:
+        from tests.fakes import FakeTarget
+
+        self.fake, self.lost, self.url = FakeTarget(url), lost, url
+        self.fake.states = {"net": {"2": "READY"}, "ens": {"1": "READY"}}
+        self.fake.ensembles = {"ens": {"net": "2"}}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+    def model_states(self) -> dict[str, dict[str, str]]:
+        return {m: v for m, v in self.fake.model_states().items() if m not in self.lost}
+
+    def model_config(self, model: str) -> dict[str, Any]:
+        if model not in self.fake.states:
+            from registry.errors import TritonError
+
+            raise TritonError(f"{self.url}: Request for unknown model: '{model}' is not found")
+        versions = sorted(self.fake.states[model])
+        return self.fake.model_config(model) | {"version_policy": {"specific": {"versions": versions}}}
+
+
+@pytest.fixture
+def lost(world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """``world`` after the store's ``ens/`` folder was deleted while both replicas serve ens
+    (folder 1, registered v2 pinning net v2): their repository index no longer lists it."""
+    import shutil
+
+    shutil.rmtree(Path(world.env.store) / "ens")
+    targets = {url: LostFolderTarget(url, {"ens"}) for url in (URL, URL2)}
+    monkeypatch.setattr(status, "probe_targets", PROBE_TARGETS)  # the real one, over the targets
+    monkeypatch.setattr(status, "triton_connector", lambda settings, key=None: targets.__getitem__)
+    world.env = Environment("local", world.env.store, (URL, URL2), "local", gpu=False)
+    return world
+
+
+def test_status_says_what_triton_serves_of_an_ensemble_the_store_lost(lost: SimpleNamespace) -> None:
+    found = status.environment_status(TIMEOUTS, lost.env, lost.registry)
+    ens = {row["model"]: row for row in found.rows}["ens"]
+    assert (ens["serving"], ens["serving_folders"]) == ({URL: ["2"], URL2: ["2"]}, {URL: ["1"], URL2: ["1"]})
+    assert ens["target_pins"] == {URL: {"net": "2"}, URL2: {"net": "2"}}
+    assert ens["drift"][0] == (
+        "the store has no ens/config.pbtxt (alias names v2, v2 [1] serves): a restarted replica cannot "
+        "load it; the store lost its folder; Triton still serves v2 [1] (promote v2 again to put it back)"
+    )
+    assert "nothing serves it" not in " ".join(ens["drift"])
+
+
+def test_mlreg_status_exits_1_showing_what_serves_an_ensemble_the_store_lost(
+    lost: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from mlreg import service
+    from mlreg.cli.main import app
+    from tests.cli import CliRunner
+
+    monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
+    context = service.Context(TIMEOUTS, lost.env, lost.registry)
+    monkeypatch.setattr(service, "context", lambda settings, name: context)
+    result = CliRunner().invoke(app, ["status"])
+    assert result.exit_code == 1, result.output
+    lines = [line.split() for line in result.output.splitlines()]
+    assert ["ens", "2", "-", f"{URL}:", "2", "[1];", f"{URL2}:", "2", "[1]"] in lines
+    assert "ens drift: the store has no ens/config.pbtxt (alias names v2, v2 [1] serves)" in result.output
+    assert "Triton still serves v2 [1]" in result.output

@@ -225,6 +225,40 @@ def test_a_version_without_manifest_is_incomplete(tmp_path: Path) -> None:
         store.verify_version("m", "1")
 
 
+@pytest.mark.parametrize("cut", [0, 1, 40])
+def test_an_unreadable_manifest_is_a_corrupt_manifest_a_push_refuses_and_an_upload_rewrites(
+    tmp_path: Path, cut: int
+) -> None:
+    """A truncated (or emptied) manifest: no usable manifest, nothing raised by reading it --
+    ``check_version`` says "corrupt manifest" naming it, ``verify_version`` refuses with the repair
+    fix; a write-once push cannot tell whose bytes are stored and sends nothing; an upload of the
+    registered folder (what a promotion and ``store repair`` do) proves the files, sends none and
+    writes the manifest again."""
+    folder = model_folder(tmp_path / "src")
+    store = open_store(tmp_path / "store")
+    store.put_version("m", "1", folder / "1")
+    manifest = tmp_path / "store" / "m" / "1" / ".mlreg-manifest.json"
+    whole = manifest.read_bytes()
+    manifest.write_bytes(whole[:cut])
+    assert store.read_manifest("m", "1") is None
+    check = store.check_version("m", "1")
+    assert check.status == "corrupt manifest"
+    [problem] = check.problems
+    assert problem.line().startswith(
+        ".mlreg-manifest.json is unreadable (truncated or not JSON): nothing of the version can be "
+        f"checked (expected a manifest, found {cut} bytes, JSONDecodeError: "
+    )
+    with pytest.raises(StorageError, match=r"(?s)m/1 does not match.*\.mlreg-manifest\.json is unreadable"):
+        store.verify_version("m", "1")
+    with pytest.raises(StorageError, match="the manifest of m v1 is unreadable") as refused:
+        store.put_version("m", "1", folder / "1", write_once=True)
+    assert "'mlreg store repair m 1'" in (refused.value.fix or "")
+    assert manifest.read_bytes() == whole[:cut]
+    again = store.put_version("m", "1", folder / "1")
+    assert (again.sent, sorted(again.skipped)) == ([], ["model.py", "sub/w.bin"])
+    assert store.verify_version("m", "1", registered_digest(folder)).status == "verified"
+
+
 def test_push_refuses_a_link_leaving_the_model_folder_and_sends_nothing(tmp_path: Path) -> None:
     from pipelines.storage.push import push_path
 
