@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,16 @@ from registry.contracts.config import data_type_name, full_shape
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+
+def deployment_stamp(now: float | None = None) -> str:
+    """When a version was promoted (its ``promoted_<env>`` tag): UTC, to the microsecond, so that
+    two promotions in one second still order (a failed attempt's tag is newer than what serves,
+    retention ranks by it); the text sorts as the time does."""
+    moment = time.time() if now is None else now
+    seconds = int(moment)
+    micros = min(999_999, int(round((moment - seconds) * 1_000_000)))
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
 
 
 @dataclass(frozen=True)

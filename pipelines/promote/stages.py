@@ -8,7 +8,6 @@ deployer's ``deploy`` and ``finalize``, ``verify`` and ``record``.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +50,7 @@ from pipelines.promote.reports import (
 )
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, PromotionError, StorageError
+from registry.lineage import deployment_stamp
 from registry.settings import PROMOTIONS_EXPERIMENT
 
 # -- planning ----------------------------------------------------------------------------------
@@ -452,7 +452,7 @@ def record(ctx: PromotionContext) -> RecordReport:
     on a failure the aliases already moved and the tags go back (``record.RecordWrites``) and the
     error says exactly what moved; then the promotion's run."""
     plan = ctx.plan
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = deployment_stamp()
     writes = RecordWrites(ctx.registry, ctx.env.alias, f"promoted_{ctx.env.name}")
     ctx.undo.wrote_registry(writes)  # any exit from here on puts these writes back
     try:

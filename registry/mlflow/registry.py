@@ -20,7 +20,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any, TypeVar
 
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, RegistryError
-from registry.lineage import VERSION_FOLDER
+from registry.lineage import VERSION_FOLDER, deployment_stamp
 from registry.mlflow import rest, sqlite
 from registry.mlflow.deployments import deployments_of, describe_deployments
 from registry.mlflow.disk import remove_local
@@ -503,7 +502,7 @@ class MlflowRegistry:
         back (tags + the version's logged model as the run's input); the registered model's tag
         ``deployed_<env>`` and description list every environment and its version.
         """
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        stamp = deployment_stamp()
         replicas = ",".join(targets)
         for previous in self.find_by_tag(model, f"serving_{env}", "%", like=True):
             if str(previous.version) != str(version):

@@ -90,7 +90,12 @@ def test_a_rerun_of_the_serving_ensemble_after_mlflow_went_down_at_alias_moved_r
     rerun = world.promote("ens", "2")  # the ensemble that serves, as status names it
     assert rerun.stage_names() == ["noop", "repair"]
     assert "ens version 2 already serves in 'test'" in rerun.stages[0].detail
-    assert rerun.notes == ["alias 'test' of net moved back to v2 (was 3)"]
+    assert rerun.notes == [  # the alias, and the tags the failed attempt left on the versions it made
+        "tag promoted_test of ens v3 (a failed attempt's) removed",
+        "alias 'test' of net moved back to v2 (was 3)",
+        "tag promoted_test of net v3 (a failed attempt's) removed",
+    ]
+    assert not {v for (m, v), tags in world.registry.tags.items() if "promoted_test" in tags} & {"3"}
     assert _state(world) == before  # nothing uploaded nor loaded; every alias as before the attempt
     assert world.registry.aliases("net") == {"test": "2"}
     assert world.promote("ens", "2").notes == []  # repaired: nothing more to do
