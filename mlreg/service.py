@@ -205,8 +205,8 @@ def _fleet(settings: Settings, env: Environment, store: RepositoryStore | None =
     from pipelines.storage import open_store
 
     targets = resolve_targets(settings, env)
-    connect = triton_connector(settings, env.key(settings))
-    return Fleet(store or open_store(env.store), targets, connect, settings.triton_timeout * 10)
+    connect = triton_connector(settings, env.key(settings), env.load_deadline(settings))
+    return Fleet(store or open_store(env.store), targets, connect, env.load_deadline(settings))
 
 
 def _ensemble_users(store: RepositoryStore, name: str) -> list[str]:

@@ -154,10 +154,33 @@ class TritonControl:
                 retry=False,
             )
         except TritonError as exc:
+            if exc.context.get("status") == "StatusCode.DEADLINE_EXCEEDED":
+                raise self._past_deadline(model, policy_versions(config)) from None
             reason = self._load_reason(model, policy_versions(config), exc.message)
             if reason:
                 exc.message = f"{exc.message} (server's reason: {reason})"
             raise
+
+    def _past_deadline(self, model: str, versions: tuple[str, ...]) -> TritonError:
+        """A load that did not finish within ``load_timeout``: which version Triton is still
+        loading (the reasons the index keeps for other versions are stale, never quoted)."""
+        try:
+            states = self.model_states().get(model, {})
+        except TritonError:
+            states = {}
+        loading = sorted((v for v, s in states.items() if s == "LOADING" and v), key=int)
+        still = f"v{','.join(loading)} is still LOADING" if loading else "it may still be loading"
+        wanted = f" v{','.join(versions)}" if versions else ""
+        return TritonError(
+            f"{self.url}: the load of {model}{wanted} did not finish within {self.load_timeout:.0f}s; "
+            f"{still}",
+            fix=f"read that replica's log for why {model} does not finish loading (an initialize that "
+            "never returns?); Triton keeps loading it, so restart the replica, then promote again "
+            "(or raise load_timeout in mlreg.toml for a model that loads slowly)",
+            status="load-deadline",
+            model=model,
+            url=self.url,
+        )
 
     def _load_reason(self, model: str, versions: tuple[str, ...], said: str) -> str:
         """Why this load failed, from the repository index: only the reasons of the ``versions`` it

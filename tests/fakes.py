@@ -126,6 +126,9 @@ class FakeTarget:
     ) -> dict[str, np.ndarray]:
         return {name: np.full((2,), self.answer(model, version), np.float32) for name in outputs}
 
+    def statistics(self, model: str = "") -> list[dict[str, Any]]:
+        return []  # no counters: whether a load re-created a version is not known here
+
     def close(self) -> None:
         pass
 

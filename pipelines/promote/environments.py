@@ -10,6 +10,9 @@ signatures = "required"                      # or "warn"; absent: no signature c
 trusted_keys = ["keys/release.pub"]          # PEM public keys / CA certificates, relative to mlreg.toml
 trusted_identities = [{ issuer = "https://token.actions.githubusercontent.com", subject = "<regex>" }]
 control_key = "env:MLREG_STAGING_CONTROL_KEY"  # or a file ("/run/secrets/mlreg/control-key"), never the key
+warmup = true                                # a peak-batch model_warmup in every stored config (default true)
+memory_margin = 1.2                          # a load needs footprint x margin free (default 1.2)
+load_timeout = 120                           # seconds a load may take (default 10 x MLREG_TRITON_TIMEOUT)
 """
 
 from __future__ import annotations
@@ -33,11 +36,15 @@ LOCAL = "local"
 # every key of an environment section this module reads; the roll-out policy's are policy.KEYS
 # (a key in neither is refused: a typo must not silently change what a promotion does)
 ENVIRONMENT_KEYS = (
-    frozenset({"store", "targets", "alias", "gpu", "discover", "keep", "control_key"})
+    frozenset(
+        {"store", "targets", "alias", "gpu", "discover", "keep", "control_key"}
+        | {"warmup", "memory_margin", "load_timeout"}
+    )
     | TRUST_KEYS
     | PERF_KEYS
 )
 KEEP = 2  # retention's default: what serves and the one before it (an instant rollback)
+MEMORY_MARGIN = 1.2  # a load needs its recorded footprint x this free on the replica
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,13 @@ class Environment:
     perf: PerfSettings = PerfSettings()  # the canary's performance check (pipelines/promote/perf.py)
     metrics_urls: tuple[tuple[str, str], ...] = ()  # target -> Triton's metrics (the local stack's)
     control_key: str = ""  # "env:VAR" or a key file: what unlocks its replicas (pipelines/control_key.py)
+    warmup: bool = True  # a peak-batch model_warmup in every config written to the store
+    memory_margin: float = MEMORY_MARGIN  # free memory a load needs: footprint x margin
+    load_timeout: float = 0.0  # seconds a load may take (0: 10 x the settings' Triton timeout)
+
+    def load_deadline(self, settings: Settings) -> float:
+        """Seconds one load may take before the promotion names it and stops waiting."""
+        return self.load_timeout or settings.triton_timeout * 10
 
     def key(self, settings: Settings) -> ControlKey | None:
         """What this environment's replicas' control API takes (None: they are expected open)."""
@@ -101,6 +115,9 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
                 perf=parse_perf(f"{path} [environments.{name}]", raw),
                 signatures=parse_trust(f"{path} [environments.{name}]", raw, path.parent),
                 control_key=_control_key(path, name, raw),
+                warmup=_flag(path, name, raw, "warmup", True),
+                memory_margin=_number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
+                load_timeout=_number(path, name, raw, "load_timeout", 0.0, minimum=1.0),
             )
         except (KeyError, TypeError) as exc:
             raise UsageError(
@@ -147,6 +164,29 @@ def _gpu(path: Path, name: str, raw: object) -> bool:
             fix=f"write gpu = false (or gpu = true), without quotes, in [environments.{name}]",
         )
     return raw
+
+
+def _flag(path: Path, name: str, raw: dict[str, object], key: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise UsageError(
+            f"{path}: environment '{name}': {key} must be true or false (a TOML boolean), not {value!r}",
+            fix=f"write {key} = {str(default).lower()} (without quotes) in [environments.{name}]",
+        )
+    return value
+
+
+def _number(path: Path, name: str, raw: dict[str, object], key: str, default: float, minimum: float) -> float:
+    """A positive finite number of at least ``minimum`` (absent: ``default``)."""
+    if key not in raw:
+        return default
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not minimum <= value < float("inf"):
+        raise UsageError(
+            f"{path}: environment '{name}': {key} must be a number of at least {minimum:g}, not {value!r}",
+            fix=f"write {key} = {max(default, minimum):g} (a number, no quotes) in [environments.{name}]",
+        )
+    return float(value)
 
 
 def _keep(path: Path, name: str, raw: dict[str, object]) -> int:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pipelines.control_key import ControlKey, control_key
 from pipelines.promote.ports import ServingTarget
@@ -65,6 +65,17 @@ class Change:
         return f"{self.model} -> v{','.join(self.versions) or 'none'}"
 
 
+class LoadGuard(Protocol):
+    """What checks a replica around each load (pipelines/promote/headroom.py): ``before_load``
+    raises (an ``MlregError`` naming the replica and the fix) to refuse a load before anything is
+    sent; ``after_load`` hears how it went (``error`` None: every wanted version READY) and returns
+    why the replica must not be loaded again in this promotion ("" when it may)."""
+
+    def before_load(self, url: str, change: Change) -> None: ...
+
+    def after_load(self, url: str, change: Change, error: MlregError | None) -> str: ...
+
+
 @dataclass
 class TargetResult:
     url: str
@@ -93,17 +104,19 @@ class Rollout:
         }
 
 
-def triton_connector(settings: Settings, key: ControlKey | None = None) -> Connect:
+def triton_connector(
+    settings: Settings, key: ControlKey | None = None, load_timeout: float | None = None
+) -> Connect:
     """Real targets: Triton over gRPC with the configured timeouts, every call carrying ``key``
-    (the environment's: ``Environment.key``; None: ``MLREG_CONTROL_KEY``/the local stack's, if any)."""
+    (the environment's: ``Environment.key``; None: ``MLREG_CONTROL_KEY``/the local stack's, if any);
+    a load waits ``load_timeout`` seconds at most (the environment's ``load_deadline``)."""
     key = key if key is not None else control_key(settings.home)
+    deadline = load_timeout or settings.triton_timeout * 10
 
     def connect(url: str) -> ServingTarget:
         from pipelines.triton import TritonControl  # tritonclient's gRPC stack: imported when used
 
-        return TritonControl(
-            url, timeout=settings.triton_timeout, load_timeout=settings.triton_timeout * 10, key=key
-        )
+        return TritonControl(url, timeout=settings.triton_timeout, load_timeout=deadline, key=key)
 
     return connect
 
@@ -146,6 +159,9 @@ class Fleet:
         self._open: dict[str, ServingTarget] = {}
         self.view: dict[str, States] = {}  # url -> what it holds, as last asked and moved since
         self.on_touch: OnTouch | None = None  # the undo log's before-state hook
+        self.guard: LoadGuard | None = None  # memory headroom and leaks (pipelines/promote/headroom.py)
+        self.fenced: dict[str, str] = {}  # url -> why nothing loads there again in this promotion
+        self.recreated: dict[tuple[str, str, str], None] = {}  # (url, model, version) a load re-created
 
     def target(self, url: str) -> ServingTarget:
         if url not in self._open:
@@ -169,17 +185,79 @@ class Fleet:
         """``change`` on the server at ``url``: loaded and every wanted version READY (or raises).
         Never once the promotion lost the model's lock (the store's fence: its lease proven first)."""
         self.store.fence(change.model)
-        if self.on_touch is not None:
-            self.on_touch(url, change.model, tuple(self.ready(url, change.model)))
         began = time.perf_counter()
+        guard = self.guard if change.config is not None else None
+        try:
+            self._admit(url, change)
+        except MlregError as exc:
+            if rollout is not None:
+                rollout.targets.append(TargetResult(url, False, 0.0, exc.message))
+            raise
+        ready = self.ready(url, change.model)
+        if self.on_touch is not None:
+            self.on_touch(url, change.model, tuple(ready))
+        kept = [v for v in change.versions if v in ready] if change.config is not None else []
+        served = self._served(url, change.model) if kept else {}
         try:
             self._send(url, change)
         except MlregError as exc:
             if rollout is not None:
                 rollout.targets.append(TargetResult(url, False, time.perf_counter() - began, exc.message))
+            if guard is not None:
+                self._fence(url, guard.after_load(url, change, exc))
             raise
+        if guard is not None:
+            self._fence(url, guard.after_load(url, change, None))
+        if served:
+            self._check_kept(url, change.model, kept, served)
         if rollout is not None:
             rollout.targets.append(TargetResult(url, True, time.perf_counter() - began))
+
+    def _admit(self, url: str, change: Change) -> None:
+        """Raise before anything is sent when ``url`` is fenced off or the guard refuses it."""
+        if url in self.fenced:
+            raise PromotionError(
+                f"{url} is fenced off for this promotion: {self.fenced[url]}",
+                fix="restart that replica (its memory comes back), then promote again",
+            )
+        if self.guard is not None and change.config is not None:
+            self.guard.before_load(url, change)
+
+    def _check_kept(self, url: str, model: str, kept: list[str], served: dict[str, int]) -> None:
+        """The versions a load kept serving whose counters restarted: Triton made them anew."""
+        after = self._served(url, model)
+        for version in kept:
+            if served.get(version, 0) > after.get(version, 0):
+                self.recreated[(url, model, version)] = None
+
+    def _served(self, url: str, model: str) -> dict[str, int]:
+        """version -> requests it answered (Triton's statistics, which a version re-created by a
+        load starts again from zero; {} when the server does not say)."""
+        try:
+            stats = self.target(url).statistics(model)
+        except MlregError:
+            return {}
+        counts = {}
+        for entry in stats:
+            if entry.get("name") == model:
+                answered = entry.get("inference_stats") or {}
+                counts[str(entry.get("version", ""))] = sum(
+                    int((answered.get(kind) or {}).get("count", 0) or 0) for kind in ("success", "fail")
+                )
+        return counts
+
+    def recreation_notes(self) -> list[str]:
+        """One line per version a load of this promotion re-created while it served."""
+        return [
+            f"{url}: the load re-created {model} v{version}, which was serving (its statistics "
+            "restarted): Triton re-creates a loaded version whose config changed beyond "
+            "version_policy/instance_group, or whose files changed"
+            for url, model, version in self.recreated
+        ]
+
+    def _fence(self, url: str, why: str) -> None:
+        if why:
+            self.fenced.setdefault(url, why)
 
     # -- the view: asked once, kept up to date by the moves ----------------------------------------
 
@@ -217,8 +295,17 @@ class Fleet:
             held[change.model] = {v: "READY" for v in change.versions}
 
     def restore(self, url: str, change: Change) -> str:
-        """Put the server at ``url`` back to ``change`` (an earlier state); returns "" or why not."""
+        """Put the server at ``url`` back to ``change`` (an earlier state); returns "" or why not.
+        A replica still LOADING the model (a load past its deadline) is left as it is and named:
+        a load sent now would queue behind the one that never finishes."""
         try:
+            loading = loading_versions(self.target(url).model_states(), change.model)
+            if loading and change.config is not None:
+                self.view.pop(url, None)
+                return (
+                    f"{url}: {change.model} v{','.join(loading)} is still LOADING (a load that never "
+                    "finished): not put back; restart that replica"
+                )
             self._send(url, change)
         except MlregError as exc:
             return exc.message if exc.message.startswith(url) else f"{url}: {exc.message}"
@@ -346,6 +433,32 @@ class Fleet:
 
 def ready_versions(states: dict[str, dict[str, str]], model: str) -> list[str]:
     return sorted((v for v, s in states.get(model, {}).items() if s == "READY"), key=int)
+
+
+def loading_versions(states: dict[str, dict[str, str]], model: str) -> list[str]:
+    """The versions of ``model`` Triton is still loading (a load that has not finished)."""
+    return sorted((v for v, s in states.get(model, {}).items() if s == "LOADING" and v), key=int)
+
+
+def refuse_pending_loads(fleet: Fleet, models: Sequence[str]) -> None:
+    """Refuse a promotion on a replica where one of ``models`` is still LOADING: Triton honours
+    every queued load, so a new one waits behind a load that may never finish (one that hung past
+    its deadline in an earlier promotion)."""
+    for url in fleet.urls:
+        try:
+            states = fleet.states_of(url)
+        except MlregError:
+            continue  # unreachable: the moves say so
+        for model in models:
+            loading = loading_versions(states, model)
+            if loading:
+                raise PromotionError(
+                    f"{url}: {model} v{','.join(loading)} is still LOADING there (a load that has not "
+                    "finished; a new load would wait behind it)",
+                    fix=f"read that replica's log for why {model} v{loading[0]} does not finish loading; "
+                    "restart the replica (what the store wants loads again), then promote again",
+                    model=model,
+                )
 
 
 def reachable(

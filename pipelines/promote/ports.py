@@ -121,6 +121,10 @@ class ServingTarget(Protocol):
         self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
     ) -> dict[str, np.ndarray]: ...
 
+    def statistics(self, model: str = "") -> list[dict[str, Any]]:
+        """Triton's per-version statistics of ``model`` (its JSON ``model_stats``)."""
+        ...
+
     def close(self) -> None: ...
 
 

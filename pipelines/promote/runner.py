@@ -104,7 +104,7 @@ class Promotion:
         scratch: ScratchServers | None = None,  # the dry-run gate's servers (the application's)
     ) -> None:
         self.settings, self.env, self.registry, self.options = settings, env, registry, options
-        self.connect = connect or triton_connector(settings, env.key(settings))
+        self.connect = connect or triton_connector(settings, env.key(settings), env.load_deadline(settings))
         self.scratch = scratch
         self.ctx: PromotionContext | None = None
 
@@ -117,6 +117,7 @@ class Promotion:
         finally:
             ctx.close()
         ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left
+        ctx.result.notes.extend(ctx.fleet.recreation_notes())  # a swap that made a served version anew
         ctx.result.ok = True
         return ctx.result
 
@@ -124,7 +125,7 @@ class Promotion:
         targets = resolve_targets(self.settings, self.env)
         policy, skipped = self.env.policy, dict[str, str]()
         store = open_store(self.env.store, digest_cache=self.settings.digest_cache)
-        load_timeout = self.settings.triton_timeout * 10
+        load_timeout = self.env.load_deadline(self.settings)
         fleet = Fleet(store, targets, self.connect, load_timeout, policy.max_parallel if policy else 1)
         if policy is not None:  # the live check's connections are the promotion's
             check_fleet(policy, len(targets), f"environment '{self.env.name}'")

@@ -16,7 +16,7 @@ from pipelines.promote import checks, quality, retention
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.deploy import check_serves_from_store
-from pipelines.promote.fanout import OPEN_CONTROL, checkpoint, open_control
+from pipelines.promote.fanout import OPEN_CONTROL, checkpoint, open_control, refuse_pending_loads
 from pipelines.promote.integrity import (
     apply_repair,
     check_signatures,
@@ -96,6 +96,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
         ctx.noop = True
         return NoopReport(plan.model, plan.version, ctx.env.name)
     check_serves_from_store(ctx)  # before any live stage (the canary gate loads too)
+    refuse_pending_loads(ctx.fleet, [s.model for s in plan.steps])  # a load queued behind a hung one
     if ctx.options.dry_run:  # the plan says which replicas anyone could drive
         opened = open_control(plan.targets, min(5.0, ctx.settings.triton_timeout))
         ctx.result.notes.extend(OPEN_CONTROL.format(url=url) for url in opened)

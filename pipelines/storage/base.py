@@ -44,6 +44,7 @@ from pipelines.storage.verify import (
     MANIFEST,
     SIGNATURE_FILE,
     bytecode_cache,
+    bytecode_guard,
     check_version,
     other_bytes,
     rewrite_refused,
@@ -364,7 +365,7 @@ class RepositoryStore(ABC):
         prefix = f"{model}/{version}/"
         for key in self.list_prefix(prefix):
             rel = key[len(prefix) :]
-            if rel == MANIFEST or bytecode_cache(key):  # no cache nobody hashed (drop_bytecode)
+            if rel == MANIFEST or bytecode_cache(key) or bytecode_guard(key):  # nothing unhashed
                 continue
             data = self.read(key)
             if data is None:
@@ -403,6 +404,7 @@ class RepositoryStore(ABC):
         if drop_bytecode:
             for key in result.bytecode:
                 self.delete(key)
+            self.guard_bytecode(model, version)
         return result
 
     def drop_bytecode(self, model: str, version: str) -> list[str]:
@@ -414,7 +416,17 @@ class RepositoryStore(ABC):
         keys = [k for k in self.list_prefix(f"{model}/{version}/") if bytecode_cache(k)]
         for key in keys:
             self.delete(key)
+        self.guard_bytecode(model, version)
         return keys
+
+    def guard_bytecode(self, model: str, version: str) -> list[str]:
+        """Where Triton reads the store's own folders (a local store), keep Python from writing
+        bytecode into ``<model>/<version>/``: an empty file named ``__pycache__`` in each folder
+        holding ``.py`` source (``verify.bytecode_guard``), so a served version's files never
+        change after its load and a swap never re-creates it.  Returns the keys written (none
+        when every guard is in place: nothing changes). Object stores: Triton copies the folder
+        elsewhere to load it; nothing to guard."""
+        return []
 
     def is_empty(self) -> bool:
         """True when the repository holds no object (S3: Triton cannot start on it)."""
@@ -500,12 +512,13 @@ class RepositoryStore(ABC):
             self.digests.save()
         for key in stamps:
             rel = key.split("/", 2)[2]
-            if rel not in {MANIFEST, SIGNATURE_FILE} and rel not in files:  # files the version lacks
-                self.delete(key)
+            if rel not in {MANIFEST, SIGNATURE_FILE} and rel not in files and not bytecode_guard(key):
+                self.delete(key)  # files the version lacks
         if stored is None:
             self._create_manifest(model, version, manifest)
         elif not kept and (result.sent or _differs(stored, manifest)):
             self.write(f"{model}/{version}/{MANIFEST}", manifest.to_json().encode())
+        self.guard_bytecode(model, version)
         return result
 
     def _stored_manifest(self, model: str, version: str, write_once: bool) -> Manifest | None:

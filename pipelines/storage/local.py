@@ -25,6 +25,7 @@ from pipelines.storage.base import (
     file_stamp,
 )
 from pipelines.storage.disk import disk_full_error, is_disk_full, where_full
+from pipelines.storage.verify import BYTECODE_GUARD
 from registry.contracts.links import outside_links
 from registry.errors import StorageError
 from registry.manifest import sha256_file
@@ -147,6 +148,27 @@ class LocalStore(RepositoryStore):
         while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
+
+    def guard_bytecode(self, model: str, version: str) -> list[str]:
+        folder = self._path(f"{model}/{version}")
+        if not folder.is_dir() or folder.is_symlink():
+            return []
+        sources = {
+            path.parent
+            for path in folder.rglob("*.py")
+            if path.is_file() and BYTECODE_GUARD not in path.relative_to(folder).parts
+        }
+        written = []
+        for parent in sorted(sources):
+            guard = parent / BYTECODE_GUARD
+            if guard.is_file() and not guard.is_symlink() and guard.stat().st_size == 0:
+                continue  # in place: nothing changes (the served folder stays as Triton read it)
+            key = guard.relative_to(self.root).as_posix()
+            if guard.is_symlink() or guard.exists():
+                self.delete(key)  # a cache folder the stub wrote before the guard, or anything else
+            self.write(key, b"")
+            written.append(key)
+        return written
 
     def list_prefix(self, prefix: str) -> list[str]:
         base = self._path(prefix)

@@ -172,7 +172,10 @@ def _check_files(
 ) -> None:
     known = {prefix + f for f in manifest.files} | {prefix + MANIFEST, prefix + SIGNATURE_FILE}
     for rel in sorted(stamps.keys() - known):
-        if bytecode_cache(rel):
+        if bytecode_guard(rel):
+            if int(stamps[rel][0]) != 0:  # not the empty guard: dropped and made again
+                result.bytecode.append(rel)
+        elif bytecode_cache(rel):
             result.bytecode.append(rel)
         else:
             result.problems.append(FileProblem(rel[len(prefix) :], "unexpected"))
@@ -186,6 +189,19 @@ def _check_files(
             result.problems.append(FileProblem(rel, "size", f"{meta['size']} bytes", f"{stamp[0]} bytes"))
         else:
             _check_digest(store, prefix + rel, rel, str(meta["sha256"]), stamp, hashing, result)
+
+
+BYTECODE_GUARD = "__pycache__"
+
+
+def bytecode_guard(key: str) -> bool:
+    """The empty regular file named ``__pycache__`` a local store keeps in each folder of a
+    version that holds Python source (``RepositoryStore.guard_bytecode``): Python cannot make its
+    cache folder there, so Triton's python stub -- which writes one whatever
+    PYTHONDONTWRITEBYTECODE says -- changes nothing in a served version folder, and the next load
+    does not re-create that version (Triton re-creates a loaded version whose files changed).
+    Never read, never run: not hashed; one that is not empty is dropped and made again."""
+    return key.rsplit("/", 1)[-1] == BYTECODE_GUARD
 
 
 def bytecode_cache(key: str) -> bool:

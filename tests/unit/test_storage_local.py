@@ -179,6 +179,13 @@ def test_the_python_backends_bytecode_cache_is_not_a_stranger(tmp_path: Path) ->
     store = open_store(tmp_path / "store")
     store.put_version("m", "1", folder / "1")
     cache = tmp_path / "store" / "m" / "1" / "__pycache__"
+    assert cache.read_bytes() == b""  # the empty guard a local store keeps
+    assert store.check_version("m", "1").status == "verified"
+    cache.write_bytes(b"x")  # a guard that is not empty: dropped and made again before a load
+    assert store.check_version("m", "1").bytecode == ["m/1/__pycache__"]
+    store.verify_version("m", "1", drop_bytecode=True)
+    assert cache.read_bytes() == b""
+    cache.unlink()  # a version stored before the guard: the stub wrote its cache folder there
     cache.mkdir()
     (cache / "model.cpython-311.pyc").write_bytes(b"\x00" * 16)
     assert store.check_version("m", "1").status == "verified"
