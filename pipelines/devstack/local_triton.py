@@ -56,8 +56,16 @@ FLEET_SERVER_ARGS = (
     f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
     "--allow-metrics=true",
     "--metrics-port=8002",
+    "--metrics-interval-ms=2000",  # the memory gauges' refresh: a footprint is read after one
+    "--backend-config=triton-backend-memory-tracker=true",  # ModelStatistics.memory_usage (ORT, TRT)
 )
-LOCAL_DEPARTURES = {"--load-model": None, "--strict-readiness": "false", "--metrics-port": "<free port>"}
+# the local stack reads its memory gauges every 500 ms: a footprint measured after a load waits one
+LOCAL_DEPARTURES = {
+    "--load-model": None,
+    "--strict-readiness": "false",
+    "--metrics-port": "<free port>",
+    "--metrics-interval-ms": "500",
+}
 LOCAL_SERVER_ARGS = tuple(a for a in FLEET_SERVER_ARGS if a.partition("=")[0] not in LOCAL_DEPARTURES)
 
 
@@ -248,6 +256,7 @@ def server_command(
         f"--grpc-port={grpc}",
         "--metrics-address=127.0.0.1",
         f"--metrics-port={metrics}",
+        f"--metrics-interval-ms={LOCAL_DEPARTURES['--metrics-interval-ms']}",
         "--allow-gpu-metrics=false",
         "--strict-readiness=false",
         *(restriction_args(control_key) if control_key else []),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipelines.promote.environments import Environment
 from pipelines.promote.fanout import checkpoint
+from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
 from pipelines.promote.ports import Registry
 from pipelines.promote.reports import PromotionResult
 from registry.errors import MlregError, PromotionError
@@ -54,8 +55,11 @@ def record_promotion(
                 "to_version": plan.version,
                 "targets": redact_uri(",".join(plan.targets)),
                 "store": redact_uri(env.store),  # never a secret in MLflow (refused already, too)
-            },
-            {f"{s.stage}_seconds": s.seconds for s in result.stages} | perf_metrics(result),
+            }
+            | headroom_params(result),
+            {f"{s.stage}_seconds": s.seconds for s in result.stages}
+            | perf_metrics(result)
+            | footprint_metrics(result),
         )
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "report.json").write_text(json.dumps(result.to_dict(), indent=1, default=str))
@@ -70,6 +74,33 @@ def record_promotion(
                 registry.record_deployment(model, version, env.name, run_id, plan.targets)
     except MlregError as exc:
         log.warning("could not record the promotion in MLflow: %s", redact_uri(str(exc)))
+    record_footprints(registry, result)
+
+
+# -- memory headroom (pipelines/promote/headroom.py): footprints measured, what the checks found --
+
+
+def headroom_params(result: PromotionResult) -> dict[str, str]:
+    """One line of what the headroom checks found (the figures are in the run's report.json)."""
+    return {"headroom": result.headroom.summary()} if result.headroom is not None else {}
+
+
+def footprint_metrics(result: PromotionResult) -> dict[str, float]:
+    """Each footprint this promotion measured, as ``footprint_<model>_bytes``."""
+    found = result.headroom.footprints() if result.headroom is not None else []
+    return {f"footprint_{model}_bytes": float(size) for model, _, size, _ in found}
+
+
+def record_footprints(registry: Registry, result: PromotionResult) -> None:
+    """Each measured footprint as version tags, so later loads are checked without measuring:
+    a fact about the version, written whatever the promotion's outcome and never put back; a
+    registry that cannot be written is a warning (the next promotion measures again)."""
+    for model, version, size, kind in result.headroom.footprints() if result.headroom is not None else []:
+        try:
+            registry.set_version_tag(model, version, FOOTPRINT_TAG, str(size))
+            registry.set_version_tag(model, version, FOOTPRINT_KIND_TAG, kind)
+        except MlregError as exc:
+            log.warning("could not record the footprint of %s v%s: %s", model, version, redact_uri(str(exc)))
 
 
 def perf_metrics(result: PromotionResult) -> dict[str, float]:

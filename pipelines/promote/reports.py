@@ -15,6 +15,20 @@ class StageReport(Protocol):
     def detail(self) -> str: ...
 
 
+class LoadFindings(Protocol):
+    """What the fleet's load guard found (pipelines/promote/headroom.py ``Headroom``): per replica
+    the memory figures read, refusals, leaks, and the footprints it measured (to record)."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def footprints(self) -> list[tuple[str, str, int, str]]: ...  # (model, version, bytes, kind)
+
+    def summary(self) -> str: ...
+
+    @property
+    def notes(self) -> list[str]: ...  # where it could not check (never a silent pass)
+
+
 @dataclass
 class ResolveReport:
     steps: list[str]  # "model vN (role)"
@@ -172,6 +186,7 @@ class PromotionResult:
     run_id: str = ""
     rollback: str = "not needed"  # "not needed" (nothing changed) | "succeeded" | "failed"
     notes: list[str] = field(default_factory=list)  # what a failure left: the store's configs, locks
+    headroom: LoadFindings | None = None  # memory headroom and leaks around each load (the runner's)
 
     @property
     def failed_stage(self) -> str:
@@ -211,6 +226,7 @@ class PromotionResult:
             "promotion_run": self.run_id,
             "plan": self.plan.to_dict(),
             "stages": [s.to_dict() for s in self.stages],
+            "headroom": self.headroom.to_dict() if self.headroom is not None else None,
         }
 
 

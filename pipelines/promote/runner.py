@@ -35,6 +35,7 @@ from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.failure import fail, message_of
 from pipelines.promote.fanout import Connect, Fleet, reachable, triton_connector
 from pipelines.promote.gates import choose_gate
+from pipelines.promote.headroom import Headroom, registry_footprints, replica_versions
 from pipelines.promote.plan import Plan
 from pipelines.promote.policy import check_fleet
 from pipelines.promote.ports import Registry, ScratchServers
@@ -118,6 +119,7 @@ class Promotion:
             ctx.close()
         ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left
         ctx.result.notes.extend(ctx.fleet.recreation_notes())  # a swap that made a served version anew
+        ctx.result.notes.extend(ctx.result.headroom.notes if ctx.result.headroom else [])  # not checked
         ctx.result.ok = True
         return ctx.result
 
@@ -132,9 +134,17 @@ class Promotion:
             targets, skipped = reachable(targets, fleet.target, policy.max_unavailable, keep_open=True)
             fleet.only(targets)
         plan = Plan(self.env, targets, model, version, skipped=skipped)
-        return PromotionContext(
+        ctx = PromotionContext(
             self.settings, self.env, self.registry, self.options, store, fleet, plan, self.scratch
         )
+        ctx.result.headroom = fleet.guard = self._headroom(fleet)
+        return ctx
+
+    def _headroom(self, fleet: Fleet) -> Headroom:
+        """Memory headroom before each load and leaks after a failed one (headroom.py), on the
+        environment's metrics URLs and margin; footprints known from the registry's version tags."""
+        known, held = registry_footprints(self.registry), replica_versions(fleet)
+        return Headroom(self.env.metrics_url, self.env.memory_margin, known=known, held=held)
 
     def _sequence(self, ctx: PromotionContext, stages: list[Stage], planning: bool = False) -> None:
         for stage in stages:

@@ -16,6 +16,7 @@ from pipelines.promote import checks, quality, retention
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.deploy import check_serves_from_store
+from pipelines.promote.environments import Environment
 from pipelines.promote.fanout import OPEN_CONTROL, checkpoint, open_control, refuse_pending_loads
 from pipelines.promote.integrity import (
     apply_repair,
@@ -26,6 +27,8 @@ from pipelines.promote.integrity import (
     registered_differences,
 )
 from pipelines.promote.plan import (
+    PYTHON_WARMUP,
+    WARMUP_BYTES,
     Plan,
     Role,
     Step,
@@ -33,6 +36,8 @@ from pipelines.promote.plan import (
     config_facts,
     desired_config,
     ensemble_pins,
+    peak_sample,
+    recreating_fields,
     serving_versions,
 )
 from pipelines.promote.ports import ServingTarget
@@ -48,7 +53,7 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
-from registry.contracts.config import CONFIG_NAME
+from registry.contracts.config import CONFIG_NAME, parse_config
 from registry.errors import MlregError, PromotionError, StorageError
 from registry.lineage import deployment_stamp
 from registry.settings import PROMOTIONS_EXPERIMENT
@@ -97,10 +102,35 @@ def resolve(ctx: PromotionContext) -> StageReport:
         return NoopReport(plan.model, plan.version, ctx.env.name)
     check_serves_from_store(ctx)  # before any live stage (the canary gate loads too)
     refuse_pending_loads(ctx.fleet, [s.model for s in plan.steps])  # a load queued behind a hung one
+    ctx.result.notes.extend(swap_notes(ctx.env, plan))
     if ctx.options.dry_run:  # the plan says which replicas anyone could drive
         opened = open_control(plan.targets, min(5.0, ctx.settings.triton_timeout))
         ctx.result.notes.extend(OPEN_CONTROL.format(url=url) for url in opened)
     return ResolveReport([f"{s.model} v{s.version} ({s.role.value})" for s in plan.steps], sorted(held))
+
+
+def swap_notes(env: Environment, plan: Plan) -> list[str]:
+    """What the plan's loads will do beyond the swap: a serving version Triton must re-create (its
+    config changes in more than version_policy/instance_group: peak memory 2 x old + new, and it
+    restarts), and a model that gets no peak-batch warmup, and why."""
+    notes = []
+    for step in plan.steps:
+        if step.is_ensemble:
+            continue
+        fields = recreating_fields(step.previous_config, step.config_text)
+        if fields and step.previous_versions:
+            notes.append(
+                f"{step.model}: this promotion re-creates the serving v{','.join(step.previous_versions)} "
+                f"on each replica once (its config changes in {', '.join(fields)}, not only in "
+                "version_policy): peak memory is 2 x old + new, and it restarts"
+            )
+        why = peak_sample(step.config_text)[1] if env.warmup else ""
+        if why and why != PYTHON_WARMUP:
+            notes.append(
+                f"{step.model}: no peak-batch warmup ({why}); declare a model_warmup in its config.pbtxt "
+                "to have a candidate that fails at peak refused at its load"
+            )
+    return notes
 
 
 def repair(ctx: PromotionContext) -> RepairReport:
@@ -432,8 +462,33 @@ def verify(ctx: PromotionContext) -> VerifyReport:
     return VerifyReport(list(ctx.plan.targets), [s.model for s in ctx.plan.steps])
 
 
+def _peak(ctx: PromotionContext, triton: ServingTarget, step: Step, inputs: dict[str, np.ndarray]) -> None:
+    """The candidate at its peak batch, asked by version before any traffic meets it: the golden
+    row repeated ``max_batch_size`` times (where its config carries no warmup that did so at the
+    load, and the batch stays under WARMUP_BYTES).  A failure is the batch-dependent one a batch-1
+    smoke never sees: the promotion stops and goes back."""
+    config = parse_config(step.config_text)
+    peak = config.max_batch_size
+    if not ctx.env.warmup or step.is_ensemble or peak <= 1 or len(config.model_warmup):
+        return
+    if any(a.ndim == 0 or a.shape[0] != 1 for a in inputs.values()):
+        return  # not one golden row per input: no peak batch to build from it
+    batch = {name: np.repeat(array, peak, axis=0) for name, array in inputs.items()}
+    if sum(a.nbytes for a in batch.values()) > WARMUP_BYTES:
+        return
+    try:
+        triton.infer(step.model, batch, quality.output_names(step.config_text), version=step.version)
+    except MlregError as exc:
+        raise PromotionError(
+            f"{triton.url}: {step.model} v{step.version} fails at its peak batch of {peak}: {exc.message}",
+            fix=f"fix the model for batches up to max_batch_size {peak} (or lower max_batch_size in its "
+            "config.pbtxt), register it again and promote; the serving version is back",
+        ) from exc
+
+
 def _smoke(ctx: PromotionContext, triton: ServingTarget, step: Step) -> None:
     inputs = quality.golden_inputs(ctx.settings, step.model, step.config_text)
+    _peak(ctx, triton, step, inputs)
     names = quality.output_names(step.config_text)
     version = "" if step.is_ensemble else step.version
     outputs = triton.infer(step.model, inputs, names, version=version)

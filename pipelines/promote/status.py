@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.promote.fanout import Connect, Fleet, open_control, ready_versions, triton_connector
+from pipelines.promote.fanout import (
+    Connect,
+    Fleet,
+    loading_versions,
+    open_control,
+    ready_versions,
+    triton_connector,
+)
 from pipelines.promote.integrity import manifest_problems, signature_problems
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
 from pipelines.promote.ports import Registry, ServingTarget
@@ -401,6 +408,18 @@ def _row(
         "drift": drift(registry, env.alias, view, alias, folders, model, numbered)
         + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
     }
+    loading = {
+        url: found
+        for url, states in live.items()
+        if not isinstance(states, str) and (found := loading_versions(states, model))
+    }
+    if loading:  # a load that has not finished (past a promotion's deadline?): nothing loads behind it
+        row["loading"] = loading
+        row["drift"].extend(
+            f"{url}: v{','.join(versions)} LOADING (a load that has not finished: a promotion of {model} "
+            "is refused there until it does; read the replica's log, restart it if it never ends)"
+            for url, versions in loading.items()
+        )
     if view.error:  # the store's columns are unknown, the servers' are not
         row["store"] = f"store unreachable: {view.error}"
         return row

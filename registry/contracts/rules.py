@@ -16,6 +16,7 @@ from registry.contracts.groups import check_instance_groups, check_runtime
 from registry.contracts.io_rules import check_io
 from registry.contracts.repository import ModelEntry
 from registry.contracts.scheduling import check_batching, check_scheduler_kind, check_sequence_batching
+from registry.contracts.warmup import check_warmup
 
 # backend type of each platform / backend Triton knows (GetBackendTypeFromPlatform / GetBackendType)
 PLATFORM_TYPE = {
@@ -49,6 +50,7 @@ def check_model(entry: ModelEntry, gpus: int | None = None) -> Iterator[Finding]
     yield from check_sequence_batching(entry)
     yield from check_scheduler_kind(entry)
     yield from check_io(entry)
+    yield from check_warmup(entry.config, model=entry.name, model_dir=entry.path)
     yield from check_instance_groups(entry, gpus)
     if platform_ok:
         yield from check_runtime(entry)

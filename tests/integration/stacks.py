@@ -312,16 +312,22 @@ def register_scorer(registry: MlflowRegistry, work: Path, tag: str, weights: int
 
 @contextlib.contextmanager
 def tritons(
-    settings: Settings, root: Path, stores: Sequence[str | Path], name: str = "triton"
+    settings: Settings,
+    root: Path,
+    stores: Sequence[str | Path],
+    name: str = "triton",
+    control_key: str | None = None,
 ) -> Iterator[list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]]:
     """A tritonserver (explicit model control, mlreg's stand-in backends) on each store, state under
     ``root/<name>-<i>``; the list is the module's to change (a replica killed and started again) and
-    whatever it holds on leaving is stopped."""
+    whatever it holds on leaving is stopped.  ``control_key``: their control API locked to it."""
     servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]] = []
     try:
         for index, store in enumerate(stores):
             servers.append(
-                local_triton.start_server(store, root / f"{name}-{index}", settings.backends_source)
+                local_triton.start_server(
+                    store, root / f"{name}-{index}", settings.backends_source, control_key=control_key
+                )
             )
         yield servers
     finally:

@@ -101,11 +101,15 @@ def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def flag_map(args: list[str]) -> dict[str, str | None]:
-    """``--name=value`` arguments as {--name: value} (``None`` for a bare flag)."""
+    """``--name=value`` arguments as {--name: value} (``None`` for a bare flag); a flag Triton takes
+    several times (``--backend-config=<backend,>setting=value``) is keyed by its setting too."""
     flags: dict[str, str | None] = {}
     for arg in args:
         if arg.startswith("--"):
             name, eq, value = arg.partition("=")
+            if name == "--backend-config":
+                setting, _, value = value.rpartition("=")
+                name = f"{name}:{setting}"
             flags[name] = value if eq else None
     return flags
 

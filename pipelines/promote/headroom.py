@@ -1,0 +1,583 @@
+"""Memory headroom before every load, and a replica that leaked memory fenced off (issue 34).
+
+``Headroom`` is the fleet's ``LoadGuard`` (pipelines/promote/fanout.py): ``Fleet.move`` asks
+``before_load`` before it sends anything and tells ``after_load`` how the load went.  Every figure
+is Triton's own: its metrics endpoint (Prometheus text) exports ``nv_gpu_memory_{total,used}_bytes``
+per ``gpu_uuid`` and ``nv_cpu_memory_{total,used}_bytes`` (the whole host's RAM, not Triton's
+alone), refreshed every ``--metrics-interval-ms`` (2000 by default: ``METRICS_INTERVAL``).
+
+Where a model's memory goes (``placement``): host memory when every instance_group is KIND_CPU or
+the replica reports no GPU; else the replica's GPUs -- all of them, or as many as the config's
+``gpus`` names.  Triton's metrics do not say which uuid is CUDA device N, so named GPUs are checked
+as the ones with the least free memory: a load that might not fit is never passed.
+
+- **Footprint**: what a version adds, learned where it is first loaded (the canary): the used
+  gauge (summed over the GPUs, or the host's) read before the load and again after it, once the
+  gauge has refreshed -- polled until it moves, ``WAIT`` x the interval at most.  Only a version
+  whose footprint is not recorded yet (``known``: the registry's ``memory_footprint_bytes`` and
+  ``memory_footprint_kind`` version tags) is measured, so other loads never wait.  A delta that is
+  not positive (other work on the replica moved the gauge) is recorded as 0, with a note.
+- **Check**: on each replica, each device the model lands on must have ``footprint x margin``
+  free (a GPU: its share, the footprint spread over the GPUs it lands on).  ``recreates`` (a
+  config that differs from the served one beyond version_policy/instance_group: Triton re-creates
+  the serving versions, peak 2 x old + new) adds the serving versions' footprint once more: one
+  copy of them is already in the used gauge.  A load this promotion made on the same replica less
+  than an interval ago may not be in the gauge yet: it is counted, and a refusal that rests on it
+  waits for the gauge's next refresh and checks again.
+- **Leak**: after a failed load, used memory must come back within ``LEAK_FLOOR`` (64 MiB of a
+  GPU's, 256 MiB of the host's) or 10 % of the footprint, whichever is larger, of the reading before
+  the load, once the gauge refreshed; if not, ``after_load`` names the leak and the fleet fences the
+  replica off for the rest of the promotion.
+- **No metrics** (no URL, an endpoint that does not answer, no memory gauge): nothing is checked
+  there, and a note says so -- never a silent pass.
+
+Host figures are coarse: Triton's host gauge is the whole machine's (other processes, other pods
+of the node).  On a shared 2-core machine, one python model holding 400 MiB read 93 to 606 MiB
+over three loads, and the first python model a server loads carries the backend's own start-up.
+GPU gauges count only what is allocated on each GPU.
+
+What it found (``to_dict``) goes into the promotion's result; ``footprints()`` is what the record
+stage writes to the registry.  Cost: one scrape per replica per load (one made less than an
+interval ago is reused); the registry is asked once per version.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pipelines.promote import metrics
+from pipelines.promote.fanout import Change, Fleet, ready_versions
+from pipelines.promote.plan import config_facts
+from pipelines.promote.ports import Registry
+from pipelines.promote.quality_canary import PRIVATE_SUFFIX
+from registry.contracts.config import model_config_pb2, parse_config
+from registry.errors import MlregError, PromotionError
+
+FOOTPRINT_TAG = "memory_footprint_bytes"  # version tags: what a version adds where it loads
+FOOTPRINT_KIND_TAG = "memory_footprint_kind"  # "gpu" (summed over the GPUs) or "host"
+METRICS_INTERVAL = 2.0  # seconds: Triton's --metrics-interval-ms default (2000)
+WAIT = 1.2  # a fresh figure is waited for this many intervals at most
+# bytes a failed load may leave behind: the gauge's noise (the host's counts the whole machine) ...
+LEAK_FLOOR = {"gpu": 64 * 2**20, "host": 256 * 2**20}
+LEAK_SHARE = 0.10  # ... or this share of the footprint (an allocator's slack), whichever is larger
+MIB = 2**20
+GPU_USED = "nv_gpu_memory_used_bytes"
+HOST_USED = "nv_cpu_memory_used_bytes"
+GAUGE = re.compile(r"^nv_(gpu|cpu)_memory_(total|used)_bytes(?:\{([^}]*)\})?\s+(\S+)")
+SCRAPE_TIMEOUT = 2.0
+NO_METRICS = "no metrics URL for it (mlreg.toml names them with the roll-out keys metrics_port or metrics)"
+
+Known = Callable[[str, str], "Footprint | None"]  # (model, version) -> its recorded footprint
+Held = Callable[[str, str], Sequence[str]]  # (url, model) -> the versions READY there
+Recreates = Callable[[Change], bool] | Collection[str]  # a change that re-creates the serving versions
+Read = Callable[[str], str]  # a metrics URL -> its Prometheus text
+
+
+@dataclass(frozen=True)
+class Footprint:
+    model: str
+    version: str
+    bytes: int
+    kind: str  # "gpu" (summed over the GPUs) | "host"
+    replica: str = ""  # where this promotion measured it ("": recorded before)
+    note: str = ""
+
+
+def footprint_of(model: str, version: str, tags: Mapping[str, str]) -> Footprint | None:
+    """The footprint the version tags record (None: none, or one that does not read as bytes)."""
+    size, kind = tags.get(FOOTPRINT_TAG, ""), tags.get(FOOTPRINT_KIND_TAG, "")
+    if not size.isdigit() or kind not in ("gpu", "host"):
+        return None
+    return Footprint(model, version, int(size), kind)
+
+
+def registry_footprints(registry: Registry) -> Known:
+    """``known`` from the registry's version tags; a registry that does not answer: unknown."""
+
+    def known(model: str, version: str) -> Footprint | None:
+        try:
+            return footprint_of(model, version, registry.version_tags(model, version))
+        except MlregError:
+            return None
+
+    return known
+
+
+def replica_versions(fleet: Fleet) -> Held:
+    """``held`` asked of the replica itself: the fleet's view keeps only the versions a move
+    waited for (after the canary gate's load of the candidate alone, the serving version it kept
+    is missing from it), and a version counted as new would be measured or counted twice."""
+
+    def held(url: str, model: str) -> list[str]:
+        try:
+            return ready_versions(fleet.target(url).model_states(), model)
+        except MlregError:
+            return fleet.ready(url, model)
+
+    return held
+
+
+# -- Triton's memory gauges ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """One scrape of a replica's memory gauges: (total, used) bytes per GPU uuid and the host's."""
+
+    at: float  # time.monotonic() of the scrape
+    gpus: Mapping[str, tuple[float, float]]
+    host: tuple[float, float] | None
+
+    def used(self, kind: str) -> float:
+        if kind == "host":
+            return self.host[1] if self.host else 0.0
+        return sum(used for _, used in self.gpus.values())
+
+    def free(self, device: str) -> float:
+        total, used = self.host if device == "host" and self.host else self.gpus[device]
+        return total - used
+
+
+def parse_gauges(text: str, at: float = 0.0) -> Gauges:
+    """The memory gauges of Triton's metrics text (labels read as ``metrics`` reads them); a value
+    that is not a byte count raises ValueError naming it."""
+    gpus: dict[str, dict[str, float]] = {}
+    host: dict[str, float] = {}
+    for line in text.splitlines():
+        match = GAUGE.match(line)
+        if not match:
+            continue
+        device, which, labels, raw = match.groups()
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{line.split()[0]} = {raw!r} is not a byte count")
+        if device == "cpu":
+            host[which] = value
+        else:
+            uuid = dict(metrics.LABEL.findall(labels or "")).get("gpu_uuid", "")
+            gpus.setdefault(uuid, {})[which] = value
+    pairs = {u: (g["total"], g["used"]) for u, g in gpus.items() if {"total", "used"} <= g.keys()}
+    return Gauges(at, pairs, (host["total"], host["used"]) if {"total", "used"} <= host.keys() else None)
+
+
+def read_metrics(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
+        return str(response.read().decode("utf-8", "replace"))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's memory goes on one replica: ``kind`` and the devices checked."""
+
+    kind: str  # "gpu" | "host"
+    devices: tuple[str, ...]  # GPU uuids, or ("host",)
+    named: int = 0  # GPUs the config names (0: every GPU)
+
+    @property
+    def source(self) -> str:
+        return GPU_USED if self.kind == "gpu" else HOST_USED
+
+
+def placement(config_text: str, gauges: Gauges) -> Placement:
+    groups = parse_config(config_text).instance_group
+    cpu = model_config_pb2().ModelInstanceGroup.KIND_CPU
+    if not gauges.gpus or (groups and all(g.kind == cpu for g in groups)):
+        return Placement("host", ("host",))
+    named = len({index for group in groups for index in group.gpus})
+    least_free_first = sorted(gauges.gpus, key=gauges.free)
+    return Placement("gpu", tuple(least_free_first[:named] if named else least_free_first), named)
+
+
+# -- the guard ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One load's question on one replica."""
+
+    url: str
+    model: str  # as loaded (a quality gate's private copy included)
+    new: tuple[str, ...]  # the versions it adds
+    serving: tuple[str, ...]  # the serving versions it re-creates (``recreates``)
+    where: Placement
+    began: float  # perf_counter() when the check began
+
+    @property
+    def name(self) -> str:
+        """The registered model (a quality gate's private copy is its model's)."""
+        return self.model.removesuffix(PRIVATE_SUFFIX)
+
+    @property
+    def source(self) -> str:
+        return self.where.source
+
+
+@dataclass
+class _Load:
+    """A load under way on one replica: what ``after_load`` needs."""
+
+    ask: _Ask
+    used: float  # the used gauge before it (summed over the GPUs, or the host's)
+    known: float  # bytes its new versions are known to add
+    pending: dict[str, float]  # what it adds per device, until the gauge shows it
+    measure: str = ""  # the version whose footprint it measures
+
+
+Pending = tuple[float, dict[str, float]]  # (monotonic time the load returned, bytes per device)
+
+
+@dataclass
+class Headroom:
+    """The fleet's ``LoadGuard``: memory headroom before each load, leaks after a failed one."""
+
+    metrics_url: Callable[[str], str]  # replica -> its metrics URL ("": unknown)
+    margin: float = 1.2
+    known: Known = lambda model, version: None
+    held: Held = lambda url, model: ()
+    recreates: Recreates = frozenset()
+    interval: float = 0.0  # seconds between the gauges' refreshes (0: METRICS_INTERVAL)
+    read: Read = read_metrics
+    sleep: Callable[[float], None] = time.sleep
+    checks: list[dict[str, Any]] = field(default_factory=list)  # per replica, load and device
+    refused: list[str] = field(default_factory=list)
+    leaks: list[dict[str, Any]] = field(default_factory=list)
+    measured: list[Footprint] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.interval = self.interval or METRICS_INTERVAL
+        self._lock = threading.Lock()
+        self._footprints: dict[tuple[str, str], Footprint | None] = {}
+        self._measuring: dict[tuple[str, str], str] = {}  # (model, version) -> the replica measuring
+        self._loads: dict[tuple[str, str], _Load] = {}  # (url, model as loaded) -> the load under way
+        self._pending: dict[str, list[Pending]] = {}
+        self._last: dict[str, Gauges] = {}
+        self._dead: set[str] = set()  # replicas whose metrics could not be read
+        self._unchecked: dict[str, list[str]] = {}  # why -> the replicas not checked for it
+        self._notes: list[str] = []
+
+    # -- LoadGuard --------------------------------------------------------------------------------
+
+    def before_load(self, url: str, change: Change) -> None:
+        if change.config is None or config_facts(change.config).is_ensemble:
+            return  # an ensemble holds no memory of its own
+        if not self.metrics_url(url):
+            self._skip(url, NO_METRICS)
+            return
+        if url in self._dead:
+            return  # its metrics could not be read: noted once
+        began = time.perf_counter()
+        new, serving = self._versions(url, change)
+        if not new and not serving:
+            return  # nothing is allocated: a retire, a re-load of what serves
+        gauges = self._gauges(url)
+        if gauges is None:
+            return
+        where = placement(change.config, gauges)
+        if where.kind == "host" and gauges.host is None:
+            self._skip(url, f"it exports no {HOST_USED}")
+            return
+        load = self._check(_Ask(url, change.model, new, serving, where, began), gauges)
+        with self._lock:
+            self._loads[(url, change.model)] = load
+
+    def after_load(self, url: str, change: Change, error: MlregError | None) -> str:
+        with self._lock:
+            load = self._loads.pop((url, change.model), None)
+            self._last.pop(url, None)  # a load happened: no earlier scrape stands for now
+        if load is None:
+            return ""
+        if error is not None:
+            return self._leaked(load)
+        if load.measure:
+            self._measure(load)
+        elif load.pending:
+            with self._lock:
+                self._pending.setdefault(url, []).append((time.monotonic(), load.pending))
+        return ""
+
+    # -- what a promotion reports -----------------------------------------------------------------
+
+    def footprints(self) -> list[tuple[str, str, int, str]]:
+        """(model, version, bytes, kind) of every footprint this promotion measured."""
+        return [(f.model, f.version, f.bytes, f.kind) for f in self.measured]
+
+    @property
+    def notes(self) -> list[str]:
+        with self._lock:
+            unchecked = [
+                f"memory headroom was not checked at {', '.join(urls)}: {why}"
+                for why, urls in self._unchecked.items()
+            ]
+            return unchecked + self._notes
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.checks)} check(s), {len(self.refused)} refused, {len(self.leaks)} leak(s), "
+            f"{len(self.measured)} footprint(s) measured, {len(self.notes)} note(s)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "margin": self.margin,
+            "interval_seconds": self.interval,
+            "checks": [dict(c) for c in self.checks],
+            "refused": list(self.refused),
+            "leaks": [dict(leak) for leak in self.leaks],
+            "footprints": [asdict(f) for f in self.measured],
+            "notes": self.notes,
+        }
+
+    # -- before the load --------------------------------------------------------------------------
+
+    def _versions(self, url: str, change: Change) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The versions the load adds, and the serving ones it re-creates (``recreates``)."""
+        assert change.config is not None
+        wanted = config_facts(change.config).versions or change.versions
+        held = set(self.held(url, change.model))
+        if isinstance(self.recreates, Collection):
+            recreated = change.model in self.recreates
+        else:
+            recreated = self.recreates(change)
+        new = tuple(v for v in wanted if v not in held)
+        return new, tuple(v for v in wanted if v in held) if recreated else ()
+
+    def _check(self, ask: _Ask, gauges: Gauges) -> _Load:
+        sizes = {v: self._footprint(ask, v) for v in ask.new + ask.serving}
+        measure = self._claim(ask, [v for v in ask.new if sizes[v] is None])
+        for version in (v for v in ask.serving if sizes[v] is None):
+            self._note(
+                f"{ask.name} v{version} is re-created at {ask.url} with no footprint recorded: not counted"
+            )
+        known = sum(sizes[v] or 0.0 for v in ask.new)
+        needed = known + sum(sizes[v] or 0.0 for v in ask.serving)  # re-created: beside the used copy
+        devices = ask.where.devices
+        gauges = self._judge(ask, gauges, dict.fromkeys(devices, needed / len(devices)))
+        added = known / len(devices)  # until the gauge shows it; named GPUs: on any of them
+        pending = dict.fromkeys(tuple(gauges.gpus) if ask.where.named else devices, added) if known else {}
+        return _Load(ask, gauges.used(ask.where.kind), known, pending, measure)
+
+    def _judge(self, ask: _Ask, gauges: Gauges, share: dict[str, float]) -> Gauges:
+        """Refuse unless each device has its share x margin free; a refusal that rests on a load
+        the gauge may not show yet waits for the gauge's refresh and looks again."""
+        short = self._short(ask, gauges, share)
+        recent = [done for done, _ in self._active(ask.url, gauges)]
+        if short and recent:
+            self.sleep(max(0.0, max(recent) + self.interval - time.monotonic()))
+            with self._lock:  # the gauge has refreshed since those loads returned: it shows them
+                self._pending[ask.url] = [p for p in self._pending[ask.url] if p[0] > max(recent)]
+            gauges = self._scrape(ask.url) or gauges
+            short = self._short(ask, gauges, share)
+        self._record(ask, gauges, share, ok=not short)
+        if short:
+            self._refuse(ask, short)
+        return gauges
+
+    def _short(self, ask: _Ask, gauges: Gauges, share: dict[str, float]) -> list[tuple[str, float, float]]:
+        """(device, free, needed) of each device short of memory."""
+        pending = self._pending_on(ask.url, gauges)
+        found = []
+        for device in ask.where.devices:
+            free, needed = gauges.free(device) - pending.get(device, 0.0), share[device] * self.margin
+            if free < needed:
+                found.append((device, free, needed))
+        return found
+
+    def _active(self, url: str, gauges: Gauges) -> list[Pending]:
+        """This promotion's loads on ``url`` that returned less than an interval before the
+        scrape: the gauge may not show them yet."""
+        with self._lock:
+            return [p for p in self._pending.get(url, []) if gauges.at - p[0] < self.interval]
+
+    def _pending_on(self, url: str, gauges: Gauges) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for _, added in self._active(url, gauges):
+            for device, size in added.items():
+                found[device] = found.get(device, 0.0) + size
+        return found
+
+    def _refuse(self, ask: _Ask, short: list[tuple[str, float, float]]) -> None:
+        device, free, needed = short[0]
+        where = "host memory" if device == "host" else f"GPU {device}"
+        versions = ",".join(ask.new) or ",".join(ask.serving)
+        recreated = f" (v{','.join(ask.serving)} re-created beside it)" if ask.serving else ""
+        named = " (the config names GPUs by index; the least free are checked)" if ask.where.named else ""
+        message = (
+            f"{ask.url}: not enough memory to load {ask.name} v{versions}{recreated} on {where}: "
+            f"{free / MIB:,.0f} MiB free, {needed / MIB:,.0f} MiB needed "
+            f"({needed / self.margin / MIB:,.0f} MiB footprint x memory_margin {self.margin:g}){named}"
+        )
+        with self._lock:
+            self.refused.append(message)
+        raise PromotionError(
+            message,
+            fix=f"unload a model {ask.url} does not need, lower memory_margin in mlreg.toml (now "
+            f"{self.margin:g}) only if the recorded {FOOTPRINT_TAG} of {ask.name} is too high, or swap "
+            f"sequentially (unload the serving {ask.name} there first: it stops serving there meanwhile); "
+            "then promote again",
+            model=ask.name,
+        )
+
+    def _record(self, ask: _Ask, gauges: Gauges, share: dict[str, float], ok: bool) -> None:
+        pending = self._pending_on(ask.url, gauges)
+        seconds = time.perf_counter() - ask.began
+        rows = [
+            {
+                "replica": ask.url,
+                "model": ask.name,
+                "versions": list(ask.new),
+                "recreated": list(ask.serving),
+                "source": ask.source,
+                "device": device,
+                "free_bytes": int(gauges.free(device) - pending.get(device, 0.0)),
+                "needed_bytes": int(share[device] * self.margin),
+                "footprint_bytes": int(share[device]),
+                "checked": share[device] > 0,
+                "ok": ok,
+                "seconds": seconds,
+            }
+            for device in ask.where.devices
+        ]
+        with self._lock:
+            self.checks.extend(rows)
+
+    def _footprint(self, ask: _Ask, version: str) -> float | None:
+        """A version's footprint in bytes (None: unknown here); the registry asked once."""
+        key = (ask.name, version)
+        with self._lock:
+            asked, found = key in self._footprints, self._footprints.get(key)
+        if not asked:
+            found = self.known(*key)
+            with self._lock:
+                found = self._footprints.setdefault(key, found)
+        if found is not None and found.kind != ask.where.kind:
+            self._note(
+                f"{ask.name} v{version}: its footprint was measured in {found.kind} memory and "
+                f"{ask.url} places it in {ask.where.kind} memory: not counted there"
+            )
+            return None
+        return None if found is None else float(found.bytes)
+
+    def _claim(self, ask: _Ask, unknown: list[str]) -> str:
+        """The one unknown version this load measures ("": none; another replica is at it, or
+        several load at once)."""
+        if not unknown:
+            return ""
+        versions = ",".join(unknown)
+        if len(unknown) == 1:
+            with self._lock:
+                mine = self._measuring.setdefault((ask.name, versions), ask.url) == ask.url
+            if mine:
+                self._skip(ask.url, f"{ask.name} v{versions} has no footprint recorded yet (measured there)")
+                return versions
+        self._skip(ask.url, f"{ask.name} v{versions} has no footprint recorded yet")
+        return ""
+
+    # -- after the load ---------------------------------------------------------------------------
+
+    def _measure(self, load: _Load) -> None:
+        ask, version = load.ask, load.measure
+        after = self._poll(ask.url, ask.where.kind, lambda first, now: now != first)
+        if after is None:
+            with self._lock:
+                self._measuring.pop((ask.name, version), None)  # another replica may measure it
+            return
+        delta, note = after - load.used - load.known, ""
+        if delta <= 0:
+            note = (
+                f"{ask.source} moved by {delta / MIB:+,.0f} MiB around the load at {ask.url} (other work "
+                "there, or nothing allocated): recorded as 0"
+            )
+            self._note(f"{ask.name} v{version}: {note}")
+        found = Footprint(ask.name, version, max(0, int(delta)), ask.where.kind, ask.url, note)
+        with self._lock:
+            self._footprints[(ask.name, version)] = found
+            self.measured.append(found)
+
+    def _leaked(self, load: _Load) -> str:
+        """After a failed load: "" when used memory came back, else why the replica is fenced off."""
+        ask, bound = load.ask, max(LEAK_FLOOR[load.ask.where.kind], LEAK_SHARE * load.known)
+        back = self._poll(
+            ask.url, ask.where.kind, lambda first, now: now != first and now - load.used <= bound
+        )
+        if back is None or back - load.used <= bound:
+            return ""
+        leaked = back - load.used
+        leak = {
+            "replica": ask.url,
+            "model": ask.name,
+            "versions": list(ask.new),
+            "source": ask.source,
+            "leaked_bytes": int(leaked),
+            "bound_bytes": int(bound),
+        }
+        with self._lock:
+            self.leaks.append(leak)
+        versions = ",".join(ask.new or ask.serving)
+        return f"leaked {leaked / MIB:,.0f} MiB after the failed load of {ask.name} v{versions}; restart it"
+
+    def _poll(self, url: str, kind: str, done: Callable[[float, float], bool]) -> float | None:
+        """``url``'s used memory, read until ``done(first figure, figure)`` or ``WAIT`` intervals
+        passed (the gauge refreshed at least once since the load returned): the last figure."""
+        deadline = time.monotonic() + self.interval * WAIT
+        first: float | None = None
+        while True:
+            gauges = self._scrape(url)
+            if gauges is None:
+                return None
+            now = gauges.used(kind)
+            if first is None:
+                first = now
+            elif done(first, now):
+                return now
+            if time.monotonic() >= deadline:
+                return now
+            self.sleep(max(0.01, self.interval / 10))
+
+    # -- reading the gauges -----------------------------------------------------------------------
+
+    def _gauges(self, url: str) -> Gauges | None:
+        """The replica's gauges: a scrape less than an interval old, else a new one (None: none
+        can be read there, and a note says so)."""
+        with self._lock:
+            last = self._last.get(url)
+        if last is not None and time.monotonic() - last.at < self.interval:
+            return last
+        return self._scrape(url)
+
+    def _scrape(self, url: str) -> Gauges | None:
+        if url in self._dead:
+            return None
+        try:
+            gauges = parse_gauges(self.read(self.metrics_url(url)), time.monotonic())
+        except (OSError, ValueError) as exc:
+            self._dead.add(url)
+            self._skip(url, f"its metrics could not be read ({exc})")
+            return None
+        if not gauges.gpus and gauges.host is None:
+            self._dead.add(url)
+            self._skip(url, f"its metrics have neither {GPU_USED} nor {HOST_USED}")
+            return None
+        with self._lock:
+            self._last[url] = gauges
+        return gauges
+
+    def _skip(self, url: str, why: str) -> None:
+        with self._lock:
+            urls = self._unchecked.setdefault(why, [])
+            if url not in urls:
+                urls.append(url)
+
+    def _note(self, note: str) -> None:
+        with self._lock:
+            if note not in self._notes:
+                self._notes.append(note)
