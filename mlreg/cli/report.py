@@ -97,7 +97,46 @@ def _stage_lines(report: Doc) -> list[str]:
     if not stages:
         return []
     rows = [[s["stage"], s["status"], f"{float(s['seconds']):.2f} s", s.get("detail", "")] for s in stages]
-    return table(["stage", "status", "time", "detail"], rows) + _perf_lines(stages)
+    return table(["stage", "status", "time", "detail"], rows) + _perf_lines(stages) + _swap_lines(report)
+
+
+def _swap_lines(report: Doc) -> list[str]:
+    """Memory headroom before each load (replica, device, free vs needed), leaks, footprints
+    measured, and the notes (a re-created serving version, a model without warmup)."""
+    headroom = report.get("headroom") or {}
+    mib = 2**20
+    rows = [
+        [
+            c["replica"],
+            c["model"],
+            c["device"],
+            f"{c['free_bytes'] / mib:.0f} MiB",
+            f"{c['needed_bytes'] / mib:.0f} MiB" if c.get("checked") else "measured at this load",
+            "ok" if c["ok"] else "refused",
+        ]
+        for c in headroom.get("checks") or []
+    ]
+    lines = (
+        [
+            "Memory headroom before each load:",
+            "",
+            *table(["replica", "model", "memory", "free", "needs", "verdict"], rows),
+        ]
+        if rows
+        else []
+    )
+    lines += [
+        f"> **leak:** {cell(leak['replica'])} kept {leak['leaked_bytes'] / mib:.0f} MiB after the failed "
+        f"load of {cell(leak['model'])}: fenced off for the rest of the promotion; restart it"
+        for leak in headroom.get("leaks") or []
+    ]
+    lines += [
+        f"- footprint of {cell(f['model'])} v{cell(f['version'])}: {f['bytes'] / mib:.0f} MiB "
+        f"({cell(f['kind'])})"
+        for f in headroom.get("footprints") or []
+    ]
+    lines += [f"- {cell(note)}" for note in report.get("notes") or []]
+    return [*lines, ""] if lines else []
 
 
 def _perf_lines(stages: list[Doc]) -> list[str]:

@@ -16,6 +16,7 @@ staged roll-out, gate, retire); ``restore`` (the undo itself) tells nobody.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -198,11 +199,14 @@ class Fleet:
             self.on_touch(url, change.model, tuple(ready))
         kept = [v for v in change.versions if v in ready] if change.config is not None else []
         served = self._served(url, change.model) if kept else {}
+        started = time.time()
         try:
             self._send(url, change)
         except MlregError as exc:
             if rollout is not None:
                 rollout.targets.append(TargetResult(url, False, time.perf_counter() - began, exc.message))
+            if exc.context.get("status") == "load-deadline":  # status says since when it loads
+                note_hung_load(self.store, change.model, url, change.versions, started)
             if guard is not None:
                 self._fence(url, guard.after_load(url, change, exc))
             raise
@@ -440,15 +444,45 @@ def loading_versions(states: dict[str, dict[str, str]], model: str) -> list[str]
     return sorted((v for v, s in states.get(model, {}).items() if s == "LOADING" and v), key=int)
 
 
-def refuse_pending_loads(fleet: Fleet, models: Sequence[str]) -> None:
+HUNG_LOADS = ".mlreg-loading.{model}.json"  # at the store's root (never a model): loads past their deadline
+
+
+def note_hung_load(
+    store: RepositoryStore, model: str, url: str, versions: Sequence[str], started: float
+) -> None:
+    """Remember that ``url`` was still loading ``model`` past the deadline (since ``started``,
+    epoch seconds), for ``mlreg status``; best effort: a store that cannot be written says nothing."""
+    try:
+        found = hung_loads(store, model)
+        if found.get(url, {}).get("versions") != list(versions):
+            found[url] = {"versions": list(versions), "since": started}
+            store.write(HUNG_LOADS.format(model=model), json.dumps(found).encode())
+    except MlregError:
+        pass
+
+
+def hung_loads(store: RepositoryStore, model: str) -> dict[str, dict[str, Any]]:
+    """url -> {"versions": [...], "since": epoch seconds} of ``model``'s loads past their deadline."""
+    try:
+        data = store.read(HUNG_LOADS.format(model=model))
+        found = json.loads(data) if data else {}
+    except (MlregError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def refuse_pending_loads(fleet: Fleet, models: Sequence[str], clear: bool = True) -> None:
     """Refuse a promotion on a replica where one of ``models`` is still LOADING: Triton honours
     every queued load, so a new one waits behind a load that may never finish (one that hung past
-    its deadline in an earlier promotion)."""
+    its deadline in an earlier promotion).  ``clear``: a model loading nowhere any more loses its
+    note of a hung load (``note_hung_load``)."""
+    loading_anywhere: set[str] = set()
     for url in fleet.urls:
         try:
             states = fleet.states_of(url)
         except MlregError:
-            continue  # unreachable: the moves say so
+            loading_anywhere.update(models)  # unknown: its note stays
+            continue
         for model in models:
             loading = loading_versions(states, model)
             if loading:
@@ -459,6 +493,9 @@ def refuse_pending_loads(fleet: Fleet, models: Sequence[str]) -> None:
                     "restart the replica (what the store wants loads again), then promote again",
                     model=model,
                 )
+    for model in set(models) - loading_anywhere if clear else ():
+        if hung_loads(fleet.store, model):
+            fleet.store.delete(HUNG_LOADS.format(model=model))
 
 
 def reachable(

@@ -37,8 +37,10 @@ over three loads, and the first python model a server loads carries the backend'
 GPU gauges count only what is allocated on each GPU.
 
 What it found (``to_dict``) goes into the promotion's result; ``footprints()`` is what the record
-stage writes to the registry.  Cost: one scrape per replica per load (one made less than an
-interval ago is reused); the registry is asked once per version.
+stage writes to the registry.  Every reading is kept as a ``Sample`` (the newest ``SAMPLES``), and
+each load, refusal and leak as an ``Event``, on one clock (seconds since the guard was made): the
+record stage draws them (pipelines/promote/plots.py).  Cost: one scrape per replica per load (one
+made less than an interval ago is reused); the registry is asked once per version.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import re
 import threading
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -72,6 +75,7 @@ GPU_USED = "nv_gpu_memory_used_bytes"
 HOST_USED = "nv_cpu_memory_used_bytes"
 GAUGE = re.compile(r"^nv_(gpu|cpu)_memory_(total|used)_bytes(?:\{([^}]*)\})?\s+(\S+)")
 SCRAPE_TIMEOUT = 2.0
+SAMPLES = 2000  # readings (and events) kept for the record's plot; the oldest are dropped
 NO_METRICS = "no metrics URL for it (mlreg.toml names them with the roll-out keys metrics_port or metrics)"
 
 Known = Callable[[str, str], "Footprint | None"]  # (model, version) -> its recorded footprint
@@ -122,6 +126,37 @@ def replica_versions(fleet: Fleet) -> Held:
             return fleet.ready(url, model)
 
     return held
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One device's memory as one scrape read it, for the record's plot."""
+
+    seconds: float  # since the guard was made (monotonic)
+    replica: str
+    device: str  # "host" or a GPU uuid
+    used_bytes: int
+    total_bytes: int
+    what: str  # "before load of net v2", "after load of ...", "leak check after ..."
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class Event:
+    """A load sent, refused, failed or leaking, on the samples' clock."""
+
+    seconds: float
+    replica: str
+    what: str  # "load of net v2", "refused net v2", "failed load of net v2", "leak of 512 MiB ..."
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"seconds": round(self.seconds, 3)}
+
+
+def label(model: str, versions: Sequence[str]) -> str:
+    return f"{model.removesuffix(PRIVATE_SUFFIX)} v{','.join(versions)}"
 
 
 # -- Triton's memory gauges ---------------------------------------------------------------------
@@ -218,6 +253,10 @@ class _Ask:
         return self.model.removesuffix(PRIVATE_SUFFIX)
 
     @property
+    def label(self) -> str:
+        return label(self.model, self.new or self.serving)
+
+    @property
     def source(self) -> str:
         return self.where.source
 
@@ -264,6 +303,9 @@ class Headroom:
         self._dead: set[str] = set()  # replicas whose metrics could not be read
         self._unchecked: dict[str, list[str]] = {}  # why -> the replicas not checked for it
         self._notes: list[str] = []
+        self._start = time.monotonic()  # the samples' clock
+        self._samples: deque[Sample] = deque(maxlen=SAMPLES)
+        self._events: deque[Event] = deque(maxlen=SAMPLES)
 
     # -- LoadGuard --------------------------------------------------------------------------------
 
@@ -279,14 +321,16 @@ class Headroom:
         new, serving = self._versions(url, change)
         if not new and not serving:
             return  # nothing is allocated: a retire, a re-load of what serves
-        gauges = self._gauges(url)
+        gauges = self._gauges(url, f"before load of {label(change.model, new or serving)}")
         if gauges is None:
             return
         where = placement(change.config, gauges)
         if where.kind == "host" and gauges.host is None:
             self._skip(url, f"it exports no {HOST_USED}")
             return
-        load = self._check(_Ask(url, change.model, new, serving, where, began), gauges)
+        ask = _Ask(url, change.model, new, serving, where, began)
+        load = self._check(ask, gauges)
+        self._event(url, f"load of {ask.label}")
         with self._lock:
             self._loads[(url, change.model)] = load
 
@@ -297,6 +341,7 @@ class Headroom:
         if load is None:
             return ""
         if error is not None:
+            self._event(url, f"failed load of {load.ask.label}")
             return self._leaked(load)
         if load.measure:
             self._measure(load)
@@ -335,7 +380,18 @@ class Headroom:
             "leaks": [dict(leak) for leak in self.leaks],
             "footprints": [asdict(f) for f in self.measured],
             "notes": self.notes,
+            "samples": [s.to_dict() for s in self.samples()],
+            "events": [e.to_dict() for e in self.events()],
         }
+
+    def samples(self) -> list[Sample]:
+        """Every gauge reading kept, oldest first (the newest ``SAMPLES``)."""
+        with self._lock:
+            return list(self._samples)
+
+    def events(self) -> list[Event]:
+        with self._lock:
+            return list(self._events)
 
     # -- before the load --------------------------------------------------------------------------
 
@@ -375,7 +431,7 @@ class Headroom:
             self.sleep(max(0.0, max(recent) + self.interval - time.monotonic()))
             with self._lock:  # the gauge has refreshed since those loads returned: it shows them
                 self._pending[ask.url] = [p for p in self._pending[ask.url] if p[0] > max(recent)]
-            gauges = self._scrape(ask.url) or gauges
+            gauges = self._scrape(ask.url, f"before load of {ask.label}") or gauges
             short = self._short(ask, gauges, share)
         self._record(ask, gauges, share, ok=not short)
         if short:
@@ -418,6 +474,7 @@ class Headroom:
         )
         with self._lock:
             self.refused.append(message)
+        self._event(ask.url, f"refused {ask.label}")
         raise PromotionError(
             message,
             fix=f"unload a model {ask.url} does not need, lower memory_margin in mlreg.toml (now "
@@ -486,7 +543,9 @@ class Headroom:
 
     def _measure(self, load: _Load) -> None:
         ask, version = load.ask, load.measure
-        after = self._poll(ask.url, ask.where.kind, lambda first, now: now != first)
+        after = self._poll(
+            ask.url, ask.where.kind, lambda first, now: now != first, f"after load of {ask.label}"
+        )
         if after is None:
             with self._lock:
                 self._measuring.pop((ask.name, version), None)  # another replica may measure it
@@ -507,7 +566,10 @@ class Headroom:
         """After a failed load: "" when used memory came back, else why the replica is fenced off."""
         ask, bound = load.ask, max(LEAK_FLOOR[load.ask.where.kind], LEAK_SHARE * load.known)
         back = self._poll(
-            ask.url, ask.where.kind, lambda first, now: now != first and now - load.used <= bound
+            ask.url,
+            ask.where.kind,
+            lambda first, now: now != first and now - load.used <= bound,
+            f"leak check after {ask.label}",
         )
         if back is None or back - load.used <= bound:
             return ""
@@ -522,16 +584,16 @@ class Headroom:
         }
         with self._lock:
             self.leaks.append(leak)
-        versions = ",".join(ask.new or ask.serving)
-        return f"leaked {leaked / MIB:,.0f} MiB after the failed load of {ask.name} v{versions}; restart it"
+        self._event(ask.url, f"leak of {leaked / MIB:,.0f} MiB after {ask.label}")
+        return f"leaked {leaked / MIB:,.0f} MiB after the failed load of {ask.label}; restart it"
 
-    def _poll(self, url: str, kind: str, done: Callable[[float, float], bool]) -> float | None:
+    def _poll(self, url: str, kind: str, done: Callable[[float, float], bool], what: str) -> float | None:
         """``url``'s used memory, read until ``done(first figure, figure)`` or ``WAIT`` intervals
         passed (the gauge refreshed at least once since the load returned): the last figure."""
         deadline = time.monotonic() + self.interval * WAIT
         first: float | None = None
         while True:
-            gauges = self._scrape(url)
+            gauges = self._scrape(url, what)
             if gauges is None:
                 return None
             now = gauges.used(kind)
@@ -545,16 +607,17 @@ class Headroom:
 
     # -- reading the gauges -----------------------------------------------------------------------
 
-    def _gauges(self, url: str) -> Gauges | None:
+    def _gauges(self, url: str, what: str) -> Gauges | None:
         """The replica's gauges: a scrape less than an interval old, else a new one (None: none
         can be read there, and a note says so)."""
         with self._lock:
             last = self._last.get(url)
         if last is not None and time.monotonic() - last.at < self.interval:
             return last
-        return self._scrape(url)
+        return self._scrape(url, what)
 
-    def _scrape(self, url: str) -> Gauges | None:
+    def _scrape(self, url: str, what: str) -> Gauges | None:
+        """A new reading of ``url``'s gauges, each device's kept as a ``Sample`` labelled ``what``."""
         if url in self._dead:
             return None
         try:
@@ -567,9 +630,19 @@ class Headroom:
             self._dead.add(url)
             self._skip(url, f"its metrics have neither {GPU_USED} nor {HOST_USED}")
             return None
+        devices = dict(gauges.gpus) | ({"host": gauges.host} if gauges.host else {})
+        seconds = gauges.at - self._start
         with self._lock:
             self._last[url] = gauges
+            self._samples.extend(
+                Sample(seconds, url, device, int(used), int(total), what)
+                for device, (total, used) in devices.items()
+            )
         return gauges
+
+    def _event(self, url: str, what: str) -> None:
+        with self._lock:
+            self._events.append(Event(time.monotonic() - self._start, url, what))
 
     def _skip(self, url: str, why: str) -> None:
         with self._lock:

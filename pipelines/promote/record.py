@@ -8,10 +8,13 @@ import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipelines.promote.environments import Environment
 from pipelines.promote.fanout import checkpoint
 from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
+from pipelines.promote.plan import Plan
+from pipelines.promote.plots import memory_plot
 from pipelines.promote.ports import Registry
 from pipelines.promote.reports import PromotionResult
 from registry.errors import MlregError, PromotionError
@@ -62,7 +65,9 @@ def record_promotion(
             | footprint_metrics(result),
         )
         with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "report.json").write_text(json.dumps(result.to_dict(), indent=1, default=str))
+            report = result.to_dict()  # URIs redacted: the plot's labels too
+            (Path(tmp) / "report.json").write_text(json.dumps(report, indent=1, default=str))
+            plot_memory(report.get("headroom") or {}, memory_title(plan), Path(tmp) / "memory.png")
             registry.log_artifacts(run_id, Path(tmp))
         registry.finish_run(run_id, ok=not result.error)
         result.run_id = run_id
@@ -89,6 +94,21 @@ def footprint_metrics(result: PromotionResult) -> dict[str, float]:
     """Each footprint this promotion measured, as ``footprint_<model>_bytes``."""
     found = result.headroom.footprints() if result.headroom is not None else []
     return {f"footprint_{model}_bytes": float(size) for model, _, size, _ in found}
+
+
+def memory_title(plan: Plan) -> str:
+    """The plot's title: every model the promotion moves, and where."""
+    moved = ", ".join(f"{s.model} v{s.version}" for s in plan.steps if not s.noop)
+    return f"Memory over the promotion of {moved or plan.model + ' v' + plan.version} to '{plan.env.name}'"
+
+
+def plot_memory(headroom: dict[str, Any], title: str, path: Path) -> None:
+    """Each replica's memory over the promotion as ``path`` (plots.py), where the headroom guard
+    read any; a plot that fails is a warning, never a failed record."""
+    try:
+        memory_plot(headroom, title, path)
+    except Exception as exc:  # matplotlib missing or failing: the record goes on without the picture
+        log.warning("could not plot the replicas' memory: %s: %s", type(exc).__name__, exc)
 
 
 def record_footprints(registry: Registry, result: PromotionResult) -> None:

@@ -101,7 +101,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
         ctx.noop = True
         return NoopReport(plan.model, plan.version, ctx.env.name)
     check_serves_from_store(ctx)  # before any live stage (the canary gate loads too)
-    refuse_pending_loads(ctx.fleet, [s.model for s in plan.steps])  # a load queued behind a hung one
+    refuse_pending_loads(ctx.fleet, [s.model for s in plan.steps], clear=not ctx.options.dry_run)
     ctx.result.notes.extend(swap_notes(ctx.env, plan))
     if ctx.options.dry_run:  # the plan says which replicas anyone could drive
         opened = open_control(plan.targets, min(5.0, ctx.settings.triton_timeout))

@@ -12,6 +12,7 @@ registered version in its old folder.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.fanout import (
     Connect,
     Fleet,
+    hung_loads,
     loading_versions,
     open_control,
     ready_versions,
@@ -415,9 +417,11 @@ def _row(
     }
     if loading:  # a load that has not finished (past a promotion's deadline?): nothing loads behind it
         row["loading"] = loading
+        hung = hung_loads(store, model) if not view.error else {}
         row["drift"].extend(
-            f"{url}: v{','.join(versions)} LOADING (a load that has not finished: a promotion of {model} "
-            "is refused there until it does; read the replica's log, restart it if it never ends)"
+            f"{url}: v{','.join(versions)} LOADING{_loading_for(hung.get(url), versions)} (a load that has "
+            f"not finished: a promotion of {model} is refused there until it does; read the replica's "
+            "log, restart it if it never ends)"
             for url, versions in loading.items()
         )
     if view.error:  # the store's columns are unknown, the servers' are not
@@ -436,6 +440,15 @@ def _row(
         row["target_pins"] = numbered.live_pins
         row["drift"].extend(pin_drift(row["pins"], live_pins, model))
     return row
+
+
+def _loading_for(note: dict[str, Any] | None, versions: list[str]) -> str:
+    """ " for 4 min (since 12:01:03 UTC)" when a promotion noted that load past its deadline."""
+    if not note or [str(v) for v in note.get("versions", [])] != versions:
+        return ""
+    since = float(note.get("since", 0))
+    minutes = max(0.0, time.time() - since) / 60
+    return f" for {minutes:.0f} min (since {time.strftime('%H:%M:%S', time.gmtime(since))} UTC)"
 
 
 def views_with_config(views: dict[str, StoreView]) -> set[str]:

@@ -207,12 +207,15 @@ def test_a_planted_bytecode_cache_never_runs(secure: Secure) -> None:
     with secure.control() as triton:
         assert {v for v, s in triton.model_states()["scorer"].items() if s == "READY"} == {version}
     planted = repo / "scorer" / "1" / cache
-    planted.parent.mkdir(exist_ok=True)
-    planted.write_bytes(evil := _timestamp_pyc(EVIL_MODEL, repo / "scorer" / "1" / "model.py"))
+    assert planted.parent.read_bytes() == b""  # the store's guard: the stub could write no cache
+    planted.parent.unlink()  # someone with write access to the store replaces it with a cache
+    planted.parent.mkdir()
+    planted.write_bytes(_timestamp_pyc(EVIL_MODEL, repo / "scorer" / "1" / "model.py"))
     result = stack.promote("scorer", "1")  # back to v1: verified, its cache removed, then loaded
     assert result.ok, result.error
     assert secure.answers() == [1.0, 2.0, 3.0, 4.0]
-    assert not planted.is_file() or planted.read_bytes() != evil  # the stub's own, if any
+    assert not planted.exists()  # removed before the load, and the empty guard put back
+    assert planted.parent.read_bytes() == b""
 
 
 def _stub_cache_tag() -> str:

@@ -4,15 +4,25 @@ Python-backend models of this module's own: ``scorer`` (Y = X times its version)
 forth, ``batcher`` (fails when one execute holds more than its version's limit of rows: the
 batch-dependent failure a batch-1 gate never sees) and ``sleeper`` (version 2's ``initialize``
 never returns). In file order: twenty swaps that never re-create the serving version, and the
-negative control that does; a peak-batch warmup refusing a candidate that fails only at peak while
-the serving version answers batch 8, and the same candidate without warmup failing batch 8; a
-load that never finishes named at its deadline, shown LOADING by status, the next promotion
-refused there and the other replica untouched (last: that replica stays stuck until it stops).
+negative control that does; a candidate failing only at its peak batch refused before traffic
+while the serving version answers batch 8, and the same candidate without the check failing
+batch 8; a footprint measured on the real server's gauges and recorded in MLflow, then a replica
+whose (stand-in) gauges say it is short refusing the load before anything is sent; a load that
+never finishes named at its deadline, shown LOADING by status, the next promotion refused there
+and the other replica untouched (last: that replica stays stuck until the module stops it).
+
+Triton's own ``model_warmup`` refusing such a candidate is not run here: on 2.51's python backend a
+failing warmup sample crashes the whole server about one load in four (every time when the model
+answers error responses), so mlreg sends the peak batch itself for python models
+(``plan.PYTHON_WARMUP``); the derived warmup of other backends is unit-tested (test_warmup.py).
 """
 
 from __future__ import annotations
 
+import http.server
 import os
+import re
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
 from pipelines.promote.fanout import Change, Fleet, triton_connector
 from pipelines.promote.reports import PromotionFailed, PromotionResult
@@ -86,8 +97,11 @@ class TritonPythonModel:
 
 
 class Swaps:
-    def __init__(self, settings: Settings, root: Path, urls: list[str], logs: list[Path]) -> None:
-        self.settings, self.root, self.urls, self.logs = settings, root, urls, logs
+    def __init__(
+        self, settings: Settings, root: Path, urls: list[str], logs: list[Path], metrics: list[str]
+    ) -> None:
+        self.settings, self.root, self.urls, self.logs, self.metrics = settings, root, urls, logs, metrics
+        self.servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]] = []
         self.registry = MlflowRegistry(settings)
         self.store = root / "store"
         self.work = root / "work"
@@ -126,7 +140,10 @@ def swaps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swaps]:
             f"[environments.cold]\n{store}\n{one}\nwarmup = false\n"
             f"[environments.pair]\n{store}\n{pair}\nload_timeout = 6\n"
         )
-        yield Swaps(settings, root, urls, [Path(info.log_path) for info, _ in servers])
+        logs = [Path(info.log_path) for info, _ in servers]
+        swaps = Swaps(settings, root, urls, logs, [info.metrics_url for info, _ in servers])
+        swaps.servers = servers
+        yield swaps
 
 
 def test_twenty_swaps_never_re_create_the_serving_version_and_a_changed_override_does(swaps: Swaps) -> None:
@@ -210,6 +227,82 @@ def test_a_candidate_failing_only_at_its_peak_batch_is_refused_before_traffic_wi
     swaps.promote("one", "batcher", good)  # back to the version that serves batch 8
 
 
+class _Gauges(http.server.BaseHTTPRequestHandler):
+    """A stand-in for Triton's metrics endpoint -- only its memory gauges, which this CPU machine's
+    real server reports for the whole host (gigabytes free): here, the host nearly full."""
+
+    text = ""
+
+    def do_GET(self) -> None:  # http.server calls it by this name
+        body = self.text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_footprint_measured_on_the_real_server_is_recorded_and_a_replica_short_of_it_refuses_the_load(
+    swaps: Swaps,
+) -> None:
+    """The first load of a version is measured on Triton's own nv_cpu_memory_used_bytes and the
+    figure recorded in MLflow; a replica whose gauges say less is free than that footprint x the
+    margin refuses the next load before anything is sent; with enough free, it passes."""
+    pair = "targets = [" + ", ".join(f'"{url}"' for url in swaps.urls) + "]"
+    real = ", ".join(f'"{url}" = "{m}"' for url, m in zip(swaps.urls, swaps.metrics, strict=True))
+    scorer = swaps.register("scorer", SCORER_CONFIG, f"# measured\n{SCORER_MODEL}")
+    (swaps.root / "mlreg.toml").write_text(
+        (swaps.root / "mlreg.toml").read_text()
+        + f'[environments.measured]\nstore = "{swaps.store}"\ngpu = false\n{pair}\n'
+        f"metrics = {{ {real} }}\n"
+    )
+    result = swaps.promote("measured", "scorer", scorer)
+    tags = swaps.registry.version_tags("scorer", scorer)
+    assert tags["memory_footprint_kind"] == "host"
+    measured = int(tags["memory_footprint_bytes"])
+    assert measured >= 0
+    checks = [c for c in result.to_dict()["headroom"]["checks"] if c.get("model") == "scorer"]
+    assert {c["replica"] for c in checks} == set(swaps.urls)  # every replica checked before its load
+    assert all(c["ok"] for c in checks), checks
+
+    # the same version's footprint known (recorded above): a host with less free than it needs
+    swaps.registry.set_version_tag("scorer", scorer, "memory_footprint_bytes", str(512 * 2**20))
+    again = swaps.register("scorer", SCORER_CONFIG, f"# measured again\n{SCORER_MODEL}")
+    swaps.registry.set_version_tag("scorer", again, "memory_footprint_bytes", str(512 * 2**20))
+    swaps.registry.set_version_tag("scorer", again, "memory_footprint_kind", "host")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gauges)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    gb = 2**30
+    try:
+        stand_in = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        (swaps.root / "mlreg.toml").write_text(
+            (swaps.root / "mlreg.toml").read_text()
+            + f'[environments.short]\nstore = "{swaps.store}"\ngpu = false\n{pair}\n'
+            + "metrics = { "
+            + ", ".join(f'"{url}" = "{stand_in}"' for url in swaps.urls)
+            + " }\n"
+        )
+        _Gauges.text = (
+            f"nv_cpu_memory_total_bytes {8 * gb}\nnv_cpu_memory_used_bytes {8 * gb - 100 * 2**20}\n"
+        )
+        before = refusal_state(swaps.store, swaps.urls, swaps.registry)
+        with pytest.raises(PromotionFailed, match="MiB") as refused:
+            swaps.promote("short", "scorer", again)
+        assert swaps.urls[0] in refused.value.message
+        assert "host" in refused.value.message
+        assert refusal_state(swaps.store, swaps.urls, swaps.registry) == before  # nothing was sent
+
+        _Gauges.text = f"nv_cpu_memory_total_bytes {8 * gb}\nnv_cpu_memory_used_bytes {2 * gb}\n"
+        swaps.promote("short", "scorer", again)
+        assert triton_index(swaps.urls[0], "scorer").get(again) == "READY"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_load_that_never_finishes_is_named_at_its_deadline_and_blocks_the_next_promotion_there(
     swaps: Swaps,
 ) -> None:
@@ -227,7 +320,8 @@ def test_a_load_that_never_finishes_is_named_at_its_deadline_and_blocks_the_next
     assert triton_index(swaps.urls[1], "sleeper") == other  # never touched
     [row] = model_status(swaps.settings, environment(swaps.settings, "pair"), swaps.registry, ["sleeper"])
     assert row["loading"] == {swaps.urls[0]: [hangs]}
-    assert any("LOADING" in line for line in row["drift"])
+    [line] = [line for line in row["drift"] if "LOADING" in line]
+    assert re.search(rf"v{hangs} LOADING for \d+ min \(since \d\d:\d\d:\d\d UTC\)", line), line
 
     before = refusal_state(swaps.store, swaps.urls[1:], swaps.registry)
     with pytest.raises(PromotionError, match="is still LOADING there") as refused:
@@ -235,3 +329,5 @@ def test_a_load_that_never_finishes_is_named_at_its_deadline_and_blocks_the_next
     assert "restart the replica" in (refused.value.fix or "")
     assert refusal_state(swaps.store, swaps.urls[1:], swaps.registry) == before
     assert open_store(swaps.store).read_config("sleeper") is not None
+    info, process = swaps.servers[0]  # stuck in a load that never ends: no graceful stop to wait for
+    local_triton.stop_pid(info.pid, info.shm_prefix, grace=0.5, process=process)

@@ -11,6 +11,7 @@ READY, plus whatever a failed load left behind.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.promote import headroom
+from pipelines.promote import headroom, plots, record
 from pipelines.promote.fanout import Change
 from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG, Footprint, Headroom, parse_gauges
 from pipelines.promote.reports import PromotionFailed, PromotionResult
@@ -464,3 +465,165 @@ def test_triton_memory_gauges_are_read_per_gpu_and_for_the_host() -> None:
     assert (found.used("gpu"), found.used("host"), found.free("GPU-1")) == (148 * GIB, 4 * GIB, 2 * GIB)
     with pytest.raises(ValueError, match=r"nv_cpu_memory_used_bytes = 'NaN' is not a byte count"):
         parse_gauges("nv_cpu_memory_used_bytes NaN\n")
+
+
+# -- the readings over time, and the record's picture of them ------------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def served(endpoint: Endpoint) -> list[tuple[str, str, int, int]]:
+    """(replica, device, used, total) of every page the stand-in serves from now on, in order."""
+    found: list[tuple[str, str, int, int]] = []
+    for url, memory in endpoint.memory.items():
+
+        def page(url: str = url, memory: Memory = memory) -> str:
+            used = memory.used  # read once: what is recorded is what is served
+            found.append((url, "host", used, memory.total))
+            return HOST.format(total=memory.total, used=used)
+
+        endpoint.pages[url.split(":")[0]] = page
+    return found
+
+
+def artifacts(world: World) -> dict[str, bytes]:
+    """The files of each folder the record stage hands to ``log_artifacts``, read while it exists."""
+    kept: dict[str, bytes] = {}
+    logged = world.registry.log_artifacts
+
+    def keep(run_id: str, folder: Path, path: str | None = None) -> None:
+        kept.update(files(folder))
+        logged(run_id, folder, path)
+
+    world.registry.log_artifacts = keep  # type: ignore[method-assign]
+    return kept
+
+
+def test_every_reading_of_the_gauges_is_kept_as_a_sample_in_the_order_read(
+    world: World, endpoint: Endpoint
+) -> None:
+    for url in (T0, T1):
+        endpoint.memory[url].sizes[("net", "2")] = 300 * MIB  # unknown: measured on the canary
+    read = served(endpoint)
+    result = world.promote("net", "2")
+    assert result.ok
+    found = result.to_dict()["headroom"]
+    samples = found["samples"]
+    assert [(s["replica"], s["device"], s["used_bytes"], s["total_bytes"]) for s in samples] == read
+    whats = [(s["replica"], s["what"]) for s in samples]
+    polls = len(whats) - 2  # before the canary's load, after it until the gauge moved; then t1
+    assert polls >= 1
+    assert whats == [(T0, "before load of net v2")] + [(T0, "after load of net v2")] * polls + [
+        (T1, "before load of net v2")
+    ]
+    before, after = 2 * GIB + 500 * MIB, 2 * GIB + 800 * MIB  # net v1 held; then net v2 beside it
+    assert [s["used_bytes"] for s in samples] == [before] + [after] * polls + [before]
+    assert {s["total_bytes"] for s in samples} == {8 * GIB}
+    assert all(isinstance(s["used_bytes"], int) and isinstance(s["total_bytes"], int) for s in samples)
+    assert [s["seconds"] for s in samples] == sorted(s["seconds"] for s in samples)
+    assert [(e["replica"], e["what"]) for e in found["events"]] == [
+        (T0, "load of net v2"),
+        (T1, "load of net v2"),
+    ]
+
+
+def test_only_the_newest_samples_are_kept(endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(headroom, "SAMPLES", 3)
+    figures = {"used": 3 * GIB}
+    read = []
+
+    def page() -> str:
+        read.append(figures["used"])
+        return HOST.format(total=8 * GIB, used=figures["used"])
+
+    endpoint.pages["r"] = page
+    guard = Headroom(lambda url: endpoint.url(url), interval=INTERVAL)
+    for version in "123":
+        change = Change("m", CONFIG.format(versions=version, kind="KIND_CPU", gpus=""), (version,))
+        guard.before_load("r:8001", change)
+        figures["used"] += GIB  # a load each: the measurement's first poll shows it
+        assert guard.after_load("r:8001", change, None) == ""
+    assert len(read) > 3
+    assert [s.used_bytes for s in guard.samples()] == read[-3:]
+    assert len(guard.to_dict()["samples"]) == 3
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_the_record_stage_logs_a_picture_of_the_memory_beside_the_report(
+    world: World, endpoint: Endpoint, refused: bool
+) -> None:
+    footprint(world, "net", "2", GIB)
+    if refused:
+        endpoint.memory[T1].base = 8 * GIB - 500 * MIB - GIB  # 1,024 MiB free, 1,229 MiB needed
+    kept = artifacts(world)
+    if refused:
+        with pytest.raises(PromotionFailed, match=f"{T1}: not enough memory"):
+            world.promote("net", "2")
+    else:
+        assert world.promote("net", "2").ok
+    assert sorted(kept) == ["memory.png", "report.json"]  # one log_artifacts call carries both
+    assert kept["memory.png"][:8] == PNG
+    events = json.loads(kept["report.json"])["headroom"]["events"]
+    assert [(e["replica"], e["what"]) for e in events] == [
+        (T0, "load of net v2"),
+        (T1, "refused net v2" if refused else "load of net v2"),
+    ]
+
+
+def test_without_samples_no_picture_is_drawn(world: World, endpoint: Endpoint) -> None:
+    world.env = replace(world.env, metrics_urls=())
+    kept = artifacts(world)
+    assert world.promote("net", "2").ok
+    assert sorted(kept) == ["report.json"]
+    assert plots.memory_plot({"samples": []}, "nothing", Path("/nonexistent/memory.png")) is None
+
+
+def test_a_picture_that_cannot_be_drawn_is_a_warning_not_a_failed_promotion(
+    world: World, endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("no display for you")
+
+    monkeypatch.setattr(record, "memory_plot", broken)
+    kept = artifacts(world)
+    result = world.promote("net", "2")
+    assert result.ok
+    assert sorted(kept) == ["report.json"]
+    assert "could not plot the replicas' memory: RuntimeError: no display for you" in caplog.text
+    assert world.registry.runs[-1]["ok"] is True
+
+
+def test_gpus_and_the_host_are_drawn_on_axes_of_their_own(tmp_path: Path) -> None:
+    """A leaking GPU replica's samples and events, as the guard reports them."""
+    samples = [
+        {
+            "seconds": t,
+            "replica": url,
+            "device": device,
+            "used_bytes": used,
+            "total_bytes": total,
+            "what": what,
+        }
+        for t, what, leaked in ((0.0, "before load of m v2", 0), (0.5, "leak check after m v2", GIB))
+        for url in (T0, T1)
+        for device, used, total in (
+            ("GPU-0f3c9a12-aaaa-bbbb-cccc-1234567890ab", 40 * GIB + leaked, 80 * GIB),
+            ("host", 12 * GIB, 512 * GIB),
+        )
+    ]
+    events = [
+        {"seconds": 0.1, "replica": T0, "what": "load of m v2"},
+        {"seconds": 0.3, "replica": T0, "what": "failed load of m v2"},
+        {"seconds": 0.6, "replica": T0, "what": "leak of 1,024 MiB after m v2"},
+        {"seconds": 0.7, "replica": T1, "what": "refused m v2"},
+    ]
+    path = tmp_path / "memory.png"
+    found = plots.memory_plot({"samples": samples, "events": events}, "Memory over m v2 to 'prod'", path)
+    assert found == path
+    assert path.read_bytes()[:8] == PNG
+    assert list(plots.series(samples)) == [
+        (T0, "GPU-0f3c9a12-aaaa-bbbb-cccc-1234567890ab"),
+        (T0, "host"),
+        (T1, "GPU-0f3c9a12-aaaa-bbbb-cccc-1234567890ab"),
+        (T1, "host"),
+    ]

@@ -515,3 +515,45 @@ def test_validate_looks_for_the_file_in_the_models_warmup_folder(tmp_path: Path)
     (folder / "warmup").mkdir()
     (folder / "warmup" / "x.bin").write_bytes(b"\0" * 12)
     assert validate_path(folder).findings == []
+
+
+# -- what a promotion writes (pipelines/promote/plan.py peak_sample, recreating_fields) --------------
+
+
+def test_a_promotion_derives_the_warmup_only_where_zeros_are_a_sample_and_says_why_not() -> None:
+    from pipelines.promote.plan import PYTHON_WARMUP, WARMUP_BYTES, peak_sample
+
+    outcome = {name: peak_sample(text) for name, text in TEMPLATES.items()}
+    warmed = {name for name, (text, _) in outcome.items() if text != TEMPLATES[name]}
+    assert warmed == {"table_data_model", "multi_modal_model"}  # ONNX and SavedModel: zeros are a sample
+    assert outcome["image_preprocess"][1] == PYTHON_WARMUP  # python backend: mlreg's own peak request
+    assert outcome["table_data_preprocess"][1] == PYTHON_WARMUP
+    assert outcome["ensemble_multi_modal_model"] == (TEMPLATES["ensemble_multi_modal_model"], "")
+    big = TEMPLATES["image_model"]  # 256 x 3 x 256 x 256 FP32: 192 MiB of zeros
+    assert peak_sample(big) == (
+        big,
+        f"a sample at max_batch_size 256 is 192 MiB of zeros (over {WARMUP_BYTES >> 20} MiB)",
+    )
+    payload = config('{ name: "B" data_type: TYPE_UINT8 dims: [ -1 ] }').replace(
+        'backend: "python"', 'platform: "x"'
+    )
+    assert "encoded bytes" in peak_sample(payload)[1]
+    text, why = peak_sample(TEMPLATES["table_data_model"])
+    assert why == ""
+    assert parse_config(text).model_warmup[0].batch_size == 256
+    assert peak_sample(text) == (text, "")  # declared now: kept as it is
+
+
+def test_a_re_creating_config_change_is_any_field_beyond_version_policy_and_instance_group() -> None:
+    from pipelines.promote.plan import desired_config, peak_sample, recreating_fields
+
+    base = TEMPLATES["table_data_model"]
+    one, two = desired_config(base, ["1"], gpu=False), desired_config(base, ["1", "2"], gpu=False)
+    assert recreating_fields(one, two) == []  # a swap: only version_policy differs
+    regrouped = one.replace("count: 1", "count: 2") if "count: 1" in one else one
+    assert recreating_fields(one, regrouped) == []
+    warmed = desired_config(peak_sample(base)[0], ["2"], gpu=False)
+    assert recreating_fields(one, warmed) == ["model_warmup"]  # the first promotion that adds it
+    assert recreating_fields(None, warmed) == []
+    tuned = one + 'parameters { key: "k" value { string_value: "v" } }\n'
+    assert recreating_fields(one, tuned) == ["parameters"]
