@@ -44,8 +44,8 @@ from fleet import CONFIG, MODEL, new_version  # noqa: E402  (benchmarks/fleet.py
 from pipelines.devstack import local_triton  # noqa: E402
 from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
-from pipelines.promote.fanout import Connect, triton_connector  # noqa: E402
 from pipelines.promote.ports import ServingTarget  # noqa: E402
+from pipelines.promote.replicas import Connect, triton_connector  # noqa: E402
 from pipelines.promote.runner import Options, Promotion  # noqa: E402
 from pipelines.triton import TritonControl  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402

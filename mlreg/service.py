@@ -201,7 +201,8 @@ def history(settings: Settings, model: str, env_name: str | None = None) -> list
 def _fleet(settings: Settings, env: Environment, store: RepositoryStore | None = None) -> Fleet:
     """The environment's targets (the local stack's must be running) and its store."""
     from pipelines.promote.environments import resolve_targets
-    from pipelines.promote.fanout import Fleet, triton_connector
+    from pipelines.promote.fanout import Fleet
+    from pipelines.promote.replicas import triton_connector
     from pipelines.storage import open_store
 
     targets = resolve_targets(settings, env)

@@ -220,7 +220,7 @@ def status_cmd(
     if report.store_error and not as_json:
         out.line(f"store unreachable: {report.store_error} (fix: {report.store_fix})")
     if not as_json:
-        from pipelines.promote.fanout import OPEN_CONTROL
+        from pipelines.promote.replicas import OPEN_CONTROL
 
         for url in report.open_control:
             out.line("warning: " + OPEN_CONTROL.format(url=url))

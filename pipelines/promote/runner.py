@@ -33,12 +33,13 @@ from pipelines.promote.context import Deployer, OnStage, Options, PromotionConte
 from pipelines.promote.deploy import AllAtOnce
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.failure import fail, message_of
-from pipelines.promote.fanout import Connect, Fleet, reachable, triton_connector
+from pipelines.promote.fanout import Fleet
 from pipelines.promote.gates import choose_gate
 from pipelines.promote.headroom import Headroom, registry_footprints, replica_versions
 from pipelines.promote.plan import Plan
 from pipelines.promote.policy import check_fleet
 from pipelines.promote.ports import Registry, ScratchServers
+from pipelines.promote.replicas import Connect, reachable, triton_connector
 from pipelines.promote.reports import PromotionFailed, PromotionResult, StageRecord
 from pipelines.promote.staged import Staged
 from pipelines.promote.stages import (

@@ -16,8 +16,7 @@ from pipelines.promote import checks, quality, retention
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.deploy import check_serves_from_store
-from pipelines.promote.environments import Environment
-from pipelines.promote.fanout import OPEN_CONTROL, checkpoint, open_control, refuse_pending_loads
+from pipelines.promote.fanout import checkpoint, refuse_pending_loads
 from pipelines.promote.integrity import (
     apply_repair,
     check_signatures,
@@ -27,8 +26,6 @@ from pipelines.promote.integrity import (
     registered_differences,
 )
 from pipelines.promote.plan import (
-    PYTHON_WARMUP,
-    WARMUP_BYTES,
     Plan,
     Role,
     Step,
@@ -36,12 +33,11 @@ from pipelines.promote.plan import (
     config_facts,
     desired_config,
     ensemble_pins,
-    peak_sample,
-    recreating_fields,
     serving_versions,
 )
 from pipelines.promote.ports import ServingTarget
 from pipelines.promote.record import RecordWrites, failed_record, record_promotion, repair_record
+from pipelines.promote.replicas import OPEN_CONTROL, open_control
 from pipelines.promote.reports import (
     ConvertReport,
     NoopReport,
@@ -53,6 +49,7 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
+from pipelines.promote.warmups import WARMUP_BYTES, swap_notes
 from registry.contracts.config import CONFIG_NAME, parse_config
 from registry.errors import MlregError, PromotionError, StorageError
 from registry.lineage import deployment_stamp
@@ -107,30 +104,6 @@ def resolve(ctx: PromotionContext) -> StageReport:
         opened = open_control(plan.targets, min(5.0, ctx.settings.triton_timeout))
         ctx.result.notes.extend(OPEN_CONTROL.format(url=url) for url in opened)
     return ResolveReport([f"{s.model} v{s.version} ({s.role.value})" for s in plan.steps], sorted(held))
-
-
-def swap_notes(env: Environment, plan: Plan) -> list[str]:
-    """What the plan's loads will do beyond the swap: a serving version Triton must re-create (its
-    config changes in more than version_policy/instance_group: peak memory 2 x old + new, and it
-    restarts), and a model that gets no peak-batch warmup, and why."""
-    notes = []
-    for step in plan.steps:
-        if step.is_ensemble:
-            continue
-        fields = recreating_fields(step.previous_config, step.config_text)
-        if fields and step.previous_versions:
-            notes.append(
-                f"{step.model}: this promotion re-creates the serving v{','.join(step.previous_versions)} "
-                f"on each replica once (its config changes in {', '.join(fields)}, not only in "
-                "version_policy): peak memory is 2 x old + new, and it restarts"
-            )
-        why = peak_sample(step.config_text)[1] if env.warmup else ""
-        if why and why != PYTHON_WARMUP:
-            notes.append(
-                f"{step.model}: no peak-batch warmup ({why}); declare a model_warmup in its config.pbtxt "
-                "to have a candidate that fails at peak refused at its load"
-            )
-    return notes
 
 
 def repair(ctx: PromotionContext) -> RepairReport:

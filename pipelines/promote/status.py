@@ -20,18 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.promote.fanout import (
-    Connect,
-    Fleet,
-    hung_loads,
-    loading_versions,
-    open_control,
-    ready_versions,
-    triton_connector,
-)
+from pipelines.promote.fanout import Fleet, loading_versions, ready_versions
 from pipelines.promote.integrity import manifest_problems, signature_problems
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
 from pipelines.promote.ports import Registry, ServingTarget
+from pipelines.promote.replicas import Connect, hung_loads, open_control, triton_connector
 from pipelines.storage import open_store
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError, StorageError

@@ -14,7 +14,7 @@ and the other replica untouched (last: that replica stays stuck until the module
 Triton's own ``model_warmup`` refusing such a candidate is not run here: on 2.51's python backend a
 failing warmup sample crashes the whole server about one load in four (every time when the model
 answers error responses), so mlreg sends the peak batch itself for python models
-(``plan.PYTHON_WARMUP``); the derived warmup of other backends is unit-tested (test_warmup.py).
+(``warmups.PYTHON_WARMUP``); the derived warmup of other backends is unit-tested (test_warmup.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import pytest
 
 from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
-from pipelines.promote.fanout import Change, Fleet, triton_connector
+from pipelines.promote.fanout import Change, Fleet
+from pipelines.promote.replicas import triton_connector
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
@@ -198,7 +199,7 @@ def test_a_candidate_failing_only_at_its_peak_batch_is_refused_before_traffic_wi
     swaps: Swaps,
 ) -> None:
     """A python model gets mlreg's own peak-batch request, by version, before any traffic (Triton
-    2.51's warmup of a python model can crash the server when its sample fails: plan.PYTHON_WARMUP);
+    2.51's warmup of a python model can crash the server when its sample fails: warmups.PYTHON_WARMUP);
     the serving version answers batch 8 throughout. The control: without it (``warmup = false``)
     the candidate serves and fails batch-8 requests."""
     good = swaps.register("batcher", BATCHER_CONFIG, BATCHER.format(limit=64))

@@ -13,9 +13,10 @@ import pytest
 
 from pipelines.promote import discovery, metrics
 from pipelines.promote.environments import environment, resolve_targets
-from pipelines.promote.fanout import Change, Fleet, reachable
+from pipelines.promote.fanout import Change, Fleet
 from pipelines.promote.plan import Role, Step
 from pipelines.promote.policy import Check, Policy, judge, parse_policy, waves_of
+from pipelines.promote.replicas import reachable
 from pipelines.promote.staged import Move, StagedRollout, following_latest
 from pipelines.promote.undo import UndoLog
 from pipelines.storage import open_store
