@@ -2,21 +2,17 @@
 
 ``Headroom`` is the fleet's ``LoadGuard`` (pipelines/promote/fanout.py): ``Fleet.move`` asks
 ``before_load`` before it sends anything and tells ``after_load`` how the load went.  Every figure
-is Triton's own: its metrics endpoint (Prometheus text) exports ``nv_gpu_memory_{total,used}_bytes``
-per ``gpu_uuid`` and ``nv_cpu_memory_{total,used}_bytes`` (the whole host's RAM, not Triton's
-alone), refreshed every ``--metrics-interval-ms`` (2000 by default: ``METRICS_INTERVAL``).
-
-Where a model's memory goes (``placement``): host memory when every instance_group is KIND_CPU or
-the replica reports no GPU; else the replica's GPUs -- all of them, or as many as the config's
-``gpus`` names.  Triton's metrics do not say which uuid is CUDA device N, so named GPUs are checked
-as the ones with the least free memory: a load that might not fit is never passed.
+is read off Triton's own memory gauges, refreshed every ``--metrics-interval-ms`` (2000 by default:
+``METRICS_INTERVAL``).  pipelines/promote/gauges.py reads them, says where a model's memory goes
+(``placement``) and how far a figure can be trusted; this module holds the guard's decisions
+(check, refuse, measure, fence off) and what it reports.
 
 - **Footprint**: what a version adds, learned where it is first loaded (the canary): the used
   gauge (summed over the GPUs, or the host's) read before the load and again after it, once the
-  gauge has refreshed -- polled until it moves, ``WAIT`` x the interval at most.  Only a version
-  whose footprint is not recorded yet (``known``: the registry's ``memory_footprint_bytes`` and
-  ``memory_footprint_kind`` version tags) is measured, so other loads never wait.  A delta that is
-  not positive (other work on the replica moved the gauge) is recorded as 0, with a note.
+  gauge has refreshed -- polled until it moves, ``gauges.WAIT`` x the interval at most.  Only a
+  version whose footprint is not recorded yet (``known``: the registry's ``memory_footprint_bytes``
+  and ``memory_footprint_kind`` version tags) is measured, so other loads never wait.  A delta that
+  is not positive (other work on the replica moved the gauge) is recorded as 0, with a note.
 - **Check**: on each replica, each device the model lands on must have ``footprint x margin``
   free (a GPU: its share, the footprint spread over the GPUs it lands on).  ``recreates`` (a
   config that differs from the served one beyond version_policy/instance_group: Triton re-creates
@@ -31,11 +27,6 @@ as the ones with the least free memory: a load that might not fit is never passe
 - **No metrics** (no URL, an endpoint that does not answer, no memory gauge): nothing is checked
   there, and a note says so -- never a silent pass.
 
-Host figures are coarse: Triton's host gauge is the whole machine's (other processes, other pods
-of the node).  On a shared 2-core machine, one python model holding 400 MiB read 93 to 606 MiB
-over three loads, and the first python model a server loads carries the backend's own start-up.
-GPU gauges count only what is allocated on each GPU.
-
 What it found (``to_dict``) goes into the promotion's result; ``footprints()`` is what the record
 stage writes to the registry.  Every reading is kept as a ``Sample`` (the newest ``SAMPLES``), and
 each load, refusal and leak as an ``Event``, on one clock (seconds since the guard was made): the
@@ -45,43 +36,43 @@ made less than an interval ago is reused); the registry is asked once per versio
 
 from __future__ import annotations
 
-import math
-import re
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipelines.promote import metrics
 from pipelines.promote.fanout import Change, Fleet, ready_versions
+from pipelines.promote.gauges import (
+    HOST_USED,
+    Gauges,
+    Placement,
+    Read,
+    Readings,
+    Sample,
+    placement,
+    read_metrics,
+)
 from pipelines.promote.plan import config_facts
 from pipelines.promote.ports import Registry
 from pipelines.promote.quality_canary import PRIVATE_SUFFIX
-from registry.contracts.config import model_config_pb2, parse_config
 from registry.errors import MlregError, PromotionError
 
+REFUSED = "no-headroom"  # the refusal's status: a replica a fleet policy may skip (staged.py)
 FOOTPRINT_TAG = "memory_footprint_bytes"  # version tags: what a version adds where it loads
 FOOTPRINT_KIND_TAG = "memory_footprint_kind"  # "gpu" (summed over the GPUs) or "host"
 METRICS_INTERVAL = 2.0  # seconds: Triton's --metrics-interval-ms default (2000)
-WAIT = 1.2  # a fresh figure is waited for this many intervals at most
 # bytes a failed load may leave behind: the gauge's noise (the host's counts the whole machine) ...
 LEAK_FLOOR = {"gpu": 64 * 2**20, "host": 256 * 2**20}
 LEAK_SHARE = 0.10  # ... or this share of the footprint (an allocator's slack), whichever is larger
 MIB = 2**20
-GPU_USED = "nv_gpu_memory_used_bytes"
-HOST_USED = "nv_cpu_memory_used_bytes"
-GAUGE = re.compile(r"^nv_(gpu|cpu)_memory_(total|used)_bytes(?:\{([^}]*)\})?\s+(\S+)")
-SCRAPE_TIMEOUT = 2.0
 SAMPLES = 2000  # readings (and events) kept for the record's plot; the oldest are dropped
 NO_METRICS = "no metrics URL for it (mlreg.toml names them with the roll-out keys metrics_port or metrics)"
 
 Known = Callable[[str, str], "Footprint | None"]  # (model, version) -> its recorded footprint
 Held = Callable[[str, str], Sequence[str]]  # (url, model) -> the versions READY there
 Recreates = Callable[[Change], bool] | Collection[str]  # a change that re-creates the serving versions
-Read = Callable[[str], str]  # a metrics URL -> its Prometheus text
 
 
 @dataclass(frozen=True)
@@ -129,21 +120,6 @@ def replica_versions(fleet: Fleet) -> Held:
 
 
 @dataclass(frozen=True)
-class Sample:
-    """One device's memory as one scrape read it, for the record's plot."""
-
-    seconds: float  # since the guard was made (monotonic)
-    replica: str
-    device: str  # "host" or a GPU uuid
-    used_bytes: int
-    total_bytes: int
-    what: str  # "before load of net v2", "after load of ...", "leak check after ..."
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"seconds": round(self.seconds, 3)}
-
-
-@dataclass(frozen=True)
 class Event:
     """A load sent, refused, failed or leaking, on the samples' clock."""
 
@@ -157,80 +133,6 @@ class Event:
 
 def label(model: str, versions: Sequence[str]) -> str:
     return f"{model.removesuffix(PRIVATE_SUFFIX)} v{','.join(versions)}"
-
-
-# -- Triton's memory gauges ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Gauges:
-    """One scrape of a replica's memory gauges: (total, used) bytes per GPU uuid and the host's."""
-
-    at: float  # time.monotonic() of the scrape
-    gpus: Mapping[str, tuple[float, float]]
-    host: tuple[float, float] | None
-
-    def used(self, kind: str) -> float:
-        if kind == "host":
-            return self.host[1] if self.host else 0.0
-        return sum(used for _, used in self.gpus.values())
-
-    def free(self, device: str) -> float:
-        total, used = self.host if device == "host" and self.host else self.gpus[device]
-        return total - used
-
-
-def parse_gauges(text: str, at: float = 0.0) -> Gauges:
-    """The memory gauges of Triton's metrics text (labels read as ``metrics`` reads them); a value
-    that is not a byte count raises ValueError naming it."""
-    gpus: dict[str, dict[str, float]] = {}
-    host: dict[str, float] = {}
-    for line in text.splitlines():
-        match = GAUGE.match(line)
-        if not match:
-            continue
-        device, which, labels, raw = match.groups()
-        try:
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{line.split()[0]} = {raw!r} is not a byte count")
-        if device == "cpu":
-            host[which] = value
-        else:
-            uuid = dict(metrics.LABEL.findall(labels or "")).get("gpu_uuid", "")
-            gpus.setdefault(uuid, {})[which] = value
-    pairs = {u: (g["total"], g["used"]) for u, g in gpus.items() if {"total", "used"} <= g.keys()}
-    return Gauges(at, pairs, (host["total"], host["used"]) if {"total", "used"} <= host.keys() else None)
-
-
-def read_metrics(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
-        return str(response.read().decode("utf-8", "replace"))
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a model's memory goes on one replica: ``kind`` and the devices checked."""
-
-    kind: str  # "gpu" | "host"
-    devices: tuple[str, ...]  # GPU uuids, or ("host",)
-    named: int = 0  # GPUs the config names (0: every GPU)
-
-    @property
-    def source(self) -> str:
-        return GPU_USED if self.kind == "gpu" else HOST_USED
-
-
-def placement(config_text: str, gauges: Gauges) -> Placement:
-    groups = parse_config(config_text).instance_group
-    cpu = model_config_pb2().ModelInstanceGroup.KIND_CPU
-    if not gauges.gpus or (groups and all(g.kind == cpu for g in groups)):
-        return Placement("host", ("host",))
-    named = len({index for group in groups for index in group.gpus})
-    least_free_first = sorted(gauges.gpus, key=gauges.free)
-    return Placement("gpu", tuple(least_free_first[:named] if named else least_free_first), named)
 
 
 # -- the guard ----------------------------------------------------------------------------------
@@ -272,9 +174,6 @@ class _Load:
     measure: str = ""  # the version whose footprint it measures
 
 
-Pending = tuple[float, dict[str, float]]  # (monotonic time the load returned, bytes per device)
-
-
 @dataclass
 class Headroom:
     """The fleet's ``LoadGuard``: memory headroom before each load, leaks after a failed one."""
@@ -298,13 +197,11 @@ class Headroom:
         self._footprints: dict[tuple[str, str], Footprint | None] = {}
         self._measuring: dict[tuple[str, str], str] = {}  # (model, version) -> the replica measuring
         self._loads: dict[tuple[str, str], _Load] = {}  # (url, model as loaded) -> the load under way
-        self._pending: dict[str, list[Pending]] = {}
-        self._last: dict[str, Gauges] = {}
-        self._dead: set[str] = set()  # replicas whose metrics could not be read
         self._unchecked: dict[str, list[str]] = {}  # why -> the replicas not checked for it
         self._notes: list[str] = []
-        self._start = time.monotonic()  # the samples' clock
-        self._samples: deque[Sample] = deque(maxlen=SAMPLES)
+        self._readings = Readings(
+            self.metrics_url, self.read, self.interval, self.sleep, skip=self._skip, kept=SAMPLES
+        )
         self._events: deque[Event] = deque(maxlen=SAMPLES)
 
     # -- LoadGuard --------------------------------------------------------------------------------
@@ -315,13 +212,13 @@ class Headroom:
         if not self.metrics_url(url):
             self._skip(url, NO_METRICS)
             return
-        if url in self._dead:
+        if self._readings.dead(url):
             return  # its metrics could not be read: noted once
         began = time.perf_counter()
         new, serving = self._versions(url, change)
         if not new and not serving:
             return  # nothing is allocated: a retire, a re-load of what serves
-        gauges = self._gauges(url, f"before load of {label(change.model, new or serving)}")
+        gauges = self._readings.latest(url, f"before load of {label(change.model, new or serving)}")
         if gauges is None:
             return
         where = placement(change.config, gauges)
@@ -337,7 +234,7 @@ class Headroom:
     def after_load(self, url: str, change: Change, error: MlregError | None) -> str:
         with self._lock:
             load = self._loads.pop((url, change.model), None)
-            self._last.pop(url, None)  # a load happened: no earlier scrape stands for now
+        self._readings.forget(url)  # a load happened: no earlier scrape stands for now
         if load is None:
             return ""
         if error is not None:
@@ -346,8 +243,7 @@ class Headroom:
         if load.measure:
             self._measure(load)
         elif load.pending:
-            with self._lock:
-                self._pending.setdefault(url, []).append((time.monotonic(), load.pending))
+            self._readings.loaded(url, load.pending)
         return ""
 
     # -- what a promotion reports -----------------------------------------------------------------
@@ -386,8 +282,7 @@ class Headroom:
 
     def samples(self) -> list[Sample]:
         """Every gauge reading kept, oldest first (the newest ``SAMPLES``)."""
-        with self._lock:
-            return list(self._samples)
+        return self._readings.samples()
 
     def events(self) -> list[Event]:
         with self._lock:
@@ -426,12 +321,11 @@ class Headroom:
         """Refuse unless each device has its share x margin free; a refusal that rests on a load
         the gauge may not show yet waits for the gauge's refresh and looks again."""
         short = self._short(ask, gauges, share)
-        recent = [done for done, _ in self._active(ask.url, gauges)]
+        recent = [done for done, _ in self._readings.unseen(ask.url, gauges)]
         if short and recent:
             self.sleep(max(0.0, max(recent) + self.interval - time.monotonic()))
-            with self._lock:  # the gauge has refreshed since those loads returned: it shows them
-                self._pending[ask.url] = [p for p in self._pending[ask.url] if p[0] > max(recent)]
-            gauges = self._scrape(ask.url, f"before load of {ask.label}") or gauges
+            self._readings.shown(ask.url, max(recent))  # the gauge has refreshed since they returned
+            gauges = self._readings.scrape(ask.url, f"before load of {ask.label}") or gauges
             short = self._short(ask, gauges, share)
         self._record(ask, gauges, share, ok=not short)
         if short:
@@ -440,25 +334,12 @@ class Headroom:
 
     def _short(self, ask: _Ask, gauges: Gauges, share: dict[str, float]) -> list[tuple[str, float, float]]:
         """(device, free, needed) of each device short of memory."""
-        pending = self._pending_on(ask.url, gauges)
+        pending = self._readings.unseen_bytes(ask.url, gauges)
         found = []
         for device in ask.where.devices:
             free, needed = gauges.free(device) - pending.get(device, 0.0), share[device] * self.margin
             if free < needed:
                 found.append((device, free, needed))
-        return found
-
-    def _active(self, url: str, gauges: Gauges) -> list[Pending]:
-        """This promotion's loads on ``url`` that returned less than an interval before the
-        scrape: the gauge may not show them yet."""
-        with self._lock:
-            return [p for p in self._pending.get(url, []) if gauges.at - p[0] < self.interval]
-
-    def _pending_on(self, url: str, gauges: Gauges) -> dict[str, float]:
-        found: dict[str, float] = {}
-        for _, added in self._active(url, gauges):
-            for device, size in added.items():
-                found[device] = found.get(device, 0.0) + size
         return found
 
     def _refuse(self, ask: _Ask, short: list[tuple[str, float, float]]) -> None:
@@ -482,10 +363,11 @@ class Headroom:
             f"sequentially (unload the serving {ask.name} there first: it stops serving there meanwhile); "
             "then promote again",
             model=ask.name,
+            status=REFUSED,
         )
 
     def _record(self, ask: _Ask, gauges: Gauges, share: dict[str, float], ok: bool) -> None:
-        pending = self._pending_on(ask.url, gauges)
+        pending = self._readings.unseen_bytes(ask.url, gauges)
         seconds = time.perf_counter() - ask.began
         rows = [
             {
@@ -543,7 +425,7 @@ class Headroom:
 
     def _measure(self, load: _Load) -> None:
         ask, version = load.ask, load.measure
-        after = self._poll(
+        after = self._readings.poll(
             ask.url, ask.where.kind, lambda first, now: now != first, f"after load of {ask.label}"
         )
         if after is None:
@@ -565,7 +447,7 @@ class Headroom:
     def _leaked(self, load: _Load) -> str:
         """After a failed load: "" when used memory came back, else why the replica is fenced off."""
         ask, bound = load.ask, max(LEAK_FLOOR[load.ask.where.kind], LEAK_SHARE * load.known)
-        back = self._poll(
+        back = self._readings.poll(
             ask.url,
             ask.where.kind,
             lambda first, now: now != first and now - load.used <= bound,
@@ -587,62 +469,9 @@ class Headroom:
         self._event(ask.url, f"leak of {leaked / MIB:,.0f} MiB after {ask.label}")
         return f"leaked {leaked / MIB:,.0f} MiB after the failed load of {ask.label}; restart it"
 
-    def _poll(self, url: str, kind: str, done: Callable[[float, float], bool], what: str) -> float | None:
-        """``url``'s used memory, read until ``done(first figure, figure)`` or ``WAIT`` intervals
-        passed (the gauge refreshed at least once since the load returned): the last figure."""
-        deadline = time.monotonic() + self.interval * WAIT
-        first: float | None = None
-        while True:
-            gauges = self._scrape(url, what)
-            if gauges is None:
-                return None
-            now = gauges.used(kind)
-            if first is None:
-                first = now
-            elif done(first, now):
-                return now
-            if time.monotonic() >= deadline:
-                return now
-            self.sleep(max(0.01, self.interval / 10))
-
-    # -- reading the gauges -----------------------------------------------------------------------
-
-    def _gauges(self, url: str, what: str) -> Gauges | None:
-        """The replica's gauges: a scrape less than an interval old, else a new one (None: none
-        can be read there, and a note says so)."""
-        with self._lock:
-            last = self._last.get(url)
-        if last is not None and time.monotonic() - last.at < self.interval:
-            return last
-        return self._scrape(url, what)
-
-    def _scrape(self, url: str, what: str) -> Gauges | None:
-        """A new reading of ``url``'s gauges, each device's kept as a ``Sample`` labelled ``what``."""
-        if url in self._dead:
-            return None
-        try:
-            gauges = parse_gauges(self.read(self.metrics_url(url)), time.monotonic())
-        except (OSError, ValueError) as exc:
-            self._dead.add(url)
-            self._skip(url, f"its metrics could not be read ({exc})")
-            return None
-        if not gauges.gpus and gauges.host is None:
-            self._dead.add(url)
-            self._skip(url, f"its metrics have neither {GPU_USED} nor {HOST_USED}")
-            return None
-        devices = dict(gauges.gpus) | ({"host": gauges.host} if gauges.host else {})
-        seconds = gauges.at - self._start
-        with self._lock:
-            self._last[url] = gauges
-            self._samples.extend(
-                Sample(seconds, url, device, int(used), int(total), what)
-                for device, (total, used) in devices.items()
-            )
-        return gauges
-
     def _event(self, url: str, what: str) -> None:
         with self._lock:
-            self._events.append(Event(time.monotonic() - self._start, url, what))
+            self._events.append(Event(time.monotonic() - self._readings.start, url, what))
 
     def _skip(self, url: str, why: str) -> None:
         with self._lock:

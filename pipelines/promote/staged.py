@@ -14,6 +14,7 @@ the runner's replay puts every touched replica back (the store never had these c
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pipelines.promote import metrics
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.fanout import Change, Fleet, Rollout, checkpoint
+from pipelines.promote.headroom import REFUSED
 from pipelines.promote.plan import Step, desired_config
 from pipelines.promote.policy import Policy, Verdict, judge, waves_of
 from pipelines.promote.reports import FleetReport
@@ -84,6 +86,10 @@ class StagedRollout:
         self.moved: list[str] = []
         self.results: dict[str, Rollout] = {}
         self.verdicts: list[Verdict] = []
+        self.skipped: dict[str, str] = {}  # url -> why: refused before its first load, left out
+        self.may_skip = 0  # how many more replicas max_unavailable lets this roll-out leave out
+        self.gpu = True  # the environment's: how a skipped replica's ensembles are put back
+        self._skipping = threading.Lock()
 
     def run(self, moves: list[Move]) -> list[Rollout]:
         self.results = {m.change.model: Rollout(m.change.model, list(m.change.versions)) for m in moves}
@@ -115,8 +121,37 @@ class StagedRollout:
                 future.result()
 
     def _on_replica(self, url: str, moves: list[Move]) -> None:
+        done: list[Move] = []
         for move in moves:  # Fleet.move tells the undo log the replica's before-state
-            self.fleet.move(url, move.change, self.results[move.change.model])
+            try:
+                self.fleet.move(url, move.change, self.results[move.change.model])
+            except MlregError as exc:
+                skippable = exc.context.get("status") == REFUSED and all(m.step.is_ensemble for m in done)
+                if skippable and self._skip(url, exc.message):
+                    self._put_back(url, done)  # as it served: counted against max_unavailable
+                    return
+                raise
+            done.append(move)
+
+    def _put_back(self, url: str, done: list[Move]) -> None:
+        """The ensembles a skipped replica was already told to follow the latest member: pinned
+        again as the store had them (its members never moved)."""
+        for move in reversed(done):
+            step = move.step
+            assert step.previous_config is not None  # following_latest: re-pointed ensembles only
+            versions = step.previous_versions or [step.version]
+            text = desired_config(step.previous_config, versions, self.gpu)
+            why = self.fleet.restore(url, Change(step.model, text, tuple(versions)))
+            if why:
+                raise PromotionError(f"{url} could not be left out as it served: {why}")
+
+    def _skip(self, url: str, why: str) -> bool:
+        """Leave ``url`` out of the roll-out (never the canary) while max_unavailable allows."""
+        with self._skipping:
+            if url in waves_of(self.targets, self.policy)[0] or len(self.skipped) >= self.may_skip:
+                return False
+            self.skipped[url] = why
+            return True
 
     def _scrape_all(self, urls: Sequence[str]) -> dict[str, metrics.Snapshot]:
         def scrape(url: str) -> metrics.Snapshot | MlregError:
@@ -208,7 +243,13 @@ class Staged:
             if move.step.previous_config is None:  # new to the store: no replica serves it yet
                 self._write(ctx, move)
         rollout = StagedRollout(plan.targets, fleet, self.policy, self.scrape, self.sleep)
+        rollout.may_skip = max(0, self.policy.max_unavailable - len(plan.skipped))
+        rollout.gpu = gpu
         fleet.rollouts.extend(rollout.run(following_latest(repointed, moving, gpu) + moves))
+        if rollout.skipped:  # short of memory: left as it serves, named in every report
+            plan.skipped.update(rollout.skipped)
+            plan.targets = tuple(t for t in plan.targets if t not in rollout.skipped)
+            fleet.only(plan.targets)
         for move in moves:
             self._write(ctx, move)
         for step in repointed:

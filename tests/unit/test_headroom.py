@@ -23,7 +23,9 @@ import pytest
 
 from pipelines.promote import headroom, plots, record
 from pipelines.promote.fanout import Change
-from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG, Footprint, Headroom, parse_gauges
+from pipelines.promote.gauges import parse_gauges
+from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG, Footprint, Headroom
+from pipelines.promote.policy import Policy
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from registry.errors import PromotionError, TritonError
@@ -190,6 +192,36 @@ def test_a_replica_short_of_memory_is_refused_before_anything_is_sent_to_it(
     assert (refused["free_bytes"], refused["needed_bytes"], refused["ok"]) == (GIB, int(1.2 * GIB), False)
     assert (refused["source"], refused["device"]) == ("nv_cpu_memory_used_bytes", "host")
     assert found["footprints"] == []
+
+
+def test_under_a_fleet_policy_a_replica_short_of_memory_is_left_out_within_max_unavailable(
+    world: World, endpoint: Endpoint
+) -> None:
+    """A staged roll-out (canary T0, then T1) with max_unavailable = 1: T1 refused before anything
+    was sent to it is left as it serves and named in the report; the canary and the alias move."""
+    metrics = ((T0, endpoint.url(T0)), (T1, endpoint.url(T1)))
+    world.env = replace(world.env, policy=Policy(canary=1, max_unavailable=1, metrics=metrics))
+    footprint(world, "net", "2", GIB)
+    endpoint.memory[T1].base = 8 * GIB - 500 * MIB - GIB  # 1,024 MiB free, 1,229 MiB needed
+    t1 = world.fleet.connect(T1).model_states()
+    pins = dict(world.fleet.connect(T1).ensembles)
+    result = world.promote("net", "2")
+    assert result.ok
+    assert {e[2] for e in world.loads() if e[1] == T1} == {"ens"}  # net never loaded there: the
+    assert world.fleet.connect(T1).model_states() == t1  # ensemble told to follow it, put back
+    assert world.fleet.connect(T1).ensembles == pins
+    assert world.fleet.connect(T0).model_states()["net"] == {"2": "READY"}
+    assert world.registry.aliases("net") == {"test": "2"}
+    skipped = result.to_dict()["plan"]["skipped"]
+    assert list(skipped) == [T1]
+    assert "not enough memory to load net v2" in skipped[T1]
+
+    endpoint.memory[T0].base = 8 * GIB  # the canary itself short: never left out, the promotion stops
+    world.registry.add("net", "3", MEMBER.format(name="net", src="MID", dst="OUT"))
+    footprint(world, "net", "3", GIB)
+    with pytest.raises(PromotionFailed, match=f"{T0}: not enough memory to load net v3"):
+        world.promote("net", "3")
+    assert world.registry.aliases("net") == {"test": "2"}
 
 
 def test_a_replica_with_room_loads_and_its_figures_are_reported(world: World, endpoint: Endpoint) -> None:
