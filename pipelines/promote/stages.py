@@ -49,7 +49,7 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
-from pipelines.promote.warmups import WARMUP_BYTES, swap_notes
+from pipelines.promote.warmups import WARMUP_BYTES, peak_bytes, swap_notes
 from registry.contracts.config import CONFIG_NAME, parse_config
 from registry.errors import MlregError, PromotionError, StorageError
 from registry.lineage import deployment_stamp
@@ -446,6 +446,8 @@ def _peak(ctx: PromotionContext, triton: ServingTarget, step: Step, inputs: dict
         return
     if any(a.ndim == 0 or a.shape[0] != 1 for a in inputs.values()):
         return  # not one golden row per input: no peak batch to build from it
+    if peak_bytes(config) > WARMUP_BYTES:
+        return  # the plan's note says so (warmups.peak_sample)
     batch = {name: np.repeat(array, peak, axis=0) for name, array in inputs.items()}
     if sum(a.nbytes for a in batch.values()) > WARMUP_BYTES:
         return

@@ -28,7 +28,7 @@ PYTHON_WARMUP = (
     "every time on error responses, about one load in four on a raised exception), so mlreg sends "
     "the peak batch itself before traffic instead"
 )
-WARMUP_BYTES = 64 << 20  # a derived peak-batch sample larger than this is left to the model's owner
+WARMUP_BYTES = 64 << 20  # a peak-batch request moving more than this is left to the model's owner
 PAYLOAD_TYPES = {"TYPE_UINT8", "TYPE_STRING"}  # with a variable dim: encoded bytes, zeros decode to nothing
 
 
@@ -42,20 +42,27 @@ def peak_sample(text: str) -> tuple[str, str]:
     types = model_config_pb2().DataType
     if config.max_batch_size <= 0 or len(config.model_warmup) or config.platform == "ensemble":
         return text, ""
+    size = peak_bytes(config)
+    if size > WARMUP_BYTES:
+        return text, (
+            f"a request at max_batch_size {config.max_batch_size} moves {size / 2**20:.0f} MiB, inputs "
+            f"and outputs (over {WARMUP_BYTES >> 20} MiB)"
+        )
     if config.backend == "python":
         return text, PYTHON_WARMUP
     inputs = [t for t in config.input if not t.optional]
     payload = [t.name for t in inputs if types.Name(t.data_type) in PAYLOAD_TYPES and -1 in t.dims]
     if payload:
         return text, f"input {payload[0]} holds encoded bytes of variable length (zeros are no sample)"
-    size = config.max_batch_size * sum(_sample_bytes(t) for t in inputs)
-    if size > WARMUP_BYTES:
-        return text, (
-            f"a sample at max_batch_size {config.max_batch_size} is {size / 2**20:.0f} MiB of zeros "
-            f"(over {WARMUP_BYTES >> 20} MiB)"
-        )
     warmed = peak_warmup(text)
     return warmed, "" if warmed != text else "Triton's warmup cannot feed its inputs (shape tensors, state)"
+
+
+def peak_bytes(config: Any) -> int:
+    """What one request at ``max_batch_size`` moves: its required inputs and its outputs (a variable
+    dimension counted as 1) -- what a peak sample costs the server at every load, or the client."""
+    tensors = [t for t in config.input if not t.optional] + list(config.output)
+    return int(config.max_batch_size) * sum(_sample_bytes(t) for t in tensors)
 
 
 def _sample_bytes(tensor: Any) -> int:
