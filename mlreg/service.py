@@ -73,6 +73,7 @@ def promote(
     on_stage: OnStage | None = None,
     skip_perf: bool = False,
     no_way_back: bool = False,
+    skip_shadow: bool = False,
 ) -> PromotionResult:
     """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot)."""
     from pipelines.devstack.scratch import scratch_servers
@@ -91,6 +92,7 @@ def promote(
         on_stage,
         skip_perf=skip_perf,
         no_way_back=no_way_back,
+        skip_shadow=skip_shadow,
     )
     promotion = Promotion(
         settings, ctx.env, ctx.registry, options, scratch=scratch_servers(settings, ctx.env.key(settings))

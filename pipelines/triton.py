@@ -7,6 +7,7 @@ of a call without the control key (also UNAVAILABLE), which is final (pipelines/
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -21,6 +22,8 @@ from registry.errors import TritonError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+REQUEST_PREFIX = "mlreg-"  # the id of every request mlreg sends (pipelines/promote/capture.py skips them)
+_REQUESTS = itertools.count(1)
 RETRY_STATUSES = {"StatusCode.UNAVAILABLE"}
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
 
@@ -295,12 +298,14 @@ class TritonControl:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         requested = [self._grpc.InferRequestedOutput(name) for name in outputs]
+        request_id = f"{REQUEST_PREFIX}{next(_REQUESTS)}"  # mlreg's own: never read back as a capture
         result = self._call(
             "inference",
             lambda: self._client.infer(
                 model,
                 tensors,
                 model_version=version,
+                request_id=request_id,
                 outputs=requested,
                 headers=self._headers,
                 client_timeout=self.timeout,
@@ -309,6 +314,28 @@ class TritonControl:
             retry=False,
         )
         return {name: result.as_numpy(name) for name in outputs}
+
+    # -- trace (the shadow replay's capture: pipelines/promote/capture.py) ----------------------------
+
+    def trace_settings(self, model: str, settings: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
+        """``model``'s trace settings after applying ``settings`` (None: read them only)."""
+        if settings is None:
+            found = self._call(
+                "trace settings",
+                lambda: self._client.get_trace_settings(
+                    model, headers=self._headers, as_json=True, client_timeout=self.timeout
+                ),
+                model=model,
+            )
+        else:
+            found = self._call(
+                "trace settings",
+                lambda: self._client.update_trace_settings(
+                    model, dict(settings), headers=self._headers, as_json=True, client_timeout=self.timeout
+                ),
+                model=model,
+            )
+        return {k: list(v.get("value", [])) for k, v in (found.get("settings") or {}).items()}
 
 
 def server_report(url: str, timeout: float = 10.0, key: ControlKey | None = None) -> dict[str, Any]:

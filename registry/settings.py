@@ -153,6 +153,12 @@ def _packaged_template() -> Path:
     return template_dir()
 
 
+def _user_cache(env: Mapping[str, str]) -> Path | None:
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]).expanduser() / "mlreg"
+    return Path(env["HOME"]).expanduser() / ".cache" / "mlreg" if env.get("HOME") else None
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -163,6 +169,12 @@ class Settings:
     mlflow_uri: str = ""
     mlflow_timeout: float = DEFAULT_MLFLOW_TIMEOUT
     lock_lease: float = DEFAULT_LOCK_LEASE
+    user_cache: Path | None = None  # $XDG_CACHE_HOME/mlreg: what every project of the user may share
+
+    @property
+    def template_cache(self) -> Path:
+        """Where the empty registry a new embedded one is copied from is kept (registry/mlflow/sqlite.py)."""
+        return self.user_cache or self.home / "cache"
 
     @property
     def tracking_uri(self) -> str:
@@ -231,4 +243,5 @@ class Settings:
             mlflow_uri=env.get("MLFLOW_TRACKING_URI", ""),
             mlflow_timeout=_seconds(env, "MLREG_MLFLOW_TIMEOUT", DEFAULT_MLFLOW_TIMEOUT),
             lock_lease=_seconds(env, "MLREG_LOCK_LEASE", DEFAULT_LOCK_LEASE),
+            user_cache=_user_cache(env),
         )

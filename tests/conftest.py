@@ -67,8 +67,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # -- pytest-xdist (make test: two workers, a module per worker at a time) -------------------------
 
 # Modules sharing one session stack run on one worker: test_browser.py looks at the MLflow UI of
-# test_mlflow_native.py's stack (built once per process: ~40 s more on another worker).
-SAME_WORKER = {"tests/integration/test_browser.py": "tests/integration/test_mlflow_native.py"}
+# test_mlflow_native.py's stack (built once per process: ~40 s more on another worker); test_wheel.py
+# serves the wheel of test_release.py's act run (tests/act/release.py; another worker would wait).
+SAME_WORKER = {
+    "tests/integration/test_browser.py": "tests/integration/test_mlflow_native.py",
+    "tests/integration/test_wheel.py": "tests/integration/test_release.py",
+}
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -70,6 +70,7 @@ class FakeTarget:
         self.states: dict[str, dict[str, str]] = {}
         self.ensembles: dict[str, dict[str, str]] = {}  # a loaded model's pins (ensembles)
         self.configs: list[dict[str, Any]] = []  # each load's override as JSON ({} without one)
+        self.traces: dict[str, dict[str, list[str]]] = {}  # model -> its trace settings
 
     def _contract(self, model: str, config: str | None) -> tuple[list[str], dict[str, str]]:
         from google.protobuf import json_format
@@ -128,6 +129,12 @@ class FakeTarget:
 
     def statistics(self, model: str = "") -> list[dict[str, Any]]:
         return []  # no counters: whether a load re-created a version is not known here
+
+    def trace_settings(self, model: str, settings: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
+        self.handler(self, Call(self.url, "trace", model))
+        found = self.traces.setdefault(model, {"trace_level": ["OFF"]})
+        found.update({k: v if isinstance(v, list) else [str(v)] for k, v in (settings or {}).items()})
+        return dict(found)
 
     def close(self) -> None:
         pass

@@ -1,5 +1,6 @@
 # mlreg's core CLI (no TensorFlow, no local stack): what the store-init step and CI jobs run.
-# Build from the repository root: docker build -f infra/compose/mlreg.Dockerfile -t mlreg:0.1.0 .
+# Build from the repository root: docker build -f infra/compose/mlreg.Dockerfile -t ghcr.io/acme/mlreg:0.1.0 .
+# (.github/workflows/release.yml builds and pushes it for each version tag, with provenance and an SBOM)
 FROM python:3.11.11-slim-bookworm
 WORKDIR /src
 COPY pyproject.toml README.md ./

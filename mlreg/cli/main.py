@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlreg.cli import promote, registry, report, stack, store, template, triton
+from mlreg.cli import analysis, fleet, promote, registry, report, shadow, stack, store, template, triton
 from mlreg.cli.common import AppState
 from mlreg.cli.output import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup, silence_stdout
 from mlreg.cli.validate import diff_cmd, validate_cmd
@@ -38,6 +38,9 @@ app.add_typer(template.app, name="template")
 app.add_typer(stack.app, name="stack")
 app.add_typer(store.app, name="store")
 app.add_typer(triton.app, name="triton")
+app.add_typer(fleet.app, name="fleet")
+app.add_typer(analysis.app, name="analysis")
+app.add_typer(shadow.app, name="shadow")
 app.command("validate")(validate_cmd)
 app.command("diff")(diff_cmd)
 app.command("export")(registry.export_cmd)

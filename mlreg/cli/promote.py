@@ -107,6 +107,12 @@ def promote_cmd(
         help="Skip the gate's performance check (the candidate's latency against the serving "
         "version's on the canary); the golden-input checks still run.",
     ),
+    skip_shadow: bool = typer.Option(
+        False,
+        "--skip-shadow",
+        help="Skip only the gate's shadow replay (the candidate answering the requests production "
+        "sent, captured where the environment's [shadow] table says); every other check still runs.",
+    ),
     no_way_back: bool = typer.Option(
         False,
         "--no-way-back",
@@ -133,6 +139,7 @@ def promote_cmd(
         serve_as=serve_as,
         skip_perf=skip_perf,
         no_way_back=no_way_back,
+        skip_shadow=skip_shadow,
     )
     if from_alias or from_file:  # several versions, members first: mlreg/cli/report.py
         from mlreg.cli.report import promote_many_cmd
@@ -163,6 +170,7 @@ def promote_cmd(
             on_stage=_stage_lines(out),
             skip_perf=skip_perf,
             no_way_back=no_way_back,
+            skip_shadow=skip_shadow,
         ),
     )
     _render(out, result, result.plan.env.alias)

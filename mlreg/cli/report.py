@@ -97,7 +97,54 @@ def _stage_lines(report: Doc) -> list[str]:
     if not stages:
         return []
     rows = [[s["stage"], s["status"], f"{float(s['seconds']):.2f} s", s.get("detail", "")] for s in stages]
-    return table(["stage", "status", "time", "detail"], rows) + _perf_lines(stages) + _swap_lines(report)
+    return (
+        table(["stage", "status", "time", "detail"], rows)
+        + _shadow_lines(report)
+        + _perf_lines(stages)
+        + _swap_lines(report)
+    )
+
+
+def _shadow_lines(report: Doc) -> list[str]:
+    """The shadow replay per model (candidate against serving on production's captured requests),
+    and the first divergent requests, inputs truncated."""
+    shadows = report.get("shadow") or []
+    if not shadows:
+        return []
+    rows = [
+        [
+            s["model"],
+            f"v{s['candidate']} vs v{s['serving']}" if s.get("serving") else f"v{s['candidate']}",
+            s.get("judged", 0),
+            f"{s['diverged']} ({s['divergence']:.1%})" if s.get("judged") else "-",
+            f"{s['floor']} ({s['floor_rate']:.1%})" if s.get("judged") else "-",
+            s.get("verdict", ""),
+        ]
+        for s in shadows
+    ]
+    lines = [
+        "Shadow replay (production's captured requests):",
+        "",
+        *table(["model", "candidate", "requests", "diverged", "noise floor", "verdict"], rows),
+    ]
+    for shadow in shadows:
+        first = shadow.get("first") or []
+        if first:
+            lines += [f"First divergent requests of {cell(shadow['model'])}:", ""]
+            lines += table(
+                ["request", "inputs", "serving answered", "candidate answered"],
+                [
+                    [f["request_id"], _tensors(f["inputs"]), _tensors(f["serving"]), _tensors(f["candidate"])]
+                    for f in first
+                ],
+            )
+    return lines
+
+
+def _tensors(found: object) -> str:
+    if not isinstance(found, dict):
+        return str(found)
+    return "; ".join(f"{name} {value}" for name, value in found.items())
 
 
 def _swap_lines(report: Doc) -> list[str]:

@@ -43,6 +43,7 @@ START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 15.0
 SHM_DIR = Path("/dev/shm")
 PORT_ATTEMPTS = 3
+TRACES, TRACE_FILE = "traces", "trace.json"  # <state>/traces/trace.json.<n>: captured requests
 # The one list of Triton's control arguments of every server mlreg drives: infra/compose/compose.yaml
 # and infra/k8s/base/triton.yaml pass exactly these (tests/integration/test_infra.py compares them
 # with server_command below). A replica loads the store's desired state on start (--load-model=*)
@@ -240,9 +241,12 @@ def server_command(
     ports: tuple[int, int, int],
     shm_prefix: str,
     control_key: str | None = None,
+    trace_file: Path | None = None,
 ) -> list[str]:
     """``control_key``: the model-repository, trace and statistics endpoints answer only calls that
-    carry it (pipelines/control_key.py); None leaves them open (a test's own server)."""
+    carry it (pipelines/control_key.py); None leaves them open (a test's own server).  ``trace_file``:
+    where Triton writes the requests mlreg captures (off until capture is switched on per model:
+    pipelines/promote/capture.py)."""
     grpc, http, metrics = ports
     return [
         str(install.server),
@@ -260,6 +264,7 @@ def server_command(
         "--allow-gpu-metrics=false",
         "--strict-readiness=false",
         *(restriction_args(control_key) if control_key else []),
+        *([f"--trace-config=triton,file={trace_file}"] if trace_file else []),
     ]
 
 
@@ -335,7 +340,11 @@ def _launch(
 ) -> tuple[ServerInfo, subprocess.Popen[bytes]]:
     log_path = state_dir / "triton.log"
     shm_prefix = f"mlreg_{os.getpid()}_{ports[0]}_"
-    command = server_command(install, repository, backend_dir, ports, shm_prefix, control_key)
+    traces = state_dir / TRACES
+    traces.mkdir(exist_ok=True)
+    command = server_command(
+        install, repository, backend_dir, ports, shm_prefix, control_key, traces / TRACE_FILE
+    )
     try:
         process = triton_process(command, env, ports[1], log_path, timeout).start()
     except StackError as error:

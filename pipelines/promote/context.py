@@ -40,6 +40,7 @@ class Options:
     on_stage: OnStage | None = None
     skip_perf: bool = False  # the quality gate's performance check (pipelines/promote/perf.py)
     no_way_back: bool = False  # promote although the serving version could not be loaded again
+    skip_shadow: bool = False  # the quality gate's shadow replay (pipelines/promote/shadow.py)
 
 
 class Deployer(Protocol):

@@ -13,6 +13,9 @@ control_key = "env:MLREG_STAGING_CONTROL_KEY"  # or a file ("/run/secrets/mlreg/
 warmup = true                                # a peak-batch model_warmup in every stored config (default true)
 memory_margin = 1.2                          # a load needs footprint x margin free (default 1.2)
 load_timeout = 120                           # seconds a load may take (default 10 x MLREG_TRITON_TIMEOUT)
+
+[environments.staging.shadow]                # capture requests, replay them to each candidate
+rate = 1000                                  # (pipelines/promote/capture.py; shadow = false: never)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from pipelines.control_key import ControlKey, control_key, local_key
 from pipelines.promote import discovery
+from pipelines.promote.capture import Shadow, parse_shadow
 from pipelines.promote.perf import PERF_KEYS, PerfSettings, parse_perf
 from pipelines.promote.policy import Policy, check_keys, parse_policy
 from pipelines.storage import check_store_uri
@@ -38,7 +42,7 @@ LOCAL = "local"
 ENVIRONMENT_KEYS = (
     frozenset(
         {"store", "targets", "alias", "gpu", "discover", "keep", "control_key"}
-        | {"warmup", "memory_margin", "load_timeout"}
+        | {"warmup", "memory_margin", "load_timeout", "shadow"}
     )
     | TRUST_KEYS
     | PERF_KEYS
@@ -65,6 +69,7 @@ class Environment:
     warmup: bool = True  # a peak-batch model_warmup in every config written to the store
     memory_margin: float = MEMORY_MARGIN  # free memory a load needs: footprint x margin
     load_timeout: float = 0.0  # seconds a load may take (0: 10 x the settings' Triton timeout)
+    shadow: Shadow | None = None  # capture and the shadow replay (pipelines/promote/capture.py)
 
     def load_deadline(self, settings: Settings) -> float:
         """Seconds one load may take before the promotion names it and stops waiting."""
@@ -118,6 +123,7 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
                 warmup=_flag(path, name, raw, "warmup", True),
                 memory_margin=_number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
                 load_timeout=_number(path, name, raw, "load_timeout", 0.0, minimum=1.0),
+                shadow=parse_shadow(f"{path} [environments.{name}]", raw.get("shadow"), path.parent),
             )
         except (KeyError, TypeError) as exc:
             raise UsageError(

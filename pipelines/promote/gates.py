@@ -19,10 +19,11 @@ from registry.errors import PromotionError
 
 def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
     ctx.checked = report
+    ctx.result.shadow = report.shadow  # in every report, refused or not
     if report.failures:
         raise GateFailed(report)
     return QualityStageReport(
-        report.checked, report.changes, report.perf, report.where, dict(report.previous)
+        report.checked, report.changes, report.perf, report.where, dict(report.previous), report.shadow
     )
 
 
@@ -34,8 +35,9 @@ class CanaryGate:
     def run(self, ctx: PromotionContext) -> QualityStageReport:
         perf = None if ctx.options.skip_perf else ctx.env.perf
         url = ctx.plan.targets[0]
+        shadow = (ctx.env.shadow, ctx.options.skip_shadow)
         report = canary_gate(
-            ctx.plan, ctx.settings, ctx.fleet, ctx.undo, ctx.env.gpu, perf, ctx.env.metrics_url(url)
+            ctx.plan, ctx.settings, ctx.fleet, ctx.undo, ctx.env.gpu, perf, ctx.env.metrics_url(url), shadow
         )
         return _passed(ctx, report)
 
@@ -53,7 +55,8 @@ class ScratchGate:
             )
         plan = ctx.plan
         live = ctx.fleet.target(plan.targets[0]) if plan.targets else None
-        report = preflight(plan, ctx.store, ctx.settings, ctx.scratch, ctx.fleet.connect, live=live)
+        shadow = (ctx.env.shadow, ctx.options.skip_shadow)
+        report = preflight(plan, ctx.store, ctx.settings, ctx.scratch, ctx.fleet.connect, live, shadow)
         return _passed(ctx, report)
 
 

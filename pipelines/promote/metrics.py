@@ -47,6 +47,18 @@ class Counters:
     duration_us: float = 0.0  # end to end, per request summed
     queue_us: float = 0.0  # waiting in the scheduler's queue
     compute_us: float = 0.0  # the model's own inference time
+    # mlreg's own requests during a bake (pipelines/promote/probes.py), not Triton's: 2.51 does not
+    # count a python model's error responses in nv_inference_request_failure
+    probe_ok: float = 0.0
+    probe_failed: float = 0.0
+
+    @property
+    def probes(self) -> float:
+        return self.probe_ok + self.probe_failed
+
+    @property
+    def probe_failure_ratio(self) -> float:
+        return self.probe_failed / self.probes if self.probes else 0.0
 
     @property
     def requests(self) -> float:
@@ -142,7 +154,7 @@ def faults(model: str, versions: Collection[str], *scrapes: Snapshot) -> list[st
     found = []
     keys = sorted({k for s in scrapes for k in s if k[0] == model and k[1] in versions})
     for key in keys:
-        for name in (f.name for f in fields(Counters)):
+        for name in FIELD.values():  # Triton's counters (a probe count is mlreg's own)
             values = [getattr(s[key], name) for s in scrapes if key in s]
             metric = f'{METRIC[name]}{{model="{key[0]}",version="{key[1]}"}}'
             bad = [v for v in values if not (math.isfinite(v) and v >= 0)]
@@ -220,6 +232,16 @@ DERIVED: dict[str, Derived] = {
             lambda old, new: (
                 f"mean queue time {new.mean_queue_us:.0f} us against {old.mean_queue_us:.0f} us for the "
                 f"old version (x{_queue_ratio(old, new):.2f}, the old one counted as at least 1 ms)"
+            ),
+        ),
+        Derived(
+            "probe_failure_ratio",
+            "the failure ratio of mlreg's own requests to the new version above the old version's",
+            lambda old, new: new.probe_failure_ratio - old.probe_failure_ratio if new.probes else None,
+            lambda old, new: (
+                f"mlreg's own requests failed {new.probe_failed:.0f} of {new.probes:.0f} times on the new "
+                f"version ({new.probe_failure_ratio:.3f}) against {old.probe_failed:.0f} of "
+                f"{old.probes:.0f} on the old ({old.probe_failure_ratio:.3f})"
             ),
         ),
     )

@@ -96,3 +96,58 @@ def draw_events(axes: Any, events: Sequence[Mapping[str, Any]]) -> None:
             ha="right",
             va="top",
         )
+
+
+def shadow_plot(shadow: Mapping[str, Any], title: str, path: Path) -> Path | None:
+    """The shadow replay of one model (pipelines/promote/replay.py ``to_dict``) as the PNG
+    ``path``: per output, the serving version's and the candidate's distributions (top-1 classes,
+    or values), and each request's latency on both, candidate against serving (None: nothing
+    replayed, nothing drawn)."""
+    outputs = [o for o in shadow.get("outputs") or [] if o.get("histogram")]
+    pairs = shadow.get("pairs_ms") or []
+    if not outputs and not pairs:
+        return None
+    # lazy: matplotlib costs ~0.3 s to import, paid only when there is something to draw
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = len(outputs) + (1 if pairs else 0)
+    figure = Figure(figsize=(5 * panels, 4), layout="constrained")
+    FigureCanvasAgg(figure)
+    figure.suptitle(title)
+    for index, output in enumerate(outputs, start=1):
+        axes = figure.add_subplot(1, panels, index)
+        histogram = output["histogram"]
+        if "classes" in histogram:
+            classes = histogram["classes"]
+            axes.bar(
+                [c - 0.2 for c in classes], histogram["serving"], 0.4, label=f"serving v{shadow['serving']}"
+            )
+            axes.bar(
+                [c + 0.2 for c in classes],
+                histogram["candidate"],
+                0.4,
+                label=f"candidate v{shadow['candidate']}",
+            )
+            axes.set(xlabel=f"{output['name']}: top-1 class", ylabel="rows")
+        else:
+            edges = histogram["edges"]
+            axes.stairs(histogram["serving"], edges, label=f"serving v{shadow['serving']}", lw=2)
+            axes.stairs(
+                histogram["candidate"], edges, label=f"candidate v{shadow['candidate']}", ls="--", lw=2
+            )
+            axes.set(xlabel=f"{output['name']}: value (KS {output.get('ks')})", ylabel="values")
+        axes.set_title(
+            f"{output['name']} ({output['kind']}): {output['diverged']} diverged, floor {output['floor']}"
+        )
+        axes.legend(fontsize="small")
+    if pairs:
+        axes = figure.add_subplot(1, panels, panels)
+        candidate, serving = [p[0] for p in pairs], [p[1] for p in pairs]
+        axes.scatter(serving, candidate, s=6, alpha=0.5)
+        top = max(max(candidate), max(serving))
+        axes.plot([0, top], [0, top], color="grey", ls=":", lw=1, label="equal")
+        axes.set(xlabel="serving, ms", ylabel="candidate, ms", title="latency per replayed request")
+        axes.legend(fontsize="small")
+    figure.savefig(path, format="png", dpi=100)
+    return path

@@ -15,6 +15,7 @@ max_failure_ratio = 0.01  # new failure ratio may exceed the old one by at most 
 max_latency_ratio = 2.0   # new mean latency at most this times the old one
 min_requests = 10       # the new version must have answered this many requests in a bake
 metrics_port = 8002     # Triton's metrics port on every replica (or metrics = {target = url})
+probe_rate = 10         # mlreg's own requests per second to each side during a bake (0: none)
 
 The bake's thresholds are a list of checks over the named metrics of ``metrics.DERIVED`` (Flagger's
 metric checks are the model); the three flat keys above are read into the same list:
@@ -56,6 +57,7 @@ KEYS = {
     "metrics_port",
     "metrics",
     "bake",
+    "probe_rate",
 }
 FLAT_CHECKS = {  # the flat key -> (metric, bound): read into the same list as [bake] checks
     "min_requests": ("requests", "min"),
@@ -99,6 +101,7 @@ DEFAULT_CHECKS = (
     Check("requests", min=10, key="min_requests"),
     Check("failure_ratio", max=0.01, key="max_failure_ratio"),
     Check("latency_ratio", max=2.0, key="max_latency_ratio"),
+    Check("probe_failure_ratio", max=0.01),  # mlreg's own requests: what Triton's counters miss
 )
 
 
@@ -112,6 +115,7 @@ class Policy:
     checks: tuple[Check, ...] = DEFAULT_CHECKS  # the bake's thresholds, judged in this order
     metrics_port: int = 8002
     metrics: tuple[tuple[str, str], ...] = ()  # target -> metrics URL
+    probe_rate: float = 10.0  # mlreg's own requests per second to each side during a bake
 
     def metrics_url(self, target: str) -> str:
         explicit = dict(self.metrics).get(target)
@@ -142,6 +146,7 @@ def parse_policy(where: str, raw: Mapping[str, Any]) -> Policy | None:
             checks=_checks(raw),
             metrics_port=_port(raw.get("metrics_port", 8002)),
             metrics=tuple(sorted(_table(raw.get("metrics", {})).items())),
+            probe_rate=_number(raw.get("probe_rate", 10), "probe_rate"),
         )
     except ValueError as exc:
         raise UsageError(f"{where}: {exc}", fix=fix) from exc
@@ -158,9 +163,10 @@ def _check(policy: Policy, where: str, fix: str) -> None:
         )
     for check in policy.checks:
         name = check.key or f"the {check.metric} check's max"
-        if check.metric == "failure_ratio" and check.max is not None and not 0 <= check.max <= 1:
+        failures = check.metric.endswith("failure_ratio")
+        if failures and check.max is not None and not 0 <= check.max <= 1:
             raise UsageError(f"{where}: {name} must be within 0..1", fix=fix)
-        if check.metric.endswith("_ratio") and check.metric != "failure_ratio" and (check.max or 1) < 1:
+        if check.metric.endswith("_ratio") and not failures and (check.max or 1) < 1:
             raise UsageError(f"{where}: {name} must be >= 1 (1.5 = 50% slower allowed)", fix=fix)
     if isinstance(policy.canary, float) and not 0 < policy.canary <= 100:
         raise UsageError(f"{where}: canary percent must be within 0..100", fix=fix)

@@ -125,6 +125,10 @@ class ServingTarget(Protocol):
         """Triton's per-version statistics of ``model`` (its JSON ``model_stats``)."""
         ...
 
+    def trace_settings(self, model: str, settings: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
+        """``model``'s trace settings after applying ``settings`` (capture: pipelines/promote/capture.py)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -32,9 +32,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pipelines.promote.capture import Shadow
 from pipelines.promote.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
 from pipelines.promote.ports import ScratchServers
 from pipelines.promote.reports import Refusal
+from pipelines.promote.shadow import replay_step
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME, data_type_name, parse_config
 from registry.errors import MlregError, PromotionError
@@ -68,6 +70,8 @@ class QualityReport:
     restored: bool = False  # a failed gate put the canary and the store back as they were
     cleanup_errors: list[str] = field(default_factory=list)
     perf: list[dict[str, Any]] = field(default_factory=list)  # the performance check, per model
+    shadow: list[dict[str, Any]] = field(default_factory=list)  # the shadow replay, per model
+    captured: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)  # model -> inputs
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +81,7 @@ class QualityReport:
             "changes": self.changes,
             "compared_with": self.previous,
             "perf": self.perf,
+            "shadow": self.shadow,
             "outputs": {m: {n: a.tolist() for n, a in o.items()} for m, o in self.outputs.items()},
         }
 
@@ -202,10 +207,12 @@ def preflight(
     scratch: ScratchServers,
     connect: Callable[[str], Answers],
     live: Answers | None = None,
+    shadow: tuple[Shadow | None, bool] = (None, False),
 ) -> QualityReport:
     """The gate on a scratch tritonserver (``scratch``: started on a folder, stopped after).
     ``live``: a server of the environment that answers for the serving version where it cannot sit
-    beside the candidate (a runtime change)."""
+    beside the candidate (a runtime change).  ``shadow``: the environment's capture (replayed where
+    the scratch server or ``live`` can answer for the serving version), and whether to skip it."""
     report = QualityReport()
     warm_up()
     with tempfile.TemporaryDirectory(prefix="mlreg-preflight-") as tmp:
@@ -224,6 +231,13 @@ def preflight(
                         source = live
                     probe = Probe(step.model, step.version, reference if source else "", source)
                     check_model(triton, settings, step.config_text, probe, report)
+                    if source is not None and not report.failures and step.folder is not None:
+                        result, _ = replay_step(
+                            step, reference, (triton.infer, step.model), source.infer, *shadow
+                        )
+                        report.shadow.append(result.to_dict())
+                        if not result.ok:
+                            report.failures.append(f"{step.model}: shadow replay {result.line()}")
             finally:
                 triton.close()
     return report

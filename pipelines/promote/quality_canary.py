@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.promote import metrics
+from pipelines.promote.capture import Shadow
 from pipelines.promote.fanout import Change, Fleet, checkpoint
 from pipelines.promote.perf import PerfResult, PerfSettings, check, measure
 from pipelines.promote.plan import Plan, Step, desired_config
@@ -55,6 +56,7 @@ from pipelines.promote.quality import (
     serving_reference,
     warm_up,
 )
+from pipelines.promote.shadow import replay_step
 from pipelines.promote.undo import UndoLog
 from registry.errors import MlregError
 from registry.settings import Settings
@@ -81,8 +83,11 @@ def canary_gate(
     gpu: bool,
     perf: PerfSettings | None = None,
     metrics_url: str = "",
+    shadow: tuple[Shadow | None, bool] = (None, False),
 ) -> QualityReport:
-    """The candidates on the canary: loaded, their answers judged, then (``perf``) their speed."""
+    """The candidates on the canary: loaded, their answers judged, then (``shadow``: the
+    environment's capture, and whether to skip) the requests production sent replayed, then
+    (``perf``) their speed."""
     url = plan.targets[0]
     report = QualityReport(where=f"the canary {url}")
     steps = gated_steps(plan)
@@ -104,6 +109,8 @@ def canary_gate(
             checkpoint(f"gate:{step.model}")  # the candidate loaded on the canary, not yet judged
         for step, probe in probes:
             check_model(canary, settings, step.config_text, probe, report)
+        for step, probe in probes if not report.failures else ():  # before any traffic meets them
+            shadow_check(step, probe, (canary.infer, probe.loaded_as), canary.infer, shadow, report)
         if perf is not None and not report.failures:
             for step, probe in probes:
                 result = perf_check(fleet, url, settings, step, probe, report, perf, metrics_url)
@@ -116,6 +123,23 @@ def canary_gate(
     if not report.failures:
         _release(fleet, undo, url, probes)
     return report
+
+
+def shadow_check(
+    step: Step,
+    probe: Probe,
+    candidate: tuple[Any, str],
+    serving: Any,
+    shadow: tuple[Shadow | None, bool],
+    report: QualityReport,
+) -> None:
+    """The shadow replay of one candidate (pipelines/promote/shadow.py); a refusal fails the gate."""
+    result, inputs = replay_step(step, probe.reference, candidate, serving, *shadow)
+    report.shadow.append(result.to_dict())
+    if inputs:
+        report.captured[step.model] = inputs
+    if not result.ok:
+        report.failures.append(f"{step.model}: shadow replay {result.line()}")
 
 
 def candidate(step: Step, private_name: str, gpu: bool) -> Change:

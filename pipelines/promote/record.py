@@ -14,7 +14,7 @@ from pipelines.promote.environments import Environment
 from pipelines.promote.fanout import checkpoint
 from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
 from pipelines.promote.plan import Plan
-from pipelines.promote.plots import memory_plot
+from pipelines.promote.plots import memory_plot, shadow_plot
 from pipelines.promote.ports import Registry
 from pipelines.promote.reports import PromotionResult
 from registry.errors import MlregError, PromotionError
@@ -62,12 +62,14 @@ def record_promotion(
             | headroom_params(result),
             {f"{s.stage}_seconds": s.seconds for s in result.stages}
             | perf_metrics(result)
-            | footprint_metrics(result),
+            | footprint_metrics(result)
+            | shadow_metrics(result),
         )
         with tempfile.TemporaryDirectory() as tmp:
             report = result.to_dict()  # URIs redacted: the plot's labels too
             (Path(tmp) / "report.json").write_text(json.dumps(report, indent=1, default=str))
             plot_memory(report.get("headroom") or {}, memory_title(plan), Path(tmp) / "memory.png")
+            write_shadow(report.get("shadow") or [], Path(tmp))
             registry.log_artifacts(run_id, Path(tmp))
         registry.finish_run(run_id, ok=not result.error)
         result.run_id = run_id
@@ -121,6 +123,54 @@ def record_footprints(registry: Registry, result: PromotionResult) -> None:
             registry.set_version_tag(model, version, FOOTPRINT_KIND_TAG, kind)
         except MlregError as exc:
             log.warning("could not record the footprint of %s v%s: %s", model, version, redact_uri(str(exc)))
+
+
+# -- the shadow replay (pipelines/promote/replay.py) ------------------------------------------------
+
+
+def shadow_metrics(result: PromotionResult) -> dict[str, float]:
+    """Per replayed model: its divergence, the noise floor and how many requests were judged
+    (``shadow_<model>_divergence`` ...), and the latency pairs' p95, so MLflow charts them."""
+    found: dict[str, float] = {}
+    for shadow in result.shadow:
+        if not shadow.get("judged"):
+            continue
+        prefix = f"shadow_{shadow['model']}"
+        found[f"{prefix}_divergence"] = float(shadow["divergence"])
+        found[f"{prefix}_floor"] = float(shadow["floor_rate"])
+        found[f"{prefix}_judged"] = float(shadow["judged"])
+        for side, figures in (shadow.get("latency_ms") or {}).items():
+            found[f"{prefix}_{side}_p95_ms"] = float(figures["p95"])
+    return found
+
+
+def write_shadow(shadows: list[dict[str, Any]], folder: Path) -> None:
+    """The divergence table (``shadow.json``: per model and output, the first divergent requests)
+    and one picture per replayed model (``shadow_<model>.png``); a plot that fails is a warning."""
+    replayed = [s for s in shadows if s.get("judged")]
+    if not replayed:
+        return
+    table = [
+        {
+            "model": s["model"],
+            "candidate": s["candidate"],
+            "serving": s["serving"],
+            "verdict": s["verdict"],
+            "judged": s["judged"],
+            "diverged": s["diverged"],
+            "floor": s["floor"],
+            "outputs": [{k: v for k, v in o.items() if k != "histogram"} for o in s["outputs"]],
+            "first": s["first"],
+        }
+        for s in replayed
+    ]
+    (folder / "shadow.json").write_text(json.dumps(table, indent=1, default=str))
+    for shadow in replayed:
+        title = f"Shadow replay of {shadow['model']} v{shadow['candidate']} against v{shadow['serving']}"
+        try:
+            shadow_plot(shadow, title, folder / f"shadow_{shadow['model']}.png")
+        except Exception as exc:  # matplotlib missing or failing: the record goes on without it
+            log.warning("could not plot the shadow replay: %s: %s", type(exc).__name__, exc)
 
 
 def perf_metrics(result: PromotionResult) -> dict[str, float]:

@@ -96,13 +96,16 @@ class QualityStageReport:
     perf: list[dict[str, Any]] = field(default_factory=list)  # pipelines/promote/perf.py, per model
     where: str = ""  # "the canary URL" / "a scratch tritonserver"
     previous: dict[str, str] = field(default_factory=dict)  # model -> the serving version compared
+    shadow: list[dict[str, Any]] = field(default_factory=list)  # pipelines/promote/replay.py, per model
 
     def detail(self) -> str:
         changes = ", ".join(f"{k} max|Δ| {v:.3g}" for k, v in self.changes.items())
         perf = "; ".join(f"perf {p['line']}" for p in self.perf)
+        shadow = "; ".join(f"shadow {s['line']}" for s in self.shadow)
         return (
             f"golden inputs passed on {', '.join(self.checked)}"
             + (f"; against serving: {changes}" if changes else "")
+            + (f"; {shadow}" if shadow else "")
             + (f"; {perf}" if perf else "")
         )
 
@@ -187,6 +190,7 @@ class PromotionResult:
     rollback: str = "not needed"  # "not needed" (nothing changed) | "succeeded" | "failed"
     notes: list[str] = field(default_factory=list)  # what a failure left: the store's configs, locks
     headroom: LoadFindings | None = None  # memory headroom and leaks around each load (the runner's)
+    shadow: list[dict[str, Any]] = field(default_factory=list)  # the gate's shadow replay, per model
 
     @property
     def failed_stage(self) -> str:
@@ -227,6 +231,7 @@ class PromotionResult:
             "plan": self.plan.to_dict(),
             "stages": [s.to_dict() for s in self.stages],
             "headroom": self.headroom.to_dict() if self.headroom is not None else None,
+            "shadow": self.shadow,
         }
 
 

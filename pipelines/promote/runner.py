@@ -41,6 +41,7 @@ from pipelines.promote.policy import check_fleet
 from pipelines.promote.ports import Registry, ScratchServers
 from pipelines.promote.replicas import Connect, reachable, triton_connector
 from pipelines.promote.reports import PromotionFailed, PromotionResult, StageRecord
+from pipelines.promote.shadow import capture_after
 from pipelines.promote.staged import Staged
 from pipelines.promote.stages import (
     PROMOTIONS_EXPERIMENT,
@@ -116,6 +117,10 @@ class Promotion:
             self._sequence(ctx, [Stage("resolve", resolve)], planning=True)
             ctx.deployer, ctx.gate = choose_deployer(self.env), choose_gate(ctx)
             self._sequence(ctx, pipeline(ctx))
+            if not self.options.dry_run:  # capture on again for what now serves (shadow.py)
+                ctx.result.notes.extend(
+                    capture_after(ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, self.env.shadow)
+                )
         finally:
             ctx.close()
         ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left

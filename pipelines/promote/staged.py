@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipelines.promote import metrics
 from pipelines.promote.context import PromotionContext
@@ -26,6 +26,8 @@ from pipelines.promote.fanout import Change, Fleet, Rollout, checkpoint
 from pipelines.promote.headroom import REFUSED
 from pipelines.promote.plan import Step, desired_config
 from pipelines.promote.policy import Policy, Verdict, judge, waves_of
+from pipelines.promote.probes import Probes, Target, with_probes
+from pipelines.promote.quality import golden_inputs, output_names
 from pipelines.promote.reports import FleetReport
 from registry.errors import MlregError, PromotionError
 
@@ -89,6 +91,7 @@ class StagedRollout:
         self.skipped: dict[str, str] = {}  # url -> why: refused before its first load, left out
         self.may_skip = 0  # how many more replicas max_unavailable lets this roll-out leave out
         self.gpu = True  # the environment's: how a skipped replica's ensembles are put back
+        self.probes: Probes | None = None  # mlreg's own requests during each bake (probes.py)
         self._skipping = threading.Lock()
 
     def run(self, moves: list[Move]) -> list[Rollout]:
@@ -172,7 +175,11 @@ class StagedRollout:
     def _bake(self, moves: list[Move], baseline: dict[str, metrics.Snapshot], when: str) -> None:
         try:
             before = self._scrape_all(self.targets)
-            self.sleep(self.policy.bake_seconds)
+            if self.probes is not None:  # mlreg's own requests while it waits (probes.py)
+                others = [u for u in self.targets if u not in self.moved]
+                self.probes.run(self.policy.bake_seconds, self.moved, others, self.sleep)
+            else:
+                self.sleep(self.policy.bake_seconds)
             after = self._scrape_all(self.targets)
         except MlregError as exc:
             raise PromotionError(
@@ -214,8 +221,12 @@ class StagedRollout:
         others = [u for u in self.targets if u not in self.moved]
         new = metrics.total([deltas[u] for u in self.moved], model, new_versions)
         old = metrics.total([deltas[u] for u in others], model, old_versions)
+        if self.probes is not None:  # the probes' requests out of Triton's counts, their own in
+            new = with_probes(new, self.probes.counted(model, "new"))
+            old = with_probes(old, self.probes.counted(model, "old"))
         if not old.requests:  # no untouched replica had traffic: the old version before the swap
-            old = metrics.total([baseline[u] for u in self.moved], model, old_versions)
+            before = metrics.total([baseline[u] for u in self.moved], model, old_versions)
+            old = replace(before, probe_ok=old.probe_ok, probe_failed=old.probe_failed)
         verdict = judge(old, new, self.policy)
         self.verdicts.append(verdict)
         if not verdict.ok:
@@ -245,6 +256,7 @@ class Staged:
         rollout = StagedRollout(plan.targets, fleet, self.policy, self.scrape, self.sleep)
         rollout.may_skip = max(0, self.policy.max_unavailable - len(plan.skipped))
         rollout.gpu = gpu
+        rollout.probes = self._probes(ctx, moves)
         fleet.rollouts.extend(rollout.run(following_latest(repointed, moving, gpu) + moves))
         if rollout.skipped:  # short of memory: left as it serves, named in every report
             plan.skipped.update(rollout.skipped)
@@ -267,6 +279,25 @@ class Staged:
             fleet.rollouts,
             dict(plan.skipped),
         )
+
+    def _probes(self, ctx: PromotionContext, moves: list[Move]) -> Probes | None:
+        """The bake's own requests (probes.py): the captured inputs the shadow replay read, else
+        the golden inputs, to each model that bakes."""
+        if self.policy.probe_rate <= 0 or self.policy.bake_seconds <= 0:
+            return None
+        captured = ctx.checked.captured if ctx.checked is not None else {}
+        targets = []
+        for move in (m for m in moves if m.baked_old):
+            step = move.step
+            try:
+                inputs = captured.get(step.model) or [
+                    golden_inputs(ctx.settings, step.model, step.config_text)
+                ]
+                names = output_names(step.config_text)
+            except (MlregError, ValueError, TypeError):
+                continue  # no inputs to send: Triton's counters alone judge this model
+            targets.append(Target(step.model, inputs, names, step.version, move.baked_old[-1]))
+        return Probes(ctx.fleet.connect, self.policy.probe_rate, targets)
 
     @staticmethod
     def _write(ctx: PromotionContext, move: Move) -> None:

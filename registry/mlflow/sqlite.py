@@ -210,3 +210,53 @@ def alias_holders(tracking_uri: str, alias: str, wait: float = LOCK_WAIT) -> dic
     except sqlite3.Error:
         return None
     return {str(name): str(version) for name, version in rows}
+
+
+# -- a new embedded registry, seeded ---------------------------------------------------------------
+
+
+def template_path(cache: Path) -> Path:
+    """The pristine, migrated, empty registry of the installed MLflow (its schema is per release)."""
+    from importlib.metadata import version
+
+    return cache / f"mlflow-{version('mlflow')}-empty.db"
+
+
+def seed(db: Path, cache: Path, client: type) -> bool:
+    """Create ``db`` as a copy of an empty registry already migrated (MLflow's ~80 migrations take
+    3-10 s on a first open; a copy ~50 ms), making the template in ``cache`` once per MLflow release.
+    The template holds no experiment: MLflow creates its Default experiment, with this registry's
+    artifact root, on the first open.  ``client``: MlflowClient (imported by the caller).  False (and
+    nothing written) when it cannot: the caller then lets MLflow create ``db`` itself."""
+    if db.exists():
+        return False
+    template = template_path(cache)
+    try:
+        if not template.is_file():
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile_in(cache) as scratch:
+                uri = f"{EMBEDDED}{scratch}"
+                client(tracking_uri=uri, registry_uri=uri).search_experiments()  # migrates
+                with contextlib.closing(sqlite3.connect(scratch)) as conn, conn:
+                    conn.execute("DELETE FROM experiment_tags")
+                    conn.execute("DELETE FROM experiments")
+                scratch.replace(template)  # atomic: a concurrent maker's copy is as good
+        with tempfile_in(db.parent) as scratch:
+            scratch.write_bytes(template.read_bytes())
+            scratch.replace(db)
+        return True
+    except (OSError, sqlite3.Error):
+        return False
+
+
+@contextlib.contextmanager
+def tempfile_in(folder: Path) -> Iterator[Path]:
+    """A fresh path in ``folder`` (same file system: a rename is atomic), removed unless renamed."""
+    import os
+    import uuid
+
+    path = folder / f".mlreg-{os.getpid()}-{uuid.uuid4().hex}.tmp"
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)

@@ -55,15 +55,16 @@ GIT = [
 ]
 
 
-def local_repositories(workflow: str) -> list[str]:
+def local_repositories(workflow: str, standins: Mapping[str, str] = STANDINS) -> list[str]:
     """``--local-repository owner/name@SHA=stand-in`` for every pinned action ``workflow`` uses
     (actions/checkout excepted: act checks out the local repository itself).  Only the workflow
-    act runs: ci.yml's actions/cache, say, has no stand-in and needs none here."""
+    act runs: ci.yml's actions/cache, say, has no stand-in and needs none here.  ``standins``:
+    action -> folder under tests/act (release.yml's are in tests/act/release.py)."""
     text = (ROOT / ".github" / "workflows" / workflow).read_text()
     args = []
     for repo, sha in sorted(set(re.findall(r"uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40})", text))):
         if repo != "actions/checkout":
-            args += ["--local-repository", f"{repo}@{sha}={ROOT / 'tests' / 'act' / STANDINS[repo]}"]
+            args += ["--local-repository", f"{repo}@{sha}={ROOT / 'tests' / 'act' / standins[repo]}"]
     return args
 
 

@@ -4,9 +4,11 @@ syntax and the interpolated file (test_infra.py checks it; test_postgres.py runs
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -52,3 +54,17 @@ def compose(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """compose.yaml as ``docker compose config`` would see it with .env.example (+ ``env``)."""
     raw = yaml.safe_load((COMPOSE_DIR / "compose.yaml").read_text())
     return dict(interpolate(raw, {**env_example(), **(env or {})}))
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl not found: bash .ci/system-deps.sh installs Debian's kubectl")
+    return found
+
+
+def image_pinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")

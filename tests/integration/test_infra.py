@@ -28,7 +28,15 @@ import yaml
 
 from pipelines import control_key
 from tests.conftest import ROOT
-from tests.integration.infra import COMPOSE_DIR, INFRA, compose, env_example, interpolate
+from tests.integration.infra import (
+    COMPOSE_DIR,
+    INFRA,
+    compose,
+    env_example,
+    image_pinned,
+    interpolate,
+    kubectl,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,13 +57,6 @@ def venv_tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
         pytest.fail(f"{name} not found: pip install -e '.[dev]'")
-    return found
-
-
-def kubectl() -> str:
-    found = shutil.which("kubectl")
-    if found is None:
-        pytest.fail("kubectl not found: bash .ci/system-deps.sh installs Debian's kubectl")
     return found
 
 
@@ -114,13 +115,6 @@ def flag_map(args: list[str]) -> dict[str, str | None]:
     return flags
 
 
-def image_pinned(image: str) -> bool:
-    if "@sha256:" in image:
-        return True
-    name, _, tag = image.rpartition(":")
-    return bool(name) and "/" not in tag and tag not in ("", "latest")
-
-
 # --- Kubernetes ----------------------------------------------------------------------------------
 
 
@@ -165,7 +159,12 @@ def test_strict_validation_rejects_a_misspelt_field(tmp_path: Path) -> None:
 def test_triton_has_probes_gpu_metrics_and_runs_as_non_root(overlay: str) -> None:
     deployment = find(overlay, "Deployment", "triton")
     template = deployment["spec"]["template"]
-    [triton] = template["spec"]["containers"]
+    # beside it only the trace-shipper sidecar (issue 35: captured requests to the captures prefix)
+    containers = {c["name"]: c for c in template["spec"]["containers"]}
+    assert set(containers) == {"triton", "trace-shipper"}
+    triton, shipper = containers["triton"], containers["trace-shipper"]
+    assert {"name": "traces", "mountPath": "/traces"} in triton["volumeMounts"]
+    assert {"name": "traces", "mountPath": "/traces"} in shipper["volumeMounts"]
     assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
@@ -248,7 +247,7 @@ def test_the_headless_service_selects_exactly_the_triton_pods(overlay: str) -> N
 def test_the_store_is_initialised_before_triton_starts(overlay: str) -> None:
     spec = find(overlay, "Deployment", "triton")["spec"]["template"]["spec"]
     [init] = spec["initContainers"]
-    [triton] = spec["containers"]
+    [triton] = [c for c in spec["containers"] if c["name"] == "triton"]
     assert init["command"] == ["mlreg", "store", "init", "--store", "$(MLREG_STORE)"]
     assert flag_map(triton["args"])["--model-repository"] == "$(MLREG_STORE)"
     for container in (init, triton):
@@ -343,7 +342,8 @@ def compose_triton_args() -> list[str]:
 
 
 def k8s_triton_args(overlay: str) -> list[str]:
-    [triton] = find(overlay, "Deployment", "triton")["spec"]["template"]["spec"]["containers"]
+    spec = find(overlay, "Deployment", "triton")["spec"]["template"]["spec"]
+    [triton] = [c for c in spec["containers"] if c["name"] == "triton"]
     assert triton["command"] == ["tritonserver"]
     return list(triton["args"])
 

@@ -1,7 +1,8 @@
 """The wheel, installed (not editable) into a fresh virtual environment, serves the whole local story.
 
-The wheel is built as `python -m build` builds it, sdist first and the wheel from the sdist,
-from a copy of the checkout (setuptools from .venv: no build isolation, no index).
+The wheel is the release's: release.yml, run by act (tests/act/release.py, once per test run
+and shared with tests/integration/test_release.py), builds it with `python -m build` (sdist
+first, the wheel from the sdist, in an isolated environment) from a tagged copy of the checkout.
 The fresh environment gets its dependencies from the project's .venv through a .pth file (no
 network, no 3 GB reinstall) and mlreg itself only from the wheel (`pip install --no-deps
 --no-index`).  Every command runs from a folder outside the repository, so nothing can come
@@ -16,7 +17,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,12 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.act.release import shared_release
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-# what the wheel is built from (the build folders of the checkout are never touched)
-SOURCES = ("mlreg", "registry", "pipelines", "model_repository_template", "infra/backends")
-BUILD_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
 PROBE = """
 import json, registry, pipelines, mlreg
 from registry.settings import Settings
@@ -59,24 +58,6 @@ def run(command: list[str | Path], env: dict[str, str], cwd: Path, timeout: floa
     return proc.stdout
 
 
-def build_wheel(work: Path) -> Path:
-    """sdist first, then the wheel from the sdist, as `python -m build` does (no index, no isolation)."""
-    source = work / "source"
-    for name in SOURCES:
-        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in BUILD_FILES:
-        shutil.copy2(ROOT / name, source / name)
-    dist = work / "dist"
-    make_sdist = f"from setuptools import build_meta; build_meta.build_sdist({str(dist)!r})"
-    run([sys.executable, "-c", make_sdist], dict(os.environ), source)
-    (sdist,) = dist.glob("mlreg-*.tar.gz")
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    options = ["--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(dist)]
-    run([*pip, "wheel", *options, sdist], dict(os.environ), work)
-    (wheel,) = dist.glob("mlreg-*.whl")
-    return wheel
-
-
 def fresh_venv(folder: Path) -> tuple[Path, Path]:
     """A venv without pip whose dependencies are the project's .venv (a .pth file, after its own)."""
     base = getattr(sys, "_base_executable", sys.executable)  # the interpreter .venv was made from
@@ -93,7 +74,8 @@ def fresh_venv(folder: Path) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     work = tmp_path_factory.mktemp("wheel")
-    wheel = build_wheel(work)
+    wheel = shared_release(tmp_path_factory).wheel
+    assert wheel.is_file(), f"the release run built no wheel: {wheel}"
     python, site_packages = fresh_venv(work / "venv")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(python)]
     run([*pip, "install", "--no-deps", "--no-index", "-q", wheel], dict(os.environ), work)

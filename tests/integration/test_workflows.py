@@ -42,7 +42,8 @@ def test_static_checks_pass_zizmor_actionlint_and_the_workflow_schema() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "No findings to report" in done.stdout
     assert "ok -- validation done" in done.stdout
-    assert "actionlint: 3 file(s), 0 finding(s)" in done.stdout
+    workflows = len(list((ROOT / ".github" / "workflows").glob("*.yml")))  # each one linted
+    assert f"actionlint: {workflows} file(s), 0 finding(s)" in done.stdout
 
 
 def test_promotion_jobs_run_where_mlreg_runner_says_and_can_promote_in_the_cluster() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipelines.promote import discovery, metrics
@@ -16,6 +17,7 @@ from pipelines.promote.environments import environment, resolve_targets
 from pipelines.promote.fanout import Change, Fleet
 from pipelines.promote.plan import Role, Step
 from pipelines.promote.policy import Check, Policy, judge, parse_policy, waves_of
+from pipelines.promote.probes import Probes, Target
 from pipelines.promote.replicas import reachable
 from pipelines.promote.staged import Move, StagedRollout, following_latest
 from pipelines.promote.undo import UndoLog
@@ -55,6 +57,7 @@ def test_a_policy_is_read_from_mlreg_toml(tmp_path: Path) -> None:
             Check("requests", min=10, key="min_requests"),
             Check("failure_ratio", max=0.02, key="max_failure_ratio"),
             Check("latency_ratio", max=2.0, key="max_latency_ratio"),
+            Check("probe_failure_ratio", max=0.01),  # on by default (issue 35)
         ),
         metrics=(("a:8001", "http://a:9000/metrics"),),
     )
@@ -599,6 +602,7 @@ def test_a_bake_reads_a_checks_list_and_the_flat_keys_alike(tmp_path: Path) -> N
         ("requests", 5, None),
         ("failure_ratio", None, 0.01),
         ("latency_ratio", None, 1.5),
+        ("probe_failure_ratio", None, 0.01),  # on by default (issue 35): mlreg's own bake requests
     ]
     old, new = metrics.Counters(100, 0, 100 * 500), metrics.Counters(100, 0, 100 * 900)
     verdict = judge(old, new, Policy(checks=checks))
@@ -612,7 +616,7 @@ def test_a_bake_reads_a_checks_list_and_the_flat_keys_alike(tmp_path: Path) -> N
         (
             'checks = [{ metric = "latency", max = 2 }]',
             "unknown metric 'latency' in a bake check; the metrics "
-            "are: failure_ratio, latency_ratio, queue_ratio, requests",
+            "are: failure_ratio, latency_ratio, probe_failure_ratio, queue_ratio, requests",
         ),
         ('checks = [{ metric = "requests" }]', "the requests check needs min or max"),
         ('checks = [{ metric = "requests", min = 5, above = 1 }]', "a check is"),
@@ -671,3 +675,38 @@ def test_queue_and_compute_counters_are_read_from_triton_metrics() -> None:
         'nv_inference_queue_duration_us{model="m",version="2"} went down from 1200 to 900 '
         "(a counter reset: the replica restarted)"
     ]
+
+
+# -- the bake's own requests (issue 35: pipelines/promote/probes.py) --------------------------------
+
+
+class Failing(FakeTarget):
+    """Fails every 10th request to version 2 (as a python model's error responses would)."""
+
+    calls = 0
+
+    def infer(self, model: str, inputs: Any, outputs: list[str], version: str = "") -> dict[str, np.ndarray]:
+        if version == "2":
+            Failing.calls += 1
+            if Failing.calls % 10 == 0:
+                raise TritonError(f"{self.url}: {model} failed")
+        return super().infer(model, inputs, outputs, version)
+
+
+def test_the_bake_trips_on_its_own_requests_when_triton_counts_no_failure(tmp_path: Path) -> None:
+    baked = {"done": False}
+
+    def scrape(url: str) -> metrics.Snapshot:  # Triton's counters: not one failure, either side
+        return _snapshot(200, 0, 200) if baked["done"] else _snapshot(0, 0, 0)  # probes included
+
+    policy = Policy(waves=(100.0,), bake_seconds=5, probe_rate=20)
+    rig = Rig(tmp_path, policy, scrape=scrape, sleep=lambda s: baked.update(done=True))
+    targets = {u: Failing(u, ready=lambda *_: True) for u in URLS}
+    rig.staged.probes = Probes(
+        targets.__getitem__, 20, [Target("m", [{"X": np.ones((1, 4))}], ["Y"], "2", "1")]
+    )
+    error = rig.run_and_undo([_move("m", CONFIG, ["1", "2"], previous=OLD_CONFIG, baked_old=("1",))])
+    assert "tripped on m v2 (probe_failure_ratio)" in error.message
+    assert "mlreg's own requests failed 10 of 100 times on the new version (0.100)" in error.message
+    assert "against 0 of 100 on the old" in error.message
+    assert rig.report.ok

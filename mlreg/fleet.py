@@ -1,0 +1,362 @@
+"""The desired versions of an environment as a file in git: ``fleet/<env>.toml``.
+
+    environment = "production"     # optional: the mlreg.toml environment it is for
+    [models]
+    ensemble_multi_modal_model = 2
+    image_model = 3
+
+GitOps: the plan job writes it (``pin``: versions named, or every version another environment's
+alias holds) and opens a pull request; merging it changes the file in git, and the engine that
+syncs the environment (an Argo CD PostSync hook Job, infra/gitops/) runs ``sync``, whose exit code
+is the environment's health: 0 when every pinned version serves there and its alias names it.
+
+``sync`` refuses before any change a file pinning a version MLflow does not hold, and a file
+whose ensemble version pins a member at another version than the file does (an ensemble
+promotion brings its pinned members: such a file could never be reached, and would flip-flop).
+It promotes only what differs (the alias names another version, or ``mlreg status`` finds drift),
+ensembles first as ``promote --from-alias`` does (an ensemble's promotion brings the member
+versions it pins; each member the file pins is then already held), so a second run is a no-op.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from registry.errors import MlregError, RegistryError, UsageError
+from registry.register import check_model_name
+from registry.settings import Settings, redact_uri
+
+if TYPE_CHECKING:
+    from mlreg.workflow import OnStage
+    from pipelines.promote.ports import Registry
+
+KEYS = ("environment", "models")
+BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+DRIFT_EXIT = 1  # 'mlreg status' drift: the promotions ran, the environment does not serve the file
+
+
+@dataclass
+class FleetFile:
+    path: Path
+    environment: str | None
+    models: dict[str, str]  # model -> version
+    header: list[str] = field(default_factory=list)  # the comment lines the file starts with
+
+
+def read_fleet(path: Path, missing_ok: bool = False) -> FleetFile:
+    """``path`` parsed and checked; ``missing_ok``: an absent file reads as an empty one."""
+    if missing_ok and not path.exists():
+        return FleetFile(path, None, {})
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(
+            f"{path}: cannot read the desired versions: {exc}",
+            fix="write [models] with one line per model: image_model = 3",
+        ) from exc
+    unknown = [key for key in data if key not in KEYS]
+    if unknown:
+        hints = [_did_you_mean(key, KEYS) for key in unknown]
+        raise UsageError(
+            f"{path}: unknown key(s) {', '.join(hints)}", fix='keep environment = "E" and [models]'
+        )
+    environment = data.get("environment")
+    if environment is not None and (not isinstance(environment, str) or not environment.strip()):
+        raise UsageError(
+            f"{path}: environment must be a name, not {environment!r}", fix='environment = "production"'
+        )
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise UsageError(f"{path}: models must be a table, not {models!r}", fix="[models]\nimage_model = 3")
+    pins = {_model(path, name): _version(path, name, value) for name, value in models.items()}
+    return FleetFile(path, environment.strip() if environment else None, pins, _leading_comments(text))
+
+
+def render(fleet: FleetFile) -> str:
+    lines = list(fleet.header)
+    if lines:
+        lines.append("")
+    if fleet.environment:
+        lines += [f"environment = {json.dumps(fleet.environment)}", ""]
+    lines.append("[models]")
+    lines += [f"{_key(name)} = {int(version)}" for name, version in sorted(fleet.models.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_fleet(fleet: FleetFile) -> None:
+    """Replace the file in one step (a reader never sees half of it)."""
+    fleet.path.parent.mkdir(parents=True, exist_ok=True)
+    partial = fleet.path.with_name(f".{fleet.path.name}.tmp")
+    partial.write_text(render(fleet))
+    os.replace(partial, fleet.path)
+
+
+# -- pin: what the plan job writes ------------------------------------------------------------------
+
+
+@dataclass
+class PinResult:
+    fleet: FleetFile
+    changes: list[dict[str, str | None]]  # {"model", "from", "to"}
+    written: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "fleet-pin",
+            "file": str(self.fleet.path),
+            "environment": self.fleet.environment,
+            "changed": bool(self.changes),
+            "changes": self.changes,
+            "models": dict(sorted(self.fleet.models.items())),
+        }
+
+
+def parse_pins(pins: Sequence[str]) -> dict[str, str]:
+    """``MODEL=VERSION`` arguments (a VERSION must be a positive whole number)."""
+    found = {}
+    for pin in pins:
+        name, eq, version = pin.partition("=")
+        if not eq:
+            raise UsageError(f"{pin!r} is not MODEL=VERSION", fix="e.g. image_model=3")
+        found[_model(Path("(command line)"), name.strip())] = _version(Path("(command line)"), name, version)
+    return found
+
+
+def pin(
+    settings: Settings,
+    path: Path,
+    pins: Mapping[str, str],
+    env_name: str | None = None,
+    from_alias: str | None = None,
+    registry: Registry | None = None,
+) -> PinResult:
+    """``path`` with ``pins`` (after every version ``from_alias`` holds, when given) written in;
+    each pinned version must be registered.  Nothing is written when nothing changes."""
+    fleet = read_fleet(path, missing_ok=True)
+    if env_name and fleet.environment and env_name != fleet.environment:
+        raise UsageError(
+            f"{path} is for environment '{fleet.environment}', not '{env_name}'",
+            fix=f"drop --env, or pin into the file of '{env_name}'",
+        )
+    fleet.environment = fleet.environment or env_name or path.stem
+    if not pins and not from_alias:
+        raise UsageError("nothing to pin", fix="pass MODEL=VERSION (repeatable) or --from-alias ALIAS")
+    registry = registry or _registry(settings)
+    wanted: dict[str, str] = {}
+    if from_alias:
+        wanted = registry.alias_versions(from_alias)
+        if not wanted:
+            raise RegistryError(
+                f"alias '{from_alias}' names no version of any registered model in MLflow "
+                f"({redact_uri(registry.uri)})",
+                fix="check the alias ('mlreg versions MODEL' lists a model's aliases)",
+            )
+    wanted.update(pins)
+    changed = {m: v for m, v in wanted.items() if fleet.models.get(m) != v}
+    _require_registered(registry, changed, str(path))
+    changes: list[dict[str, str | None]] = [
+        {"model": m, "from": fleet.models.get(m), "to": v} for m, v in sorted(changed.items())
+    ]
+    fleet.models.update(changed)
+    _refuse_unreachable_pins(fleet, _require_registered(registry, fleet.models, str(path)))  # as sync would
+    written = bool(changes) or not path.exists()
+    if written:
+        write_fleet(fleet)
+    return PinResult(fleet, changes, written)
+
+
+# -- sync: what the hook Job runs -----------------------------------------------------------------
+
+
+@dataclass
+class SyncResult:
+    fleet: FleetFile
+    environment: str
+    alias: str
+    dry_run: bool
+    moved: list[tuple[str, str]]
+    batch: dict[str, Any] | None = None  # mlreg.workflow.BatchResult.to_dict() when anything moved
+    health: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [p for p in (self.batch or {}).get("promotions", []) if not p["ok"] and not p.get("skipped")]
+
+    @property
+    def healthy(self) -> bool:
+        return all(row["ok"] for row in self.health)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and (self.dry_run or self.healthy)
+
+    @property
+    def exit_code(self) -> int:
+        if self.failed:
+            return int(self.failed[0].get("exit_code", 1))
+        return 0 if self.ok else DRIFT_EXIT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "fleet-sync",
+            "ok": self.ok,
+            "file": str(self.fleet.path),
+            "environment": self.environment,
+            "alias": self.alias,
+            "dry_run": self.dry_run,
+            "pins": dict(sorted(self.fleet.models.items())),
+            "moved": [{"model": m, "version": v} for m, v in self.moved],
+            "promotions": (self.batch or {}).get("promotions", []),
+            "health": self.health,
+        }
+
+
+def sync(
+    settings: Settings,
+    path: Path,
+    env_name: str | None = None,
+    dry_run: bool = False,
+    on_stage: OnStage | None = None,
+    **options: Any,
+) -> SyncResult:
+    """Make ``env_name`` (else the file's ``environment``) serve what ``path`` pins."""
+    from mlreg.service import context
+    from mlreg.workflow import promote_many
+
+    fleet = read_fleet(path)
+    name = _environment(fleet, env_name)
+    ctx = context(settings, name)
+    tags = _require_registered(ctx.registry, fleet.models, str(path))
+    _refuse_unreachable_pins(fleet, tags)
+    before = _health(settings, ctx, fleet) if fleet.models else []
+    moved = [(row["model"], row["pinned"]) for row in before if not row["ok"]]
+    result = SyncResult(fleet, name, ctx.env.alias, dry_run, moved, health=before)
+    if not moved:
+        return result
+    batch = promote_many(settings, name, moved, dry_run, on_stage, ensembles_first=True, **options)
+    result.batch = batch.to_dict()
+    if not dry_run and not result.failed:
+        result.health = _health(settings, ctx, fleet)
+    return result
+
+
+def _environment(fleet: FleetFile, env_name: str | None) -> str:
+    if env_name and fleet.environment and env_name != fleet.environment:
+        raise UsageError(
+            f"{fleet.path} is for environment '{fleet.environment}', not '{env_name}'",
+            fix=f"sync it with --env {fleet.environment} (or without --env)",
+        )
+    name = env_name or fleet.environment
+    if not name:
+        raise UsageError(
+            f"{fleet.path} names no environment", fix='pass --env E, or write environment = "E" in the file'
+        )
+    return name
+
+
+def _require_registered(registry: Registry, pins: Mapping[str, str], where: str) -> dict[str, dict[str, str]]:
+    """Each pinned version's tags; every version MLflow does not hold named in one RegistryError."""
+    tags: dict[str, dict[str, str]] = {}
+    missing: list[str] = []
+    for model, version in sorted(pins.items()):
+        try:
+            tags[model] = registry.version_tags(model, version)
+        except RegistryError as exc:
+            missing.append(f"{model} v{version} ({exc.message})")
+    if missing:
+        raise RegistryError(
+            f"{where} pins version(s) MLflow does not hold: {'; '.join(missing)}",
+            fix="pin registered versions ('mlreg versions MODEL' lists them); nothing was changed",
+        )
+    return tags
+
+
+def _refuse_unreachable_pins(fleet: FleetFile, tags: Mapping[str, Mapping[str, str]]) -> None:
+    """An ensemble version pinning a member at another version than the file pins that member."""
+    found = []
+    for ensemble, version in sorted(fleet.models.items()):
+        for key, pinned in sorted(tags[ensemble].items()):
+            member = key.removeprefix("member_")
+            wanted = fleet.models.get(member)
+            if key.startswith("member_") and wanted is not None and pinned != wanted:
+                found.append(
+                    f"{ensemble} v{version} pins {member} v{pinned}, the file pins {member} = {wanted}"
+                )
+    if found:
+        raise UsageError(
+            f"{fleet.path}: {'; '.join(found)}: promoting the ensemble brings the versions it pins",
+            fix="pin the ensemble version that pins those members ('mlreg versions ENSEMBLE'; "
+            "'mlreg fleet pin --from-alias staging' copies a consistent set), or leave the ensemble "
+            "out of the file (a member's promotion re-points it); nothing was changed",
+        )
+
+
+def _health(settings: Settings, ctx: Any, fleet: FleetFile) -> list[dict[str, Any]]:
+    """Per pinned model: the alias and what serves, from ``mlreg status``'s rows."""
+    from pipelines.promote.status import environment_status
+
+    rows = {
+        row["model"]: row
+        for row in environment_status(settings, ctx.env, ctx.registry, list(fleet.models)).rows
+    }
+    health = []
+    for model, version in sorted(fleet.models.items()):
+        row = rows.get(model, {})
+        alias, drift = str(row.get("alias") or ""), list(row.get("drift") or [])
+        if alias != version:
+            drift.insert(0, f"alias {ctx.env.alias} names v{alias or 'nothing'}, the file pins v{version}")
+        health.append({"model": model, "pinned": version, "alias": alias, "ok": not drift, "drift": drift})
+    return health
+
+
+# -- small parts ------------------------------------------------------------------------------------
+
+
+def _registry(settings: Settings) -> Registry:
+    from registry.mlflow import MlflowRegistry
+
+    return MlflowRegistry(settings)
+
+
+def _model(path: Path, name: str) -> str:
+    try:
+        return check_model_name(name)
+    except MlregError as exc:
+        raise UsageError(f"{path}: {exc.message}", fix=exc.fix) from exc
+
+
+def _version(path: Path, model: str, value: object) -> str:
+    text = str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else ""
+    if not (text.isascii() and text.isdigit() and int(text) > 0):
+        raise UsageError(
+            f"{path}: {model} = {value!r} is not a positive version number",
+            fix=f"write {model} = 3 (the registered version, a whole number)",
+        )
+    return str(int(text))
+
+
+def _key(name: str) -> str:
+    return name if BARE_KEY.match(name) else json.dumps(name)
+
+
+def _leading_comments(text: str) -> list[str]:
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return lines
+
+
+def _did_you_mean(key: str, valid: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    return f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key)
