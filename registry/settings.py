@@ -154,9 +154,15 @@ def _packaged_template() -> Path:
 
 
 def _user_cache(env: Mapping[str, str]) -> Path | None:
+    """$XDG_CACHE_HOME/mlreg, else ~/.cache/mlreg (the user's even where ``env`` names no HOME:
+    what it holds is keyed by release and never changes, so any MLREG_HOME may share it)."""
     if env.get("XDG_CACHE_HOME"):
         return Path(env["XDG_CACHE_HOME"]).expanduser() / "mlreg"
-    return Path(env["HOME"]).expanduser() / ".cache" / "mlreg" if env.get("HOME") else None
+    try:
+        home = Path(env["HOME"]).expanduser() if env.get("HOME") else Path.home()
+    except RuntimeError:  # no home directory known: each MLREG_HOME keeps its own
+        return None
+    return home / ".cache" / "mlreg"
 
 
 @dataclass(frozen=True)

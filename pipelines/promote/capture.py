@@ -307,14 +307,21 @@ class Reading:
 
 def read_captures(location: str, model: str, version: str, limit: int) -> Reading:
     """The captured requests of ``model`` ``version`` under ``location``, in capture order (the
-    newest ``limit`` of them)."""
+    newest ``limit`` of them: files are read newest first, and no further once enough are found;
+    a file that does not name the model is not parsed)."""
     reading = Reading()
     if not location:
         return reading
     captures = Captures(location)
-    for file in captures.files():
+    named = json.dumps(model).encode()  # the name, quoted: a file without it holds none of its traces
+    found: list[list[Captured]] = []  # per file, newest file first
+    count = 0
+    for file in reversed(captures.files()):
+        if count >= limit:
+            break
         try:
-            records = json.loads(captures.read(file.name))
+            data = captures.read(file.name)
+            records = json.loads(data) if named in data else []
         except (OSError, ValueError, MlregError):
             reading.skip("trace file not readable as Triton's JSON (being written, or not a trace)")
             continue
@@ -322,10 +329,12 @@ def read_captures(location: str, model: str, version: str, limit: int) -> Readin
             reading.skip("trace file not readable as Triton's JSON (being written, or not a trace)")
             continue
         reading.files += 1
-        for request in parse_traces(records, file.name, reading):
-            if request.model == model and request.version == version:
-                reading.requests.append(request)
-    reading.requests = reading.requests[-limit:]
+        mine = [
+            r for r in parse_traces(records, file.name, reading) if r.model == model and r.version == version
+        ]
+        found.append(mine)
+        count += len(mine)
+    reading.requests = [r for mine in reversed(found) for r in mine][-limit:]
     return reading
 
 

@@ -54,14 +54,40 @@ def memory_plot(headroom: Mapping[str, Any], title: str, path: Path) -> Path | N
         axes = figure.add_subplot(len(drawn), 1, row)
         axes.set_prop_cycle(color=COLOURS)
         axes.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-        draw_series(axes, found)
-        draw_events(axes, headroom.get("events") or [])
+        events = headroom.get("events") or []
+        if len(series(found)) > CROWD:  # a fleet: thin unlabelled lines, and only what went wrong
+            draw_crowd(axes, found)
+            events = [e for e in events if not e["what"].startswith("load")]
+        else:
+            draw_series(axes, found)
+        draw_events(axes, events)
         axes.set(ylabel=f"{kind} memory used (MiB)")
         axes.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
         axes.grid(alpha=0.3)
     axes.set(xlabel="seconds into the promotion")
     figure.savefig(path, format="png", dpi=100)
     return path
+
+
+CROWD = 16  # more (replica, device) lines than this: drawn as one crowd (a legend of 200 would not fit)
+
+
+def draw_crowd(axes: Any, samples: Sequence[Mapping[str, Any]]) -> None:
+    """Every replica's line thin and in one colour, one legend entry for them all, and their total
+    where they share one."""
+    lines = series(samples)
+    for points in lines.values():
+        axes.plot(
+            [p["seconds"] for p in points],
+            [p["used_bytes"] / MIB for p in points],
+            color=COLOURS[0],
+            lw=0.5,
+            alpha=0.4,
+        )
+    axes.plot([], [], color=COLOURS[0], lw=0.5, label=f"{len(lines)} replicas/devices")
+    totals = {p["total_bytes"] for points in lines.values() for p in points[-1:] if p.get("total_bytes")}
+    if len(totals) == 1:
+        axes.axhline(totals.pop() / MIB, color="grey", ls="--", lw=0.8, label="total (each)")
 
 
 def draw_series(axes: Any, samples: Sequence[Mapping[str, Any]]) -> None:

@@ -17,7 +17,7 @@ Per output, the measure its type calls for (``kind_of``):
 
 The verdict: with ``n`` requests judged, ``c`` the candidate's divergent (or failed) ones and ``f``
 the floor's, the candidate is refused when ``c - f > max_divergence x n + Z x sqrt(2f)`` (the
-second term: the spread two draws of a noisy model show at that floor, 99 % one-sided), or when the
+second term: the spread two draws of a noisy model show at that floor, 99.9 % one-sided), or when the
 floor itself is over ``max_floor`` (the serving version disagrees with itself too often for any
 comparison to mean something: raise the tolerance, or skip the check).  Triton writes float data
 with six significant digits: the tolerance must stay above that (1e-3 by default).
@@ -39,7 +39,7 @@ from pipelines.promote.capture import Captured, Shadow
 from registry.contracts.config import data_type_name, parse_config
 from registry.errors import MlregError
 
-Z = 2.33  # one-sided 99 %: the spread of two noisy draws that is not held against a candidate
+Z = 3.0  # one-sided 99.9 %: the spread of two noisy draws that is not held against a candidate
 FLOATS = {"FP16", "FP32", "FP64", "BF16"}
 FIRST = 5  # divergent requests shown in the report
 SHOWN = 8  # values of a tensor shown

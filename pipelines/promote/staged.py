@@ -29,7 +29,7 @@ from pipelines.promote.policy import Policy, Verdict, judge, waves_of
 from pipelines.promote.probes import Probes, Target, with_probes
 from pipelines.promote.quality import golden_inputs, output_names
 from pipelines.promote.reports import FleetReport
-from registry.errors import MlregError, PromotionError
+from registry.errors import MlregError, PromotionError, TritonError
 
 Scrape = Callable[[str], metrics.Snapshot]
 
@@ -129,16 +129,26 @@ class StagedRollout:
             try:
                 self.fleet.move(url, move.change, self.results[move.change.model])
             except MlregError as exc:
-                skippable = exc.context.get("status") == REFUSED and all(m.step.is_ensemble for m in done)
+                # refused before the load (no headroom) or a load that failed (Triton kept serving the
+                # old version): before any member moved there, the replica is left out as it serves
+                skippable = all(m.step.is_ensemble for m in done) and _unavailable(exc)
                 if skippable and self._skip(url, exc.message):
-                    self._put_back(url, done)  # as it served: counted against max_unavailable
+                    self._put_back(url, done, move)  # as it served: counted against max_unavailable
                     return
                 raise
             done.append(move)
 
-    def _put_back(self, url: str, done: list[Move]) -> None:
+    def _put_back(self, url: str, done: list[Move], failed: Move) -> None:
         """The ensembles a skipped replica was already told to follow the latest member: pinned
-        again as the store had them (its members never moved)."""
+        again as the store had them (its members never moved); the member whose load failed sent
+        its previous config again (Triton kept serving it: nothing loads anew)."""
+        step = failed.step
+        if step.previous_config is not None and not step.is_ensemble:
+            versions = step.previous_versions or [step.version]
+            text = desired_config(step.previous_config, versions, self.gpu)
+            why = self.fleet.restore(url, Change(step.model, text, tuple(versions)))
+            if why:
+                raise PromotionError(f"{url} could not be left out as it served: {why}")
         for move in reversed(done):
             step = move.step
             assert step.previous_config is not None  # following_latest: re-pointed ensembles only
@@ -177,7 +187,8 @@ class StagedRollout:
             before = self._scrape_all(self.targets)
             if self.probes is not None:  # mlreg's own requests while it waits (probes.py)
                 others = [u for u in self.targets if u not in self.moved]
-                self.probes.run(self.policy.bake_seconds, self.moved, others, self.sleep)
+                moved = [u for u in self.moved if u not in self.skipped]  # a skipped one never loaded it
+                self.probes.run(self.policy.bake_seconds, moved, others, self.sleep)
             else:
                 self.sleep(self.policy.bake_seconds)
             after = self._scrape_all(self.targets)
@@ -235,6 +246,15 @@ class StagedRollout:
                 f"{verdict.detail}",
                 fix="fix the model and register a new version; the alias was not moved",
             )
+
+
+def _unavailable(exc: MlregError) -> bool:
+    """A replica that may be left out under max_unavailable: refused for headroom, or its load
+    failed there (not a missing key, which every replica would refuse, nor a load still running)."""
+    status = exc.context.get("status")
+    return status == REFUSED or (
+        isinstance(exc, TritonError) and status not in ("unauthorised", "load-deadline")
+    )
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -248,12 +249,22 @@ class UndoLog:
         written = entry.store and not _unchanged(store, entry)
         if written:
             _note(report, _write_back(store, entry), "")
+        restores = []
         for url in entry.replicas:
             change = entry.back_at(url, self.gpu)
             if change is None:
                 _keep(report, fleet, url, entry.model, entry.before[url])  # never unload what served
-                continue
-            _note(report, fleet.restore(url, change), "")
+            else:
+                restores.append((url, change))
+        # as many replicas at once as the roll-out moved (a 200-replica abort: waves, not 200 loads)
+        workers = min(fleet.parallel, len(restores))
+        if workers > 1:
+            with ThreadPoolExecutor(workers) as pool:
+                failures = list(pool.map(lambda item: fleet.restore(*item), restores))
+        else:
+            failures = [fleet.restore(url, change) for url, change in restores]
+        for failure in failures:  # in the replicas' order, whatever order they finished in
+            _note(report, failure, "")
         if written or entry.replicas:
             report.restored.append(entry.describe)
 

@@ -85,11 +85,13 @@ def test_captures_are_read_in_order_and_junk_files_are_skipped(tmp_path: Path) -
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(record))
         os.utime(path, (1000 + index, 1000 + index))
-    (tmp_path / "replica-0" / "trace.json.3").write_text('[{"id": 1, "model_na')  # being written
+    (tmp_path / "replica-0" / "trace.json.3").write_text(
+        '[{"id": 1, "model_name": "m", "mod'
+    )  # being written
     (tmp_path / "notes.txt").write_text("not a trace")
     reading = read_captures(str(tmp_path), "m", "1", limit=2)
     assert [r.request_id for r in reading.requests] == ["c1", "c2"]  # the newest two, in order
-    assert reading.files == 3
+    assert reading.files == 2  # newest first, and no further once two were found: c0's never read
     assert sum(reading.skipped.values()) == 1
 
 
