@@ -310,7 +310,7 @@ def test_a_noisy_model_passes_thanks_to_its_floor_and_one_whose_noise_exceeds_th
     skipped = shadows.promote("shadow", "noisy", first, skip_shadow=True).shadow[0]
     assert skipped["verdict"] == "skipped: --skip-shadow"  # said so, never a silent pass
     with Clients(shadows.urls[:1], "noisy", rate=300) as clients:
-        shadows.wait_captured("noisy", first, 300)
+        shadows.wait_captured("noisy", first, COUNT)
         second = shadows.register("noisy", NOISY_CONFIG, f"# again\n{quiet}")
         passed = shadows.promote("shadow", "noisy", second).shadow[0]
         assert passed["ok"], passed["verdict"]
@@ -321,7 +321,7 @@ def test_a_noisy_model_passes_thanks_to_its_floor_and_one_whose_noise_exceeds_th
         # the loud one made to serve without the gate (its answers never match twice), then another
         third = shadows.register("noisy", NOISY_CONFIG, loud)
         shadows.promote("shadow", "noisy", third, skip_quality=True)
-        shadows.wait_captured("noisy", third, 200)
+        shadows.wait_captured("noisy", third, COUNT)
         fourth = shadows.register("noisy", NOISY_CONFIG, f"# again\n{loud}")
         failure = shadows.refused("shadow", "noisy", fourth)
     [refused] = failure.result.shadow
