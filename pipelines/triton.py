@@ -2,7 +2,9 @@
 
 ``InferenceServerException`` is translated into ``TritonError`` here and nowhere
 else; UNAVAILABLE (server starting, restarting) is retried with backoff -- except Triton's refusal
-of a call without the control key (also UNAVAILABLE), which is final (pipelines/control_key.py).
+of a call without the control key (also UNAVAILABLE), which is final (pipelines/control_key.py),
+and a refused connection (nothing listens at the address: a replica down, a wrong port), also
+final: retrying it would only wait (see ``NOTHING_LISTENS``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ REQUEST_PREFIX = "mlreg-"  # the id of every request mlreg sends (pipelines/prom
 _REQUESTS = itertools.count(1)
 RETRY_STATUSES = {"StatusCode.UNAVAILABLE"}
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+# gRPC's UNAVAILABLE for a TCP connection the host refused: nothing listens there.  Final, not
+# retried: the channel answers any call within its reconnect backoff (1 s, then 1.6 s, ...) with the
+# same cached failure, so the retries above only made every call to a dead replica last 3.7 s.
+NOTHING_LISTENS = "connection refused"
 
 
 class TritonControl:
@@ -64,9 +70,10 @@ class TritonControl:
                 return fn()
             except InferenceServerException as exc:
                 status = str(exc.status() or "")
-                if REFUSED in (exc.message() or ""):
+                message = exc.message() or ""
+                if REFUSED in message:
                     raise self._refused(what, model) from None
-                if status in RETRY_STATUSES and delays:
+                if status in RETRY_STATUSES and delays and NOTHING_LISTENS not in message.lower():
                     time.sleep(delays.pop(0))
                     continue
                 raise self._translate(what, exc, model) from exc

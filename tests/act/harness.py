@@ -277,12 +277,14 @@ def workflow_stack(root: Path, s3: local_s3.S3Server | None = None) -> Iterator[
         )
         stop.callback(local_mlflow.stop_mlflow, mlflow.pid, mlflow_process)
         targets = {}
+        servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes] | None]] = []
+        stop.callback(local_triton.stop_all, servers)  # whichever started, all at once
         for env in ("staging", "production"):
             standins = Settings.from_env().backends_source
             info, process = local_triton.start_server(
                 s3.store_uri(bucket, env), root / f"triton-{env}", standins
             )
-            stop.callback(local_triton.stop_pid, info.pid, info.shm_prefix, process=process)
+            servers.append((info, process))
             targets[env] = info.grpc_url
         stack = WorkflowStack(root, root / "repo", mlflow.url, targets, bucket)
         _project(stack.repo, _toml(s3, bucket, targets))

@@ -56,6 +56,11 @@ ensemble_scheduling { step [ { model_name: "scorer" model_version: 1
 """
 
 
+# The fleet environment's bake: long enough for the traffic threads to send each replica dozens of
+# requests (each is a few ms); a test whose claim needs more of them (one request a second) says so.
+BAKE_SECONDS = 1
+
+
 def scorer(tag: str, fails: bool = False, delay: float = 0.0) -> str:
     """The scorer's model.py; ``tag`` makes each version's bytes differ."""
     return f"FAILS = {fails}  # {tag}\nDELAY = {delay}\n" + SCORER
@@ -72,7 +77,11 @@ class FleetStack:
     servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]
 
     def write_environment(
-        self, max_latency_ratio: float = 50, min_requests: int = 5, queue_ratio: float | None = None
+        self,
+        max_latency_ratio: float = 50,
+        min_requests: int = 5,
+        queue_ratio: float | None = None,
+        bake_seconds: int = BAKE_SECONDS,
     ) -> None:
         """The ``fleet`` environment; by default latency is not judged (a cold python stub on 2 busy
         cores answers its first requests many times slower).  ``queue_ratio``: the bake's checks
@@ -95,7 +104,7 @@ class FleetStack:
         )
         (self.root / "mlreg.toml").write_text(
             f'[environments.fleet]\nstore = "{self.store}"\ntargets = [{targets}]\ngpu = false\n'
-            "canary = 1\nwaves = [50, 100]\nbake_seconds = 3\nmax_parallel = 2\n"
+            f"canary = 1\nwaves = [50, 100]\nbake_seconds = {bake_seconds}\nmax_parallel = 2\n"
             f"{bake}metrics = {{ {metrics} }}\n{checks}"
         )
 

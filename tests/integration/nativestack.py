@@ -24,7 +24,7 @@ from registry.register import find_candidate, register
 from registry.settings import Settings
 from registry.template import exporter_path
 from tests.conftest import ROOT, TEMPLATE
-from tests.integration.stacks import ENSEMBLE, MODELS
+from tests.integration.stacks import ENSEMBLE, MODELS, seed_registry
 
 
 @dataclass
@@ -76,6 +76,7 @@ def start_native_stack(built: Path, home: Path) -> Iterator[NativeStack]:
     env["MLREG_HOME"] = str(home)
     settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
     settings.local_repository.mkdir(parents=True)
+    seed_registry(settings)  # the UI's server and the client open it: neither migrates it
     status = stack_up(settings, ui=True)
     registry = MlflowRegistry(settings)
     try:

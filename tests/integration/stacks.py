@@ -44,7 +44,7 @@ from pipelines.triton import TritonControl
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import StorageError
 from registry.export import member_versions
-from registry.mlflow import MlflowRegistry
+from registry.mlflow import MlflowRegistry, sqlite
 from registry.register import Candidate, RegisterResult, find_candidate, register
 from registry.settings import Settings
 from registry.template import BuildResult, exporter_path
@@ -166,6 +166,23 @@ def store_files(root: Path) -> dict[str, str]:
     }
 
 
+# -- the embedded registry, seeded ------------------------------------------------------------------
+
+
+def seed_registry(settings: Settings) -> None:
+    """Make ``settings``' embedded registry now, if none is there yet, as mlreg makes one: a copy of
+    the migrated empty template (registry/mlflow/sqlite.py ``seed``), so that neither a server nor
+    a process started on it runs MLflow's migrations.  A remote registry is left alone."""
+    uri = settings.tracking_uri
+    db = Path(uri.removeprefix("sqlite:///"))
+    if not uri.startswith("sqlite:///") or db.exists():
+        return
+    from mlflow.tracking import MlflowClient
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    sqlite.seed(db, settings.template_cache, MlflowClient)
+
+
 @dataclass
 class LocalStack:
     """``mlreg stack up``'s stack on a home of its own: Triton (explicit mode) on the local store,
@@ -234,6 +251,7 @@ def local_stack(build: BuildResult | None, home: Path) -> Iterator[LocalStack]:
     empty registry and store for ``None``: a module registering python models of its own)."""
     settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
     settings.local_repository.mkdir(parents=True)
+    seed_registry(settings)
     status = stack_up(settings, ui=False)
     registry = MlflowRegistry(settings)
     try:
@@ -275,10 +293,13 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 
 
 def stack_settings(root: Path, **variables: str) -> tuple[Settings, dict[str, str]]:
-    """A module stack's settings (``MLREG_HOME`` = root/.mlreg, so mlreg.toml is read from ``root``)
-    and the variables a ``mlreg`` process needs to find the same stack."""
+    """A module stack's settings (``MLREG_HOME`` = root/.mlreg, so mlreg.toml is read from ``root``;
+    its embedded registry seeded: :func:`seed_registry`) and the variables a ``mlreg`` process needs
+    to find the same stack."""
     env_vars = {"MLREG_HOME": str(root / ".mlreg"), **variables}
-    return Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]}), env_vars
+    settings = Settings.from_env(env={**env_vars, "PATH": os.environ["PATH"]})
+    seed_registry(settings)
+    return settings, env_vars
 
 
 def register_model(
@@ -320,7 +341,8 @@ def tritons(
 ) -> Iterator[list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]]:
     """A tritonserver (explicit model control, mlreg's stand-in backends) on each store, state under
     ``root/<name>-<i>``; the list is the module's to change (a replica killed and started again) and
-    whatever it holds on leaving is stopped.  ``control_key``: their control API locked to it."""
+    whatever it holds on leaving is stopped, all at once.  ``control_key``: their control API
+    locked to it."""
     servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]] = []
     try:
         for index, store in enumerate(stores):
@@ -331,8 +353,7 @@ def tritons(
             )
         yield servers
     finally:
-        for info, process in servers:
-            local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+        local_triton.stop_all(servers)  # at once: each takes 2-4 s to exit
 
 
 def triton_index(url: str, model: str) -> dict[str, str]:

@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from registry.contracts.config import config_json
 from registry.errors import PromotionError, UsageError
 from registry.mlflow import MlflowRegistry, sqlite
 from tests.conftest import failing_python_model
-from tests.integration.fleetstack import ENSEMBLE_CONFIG, FleetStack, scorer
+from tests.integration.fleetstack import BAKE_SECONDS, ENSEMBLE_CONFIG, FleetStack, scorer
 from tests.integration.stacks import (
     SCORER_CONFIG,
     Paused,
@@ -180,10 +179,10 @@ def test_a_slow_version_trips_the_bake_on_latency_and_is_rolled_back(fleet: Flee
     """v4 sleeps 1 s in every request, the serving v2 answers in milliseconds: with
     max_latency_ratio = 2 the bake could pass only if v2's mean latency passed 0.5 s, a margin no
     load on this machine comes near, so the trip is decided by the sleep, not by two measurements.
-    The canary answers ~3 requests in the 3 s bake: min_requests = 1 (the requests check comes
+    The canary answers ~3 requests in a 3 s bake: min_requests = 1 (the requests check comes
     first: a canary that answered none would trip on it, named so, not pass)."""
     assert fleet.register("scorer", SCORER_CONFIG, scorer("v4", delay=1.0)) == "4"
-    fleet.write_environment(max_latency_ratio=2, min_requests=1)
+    fleet.write_environment(max_latency_ratio=2, min_requests=1, bake_seconds=3)
     try:
         with (
             fleet.explained(),
@@ -222,7 +221,8 @@ def test_a_dry_run_shows_the_roll_out_wave_by_wave(
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     a, b, c = fleet.urls
-    assert f"roll-out: canary [{a}] ▸ bake 3 s ▸ wave 2 [{b}] ▸ bake 3 s ▸ wave 3 [{c}]" in result.output
+    bake = f"bake {BAKE_SECONDS} s"
+    assert f"roll-out: canary [{a}] ▸ {bake} ▸ wave 2 [{b}] ▸ {bake} ▸ wave 3 [{c}]" in result.output
     plan = CliRunner().invoke(app, [*args, "--json"])
     assert json.loads(plan.output)["plan"]["rollout"]["waves"] == [[a], [b], [c]]
     for url in fleet.urls:  # nothing moved
@@ -541,7 +541,9 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
     with _paused_at_first_wave(fleet, mine, {"MLREG_LOCK_LEASE": "3"}, resume) as paused:
         assert mine in fleet.ready(fleet.urls[0], "scorer")  # the canary serves A's version now
         os.kill(paused.process.pid, signal.SIGSTOP)  # frozen: its lease is not renewed any more
-        time.sleep(5)  # past the 3 s lease by the store's clock
+        locks = open_store(fleet.store).locks
+        # past the 3 s lease by the store's clock: every lock A holds reads stale
+        assert processes.poll_until(lambda: (held := locks()) and all(lock.stale for lock in held), 60, 0.25)
         with fleet.explained():
             assert fleet.promote("scorer", theirs).ok  # takes the stale locks over
         before = fleet.state()

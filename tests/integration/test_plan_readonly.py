@@ -27,7 +27,7 @@ from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 from tests.cli import CliRunner
 from tests.conftest import TEMPLATE
-from tests.integration.stacks import ENSEMBLE, refusal_state
+from tests.integration.stacks import ENSEMBLE, refusal_state, seed_registry
 
 pytestmark = pytest.mark.integration
 
@@ -66,6 +66,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = {"MLREG_HOME": str(root / ".mlreg"), "MLREG_TEMPLATE_DIR": str(template)}
     settings = Settings.from_env(env={**env, "PATH": os.environ["PATH"]})
     settings.local_repository.mkdir(parents=True)
+    seed_registry(settings)
     status = stack_up(settings, ui=False)
     registry = MlflowRegistry(settings)
     try:
@@ -153,7 +154,9 @@ def test_the_plan_registry_numbers_after_mlflow_and_writes_nothing(tmp_path: Pat
     from registry.export import PlanRegistry, member_versions
     from registry.register import find_candidate, register
 
-    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")}))
+    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
+    seed_registry(settings)
+    registry = MlflowRegistry(settings)
     assert register(registry, find_candidate(TEMPLATE / MODEL)).version == "1"
     client = registry.client
 

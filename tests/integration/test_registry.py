@@ -22,20 +22,24 @@ from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE
+from tests.integration.stacks import seed_registry
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(params=["sqlite", "server"])
 def env(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    """MLREG_HOME in tmp; MLFLOW_TRACKING_URI unset (embedded) or the real server."""
+    """MLREG_HOME in tmp; MLFLOW_TRACKING_URI unset (embedded: an empty registry, seeded) or the
+    real server."""
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     if request.param == "server":
         server = request.getfixturevalue("mlflow_server")
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
     else:
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return Settings.from_env()
+    settings = Settings.from_env()
+    seed_registry(settings)
+    return settings
 
 
 def unique(name: str) -> str:
@@ -144,6 +148,7 @@ def test_export_registers_and_reexport_is_idempotent(tmp_path: Path, monkeypatch
     test_register_is_idempotent_and_queryable[server]."""
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    seed_registry(Settings.from_env())  # empty: the first export's process does not migrate it
     registry = MlflowRegistry(Settings.from_env())
     first = mlreg_process("export", "table_data_model", "--json")
     assert first.returncode == 0, first.stderr
@@ -448,6 +453,7 @@ def test_fetch_version_from_the_embedded_registry_does_not_import_mlflow(
 ) -> None:
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    seed_registry(Settings.from_env())
     name = unique("image_preprocess")
     register(
         MlflowRegistry(Settings.from_env()),

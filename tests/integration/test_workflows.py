@@ -21,6 +21,7 @@ from mlreg.cli.main import app
 from mlreg.cli.report import render
 from tests.act.harness import ENSEMBLE, ROOT, WorkflowStack, workflow_stack
 from tests.cli import CliRunner
+from tests.integration.stacks import seed_registry
 
 pytestmark = pytest.mark.integration
 
@@ -89,10 +90,8 @@ def test_a_contract_error_in_the_template_is_reported_naming_model_and_tensor(tm
 
 def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Path) -> None:
     from mlreg.workflow import versions_from_alias
-    from registry.mlflow import MlflowRegistry
-    from registry.settings import Settings
 
-    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")}))
+    registry = _registry(tmp_path)
     client = registry.client
     for name, staging, production in (("a", "2", "1"), ("b", "1", "1"), ("c", "1", None)):
         client.create_registered_model(name)
@@ -105,13 +104,20 @@ def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Pat
     assert versions_from_alias(registry, "staging", "production") == [("a", "2"), ("c", "1")]
 
 
-def _registry_state(tmp_path: Path) -> tuple[Any, Callable[[], dict[str, tuple[int, dict[str, str]]]]]:
-    """A sqlite registry under ``tmp_path/.mlreg``: scorer v1, v2 (staging -> 2, local -> 1) and
-    ranker v1 (staging -> 1); and a snapshot function of every model's version count and aliases."""
+def _registry(tmp_path: Path) -> Any:
+    """The embedded registry of ``tmp_path/.mlreg``, empty (a copy: tests/integration/stacks.py)."""
     from registry.mlflow import MlflowRegistry
     from registry.settings import Settings
 
-    registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")}))
+    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
+    seed_registry(settings)
+    return MlflowRegistry(settings)
+
+
+def _registry_state(tmp_path: Path) -> tuple[Any, Callable[[], dict[str, tuple[int, dict[str, str]]]]]:
+    """A sqlite registry under ``tmp_path/.mlreg``: scorer v1, v2 (staging -> 2, local -> 1) and
+    ranker v1 (staging -> 1); and a snapshot function of every model's version count and aliases."""
+    registry = _registry(tmp_path)
     client = registry.client
     for name, count, aliases in (
         ("scorer", 2, {"staging": "2", "local": "1"}),
