@@ -133,17 +133,18 @@ class StagedRollout:
                 # old version): before any member moved there, the replica is left out as it serves
                 skippable = all(m.step.is_ensemble for m in done) and _unavailable(exc)
                 if skippable and self._skip(url, exc.message):
-                    self._put_back(url, done, move)  # as it served: counted against max_unavailable
+                    failed = move if exc.context.get("status") != REFUSED else None  # a load was sent
+                    self._put_back(url, done, failed)  # as it served: counted against max_unavailable
                     return
                 raise
             done.append(move)
 
-    def _put_back(self, url: str, done: list[Move], failed: Move) -> None:
+    def _put_back(self, url: str, done: list[Move], failed: Move | None) -> None:
         """The ensembles a skipped replica was already told to follow the latest member: pinned
         again as the store had them (its members never moved); the member whose load failed sent
         its previous config again (Triton kept serving it: nothing loads anew)."""
-        step = failed.step
-        if step.previous_config is not None and not step.is_ensemble:
+        step = failed.step if failed is not None else None
+        if step is not None and step.previous_config is not None and not step.is_ensemble:
             versions = step.previous_versions or [step.version]
             text = desired_config(step.previous_config, versions, self.gpu)
             why = self.fleet.restore(url, Change(step.model, text, tuple(versions)))

@@ -141,6 +141,7 @@ from pipelines.storage import open_store
 store = open_store(sys.argv[1])
 with store.lock("image_model", owner="holder-process", ttl=60):
     print("locked", flush=True)
+    sys.stdin.readline()  # held until the test says (a fixed sleep ran out on a busy machine)
     time.sleep(float(sys.argv[2]))
 print("released", flush=True)
 """
@@ -151,10 +152,13 @@ def test_lock_contention_between_two_processes(s3_server: S3Server, bucket: str)
     store = open_store(uri)
     with subprocess.Popen(
         [sys.executable, "-c", LOCK_HOLDER, uri, "1"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=os.environ.copy(),
     ) as holder:
+        assert holder.stdin is not None
+        assert holder.stdout is not None
         try:
             assert holder.stdout.readline().strip() == "locked"
             with (
@@ -162,6 +166,8 @@ def test_lock_contention_between_two_processes(s3_server: S3Server, bucket: str)
                 store.lock("image_model", owner="me"),
             ):
                 pass
+            holder.stdin.write("release\n")  # it lets go a second later, while this waits for it
+            holder.stdin.flush()
             with store.lock("image_model", owner="me", wait=30) as mine:
                 assert mine.owner == "me"
                 assert store.read_lock("image_model").owner == "me"
