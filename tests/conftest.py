@@ -73,19 +73,34 @@ SAME_WORKER = {
     "tests/integration/test_browser.py": "tests/integration/test_mlflow_native.py",
     "tests/integration/test_wheel.py": "tests/integration/test_release.py",
 }
+# Handed out last: the unit modules, many and each a few seconds, fill the end of the run, where one
+# worker would otherwise wait for the other's last integration module (pytest-xdist hands modules out
+# by their number of tests, most first: the unit modules came first, and a few integration modules of
+# one or two tests and a minute each came last).
+LAST = "tests/unit/"
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``, with the modules of SAME_WORKER grouped as one."""
+    """``--dist loadfile``, with the modules of SAME_WORKER grouped as one and those under LAST
+    handed out after the others."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class ModuleGroups(LoadFileScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return SAME_WORKER.get(module, module)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the queue is complete before the first module is handed out
+                self.ordered = True
+                for scope in [s for s in self.workqueue if s.startswith(LAST)]:
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
 
     return ModuleGroups(config, log)
 

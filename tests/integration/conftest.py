@@ -16,6 +16,7 @@ from pipelines.triton import TritonControl
 from registry.settings import Settings
 from tests.conftest import TEMPLATE, once_per_run
 from tests.integration.nativestack import NativeStack, start_native_stack
+from tests.integration.stacks import TEARDOWN_GRACE
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -62,7 +63,7 @@ def triton(built_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         yield RunningTriton(info, control, built_repository)
     finally:
         control.close()
-        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+        local_triton.stop_pid(info.pid, info.shm_prefix, grace=TEARDOWN_GRACE, process=process)
 
 
 @pytest.fixture(scope="session")

@@ -331,6 +331,12 @@ def register_scorer(registry: MlflowRegistry, work: Path, tag: str, weights: int
     return register_model(registry, work / tag, "scorer", SCORER_CONFIG, files)
 
 
+# How long a test's own tritonserver gets to exit on SIGTERM once the test is done with it, before its
+# process group is SIGKILLed: its last seconds prove nothing, and Triton's exit takes 2-4 s (it
+# unloads every model, then checks once a second whether they are gone; 5 s after a failed reload).
+TEARDOWN_GRACE = 0.5
+
+
 @contextlib.contextmanager
 def tritons(
     settings: Settings,
@@ -341,8 +347,8 @@ def tritons(
 ) -> Iterator[list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]]:
     """A tritonserver (explicit model control, mlreg's stand-in backends) on each store, state under
     ``root/<name>-<i>``; the list is the module's to change (a replica killed and started again) and
-    whatever it holds on leaving is stopped, all at once.  ``control_key``: their control API
-    locked to it."""
+    whatever it holds on leaving is stopped, all at once (``TEARDOWN_GRACE``).  ``control_key``: their
+    control API locked to it."""
     servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]] = []
     try:
         for index, store in enumerate(stores):
@@ -353,7 +359,7 @@ def tritons(
             )
         yield servers
     finally:
-        local_triton.stop_all(servers)  # at once: each takes 2-4 s to exit
+        local_triton.stop_all(servers, grace=TEARDOWN_GRACE)
 
 
 def triton_index(url: str, model: str) -> dict[str, str]:

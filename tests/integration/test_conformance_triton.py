@@ -25,6 +25,7 @@ from pipelines.triton import TritonControl, TritonError
 from registry.contracts.validate import validate_path
 from registry.settings import Settings
 from tests.conformance.corpus import TRITON_VERSION, Case, load_cases, materialize
+from tests.integration.stacks import TEARDOWN_GRACE
 
 CASES = [c for c in load_cases() if c.decided_by == "core"]
 GPUS = 0  # this machine has no GPU: Triton's instance-group verdicts are those of a 0-GPU server
@@ -53,7 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield Server(control, Path(info.log_path), repository)
     finally:
         control.close()
-        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+        local_triton.stop_pid(info.pid, info.shm_prefix, grace=TEARDOWN_GRACE, process=process)
 
 
 def triton_verdict(server: Server, case: Case) -> tuple[str, str]:

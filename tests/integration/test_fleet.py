@@ -41,6 +41,7 @@ from tests.conftest import failing_python_model
 from tests.integration.fleetstack import BAKE_SECONDS, ENSEMBLE_CONFIG, FleetStack, scorer
 from tests.integration.stacks import (
     SCORER_CONFIG,
+    TEARDOWN_GRACE,
     Paused,
     paused_mlreg,
     s3_repository,
@@ -277,7 +278,7 @@ def test_a_replica_started_after_the_promotion_serves_the_promoted_versions(flee
         assert fleet.ready(url, "scorer") == fleet.ready(fleet.urls[0], "scorer") == ["2"]
         assert fleet.pinned(url) == 2
     finally:
-        local_triton.stop_pid(started.pid, prefix, process=started)
+        local_triton.stop_pid(started.pid, prefix, grace=TEARDOWN_GRACE, process=started)
 
 
 def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_completes(

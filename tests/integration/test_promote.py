@@ -38,6 +38,7 @@ from tests.conftest import ROOT, TEMPLATE, failing_python_model
 from tests.integration.stacks import (
     ENSEMBLE,
     MODELS,
+    TEARDOWN_GRACE,
     LocalStack,
     golden,
     local_stack,
@@ -705,7 +706,7 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
         assert rows["image_model"]["desired"] == ["2"]
     finally:
         toml.unlink()
-        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+        local_triton.stop_pid(info.pid, info.shm_prefix, grace=TEARDOWN_GRACE, process=process)
 
 
 def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_a_noop(

@@ -80,6 +80,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 SPIKE, SPREAD = {spike}, {spread}  # a share of answers off by 1.0; every answer off by up to SPREAD
+# (the gate and verify ask the golden inputs, zeros here, twice and compare within 1e-4: a spike on
+# them would fail verify, which is not this module's claim)
 
 
 class TritonPythonModel:
@@ -91,7 +93,7 @@ class TritonPythonModel:
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             y = x.sum(axis=1, keepdims=True) + self.rng.uniform(-SPREAD, SPREAD, (len(x), 1))
-            if self.rng.random() < SPIKE:
+            if self.rng.random() < SPIKE and x.any():  # clients' requests: mlreg's zeros never spike
                 y += 1.0
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))]))
         return out

@@ -21,6 +21,7 @@ from pipelines.storage.s3 import S3Store
 from registry.errors import StorageError
 from registry.manifest import sha256_file
 from tests.conftest import ROOT
+from tests.integration.stacks import TEARDOWN_GRACE
 
 pytestmark = pytest.mark.integration
 
@@ -377,7 +378,7 @@ def test_triton_starts_on_a_fresh_s3_prefix_only_after_init(
         with TritonControl(info.grpc_url) as triton:
             assert triton.model_states() == {}
     finally:
-        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+        local_triton.stop_pid(info.pid, info.shm_prefix, grace=TEARDOWN_GRACE, process=process)
     assert open_store(uri).list_models() == []
 
 

@@ -13,6 +13,7 @@ from pipelines.triton import TritonControl
 from registry.errors import TritonError
 from registry.settings import Settings
 from tests.conftest import failing_python_model
+from tests.integration.stacks import TEARDOWN_GRACE
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,7 @@ def test_a_failed_reload_reports_the_reason_and_the_old_version_keeps_serving(
             )
             np.testing.assert_array_equal(out["table_data_output_1"], [[1, 0, 0]])
     finally:
-        local_triton.stop_pid(info.pid, info.shm_prefix, process=process)
+        local_triton.stop_pid(info.pid, info.shm_prefix, grace=TEARDOWN_GRACE, process=process)
 
 
 def test_an_unreachable_server_fails_fast_with_what_to_check() -> None:
