@@ -10,15 +10,27 @@ slows all of them alike); the medians are printed side by side:
 - the same validation without the CLI          ``validate_path`` in a bare process: what the CLI
                                                layer (typer, its pydantic coercion) adds on top
 - ``import typer, typer._adapters``             typer 0.29 coerces every non-bool parameter with
-                                               pydantic (``typer._adapters``)
+                                               pydantic (``typer._adapters``); mlreg/cli/startup.py
+                                               converts plain str/int/Path values itself, so this
+                                               row is what the CLI no longer pays
 
-    .venv/bin/python benchmarks/startup.py [--runs 15] [--built PATH] [--compare TREE]
-
-``--compare TREE`` times the two validation rows again with another source tree on PYTHONPATH
-(before/after in one run), e.g. ``git archive fad4c77 mlreg registry pipelines | tar -x -C TREE``.
+    .venv/bin/python benchmarks/startup.py [--runs 15] [--built PATH]
+    .venv/bin/python benchmarks/startup.py --compare [REV] [--runs 15] [--built PATH]
 
 Without ``--built`` the template is built once into a temporary folder (exports the Keras
 models: ~15 s).
+
+``--compare [REV]`` is before/after in one run: REV's ``mlreg``, ``registry`` and ``pipelines``
+(default: the merge base of HEAD and ``main``, which is HEAD on ``main``; a folder holding such a
+tree is taken as it is) are extracted with ``git archive`` into a temporary folder, and
+``mlreg --help`` and ``mlreg validate model_repository_template`` (this checkout's template for
+both sides; the built one too with ``--built``) run as whole processes for each tree, interleaved,
+N runs each; median, min and CPU per tree side by side, and this checkout once more as a user
+runs it (through the editable install, no PYTHONPATH).  Both sides run the same venv's ``mlreg``
+script with PYTHONPATH set to their own tree (its entries come before the editable install's
+finder) and a neutral cwd; each side's ``mlreg.__file__`` is printed to prove which code ran.
+Both trees are byte-compiled first (``compileall``): a fresh archive, or any tree under
+PYTHONDONTWRITEBYTECODE, would otherwise compile its sources on every run and look ~2x slower.
 """
 
 from __future__ import annotations
@@ -44,7 +56,6 @@ VALIDATE_CHECK = (
     f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
 )
 NEUTRAL = tempfile.gettempdir()
-COMPARED = "<built template>"  # the rows timed again under --compare
 NO_CLI = (
     "import sys\nfrom pathlib import Path\nfrom registry.contracts.validate import validate_path\n"
     "sys.exit(1 if validate_path(Path(sys.argv[1])).errors else 0)\n"
@@ -70,14 +81,11 @@ def run_once(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     return elapsed, cpu
 
 
-def measure(
-    commands: dict[str, list[str]], runs: int, env: dict[str, str], other: dict[str, str] | None
-) -> dict[str, list[tuple[float, float]]]:
-    """Each command ``runs`` times, in turn; with ``other``, the mlreg rows also under that env."""
-    plan = [(label, command, env) for label, command in commands.items()]
-    if other is not None:
-        compared = [(label, command) for label, command in commands.items() if COMPARED in label]
-        plan += [(f"{label} [compare]", command, other) for label, command in compared]
+Plan = list[tuple[str, list[str], dict[str, str]]]  # (label, command, its environment)
+
+
+def measure(plan: Plan, runs: int) -> dict[str, list[tuple[float, float]]]:
+    """Each command of ``plan`` ``runs`` times, in turn (after one warm-up each)."""
     times: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in plan}
     for _, command, command_env in plan:  # one warm-up each (page cache, .pyc files)
         run_once(command, command_env)
@@ -109,19 +117,112 @@ def built_template(given: str | None) -> Path:
     return out
 
 
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def default_revision() -> str:
+    """The merge base of HEAD and ``main`` (HEAD itself on ``main``, or where there is no ``main``)."""
+    try:
+        return git("merge-base", "HEAD", "main")
+    except subprocess.CalledProcessError:
+        return git("rev-parse", "HEAD")
+
+
+def source_tree(revision: str, into: Path) -> tuple[Path, str]:
+    """``revision``'s packages extracted under ``into`` (or ``revision`` itself if it is a folder)
+    and the name to show for it."""
+    if Path(revision).is_dir():
+        return Path(revision).resolve(), str(Path(revision).resolve())
+    commit = git("rev-parse", "--verify", f"{revision}^{{commit}}")
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit, *PACKAGES], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into, f"{revision} ({commit[:9]})" if not commit.startswith(revision) else commit[:9]
+
+
+PACKAGES = ("mlreg", "registry", "pipelines")
+WHICH = "import mlreg, mlreg.cli.main, registry, pipelines; print(mlreg.__file__)"
+
+
+def compare(revision: str, runs: int, built: str | None, env: dict[str, str]) -> int:
+    """``revision`` and this checkout, the CLI rows for each, interleaved in one run."""
+    with tempfile.TemporaryDirectory(prefix="mlreg-bench-compare-") as folder:
+        other, name = source_tree(revision, Path(folder))
+        sides = {
+            f"before: {name}": {**env, "PYTHONPATH": str(other)},
+            "after: this checkout": {**env, "PYTHONPATH": str(ROOT)},
+            # as a user runs it: through the editable install, no PYTHONPATH
+            "after, as installed": env,
+        }
+        py, mlreg = sys.executable, mlreg_command()
+        # bytecode for both trees up front: a tree whose .pyc files are missing or stale (a fresh
+        # archive; PYTHONDONTWRITEBYTECODE set) compiles its sources on every run (~x2)
+        for tree in (other, ROOT):
+            compiled = [py, "-m", "compileall", "-q", *(str(tree / package) for package in PACKAGES)]
+            subprocess.run(compiled, check=True, stdout=subprocess.DEVNULL)
+        template = ROOT / "model_repository_template"
+        commands = {
+            "mlreg --help": ["--help"],
+            "mlreg validate model_repository_template": ["validate", str(template)],
+        }
+        if built:
+            commands["mlreg validate <built template>"] = ["validate", str(Path(built).resolve())]
+        for side, side_env in list(sides.items()):
+            proc = subprocess.run(
+                [py, "-c", WHICH], capture_output=True, text=True, check=True, env=side_env, cwd=NEUTRAL
+            )
+            print(f"{side}: mlreg imported from {proc.stdout.strip()}")
+            if side_env is env and not proc.stdout.startswith(str(ROOT)):
+                del sides[side]  # installed from elsewhere: not this checkout
+        plan: Plan = [("python -c pass", [py, "-c", "pass"], env)]
+        plan += [
+            (f"{label} | {side}", [*mlreg, *args], side_env)
+            for label, args in commands.items()
+            for side, side_env in sides.items()
+        ]
+        times = measure(plan, runs)
+    print(f"whole processes, {runs} runs each (interleaved), the same venv ({py}); seconds")
+    print(f"{'':42s}" + "".join(f" {side[:30]:>30s}" for side in sides))
+    print(f"{'':42s}" + " {:>30s}".format("wall median / wall min / CPU") * len(sides) + "  after/before")
+    base = times.pop("python -c pass")
+    print(f"  {'python -c pass':40s} {cell(base):>30s}")
+    before, after = list(sides)[:2]
+    for label in commands:
+        cells = "".join(f" {cell(times[f'{label} | {side}']):>30s}" for side in sides)
+        old, new = times[f"{label} | {before}"], times[f"{label} | {after}"]
+        change = statistics.median(w for w, _ in new) / statistics.median(w for w, _ in old) - 1
+        print(f"  {label:40s}{cells}  {change:+.0%}")
+    print(
+        f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}; CPU time is steadier on a busy machine"
+    )
+    return 0
+
+
+def cell(values: list[tuple[float, float]]) -> str:
+    wall = statistics.median(w for w, _ in values)
+    cpu = statistics.median(c for _, c in values)
+    return f"{wall:.3f} / {min(w for w, _ in values):.3f} / {cpu:.3f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--built", help="an already built template (skips the ~15 s build)")
     parser.add_argument(
         "--compare",
-        metavar="TREE",
-        help="another source tree (e.g. `git archive REV mlreg registry pipelines`): its mlreg rows "
-        "are timed in the same run (PYTHONPATH=TREE)",
+        metavar="REV",
+        nargs="?",
+        const="",
+        help="this checkout against REV (default: the merge base of HEAD and main; or a folder "
+        "holding mlreg/registry/pipelines): `mlreg --help` and `mlreg validate` side by side",
     )
     args = parser.parse_args()
-    built = built_template(args.built)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MLREG_NO_PROGRESS": "1"}
+    if args.compare is not None:
+        return compare(args.compare or default_revision(), args.runs, args.built, env)
+    built = built_template(args.built)
     py, mlreg = sys.executable, mlreg_command()
     commands = {
         "python -c pass": [py, "-c", "pass"],
@@ -131,8 +232,7 @@ def main() -> int:
         "validate_path(<built template>), no CLI": [py, "-c", NO_CLI, str(built)],
         "python -c 'import typer, typer._adapters'": [py, "-c", "import typer, typer._adapters"],
     }
-    other = {**env, "PYTHONPATH": str(Path(args.compare).resolve())} if args.compare else None
-    times = measure(commands, args.runs, env, other)
+    times = measure([(label, command, env) for label, command in commands.items()], args.runs)
     print(f"whole processes, {args.runs} runs each (interleaved), template: {built}")
     report(times, {"mlreg --help": 0.1, "mlreg validate <built template>": 0.15})
     print(

@@ -9,7 +9,7 @@
   model no replica reports), 400 a bad query, 503 a replica that cannot be read.
 
 The judging is ``pipelines.promote.analysis`` (the bake's own checks); this module resolves the
-environment as every command does (``mlreg.service.environment``: the local stack's replicas filled
+environment as every command does (``mlreg.ops.context.environment``: the local stack's replicas filled
 in) and serves.  It reads Triton's metrics only: no MLflow, no store, no control key.
 """
 
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from mlreg.ops.context import environment
 from registry.errors import MlregError, UsageError
 from registry.register import check_model_name
 from registry.settings import Settings, redact_uri
@@ -41,9 +42,8 @@ def check(
 ) -> Analysis:
     """The bake's checks of ``model`` on ``env_name``'s replicas, now (``window`` seconds: what
     happens meanwhile)."""
-    from mlreg.service import environment
-    from pipelines.promote.analysis import analyse, check_window
-    from pipelines.promote.environments import resolve_targets
+    from pipelines.promote.analysis import analyse, check_window  # lazy: numpy (~0.7 s), when judged
+    from pipelines.promote.environments import resolve_targets  # lazy: as above
 
     check_model_name(model)
     check_window(window)
@@ -72,8 +72,6 @@ class AnalysisServer(ThreadingHTTPServer):
 
 def start(settings: Settings, environments: Sequence[str], host: str, port: int) -> AnalysisServer:
     """A server bound to ``host:port`` (0: a free port), every environment checked to exist first."""
-    from mlreg.service import environment
-
     if not environments:
         raise UsageError("no environment to answer for", fix="pass --env E (repeatable)")
     for name in environments:
@@ -108,7 +106,7 @@ class AnalysisHandler(BaseHTTPRequestHandler):
         self._answer(env, model, urllib.parse.parse_qs(url.query))
 
     def _answer(self, env: str, model: str, query: dict[str, list[str]]) -> None:
-        from pipelines.promote.analysis import NotServed
+        from pipelines.promote.analysis import NotServed  # lazy: numpy (~0.7 s), when judged
 
         try:
             version, window = _query(query)
@@ -136,7 +134,7 @@ class AnalysisHandler(BaseHTTPRequestHandler):
 
 
 def _query(query: dict[str, list[str]]) -> tuple[str | None, float]:
-    from pipelines.promote.analysis import check_window
+    from pipelines.promote.analysis import check_window  # lazy: numpy (~0.7 s), when judged
 
     unknown = sorted(set(query) - {"version", "window"})
     if unknown:

@@ -70,7 +70,7 @@ def _deployment(env: str, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _arrays(inputs: Any) -> dict[str, Any]:
-    """MLflow's predict input (a DataFrame or a dict) as input name -> values; ``service.predict``
+    """MLflow's predict input (a DataFrame or a dict) as input name -> values; ``mlreg.ops.predict``
     makes arrays of them, of the deployed config's dtypes.  NVIDIA's input document
     ``{"inputs": {"NAME": [...]}}`` is taken as a dict, or as the DataFrame the ``mlflow
     deployments predict`` CLI reads it into (one column ``inputs``, one row per input tensor)."""

@@ -51,7 +51,10 @@ def _telemetry_off() -> None:
         return
     os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
     with contextlib.suppress(Exception):  # MLflow's private API: best effort
-        from mlflow.telemetry.client import get_telemetry_client, set_telemetry_client
+        from mlflow.telemetry.client import (  # lazy: mlflow ~1.5 s, the plugin only
+            get_telemetry_client,
+            set_telemetry_client,
+        )
 
         client = get_telemetry_client()
         if client is not None:
@@ -86,7 +89,7 @@ def run_local(
     target: str, name: str, model_uri: str, flavor: str | None = None, config: dict[str, Any] | None = None
 ) -> None:
     """Start the local stack if it is not running, then promote ``model_uri`` into ``local``."""
-    from pipelines.devstack.stack import running_server, stack_up
+    from pipelines.devstack.stack import running_server, stack_up  # lazy: only run-local starts a stack
 
     with _translated():
         settings = Settings.from_env()
@@ -103,7 +106,10 @@ def _translated() -> Iterator[None]:
     try:
         yield
     except MlregError as exc:
-        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, RESOURCE_DOES_NOT_EXIST
+        from mlflow.protos.databricks_pb2 import (  # lazy: mlflow ~1.5 s, on an error only
+            INVALID_PARAMETER_VALUE,
+            RESOURCE_DOES_NOT_EXIST,
+        )
 
         text = f"error: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else "")
         code = RESOURCE_DOES_NOT_EXIST if "DOES_NOT_EXIST" in str(exc.context.get("code", "")) else None
@@ -121,10 +127,10 @@ class MlregDeploymentClient(BaseDeploymentClient):
     # -- helpers --------------------------------------------------------------------------------
 
     def _context(self, config: dict[str, Any] | None = None) -> tuple[Settings, Any, Any]:
-        from mlreg import service
+        from mlreg.ops.context import context  # lazy: the verbs import the promotion package
 
         settings = Settings.from_env()
-        ctx = service.context(settings, self._env_name(config))
+        ctx = context(settings, self._env_name(config))
         return settings, ctx.env, ctx.registry
 
     def _env_name(self, config: dict[str, Any] | None = None) -> str:
@@ -155,8 +161,8 @@ class MlregDeploymentClient(BaseDeploymentClient):
         return str(version)
 
     def _promote(self, name: str, model_uri: str, flavor: str | None, config: dict[str, Any] | None) -> dict:
-        from mlreg import service
-        from registry.nvidia_flavors import check_flavor, deployable
+        from mlreg.ops.promote import promote  # lazy: the verbs import the promotion package
+        from registry.nvidia_flavors import check_flavor, deployable  # lazy: NVIDIA's flavors only here
 
         check_name(name)
         check_flavor(flavor)
@@ -164,7 +170,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
         settings, env, registry = self._context(config)
         version = self._version(registry, name, model_uri)
         found = deployable(registry, name, version, flavor)  # NVIDIA's onnx/triton: an mlreg version
-        result = service.promote(settings, env.name, name, found.version, **options)
+        result = promote(settings, env.name, name, found.version, **options)
         return {
             "name": name,
             "flavor": found.flavor,
@@ -192,10 +198,10 @@ class MlregDeploymentClient(BaseDeploymentClient):
             return self._promote(name, model_uri, flavor, config)
 
     def delete_deployment(self, name, config=None, endpoint=None):  # type: ignore[no-untyped-def]
-        from mlreg import service
+        from mlreg.ops.retire import retire  # lazy: the verbs import the promotion package
 
         with _translated():
-            service.retire(Settings.from_env(), self._env_name(config), check_name(name))
+            retire(Settings.from_env(), self._env_name(config), check_name(name))
 
     def list_deployments(self, endpoint=None):  # type: ignore[no-untyped-def]
         with _translated():
@@ -219,7 +225,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
             return found
 
     def predict(self, deployment_name=None, inputs=None, endpoint=None):  # type: ignore[no-untyped-def]
-        from mlreg import service
+        from mlreg.ops.predict import predict  # lazy: the verbs import numpy and tritonclient
 
         with _translated():
             if not deployment_name:
@@ -229,21 +235,22 @@ class MlregDeploymentClient(BaseDeploymentClient):
                 )
             arrays = _arrays(inputs)  # names and dtypes are checked against the deployed config
             name = check_name(deployment_name)
-            answer = service.predict(Settings.from_env(), self._env_name(), name, arrays)
+            answer = predict(Settings.from_env(), self._env_name(), name, arrays)
             return PredictionsResponse({"outputs": {key: value.tolist() for key, value in answer.items()}})
 
 
 def _status(settings: Settings, env: Any, registry: Any, models: list[str] | None) -> list[dict[str, Any]]:
-    from mlreg import service
+    """``mlreg status``'s rows (their JSON documents) for ``models`` (None: every model)."""
+    from mlreg.ops.status import status  # lazy: the verbs import the promotion package
 
     if models is None:
-        return service.status(settings, env.name).models
-    return [row for model in models for row in service.status(settings, env.name, model).models]
+        return [row.to_dict() for row in status(settings, env.name).models]
+    return [row.to_dict() for model in models for row in status(settings, env.name, model).models]
 
 
 def _source(registry: Any, name: str, version: str | None) -> dict[str, Any]:
     """The MLflow model a deployment came from (NVIDIA's ``mlflow_model_uri``) and its flavor."""
-    from registry.nvidia_flavors import source_of
+    from registry.nvidia_flavors import source_of  # lazy: NVIDIA's flavors only here
 
     if not version:
         return {}

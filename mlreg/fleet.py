@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlreg.ops.context import context, open_registry
+from mlreg.ops.promote_many import promote_many
 from registry.errors import MlregError, RegistryError, UsageError
 from registry.register import check_model_name
 from registry.settings import Settings, redact_uri
 
 if TYPE_CHECKING:
-    from mlreg.workflow import OnStage
+    from mlreg.ops.promote_many import OnStage
     from pipelines.promote.ports import Registry
 
 KEYS = ("environment", "models")
@@ -150,17 +152,8 @@ def pin(
     fleet.environment = fleet.environment or env_name or path.stem
     if not pins and not from_alias:
         raise UsageError("nothing to pin", fix="pass MODEL=VERSION (repeatable) or --from-alias ALIAS")
-    registry = registry or _registry(settings)
-    wanted: dict[str, str] = {}
-    if from_alias:
-        wanted = registry.alias_versions(from_alias)
-        if not wanted:
-            raise RegistryError(
-                f"alias '{from_alias}' names no version of any registered model in MLflow "
-                f"({redact_uri(registry.uri)})",
-                fix="check the alias ('mlreg versions MODEL' lists a model's aliases)",
-            )
-    wanted.update(pins)
+    registry = registry or open_registry(settings)
+    wanted = {**(_alias_pins(registry, from_alias) if from_alias else {}), **pins}
     changed = {m: v for m, v in wanted.items() if fleet.models.get(m) != v}
     _require_registered(registry, changed, str(path))
     changes: list[dict[str, str | None]] = [
@@ -174,6 +167,19 @@ def pin(
     return PinResult(fleet, changes, written)
 
 
+def _alias_pins(registry: Registry, alias: str) -> dict[str, str]:
+    """model -> the version ``alias`` holds, for every registered model; an alias naming none is
+    an error (a typo would pin nothing)."""
+    wanted = registry.alias_versions(alias)
+    if not wanted:
+        raise RegistryError(
+            f"alias '{alias}' names no version of any registered model in MLflow "
+            f"({redact_uri(registry.uri)})",
+            fix="check the alias ('mlreg versions MODEL' lists a model's aliases)",
+        )
+    return dict(wanted)
+
+
 # -- sync: what the hook Job runs -----------------------------------------------------------------
 
 
@@ -184,7 +190,7 @@ class SyncResult:
     alias: str
     dry_run: bool
     moved: list[tuple[str, str]]
-    batch: dict[str, Any] | None = None  # mlreg.workflow.BatchResult.to_dict() when anything moved
+    batch: dict[str, Any] | None = None  # mlreg.ops.promote_many.BatchResult.to_dict() when anything moved
     health: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -229,9 +235,6 @@ def sync(
     **options: Any,
 ) -> SyncResult:
     """Make ``env_name`` (else the file's ``environment``) serve what ``path`` pins."""
-    from mlreg.service import context
-    from mlreg.workflow import promote_many
-
     fleet = read_fleet(path)
     name = _environment(fleet, env_name)
     ctx = context(settings, name)
@@ -302,16 +305,15 @@ def _refuse_unreachable_pins(fleet: FleetFile, tags: Mapping[str, Mapping[str, s
 
 def _health(settings: Settings, ctx: Any, fleet: FleetFile) -> list[dict[str, Any]]:
     """Per pinned model: the alias and what serves, from ``mlreg status``'s rows."""
-    from pipelines.promote.status import environment_status
+    from pipelines.promote.status import environment_status  # lazy: numpy and the promotion package
 
     rows = {
-        row["model"]: row
-        for row in environment_status(settings, ctx.env, ctx.registry, list(fleet.models)).rows
+        row.model: row for row in environment_status(settings, ctx.env, ctx.registry, list(fleet.models)).rows
     }
     health = []
     for model, version in sorted(fleet.models.items()):
-        row = rows.get(model, {})
-        alias, drift = str(row.get("alias") or ""), list(row.get("drift") or [])
+        row = rows.get(model)
+        alias, drift = (row.alias, list(row.drift)) if row is not None else ("", [])
         if alias != version:
             drift.insert(0, f"alias {ctx.env.alias} names v{alias or 'nothing'}, the file pins v{version}")
         health.append({"model": model, "pinned": version, "alias": alias, "ok": not drift, "drift": drift})
@@ -319,12 +321,6 @@ def _health(settings: Settings, ctx: Any, fleet: FleetFile) -> list[dict[str, An
 
 
 # -- small parts ------------------------------------------------------------------------------------
-
-
-def _registry(settings: Settings) -> Registry:
-    from registry.mlflow import MlflowRegistry
-
-    return MlflowRegistry(settings)
 
 
 def _model(path: Path, name: str) -> str:

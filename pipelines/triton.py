@@ -42,7 +42,7 @@ class TritonControl:
     ) -> None:
         """``key``: what unlocks the replica's control API (None: ``MLREG_CONTROL_KEY`` or
         ``MLREG_CONTROL_KEY_FILE`` when set, else no header)."""
-        import tritonclient.grpc as grpcclient
+        import tritonclient.grpc as grpcclient  # lazy: tritonclient's gRPC stack, ~0.3 s
 
         self.url = url
         self.timeout = timeout
@@ -62,7 +62,7 @@ class TritonControl:
         self.close()
 
     def _call(self, what: str, fn: Callable[[], T], *, model: str | None = None, retry: bool = True) -> T:
-        from tritonclient.utils import InferenceServerException
+        from tritonclient.utils import InferenceServerException  # lazy: tritonclient's gRPC stack, ~0.3 s
 
         delays = list(RETRY_DELAYS) if retry else []
         while True:
@@ -297,7 +297,7 @@ class TritonControl:
     def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str], version: str = ""
     ) -> dict[str, np.ndarray]:
-        from tritonclient.utils import np_to_triton_dtype
+        from tritonclient.utils import np_to_triton_dtype  # lazy: tritonclient's gRPC stack, ~0.3 s
 
         tensors = []
         for name, array in inputs.items():
@@ -364,8 +364,8 @@ def control_api_open(url: str, timeout: float = 5.0) -> bool | None:
     """Whether ``url``'s model-control API takes a load from anyone (no key): the harmless probe of
     a load of a model that cannot exist -- a locked replica refuses it before looking, an open one
     looks and finds nothing. None when the answer tells neither (unreachable, another error)."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient's gRPC stack, ~0.3 s
+    from tritonclient.utils import InferenceServerException  # lazy: tritonclient's gRPC stack, ~0.3 s
 
     client = grpcclient.InferenceServerClient(url=url)
     try:

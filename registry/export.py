@@ -14,17 +14,18 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from registry import template
 from registry.contracts.config import CONFIG_NAME, load_config
 from registry.errors import RegistryError, UsageError
 from registry.mlflow import MlflowRegistry
+from registry.ports import Registrar, RegistryReader, RegistryWriter
 from registry.register import Candidate, RegisterResult, find_candidate, register
 from registry.settings import EXPORTS_EXPERIMENT, Settings, redact_uri
 
 if TYPE_CHECKING:
-    from registry.mlflow.model import LoggedTritonModel
+    from registry.logged_model import LoggedTritonModel
     from registry.signing import SigningKey
 
 
@@ -32,7 +33,7 @@ def _is_ensemble(model_dir: Path) -> bool:
     return load_config(model_dir / CONFIG_NAME).platform == "ensemble"
 
 
-def member_versions(registry: MlflowRegistry | PlanRegistry, model_dir: Path) -> dict[str, str]:
+def member_versions(registry: RegistryReader, model_dir: Path) -> dict[str, str]:
     """For an ensemble: the registry version of each member it was built against."""
     config = load_config(model_dir / CONFIG_NAME)
     members = {}
@@ -71,7 +72,7 @@ def export_models(
         info = dict(built.exported.get(folder.name) or {})
         results.append(
             register(
-                cast(MlflowRegistry, registry),  # a PlanRegistry has every method register() calls
+                registry,
                 find_candidate(folder),
                 force=force,
                 exporter=exporter,
@@ -103,7 +104,7 @@ def export(
     return results if against is None else changed_versions(registry, results, against)
 
 
-def require_base(registry: MlflowRegistry | PlanRegistry, alias: str) -> None:
+def require_base(registry: RegistryReader, alias: str) -> None:
     """``mlreg export --changed`` compares with ``alias``: a UsageError, before anything is exported
     or registered, when no registered model holds it.  Then there is nothing to compare with (a
     fresh registry, e.g. MLREG_HOME outside the project, or a typo) and "changed" would silently
@@ -119,7 +120,7 @@ def require_base(registry: MlflowRegistry | PlanRegistry, alias: str) -> None:
 
 
 def changed_versions(
-    registry: MlflowRegistry | PlanRegistry, results: list[RegisterResult], alias: str
+    registry: RegistryReader, results: list[RegisterResult], alias: str
 ) -> list[RegisterResult]:
     """The results an environment owning ``alias`` does not have yet (``mlreg export --changed``):
     a version registered just now, or one newer than the version the alias holds (registered by
@@ -172,15 +173,16 @@ class PlannedVersion:
 READ_ONLY = "a plan (--dry-run) writes nothing to MLflow"
 
 
-class PlanRegistry:
+class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
     """The registry as a plan sees it: ``base`` for everything registered, read only, and in
     memory the versions a plan would register (numbered as MLflow would number them next).
-    ``register()`` runs unchanged on it: runs and artifacts are dropped, ``create_version`` keeps
-    the files and tags.  Moving an alias or tagging a registered version is refused."""
+    ``register()`` runs unchanged on it (it is a ``Registrar``): runs and artifacts are dropped,
+    ``create_version`` keeps the files and tags.  As a ``RegistryWriter``, a derived version is
+    planned and a planned version's tags kept; moving an alias, tagging or describing a registered
+    version is refused."""
 
     def __init__(self, base: MlflowRegistry, planned: Iterable[PlannedVersion] = ()) -> None:
         self.base = base
-        self.uri = base.uri
         self.settings = base.settings
         self.planned: dict[tuple[str, str], PlannedVersion] = {}
         self._logged: dict[str, LoggedTritonModel] = {}
@@ -199,7 +201,16 @@ class PlanRegistry:
         self.planned[(version.name, version.version)] = version
 
     def planned_version(self, name: str, version: str) -> PlannedVersion | None:
+        """The version only this plan registers (``registry.ports.VersionPlan``), else None."""
         return self.planned.get((name, version))
+
+    @property
+    def uri(self) -> str:
+        return self.base.uri
+
+    @property
+    def local_root(self) -> Path:
+        return self.base.local_root
 
     # -- reads: the real registry, then the plan --------------------------------------------------
 
@@ -259,6 +270,9 @@ class PlanRegistry:
     def download(self, run_id: str, path: str, dest: Path) -> Path:
         return self.base.download(run_id, path, dest)
 
+    def artifact_uri(self, run_id: str) -> str:
+        return self.base.artifact_uri(run_id)
+
     # -- writes: kept in memory, or refused -------------------------------------------------------
 
     def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
@@ -312,7 +326,7 @@ class PlanRegistry:
     ) -> str:
         """A version the promotion derives (an ONNX conversion, a re-pointed ensemble): planned."""
         candidate = Candidate(name, version_dir, config_path)
-        registered = register(cast(MlflowRegistry, self), candidate, members=members, export_info=export_info)
+        registered = register(self, candidate, members=members, export_info=export_info)
         return registered.version
 
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
@@ -329,6 +343,9 @@ class PlanRegistry:
 
     def delete_version_tag(self, name: str, version: str, key: str) -> None:
         raise RegistryError(f"{READ_ONLY}: tag {key} of {name} v{version}", fix="drop --dry-run")
+
+    def update_version_description(self, name: str, version: str, description: str) -> None:
+        raise RegistryError(f"{READ_ONLY}: description of {name} v{version}", fix="drop --dry-run")
 
     def record_deployment(
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]

@@ -50,21 +50,6 @@ def git_state(folder: Path) -> GitState:
     return GitState(commit, bool(git("status", "--porcelain", "--untracked-files=no")))
 
 
-# TensorFlow writes a random UUID into fingerprint.pb on every save; its other fields are hashes
-# of saved_model.pb and the variables, which the digest covers already.
-VOLATILE = {"fingerprint.pb"}
-
-
-def digest_of_manifest(files: dict[str, dict[str, Any]]) -> str:
-    """One sha256 for a whole version folder (names, sizes and file digests)."""
-    lines = "".join(
-        f"{rel}\0{meta['size']}\0{meta['sha256']}\n"
-        for rel, meta in sorted(files.items())
-        if rel.rsplit("/", 1)[-1] not in VOLATILE
-    )
-    return hashlib.sha256(lines.encode()).hexdigest()
-
-
 def contract_of(config: ModelConfig) -> dict[str, Any]:
     """The promises a config makes to callers: tensors with full shapes, batching, platform."""
 
@@ -203,7 +188,7 @@ def flavors_of(name: str, contract: dict[str, Any], model_file: str | None) -> d
     }
     path = f"{name}/{VERSION_FOLDER}/{model_file}" if model_file else None
     if platform == "onnxruntime_onnx" and path:
-        from importlib.metadata import version
+        from importlib.metadata import version  # lazy: ~10 ms, only for an ONNX flavor
 
         flavors["onnx"] = {
             "onnx_version": version("onnx"),

@@ -35,9 +35,8 @@ def sha256_file(path: Path) -> str:
 
 
 def digest_of_manifest(files: dict[str, dict[str, Any]]) -> str:
-    """One sha256 for a whole version folder (names, sizes and file digests).
-
-    The same function as ``registry.lineage.digest_of_manifest`` (a unit test holds them equal)."""
+    """One sha256 for a whole version folder (names, sizes and file digests), ``VOLATILE`` files
+    left out (``registry.lineage`` re-exports it)."""
     lines = "".join(
         f"{rel}\0{meta['size']}\0{meta['sha256']}\n"
         for rel, meta in sorted(files.items())

@@ -29,12 +29,11 @@ from registry.contracts.autocomplete import resolve
 from registry.contracts.config import CONFIG_NAME, format_config, model_config_pb2, parse_config
 from registry.contracts.signature import Signature, TensorSpec, read_onnx
 from registry.errors import ContractError, UsageError
+from registry.ports import LoggedModels
 from registry.register import Candidate, register
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
-
-    from registry.mlflow.registry import MlflowRegistry
 
 FLAVORS = ("triton", "onnx")
 ONNX_FILE = "model.onnx"  # Triton's default_model_filename for onnxruntime
@@ -72,7 +71,7 @@ class Deployable:
         return self.version != self.source_version or self.config != "registered"
 
 
-def deployable(registry: MlflowRegistry, model: str, version: str, flavor: str | None) -> Deployable:
+def deployable(registry: LoggedModels, model: str, version: str, flavor: str | None) -> Deployable:
     """``model`` ``version`` as an mlreg version: itself when mlreg registered it, else the version
     made of NVIDIA's ``onnx`` or ``triton`` flavor (registered now, or found: same bytes)."""
     check_flavor(flavor)
@@ -130,27 +129,14 @@ def choose_flavor(model: str, version: str, found: dict[str, dict[str, Any]], fl
 # -- reading what NVIDIA's flows logged -------------------------------------------------------------
 
 
-def download_model(registry: MlflowRegistry, model: str, version: str, dest: Path) -> Path:
+def download_model(registry: LoggedModels, model: str, version: str, dest: Path) -> Path:
     """The registered version's MLflow Model folder (MLmodel + its files), downloaded to ``dest``."""
-    registry.client  # noqa: B018 - imports MLflow under the adapter's lock
-    import mlflow.artifacts  # heavy (seconds); imported by the client above already
-
-    from registry.mlflow.environ import global_tracking_uri
-
-    dest.mkdir(parents=True)
-    with global_tracking_uri(registry.uri):  # models:/ URIs resolve against it
-        got = registry._call(  # the adapter's one translation point for MLflow's errors
-            "model download",
-            lambda: mlflow.artifacts.download_artifacts(
-                artifact_uri=f"models:/{model}/{version}", dst_path=str(dest)
-            ),
-        )
-    return Path(got)
+    return registry.download_model(model, version, dest)
 
 
 def flavors(logged: Path) -> dict[str, dict[str, Any]]:
     """The MLmodel's flavors (name -> its settings); none without an MLmodel."""
-    import yaml  # MLflow's dependency
+    import yaml  # lazy: yaml (MLflow's dependency), ~20 ms: only when NVIDIA's flavors are read
 
     path = logged / "MLmodel"
     if not path.is_file():
@@ -159,21 +145,20 @@ def flavors(logged: Path) -> dict[str, dict[str, Any]]:
     return {str(k): dict(v or {}) for k, v in (data.get("flavors") or {}).items()}
 
 
-def logged_config(registry: MlflowRegistry, logged: Path) -> str | None:
+def logged_config(registry: LoggedModels, logged: Path) -> str | None:
     """The ``config.pbtxt`` logged with the model: beside MLmodel (MLflow 2 kept the run's artifact
     path and the model together), else under the model's name in its source run (MLflow 3 keeps
     ``mlflow.log_artifact(path, "triton")`` in the run, the model apart)."""
     if (logged / CONFIG_NAME).is_file():
         return (logged / CONFIG_NAME).read_text()
-    import yaml  # MLflow's dependency
+    import yaml  # lazy: yaml ~40 ms, only for an MLmodel file
 
     mlmodel = yaml.safe_load((logged / "MLmodel").read_text()) or {}
     run_id, model_id = mlmodel.get("run_id"), mlmodel.get("model_id")
     if not run_id or not model_id:
         return None
-    name = registry._call("model lookup", lambda: registry.client.get_logged_model(model_id)).name
-    listed = registry._call("artifact listing", lambda: registry.client.list_artifacts(run_id, name))
-    if f"{name}/{CONFIG_NAME}" not in {a.path for a in listed}:
+    name = registry.logged_model_name(model_id)
+    if f"{name}/{CONFIG_NAME}" not in registry.artifact_paths(run_id, name):
         return None
     with tempfile.TemporaryDirectory(prefix="mlreg-config-") as tmp:
         got = registry.download(run_id, f"{name}/{CONFIG_NAME}", Path(tmp))
@@ -335,7 +320,7 @@ def _add_tensor(config: ModelConfig, io: Any, tensor: TensorSpec, dims: list[int
 
 
 def _register(
-    registry: MlflowRegistry, model: str, source: str, flavor: str, config_from: str, folder: Path
+    registry: LoggedModels, model: str, source: str, flavor: str, config_from: str, folder: Path
 ) -> Deployable:
     version_dir = next(p for p in folder.iterdir() if p.is_dir())
     info = {SOURCE_TAG: f"{model} v{source}", "source_flavor": flavor, "source_config": config_from}

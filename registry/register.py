@@ -14,26 +14,27 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from registry.contracts.checks import check_artifacts, read_signature
 from registry.contracts.config import CONFIG_NAME, load_config
 from registry.contracts.repository import ModelEntry
 from registry.contracts.rules import PATHS_RULE, check_model, kind, model_file
+from registry.disk import cleaned_up, disk_full_error, is_disk_full, local_path
 from registry.errors import ContractError, MlregError, RegistryError
 from registry.lineage import (
     Lineage,
     contract_of,
     describe,
     digest_of_contract,
-    digest_of_manifest,
     flavors_of,
     git_state,
     tensor_specs,
 )
-from registry.manifest import CONFIG_ENTRY, manifest_of, sha256_file
-from registry.mlflow.disk import cleaned_up, disk_full_error, is_disk_full, local_path
-from registry.mlflow.model import EXPORTS_EXPERIMENT, LoggedTritonModel
+from registry.logged_model import LoggedTritonModel
+from registry.manifest import CONFIG_ENTRY, digest_of_manifest, manifest_of, sha256_file
+from registry.ports import Registrar, Signatory
+from registry.settings import EXPORTS_EXPERIMENT
 from registry.signing import (
     SIGNATURE_ARTIFACT,
     SIGNED_BY_TAG,
@@ -43,9 +44,6 @@ from registry.signing import (
     sign,
     signed_files,
 )
-
-if TYPE_CHECKING:  # the adapter registers derived versions through register() below
-    from registry.mlflow.registry import MlflowRegistry
 
 log = logging.getLogger(__name__)
 MODEL_NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.\-_]*$")
@@ -177,7 +175,7 @@ def _signature(entry: ModelEntry) -> dict[str, Any]:
 
 
 def register(
-    registry: MlflowRegistry,
+    registry: Registrar,
     candidate: Candidate,
     *,
     force: bool = False,
@@ -196,35 +194,14 @@ def register(
         {**manifest, CONFIG_NAME: {"sha256": config_sha, "size": candidate.config_path.stat().st_size}}
     )
     if not force:
-        for existing in registry.find_by_tag(candidate.name, "artifact_digest", artifact_digest):
-            tags = existing.tags or {}
-            signed_by = tags.get(SIGNED_BY_TAG, "")
-            if signer is not None and not signed_by:
-                signed_by = sign_registered(registry, candidate.name, str(existing.version), signer)
-            return RegisterResult(
-                candidate.name,
-                str(existing.version),
-                False,
-                tags.get("validation", "unknown"),
-                str(existing.run_id or ""),
-                signed_by=signed_by,
-            )
+        existing = _registered_already(registry, candidate.name, artifact_digest, signer)
+        if existing is not None:
+            return existing
     bundle = sign(signed_files(manifest, config_sha), signer, candidate.name) if signer else None
     errors, signature = validate_candidate(candidate)
     contract = contract_of(config)
     platform = kind(ModelEntry(candidate.name, candidate.version_dir, config))
-    lineage = Lineage(
-        # the code that made the artifact: the exporter's checkout, else the folder's own
-        model=candidate.name,
-        git=git_state((exporter or candidate.version_dir).resolve().parent),
-        artifact_digest=artifact_digest,
-        contract_digest=digest_of_contract(contract),
-        framework=FRAMEWORKS.get(platform, platform),
-        platform=platform,
-        exporter_sha256=sha256_file(exporter) if exporter else "",
-        members=members or {},
-        validation="failed" if errors else "passed",
-    )
+    lineage = _lineage(candidate, platform, artifact_digest, contract, exporter, members, errors)
     description = describe(lineage, contract, errors)
     signed_by = claimed_identity(bundle) if bundle else ""
     if bundle:
@@ -249,14 +226,66 @@ def register(
         )
     except BaseException as exc:
         registry.discard_run(run_id)
-        if isinstance(exc, OSError) and is_disk_full(exc):  # a write outside MLflow's calls
-            full = disk_full_error(exc, registry.local_root, "registering the version")
-            raise cleaned_up(full) from exc
-        if isinstance(exc, RegistryError) and is_disk_full(exc):  # an MLflow call's, translated
-            raise cleaned_up(exc) from exc
-        raise
+        failure = _after_discard(exc, registry.local_root)
+        if failure is exc:
+            raise
+        raise failure from exc
     registry.finish_run(run_id, ok=True)
     return RegisterResult(candidate.name, version, True, lineage.validation, run_id, errors, signed_by)
+
+
+def _registered_already(
+    registry: Registrar, name: str, artifact_digest: str, signer: SigningKey | None
+) -> RegisterResult | None:
+    """The version of ``name`` registered with these bytes (signed now when it was not and
+    ``signer`` is given), else None."""
+    for existing in registry.find_by_tag(name, "artifact_digest", artifact_digest):
+        tags = existing.tags or {}
+        signed_by = tags.get(SIGNED_BY_TAG, "")
+        if signer is not None and not signed_by:
+            signed_by = sign_registered(registry, name, str(existing.version), signer)
+        return RegisterResult(
+            name,
+            str(existing.version),
+            False,
+            tags.get("validation", "unknown"),
+            str(existing.run_id or ""),
+            signed_by=signed_by,
+        )
+    return None
+
+
+def _lineage(
+    candidate: Candidate,
+    platform: str,
+    artifact_digest: str,
+    contract: dict[str, Any],
+    exporter: Path | None,
+    members: dict[str, str] | None,
+    errors: list[str],
+) -> Lineage:
+    return Lineage(
+        # the code that made the artifact: the exporter's checkout, else the folder's own
+        model=candidate.name,
+        git=git_state((exporter or candidate.version_dir).resolve().parent),
+        artifact_digest=artifact_digest,
+        contract_digest=digest_of_contract(contract),
+        framework=FRAMEWORKS.get(platform, platform),
+        platform=platform,
+        exporter_sha256=sha256_file(exporter) if exporter else "",
+        members=members or {},
+        validation="failed" if errors else "passed",
+    )
+
+
+def _after_discard(exc: BaseException, local_root: Path) -> BaseException:
+    """What a registration that failed after its run started raises once the run is discarded: a
+    full disk says what was cleaned up; anything else is raised as it was."""
+    if isinstance(exc, OSError) and is_disk_full(exc):  # a write outside MLflow's calls
+        return cleaned_up(disk_full_error(exc, local_root, "registering the version"))
+    if isinstance(exc, RegistryError) and is_disk_full(exc):  # an MLflow call's, translated
+        return cleaned_up(exc)
+    return exc
 
 
 def signature_line(signed_by: str) -> str:
@@ -267,7 +296,7 @@ def signature_line(signed_by: str) -> str:
 
 
 def _record(
-    registry: MlflowRegistry,
+    registry: Registrar,
     run_id: str,
     candidate: Candidate,
     config_sha: str,
@@ -348,7 +377,7 @@ def logged_model(
     )
 
 
-def sign_registered(registry: MlflowRegistry, name: str, version: str, signer: SigningKey) -> str:
+def sign_registered(registry: Signatory, name: str, version: str, signer: SigningKey) -> str:
     """Sign a version registered earlier (``mlreg sign``): its registered files are fetched and
     hashed, and signed only when they match the ``artifact_digest`` MLflow recorded; the signature
     is logged to the version's run beside manifest.json.  Returns who signed."""
@@ -392,7 +421,7 @@ class SignatureWrite:
     failure before the version's ``signed_by`` tag names the new signer puts the file back as it
     was (an embedded registry's artifacts are local files), or says that it stays."""
 
-    def __init__(self, registry: MlflowRegistry, name: str, version: str, was_signed_by: str) -> None:
+    def __init__(self, registry: Signatory, name: str, version: str, was_signed_by: str) -> None:
         self.name, self.version, self.was_signed_by = name, version, was_signed_by
         self.run_id = str(registry.version(name, version).run_id)
         folder = local_path(registry.artifact_uri(self.run_id))
@@ -435,13 +464,11 @@ def _fixed(exc: MlregError, fix: str) -> MlregError:
     return type(exc)(exc.message, fix=fix, **exc.context)
 
 
-def _describe_signature(registry: MlflowRegistry, name: str, version: str, signed_by: str) -> None:
+def _describe_signature(registry: Signatory, name: str, version: str, signed_by: str) -> None:
     """The version's MLflow description says who signed it (the line replaced when there was one)."""
     current = str(registry.version(name, version).description or "")
     kept = "\n".join(line for line in current.splitlines() if not line.startswith("**Signature:"))
     text = kept.rstrip() + "\n\n" + signature_line(signed_by)
     if text == current:  # signed again by the same signer: nothing to write
         return
-    registry._call(  # the adapter has no description update: the one call, through its translation
-        "version update", lambda: registry.client.update_model_version(name, version, description=text)
-    )
+    registry.update_version_description(name, version, text)

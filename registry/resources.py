@@ -28,7 +28,7 @@ SOURCES = {
 
 def packaged_dir(name: str) -> Path | None:
     """The copy shipped in the installed package, if this is an installed (built) mlreg."""
-    from importlib.resources import files  # imports zipfile and tempfile: only when asked
+    from importlib.resources import files  # lazy: it imports zipfile and tempfile: only when asked
 
     found = files(PACKAGE) / PACKAGED / name
     if not found.is_dir():

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import SettingsError
+from registry.resources import backends_dir, template_dir
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 PROJECT_MARKERS = ("mlreg.toml", ".mlreg", ".git")
@@ -148,8 +149,6 @@ def check_tracking_uri(uri: str) -> str:
 
 
 def _packaged_template() -> Path:
-    from registry.resources import template_dir
-
     return template_dir()
 
 
@@ -212,8 +211,6 @@ class Settings:
     @property
     def backends_source(self) -> Path:
         """The stand-in backends (``infra/backends``; packaged in a wheel: registry/resources.py)."""
-        from registry.resources import backends_dir
-
         return backends_dir()
 
     def check_home(self) -> Path:

@@ -129,7 +129,7 @@ def signed_files(files: dict[str, dict[str, Any]], config_sha256: str | None) ->
 def sign(files: dict[str, str], key: SigningKey, name: str) -> bytes:
     """A Sigstore bundle (JSON bytes) over ``files`` (rel path -> sha256), made without reading a
     file: the statement is built from the digests.  ``name`` is informative only."""
-    from model_signing._signing import signing  # model-signing + sigstore: ~1 s, only when signing
+    from model_signing._signing import signing  # lazy: model-signing + sigstore: ~1 s, only when signing
 
     payload = signing.Payload(_statement_manifest(files, name))
     try:
@@ -144,8 +144,8 @@ def sign(files: dict[str, str], key: SigningKey, name: str) -> bytes:
 
 
 def _statement_manifest(files: dict[str, str], name: str) -> Any:
-    from model_signing import manifest
-    from model_signing._hashing import hashing
+    from model_signing import manifest  # lazy: model-signing + sigstore, ~1 s
+    from model_signing._hashing import hashing  # lazy: model-signing + sigstore, ~1 s
 
     serialization = manifest._FileSerialization("sha256", allow_symlinks=False)
     items = [
@@ -159,24 +159,24 @@ def _statement_manifest(files: dict[str, str], name: str) -> Any:
 
 def _signer(key: SigningKey) -> Any:
     if key.keyless:
-        from model_signing._signing import sign_sigstore
+        from model_signing._signing import sign_sigstore  # lazy: model-signing + sigstore, ~1 s
 
         return sign_sigstore.Signer(use_ambient_credentials=True)
     assert key.key is not None
     _require_ec(key.key)
     if key.certificate is not None:
-        from model_signing._signing import sign_certificate
+        from model_signing._signing import sign_certificate  # lazy: model-signing + sigstore, ~1 s
 
         return sign_certificate.Signer(key.key, key.certificate, list(key.chain))
-    from model_signing._signing import sign_ec_key
+    from model_signing._signing import sign_ec_key  # lazy: model-signing + sigstore, ~1 s
 
     return sign_ec_key.Signer(key.key)
 
 
 def _require_ec(path: Path) -> None:
     """model-signing signs with elliptic-curve keys only (Sigstore's key types)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives import serialization  # lazy: cryptography, ~0.1 s
+    from cryptography.hazmat.primitives.asymmetric import ec  # lazy: cryptography, ~0.1 s
 
     key = serialization.load_pem_private_key(path.read_bytes(), None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -209,7 +209,7 @@ def claimed_identity(bundle: bytes) -> str:
 
 
 def _certificate(der: bytes) -> Any:
-    from cryptography import x509
+    from cryptography import x509  # lazy: cryptography, ~0.1 s
 
     return x509.load_der_x509_certificate(der)
 
@@ -222,7 +222,7 @@ def _cert_identity(cert: Any, keyless: bool) -> str:
 
 
 def _subjects(cert: Any) -> list[str]:
-    from cryptography import x509
+    from cryptography import x509  # lazy: cryptography, ~0.1 s
 
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -237,7 +237,7 @@ def _subjects(cert: Any) -> list[str]:
 
 
 def _issuer(cert: Any) -> str:
-    from cryptography import x509
+    from cryptography import x509  # lazy: cryptography, ~0.1 s
 
     for oid in (_OIDC_ISSUER_V2, _OIDC_ISSUER_V1):
         try:
@@ -363,14 +363,14 @@ class _Text:
 
 
 def _read_pb(bundle: bytes) -> Any:
-    from model_signing._signing import sign_sigstore_pb
+    from model_signing._signing import sign_sigstore_pb  # lazy: model-signing + sigstore, ~1 s
 
     return sign_sigstore_pb.Signature.read(_Text(bundle))  # type: ignore[arg-type]
 
 
 def _key_verifiers(trust: Trust, hint: str) -> list[tuple[str, Any, Any]]:
     """A verifier per trusted public key whose fingerprint is the bundle's hint."""
-    from model_signing._signing import sign_ec_key
+    from model_signing._signing import sign_ec_key  # lazy: model-signing + sigstore, ~1 s
 
     found = []
     for path in trust.keys:
@@ -382,13 +382,13 @@ def _key_verifiers(trust: Trust, hint: str) -> list[tuple[str, Any, Any]]:
 
 
 def _load_public(pem: bytes) -> Any:
-    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives import serialization  # lazy: cryptography, ~0.1 s
 
     return serialization.load_pem_public_key(pem)
 
 
 def _public_pem(key: Any) -> bytes:
-    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives import serialization  # lazy: cryptography, ~0.1 s
 
     return bytes(
         key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -397,7 +397,7 @@ def _public_pem(key: Any) -> bytes:
 
 def _certificate_verifiers(trust: Trust) -> list[tuple[str, Any, Any]]:
     """A verifier per trusted CA certificate (a PEM file holding certificates)."""
-    from model_signing._signing import sign_certificate
+    from model_signing._signing import sign_certificate  # lazy: model-signing + sigstore, ~1 s
 
     return [
         (f"CA {path.name}", sign_certificate.Verifier([path]), _read_pb)
@@ -410,9 +410,9 @@ def _keyless_verifiers(trust: Trust) -> list[tuple[str, Any, Any]]:
     """One Sigstore verifier (public-good trust root) whose policy is any trusted identity."""
     if not trust.identities:
         return []
-    from model_signing._signing import sign_sigstore
-    from sigstore import models as sigstore_models
-    from sigstore import verify as sigstore_verify
+    from model_signing._signing import sign_sigstore  # lazy: model-signing + sigstore, ~1 s
+    from sigstore import models as sigstore_models  # lazy: model-signing + sigstore, ~1 s
+    from sigstore import verify as sigstore_verify  # lazy: model-signing + sigstore, ~1 s
 
     class Keyless(sign_sigstore.Verifier):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -434,7 +434,7 @@ class _IdentityPolicy:
         self.identities = identities
 
     def verify(self, cert: Any) -> None:
-        from sigstore.errors import VerificationError
+        from sigstore.errors import VerificationError  # lazy: model-signing + sigstore, ~1 s
 
         issuer, subjects = _issuer(cert), _subjects(cert)
         if not any(i.matches(issuer, subjects) for i in self.identities):
@@ -513,7 +513,7 @@ def trusted_pem(path: Path, where: str = "") -> bytes:
 
 
 def _public_of(pem: bytes, path: Path, place: str) -> bytes:
-    from cryptography import x509
+    from cryptography import x509  # lazy: cryptography, ~0.1 s
 
     try:
         if b"BEGIN CERTIFICATE" in pem:

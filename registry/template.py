@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -75,8 +76,6 @@ def run_exporter(model_dir: Path, version_dir: Path, seed: int) -> dict[str, obj
     if path is None:
         return {}
     require_export_extra()
-    import os
-
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if version_dir.exists():
         shutil.rmtree(version_dir)
@@ -125,6 +124,24 @@ def build(
     on_model: Callable[[str], None] | None = None,
 ) -> BuildResult:
     """Write the complete, loadable repository to ``out``."""
+    available = _chosen(template, models, device)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise TemplateError(
+            f"'{out}' exists and is not empty",
+            fix="pass --force to overwrite the models it holds, or choose another OUT",
+        )
+    cpu = device == "cpu" or (device == "auto" and not gpu_available())
+    result = BuildResult(out=out, models=[])
+    for model_dir in available:
+        if on_model:
+            on_model(model_dir.name)
+        _build_model(model_dir, out / model_dir.name, seed, cpu, result)
+    return result
+
+
+def _chosen(template: Path, models: list[str] | None, device: str) -> list[Path]:
+    """The template's model folders to build (all when ``models`` is empty); a model or device
+    the template does not know is refused."""
     if device not in {"auto", "cpu", "gpu"}:
         raise TemplateError(f"unknown device '{device}'", fix="use auto, cpu or gpu")
     available = template_models(template)
@@ -134,25 +151,16 @@ def build(
         raise TemplateError(
             f"no model named {', '.join(unknown)} in the template", fix=f"choose from: {', '.join(names)}"
         )
-    if out.exists() and any(out.iterdir()) and not force:
-        raise TemplateError(
-            f"'{out}' exists and is not empty",
-            fix="pass --force to overwrite the models it holds, or choose another OUT",
-        )
-    cpu = device == "cpu" or (device == "auto" and not gpu_available())
-    result = BuildResult(out=out, models=[])
-    for model_dir in available:
-        if models and model_dir.name not in models:
-            continue
-        if on_model:
-            on_model(model_dir.name)
-        target = out / model_dir.name
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(model_dir, target, ignore=SKIP)
-        (target / VERSION).mkdir(exist_ok=True)  # an ensemble's version folder is empty
-        result.exported[model_dir.name] = run_exporter(model_dir, target / VERSION, seed)
-        if cpu and rewrite_for_cpu(target / CONFIG_NAME):
-            result.cpu_rewritten.append(model_dir.name)
-        result.models.append(model_dir.name)
-    return result
+    return [p for p in available if not models or p.name in models]
+
+
+def _build_model(model_dir: Path, target: Path, seed: int, cpu: bool, result: BuildResult) -> None:
+    """One model of the template copied to ``target``, its version exported, noted in ``result``."""
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(model_dir, target, ignore=SKIP)
+    (target / VERSION).mkdir(exist_ok=True)  # an ensemble's version folder is empty
+    result.exported[model_dir.name] = run_exporter(model_dir, target / VERSION, seed)
+    if cpu and rewrite_for_cpu(target / CONFIG_NAME):
+        result.cpu_rewritten.append(model_dir.name)
+    result.models.append(model_dir.name)

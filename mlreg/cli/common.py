@@ -46,6 +46,40 @@ VersionArg = Annotated[
     str, typer.Argument(metavar="VERSION", help="The registered version.", callback=positive_version)
 ]
 ModelName = Annotated[str, typer.Argument(metavar="MODEL", help="The registered model's name.")]
+STORE_HELP = (
+    "Store URI: a folder, s3://bucket/prefix or s3://host:port/bucket/prefix "
+    "(default: .mlreg/model_repository)."
+)
+StoreUri = Annotated[str | None, typer.Option("--store", "-s", help=STORE_HELP)]
+Force = Annotated[bool, typer.Option("--force", help="Register even when identical bytes are registered.")]
+SignKey = Annotated[
+    str | None,
+    typer.Option(
+        "--sign-key",
+        envvar="MLREG_SIGNING_KEY",
+        metavar="PATH",
+        help="Sign the version (OpenSSF model signing): an EC private key in PEM, or 'sigstore' for "
+        "keyless signing with the ambient OIDC identity (GitHub Actions).",
+    ),
+]
+SignCert = Annotated[
+    str | None,
+    typer.Option(
+        "--sign-cert",
+        envvar="MLREG_SIGNING_CERT",
+        metavar="PATH",
+        help="With --sign-key: the key's certificate (PEM), to sign with a certificate.",
+    ),
+]
+SignChain = Annotated[
+    str | None,
+    typer.Option(
+        "--sign-chain",
+        envvar="MLREG_SIGNING_CHAIN",
+        metavar="PATH",
+        help="With --sign-cert: the certificates up to the root (PEM).",
+    ),
+]
 
 
 @dataclass

@@ -52,7 +52,7 @@ def pin_cmd(
 
     Example: mlreg fleet pin fleet/production.toml --from-alias staging (what staging serves)
     """
-    from mlreg.fleet import parse_pins, pin
+    from mlreg.fleet import parse_pins, pin  # lazy: the registry and the promotion, when run
 
     settings = settings_of(ctx)
     result = pin(settings, file, parse_pins(pins or []), env, from_alias)
@@ -108,7 +108,7 @@ def sync_cmd(
 
     Example: mlreg fleet sync fleet/production.toml --env production --json (the PostSync hook Job)
     """
-    from mlreg.fleet import sync
+    from mlreg.fleet import sync  # lazy: the registry and the promotion, when run
 
     settings = settings_of(ctx)
     out = Output(as_json)

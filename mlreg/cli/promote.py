@@ -1,76 +1,24 @@
-"""`mlreg promote`, `rollback`, `status`, `history`: parse, call ``mlreg.service``, render."""
+"""`mlreg promote` (one version, or several with --from-alias/--from-file) and `mlreg rollback`:
+parse, call the verb (``mlreg.ops``), render (``mlreg.cli.promote_render``).  `mlreg status` and
+`mlreg history` live in ``mlreg.cli.status``."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, positive_version, settings_of
-from mlreg.cli.output import Output, rollout_line
+from mlreg.cli.output import Output
+from mlreg.cli.promote_render import promotion, render, stage_lines
+from mlreg.cli.report import plain, render_batch
+from mlreg.cli.status import history_cmd, status_cmd
+from registry.errors import UsageError
 
 if TYPE_CHECKING:
-    from pipelines.promote.reports import PromotionResult
-    from pipelines.promote.runner import OnStage
-
-
-def _stage_lines(out: Output) -> OnStage:
-    def report(stage: str, status: str, seconds: float, detail: str) -> None:
-        out.note(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}")
-
-    return report
-
-
-def _promotion(out: Output, call: Callable[[], PromotionResult]) -> PromotionResult:
-    """Run ``call``; with --json a failed promotion still prints its report (then the error)."""
-    from pipelines.promote.reports import PromotionFailed
-
-    try:
-        result = call()
-    except PromotionFailed as exc:
-        if out.json:
-            out.document(exc.result.to_dict())
-        raise
-    return result
-
-
-def _render(out: Output, result: PromotionResult, alias: str) -> None:
-    plan = result.plan
-    if out.json:
-        out.document(result.to_dict())
-    elif result.noop:
-        out.line(f"{plan.model} version {plan.version} already serves in '{plan.env.name}': nothing to do")
-    elif "record" not in result.stage_names():
-        out.line(f"plan (dry run) for {plan.model} v{plan.version} in '{plan.env.name}' ({plan.env.store}):")
-        out.table(
-            ["ROLE", "MODEL", "VERSION", "UPLOAD", "CONFIG", "SERVING NOW"],
-            [
-                [
-                    s.role.value,
-                    s.model,
-                    s.version,
-                    "yes" if s.upload else "no",
-                    "changes" if s.previous_config != s.config_text else "unchanged",
-                    ",".join(s.previous_versions) or "nothing",
-                ]
-                for s in plan.steps
-            ],
-        )
-        rollout = plan.rollout()
-        if rollout is None:
-            out.line(f"load on: {', '.join(plan.targets)} (first = canary)")
-        else:
-            out.line(f"roll-out: {rollout_line(rollout)}")
-    else:
-        out.line(
-            f"promoted {plan.model} version {plan.version} to '{plan.env.name}' "
-            f"(alias '{alias}'); MLflow run {result.run_id}"
-        )
-    for note in result.notes:
-        out.note(f"note: {note}")
+    from registry.settings import Settings
 
 
 def promote_cmd(
@@ -129,10 +77,9 @@ def promote_cmd(
     Example: mlreg promote image_model --from-alias staging --env production (the version staging
     holds, only image_model's)
     """
-    from mlreg import service
-    from registry.errors import UsageError
+    from mlreg.ops.promote import promote  # lazy: the verb imports the promotion package
 
-    options = dict(
+    options: dict[str, Any] = dict(
         dry_run=dry_run,
         allow_breaking=allow_breaking,
         skip_quality=skip_quality,
@@ -141,39 +88,21 @@ def promote_cmd(
         no_way_back=no_way_back,
         skip_shadow=skip_shadow,
     )
-    if from_alias or from_file:  # several versions, members first: mlreg/cli/report.py
-        from mlreg.cli.report import promote_many_cmd
-
+    if from_alias or from_file:  # several versions, members first
         if version:
             raise UsageError(
                 "--version and --from-alias/--from-file exclude each other: the alias or file names it",
                 fix="drop --version, or drop --from-alias/--from-file to promote MODEL --version N",
             )
-        settings = settings_of(ctx)
-        return promote_many_cmd(settings, env, from_alias, from_file, as_json, model=model, **options)
+        return promote_many_cmd(settings_of(ctx), env, from_alias, from_file, as_json, model, **options)
     if not model or not version:
         raise UsageError(
             "no version to promote", fix="pass MODEL --version N (or --from-alias / --from-file)"
         )
     settings, out = settings_of(ctx), Output(as_json)
-    result = _promotion(
-        out,
-        lambda: service.promote(
-            settings,
-            env,
-            model,
-            version,
-            dry_run=dry_run,
-            allow_breaking=allow_breaking,
-            skip_quality=skip_quality,
-            serve_as=serve_as,
-            on_stage=_stage_lines(out),
-            skip_perf=skip_perf,
-            no_way_back=no_way_back,
-            skip_shadow=skip_shadow,
-        ),
-    )
-    _render(out, result, result.plan.env.alias)
+    call = partial(promote, settings, env, model, version, on_stage=stage_lines(out), **options)
+    result = promotion(out, call)
+    render(out, result, result.plan.env.alias)
 
 
 def rollback_cmd(
@@ -193,100 +122,40 @@ def rollback_cmd(
 
     Example: mlreg rollback image_model --to-version 1
     """
-    from mlreg import service
+    from mlreg.ops.rollback import rollback  # lazy: the verb imports the promotion package
 
     settings, out = settings_of(ctx), Output(as_json)
-    result = _promotion(
-        out,
-        lambda: service.rollback(
-            settings, env, model, to_version, dry_run=dry_run, on_stage=_stage_lines(out)
-        ),
-    )
-    _render(out, result, result.plan.env.alias)
+    call = partial(rollback, settings, env, model, to_version, dry_run=dry_run, on_stage=stage_lines(out))
+    result = promotion(out, call)
+    render(out, result, result.plan.env.alias)
 
 
-def status_cmd(
-    ctx: typer.Context,
-    model: str = typer.Argument(None, help="One model (default: every model in the store)."),
-    env: EnvName = "local",
-    as_json: JsonFlag = False,
+def promote_many_cmd(
+    settings: Settings,
+    env: str,
+    from_alias: str | None,
+    from_file: Path | None,
+    as_json: bool,
+    model: str | None = None,
+    **options: Any,
 ) -> None:
-    """Registry alias vs the store's desired state vs what each Triton serves (drift: exit 1)."""
-    from mlreg import service
+    """``mlreg promote [MODEL] --from-alias A | --from-file F --env E``: several versions, members
+    first; MODEL limits --from-alias to that model and is refused with --from-file."""
+    from mlreg.ops.promote_many import promote_listed  # lazy: the verb imports the promotion package
 
-    out = Output(as_json)
-    report = service.status(settings_of(ctx), env, model)
-    out.result(report.to_dict(), lambda: _status_table(out, report.models))
-    for lock in report.locks:
-        stale = " (stale: 'mlreg store unlock' may remove it)" if lock["stale"] else ""
-        lease = (
-            f"lease ran out at {lock['lease_until']}"
-            if lock["stale"]
-            else f"lease until {lock['lease_until']}"
-        )
-        out.line(f"locked: {lock['model']} by {lock['owner']}, {lease}{stale}")
-    if report.store_error and not as_json:
-        out.line(f"store unreachable: {report.store_error} (fix: {report.store_fix})")
-    if not as_json:
-        from pipelines.promote.replicas import OPEN_CONTROL
+    def on_stage(stage: str, status: str, seconds: float, detail: str) -> None:  # even with --json
+        typer.echo(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}", err=True)
 
-        for url in report.open_control:
-            out.line("warning: " + OPEN_CONTROL.format(url=url))
-    if report.drift:
-        raise typer.Exit(1)
+    batch = promote_listed(settings, env, from_alias, from_file, model, on_stage=on_stage, **options)
+    doc, out = batch.to_dict(), Output(as_json)
+    out.result(doc, lambda: out.line("\n".join(plain(render_batch(doc)))))
+    failed = [p for p in batch.promotions if not p["ok"] and not p.get("skipped")]
+    for entry in failed:
+        typer.echo(f"error: {entry['model']} v{entry['version']}: {entry['error']}", err=True)
+        if entry.get("fix"):
+            typer.echo(f"fix: {entry['fix']}", err=True)
+    if failed:
+        raise typer.Exit(int(failed[0].get("exit_code", 1)))
 
 
-def _status_table(out: Output, rows: list[dict[str, Any]]) -> None:
-    """MLflow versions in every column, the Triton folder in brackets where it differs (``2 [1]``)."""
-    from pipelines.promote.status import labels  # heavy (numpy): loaded by the status itself
-
-    def serving(row: dict[str, Any]) -> str:
-        found, folders = row["serving"], row["serving_folders"]
-        return "; ".join(
-            f"{u}: {labels(v, folders[u]) if isinstance(v, list) else v}" for u, v in found.items()
-        )
-
-    out.table(
-        ["MODEL", "ALIAS", "DESIRED", "SERVING"],
-        [[r["model"], r["alias"], labels(r["desired"], r["desired_folders"]), serving(r)] for r in rows],
-        right=["ALIAS", "DESIRED"],
-    )
-    for r in rows:
-        pins = r.get("pins")
-        if isinstance(pins, dict):
-            out.line(f"{r['model']} pins: " + ", ".join(f"{m} v{v}" for m, v in sorted(pins.items())))
-        for line in r["drift"]:
-            out.line(f"{r['model']} drift: {line}")
-
-
-def history_cmd(
-    ctx: typer.Context,
-    model: str = typer.Argument(..., help="Registered model name."),
-    env: str = typer.Option(None, "--env", "-e", help="Only this environment."),
-    as_json: JsonFlag = False,
-) -> None:
-    """Every promotion of MODEL: when, where, from → to, result, who."""
-    from mlreg import service
-
-    out = Output(as_json)
-    rows = service.history(settings_of(ctx), model, env)
-    out.result(
-        {"model": model, "promotions": rows},
-        lambda: out.table(
-            ["WHEN", "ENV", "FROM", "TO", "RESULT", "USER", "RUN"],
-            [
-                [
-                    time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(h["when"] / 1000)),
-                    h["environment"],
-                    h["from"],
-                    h["to"],
-                    h["result"],
-                    h["user"],
-                    h["run_id"],
-                ]
-                for h in rows
-            ],
-        ),
-    )
-    if not rows:
-        out.line(f"no promotion of {model} yet")
+__all__ = ["history_cmd", "promote_cmd", "promote_many_cmd", "rollback_cmd", "status_cmd"]

@@ -1,17 +1,16 @@
-"""``mlreg shadow``: capture of production requests for the shadow replay (switch on, show, purge)."""
+"""``mlreg shadow``: capture of production requests for the shadow replay (switch on, show, purge).
+
+Each command parses, calls its verb in :mod:`mlreg.ops.shadow` and renders the report.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, settings_of
 from mlreg.cli.output import Output
-
-if TYPE_CHECKING:
-    from pipelines.promote.environments import Environment
-    from registry.settings import Settings
 
 app = typer.Typer(
     help="Capture of the requests production sends (Triton's trace), which every promotion's quality "
@@ -22,27 +21,6 @@ Models = Annotated[list[str], typer.Argument(metavar="MODEL...", help="The model
 SomeModels = Annotated[
     list[str] | None, typer.Argument(metavar="[MODEL...]", help="The models (default: every model served).")
 ]
-
-
-def _environment(settings: Settings, name: str) -> tuple[Environment, tuple[str, ...], Any]:
-    from mlreg import service
-    from pipelines.promote.environments import resolve_targets
-    from pipelines.promote.replicas import triton_connector
-
-    env = service.environment(settings, name)
-    connect = triton_connector(settings, env.key(settings), env.load_deadline(settings))
-    return env, resolve_targets(settings, env), connect
-
-
-def _shadow_of(env: Environment) -> Any:
-    from registry.errors import UsageError
-
-    if env.shadow is None:
-        raise UsageError(
-            f"environment '{env.name}' captures no requests",
-            fix=f"add an [environments.{env.name}.shadow] table to mlreg.toml (rate, count, captures)",
-        )
-    return env.shadow
 
 
 def capture_cmd(
@@ -56,34 +34,22 @@ def capture_cmd(
 
     Example: mlreg shadow capture image_model --env production
     """
-    from pipelines.promote.capture import arm
+    from mlreg.ops.shadow import capture  # lazy: numpy and the promotion package, when run
 
-    settings, out = settings_of(ctx), Output(as_json)
-    environment, targets, connect = _environment(settings, env)
-    shadow = _shadow_of(environment)
-    wanted = [m for m in models if shadow.captures_model(m)]
-    excluded = [m for m in models if m not in wanted]
-    notes = [] if dry_run else arm(targets, connect, wanted, shadow)
-    data = {
-        "environment": env,
-        "models": wanted,
-        "excluded": excluded,
-        "targets": list(targets),
-        "settings": shadow.trace_settings(),
-        "dry_run": dry_run,
-        "failed": notes,
-    }
+    out = Output(as_json)
+    report = capture(settings_of(ctx), env, models, dry_run)
 
     def human() -> None:
         verb = "would switch" if dry_run else "switched"
-        out.line(f"{verb} capture on for {', '.join(wanted) or 'no model'} on {len(targets)} replica(s)")
-        for model in excluded:
+        wanted = ", ".join(report.models) or "no model"
+        out.line(f"{verb} capture on for {wanted} on {len(report.targets)} replica(s)")
+        for model in report.excluded:
             out.line(f"  {model}: excluded by the environment (never captured)")
-        for note in notes:
+        for note in report.failed:
             out.note(f"note: {note}")
 
-    out.result(data, human)
-    if notes:
+    out.result(report.to_dict(), human)
+    if report.failed:
         raise typer.Exit(1)
 
 
@@ -97,54 +63,25 @@ def status_cmd(
 
     Example: mlreg shadow status image_model --env production
     """
-    from pipelines.promote.capture import Captures
-    from registry.errors import MlregError
+    from mlreg.ops.shadow import capture_status  # lazy: numpy and the promotion package, when run
 
-    settings, out = settings_of(ctx), Output(as_json)
-    environment, targets, connect = _environment(settings, env)
-    shadow = _shadow_of(environment)
-    rows = []
-    for url in targets:
-        for model in models:
-            try:
-                with connect(url) as triton:
-                    found = triton.trace_settings(model)
-                level = ",".join(found.get("trace_level", []))
-                rows.append(
-                    {
-                        "replica": url,
-                        "model": model,
-                        "level": level,
-                        "rate": found.get("trace_rate", [""])[0],
-                        "left": found.get("trace_count", [""])[0],
-                    }
-                )
-            except MlregError as exc:
-                rows.append({"replica": url, "model": model, "error": exc.message})
-    files = Captures(shadow.captures).files() if shadow.captures else []
-    data = {
-        "environment": env,
-        "captures": shadow.captures,
-        "replicas": rows,
-        "files": len(files),
-        "bytes": sum(f.size for f in files),
-        "max_bytes": shadow.max_bytes,
-    }
+    out = Output(as_json)
+    report = capture_status(settings_of(ctx), env, models)
 
     def human() -> None:
         out.table(
             ["REPLICA", "MODEL", "CAPTURE", "RATE", "LEFT"],
             [
                 [r["replica"], r["model"], r.get("error") or r["level"], r.get("rate", ""), r.get("left", "")]
-                for r in rows
+                for r in report.replicas
             ],
         )
         out.line(
-            f"{len(files)} captured file(s), {data['bytes']:,} of {shadow.max_bytes:,} bytes under "
-            f"{shadow.captures or '-'}"
+            f"{report.files} captured file(s), {report.bytes:,} of {report.max_bytes:,} bytes under "
+            f"{report.captures or '-'}"
         )
 
-    out.result(data, human)
+    out.result(report.to_dict(), human)
 
 
 def purge_cmd(
@@ -159,33 +96,20 @@ def purge_cmd(
 
     Example: mlreg shadow purge --env production
     """
-    from pipelines.promote.capture import Captures, disarm, purge
-    from registry.errors import MlregError
+    from mlreg.ops.shadow import capture_purge  # lazy: numpy and the promotion package, when run
 
-    settings, out = settings_of(ctx), Output(as_json)
-    environment, targets, connect = _environment(settings, env)
-    shadow = _shadow_of(environment)
-    names = list(models or [])
-    if not names:  # every model any replica holds
-        for url in targets:
-            try:
-                with connect(url) as triton:
-                    names.extend(m for m in triton.model_states() if m not in names)
-            except MlregError:
-                continue
-    files = Captures(shadow.captures).files() if shadow.captures else []
-    failed = [] if dry_run else disarm(targets, connect, names)
-    deleted = [f.name for f in files] if dry_run else purge(shadow.captures)
-    data = {"environment": env, "models": names, "deleted": deleted, "dry_run": dry_run, "failed": failed}
+    out = Output(as_json)
+    report = capture_purge(settings_of(ctx), env, models, dry_run)
 
     def human() -> None:
         verb = "would delete" if dry_run else "deleted"
-        out.line(f"capture off for {', '.join(names) or 'no model'}; {verb} {len(deleted)} captured file(s)")
-        for failure in failed:
+        names = ", ".join(report.models) or "no model"
+        out.line(f"capture off for {names}; {verb} {len(report.deleted)} captured file(s)")
+        for failure in report.failed:
             out.note(f"note: capture could not be switched off at {failure}")
 
-    out.result(data, human)
-    if failed:
+    out.result(report.to_dict(), human)
+    if report.failed:
         raise typer.Exit(1)
 
 

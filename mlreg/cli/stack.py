@@ -74,7 +74,7 @@ def up_cmd(
 
     Example: mlreg stack up --repository .mlreg/model_repository --load ensemble_multi_modal_model
     """
-    from pipelines.devstack.stack import stack_up
+    from pipelines.devstack.stack import stack_up  # lazy: ~90 ms (grpc, psutil), this command only
 
     status = stack_up(
         settings_of(ctx), repository=repository, load=load or (), s3=s3, ui=ui, replicas=replicas
@@ -90,7 +90,7 @@ def up_cmd(
 @app.command("status")
 def status_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Show the local stack: URLs, pid, repository and loaded models (exit 1 when not running)."""
-    from pipelines.devstack.stack import stack_status
+    from pipelines.devstack.stack import stack_status  # lazy: ~90 ms (grpc, psutil), this command only
 
     status = stack_status(settings_of(ctx))
     out = Output(as_json)
@@ -108,7 +108,7 @@ def status_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 @app.command("down")
 def down_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Stop the local stack (SIGTERM, then SIGKILL after a bound) and clean its shared memory."""
-    from pipelines.devstack.stack import stack_down
+    from pipelines.devstack.stack import stack_down  # lazy: ~90 ms (grpc, psutil), this command only
 
     stopped = stack_down(settings_of(ctx))
     pids = [info.pid for info in stopped]

@@ -36,7 +36,7 @@ def build_cmd(
 
     Example: mlreg template build .mlreg/model_repository --force
     """
-    from registry import template
+    from registry import template  # lazy: the template builder loads only when this command runs
 
     settings = settings_of(ctx, state=False)
     out = Output(as_json)

@@ -38,14 +38,14 @@ def status_cmd(
 
     Example: mlreg triton status --url triton-0:8001 --url triton-1:8001
     """
-    from pipelines.control_key import control_key
-    from pipelines.triton import server_report
-    from registry.errors import TritonError, UsageError
+    from pipelines.control_key import control_key  # lazy: grpc ~60 ms, this command only
+    from pipelines.triton import server_report  # lazy: grpc ~60 ms, this command only
+    from registry.errors import TritonError, UsageError  # lazy: with the lines above
 
     settings = settings_of(ctx, state=False)
     urls = list(url or [])
     if not urls:
-        from pipelines.devstack.stack import running_server
+        from pipelines.devstack.stack import running_server  # lazy: ~90 ms, only without a URL
 
         info = running_server(settings)
         if info is None:

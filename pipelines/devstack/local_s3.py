@@ -69,7 +69,7 @@ def stop_s3(pid: int, process: subprocess.Popen[bytes] | None = None) -> None:
 
 
 def create_bucket(endpoint: str, bucket: str) -> None:
-    import boto3
+    import boto3  # lazy: ~0.6 s of import time a stack without S3 never pays
 
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.control_key import local_key
-from pipelines.devstack import local_triton, processes
+from pipelines.devstack import local_s3, local_triton, processes
+from pipelines.devstack.local_mlflow import start_mlflow, stop_mlflow
+from pipelines.devstack.local_s3 import stop_s3
 from pipelines.devstack.local_triton import ServerInfo
 from pipelines.triton import TritonControl
 from registry.errors import MlregError, StackError
@@ -106,9 +108,8 @@ def running_s3(settings: Settings) -> dict[str, object] | None:
 
 def start_s3_repository(settings: Settings, source: Path) -> str:
     """Start moto_server, push ``source`` into it; return the S3 URI Triton should read."""
-    from pipelines.devstack import local_s3
-    from pipelines.storage import open_store
-    from pipelines.storage.push import push_path
+    from pipelines.storage import open_store  # lazy: store package ~0.15 s, S3 stacks only
+    from pipelines.storage.push import push_path  # lazy: store package ~0.15 s, S3 stacks only
 
     for key, value in local_s3.CREDENTIALS.items():
         os.environ.setdefault(key, value)
@@ -139,8 +140,6 @@ def start_ui(settings: Settings) -> str:
     running = running_mlflow(settings)
     if running is not None:
         return str(running["url"])
-    from pipelines.devstack.local_mlflow import start_mlflow
-
     settings.home.mkdir(parents=True, exist_ok=True)
     server, process = start_mlflow(
         f"sqlite:///{settings.home / 'mlflow.db'}",
@@ -208,7 +207,7 @@ def stack_up(
         )
     if info is None:
         if repo.startswith("s3://"):  # Triton refuses an S3 prefix holding no object: mark its root
-            from pipelines.storage import ensure_root
+            from pipelines.storage import ensure_root  # lazy: store package ~0.15 s, S3 stacks only
 
             ensure_root(repo)
         info, process = local_triton.start_server(
@@ -282,14 +281,10 @@ def stack_down(settings: Settings) -> list[ServerInfo]:
     state_file(settings).unlink(missing_ok=True)
     ui = running_mlflow(settings)
     if ui is not None:
-        from pipelines.devstack.local_mlflow import stop_mlflow
-
         stop_mlflow(int(ui["pid"]))  # type: ignore[call-overload]
         mlflow_state_file(settings).unlink(missing_ok=True)
     s3 = running_s3(settings)
     if s3 is not None:
-        from pipelines.devstack.local_s3 import stop_s3
-
         stop_s3(int(s3["pid"]))  # type: ignore[call-overload]
         s3_state_file(settings).unlink(missing_ok=True)
     return stopped

@@ -207,7 +207,7 @@ class Captures:
         self.location = location
         self._s3: tuple[Any, str, str] | None = None
         if location.startswith("s3://"):
-            from pipelines.storage import open_store
+            from pipelines.storage import open_store  # lazy: store package ~0.15 s, s3:// only
 
             store = open_store(location)
             self._s3 = (store.client, store.bucket, store.prefix)  # type: ignore[attr-defined]
@@ -344,36 +344,49 @@ def parse_traces(records: list[Any], source: str, reading: Reading) -> list[Capt
     times: dict[int, dict[str, int]] = {}
     broken: set[int] = set()
     for record in records:
-        if not isinstance(record, dict) or not isinstance(record.get("id"), int):
-            continue
-        trace_id = record["id"]
-        if "model_name" in record:
-            traces[trace_id] = Captured(
-                str(record["model_name"]),
-                str(record.get("model_version", "")),
-                str(record.get("request_id", "")),
-                source=f"{source}#{trace_id}",
-            )
-        elif record.get("activity") in SIDES and isinstance(record.get("tensor"), dict):
-            if not _add_tensor(traces.get(trace_id), record["activity"], record["tensor"]):
-                broken.add(trace_id)
-        elif isinstance(record.get("timestamps"), list):
-            stamps = times.setdefault(trace_id, {})
-            stamps.update(
-                (str(s.get("name")), s["ns"])
-                for s in record["timestamps"]
-                if isinstance(s, dict) and isinstance(s.get("ns"), int)
-            )
+        if isinstance(record, dict) and isinstance(record.get("id"), int):
+            _take_record(record, source, traces, times, broken)
     out = []
     for trace_id, request in sorted(traces.items()):
         if trace_id in broken:
             reading.skip("a tensor that is not replayable (BYTES, or data not matching its shape)")
         elif request.inputs and request.outputs:  # else an ensemble's own trace, or a refused request
-            stamps = times.get(trace_id, {})
-            if "REQUEST_START" in stamps and "REQUEST_END" in stamps:
-                request.latency_us = (stamps["REQUEST_END"] - stamps["REQUEST_START"]) / 1000
+            _set_latency(request, times.get(trace_id, {}))
             out.append(request)
     return out
+
+
+def _take_record(
+    record: dict[str, Any],
+    source: str,
+    traces: dict[int, Captured],
+    times: dict[int, dict[str, int]],
+    broken: set[int],
+) -> None:
+    """One trace record into its trace: the request it opens, a tensor, or timestamps."""
+    trace_id = record["id"]
+    if "model_name" in record:
+        traces[trace_id] = Captured(
+            str(record["model_name"]),
+            str(record.get("model_version", "")),
+            str(record.get("request_id", "")),
+            source=f"{source}#{trace_id}",
+        )
+    elif record.get("activity") in SIDES and isinstance(record.get("tensor"), dict):
+        if not _add_tensor(traces.get(trace_id), record["activity"], record["tensor"]):
+            broken.add(trace_id)
+    elif isinstance(record.get("timestamps"), list):
+        stamps = times.setdefault(trace_id, {})
+        stamps.update(
+            (str(s.get("name")), s["ns"])
+            for s in record["timestamps"]
+            if isinstance(s, dict) and isinstance(s.get("ns"), int)
+        )
+
+
+def _set_latency(request: Captured, stamps: dict[str, int]) -> None:
+    if "REQUEST_START" in stamps and "REQUEST_END" in stamps:
+        request.latency_us = (stamps["REQUEST_END"] - stamps["REQUEST_START"]) / 1000
 
 
 SIDES = ("TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT")
@@ -403,15 +416,18 @@ def tensor_of(tensor: Mapping[str, Any]) -> np.ndarray | None:
         if any(d < 0 for d in shape) or size * np.dtype(dtype).itemsize > MAX_TENSOR_BYTES:
             return None
         values = [v for v in data.split(",") if v != ""]
-        if len(values) != size:
-            return None
-        if dtype is np.bool_:
-            return np.array([v.strip() in ("1", "true") for v in values], dtype=dtype).reshape(shape)
-        if np.dtype(dtype).kind == "f":
-            return np.array([float(v) for v in values]).astype(dtype).reshape(shape)
-        return np.array([int(v) for v in values]).astype(dtype).reshape(shape)
+        return _array_of(values, dtype, shape) if len(values) == size else None
     except (ValueError, OverflowError):
         return None
+
+
+def _array_of(values: list[str], dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Traced values as an array of ``dtype`` (raises ValueError, OverflowError)."""
+    if dtype is np.bool_:
+        return np.array([v.strip() in ("1", "true") for v in values], dtype=dtype).reshape(shape)
+    if np.dtype(dtype).kind == "f":
+        return np.array([float(v) for v in values]).astype(dtype).reshape(shape)
+    return np.array([int(v) for v in values]).astype(dtype).reshape(shape)
 
 
 def purge(location: str) -> list[str]:

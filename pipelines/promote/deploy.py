@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.fanout import Change
-from pipelines.promote.plan import Role, Step, desired_config
+from pipelines.promote.plan import Role, Step, desired_config, follow_latest
 from pipelines.promote.reports import FleetReport
 from registry.errors import PromotionError
 
@@ -88,7 +88,7 @@ class AllAtOnce:
         for other in ctx.plan.steps:
             if other.role is Role.ENSEMBLE and other.previous_config is not None:
                 versions = other.previous_versions or [other.version]
-                text = desired_config(other.previous_config, versions, ctx.env.gpu, {step.model: "-1"})
+                text = follow_latest(other.previous_config, versions, ctx.env.gpu, [step.model])
                 apply(ctx, other, text, [other.version])
 
     def finalize(self, ctx: PromotionContext) -> FleetReport:

@@ -250,7 +250,7 @@ def environment(settings: Settings, name: str) -> Environment:
 
 def resolve_targets(settings: Settings, env: Environment) -> tuple[str, ...]:
     """The gRPC URLs to drive.  ``local``'s are the running local stack's: the application fills
-    them in when it loads the environment (``mlreg.service.environment``); none means it is down."""
+    them in when it loads the environment (``mlreg.ops.context.environment``); none means it is down."""
     if env.discover:
         return discovery.resolve(env.discover)
     if env.targets:

@@ -149,24 +149,36 @@ class Fleet:
         Never once the promotion lost the model's lock (the store's fence: its lease proven first)."""
         self.store.fence(change.model)
         began = time.perf_counter()
-        guard = self.guard if change.config is not None else None
         try:
             self._admit(url, change)
         except MlregError as exc:
-            if rollout is not None:
-                rollout.targets.append(TargetResult(url, False, 0.0, exc.message))
+            _failed(rollout, url, 0.0, exc)
             raise
+        kept, served = self._before_send(url, change)
+        self._send_guarded(url, change, rollout, began)
+        if served:
+            self._check_kept(url, change.model, kept, served)
+        if rollout is not None:
+            rollout.targets.append(TargetResult(url, True, time.perf_counter() - began))
+
+    def _before_send(self, url: str, change: Change) -> tuple[list[str], dict[str, int]]:
+        """What ``url`` holds READY told to ``on_touch``; the wanted versions it keeps serving, and
+        the requests each has answered (to tell a version the load re-created)."""
         ready = self.ready(url, change.model)
         if self.on_touch is not None:
             self.on_touch(url, change.model, tuple(ready))
         kept = [v for v in change.versions if v in ready] if change.config is not None else []
-        served = self._served(url, change.model) if kept else {}
+        return kept, self._served(url, change.model) if kept else {}
+
+    def _send_guarded(self, url: str, change: Change, rollout: Rollout | None, began: float) -> None:
+        """``change`` sent to ``url``, the guard told how the load went (a failure noted in
+        ``rollout``, a hung load for ``status``)."""
+        guard = self.guard if change.config is not None else None
         started = time.time()
         try:
             self._send(url, change)
         except MlregError as exc:
-            if rollout is not None:
-                rollout.targets.append(TargetResult(url, False, time.perf_counter() - began, exc.message))
+            _failed(rollout, url, time.perf_counter() - began, exc)
             if exc.context.get("status") == "load-deadline":  # status says since when it loads
                 note_hung_load(self.store, change.model, url, change.versions, started)
             if guard is not None:
@@ -174,10 +186,6 @@ class Fleet:
             raise
         if guard is not None:
             self._fence(url, guard.after_load(url, change, None))
-        if served:
-            self._check_kept(url, change.model, kept, served)
-        if rollout is not None:
-            rollout.targets.append(TargetResult(url, True, time.perf_counter() - began))
 
     def _admit(self, url: str, change: Change) -> None:
         """Raise before anything is sent when ``url`` is fenced off or the guard refuses it."""
@@ -431,3 +439,8 @@ def refuse_pending_loads(fleet: Fleet, models: Sequence[str], clear: bool = True
     for model in set(models) - loading_anywhere if clear else ():
         if hung_loads(fleet.store, model):
             fleet.store.delete(HUNG_LOADS.format(model=model))
+
+
+def _failed(rollout: Rollout | None, url: str, seconds: float, exc: MlregError) -> None:
+    if rollout is not None:
+        rollout.targets.append(TargetResult(url, False, seconds, exc.message))

@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.promote.plan import Step
-from pipelines.promote.ports import Registry
+from pipelines.promote.ports import RegistryReader
 from pipelines.promote.undo import VerifyStored
 from pipelines.storage.base import RepositoryStore
 from pipelines.storage.verify import MANIFEST
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, PromotionError, StorageError
 from registry.manifest import CONFIG_ENTRY, VOLATILE, artifact_digest, digest_of_manifest, sha256_file
+from registry.ports import is_planned
 from registry.signing import (
     SIGNATURE_ARTIFACT,
     SIGNATURE_FILE,
@@ -64,7 +65,7 @@ class Repair:
 
 
 def check_stored(
-    store: RepositoryStore, registry: Registry, step: Step, version: str, digest: str, workdir: Path
+    store: RepositoryStore, registry: RegistryReader, step: Step, version: str, digest: str, workdir: Path
 ) -> Repair | None:
     """None when ``step.model``/``version`` in the store is the registered version; a Repair when
     the registry's copy is; else PromotionError naming what is wrong in both."""
@@ -112,7 +113,7 @@ def verifier(
     store: RepositoryStore,
     digests: dict[tuple[str, str], str],
     trust: Trust | None = None,
-    registry: Registry | None = None,
+    registry: RegistryReader | None = None,
     workdir: Path | None = None,
 ) -> VerifyStored:
     """What the undo log asks before it loads a version again: "" when the bytes verify (and,
@@ -143,7 +144,7 @@ def verifier(
 
 def check_signatures(
     store: RepositoryStore,
-    registry: Registry,
+    registry: RegistryReader,
     steps: Iterable[Step],
     trust: Trust | None,
     workdir: Path | None,
@@ -189,9 +190,13 @@ def no_way_back_error(model: str, version: str, why: str, restore: str) -> Promo
     )
 
 
-def _check_new(store: RepositoryStore, registry: Registry, step: Step, trust: Trust, workdir: Path) -> str:
+def _check_new(
+    store: RepositoryStore, registry: RegistryReader, step: Step, trust: Trust, workdir: Path
+) -> str:
     what = f"{step.model} v{step.version}"
-    if _planned(registry, step.model, step.version):
+    # a version only a plan (``mlreg export --dry-run``) would register has no signature yet: the
+    # export that registers it signs it
+    if is_planned(registry, step.model, step.version):
         return f"{what} not checked: a plan's version is signed when it is registered (--sign-key)"
     try:
         signed = _new_signature(store, registry, step, trust, workdir)
@@ -211,7 +216,7 @@ def _check_new(store: RepositoryStore, registry: Registry, step: Step, trust: Tr
 
 
 def _new_signature(
-    store: RepositoryStore, registry: Registry, step: Step, trust: Trust, workdir: Path
+    store: RepositoryStore, registry: RegistryReader, step: Step, trust: Trust, workdir: Path
 ) -> Signed:
     """A version to upload: the registry's signature over the registry's manifest (bound to the
     registered digest the upload is verified against).  A stored one: the store's signature over the
@@ -228,7 +233,7 @@ def _new_signature(
     return _registered_check(registry, step, trust, workdir)
 
 
-def _registered_check(registry: Registry, step: Step, trust: Trust, workdir: Path) -> Signed:
+def _registered_check(registry: RegistryReader, step: Step, trust: Trust, workdir: Path) -> Signed:
     files = _registered_files(registry, step)
     bundle = registered_signature(registry, step.model, step.version, workdir)
     signed = verify_signature(bundle, files, trust, f"{step.model} v{step.version}")
@@ -237,7 +242,7 @@ def _registered_check(registry: Registry, step: Step, trust: Trust, workdir: Pat
 
 
 def _check_previous(
-    store: RepositoryStore, registry: Registry, model: str, version: str, trust: Trust, workdir: Path
+    store: RepositoryStore, registry: RegistryReader, model: str, version: str, trust: Trust, workdir: Path
 ) -> tuple[str, str]:
     """The validate report's line for a version an abort would load again, and why its signature
     does not verify ("" when it does)."""
@@ -255,16 +260,9 @@ def _check_previous(
 _CHECKED: dict[tuple[str, str, tuple[Any, ...]], Signed] = {}  # (bundle sha256, manifest digest, trust)
 
 
-def _planned(registry: Registry, model: str, version: str) -> bool:
-    """A version only a plan (``mlreg export --dry-run``) would register: it has no signature yet;
-    the export that registers it signs it."""
-    planned = getattr(registry, "planned_version", None)
-    return planned is not None and planned(model, version) is not None
-
-
 def stored_signature_check(
     store: RepositoryStore,
-    registry: Registry | None,
+    registry: RegistryReader | None,
     model: str,
     version: str,
     trust: Trust,
@@ -299,7 +297,7 @@ def stored_signature_check(
     return signed
 
 
-def registered_signature(registry: Registry, model: str, version: str, workdir: Path) -> bytes | None:
+def registered_signature(registry: RegistryReader, model: str, version: str, workdir: Path) -> bytes | None:
     """The signature logged with the version in MLflow (None: unsigned; read only when the
     version's ``signed_by`` tag says there is one)."""
     if not registry.version_tags(model, version).get(SIGNED_BY_TAG):
@@ -316,7 +314,7 @@ def registered_signature(registry: Registry, model: str, version: str, workdir: 
         ) from exc
 
 
-def _registered_files(registry: Registry, step: Step) -> dict[str, str]:
+def _registered_files(registry: RegistryReader, step: Step) -> dict[str, str]:
     """The registry's manifest of a version still to upload, bound to its registered digest (the
     digest the store's bytes are checked against after the upload): nothing hashed but the config."""
     assert step.folder is not None
@@ -339,7 +337,7 @@ def _registered_files(registry: Registry, step: Step) -> dict[str, str]:
     return signed_files(files, config_sha)
 
 
-def _registered_manifest(registry: Registry, step: Step) -> dict[str, Any]:
+def _registered_manifest(registry: RegistryReader, step: Step) -> dict[str, Any]:
     """The ``manifest.json`` logged with the version's MLflow run (downloaded beside its fetch)."""
     assert step.folder is not None
     dest = step.folder.parent / f"manifest-{step.model}-{step.version}"
@@ -348,7 +346,7 @@ def _registered_manifest(registry: Registry, step: Step) -> dict[str, Any]:
     return dict(json.loads(registry.download(run_id, "manifest.json", dest).read_text()))
 
 
-def registered_differences(store: RepositoryStore, registry: Registry, step: Step) -> list[str]:
+def registered_differences(store: RepositoryStore, registry: RegistryReader, step: Step) -> list[str]:
     """The files of an uploaded version whose bytes differ from those registered in MLflow, one line
     each, from the two manifests (the store's, written from the bytes sent, and the registry's
     ``manifest.json``): nothing hashed.  Empty when either cannot be read (the digest error stands)."""
@@ -394,7 +392,7 @@ def publish_signature(store: RepositoryStore, step: Step, workdir: Path | None) 
 
 def signature_problems(
     store: RepositoryStore,
-    registry: Registry | None,
+    registry: RegistryReader | None,
     model: str,
     versions: Iterable[str],
     trust: Trust | None,

@@ -58,7 +58,7 @@ class Counters:
 
     @property
     def probe_failure_ratio(self) -> float:
-        return self.probe_failed / self.probes if self.probes else 0.0
+        return _per(self.probe_failed, self.probes)
 
     @property
     def requests(self) -> float:
@@ -66,25 +66,30 @@ class Counters:
 
     @property
     def failure_ratio(self) -> float:
-        return self.failure / self.requests if self.requests else 0.0
+        return _per(self.failure, self.requests)
 
     @property
     def mean_latency_us(self) -> float:
-        return self.duration_us / self.requests if self.requests else 0.0
+        return _per(self.duration_us, self.requests)
 
     @property
     def mean_queue_us(self) -> float:
-        return self.queue_us / self.requests if self.requests else 0.0
+        return _per(self.queue_us, self.requests)
 
     @property
     def mean_compute_us(self) -> float:
-        return self.compute_us / self.requests if self.requests else 0.0
+        return _per(self.compute_us, self.requests)
 
     def __add__(self, other: Counters) -> Counters:
         return Counters(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def __sub__(self, other: Counters) -> Counters:
         return Counters(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+
+
+def _per(total: float, count: float) -> float:
+    """``total`` per one of ``count`` (0 when there is none)."""
+    return total / count if count else 0.0
 
 
 Snapshot = dict[Key, Counters]
@@ -156,16 +161,22 @@ def faults(model: str, versions: Collection[str], *scrapes: Snapshot) -> list[st
     for key in keys:
         for name in FIELD.values():  # Triton's counters (a probe count is mlreg's own)
             values = [getattr(s[key], name) for s in scrapes if key in s]
-            metric = f'{METRIC[name]}{{model="{key[0]}",version="{key[1]}"}}'
-            bad = [v for v in values if not (math.isfinite(v) and v >= 0)]
-            if bad:
-                found.append(f"{metric} is {bad[0]}, not a count")
-            elif drops := [(a, b) for a, b in itertools.pairwise(values) if b < a]:
-                old, new = drops[0]
-                found.append(
-                    f"{metric} went down from {old:.0f} to {new:.0f} (a counter reset: the replica restarted)"
-                )
+            fault = _counter_fault(values)
+            if fault:
+                found.append(f'{METRIC[name]}{{model="{key[0]}",version="{key[1]}"}} {fault}')
     return found
+
+
+def _counter_fault(values: list[float]) -> str:
+    """Why one counter's successive values are not a count ("" when they are)."""
+    bad = [v for v in values if not (math.isfinite(v) and v >= 0)]
+    if bad:
+        return f"is {bad[0]}, not a count"
+    drops = [(a, b) for a, b in itertools.pairwise(values) if b < a]
+    if drops:
+        old, new = drops[0]
+        return f"went down from {old:.0f} to {new:.0f} (a counter reset: the replica restarted)"
+    return ""
 
 
 def summary(found: list[str], most: int = 2) -> str:

@@ -37,6 +37,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from registry.errors import UsageError
+
 PERF_KEYS = frozenset({"perf_concurrency", "perf_requests", "perf_seconds"})
 BLOCKS = 4  # the serving version's requests, cut in this many blocks for its spread
 WARM_UP = 3  # requests per version before measuring (a python stub's first call is slow)
@@ -64,7 +66,6 @@ class PerfSettings:
 
 def parse_perf(where: str, raw: Mapping[str, Any]) -> PerfSettings:
     """The check's settings from an environment section (the defaults where it says nothing)."""
-    from registry.errors import UsageError
 
     def integer(key: str, default: int) -> int:
         value = raw.get(key, default)

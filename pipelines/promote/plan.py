@@ -7,7 +7,7 @@ changes while planning, so ``--dry-run`` prints exactly this.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
@@ -17,7 +17,7 @@ from typing import Any
 from pipelines.promote.environments import Environment
 from pipelines.promote.policy import waves_of
 from pipelines.promote.ports import Registry
-from pipelines.promote.warmups import peak_sample
+from pipelines.promote.warmups import PYTHON_WARMUP, peak_sample, recreating_fields
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME, format_config, model_config_pb2, parse_config
 from registry.errors import MlregError, PromotionError
@@ -202,6 +202,25 @@ def ensemble_pins(config_text: str) -> dict[str, str]:
     return dict(config_facts(config_text).pins)
 
 
+def ensembles_pinning(store: RepositoryStore, models: Iterable[str] | None = None) -> dict[str, str]:
+    """The store's ensembles (platform "ensemble") whose steps pin one of ``models`` -- every
+    ensemble of the store when ``models`` is None: name -> stored config, in the store's order."""
+    wanted = None if models is None else set(models)
+    found = {}
+    for name in store.list_models():
+        text = store.read_config(name)
+        if text and config_facts(text).is_ensemble and (wanted is None or wanted & set(ensemble_pins(text))):
+            found[name] = text
+    return found
+
+
+def follow_latest(text: str, versions: list[str], gpu: bool, members: Iterable[str]) -> str:
+    """Ensemble config ``text`` serving ``versions``, each of ``members`` it pins followed at its
+    latest loaded version (-1): while those members swap versions on a replica, the ensemble serves
+    whatever the replica has, old then new, and no request through it fails."""
+    return desired_config(text, versions, gpu, dict.fromkeys(members, "-1"))
+
+
 def build_plan(
     registry: Registry,
     store: RepositoryStore,
@@ -224,7 +243,9 @@ def build_plan(
             if not stored or not serves(member, member_version):
                 plan.steps.append(_step(registry, store, env, member, member_version, Role.MEMBER, workdir))
     plan.steps.append(_step(registry, store, env, model, version, Role.MODEL, workdir, (folder, tags)))
-    for ensemble, ens_text in _ensembles_using(store, model):
+    for ensemble, ens_text in ensembles_pinning(store, [model]).items():
+        if ensemble == model:
+            continue
         pins = ensemble_pins(ens_text)
         if pins.get(model) not in (version, "-1"):
             current = store.read_config(ensemble)
@@ -294,10 +315,25 @@ def _digest_of(registry: Registry, model: str, version: str) -> str:
         return ""
 
 
-def _ensembles_using(store: RepositoryStore, model: str) -> list[tuple[str, str]]:
-    found = []
-    for name in store.list_models():
-        text = store.read_config(name)
-        if text and name != model and config_facts(text).is_ensemble and model in ensemble_pins(text):
-            found.append((name, text))
-    return found
+def swap_notes(env: Environment, plan: Plan) -> list[str]:
+    """What the plan's loads will do beyond the swap: a serving version Triton must re-create (its
+    config changes in more than version_policy/instance_group: peak memory 2 x old + new, and it
+    restarts), and a model that gets no peak-batch warmup, and why."""
+    notes = []
+    for step in plan.steps:
+        if step.is_ensemble:
+            continue
+        fields = recreating_fields(step.previous_config, step.config_text)
+        if fields and step.previous_versions:
+            notes.append(
+                f"{step.model}: this promotion re-creates the serving v{','.join(step.previous_versions)} "
+                f"on each replica once (its config changes in {', '.join(fields)}, not only in "
+                "version_policy): peak memory is 2 x old + new, and it restarts"
+            )
+        why = peak_sample(step.config_text)[1] if env.warmup else ""
+        if why and why != PYTHON_WARMUP:
+            notes.append(
+                f"{step.model}: no peak-batch warmup ({why}); declare a model_warmup in its config.pbtxt "
+                "to have a candidate that fails at peak refused at its load"
+            )
+    return notes

@@ -40,9 +40,9 @@ def memory_plot(headroom: Mapping[str, Any], title: str, path: Path) -> Path | N
     if not samples:
         return None
     # lazy: matplotlib costs ~0.3 s to import, paid only when there is something to draw
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import StrMethodFormatter
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib ~0.4 s, only to draw
+    from matplotlib.figure import Figure  # lazy: matplotlib ~0.4 s, only to draw
+    from matplotlib.ticker import StrMethodFormatter  # lazy: matplotlib ~0.4 s, only to draw
 
     kinds = {"GPU": [s for s in samples if s["device"] != "host"]}
     kinds["host"] = [s for s in samples if s["device"] == "host"]
@@ -134,8 +134,8 @@ def shadow_plot(shadow: Mapping[str, Any], title: str, path: Path) -> Path | Non
     if not outputs and not pairs:
         return None
     # lazy: matplotlib costs ~0.3 s to import, paid only when there is something to draw
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib ~0.4 s, only to draw
+    from matplotlib.figure import Figure  # lazy: matplotlib ~0.4 s, only to draw
 
     panels = len(outputs) + (1 if pairs else 0)
     figure = Figure(figsize=(5 * panels, 4), layout="constrained")

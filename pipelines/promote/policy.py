@@ -162,12 +162,7 @@ def _check(policy: Policy, where: str, fix: str) -> None:
             fix="e.g. waves = [25, 100]",
         )
     for check in policy.checks:
-        name = check.key or f"the {check.metric} check's max"
-        failures = check.metric.endswith("failure_ratio")
-        if failures and check.max is not None and not 0 <= check.max <= 1:
-            raise UsageError(f"{where}: {name} must be within 0..1", fix=fix)
-        if check.metric.endswith("_ratio") and not failures and (check.max or 1) < 1:
-            raise UsageError(f"{where}: {name} must be >= 1 (1.5 = 50% slower allowed)", fix=fix)
+        _check_bound(check, where, fix)
     if isinstance(policy.canary, float) and not 0 < policy.canary <= 100:
         raise UsageError(f"{where}: canary percent must be within 0..100", fix=fix)
     if not math.isfinite(policy.bake_seconds) or policy.bake_seconds > DAY:
@@ -175,6 +170,16 @@ def _check(policy: Policy, where: str, fix: str) -> None:
             f"{where}: bake_seconds = {policy.bake_seconds:g} must be finite and at most a day ({DAY})",
             fix="e.g. bake_seconds = 60 (seconds the new version serves before the next wave)",
         )
+
+
+def _check_bound(check: Check, where: str, fix: str) -> None:
+    """A failure ratio's max within 0..1; any other ratio's at least 1."""
+    name = check.key or f"the {check.metric} check's max"
+    failures = check.metric.endswith("failure_ratio")
+    if failures and check.max is not None and not 0 <= check.max <= 1:
+        raise UsageError(f"{where}: {name} must be within 0..1", fix=fix)
+    if check.metric.endswith("_ratio") and not failures and (check.max or 1) < 1:
+        raise UsageError(f"{where}: {name} must be >= 1 (1.5 = 50% slower allowed)", fix=fix)
 
 
 def check_keys(where: str, raw: Mapping[str, Any], environment_keys: Collection[str]) -> None:

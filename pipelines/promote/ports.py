@@ -1,7 +1,9 @@
 """What a promotion needs from the outside world, as Protocols.
 
-``MlflowRegistry`` (registry/) and ``TritonControl`` (pipelines/triton.py) are the real
-implementations; the unit tests drive the runner with small in-memory fakes of both.
+The registry's three ports (a reader, a writer, a run recorder) are :mod:`registry.ports`' (the
+registry's own code registers through them too); ``Registry`` is their union.  ``MlflowRegistry``
+(registry/) and ``TritonControl`` (pipelines/triton.py) are the real implementations; the unit
+tests drive the runner with small in-memory fakes of both.
 """
 
 from __future__ import annotations
@@ -13,85 +15,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from registry.ports import RegistryReader, RegistryWriter, RunRecorder
 
-class Registry(Protocol):
-    """The model registry as a promotion uses it (MLflow in production)."""
+__all__ = ["Registry", "RegistryReader", "RegistryWriter", "RunRecorder", "ScratchServers", "ServingTarget"]
 
-    uri: str
 
-    def warm_up(self) -> None: ...
-
-    def ping(self) -> None:
-        """Raise RegistryError unless the registry answers (a tracking server within its timeout;
-        the embedded sqlite registry is created where it does not exist yet)."""
-        ...
-
-    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
-        """Write the registered files of ``name`` ``version`` as a Triton model folder:
-        ``dest/config.pbtxt`` and ``dest/<version>/``; return the version's tags."""
-        ...
-
-    def register_version(
-        self,
-        name: str,
-        version_dir: Path,
-        config_path: Path,
-        *,
-        members: dict[str, str] | None = None,
-        export_info: dict[str, Any] | None = None,
-    ) -> str:
-        """Register a version mlreg derived (a re-pointed ensemble, an ONNX conversion): validated,
-        manifest and digest recorded like any other; an identical one is reused. Returns its number."""
-        ...
-
-    def experiment_id(self, name: str = ...) -> str: ...
-
-    def version(self, name: str, version: str) -> Any: ...
-
-    def versions(self, name: str) -> list[Any]: ...
-
-    def version_tags(self, name: str, version: str) -> dict[str, str]:
-        """The tags of one version (cheap where the registry can answer without a client)."""
-        ...
-
-    def aliases(self, name: str) -> dict[str, str]: ...
-
-    def require_model(self, name: str) -> dict[str, str]:
-        """``name``'s aliases; RegistryError naming it when it is not registered."""
-        ...
-
-    def alias_versions(self, alias: str) -> dict[str, str]:
-        """Every registered model whose ``alias`` names a version -> that version."""
-        ...
-
-    def set_alias(self, name: str, alias: str, version: str) -> None: ...
-
-    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None: ...
-
-    def delete_alias(self, name: str, alias: str) -> None: ...
-
-    def delete_version_tag(self, name: str, version: str, key: str) -> None: ...
-
-    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]: ...
-
-    def download(self, run_id: str, path: str, dest: Path) -> Path: ...
-
-    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str: ...
-
-    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None: ...
-
-    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
-
-    def finish_run(self, run_id: str, ok: bool) -> None: ...
-
-    def record_deployment(
-        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
-    ) -> None: ...
-
-    def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
-        """The promotions of ``name`` (in ``env``; None: everywhere) recorded by ``start_run``,
-        newest first: when (epoch ms), environment, from, to, result, user, run_id."""
-        ...
+class Registry(RegistryReader, RegistryWriter, RunRecorder, Protocol):
+    """The model registry as a promotion uses it (MLflow in production): the union of the three
+    ports of :mod:`registry.ports`.  Code that needs less is typed on the narrower one
+    (``pipelines.promote.integrity`` only reads)."""
 
 
 class ServingTarget(Protocol):

@@ -111,7 +111,7 @@ def golden_inputs(settings: Settings, model: str, config_text: str) -> dict[str,
     found = module.model_inputs(model) if module is not None else None
     if found is not None:
         return dict(found)
-    from tritonclient.utils import triton_to_np_dtype  # only for models without golden inputs
+    from tritonclient.utils import triton_to_np_dtype  # lazy: tritonclient ~0.25 s, no golden inputs only
 
     config = parse_config(config_text)
     batch = (1,) if config.max_batch_size > 0 else ()
@@ -166,38 +166,46 @@ def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[s
 
     The serving version sits beside the candidate (its answers are the regression reference) unless
     the promotion changes the runtime (SavedModel -> ONNX): old and new cannot share one config."""
-    steps = {s.model: s for s in plan.steps}
     run = []
     for step in plan.steps:
-        target = root / step.model
-        target.mkdir(parents=True)
-        (target / CONFIG_NAME).write_text(step.config_text)
-        source = step.folder / step.version if step.folder is not None else None
-        if source is not None:
-            shutil.copytree(source, target / step.version)
-        else:
-            (target / step.version).mkdir()
-        old = serving_reference(step)
-        if source is not None and old and not step.runtime_changes and store.read_manifest(step.model, old):
-            store.get_version(step.model, old, target / old, step.previous_digests.get(old) or None)
-            (target / CONFIG_NAME).write_text(
-                desired_config(step.config_text, [old, step.version], gpu=False)
-            )
+        _scratch_step(step, store, root / step.model)
         run.append(step.model)
+    planned = {s.model for s in plan.steps}
     for step in list(plan.steps):
         if not step.is_ensemble:
             continue
         for member, version in ensemble_pins(step.config_text).items():
-            if member in steps or (root / member).exists():
-                continue
-            text = store.read_config(member)
-            if text is None:
-                continue
-            version = version if int(version) > 0 else (serving_versions(text) or ["1"])[-1]
-            (root / member).mkdir()
-            (root / member / CONFIG_NAME).write_text(text)
-            store.get_version(member, version, root / member / version)
+            if member not in planned and not (root / member).exists():
+                _scratch_member(store, root / member, member, version)
     return run
+
+
+def _scratch_step(step: Step, store: RepositoryStore, target: Path) -> None:
+    """The step's folder at ``target``: its new version, and the serving one beside it where they
+    can share one config."""
+    target.mkdir(parents=True)
+    (target / CONFIG_NAME).write_text(step.config_text)
+    source = step.folder / step.version if step.folder is not None else None
+    if source is not None:
+        shutil.copytree(source, target / step.version)
+    else:
+        (target / step.version).mkdir()
+    old = serving_reference(step)
+    if source is not None and old and not step.runtime_changes and store.read_manifest(step.model, old):
+        store.get_version(step.model, old, target / old, step.previous_digests.get(old) or None)
+        (target / CONFIG_NAME).write_text(desired_config(step.config_text, [old, step.version], gpu=False))
+
+
+def _scratch_member(store: RepositoryStore, target: Path, member: str, pinned: str) -> None:
+    """An ensemble's member the plan does not change, as the store serves it (at the version the
+    ensemble pins, or the latest the store serves)."""
+    text = store.read_config(member)
+    if text is None:
+        return
+    version = pinned if int(pinned) > 0 else (serving_versions(text) or ["1"])[-1]
+    target.mkdir()
+    (target / CONFIG_NAME).write_text(text)
+    store.get_version(member, version, target / version)
 
 
 def preflight(
@@ -267,8 +275,8 @@ def _make_batch_definition() -> Any:
     """One in-memory great_expectations context per process (creating one costs ~1 s)."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+    import great_expectations as gx  # lazy: ~4 s, only for the gate
+    from great_expectations.data_context.types.base import ProgressBarsConfig  # lazy: ~4 s, only for the gate
 
     for name in ("great_expectations", "great_expectations.data_context.types.base"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -286,8 +294,8 @@ def _expectations(
 ) -> list[str]:
     """A great_expectations suite on one output: not null, finite, element count, value ranges."""
     batch_def = _batch_definition()
-    import great_expectations as gx
-    import pandas as pd
+    import great_expectations as gx  # lazy: ~4 s, only for the gate
+    import pandas as pd  # lazy: ~0.3 s, only for the gate
 
     suite = gx.ExpectationSuite(name=f"mlreg-{name}")
     suite.add_expectation(gx.expectations.ExpectColumnValuesToNotBeNull(column="value"))

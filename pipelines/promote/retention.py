@@ -36,7 +36,8 @@ from typing import Any
 
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.fanout import checkpoint
-from pipelines.promote.plan import Step, config_facts, ensemble_pins, serving_versions
+from pipelines.promote.plan import Step, ensemble_pins, ensembles_pinning, serving_versions
+from pipelines.storage import locking
 from pipelines.storage.archive import archive_of, bring_back, complete, drop_archived, move_to_archive
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError, StorageError, TritonError
@@ -124,10 +125,7 @@ def window(
 def pinned(store: RepositoryStore) -> dict[str, dict[str, str]]:
     """model -> version -> "pinned by ensemble E", for every ensemble config of the store."""
     found: dict[str, dict[str, str]] = {}
-    for name in store.list_models():
-        text = store.read_config(name)
-        if not text or not config_facts(text).is_ensemble:
-            continue
+    for name, text in ensembles_pinning(store).items():
         for member, version in ensemble_pins(text).items():
             if int(version) > 0:
                 found.setdefault(member, {})[version] = f"pinned by ensemble {name}"
@@ -168,13 +166,7 @@ def plan(
     """What retention would do for ``models`` (reads only).  ``desired``: the versions that will
     serve (default: what each stored config serves); ``guard``: more versions never to move."""
     report = RetentionReport(keep)
-    protect = pinned(store)
-    for model, versions in (guard or {}).items():
-        for version, why in versions.items():
-            protect.setdefault(model, {}).setdefault(version, why)
-    for model, versions in held(states).items():
-        for version, why in versions.items():
-            protect.setdefault(model, {}).setdefault(version, why)
+    protect = _protected(store, guard or {}, states)
     for model in sorted(set(models)):
         config = store.read_config(model)
         if config is None:
@@ -186,16 +178,36 @@ def plan(
         report.kept[model] = sorted(set(kept) | set(guarded), key=int)
         if guarded:
             report.protected[model] = guarded
-        stored = set(archive.list_versions(model))
-        for version in live:
-            if version in report.kept[model]:
-                if version in stored and complete(store, model, version) is not None:
-                    report.tidy.append((model, version))
-            else:
-                found = store.read_manifest(model, version)
-                size = sum(int(f["size"]) for f in found.files.values()) if found else 0
-                report.moves.append(Move(model, version, size))
+        _sort_versions(store, archive, model, live, report)
     return report
+
+
+def _protected(
+    store: RepositoryStore, guard: Mapping[str, dict[str, str]], states: States
+) -> dict[str, dict[str, str]]:
+    """model -> version -> why it never moves: pinned by an ensemble, guarded, held by a target."""
+    protect = pinned(store)
+    for more in (guard, held(states)):
+        for model, versions in more.items():
+            for version, why in versions.items():
+                protect.setdefault(model, {}).setdefault(version, why)
+    return protect
+
+
+def _sort_versions(
+    store: RepositoryStore, archive: RepositoryStore, model: str, live: list[str], report: RetentionReport
+) -> None:
+    """Each live version of ``model`` retention does not keep is a move; one it keeps that the
+    archive holds too (and the store holds whole) is a copy to tidy."""
+    stored = set(archive.list_versions(model))
+    for version in live:
+        if version in report.kept[model]:
+            if version in stored and complete(store, model, version) is not None:
+                report.tidy.append((model, version))
+        else:
+            found = store.read_manifest(model, version)
+            size = sum(int(f["size"]) for f in found.files.values()) if found else 0
+            report.moves.append(Move(model, version, size))
 
 
 def apply(store: RepositoryStore, archive: RepositoryStore, report: RetentionReport) -> RetentionReport:
@@ -378,7 +390,7 @@ def collect(
     with ExitStack() as locks:
         if not dry_run:  # a dry run only reads: it never blocks a promotion
             for name in names:
-                locks.enter_context(store.lock(name, wait=0))
+                locks.enter_context(locking.held(store, name))
         states = ask()
         missing = unreachable(states)
         if missing:

@@ -24,7 +24,7 @@ from pipelines.promote import metrics
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.fanout import Change, Fleet, Rollout, checkpoint
 from pipelines.promote.headroom import REFUSED
-from pipelines.promote.plan import Step, desired_config
+from pipelines.promote.plan import Step, desired_config, follow_latest
 from pipelines.promote.policy import Policy, Verdict, judge, waves_of
 from pipelines.promote.probes import Probes, Target, with_probes
 from pipelines.promote.quality import golden_inputs, output_names
@@ -58,12 +58,12 @@ def following_latest(ensembles: Sequence[Step], members: Sequence[Step], gpu: bo
     """Each re-pointed ensemble on its old config, following the latest loaded version (-1) of
     every changing member: sent to a replica before its members move, it serves whatever the
     replica has, old then new, with no failed request."""
-    pins = {m.model: "-1" for m in members if not m.is_ensemble and m.previous_config is not None}
+    changing = [m.model for m in members if not m.is_ensemble and m.previous_config is not None]
     moves = []
     for step in ensembles:
         assert step.previous_config is not None
         versions = step.previous_versions or [step.version]
-        text = desired_config(step.previous_config, versions, gpu, pins)
+        text = follow_latest(step.previous_config, versions, gpu, changing)
         moves.append(Move(step, Change(step.model, text, tuple(versions))))
     return moves
 
@@ -184,6 +184,16 @@ class StagedRollout:
         return snapshots
 
     def _bake(self, moves: list[Move], baseline: dict[str, metrics.Snapshot], when: str) -> None:
+        before, after = self._bake_window(when)
+        for url, move in ((u, m) for u in self.targets for m in moves if m.baked_old):
+            self._check_counters(url, move, (baseline.get(url, {}), before[url], after[url]), when)
+        deltas = {u: metrics.window(before[u], after[u]) for u in self.targets}
+        for move in moves:
+            if move.baked_old:
+                self._judge(move, deltas, baseline, when)
+
+    def _bake_window(self, when: str) -> tuple[dict[str, metrics.Snapshot], dict[str, metrics.Snapshot]]:
+        """Every replica scraped, the bake waited out (probing, where it probes), scraped again."""
         try:
             before = self._scrape_all(self.targets)
             if self.probes is not None:  # mlreg's own requests while it waits (probes.py)
@@ -192,34 +202,35 @@ class StagedRollout:
                 self.probes.run(self.policy.bake_seconds, moved, others, self.sleep)
             else:
                 self.sleep(self.policy.bake_seconds)
-            after = self._scrape_all(self.targets)
+            return before, self._scrape_all(self.targets)
         except MlregError as exc:
             raise PromotionError(
                 f"{when} failed: {exc.message}",
                 fix="bring the replica back (its metrics port must answer), then promote again",
             ) from exc
-        for url, move in ((u, m) for u in self.targets for m in moves if m.baked_old):
-            model, versions = move.change.model, {*move.change.versions, *move.baked_old}
-            found = [
-                f
-                for scrape in (baseline.get(url, {}), before[url], after[url])
-                for f in metrics.faults(model, versions, scrape)
-            ]
-            # a counter going down is a restart only for a version loaded through the window: on a
-            # moved replica the old version unloads (its series ends), on the others the new one never loads
-            steady = set(move.change.versions) if url in self.moved else set(move.baked_old)
-            found += metrics.faults(model, steady, before[url], after[url])
-            if found:  # a NaN would pass every threshold: the bake cannot judge, so it fails
-                raise PromotionError(
-                    f"{when} failed: replica {url}: {metrics.summary(found)}",
-                    fix=f"make {self.policy.metrics_url(url)} answer Triton's own counters "
-                    "(metrics_port or metrics in the environment's mlreg.toml section); after a "
-                    "restart, let the replica serve again, then promote again",
-                )
-        deltas = {u: metrics.window(before[u], after[u]) for u in self.targets}
-        for move in moves:
-            if move.baked_old:
-                self._judge(move, deltas, baseline, when)
+
+    def _check_counters(
+        self,
+        url: str,
+        move: Move,
+        scrapes: tuple[metrics.Snapshot, metrics.Snapshot, metrics.Snapshot],
+        when: str,
+    ) -> None:
+        """Raise when replica ``url``'s counters (baseline, before, after the bake) cannot judge
+        ``move``: a NaN would pass every threshold, so the bake fails."""
+        model, versions = move.change.model, {*move.change.versions, *move.baked_old}
+        found = [f for scrape in scrapes for f in metrics.faults(model, versions, scrape)]
+        # a counter going down is a restart only for a version loaded through the window: on a
+        # moved replica the old version unloads (its series ends), on the others the new one never loads
+        steady = set(move.change.versions) if url in self.moved else set(move.baked_old)
+        found += metrics.faults(model, steady, scrapes[1], scrapes[2])
+        if found:
+            raise PromotionError(
+                f"{when} failed: replica {url}: {metrics.summary(found)}",
+                fix=f"make {self.policy.metrics_url(url)} answer Triton's own counters "
+                "(metrics_port or metrics in the environment's mlreg.toml section); after a "
+                "restart, let the replica serve again, then promote again",
+            )
 
     def _judge(
         self,
@@ -258,6 +269,23 @@ def _unavailable(exc: MlregError) -> bool:
     )
 
 
+def _leave_out(ctx: PromotionContext, skipped: dict[str, str]) -> None:
+    """The replicas the roll-out skipped (short of memory) leave the plan: each is left as it
+    serves, and named in every report."""
+    if skipped:
+        ctx.plan.skipped.update(skipped)
+        ctx.plan.targets = tuple(t for t in ctx.plan.targets if t not in skipped)
+        ctx.fleet.only(ctx.plan.targets)
+
+
+def _pin_new(ctx: PromotionContext, repointed: list[Step]) -> None:
+    """Each re-pointed ensemble, once its members moved everywhere, pinned to their new versions."""
+    for step in repointed:
+        ctx.undo.wrote_config(step)
+        text = desired_config(step.config_text, [step.version], ctx.env.gpu)
+        ctx.fleet.apply(Change(step.model, text, (step.version,)))
+
+
 @dataclass(frozen=True)
 class Staged:
     policy: Policy
@@ -274,30 +302,31 @@ class Staged:
         for move in moves:
             if move.step.previous_config is None:  # new to the store: no replica serves it yet
                 self._write(ctx, move)
-        rollout = StagedRollout(plan.targets, fleet, self.policy, self.scrape, self.sleep)
-        rollout.may_skip = max(0, self.policy.max_unavailable - len(plan.skipped))
-        rollout.gpu = gpu
-        rollout.probes = self._probes(ctx, moves)
+        rollout = self._rollout(ctx, moves)
         fleet.rollouts.extend(rollout.run(following_latest(repointed, moving, gpu) + moves))
-        if rollout.skipped:  # short of memory: left as it serves, named in every report
-            plan.skipped.update(rollout.skipped)
-            plan.targets = tuple(t for t in plan.targets if t not in rollout.skipped)
-            fleet.only(plan.targets)
+        _leave_out(ctx, rollout.skipped)
         for move in moves:
             self._write(ctx, move)
-        for step in repointed:
-            ctx.undo.wrote_config(step)
-            change = Change(
-                step.model, desired_config(step.config_text, [step.version], gpu), (step.version,)
-            )
-            fleet.apply(change)
+        _pin_new(ctx, repointed)
+        return self._report(ctx, steps, rollout)
+
+    def _rollout(self, ctx: PromotionContext, moves: list[Move]) -> StagedRollout:
+        plan = ctx.plan
+        rollout = StagedRollout(plan.targets, ctx.fleet, self.policy, self.scrape, self.sleep)
+        rollout.may_skip = max(0, self.policy.max_unavailable - len(plan.skipped))
+        rollout.gpu = ctx.env.gpu
+        rollout.probes = self._probes(ctx, moves)
+        return rollout
+
+    def _report(self, ctx: PromotionContext, steps: list[Step], rollout: StagedRollout) -> FleetReport:
+        plan = ctx.plan
         baked = "; ".join(f"bake ok: {v.detail}" for v in rollout.verdicts)
         summary = ", ".join(f"{s.model} v{s.version}" for s in steps)
         waves = len(waves_of(plan.targets, self.policy))
         return FleetReport(
             f"{summary} over {len(plan.targets)} replica(s) in {waves} wave(s)"
             + (f"; {baked}" if baked else ""),
-            fleet.rollouts,
+            ctx.fleet.rollouts,
             dict(plan.skipped),
         )
 

@@ -33,7 +33,9 @@ from pipelines.promote.plan import (
     config_facts,
     desired_config,
     ensemble_pins,
+    ensembles_pinning,
     serving_versions,
+    swap_notes,
 )
 from pipelines.promote.ports import ServingTarget
 from pipelines.promote.record import RecordWrites, failed_record, record_promotion, repair_record
@@ -49,7 +51,8 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
-from pipelines.promote.warmups import WARMUP_BYTES, peak_bytes, swap_notes
+from pipelines.promote.warmups import WARMUP_BYTES, peak_bytes
+from pipelines.storage import locking
 from registry.contracts.config import CONFIG_NAME, parse_config
 from registry.errors import MlregError, PromotionError, StorageError
 from registry.lineage import deployment_stamp
@@ -78,7 +81,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
     while wanted:
         for name in sorted(wanted):
             if not ctx.options.dry_run:  # a plan only reads: it never waits for, nor blocks, others
-                ctx.locks.enter_context(ctx.store.lock(name, ttl=ctx.settings.lock_lease, wait=0))
+                ctx.locks.enter_context(locking.held(ctx.store, name, ctx.settings))
             held.add(name)
         plan = build_plan(
             ctx.registry,
@@ -120,33 +123,44 @@ def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
     target serves exactly it (and, for an ensemble, every member at the version it pins).  A
     re-pointed ensemble is a registered version served from its old Triton folder: ``version``
     serves from the store's one folder when it is what that folder's config serves."""
-    store = ctx.store
-    config = store.read_config(model)
-    folders = config_facts(config).versions if config is not None else ()
-    if config is None or len(folders) != 1:
+    config = ctx.store.read_config(model)
+    folder = _sole_folder(ctx, model, version, config)
+    if folder is None or config is None:
         return False
-    [folder] = folders
-    is_ensemble = config_facts(config).is_ensemble
-    if (folder != version and not is_ensemble) or store.read_manifest(model, folder) is None:
+    wanted = _stored_pins(model, folder, config)
+    if wanted is None:
         return False
-    wanted = {model: folder}
-    for member, pinned in ensemble_pins(config).items():
-        if int(pinned) <= 0:
-            return False  # "latest": only the registry knows which
-        wanted[member] = pinned
-    if is_ensemble and not _registered_as_stored(ctx, model, version, config, folder):
+    if config_facts(config).is_ensemble and not _registered_as_stored(ctx, model, version, config, folder):
         return False
-    for ensemble in store.list_models():
-        text = store.read_config(ensemble)
-        if (
-            text
-            and config_facts(text).is_ensemble
-            and ensemble_pins(text).get(model, folder) not in (folder, "-1")
-        ):
+    for text in ensembles_pinning(ctx.store, [model]).values():
+        if ensemble_pins(text)[model] not in (folder, "-1"):
             return False
     if not ctx.fleet.serve_exactly(wanted):
         return False
     return not any(_pins_astray(ctx, name, text) for name, text in ensembles_using(ctx, {model}).items())
+
+
+def _sole_folder(ctx: PromotionContext, model: str, version: str, config: str | None) -> str | None:
+    """The one folder the store's ``config`` serves, when it is complete and is ``version`` (or
+    ``model`` is an ensemble, which a re-pointed version serves from its old folder)."""
+    folders = config_facts(config).versions if config is not None else ()
+    if config is None or len(folders) != 1:
+        return None
+    [folder] = folders
+    if folder != version and not config_facts(config).is_ensemble:
+        return None
+    return folder if ctx.store.read_manifest(model, folder) is not None else None
+
+
+def _stored_pins(model: str, folder: str, config: str) -> dict[str, str] | None:
+    """``model: folder`` and each member at the version ``config`` pins (None: one follows the
+    latest version, which only the registry knows)."""
+    wanted = {model: folder}
+    for member, pinned in ensemble_pins(config).items():
+        if int(pinned) <= 0:
+            return None
+        wanted[member] = pinned
+    return wanted
 
 
 def serving_pins(ctx: PromotionContext, model: str, version: str) -> dict[str, str]:
@@ -176,12 +190,11 @@ def _registered_as_stored(ctx: PromotionContext, model: str, version: str, confi
 
 def ensembles_using(ctx: PromotionContext, models: set[str]) -> dict[str, str]:
     """The store's ensembles that are one of ``models`` or pin one of them: name -> config."""
-    found = {}
-    for name in ctx.store.list_models():
-        text = ctx.store.read_config(name)
-        if text and config_facts(text).is_ensemble and (name in models or models & set(ensemble_pins(text))):
-            found[name] = text
-    return found
+    return {
+        name: text
+        for name, text in ensembles_pinning(ctx.store).items()
+        if name in models or models & set(ensemble_pins(text))
+    }
 
 
 def _pins_astray(ctx: PromotionContext, name: str, text: str) -> list[str]:
@@ -231,16 +244,9 @@ def _preconditions(ctx: PromotionContext) -> None:
 
 def _lock_names(ctx: PromotionContext, model: str) -> set[str]:
     """The model, the members its stored config pins, and every ensemble of the store using it."""
-    names = {model}
-    for name in ctx.store.list_models():
-        text = ctx.store.read_config(name)
-        if text and config_facts(text).is_ensemble:
-            pins = ensemble_pins(text)
-            if model in pins:
-                names.add(name)
-            if name == model:
-                names |= set(pins)
-    return names
+    ensembles = ensembles_pinning(ctx.store)
+    names = {model} | {name for name, text in ensembles.items() if model in ensemble_pins(text)}
+    return names | set(ensemble_pins(ensembles.get(model, "")))
 
 
 def wants_onnx(ctx: PromotionContext) -> bool:
@@ -335,7 +341,10 @@ def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
 
 def _repointed_errors(ctx: PromotionContext) -> list[str]:
     """A re-pointed ensemble is registered as a new version: it must validate before any change."""
-    from registry.register import Candidate, validate_candidate  # reads signatures: onnx, protobuf
+    from registry.register import (
+        Candidate,
+        validate_candidate,
+    )  # lazy: onnx/protobuf, a converted model only
 
     errors: list[str] = []
     for step in ctx.plan.steps:

@@ -7,7 +7,8 @@ within the configured timeouts; the store is read through a client that gives up
 (``status_store``), and a store that does not answer leaves the servers' columns as they are.
 Every column speaks one numbering, MLflow's versions; the Triton folders they serve from come
 beside them (``desired_folders``, ``serving_folders``): a re-pointed ensemble is a new
-registered version in its old folder.
+registered version in its old folder.  A row is a ``ModelRow`` (a target that cannot say what it
+serves: ``Unreachable``); its ``to_dict()`` is the row of ``mlreg status --json``.
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def _pin_drift(
 
 def model_status(
     settings: Settings, env: Environment, registry: Registry, models: list[str] | None = None
-) -> list[dict[str, Any]]:
+) -> list[ModelRow]:
     """One row per model: the alias, the store's desired versions and what each target serves, as
     registered (MLflow) versions, with the Triton folders beside them; drift flagged."""
     return _model_rows(settings, env, registry, status_store(env.store), models)[0]
@@ -316,7 +317,7 @@ def model_status(
 class EnvironmentStatus:
     """`mlreg status`: the rows, the store's locks, and why the store could not be read."""
 
-    rows: list[dict[str, Any]]
+    rows: list[ModelRow]
     locks: list[dict[str, Any]] = field(default_factory=list)  # the store's, with leases
     store_error: str = ""  # "": the store answered; else the rows' store columns are unknown
     store_fix: str = ""
@@ -356,7 +357,7 @@ def _model_rows(
     registry: Registry,
     store: RepositoryStore,
     models: list[str] | None,
-) -> tuple[list[dict[str, Any]], str]:
+) -> tuple[list[ModelRow], str]:
     """The rows, and why the store could not be read ("" when it could)."""
     names, why = (list(models), "") if models else listed_models(store)
     views, why = read_views(store, names, why)
@@ -377,6 +378,84 @@ def _model_rows(
     return rows, why
 
 
+@dataclass(frozen=True)
+class Unreachable:
+    """A target that could not say what it serves: ``text`` says why (``unreachable: why``), and
+    is what the JSON document shows in its place."""
+
+    text: str
+
+    def to_json(self) -> str:
+        return self.text
+
+
+Served = list[str] | Unreachable  # what one target serves, or why it cannot say
+
+
+def _as_served(found: list[str] | str) -> Served:
+    return Unreachable(found) if isinstance(found, str) else found
+
+
+def _served_json(found: Served) -> list[str] | str:
+    return found.to_json() if isinstance(found, Unreachable) else found
+
+
+# the optional fields of a row, in the order its JSON document lists them (absent when None)
+OPTIONAL = ("loading", "store", "pins", "target_pins")
+
+
+@dataclass
+class ModelRow:
+    """One model's line of ``mlreg status``: registered versions, Triton folders beside them."""
+
+    model: str
+    alias: str  # the version the environment's alias names ("": none)
+    desired: list[str]  # the store's config, as registered versions
+    desired_folders: list[str]  # ... as Triton folders
+    serving: dict[str, Served]  # url -> registered versions READY there
+    serving_folders: dict[str, Served]  # url -> Triton folders READY there
+    drift: list[str]  # what disagrees, one line each ([]: nothing)
+    loading: dict[str, list[str]] | None = None  # url -> versions still LOADING there
+    store: str | None = None  # "store unreachable: why" (then the store's columns are unknown)
+    pins: dict[str, str] | None = None  # an ensemble's members as the store's config pins them
+    target_pins: dict[str, dict[str, str]] | None = None  # url -> what the ensemble loaded there pins
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row's JSON document (``mlreg status --json``'s ``models``)."""
+        row: dict[str, Any] = {
+            "model": self.model,
+            "alias": self.alias,
+            "desired": self.desired,
+            "desired_folders": self.desired_folders,
+            "serving": {url: _served_json(found) for url, found in self.serving.items()},
+            "serving_folders": {url: _served_json(found) for url, found in self.serving_folders.items()},
+            "drift": self.drift,
+        }
+        row.update({key: getattr(self, key) for key in OPTIONAL if getattr(self, key) is not None})
+        return row
+
+    def desired_label(self) -> str:
+        """``2 [1]``: the store's versions, each folder beside where it differs."""
+        return labels(self.desired, self.desired_folders)
+
+    def serving_labels(self) -> dict[str, str]:
+        """url -> ``2 [1]`` (what serves there), or ``unreachable: why``."""
+        return {url: self._label(found, self.serving_folders.get(url)) for url, found in self.serving.items()}
+
+    @staticmethod
+    def _label(found: Served, folders: Served | None) -> str:
+        if isinstance(found, Unreachable):
+            return found.to_json()
+        return labels(found, folders if isinstance(folders, list) else found)
+
+    def __getitem__(self, key: str) -> Any:
+        """A field of the JSON document (``row["drift"]``), for callers that read rows as dicts."""
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_dict().get(key, default)
+
+
 def _row(
     env: Environment,
     registry: Registry,
@@ -387,52 +466,76 @@ def _row(
     live: dict[str, Any],
     live_pins: Pins,
     mlflow_error: str,
-) -> dict[str, Any]:
+) -> ModelRow:
     folders: Serving = {
         url: states if isinstance(states, str) else ready_versions(states, model)
         for url, states in live.items()
     }
     numbered = numbering(registry, model, view, alias, live_pins, reachable=not mlflow_error)
-    row: dict[str, Any] = {
-        "model": model,
-        "alias": alias,
-        "desired": numbered.versions(view.desired),
-        "desired_folders": view.desired,
-        "serving": {u: f if isinstance(f, str) else numbered.versions(f, u) for u, f in folders.items()},
-        "serving_folders": folders,
-        "drift": drift(registry, env.alias, view, alias, folders, model, numbered)
+    serving: Serving = {u: f if isinstance(f, str) else numbered.versions(f, u) for u, f in folders.items()}
+    row = ModelRow(
+        model,
+        alias,
+        numbered.versions(view.desired),
+        view.desired,
+        {url: _as_served(found) for url, found in serving.items()},
+        {url: _as_served(found) for url, found in folders.items()},
+        drift(registry, env.alias, view, alias, folders, model, numbered)
         + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
-    }
+    )
+    _add_loading(row, store, live, view)
+    if view.error:  # the store's columns are unknown, the servers' are not
+        row.store = f"store unreachable: {view.error}"
+        return row
+    _add_store_findings(row, env, registry, store, view, folders, serving, numbered, live_pins)
+    return row
+
+
+def _add_loading(row: ModelRow, store: RepositoryStore, live: dict[str, Any], view: StoreView) -> None:
+    """A load that has not finished (past a promotion's deadline?): nothing loads behind it."""
     loading = {
         url: found
         for url, states in live.items()
-        if not isinstance(states, str) and (found := loading_versions(states, model))
+        if not isinstance(states, str) and (found := loading_versions(states, row.model))
     }
-    if loading:  # a load that has not finished (past a promotion's deadline?): nothing loads behind it
-        row["loading"] = loading
-        hung = hung_loads(store, model) if not view.error else {}
-        row["drift"].extend(
-            f"{url}: v{','.join(versions)} LOADING{_loading_for(hung.get(url), versions)} (a load that has "
-            f"not finished: a promotion of {model} is refused there until it does; read the replica's "
-            "log, restart it if it never ends)"
-            for url, versions in loading.items()
-        )
-    if view.error:  # the store's columns are unknown, the servers' are not
-        row["store"] = f"store unreachable: {view.error}"
-        return row
-    if view.config is None and (alias or any(f for f in folders.values() if not isinstance(f, str))):
-        row["drift"].insert(0, _lost_line(model, alias, row["serving"], folders))
+    if not loading:
+        return
+    row.loading = loading
+    hung = hung_loads(store, row.model) if not view.error else {}
+    row.drift.extend(
+        f"{url}: v{','.join(versions)} LOADING{_loading_for(hung.get(url), versions)} (a load that has "
+        f"not finished: a promotion of {row.model} is refused there until it does; read the replica's "
+        "log, restart it if it never ends)"
+        for url, versions in loading.items()
+    )
+
+
+def _add_store_findings(
+    row: ModelRow,
+    env: Environment,
+    registry: Registry,
+    store: RepositoryStore,
+    view: StoreView,
+    folders: Serving,
+    serving: Serving,
+    numbered: Numbering,
+    live_pins: Pins,
+) -> None:
+    """What the store says of the row's model: its config lost, its bytes or signatures that do
+    not verify, an ensemble's pins against what each target loaded."""
+    model = row.model
+    if view.config is None and (row.alias or any(f for f in folders.values() if not isinstance(f, str))):
+        row.drift.insert(0, _lost_line(model, row.alias, serving, folders))
         if numbered.live_pins:  # an ensemble the store lost: what each target's loaded one pins
-            row["target_pins"] = numbered.live_pins
-    row["drift"].extend(manifest_problems(store, model, view.desired))  # its bytes cannot be verified
+            row.target_pins = numbered.live_pins
+    row.drift.extend(manifest_problems(store, model, view.desired))  # its bytes cannot be verified
     if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
-        row["drift"].extend(signature_problems(store, registry, model, view.desired, env.signatures))
-    if view.is_ensemble:
-        assert view.config is not None
-        row["pins"] = ensemble_pins(view.config)  # its alias names a registered version, not a folder
-        row["target_pins"] = numbered.live_pins
-        row["drift"].extend(pin_drift(row["pins"], live_pins, model))
-    return row
+        row.drift.extend(signature_problems(store, registry, model, view.desired, env.signatures))
+        return
+    assert view.config is not None
+    row.pins = ensemble_pins(view.config)  # its alias names a registered version, not a folder
+    row.target_pins = numbered.live_pins
+    row.drift.extend(pin_drift(row.pins, live_pins, model))
 
 
 def _loading_for(note: dict[str, Any] | None, versions: list[str]) -> str:

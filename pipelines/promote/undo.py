@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipelines.promote.fanout import Change, Fleet, ready_versions
-from pipelines.promote.plan import Step, desired_config, ensemble_pins
+from pipelines.promote.plan import Step, desired_config, ensemble_pins, follow_latest
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
 
@@ -176,24 +176,34 @@ class UndoLog:
         ensembles = [e for e in newest_first if e.ensemble]
         members = [e for e in newest_first if not e.ensemble]
         kept = self._unverified(members, verify, report)
-        moving = {m.model for m in members if (m.store or m.replicas) and m.model not in kept}
-        for entry in ensembles:
-            if not kept & set(ensemble_pins(entry.previous or "")):
-                self._follow(entry, moving, fleet, report)
-        for entry in members + ensembles:
-            if entry.model in kept or (entry.ensemble and kept & set(ensemble_pins(entry.previous or ""))):
-                continue
-            self._put_back(entry, fleet, store, report)
+        self._models_back(members, ensembles, kept, fleet, store, report)
         for entry in newest_first:
-            if entry.model in kept:
-                continue  # the store's config still names them: the folders stay
-            for version in entry.uploaded:
-                _note(
-                    report, _delete_version(store, entry.model, version), f"{entry.model}/{version} removed"
-                )
+            if entry.model not in kept:  # else the store's config still names them: the folders stay
+                _remove_uploads(entry, store, report)
         self._archive_back(report)
         self.entries.clear()
         return report
+
+    def _models_back(
+        self,
+        members: list[Entry],
+        ensembles: list[Entry],
+        kept: set[str],
+        fleet: Fleet,
+        store: RepositoryStore,
+        report: UndoReport,
+    ) -> None:
+        """Each ensemble follows the latest version of its members moving back, then every model
+        but those ``kept`` (and the ensembles over them) is put back in the store and on its
+        replicas."""
+        moving = {m.model for m in members if (m.store or m.replicas) and m.model not in kept}
+        for entry in ensembles:
+            if not _pins_any(entry, kept):
+                self._follow(entry, moving, fleet, report)
+        for entry in members + ensembles:
+            if entry.model in kept or (entry.ensemble and _pins_any(entry, kept)):
+                continue
+            self._put_back(entry, fleet, store, report)
 
     def _registry_back(self, report: UndoReport) -> None:
         if self.registry is None or not self.registry.changed:
@@ -233,14 +243,14 @@ class UndoLog:
     def _follow(self, entry: Entry, moving: set[str], fleet: Fleet, report: UndoReport) -> None:
         """An ensemble first follows the latest loaded version of the members moving back; where
         it was new to a replica, it is unloaded there before its members go."""
-        pins = {m: "-1" for m in ensemble_pins(entry.previous or "") if m in moving}
+        following = moving & set(ensemble_pins(entry.previous or ""))
         for url in list(entry.replicas):
             held = entry.before.get(url, ())
             if not held:
                 _note(report, fleet.restore(url, Change(entry.model, None)), "")
                 entry.replicas.remove(url)  # unloaded already
-            elif entry.previous is not None and pins:
-                text = desired_config(entry.previous, list(held), self.gpu, pins)
+            elif entry.previous is not None and following:
+                text = follow_latest(entry.previous, list(held), self.gpu, following)
                 _note(report, fleet.restore(url, Change(entry.model, text, held)), "")
 
     def _put_back(self, entry: Entry, fleet: Fleet, store: RepositoryStore, report: UndoReport) -> None:
@@ -321,3 +331,13 @@ def _delete_version(store: RepositoryStore, model: str, version: str) -> str:
     except MlregError as exc:
         return f"{store.uri}: {model}/{version}: {exc.message}"
     return ""
+
+
+def _pins_any(entry: Entry, models: set[str]) -> bool:
+    """The config ``entry`` had before pins one of ``models``."""
+    return bool(models & set(ensemble_pins(entry.previous or "")))
+
+
+def _remove_uploads(entry: Entry, store: RepositoryStore, report: UndoReport) -> None:
+    for version in entry.uploaded:
+        _note(report, _delete_version(store, entry.model, version), f"{entry.model}/{version} removed")

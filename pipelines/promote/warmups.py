@@ -8,20 +8,15 @@ instead of answering HTTP 500 to the first full batch.  ``peak_sample`` adds one
 backend, whose failing warmup crashes Triton 2.51's whole server (stages' peak request instead).
 Triton re-creates every loaded version when a load's config differs from the served one beyond
 ``version_policy``/``instance_group`` (core ``ConfigChangeRequiresReload``): ``recreating_fields``
-names those fields, and ``swap_notes`` puts both facts in the plan.
+names those fields, and ``plan.swap_notes`` puts both facts in the plan.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from registry.contracts.config import model_config_pb2, parse_config
 from registry.contracts.warmup import peak_warmup
-
-if TYPE_CHECKING:
-    from pipelines.promote.environments import Environment
-    from pipelines.promote.plan import Plan
-
 
 PYTHON_WARMUP = (
     "python backend: a warmup sample that fails can crash Triton 2.51's whole server (seen here: "
@@ -100,27 +95,3 @@ def _field(config: Any, name: str) -> Any:
             else value
         )
     )
-
-
-def swap_notes(env: Environment, plan: Plan) -> list[str]:
-    """What the plan's loads will do beyond the swap: a serving version Triton must re-create (its
-    config changes in more than version_policy/instance_group: peak memory 2 x old + new, and it
-    restarts), and a model that gets no peak-batch warmup, and why."""
-    notes = []
-    for step in plan.steps:
-        if step.is_ensemble:
-            continue
-        fields = recreating_fields(step.previous_config, step.config_text)
-        if fields and step.previous_versions:
-            notes.append(
-                f"{step.model}: this promotion re-creates the serving v{','.join(step.previous_versions)} "
-                f"on each replica once (its config changes in {', '.join(fields)}, not only in "
-                "version_policy): peak memory is 2 x old + new, and it restarts"
-            )
-        why = peak_sample(step.config_text)[1] if env.warmup else ""
-        if why and why != PYTHON_WARMUP:
-            notes.append(
-                f"{step.model}: no peak-batch warmup ({why}); declare a model_warmup in its config.pbtxt "
-                "to have a candidate that fails at peak refused at its load"
-            )
-    return notes

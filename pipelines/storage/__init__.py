@@ -117,18 +117,18 @@ def open_store(
     text = check_store_uri(str(uri))
     store: RepositoryStore
     if text.startswith("s3://"):
-        from pipelines.storage.s3 import READ_TIMEOUT_S, RETRIES, S3Store
+        from pipelines.storage import s3  # lazy: ~10 ms of import a local store never pays
 
         loc = parse_s3_uri(text)
-        read, retries = patience or (READ_TIMEOUT_S, RETRIES)
-        store = S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region, text, read, retries)
+        read, retries = patience or (s3.READ_TIMEOUT_S, s3.RETRIES)
+        store = s3.S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region, text, read, retries)
     elif "://" in text:
         raise StorageError(
             f"unsupported store URI '{redact_uri(text)}'",
             fix="use a local folder or an s3:// URI (gs:// and as:// are not supported yet)",
         )
     else:
-        from pipelines.storage.local import LocalStore
+        from pipelines.storage.local import LocalStore  # lazy: ~7 ms an S3 store never pays
 
         store = LocalStore(Path(text))
     store.digests = DigestCache(digest_cache)

@@ -2,7 +2,7 @@
 store's folder or its archive, ``TMPDIR`` (a promotion's work folder, the registry's copies),
 ``MLREG_HOME`` -- is one ``StorageError`` "disk full at PATH" whose fix is to free space there.
 
-MLflow's own writes are said by :mod:`registry.mlflow.disk` (a ``RegistryError``), whose test for a
+MLflow's own writes are said by :mod:`registry.disk` (a ``RegistryError``), whose test for a
 full disk -- the errno, or the text sqlite and ``shutil.copytree`` carry -- is the one used here.
 """
 
@@ -13,8 +13,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from registry.disk import FULL_ERRNOS, chain, free_bytes, is_disk_full
 from registry.errors import StorageError
-from registry.mlflow.disk import FULL_ERRNOS, chain, free_bytes, is_disk_full
 
 __all__ = ["disk_full_error", "is_disk_full", "where_full"]
 

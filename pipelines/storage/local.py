@@ -14,24 +14,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from pipelines.storage.base import (
-    ARCHIVE,
-    CHUNK,
-    LOCK_PREFIX,
-    DigestCache,
-    Progress,
-    RepositoryStore,
-    Stamp,
-    file_stamp,
-)
+from pipelines.storage.base import RepositoryStore
 from pipelines.storage.disk import disk_full_error, is_disk_full, where_full
+from pipelines.storage.manifest import DigestCache, Stamp, file_stamp
+from pipelines.storage.objects import ARCHIVE, CHUNK, LOCK_PREFIX, LockState, ObjectStore, Progress
+from pipelines.storage.session import StoreSession
 from pipelines.storage.verify import BYTECODE_GUARD
 from registry.contracts.links import outside_links
 from registry.errors import StorageError
 from registry.manifest import sha256_file
 
 
-class LocalStore(RepositoryStore):
+class LocalObjects(ObjectStore):
+    """The objects of a local folder: files under ``root``."""
+
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self.uri = str(self.root)
@@ -238,19 +234,12 @@ class LocalStore(RepositoryStore):
             raise self._fail("read", key, exc) from exc
         return digest, after if after == before else [after[0], 0, 0, 0]  # changed while read
 
-    def archive(self) -> RepositoryStore:
-        """``<parent>/.mlreg-archive/<name>/``: beside the folder Triton reads, on its file system."""
-        archive = LocalStore(self.root.parent / ARCHIVE / self.root.name)
-        archive.digests = self.digests
-        archive.fenced_with(self)  # a model's lock lost: its archived copies are not changed either
-        return archive
-
-    def copy_object_to(self, key: str, dest: RepositoryStore, dest_key: str, size: int | None = None) -> None:
+    def copy_object_to(self, key: str, dest: ObjectStore, dest_key: str, size: int | None = None) -> None:
         """A hard link where both are local folders on one file system (instant), else a copy
         (another file system: an archive mounted apart) hashed as it is written, its digest
         remembered for the copy's stamp -- the check of the copy against its manifest that
         follows (``archive.complete``) then compares every file's sha256 without reading it again."""
-        if not isinstance(dest, LocalStore):
+        if not isinstance(dest, LocalObjects):
             super().copy_object_to(key, dest, dest_key)
             return
         source, target = self._path(key), dest._path(dest_key)
@@ -271,12 +260,12 @@ class LocalStore(RepositoryStore):
         if digest is not None:
             dest.digests.remember(dest.cache_key(dest_key), file_stamp(target.stat()), digest)
 
-    def move_version_to(self, dest: RepositoryStore, model: str, version: str) -> bool:
+    def move_version_to(self, dest: ObjectStore, model: str, version: str) -> bool:
         """One ``rename`` of the version folder (atomic: the version is in one place or the other);
         a stale partial copy at the destination is removed first.  False where ``dest`` is on
         another file system (``EXDEV``: an archive mounted apart): the caller copies, checks the
         copy, then deletes (:func:`pipelines.storage.archive.move_to_archive`)."""
-        if not isinstance(dest, LocalStore):
+        if not isinstance(dest, LocalObjects):
             return False
         source, target = self._path(f"{model}/{version}"), dest._path(f"{model}/{version}")
         self.note_change(f"{model}/{version}/")
@@ -294,7 +283,7 @@ class LocalStore(RepositoryStore):
             model_folder.rmdir()
         return True
 
-    def lock_state(self, key: str) -> tuple[bytes, str, float | None, float | None] | None:
+    def lock_state(self, key: str) -> LockState | None:
         """The lock file, its token, its mtime and this machine's clock (the folder's own)."""
         path = self._path(key)
         try:
@@ -321,6 +310,21 @@ class LocalStore(RepositoryStore):
             link.link.relative_to(folder / version).as_posix() if link.link != folder / version else "."
             for link in outside_links(folder, folder / version)
         ]
+
+
+class LocalStore(LocalObjects, RepositoryStore):
+    """A repository in a local folder (the embedded default, which Triton reads directly)."""
+
+    def __init__(self, root: Path, holder: StoreSession | None = None) -> None:
+        LocalObjects.__init__(self, root)
+        RepositoryStore.__init__(self, holder)
+
+    def archive(self) -> RepositoryStore:
+        """``<parent>/.mlreg-archive/<name>/``: beside the folder Triton reads, on its file system."""
+        # fenced by this store's leases: a model's lock lost, its archived copies are not changed either
+        archive = LocalStore(self.root.parent / ARCHIVE / self.root.name, self.session.holder)
+        archive.digests = self.digests
+        return archive
 
 
 def _hashed_copy(source: Path, target: Path) -> str:

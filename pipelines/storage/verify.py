@@ -18,15 +18,12 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pipelines.storage.manifest import MANIFEST, Manifest, Stamp, parse_manifest
+from pipelines.storage.objects import ObjectStore
 from registry.errors import StorageError
 from registry.signing import SIGNATURE_FILE  # a version's signature, beside its manifest
-
-MANIFEST = ".mlreg-manifest.json"  # a version's manifest, beside its files (the last file written)
-
-if TYPE_CHECKING:
-    from pipelines.storage.base import Manifest, RepositoryStore, Stamp
 
 HASHING = ("all", "changed", "none")
 MAX_NAMED = 10
@@ -125,7 +122,7 @@ class Verification:
 
 
 def check_version(
-    store: RepositoryStore,
+    store: ObjectStore,
     model: str,
     version: str,
     expected_digest: str | None = None,
@@ -138,7 +135,7 @@ def check_version(
     prefix = f"{model}/{version}/"
     with ThreadPoolExecutor(1) as pool:  # the listing and the manifest's read, at once
         listing = pool.submit(store.object_stamps, prefix)
-        manifest, unreadable = store.load_manifest(model, version)
+        manifest, unreadable = parse_manifest(store.read(prefix + MANIFEST))
         stamps = listing.result()
     if manifest is None:
         problem = FileProblem(MANIFEST, "unreadable", "a manifest", unreadable) if unreadable else None
@@ -163,7 +160,7 @@ def _manifest_problems(manifest: Manifest, expected: str | None) -> list[FilePro
 
 
 def _check_files(
-    store: RepositoryStore,
+    store: ObjectStore,
     manifest: Manifest,
     prefix: str,
     stamps: dict[str, Stamp],
@@ -217,7 +214,7 @@ def bytecode_cache(key: str) -> bool:
 
 
 def _check_digest(
-    store: RepositoryStore,
+    store: ObjectStore,
     key: str,
     rel: str,
     expected: str,

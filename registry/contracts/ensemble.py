@@ -317,14 +317,7 @@ def _check_step_inputs(
     member_inputs = {t.name: t for t in member.config.input}
     for key, tensor in step.input_map.items():
         if key not in member_inputs:
-            yield error(
-                "ensemble-map",
-                name,
-                f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input {key} "
-                f"in model {member.name}",
-                f"use an input of {member.name} as input_map key: {', '.join(sorted(member_inputs))}",
-                tensor=key,
-            )
+            yield _unknown_key(name, member, "input", (key, tensor), member_inputs)
     for key, declared in member_inputs.items():
         if key not in step.input_map:
             if not declared.optional:
@@ -340,6 +333,23 @@ def _check_step_inputs(
         yield from _register(name, step.input_map[key], _port(member, declared), nodes)
 
 
+MAPPED = {"input": "is mapping to non-existing input", "output": "is mapped from non-existing output"}
+
+
+def _unknown_key(
+    name: str, member: ModelEntry, side: str, mapped: tuple[str, str], declared: dict[str, Any]
+) -> Finding:
+    """A step's ``input_map``/``output_map`` key (``side``) naming no tensor of ``member``."""
+    key, tensor = mapped
+    return error(
+        "ensemble-map",
+        name,
+        f"in ensemble {name}, ensemble tensor {tensor} {MAPPED[side]} {key} in model {member.name}",
+        f"use an {side} of {member.name} as {side}_map key: {', '.join(sorted(declared))}",
+        tensor=key,
+    )
+
+
 def _check_step_outputs(
     entry: ModelEntry, member: ModelEntry, step: Any, nodes: dict[str, Port]
 ) -> Iterator[Finding]:
@@ -348,14 +358,7 @@ def _check_step_outputs(
     member_outputs = {t.name: t for t in member.config.output}
     for key, tensor in step.output_map.items():
         if key not in member_outputs:
-            yield error(
-                "ensemble-map",
-                name,
-                f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing output {key} "
-                f"in model {member.name}",
-                f"use an output of {member.name} as output_map key: {', '.join(sorted(member_outputs))}",
-                tensor=key,
-            )
+            yield _unknown_key(name, member, "output", (key, tensor), member_outputs)
             continue
         yield from _register(name, tensor, _port(member, member_outputs[key]), nodes)
 

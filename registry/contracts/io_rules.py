@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from registry.contracts.config import model_config_pb2 as schema
 from registry.contracts.findings import Finding, error, shape_text, warning
 from registry.contracts.repository import ModelEntry
 
@@ -68,15 +69,8 @@ def _check_tensor(entry: ModelEntry, io_kind: str, tensor: Any) -> Iterator[Find
             "give reshape a shape, or set max_batch_size > 0",
             tensor=name,
         )
-    if any(d < 1 and d != -1 for d in dims):
-        yield _fail(
-            entry,
-            "dims",
-            f"{prefix} dimension must be integer >= 1, or -1 to indicate a variable-size dimension",
-            "fix the dims",
-            tensor=name,
-            actual=shape_text(dims),
-        )
+    if _not_dims(dims):
+        yield _bad_dims(entry, "dims", f"{prefix} dimension", tensor=name, actual=shape_text(dims))
         return
     if tensor.HasField("reshape"):
         yield from _check_reshape(entry, prefix, tensor)
@@ -90,6 +84,21 @@ def _check_tensor(entry: ModelEntry, io_kind: str, tensor: Any) -> Iterator[Find
             actual=shape_text(dims),
             origin="mlreg",
         )
+
+
+def _not_dims(values: list[int]) -> bool:
+    """A dimension that is neither >= 1 nor -1 (variable-size)."""
+    return any(d < 1 and d != -1 for d in values)
+
+
+def _bad_dims(entry: ModelEntry, rule: str, what: str, **where: Any) -> Finding:
+    return _fail(
+        entry,
+        rule,
+        f"{what} must be integer >= 1, or -1 to indicate a variable-size dimension",
+        f"fix the {rule}",
+        **where,
+    )
 
 
 def _element_count(dims: list[int]) -> int:
@@ -115,14 +124,8 @@ def _check_reshape(entry: ModelEntry, prefix: str, tensor: Any) -> Iterator[Find
     dims, reshape = list(tensor.dims), list(tensor.reshape.shape)
     where = {"tensor": tensor.name, "expected": shape_text(dims), "actual": shape_text(reshape)}
     fix = "make dims and reshape hold the same number of elements, with -1 in matching places"
-    if any(d < 1 and d != -1 for d in reshape):
-        yield _fail(
-            entry,
-            "reshape",
-            f"{prefix} reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension",
-            "fix the reshape",
-            **where,
-        )
+    if _not_dims(reshape):
+        yield _bad_dims(entry, "reshape", f"{prefix} reshape dimensions", **where)
         return
     dims_size, reshape_size = _element_count(dims), _element_count(reshape)
     if dims_size != reshape_size and (reshape_size != 0 or dims_size != 1):
@@ -185,8 +188,6 @@ def check_batch_io(entry: ModelEntry) -> Iterator[Finding]:
     assert config is not None
     if not config.batch_input and not config.batch_output:
         return
-    from registry.contracts.config import model_config_pb2 as schema  # no grpc import
-
     model_config_pb2 = schema()
     inputs = {t.name for t in config.input}
     outputs = {t.name for t in config.output}

@@ -10,6 +10,7 @@ import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from registry.contracts.findings import Finding, error, warning
 from registry.contracts.groups import check_instance_groups, check_runtime
@@ -84,55 +85,78 @@ def check_paths(entry: ModelEntry) -> Iterator[Finding]:
     ``default_model_filename: "../../../evil/model.py"`` runs a file nobody verified)."""
     config = entry.config
     assert config is not None
-    fix = "name a file inside the version folder (e.g. model.py), never an absolute path or '..'"
-    if config.backend and (not PLAIN_NAME.fullmatch(config.backend) or not config.backend.strip(".")):
+    yield from _backend_paths(entry.name, config)
+    yield from _filename_paths(entry.name, config)
+    yield from _parameter_paths(entry.name, config)
+
+
+def _not_plain(name: str) -> bool:
+    return bool(name) and (not PLAIN_NAME.fullmatch(name) or not name.strip("."))
+
+
+def _backend_paths(model: str, config: Any) -> Iterator[Finding]:
+    """The backend and runtime: names, not paths."""
+    if _not_plain(config.backend):
         yield error(
             PATHS_RULE,
-            entry.name,
+            model,
             f"backend '{config.backend}' is not a backend name: Triton would look for "
             "libtriton_<backend>.so (or a python-based backend's model.py) at that path",
             'give the backend by name, e.g. backend: "python" or "onnxruntime"',
             origin="mlreg",
             actual=config.backend,
         )
-    if config.runtime and (not PLAIN_NAME.fullmatch(config.runtime) or not config.runtime.strip(".")):
+    if _not_plain(config.runtime):
         yield error(
             PATHS_RULE,
-            entry.name,
+            model,
             f"runtime '{config.runtime}' is not a file name in the backend's folder",
             "give a file name of the backend (e.g. model.py), without a path",
             origin="mlreg",
             actual=config.runtime,
         )
+
+
+def _filename_paths(model: str, config: Any) -> Iterator[Finding]:
+    """default_model_filename and cc_model_filenames: inside the version folder."""
+    fix = "name a file inside the version folder (e.g. model.py), never an absolute path or '..'"
     named = [("default_model_filename", config.default_model_filename)]
     named += [(f"cc_model_filenames['{k}']", v) for k, v in sorted(config.cc_model_filenames.items())]
     for field, value in named:
         if value and _escapes(value):
             yield error(
                 PATHS_RULE,
-                entry.name,
+                model,
                 f"{field} '{value}' leaves the version folder: Triton would load a file mlreg never verified",
                 fix,
                 origin="mlreg",
                 actual=value,
             )
+
+
+def _parameter_paths(model: str, config: Any) -> Iterator[Finding]:
+    """String parameters naming a path (EXECUTION_ENV_PATH: in a version folder)."""
     for key, parameter in sorted(config.parameters.items()):
         value = parameter.string_value
         if not value or not (key == "EXECUTION_ENV_PATH" or PATH_PARAMETER.search(key)):
             continue
-        inside = value.startswith(MODEL_DIRECTORY + "/")
-        rest = value[len(MODEL_DIRECTORY) + 1 :] if inside else value
-        in_version = inside and rest.split("/", 1)[0].isdigit() and not _escapes(rest)
-        if key == "EXECUTION_ENV_PATH" and not in_version or inside and _escapes(rest) or _escapes(value):
+        if _parameter_escapes(key, value):
             yield error(
                 PATHS_RULE,
-                entry.name,
+                model,
                 f"parameter {key} '{value}' leaves the version folder: Triton would read a file "
                 "mlreg never verified",
                 f"put the file in a version folder and name it {MODEL_DIRECTORY}/<version>/<file>",
                 origin="mlreg",
                 actual=value,
             )
+
+
+def _parameter_escapes(key: str, value: str) -> bool:
+    inside = value.startswith(MODEL_DIRECTORY + "/")
+    rest = value[len(MODEL_DIRECTORY) + 1 :] if inside else value
+    in_version = inside and rest.split("/", 1)[0].isdigit() and not _escapes(rest)
+    return key == "EXECUTION_ENV_PATH" and not in_version or inside and _escapes(rest) or _escapes(value)
 
 
 def _escapes(value: str) -> bool:

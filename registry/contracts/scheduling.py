@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from registry.contracts.config import model_config_pb2 as schema
 from registry.contracts.findings import Finding, error, warning
 from registry.contracts.repository import ModelEntry
 
@@ -69,23 +70,25 @@ def _priorities(entry: ModelEntry, batching: Any) -> Iterator[Finding]:
     levels = batching.priority_levels
     if levels == 0:
         return
-    default = batching.default_priority_level
-    if default == 0 or default > levels:
-        yield error(
-            "priority",
-            entry.name,
-            f"default priority level must be in range [1, {levels}] for {entry.name}",
+    policy_fix = f"key priority_queue_policy by levels 1..{levels}, or raise priority_levels"
+    named = [
+        (
+            "default priority level must be",
+            batching.default_priority_level,
             f"set default_priority_level between 1 and {levels}",
-            expected=f"[1, {levels}]",
-            actual=str(default),
-        )
-    for level in sorted(batching.priority_queue_policy):
+        ),
+        *(
+            ("priority queue policy must have priority level", level, policy_fix)
+            for level in sorted(batching.priority_queue_policy)
+        ),
+    ]
+    for what, level, fix in named:
         if level == 0 or level > levels:
             yield error(
                 "priority",
                 entry.name,
-                f"priority queue policy must have priority level in range [1, {levels}] for {entry.name}",
-                f"key priority_queue_policy by levels 1..{levels}, or raise priority_levels",
+                f"{what} in range [1, {levels}] for {entry.name}",
+                fix,
                 expected=f"[1, {levels}]",
                 actual=str(level),
             )
@@ -175,8 +178,6 @@ def _control_names(entry: ModelEntry, batcher: Any) -> Iterator[Finding]:
 
 
 def _control_kind(entry: ModelEntry, batcher: Any, control_kind: str) -> Iterator[Finding]:
-    from registry.contracts.config import model_config_pb2 as schema  # no grpc import
-
     model_config_pb2 = schema()
 
     kinds = model_config_pb2.ModelSequenceBatching.Control.Kind
@@ -235,8 +236,6 @@ def _boolean_control(
 
 
 def _corrid(entry: ModelEntry, name: str, control: Any, given: list[str]) -> Iterator[Finding]:
-    from registry.contracts.config import model_config_pb2 as schema  # no grpc import
-
     model_config_pb2 = schema()
 
     if given:

@@ -97,7 +97,7 @@ _SCALAR = {"int64": 3, "int32": 5, "bool": 8, "string": 9, "message": 11}
 
 
 def _add_message(container: Any, name: str, fields: list[Field], package: str) -> Any:
-    from google.protobuf import descriptor_pb2
+    from google.protobuf import descriptor_pb2  # lazy: ~20 ms, signatures only
 
     F = descriptor_pb2.FieldDescriptorProto
     msg = container.add(name=name)
@@ -119,7 +119,11 @@ def _map_entry(parent: Any, name: str, value_type: str, package: str) -> None:
 
 def _message_class(package: str, messages: dict[str, list[Field]], root: str, maps: Any = None) -> Any:
     """A message class for ``package.root`` from ``messages``; ``maps(file)`` adds map entries."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf import (
+        descriptor_pb2,
+        descriptor_pool,
+        message_factory,
+    )  # lazy: ~20 ms, signatures only
 
     file = descriptor_pb2.FileDescriptorProto(name=f"{package}.proto", package=package)
     for name, fields in messages.items():
@@ -185,7 +189,7 @@ def _onnx_unreadable(path: Path, why: str) -> ContractError:
 
 
 def _parse_onnx(path: Path) -> Any:
-    from google.protobuf.message import DecodeError
+    from google.protobuf.message import DecodeError  # lazy: ~20 ms, signatures only
 
     try:
         data = path.read_bytes()
@@ -264,7 +268,7 @@ def _tf_tensor(key: str, info: Any) -> TensorSpec:
 
 def saved_model_signatures(path: Path) -> dict[str, Signature]:
     """Every serving signature of a SavedModel folder (the init op skipped)."""
-    from google.protobuf.message import DecodeError
+    from google.protobuf.message import DecodeError  # lazy: ~20 ms, signatures only
 
     pb = path / "saved_model.pb"
     try:

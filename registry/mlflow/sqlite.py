@@ -11,7 +11,9 @@ holds is the exception: after ``wait`` seconds it is a RegistryError naming the 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,7 +219,7 @@ def alias_holders(tracking_uri: str, alias: str, wait: float = LOCK_WAIT) -> dic
 
 def template_path(cache: Path) -> Path:
     """The pristine, migrated, empty registry of the installed MLflow (its schema is per release)."""
-    from importlib.metadata import version
+    from importlib.metadata import version  # lazy: ~10 ms, only to seed a database
 
     return cache / f"mlflow-{version('mlflow')}-empty.db"
 
@@ -252,9 +254,6 @@ def seed(db: Path, cache: Path, client: type) -> bool:
 @contextlib.contextmanager
 def tempfile_in(folder: Path) -> Iterator[Path]:
     """A fresh path in ``folder`` (same file system: a rename is atomic), removed unless renamed."""
-    import os
-    import uuid
-
     path = folder / f".mlreg-{os.getpid()}-{uuid.uuid4().hex}.tmp"
     try:
         yield path

@@ -1,5 +1,5 @@
 """What an exception of an MLflow call means to a user: the adapter's one translation
-(``MlflowRegistry._call`` hands every failure here).
+(``MlflowConnection.call``, registry.mlflow.connection, hands every failure here).
 
 A full disk and a locked embedded database are recognised first, whatever wraps them (MLflow,
 SQLAlchemy, an ``OSError`` of the artifact folder); then ``MlflowException`` by its error code and
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from registry.disk import disk_full_error, is_disk_full
 from registry.errors import MlregError, RegistryError
 from registry.mlflow import sqlite
-from registry.mlflow.disk import disk_full_error, is_disk_full
 from registry.mlflow.locked import is_locked, locked_error
 from registry.settings import redact_uri
 
@@ -28,7 +28,7 @@ def translated(uri: str, local_root: Path, what: str, exc: Exception) -> MlregEr
         return disk_full_error(exc, local_root, f"MLflow {what}")
     if uri.startswith(sqlite.EMBEDDED) and is_locked(exc):
         return locked_error(Path(uri.removeprefix(sqlite.EMBEDDED)), f"MLflow {what}", None)
-    from mlflow.exceptions import MlflowException  # lazy: imported by the call that failed
+    from mlflow.exceptions import MlflowException  # lazy: mlflow ~1.5 s of import
 
     shown = redact_uri(uri)
     if isinstance(exc, MlflowException):

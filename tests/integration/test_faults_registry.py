@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from mlreg.cli.main import app
-from mlreg.service import environment
+from mlreg.ops.context import environment
 from pipelines.devstack.local_mlflow import MlflowServer, start_mlflow, stop_mlflow
 from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.plan import serving_versions

@@ -568,7 +568,7 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
 def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    from mlreg import service
+    from mlreg.ops.context import environment
     from pipelines.devstack.stack import running_servers, stack_down, stack_status, stack_up
     from pipelines.promote.environments import resolve_targets
 
@@ -580,7 +580,7 @@ def test_stack_up_replicas_starts_a_local_fleet_the_local_environment_targets(
         assert status.info is not None
         assert len(status.replicas) == 1
         assert status.replicas[0].repository == status.info.repository  # one repository
-        urls = resolve_targets(settings, service.environment(settings, "local"))
+        urls = resolve_targets(settings, environment(settings, "local"))
         assert urls == (status.info.grpc_url, status.replicas[0].grpc_url)
         for url in urls:
             with TritonControl(url) as triton:

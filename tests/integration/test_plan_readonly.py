@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from mlreg.cli.main import app
-from mlreg.service import promote
+from mlreg.ops.promote import promote
 from pipelines.devstack.stack import stack_down, stack_up
 from registry.export import export_models
 from registry.mlflow import MlflowRegistry

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from mlreg.cli.main import app
-from mlreg.service import environment
+from mlreg.ops.context import environment
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.runner import Options, Promotion

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from mlreg import service
 from mlreg.cli.main import app
+from mlreg.ops.rollback import rollback
 from pipelines.promote.environments import environment
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
@@ -155,7 +155,7 @@ def test_twelve_promotions_leave_what_serves_and_the_one_before_it_under_triton_
 
 
 def test_a_rollback_to_an_archived_version_serves_it_after_verification(stack: Stack) -> None:
-    result = service.rollback(stack.settings, "s3", "scorer", "3")
+    result = rollback(stack.settings, "s3", "scorer", "3")
     assert result.ok
     assemble = next(s for s in result.stages if s.stage == "assemble")
     assert assemble.detail.startswith("0 bytes uploaded")  # a server-side copy from the archive
@@ -276,7 +276,7 @@ def test_the_same_on_a_local_store(stack: Stack) -> None:
     assert stack.ready(stack.disk_url) == ["4"]
     assert ".mlreg-archive" not in stack.states(stack.disk_url)
     assert not Path(archive.uri).is_relative_to(Path(store.uri))  # outside Triton's repository
-    result = service.rollback(stack.settings, "disk", "scorer", "1")
+    result = rollback(stack.settings, "disk", "scorer", "1")
     assert result.ok
     assert stack.ready(stack.disk_url) == ["1"]
     store.verify_version("scorer", "1", stack.digest("1"), full=True)
@@ -298,7 +298,7 @@ def test_an_archived_copy_corrupted_in_place_is_never_served(
     assert good is not None, archive.list_prefix("scorer/")
     assert b"# v" in good
     archive.write(key, good.replace(b"# v", b"#-v", 1))  # same size: only the hash can tell
-    result = service.rollback(stack.settings, env_name, "scorer", version)
+    result = rollback(stack.settings, env_name, "scorer", version)
     assert result.ok
     url = stack.s3_url if env_name == "s3" else stack.disk_url
     assert stack.ready(url) == [version]

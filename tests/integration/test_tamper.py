@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from mlreg.cli.main import app
-from mlreg.service import environment
+from mlreg.ops.context import environment
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from pipelines.triton import TritonControl

@@ -89,7 +89,7 @@ def test_a_contract_error_in_the_template_is_reported_naming_model_and_tensor(tm
 
 
 def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Path) -> None:
-    from mlreg.workflow import versions_from_alias
+    from mlreg.ops.promote_many import versions_from_alias
 
     registry = _registry(tmp_path)
     client = registry.client
@@ -180,7 +180,7 @@ def test_from_alias_with_a_model_that_is_not_registered_exits_4(
 
 
 def test_from_alias_with_a_model_promotes_only_that_model(tmp_path: Path) -> None:
-    from mlreg.workflow import versions_from_alias
+    from mlreg.ops.promote_many import versions_from_alias
 
     registry, state = _registry_state(tmp_path)
     before = state()

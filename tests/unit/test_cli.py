@@ -309,3 +309,72 @@ def test_export_changed_needs_only_one_model_holding_the_alias(
     held = registry("a_v1_production")
     assert held.alias_versions("production") == {"a": "1"}
     require_base(held, "production")
+
+
+# mlreg store: the CLI parses and renders, mlreg/ops/store_* do the work
+
+
+def test_store_push_ls_verify_on_a_local_folder(runner: CliRunner, tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    pushed = runner.invoke(app, ["store", "push", str(TEMPLATE / "image_preprocess"), "--store", store])
+    assert pushed.exit_code == 0, pushed.output
+    assert pushed.output.splitlines()[-1].startswith(f"pushed 1 version(s) to {store}: ")
+    listed = runner.invoke(app, ["store", "ls", "--store", store, "--json"])
+    assert listed.exit_code == 0, listed.output
+    document = json.loads(listed.stdout)
+    assert set(document) == {"store", "archive", "versions", "missing", "archive_error", "locks"}
+    [row] = document["versions"]
+    assert (row["model"], row["version"], row["location"]) == ("image_preprocess", "1", "live")
+    verified = runner.invoke(app, ["store", "verify", "image_preprocess", "1", "--store", store])
+    assert verified.exit_code == 0, verified.output
+    assert verified.output.startswith("image_preprocess/1: verified (")
+
+
+def test_store_verify_names_a_changed_file_and_exits_5(runner: CliRunner, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert (
+        runner.invoke(app, ["store", "push", str(TEMPLATE / "image_preprocess"), "-s", str(store)]).exit_code
+        == 0
+    )
+    (store / "image_preprocess" / "1" / "model.py").write_text("print('planted')\n")
+    result = runner.invoke(app, ["store", "verify", "--store", str(store), "--json"])
+    assert result.exit_code == 5
+    assert json.loads(result.stdout)["ok"] is False  # the report first, then the one error
+    assert f"error: {store}: 1 of 1 version(s) do not match their manifest: image_preprocess/1/model.py" in (
+        result.stderr
+    )
+    assert "fix: put the registered bytes back ('mlreg store repair MODEL VERSION'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--digest", "abc"], "error: --digest needs MODEL and VERSION"),
+        (
+            ["m", "1", "--digest", "abc", "--registered"],
+            "error: --digest and --registered name the digest twice",
+        ),
+        (["--signatures"], "error: --signatures needs the keys to trust"),
+    ],
+)
+def test_store_verify_option_clashes_are_usage_errors(
+    runner: CliRunner, tmp_path: Path, args: list[str], says: str
+) -> None:
+    store = tmp_path / "store"
+    assert (
+        runner.invoke(app, ["store", "push", str(TEMPLATE / "image_preprocess"), "-s", str(store)]).exit_code
+        == 0
+    )
+    result = runner.invoke(app, ["store", "verify", "--store", str(store), *args])
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+
+
+def test_store_init_writes_the_root_marker_once(runner: CliRunner, tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    first = runner.invoke(app, ["store", "init", "--store", store])
+    assert first.output.strip() == (
+        f"{store}: root marker .mlreg-root.json written; Triton can start on this repository"
+    )
+    again = runner.invoke(app, ["store", "init", "--store", store, "--json"])
+    assert json.loads(again.stdout) == {"store": store, "marker": ".mlreg-root.json", "created": False}

@@ -30,11 +30,10 @@ from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import _missing_detail, served_models
 from pipelines.promote.undo import UndoLog
 from pipelines.storage import open_store
+from registry.disk import disk_full_error, is_disk_full
 from registry.errors import RegistryError
-from registry.lineage import digest_of_manifest
-from registry.manifest import CONFIG_ENTRY, manifest_of, sha256_file
+from registry.manifest import CONFIG_ENTRY, digest_of_manifest, manifest_of, sha256_file
 from registry.mlflow import MlflowRegistry
-from registry.mlflow.disk import disk_full_error, is_disk_full
 from registry.mlflow.translate import translated
 from registry.register import sign_registered
 from registry.settings import Settings
@@ -189,24 +188,9 @@ def test_a_registry_database_another_process_holds_is_one_error_naming_it_and_a_
     monkeypatch.delenv("MLREG_DEBUG", raising=False)
     runner, before = CliRunner(), _sha256(db)
     with _held(db) as pid:
-        said = f"error: the embedded MLflow registry {db} is locked by another process (held by pid {pid} ("
-        for args, code in ((["versions", "a"], 4), (["register", "a", str(candidate)], 4), (["status"], 1)):
-            result = runner.invoke(app, args)
-            assert result.exit_code == code, (args, result.output)
-            assert "Traceback" not in result.output
-            assert "internal error" not in result.output
-            if code == 4:
-                assert said in result.output, result.output
-                assert "failed after 0.2 s" in result.output
-                assert "fix: wait until that process ends its transaction, or stop it" in result.output
-        assert f"a drift: MLflow unreachable: the embedded MLflow registry {db} is locked" in result.output
+        _commands_refused(runner, db, pid, candidate)
         registry = MlflowRegistry(Settings.from_env())
-        with pytest.raises(RegistryError, match="is locked by another process") as info:
-            registry.ping()
-        assert info.value.context["code"] == "DATABASE_LOCKED"
-        with pytest.raises(RegistryError, match="is locked by another process") as info:
-            registry.aliases("a")  # this adapter waited once in vain: at once now
-        assert info.value.message.endswith(": reading it failed")  # no "after 0.2 s": no wait
+        _adapter_refused(registry)
         _promote_refused(home, tmp_path, capfd)
     assert _sha256(db) == before  # nothing written
     listed = runner.invoke(app, ["versions", "a"])
@@ -215,6 +199,32 @@ def test_a_registry_database_another_process_holds_is_one_error_naming_it_and_a_
     assert "production" in listed.output
     assert registry.aliases("a") == {"production": "1"}  # the same adapter, patient again
     assert "locked" not in runner.invoke(app, ["status"]).output
+
+
+def _commands_refused(runner: CliRunner, db: Path, pid: int, candidate: Path) -> None:
+    """``versions`` and ``register`` exit 4 naming the file, its holder and the fix; ``status``
+    says it on the model's row."""
+    said = f"error: the embedded MLflow registry {db} is locked by another process (held by pid {pid} ("
+    for args, code in ((["versions", "a"], 4), (["register", "a", str(candidate)], 4), (["status"], 1)):
+        result = runner.invoke(app, args)
+        assert result.exit_code == code, (args, result.output)
+        assert "Traceback" not in result.output
+        assert "internal error" not in result.output
+        if code == 4:
+            assert said in result.output, result.output
+            assert "failed after 0.2 s" in result.output
+            assert "fix: wait until that process ends its transaction, or stop it" in result.output
+    assert f"a drift: MLflow unreachable: the embedded MLflow registry {db} is locked" in result.output
+
+
+def _adapter_refused(registry: MlflowRegistry) -> None:
+    """The adapter's ping waits once in vain; its next read fails at once."""
+    with pytest.raises(RegistryError, match="is locked by another process") as info:
+        registry.ping()
+    assert info.value.context["code"] == "DATABASE_LOCKED"
+    with pytest.raises(RegistryError, match="is locked by another process") as info:
+        registry.aliases("a")  # this adapter waited once in vain: at once now
+    assert info.value.message.endswith(": reading it failed")  # no "after 0.2 s": no wait
 
 
 def _promote_refused(home: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -261,9 +271,9 @@ def test_a_locked_database_in_any_wrapping_is_the_locked_error(tmp_path: Path) -
 
 
 class _SignRegistry:
-    """The adapter calls ``sign_registered`` makes, on ``source`` (a Triton model folder): its
-    run's artifacts at ``artifacts`` (a local folder, or a remote URI), the tag update failing as
-    on a full disk."""
+    """The registry calls ``sign_registered`` makes (``registry.ports.Signatory``), on ``source``
+    (a Triton model folder): its run's artifacts at ``artifacts`` (a local folder, or a remote
+    URI), the tag update failing as on a full disk."""
 
     def __init__(self, source: Path, artifacts: str, signed_by: str) -> None:
         config = source / "config.pbtxt"
@@ -294,6 +304,9 @@ class _SignRegistry:
             OSError(errno.ENOSPC, "No space left on device"), self.source, "MLflow tag update"
         )
 
+    def update_version_description(self, name: str, version: str, description: str) -> None:
+        raise AssertionError("not reached: the tag's update failed first")
+
 
 def _pem_key(folder: Path) -> Path:
     key = folder / "release.pem"
@@ -316,7 +329,7 @@ def test_a_failed_sign_puts_the_previous_signature_back_or_says_that_its_own_sta
     (run / SIGNATURE_ARTIFACT).write_bytes(b"the earlier signature")
     local = _SignRegistry(source, run.as_uri(), signed_by="key 0123")
     with pytest.raises(RegistryError, match="MLflow tag update failed") as info:
-        sign_registered(cast(MlflowRegistry, local), "a", "1", SigningKey(key))
+        sign_registered(local, "a", "1", SigningKey(key))
     assert (run / SIGNATURE_ARTIFACT).read_bytes() == b"the earlier signature"
     assert str(info.value.fix).endswith(
         "then run the command again (what the failed command wrote was removed)"
@@ -324,7 +337,7 @@ def test_a_failed_sign_puts_the_previous_signature_back_or_says_that_its_own_sta
 
     remote = _SignRegistry(source, "s3://bucket/1/r1/artifacts", signed_by="")
     with pytest.raises(RegistryError, match="MLflow tag update failed") as info:
-        sign_registered(cast(MlflowRegistry, remote), "a", "1", SigningKey(key))
+        sign_registered(remote, "a", "1", SigningKey(key))
     assert "was removed" not in str(info.value.fix)
     assert str(info.value.fix).endswith(
         f"; the signature it wrote stays in run r1's artifacts ({SIGNATURE_ARTIFACT}) while a v1 is "

@@ -28,7 +28,7 @@ from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import open_store
 from pipelines.storage.base import lock_key
 from pipelines.storage.local import LocalStore
-from pipelines.storage.s3 import S3Store
+from pipelines.storage.s3 import S3Store, _translating
 from registry.errors import StorageError
 from registry.manifest import artifact_digest
 from tests.cli import CliRunner
@@ -160,13 +160,20 @@ def test_credential_errors_say_to_fix_the_credentials(code: str) -> None:
             f"Failed to upload f to b/k: An error occurred ({code}) when calling the PutObject"
         ),
     ):
-        error = store._translate("upload", "m/1/f", exc)
+        error = _translated(store, "upload", "m/1/f", exc)
         assert f"credentials rejected while trying to upload 'm/1/f' ({code}" in error.message
         fix = error.fix or ""
         assert "rerun to resume" not in fix
         assert "credentials" in fix or "AWS_ACCESS_KEY_ID" in fix
-    token = store._translate("write", "k", _client_error(code))
+    token = _translated(store, "write", "k", _client_error(code))
     assert ("session token" in (token.fix or "")) == (code in {"InvalidToken", "ExpiredToken"})
+
+
+def _translated(store: S3Store, what: str, key: str, exc: Exception) -> StorageError:
+    """The StorageError the store's one translation point makes of ``exc``."""
+    with pytest.raises(StorageError, match="credentials rejected") as caught, _translating(store, what, key):
+        raise exc
+    return caught.value
 
 
 def test_open_store_keeps_leases_per_store(tmp_path: Path) -> None:

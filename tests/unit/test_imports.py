@@ -1,4 +1,5 @@
-"""`mlreg validate` stays light: none of the heavy dependencies is imported (dvc's test_imports pattern).
+"""`mlreg validate` stays light: none of the heavy dependencies is imported (dvc's test_imports pattern),
+nor pydantic and rich, which typer would load.
 
 Each check runs in a fresh interpreter (a subprocess), so what this test process has already
 imported does not count; the CLI runs in-process there through its real entry point, and
@@ -33,6 +34,10 @@ HEAVY = (
     "pandas",
     "great_expectations",
     "pytriton",
+    # typer coerces parameters through pydantic (~0.06 s); mlreg/cli/startup.py converts plain
+    # paths, strings and numbers itself, and typer's help is plain text (no rich)
+    "pydantic",
+    "rich",
 )
 RUN_CLI = """
 import json, sys

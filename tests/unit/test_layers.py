@@ -5,15 +5,19 @@ Read from the source with ``ast``: every ``import``/``from ... import`` anywhere
 package) and every literal ``importlib.import_module("...")``.  Each rule has a positive control:
 a synthetic module breaking it is flagged.  Within the layers, a few packages are fenced off (the
 promotion never reaches the development stack nor MLflow's adapters; the contracts stay pure),
-and no two first-party modules import each other, however indirectly (the cycle test counts
-function-local imports, which do run, but not ``if TYPE_CHECKING:`` blocks, which do not).
+and there is no cycle at any level: no two first-party modules import each other, however
+indirectly, and no two packages either (``pipelines.storage`` importing ``pipelines.promote``
+while a module of ``pipelines.promote`` imports ``pipelines.storage`` is a cycle of packages
+although no two modules close one).  Every import counts as an edge: a function-local one, which
+runs late, and one under ``if TYPE_CHECKING:``, which never runs but still ties the two modules
+together for a reader and for the type checker (a cycle hidden there is a cycle deferred).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -46,10 +50,17 @@ def imported_names(nodes: Iterable[ast.AST], package: str = "") -> Iterator[tupl
             yield from ((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
             yield node.lineno, absolute(node, package)
-        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
-            first = node.args[0]
-            if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                yield node.lineno, first.value
+        elif (called := literal_import(node)) is not None:
+            yield node.lineno, called  # type: ignore[attr-defined]
+
+
+def literal_import(node: ast.AST) -> str | None:
+    """The module an ``importlib.import_module("...")`` (or ``__import__``) call names literally."""
+    if isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+        first = node.args[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            return first.value
+    return None
 
 
 def _is_import_module(func: ast.expr) -> bool:
@@ -87,53 +98,36 @@ def first_party_modules() -> dict[str, Path]:
 MODULES = first_party_modules()
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node of ``tree`` but the bodies of ``if TYPE_CHECKING:`` (their ``else`` runs)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
-            continue
-        stack.extend(ast.iter_child_nodes(node))
-
-
-def _known(name: str) -> str | None:
+def _known(name: str, modules: Mapping[str, Path]) -> str | None:
     """``name`` if it is a first-party module, else its longest first-party prefix (an attribute
     of a module, or a module that no longer exists: its package is what the import runs)."""
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
         candidate = ".".join(parts[:end])
-        if candidate in MODULES:
+        if candidate in modules:
             return candidate
     return None
 
 
-def module_imports(module: str, nodes: Iterable[ast.AST]) -> Iterator[tuple[int, str]]:
-    """(line, first-party module) of each import among ``nodes`` of ``module``: ``from pkg import
-    name`` is ``pkg.name`` where that is a module, else ``pkg``; importing a package is importing
-    its ``__init__`` only (not its parents', which would close false cycles)."""
-    package = module if MODULES.get(module, Path()).name == "__init__.py" else module.rpartition(".")[0]
+def module_imports(
+    module: str, nodes: Iterable[ast.AST], modules: Mapping[str, Path] = MODULES
+) -> Iterator[tuple[int, str]]:
+    """(line, first-party module) of each import among ``nodes`` of ``module`` (one of
+    ``modules``): ``from pkg import name`` is ``pkg.name`` where that is a module, else ``pkg``;
+    importing a package is importing its ``__init__`` only (not its parents', which would close
+    false cycles)."""
+    package = module if modules.get(module, Path()).name == "__init__.py" else module.rpartition(".")[0]
     for node in nodes:
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = absolute(node, package)
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
-        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
-            first = node.args[0]
-            if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                names = [first.value]
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        elif (called := literal_import(node)) is not None:
+            names = [called]
         for name in names:
-            found = _known(name)
+            found = _known(name, modules)
             if found is not None and found != module:
                 yield getattr(node, "lineno", 0), found  # an import or a call: it has one
 
@@ -149,17 +143,46 @@ def walked(path: Path) -> tuple[ast.AST, ...]:
     return tuple(ast.walk(parse(path)))
 
 
-def import_graph() -> dict[str, dict[str, int]]:
-    """module -> {imported first-party module: the line of its first import} (run-time imports)."""
-    graph: dict[str, dict[str, int]] = {}
-    for module, path in MODULES.items():
+Graph = dict[str, dict[str, str]]  # node -> {node it imports: "file:line imports module", the first}
+
+
+def import_graph(modules: Mapping[str, Path] = MODULES, root: Path = ROOT) -> Graph:
+    """module -> {imported first-party module: "file:line imports module" of its first import}:
+    every import, function-local and ``if TYPE_CHECKING:`` ones included."""
+    graph: Graph = {}
+    for module, path in modules.items():
         edges = graph.setdefault(module, {})
-        for line, target in module_imports(module, _run_time_nodes(parse(path))):
-            edges[target] = min(line, edges.get(target, line))
+        lines: dict[str, int] = {}
+        for line, target in module_imports(module, walked(path), modules):
+            lines[target] = min(line, lines.get(target, line))
+        where = path.relative_to(root) if path.is_relative_to(root) else path
+        edges.update((target, f"{where}:{line} imports {target}") for target, line in sorted(lines.items()))
     return graph
 
 
-def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+def _ancestry(a: str, b: str) -> bool:
+    """Whether one of the dotted names contains the other (a package and what lies inside it)."""
+    return _under(a, b) or _under(b, a)
+
+
+def package_graph(graph: Graph, depth: int) -> Graph:
+    """``graph`` seen at ``depth``: each module stands for the package (or module) its first
+    ``depth`` name parts make (``pipelines.storage.s3`` is ``pipelines.storage`` at depth 2),
+    an edge kept where it joins two such names neither of which contains the other (a package's
+    ``__init__`` importing its own modules, or a subpackage its parent's, is no cycle of
+    siblings); each edge keeps one import that makes it (of the first module, by name)."""
+    packages: Graph = {}
+    for module, edges in sorted(graph.items()):
+        source = ".".join(module.split(".")[:depth])
+        targets = packages.setdefault(source, {})
+        for target, where in sorted(edges.items()):
+            node = ".".join(target.split(".")[:depth])
+            if not _ancestry(source, node):
+                targets.setdefault(node, where)
+    return packages
+
+
+def strongly_connected(graph: Mapping[str, Mapping[str, object]]) -> list[list[str]]:
     """Tarjan's strongly connected components of ``graph`` (iterative), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -200,19 +223,17 @@ def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     return components
 
 
-def cycles(graph: dict[str, dict[str, int]]) -> list[str]:
-    """Each component of more than one module, with every import that binds it ("file:line imports")."""
+def cycles(graph: Graph) -> list[str]:
+    """Each component of more than one node of ``graph``, with every import that binds it."""
     found = []
     for component in strongly_connected(graph):
         if len(component) > 1:
-            edges = [
-                f"{MODULES[a].relative_to(ROOT)}:{line} imports {b}"
-                for a in component
-                for b, line in sorted(graph[a].items())
-                if b in component
-            ]
+            edges = [where for a in component for b, where in sorted(graph[a].items()) if b in component]
             found.append(f"{' <-> '.join(component)}:\n  " + "\n  ".join(edges))
     return found
+
+
+DEPTH = max(len(module.split(".")) for module in MODULES)
 
 
 # package prefix -> the first-party modules no module under it may import (anywhere in the file);
@@ -246,10 +267,8 @@ def written_imports(module: str, path: Path | None = None) -> Iterator[tuple[str
         elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
             base = absolute(node, package)
             names = [base, *(f"{base}.{a.name}" for a in node.names)]
-        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
-            first = node.args[0]
-            if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                names = [first.value]
+        elif (called := literal_import(node)) is not None:
+            names = [called]
         if names:
             yield f"{where}:{node.lineno}", names  # type: ignore[attr-defined]
 
@@ -321,19 +340,99 @@ def test_a_pure_package_imports_only_what_it_may(prefix: str) -> None:
 
 def test_no_two_first_party_modules_import_each_other() -> None:
     found = cycles(import_graph())
-    assert found == [], "import cycles (a function-local import is one too):\n" + "\n".join(found)
+    assert found == [], (
+        "import cycles (a function-local import and an `if TYPE_CHECKING:` one are edges too):\n"
+        + "\n".join(found)
+    )
 
 
-def test_the_cycle_finder_sees_a_cycle_and_skips_type_checking() -> None:
-    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3, "d": 4}, "d": {}}
+@pytest.mark.parametrize("depth", range(1, DEPTH))
+def test_no_two_first_party_packages_import_each_other(depth: int) -> None:
+    found = cycles(package_graph(import_graph(), depth))
+    assert found == [], f"import cycles between packages ({depth} name parts):\n" + "\n".join(found)
+
+
+def test_the_cycle_finder_sees_a_cycle_and_counts_type_checking() -> None:
+    graph: Graph = {
+        "a": {"b": "a:1 imports b"},
+        "b": {"c": "b:2 imports c"},
+        "c": {"a": "", "d": ""},
+        "d": {},
+    }
     assert sorted(strongly_connected(graph)) == [["a", "b", "c"], ["d"]]
     source = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from mlreg.cli import main\nelse:\n    import registry.errors\n"
         "def f():\n    from pipelines.promote import plan\n    from registry.contracts.config import X\n"
     )
-    found = {name for _, name in module_imports("mlreg.service", _run_time_nodes(ast.parse(source)))}
-    assert found == {"registry.errors", "pipelines.promote.plan", "registry.contracts.config"}
+    found = {name for _, name in module_imports("mlreg.service", ast.walk(ast.parse(source)))}
+    assert found == {
+        "mlreg.cli.main",
+        "registry.errors",
+        "pipelines.promote.plan",
+        "registry.contracts.config",
+    }
+
+
+def _synthetic(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    """Modules written under ``root`` (file path -> source), by dotted name (a package is its
+    ``__init__``)."""
+    modules = {}
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        parts = path.relative_to(root).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def test_a_cycle_closed_under_type_checking_is_flagged(tmp_path: Path) -> None:
+    """The positive control of the module rule, TYPE_CHECKING counted: ``register`` imports
+    ``adapter`` only for its annotations, ``adapter`` imports ``register`` to run it."""
+    modules = _synthetic(
+        tmp_path,
+        {
+            "registry/mlflow/adapter.py": "from registry.mlflow import register\n",
+            "registry/mlflow/register.py": (
+                "from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from registry.mlflow.adapter import Adapter\n"
+            ),
+            "registry/mlflow/leaf.py": "import typing\n",
+        },
+    )
+    found = cycles(import_graph(modules, tmp_path))
+    assert found == [
+        "registry.mlflow.adapter <-> registry.mlflow.register:\n"
+        "  registry/mlflow/adapter.py:1 imports registry.mlflow.register\n"
+        "  registry/mlflow/register.py:4 imports registry.mlflow.adapter"
+    ]
+
+
+def test_a_cycle_of_packages_with_no_cycle_of_modules_is_flagged(tmp_path: Path) -> None:
+    """The positive control of the package rule: ``storage.base`` imports ``promote.plan`` and
+    ``promote.runner`` imports ``storage.s3`` (under TYPE_CHECKING): no two modules close a cycle,
+    the two packages do; a package's ``__init__`` importing its own modules is no cycle."""
+    modules = _synthetic(
+        tmp_path,
+        {
+            "pipelines/storage/base.py": "from pipelines.promote.plan import Plan\n",
+            "pipelines/storage/s3.py": "import os\n",
+            "pipelines/promote/plan.py": "import os\n",
+            "pipelines/promote/runner.py": (
+                "import typing\nif typing.TYPE_CHECKING:\n    from pipelines.storage import s3\n"
+            ),
+            "pipelines/promote/__init__.py": "from pipelines.promote.plan import Plan\n",
+        },
+    )
+    graph = import_graph(modules, tmp_path)
+    assert cycles(graph) == []
+    assert cycles(package_graph(graph, 1)) == []
+    assert cycles(package_graph(graph, 2)) == [
+        "pipelines.promote <-> pipelines.storage:\n"
+        "  pipelines/promote/runner.py:3 imports pipelines.storage.s3\n"
+        "  pipelines/storage/base.py:1 imports pipelines.promote.plan"
+    ]
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))

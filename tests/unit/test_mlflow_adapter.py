@@ -191,7 +191,7 @@ def test_removing_a_runs_local_artifacts_removes_the_folders_mlflow_made_for_the
     """A discarded run's ``<root>/<run>/artifacts`` and its logged model's ``<root>/models/<id>/artifacts``
     go with the folders above them once empty (issue 38 item 11: two were left), up to the
     registry's artifact root, which stays; a folder still holding something stays too."""
-    from registry.mlflow.disk import remove_local
+    from registry.disk import remove_local
 
     root = tmp_path / "artifacts"
     for folder in ("r1/artifacts/model/1", "models/m-1/artifacts/a/1", "models/m-2/artifacts"):

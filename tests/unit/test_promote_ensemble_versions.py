@@ -13,10 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.promote.environments import Environment
-from pipelines.promote.plan import Role, serving_versions
+from pipelines.promote.plan import Role, ensemble_pins, ensembles_pinning, follow_latest, serving_versions
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
-from tests.unit.worlds import MEMBER, Servers, World
+from pipelines.storage import open_store
+from tests.unit.worlds import ENSEMBLE, MEMBER, Servers, World
 
 
 def _promote_in(world: World, env: Environment, fleet: Servers, model: str, version: str) -> PromotionResult:
@@ -62,3 +63,18 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(tmp_path: 
     text = (world.registry.root / "ens" / registered / "config.pbtxt").read_text()
     assert serving_versions(text) == ["1"]
     assert world.registry.tags[("ens", registered)]["validation"] == "passed"
+
+
+def test_the_stores_ensembles_pinning_a_model_and_following_the_latest(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.write_config("ens", ENSEMBLE)
+    store.write_config("net", MEMBER.format(name="net", src="MID", dst="OUT"))
+    store.write_config("fake", '# platform: "ensemble"\n' + MEMBER.format(name="fake", src="A", dst="B"))
+
+    assert ensembles_pinning(store) == {"ens": ENSEMBLE}  # parsed, not matched as text
+    assert list(ensembles_pinning(store, ["net", "other"])) == ["ens"]
+    assert ensembles_pinning(store, ["fake"]) == {}
+
+    followed = follow_latest(ENSEMBLE, ["1"], False, ["net", "absent"])
+    assert ensemble_pins(followed) == {"pre": "1", "net": "-1"}
+    assert serving_versions(followed) == ["1"]

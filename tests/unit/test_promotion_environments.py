@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlreg import service
+from mlreg.ops import context as ops_context
 from pipelines.devstack import stack
 from pipelines.devstack.local_triton import ServerInfo
 from pipelines.promote.environments import environment, resolve_targets
@@ -50,7 +50,7 @@ def test_local_has_no_targets_of_its_own_and_says_to_start_the_stack(tmp_path: P
     ) as info:
         resolve_targets(settings, env)
     assert info.value.fix == "start it with 'mlreg stack up'"
-    assert service.environment(settings, "local").targets == ()  # nothing runs in tmp_path
+    assert ops_context.environment(settings, "local").targets == ()  # nothing runs in tmp_path
 
 
 def test_the_application_targets_every_replica_of_the_running_local_stack(
@@ -59,6 +59,6 @@ def test_the_application_targets_every_replica_of_the_running_local_stack(
     settings = _settings(tmp_path, '[environments.staging]\nstore = "s3://b/p"\ntargets = ["t0:8001"]\n')
     servers = [ServerInfo(1, port, 2, 3, "/repo", "log", "p_", 0.0) for port in (8101, 8201)]
     monkeypatch.setattr(stack, "running_servers", lambda _: servers)
-    env = service.environment(settings, "local")
+    env = ops_context.environment(settings, "local")
     assert resolve_targets(settings, env) == ("127.0.0.1:8101", "127.0.0.1:8201")
-    assert service.environment(settings, "staging") == environment(settings, "staging")
+    assert ops_context.environment(settings, "staging") == environment(settings, "staging")

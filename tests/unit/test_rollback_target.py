@@ -2,7 +2,7 @@
 that is not what serves now, never a repair rerun (``N -> N``) nor a failed attempt.
 
 The registry is tests/fakes.py's, its history the rows ``MlflowRegistry.promotions`` returns
-(newest first); the promotion itself is not run: ``service.promote`` is replaced by a recorder.
+(newest first); the promotion itself is not run: ``mlreg.ops.rollback.promote`` is replaced by a recorder.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from mlreg import service
 from mlreg.cli.main import app
+from mlreg.ops import rollback as rollback_op
+from mlreg.ops.context import Context
 from pipelines.promote.environments import Environment
 from pipelines.promote.status import rollback_target
 from registry.errors import UsageError
@@ -85,30 +86,30 @@ def test_other_environments_promotions_are_not_a_way_back() -> None:
     assert target(rows, alias="2") == (None, ("2",))
 
 
-# -- service.rollback and the CLI: the error a user sees ---------------------------------------------
+# -- the rollback op and the CLI: the error a user sees ---------------------------------------------
 
 
 @pytest.fixture
 def app_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SimpleNamespace:
-    """``service.context`` answers ``.registry`` (a History to fill); each promotion asked of
-    ``service.promote`` is appended to ``.promoted``."""
+    """``context`` answers ``.registry`` (a History to fill); each promotion asked of ``promote``
+    is appended to ``.promoted`` (both as ``mlreg.ops.rollback`` calls them)."""
     registry: Any = History([])  # the Registry protocol, where Context names MlflowRegistry
     env = Environment("local", str(tmp_path / "store"), ("triton-0:8001",), "local", gpu=False)
-    monkeypatch.setattr(service, "context", lambda settings, name: service.Context(settings, env, registry))
+    monkeypatch.setattr(rollback_op, "context", lambda settings, name: Context(settings, env, registry))
     promoted: list[tuple[Any, ...]] = []
 
     def promote(settings: Any, env_name: str, model: str, version: str, **options: Any) -> Any:
         promoted.append((env_name, model, version, options["allow_breaking"], options["skip_quality"]))
         return SimpleNamespace(version=version)
 
-    monkeypatch.setattr(service, "promote", promote)
+    monkeypatch.setattr(rollback_op, "promote", promote)
     return SimpleNamespace(registry=registry, promoted=promoted)
 
 
 def test_rollback_after_a_repair_rerun_promotes_the_version_before(app_state: SimpleNamespace) -> None:
     app_state.registry.rows = [run("2", "2"), run("1", "2"), run("none", "1")]
     app_state.registry.alias_map = {MODEL: {"local": "2"}}
-    service.rollback(SimpleNamespace(), "local", MODEL)  # type: ignore[arg-type]
+    rollback_op.rollback(SimpleNamespace(), "local", MODEL)  # type: ignore[arg-type]
     assert app_state.promoted == [("local", MODEL, "1", True, True)]  # breaking allowed, no gate
 
 
@@ -120,7 +121,7 @@ def test_rollback_with_no_other_promoted_version_names_what_serves_and_the_fix(
     with pytest.raises(
         UsageError, match=r"scorer in 'local': no earlier promoted version .*\(v2 serves"
     ) as err:
-        service.rollback(SimpleNamespace(), "local", MODEL)  # type: ignore[arg-type]
+        rollback_op.rollback(SimpleNamespace(), "local", MODEL)  # type: ignore[arg-type]
     assert err.value.fix == "pass --to-version N (see 'mlreg history scorer --env local')"
     assert app_state.promoted == []  # nothing promoted, not even a no-op
 

@@ -20,9 +20,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from pipelines.promote.environments import environment
-from pipelines.promote.k8s_annotations import PREFIX, annotation_key, model_annotations
 from pipelines.storage import open_store
 from registry.errors import UsageError
+from registry.k8s_annotations import PREFIX, annotation_key, model_annotations
 from registry.settings import Settings
 from registry.signing import (
     SIGNATURE_FILE,

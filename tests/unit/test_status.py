@@ -143,6 +143,35 @@ def test_an_unreachable_target_keeps_its_reason_in_both_numberings(world: Simple
     ens = rows(world)["ens"]
     assert ens["serving"] == ens["serving_folders"] == {URL: "unreachable: connection refused"}
     assert ens["drift"] == [f"{URL} unreachable: connection refused"]
+    assert ens.serving == ens.serving_folders == {URL: status.Unreachable("unreachable: connection refused")}
+    assert ens.serving_labels() == {URL: "unreachable: connection refused"}
+
+
+def test_a_row_is_typed_and_its_document_keeps_the_json_fields_in_order(world: SimpleNamespace) -> None:
+    ens, net = rows(world)["ens"], rows(world)["net"]
+    assert isinstance(ens, status.ModelRow)
+    assert (ens.alias, ens.desired, ens.desired_folders, ens.pins) == ("2", ["2"], ["1"], {"net": "2"})
+    assert list(ens.to_dict()) == [
+        "model",
+        "alias",
+        "desired",
+        "desired_folders",
+        "serving",
+        "serving_folders",
+        "drift",
+        "pins",
+        "target_pins",
+    ]
+    assert net.to_dict() == {
+        "model": "net",
+        "alias": "2",
+        "desired": ["2"],
+        "desired_folders": ["2"],
+        "serving": {URL: ["2"]},
+        "serving_folders": {URL: ["2"]},
+        "drift": [],
+    }
+    assert (net["drift"], net.get("pins"), net.get("store", "-")) == ([], None, "-")  # read as a dict
 
 
 def test_labels_show_the_folder_only_where_it_differs() -> None:
@@ -155,9 +184,9 @@ def test_the_status_table_shows_versions_with_folders_in_brackets(
     world: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from mlreg.cli.output import Output
-    from mlreg.cli.promote import _status_table
+    from mlreg.cli.status import status_table
 
-    _status_table(Output(), [rows(world)["net"], rows(world)["ens"]])
+    status_table(Output(), [rows(world)["net"], rows(world)["ens"]])
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert lines[:3] == [
         ["MODEL", "ALIAS", "DESIRED", "SERVING"],
@@ -232,10 +261,10 @@ def test_the_status_table_of_a_frozen_store_lists_each_replica(
     frozen: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from mlreg.cli.output import Output
-    from mlreg.cli.promote import _status_table
+    from mlreg.cli.status import status_table
 
     found = status.environment_status(TIMEOUTS, frozen.env, frozen.registry, ["net"])
-    _status_table(Output(), found.rows)
+    status_table(Output(), found.rows)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["net", "2", "-", f"{URL}:", "2;", f"{URL2}:", "1"]  # desired unknown
     assert lines[2] == f"net drift: store unreachable: {FROZEN}"
@@ -307,13 +336,14 @@ def test_status_says_what_triton_serves_of_an_ensemble_the_store_lost(lost: Simp
 def test_mlreg_status_exits_1_showing_what_serves_an_ensemble_the_store_lost(
     lost: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from mlreg import service
     from mlreg.cli.main import app
+    from mlreg.ops import status as status_op
+    from mlreg.ops.context import Context
     from tests.cli import CliRunner
 
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
-    context = service.Context(TIMEOUTS, lost.env, lost.registry)
-    monkeypatch.setattr(service, "context", lambda settings, name: context)
+    context = Context(TIMEOUTS, lost.env, lost.registry)
+    monkeypatch.setattr(status_op, "context", lambda settings, name: context)
     result = CliRunner().invoke(app, ["status"])
     assert result.exit_code == 1, result.output
     lines = [line.split() for line in result.output.splitlines()]

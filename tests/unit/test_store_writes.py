@@ -209,7 +209,7 @@ def _settings(tmp_path: Path) -> Settings:
 def test_repair_puts_the_registered_bytes_back_and_keeps_the_signature(
     registered: tuple[FakeRegistry, RepositoryStore, Path], tmp_path: Path
 ) -> None:
-    from mlreg.store_ops import store_repair
+    from mlreg.ops.store_repair import store_repair
 
     registry, store, root = registered
     before = shas(root)
@@ -238,7 +238,7 @@ def test_repair_puts_the_registered_bytes_back_and_keeps_the_signature(
 def test_verify_registered_flags_a_manifest_or_signature_changed_after_it_was_written(
     registered: tuple[FakeRegistry, RepositoryStore, Path], tmp_path: Path
 ) -> None:
-    from mlreg.store_ops import verify_registered
+    from mlreg.ops.store_verify import verify_registered
 
     registry, store, root = registered
     assert verify_registered(registry, store, "m", "1").ok
@@ -274,7 +274,7 @@ def test_verify_registered_from_the_cli_without_mlflow_running(
 
 
 def test_a_retired_models_folder_goes_to_the_archive(tmp_path: Path) -> None:
-    from mlreg.service import _clear_folder
+    from mlreg.ops.retire import clear_folder as _clear_folder
 
     store = open_store(tmp_path / "repo")
     folder = model_folder(tmp_path / "src")

@@ -1,5 +1,6 @@
-"""A full disk under MLflow, recognised in one place: ``ENOSPC`` (or a quota) anywhere in an
-exception's chain, or sqlite's "database or disk is full" however MLflow wraps it."""
+"""A full disk under the registry, recognised in one place: ``ENOSPC`` (or a quota) anywhere in an
+exception's chain, or sqlite's "database or disk is full" however MLflow wraps it; and the local
+folders behind ``file://`` artifact URIs (read, or removed after a failed registration)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""What the CI workflows ask for, one call each: promote a list of versions, report on it.
+"""``mlreg promote --from-alias A | --from-file F``: several versions, one promotion each.
 
-A workflow never loops in YAML: ``mlreg promote --from-file exported.json`` promotes the
-versions an ``mlreg export --changed --json`` listed, ``mlreg promote --from-alias staging``
-the versions another environment's alias holds (production takes exactly what staging
-serves, never a re-export).  Members go before ensembles.  The result is one document: per
-version the promotion report (plan + stages), the contract diff against what the environment
-serves, and the error with its fix; ``mlreg report`` renders it as the job summary.
+Each (model, version) goes through the promote verb (:mod:`mlreg.ops.promote`), members before
+ensembles (or ensembles first when copying another environment's alias).  The result is one
+document: per version the promotion report (plan + stages), the contract diff against what the
+environment serves, and the error with its fix; ``mlreg report`` renders it as the job summary.
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlreg.ops.context import context, environment
+from mlreg.ops.promote import promote
 from registry.errors import MlregError, RegistryError, UsageError
 from registry.register import check_model_name
 from registry.settings import Settings, redact_uri
@@ -59,7 +59,7 @@ def versions_from_export(path: Path) -> list[tuple[str, str]]:
 def planned_from_export(path: Path) -> list[PlannedVersion] | None:
     """The versions an ``mlreg export --dry-run --json`` document lists as planned (not registered:
     their files and tags), for a plan's ``PlanRegistry``; None for an export that registered."""
-    from registry.export import PlannedVersion
+    from registry.export import PlannedVersion  # lazy: MLflow entities, only for a plan of an export
 
     try:
         if json.loads(path.read_text()).get("dry_run") is not True:
@@ -149,8 +149,8 @@ def ordered(registry: Registry, pairs: list[tuple[str, str]], ensembles_first: b
 
 def contract_diff(result: Any) -> list[dict[str, Any]]:
     """The promoted model's contract changes against the config its environment serves now."""
-    from registry.contracts.config import parse_config
-    from registry.contracts.diff import diff_configs
+    from registry.contracts.config import parse_config  # lazy: protobuf
+    from registry.contracts.diff import diff_configs  # lazy: protobuf
 
     try:
         step = result.plan.step(result.plan.model)
@@ -194,10 +194,7 @@ def promote_many(
     version the environment's alias holds by then (an ensemble's promotion brought it) is skipped.
     ``planned``: versions an ``export --dry-run`` did not register, which only a dry run can plan
     (MLflow is then only read)."""
-    from mlreg.service import context
-    from pipelines.devstack.scratch import scratch_servers
-    from pipelines.promote.runner import Options, Promotion
-    from registry.export import PlanRegistry
+    from registry.export import PlanRegistry  # lazy: MLflow's entities
 
     if planned and not dry_run:
         listed = ", ".join(f"{v.name} v{v.version}" for v in planned)
@@ -217,15 +214,75 @@ def promote_many(
         if batch.promotions and registry.aliases(model).get(env.alias) == version:
             batch.promotions.append({"model": model, "version": version, "ok": True, "held": True})
             continue
-        opts = Options(dry_run=dry_run, on_stage=on_stage, **options)
         try:
-            promotion = Promotion(
-                settings, env, registry, opts, scratch=scratch_servers(settings, env.key(settings))
+            result = promote(
+                settings,
+                env_name,
+                model,
+                version,
+                dry_run=dry_run,
+                on_stage=on_stage,
+                registry=registry,
+                **options,
             )
-            result = promotion.run(model, version)
             batch.promotions.append(_entry(model, version, result, None))
         except MlregError as exc:
             batch.promotions.append(_entry(model, version, exc.context.get("result"), exc))
         if plan is not None:  # not in MLflow: the report links to no version page
             batch.promotions[-1]["registered"] = plan.planned_version(model, version) is None
     return batch
+
+
+__all__ = [
+    "BatchResult",
+    "OnStage",
+    "contract_diff",
+    "ordered",
+    "planned_from_export",
+    "promote_listed",
+    "promote_many",
+    "versions_from_alias",
+    "versions_from_export",
+]
+
+
+def promote_listed(
+    settings: Settings,
+    env_name: str,
+    from_alias: str | None,
+    from_file: Path | None,
+    model: str | None = None,
+    *,
+    dry_run: bool = False,
+    on_stage: OnStage | None = None,
+    **options: Any,
+) -> BatchResult:
+    """``mlreg promote [MODEL] --from-alias A | --from-file F --env E``: the versions another
+    environment's alias holds (ensembles first: they bring the members they pin; only MODEL's
+    when given) or those an ``mlreg export --json`` listed (members first; no MODEL)."""
+    from registry.mlflow import MlflowRegistry  # lazy: ~1 s of MLflow a `--help` never pays
+
+    if bool(from_alias) == bool(from_file):
+        raise UsageError("--from-alias and --from-file exclude each other", fix="pass one of them")
+    planned = None
+    if from_file is not None:
+        if model:
+            raise UsageError(
+                f"MODEL '{model}' and --from-file exclude each other: the file lists the versions",
+                fix=f"drop MODEL, or promote it alone: mlreg promote {model} --version N --env {env_name}",
+            )
+        pairs = versions_from_export(from_file)
+        planned = planned_from_export(from_file)
+    else:
+        target = environment(settings, env_name).alias
+        pairs = versions_from_alias(MlflowRegistry(settings), str(from_alias), target, model or None)
+    return promote_many(
+        settings,
+        env_name,
+        pairs,
+        dry_run,
+        on_stage=on_stage,
+        ensembles_first=bool(from_alias),
+        planned=planned,
+        **options,
+    )

@@ -1,20 +1,16 @@
-"""What a Triton Deployment serves, as Kubernetes annotations (``model.k8saibom.dev/*``).
+"""The names of what a Triton Deployment serves, as Kubernetes annotations (``model.k8saibom.dev/*``).
 
 Triton loads models at run time over its model-control API, so nothing in a Deployment's manifest
 says which model versions its pods serve: inventory tools that read the cluster (k8s-aibom and
-the like) cannot see them.  After a promotion the workflow applies this patch to the Deployment:
-per model, the version its environment's alias holds, its artifact digest and its signature
-reference.  It touches ``metadata.annotations`` only -- never the pod template -- so applying it
-restarts no pod.  Built from the registry alone; no cluster is needed to make it
-(``kubectl patch deployment triton --type merge --patch-file F``, behind the workflow's flag).
+the like) cannot see them.  These are the keys and values of one served version -- its version,
+environment, artifact digest and signature reference -- read from its registry tags alone.  The
+patch of a Deployment built from them is ``mlreg k8s-annotations`` (:mod:`mlreg.ops.k8s_annotations`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
-from pipelines.promote.ports import Registry
 from registry.signing import SIGNATURE_ARTIFACT, SIGNED_BY_TAG
 
 PREFIX = "model.k8saibom.dev/"
@@ -48,16 +44,4 @@ def model_annotations(
     }
 
 
-def annotation_patch(registry: Registry, alias: str, models: list[str], environment: str) -> dict[str, Any]:
-    """A merge patch (``kubectl patch --type merge``) of a Deployment's metadata: every model of
-    ``models`` (none: every registered model) whose ``alias`` names a version; a model without it
-    is left out."""
-    annotations: dict[str, str] = {}
-    for model in sorted(models or registry.alias_versions(alias)):
-        version = registry.aliases(model).get(alias)
-        if version is None:
-            continue
-        tags = registry.version_tags(model, version)
-        run_id = str(registry.version(model, version).run_id or "")
-        annotations.update(model_annotations(model, version, tags, run_id, environment))
-    return {"metadata": {"annotations": annotations}}
+__all__ = ["NAME_LIMIT", "PREFIX", "annotation_key", "model_annotations"]

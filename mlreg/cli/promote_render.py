@@ -1,0 +1,69 @@
+"""What ``mlreg promote`` and ``mlreg rollback`` print: each stage as it ends (stderr), then the
+promotion's report -- its JSON document, the plan of a dry run, or the one line of a promotion."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mlreg.cli.output import Output, rollout_line
+
+if TYPE_CHECKING:
+    from pipelines.promote.reports import PromotionResult
+    from pipelines.promote.runner import OnStage
+
+
+def stage_lines(out: Output) -> OnStage:
+    def report(stage: str, status: str, seconds: float, detail: str) -> None:
+        out.note(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}")
+
+    return report
+
+
+def promotion(out: Output, call: Callable[[], PromotionResult]) -> PromotionResult:
+    """Run ``call``; with --json a failed promotion still prints its report (then the error)."""
+    from pipelines.promote.reports import PromotionFailed  # lazy: the promotion package (numpy)
+
+    try:
+        result = call()
+    except PromotionFailed as exc:
+        if out.json:
+            out.document(exc.result.to_dict())
+        raise
+    return result
+
+
+def render(out: Output, result: PromotionResult, alias: str) -> None:
+    plan = result.plan
+    if out.json:
+        out.document(result.to_dict())
+    elif result.noop:
+        out.line(f"{plan.model} version {plan.version} already serves in '{plan.env.name}': nothing to do")
+    elif "record" not in result.stage_names():
+        out.line(f"plan (dry run) for {plan.model} v{plan.version} in '{plan.env.name}' ({plan.env.store}):")
+        out.table(
+            ["ROLE", "MODEL", "VERSION", "UPLOAD", "CONFIG", "SERVING NOW"],
+            [
+                [
+                    s.role.value,
+                    s.model,
+                    s.version,
+                    "yes" if s.upload else "no",
+                    "changes" if s.previous_config != s.config_text else "unchanged",
+                    ",".join(s.previous_versions) or "nothing",
+                ]
+                for s in plan.steps
+            ],
+        )
+        rollout = plan.rollout()
+        if rollout is None:
+            out.line(f"load on: {', '.join(plan.targets)} (first = canary)")
+        else:
+            out.line(f"roll-out: {rollout_line(rollout)}")
+    else:
+        out.line(
+            f"promoted {plan.model} version {plan.version} to '{plan.env.name}' "
+            f"(alias '{alias}'); MLflow run {result.run_id}"
+        )
+    for note in result.notes:
+        out.note(f"note: {note}")

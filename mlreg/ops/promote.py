@@ -1,0 +1,65 @@
+"""``mlreg promote MODEL --version N``: one registered version to an environment."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mlreg.ops.context import context, environment
+from registry.errors import UsageError
+from registry.settings import Settings
+
+if TYPE_CHECKING:
+    from pipelines.promote.ports import Registry
+    from pipelines.promote.reports import PromotionResult
+    from pipelines.promote.runner import OnStage
+
+SERVE_AS = ("auto", "native", "onnx")
+
+
+def promote(
+    settings: Settings,
+    env_name: str,
+    model: str,
+    version: str,
+    *,
+    dry_run: bool = False,
+    allow_breaking: bool = False,
+    skip_quality: bool = False,
+    serve_as: str = "auto",
+    on_stage: OnStage | None = None,
+    skip_perf: bool = False,
+    no_way_back: bool = False,
+    skip_shadow: bool = False,
+    registry: Registry | None = None,
+) -> PromotionResult:
+    """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot).
+    ``registry``: the one to read (and record in) instead of the settings' MLflow, e.g. the
+    ``PlanRegistry`` of a plan over versions an ``export --dry-run`` did not register."""
+    from pipelines.devstack.scratch import scratch_servers  # lazy: the promotion's servers
+    from pipelines.promote.runner import Options, Promotion  # lazy: tritonclient, numpy
+
+    if serve_as not in SERVE_AS:
+        raise UsageError(f"unknown --serve-as '{serve_as}'", fix=f"use {', '.join(SERVE_AS)}")
+    if not version.isdigit():
+        raise UsageError(f"version '{version}' is not a number", fix="pass --version N (1, 2, 3, ...)")
+    reader: Registry
+    if registry is None:
+        ctx = context(settings, env_name)
+        env, reader = ctx.env, ctx.registry
+    else:
+        env, reader = environment(settings, env_name), registry
+    options = Options(
+        dry_run,
+        allow_breaking,
+        skip_quality,
+        serve_as,
+        on_stage,
+        skip_perf=skip_perf,
+        no_way_back=no_way_back,
+        skip_shadow=skip_shadow,
+    )
+    scratch = scratch_servers(settings, env.key(settings))
+    return Promotion(settings, env, reader, options, scratch=scratch).run(model, version)
+
+
+__all__ = ["SERVE_AS", "promote"]

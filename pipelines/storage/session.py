@@ -1,0 +1,141 @@
+"""A store session: what one operation (a promotion, a push, a gc) holds on a store.
+
+The locks it took and their leases (:mod:`pipelines.storage.lease`), the leases it lost, the
+configs it wrote, the change journal (every key it wrote or deleted, or may have: the request
+reached the store) and the locks it could not release.  Every write or delete through the store
+is fenced first (:meth:`StoreSession.fence`): refused once the model's lock was lost.  An
+archive's session is fenced by its store's leases (``holder``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pipelines.storage.lease import Lease, LockInfo, parse_lock, remove_lock
+from pipelines.storage.objects import CONFIG, LOCK_PREFIX, ObjectStore, check_part, lock_key
+from registry.errors import StorageError
+
+LEASE_S = 900.0  # a lock's lease; renewed every third of it while held
+
+
+def default_owner() -> str:
+    return f"{os.environ.get('USER', 'user')}@{socket.gethostname()}:{os.getpid()}"
+
+
+class StoreSession:
+    """One operation's locks, leases and change journal on ``store``."""
+
+    def __init__(self, store: ObjectStore, holder: StoreSession | None = None) -> None:
+        self.store = store
+        self.holder: StoreSession = holder or self  # whose leases fence this session's writes
+        self.written_configs: dict[str, str] = {}  # the last config written for each model
+        self.leases: dict[str, Lease] = {}  # the locks held now
+        self.lost_leases: dict[str, Lease] = {}  # lost and released: writes stay refused
+        self.changed_keys: set[str] = set()  # written or deleted (or may have been)
+        self.lock_notes: list[str] = []  # locks that could not be released: where each was left
+
+    # -- the change journal ----------------------------------------------------------------------
+
+    def note_change(self, key: str) -> bool:
+        """Before a write or delete of ``key``: fenced under a locked model, then journaled; True
+        when ``key`` was not in the journal yet."""
+        if key.startswith(LOCK_PREFIX):
+            return False
+        self.fence(key.split("/", 1)[0], key)
+        new = key not in self.changed_keys
+        self.changed_keys.add(key)
+        return new
+
+    def unsent_change(self, key: str) -> None:
+        self.changed_keys.discard(key)
+
+    def changed_under(self, prefix: str) -> bool:
+        """Whether this session changed anything under ``prefix`` (nothing: no rollback)."""
+        return any(key.startswith(prefix) for key in self.changed_keys)
+
+    # -- fencing -----------------------------------------------------------------------------------
+
+    def fence(self, model: str, key: str = "") -> None:
+        """Before a write or delete of ``key`` under ``model``: StorageError once the holder's lease
+        of ``model`` is lost or past its end (see ``RepositoryStore.fence``)."""
+        lease = self.holder.leases.get(model) or self.holder.lost_leases.get(model)
+        if lease is not None:
+            lease.check(key)
+
+    def fenced(self, proven_only: bool = False) -> list[str]:
+        """One line per model whose lock this session held and lost (see ``RepositoryStore.fenced``)."""
+        leases = {**self.lost_leases, **self.leases}
+        lines = [(lease, line) for _, lease in sorted(leases.items()) if (line := lease.prove())]
+        return [line for lease, line in lines if not (proven_only and lease.unproven)]
+
+    def renew_leases(self) -> None:
+        """Renew every lease held now; StorageError when one was lost."""
+        for lease in list(self.leases.values()):
+            lease.renew()
+
+    def write_config(self, model: str, text: str) -> None:
+        """The lease of ``model`` (when held) is renewed first: a lost lock aborts the write."""
+        key = f"{check_part(model, 'model name')}/{CONFIG}"
+        lease = self.leases.get(model)
+        if lease is not None:
+            lease.renew(key)
+        self.store.write(key, text.encode("utf-8"))
+        self.written_configs[model] = text
+
+    # -- locks -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def lock(self, model: str, owner: str | None, ttl: float, wait: float) -> Iterator[Lease]:
+        """See ``RepositoryStore.lock``."""
+        check_part(model, "model name")
+        lease = Lease(self.store, lock_key(model), model, owner or default_owner(), ttl)
+        self._take(lease, time.monotonic() + wait)
+        lease.held()
+        self.leases[model] = lease
+        self.lost_leases.pop(model, None)
+        try:
+            yield lease
+        finally:
+            self.leases.pop(model, None)
+            note = lease.release()
+            if note:
+                self.lock_notes.append(note)
+            if lease.lost:
+                self.lost_leases[model] = lease  # still fenced: another holder's, or nobody's
+
+    def _take(self, lease: Lease, deadline: float) -> None:
+        """Create the lock object, or take a stale one over (compare-and-swap); wait for a live one
+        until ``deadline`` (monotonic), then StorageError naming its holder."""
+        store, key, model = self.store, lease.key, lease.model
+        while not store.create(key, lease.payload()):
+            found = store.lock_state(key)
+            if found is None:
+                continue  # released meanwhile: race for it again
+            held = parse_lock(model, *found)
+            if held.stale:
+                if store.replace(key, lease.payload(), found[1]):
+                    return  # taken over
+                continue
+            if time.monotonic() >= deadline:
+                raise StorageError(
+                    f"{store.uri}: model '{model}' is locked by {held.describe()}",
+                    fix="wait for that promotion to finish; a crashed holder's lock expires by itself "
+                    "(or 'mlreg store unlock MODEL' once its lease ran out)",
+                    model=model,
+                    holder=held.owner,
+                )
+            time.sleep(0.2)
+
+    def read_lock(self, model: str) -> LockInfo | None:
+        found = self.store.lock_state(lock_key(model))
+        return None if found is None else parse_lock(model, *found)
+
+    def locks(self) -> list[LockInfo]:
+        return [info for model in self.store.lock_models() if (info := self.read_lock(model)) is not None]
+
+    def unlock(self, model: str, force: str = "") -> LockInfo:
+        return remove_lock(self.store, lock_key(check_part(model, "model name")), model, force)

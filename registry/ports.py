@@ -1,0 +1,183 @@
+"""The model registry as its callers use it, as Protocols: a reader, a writer, a run recorder.
+
+``MlflowRegistry`` (registry.mlflow) implements all three; ``PlanRegistry`` (registry.export)
+implements them over a real registry read only, keeping what it would write in memory.  The
+promotion's ``Registry`` (pipelines.promote.ports) is the union of the three.  ``Registrar`` is
+what ``register()`` and ``sign_registered()`` (registry.register) write a version through: a run,
+its logged model and the registered version.  Nothing here imports MLflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from registry.logged_model import LoggedTritonModel
+
+
+class RegistryReader(Protocol):
+    """Reads: registered versions, their tags and files, aliases, the promotions recorded."""
+
+    @property
+    def uri(self) -> str:
+        """Where the registry is (MLflow's tracking URI)."""
+        ...
+
+    def warm_up(self) -> None: ...
+
+    def ping(self) -> None:
+        """Raise RegistryError unless the registry answers (a tracking server within its timeout;
+        the embedded sqlite registry is created where it does not exist yet)."""
+        ...
+
+    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
+        """Write the registered files of ``name`` ``version`` as a Triton model folder:
+        ``dest/config.pbtxt`` and ``dest/<version>/``; return the version's tags."""
+        ...
+
+    def version(self, name: str, version: str) -> Any: ...
+
+    def versions(self, name: str) -> list[Any]: ...
+
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        """The tags of one version (cheap where the registry can answer without a client)."""
+        ...
+
+    def aliases(self, name: str) -> dict[str, str]: ...
+
+    def require_model(self, name: str) -> dict[str, str]:
+        """``name``'s aliases; RegistryError naming it when it is not registered."""
+        ...
+
+    def alias_versions(self, alias: str) -> dict[str, str]:
+        """Every registered model whose ``alias`` names a version -> that version."""
+        ...
+
+    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]: ...
+
+    def download(self, run_id: str, path: str, dest: Path) -> Path: ...
+
+    def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
+        """The promotions of ``name`` (in ``env``; None: everywhere) recorded by ``start_run``,
+        newest first: when (epoch ms), environment, from, to, result, user, run_id."""
+        ...
+
+
+class RegistryWriter(Protocol):
+    """Writes: derived versions, aliases, version tags, where a version serves."""
+
+    def register_version(
+        self,
+        name: str,
+        version_dir: Path,
+        config_path: Path,
+        *,
+        members: dict[str, str] | None = None,
+        export_info: dict[str, Any] | None = None,
+    ) -> str:
+        """Register a version mlreg derived (a re-pointed ensemble, an ONNX conversion): validated,
+        manifest and digest recorded like any other; an identical one is reused. Returns its number."""
+        ...
+
+    def set_alias(self, name: str, alias: str, version: str) -> None: ...
+
+    def delete_alias(self, name: str, alias: str) -> None: ...
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None: ...
+
+    def delete_version_tag(self, name: str, version: str, key: str) -> None: ...
+
+    def record_deployment(
+        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
+    ) -> None: ...
+
+
+class RunRecorder(Protocol):
+    """Runs: what an export or a promotion did, with its parameters, metrics and files."""
+
+    def experiment_id(self, name: str = ...) -> str: ...
+
+    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str: ...
+
+    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None: ...
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
+
+    def finish_run(self, run_id: str, ok: bool) -> None: ...
+
+
+class Signatory(Protocol):
+    """What ``sign_registered`` reads and writes: the version's files and tags, its run's files
+    and its description."""
+
+    def version(self, name: str, version: str) -> Any: ...
+
+    def version_tags(self, name: str, version: str) -> dict[str, str]: ...
+
+    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]: ...
+
+    def artifact_uri(self, run_id: str) -> str: ...
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None: ...
+
+    def update_version_description(self, name: str, version: str, description: str) -> None: ...
+
+
+class Registrar(RunRecorder, Signatory, Protocol):
+    """What ``register()`` writes a version through: its run, its logged model (MLflow 3) and the
+    registered version; identical bytes found by their digest tag (and signed when asked)."""
+
+    @property
+    def local_root(self) -> Path:
+        """Where a local registry writes (a full disk is named by it)."""
+        ...
+
+    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]: ...
+
+    def discard_run(self, run_id: str) -> None: ...
+
+    def ensure_model(self, name: str, description: str) -> None: ...
+
+    def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str: ...
+
+    def create_version(
+        self,
+        name: str,
+        source: str,
+        run_id: str,
+        tags: dict[str, str],
+        description: str,
+        model_id: str | None = None,
+    ) -> str: ...
+
+
+class LoggedModels(Registrar, Protocol):
+    """What turning a version NVIDIA's flows logged into an mlreg version reads and registers
+    through (``registry.nvidia_flavors``): its MLflow Model and the run it was logged from."""
+
+    def download_model(self, model: str, version: str, dest: Path) -> Path:
+        """The registered version's MLflow Model folder (MLmodel + its files), written to ``dest``."""
+        ...
+
+    def logged_model_name(self, model_id: str) -> str: ...
+
+    def artifact_paths(self, run_id: str, path: str) -> set[str]:
+        """The paths of the artifacts run ``run_id`` logged under ``path`` (one level)."""
+        ...
+
+    def download(self, run_id: str, path: str, dest: Path) -> Path: ...
+
+
+@runtime_checkable
+class VersionPlan(Protocol):
+    """A registry that also holds versions only planned (``mlreg export --dry-run``): not signed
+    yet, never registered for real."""
+
+    def planned_version(self, name: str, version: str) -> object | None: ...
+
+
+def is_planned(registry: object, name: str, version: str) -> bool:
+    """``name`` ``version`` is a version only a plan would register."""
+    return isinstance(registry, VersionPlan) and registry.planned_version(name, version) is not None
