@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from mlreg.ops.context import environment
 from registry.errors import MlregError, UsageError
 from registry.register import check_model_name
-from registry.settings import Settings, redact_uri
+from registry.settings import Settings, redact_data, redact_uri
 
 if TYPE_CHECKING:
     from pipelines.promote.analysis import Analysis
@@ -121,7 +121,7 @@ class AnalysisHandler(BaseHTTPRequestHandler):
             self._send(200, analysis.to_dict())
 
     def _send(self, status: int, document: dict[str, Any]) -> None:
-        body = json.dumps(document).encode()
+        body = json.dumps(redact_data(document)).encode()  # a replica's URL may carry credentials
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -150,4 +150,4 @@ def _query(query: dict[str, list[str]]) -> tuple[str | None, float]:
 
 
 def _error(message: str, fix: str | None) -> dict[str, Any]:
-    return {"kind": "analysis", "ok": False, "error": redact_uri(message), "fix": redact_uri(fix or "")}
+    return {"kind": "analysis", "ok": False, "error": message, "fix": fix or ""}

@@ -155,12 +155,12 @@ def pin(
     registry = registry or open_registry(settings)
     wanted = {**(_alias_pins(registry, from_alias) if from_alias else {}), **pins}
     changed = {m: v for m, v in wanted.items() if fleet.models.get(m) != v}
-    _require_registered(registry, changed, str(path))
     changes: list[dict[str, str | None]] = [
         {"model": m, "from": fleet.models.get(m), "to": v} for m, v in sorted(changed.items())
     ]
     fleet.models.update(changed)
-    _refuse_unreachable_pins(fleet, _require_registered(registry, fleet.models, str(path)))  # as sync would
+    # every pin registered (the changed ones with the rest, one lookup each), reachable: as sync would
+    _refuse_unreachable_pins(fleet, _require_registered(registry, fleet.models, str(path)))
     written = bool(changes) or not path.exists()
     if written:
         write_fleet(fleet)

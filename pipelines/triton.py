@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -326,22 +327,12 @@ class TritonControl:
 
     def trace_settings(self, model: str, settings: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
         """``model``'s trace settings after applying ``settings`` (None: read them only)."""
+        options = {"headers": self._headers, "as_json": True, "client_timeout": self.timeout}
         if settings is None:
-            found = self._call(
-                "trace settings",
-                lambda: self._client.get_trace_settings(
-                    model, headers=self._headers, as_json=True, client_timeout=self.timeout
-                ),
-                model=model,
-            )
+            call = partial(self._client.get_trace_settings, model, **options)
         else:
-            found = self._call(
-                "trace settings",
-                lambda: self._client.update_trace_settings(
-                    model, dict(settings), headers=self._headers, as_json=True, client_timeout=self.timeout
-                ),
-                model=model,
-            )
+            call = partial(self._client.update_trace_settings, model, dict(settings), **options)
+        found = self._call("trace settings", call, model=model)
         return {k: list(v.get("value", [])) for k, v in (found.get("settings") or {}).items()}
 
 

@@ -20,6 +20,7 @@ from registry import template
 from registry.contracts.config import CONFIG_NAME, load_config
 from registry.errors import RegistryError, UsageError
 from registry.mlflow import MlflowRegistry
+from registry.mlflow.versions import not_found
 from registry.ports import Registrar, RegistryReader, RegistryWriter
 from registry.register import Candidate, RegisterResult, find_candidate, register
 from registry.settings import EXPORTS_EXPERIMENT, Settings, redact_uri
@@ -246,7 +247,7 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
             return self.base.aliases(name)
         except RegistryError as exc:
             new = any(model == name for model, _ in self.planned)
-            if new and "RESOURCE_DOES_NOT_EXIST" in str(exc.context.get("code", "")):
+            if new and not_found(exc):
                 return {}
             raise
 

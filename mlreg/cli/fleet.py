@@ -9,6 +9,7 @@ import typer
 
 from mlreg.cli.common import JsonFlag, settings_of
 from mlreg.cli.output import Output
+from mlreg.cli.promote_render import batch_stage, failure_lines
 
 if TYPE_CHECKING:
     from mlreg.fleet import PinResult, SyncResult
@@ -112,17 +113,10 @@ def sync_cmd(
 
     settings = settings_of(ctx)
     out = Output(as_json)
-
-    def on_stage(stage: str, status: str, seconds: float, detail: str) -> None:
-        typer.echo(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}", err=True)
-
     options: dict[str, Any] = {"skip_quality": skip_quality}
-    result = sync(settings, file, env, dry_run, on_stage, **options)
+    result = sync(settings, file, env, dry_run, batch_stage, **options)
     out.result(result.to_dict(), lambda: _sync_lines(out, result))
-    for entry in result.failed:
-        typer.echo(f"error: {entry['model']} v{entry['version']}: {entry['error']}", err=True)
-        if entry.get("fix"):
-            typer.echo(f"fix: {entry['fix']}", err=True)
+    failure_lines(result.failed)
     if result.exit_code:
         if not result.failed:
             typer.echo(f"error: '{result.environment}' does not serve what {file} pins (drift)", err=True)

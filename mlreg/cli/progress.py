@@ -40,7 +40,7 @@ def byte_progress(
     with Progress(
         *Progress.get_default_columns()[:1], DownloadColumn(), TransferSpeedColumn(), transient=True
     ) as bar:
-        task = bar.add_task(label, total=None)
+        task = bar.add_task(redact_uri(label), total=None)  # e.g. a store URI with its keys
         yield lambda n: bar.advance(task, n)
 
 

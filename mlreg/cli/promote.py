@@ -12,7 +12,7 @@ import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, positive_version, settings_of
 from mlreg.cli.output import Output
-from mlreg.cli.promote_render import promotion, render, stage_lines
+from mlreg.cli.promote_render import batch_stage, failure_lines, promotion, render, stage_lines
 from mlreg.cli.report import plain, render_batch
 from mlreg.cli.status import history_cmd, status_cmd
 from registry.errors import UsageError
@@ -143,17 +143,11 @@ def promote_many_cmd(
     first; MODEL limits --from-alias to that model and is refused with --from-file."""
     from mlreg.ops.promote_many import promote_listed  # lazy: the verb imports the promotion package
 
-    def on_stage(stage: str, status: str, seconds: float, detail: str) -> None:  # even with --json
-        typer.echo(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}", err=True)
-
-    batch = promote_listed(settings, env, from_alias, from_file, model, on_stage=on_stage, **options)
+    batch = promote_listed(settings, env, from_alias, from_file, model, on_stage=batch_stage, **options)
     doc, out = batch.to_dict(), Output(as_json)
     out.result(doc, lambda: out.line("\n".join(plain(render_batch(doc)))))
     failed = [p for p in batch.promotions if not p["ok"] and not p.get("skipped")]
-    for entry in failed:
-        typer.echo(f"error: {entry['model']} v{entry['version']}: {entry['error']}", err=True)
-        if entry.get("fix"):
-            typer.echo(f"fix: {entry['fix']}", err=True)
+    failure_lines(failed)
     if failed:
         raise typer.Exit(int(failed[0].get("exit_code", 1)))
 

@@ -3,21 +3,41 @@ promotion's report -- its JSON document, the plan of a dry run, or the one line 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import typer
 
 from mlreg.cli.output import Output, rollout_line
+from registry.settings import redact_uri
 
 if TYPE_CHECKING:
     from pipelines.promote.reports import PromotionResult
     from pipelines.promote.runner import OnStage
 
 
+def _stage_text(stage: str, status: str, seconds: float, detail: str) -> str:
+    return f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}"
+
+
 def stage_lines(out: Output) -> OnStage:
     def report(stage: str, status: str, seconds: float, detail: str) -> None:
-        out.note(f"{'✓' if status == 'ok' else '✗'} {stage:<9} {seconds:6.2f}s  {detail}")
+        out.note(_stage_text(stage, status, seconds, detail))
 
     return report
+
+
+def batch_stage(stage: str, status: str, seconds: float, detail: str) -> None:
+    """A batch's stage as it ends (``promote --from-*``, ``fleet sync``): on stderr even with --json."""
+    typer.echo(redact_uri(_stage_text(stage, status, seconds, detail)), err=True)
+
+
+def failure_lines(failed: Iterable[Mapping[str, Any]]) -> None:
+    """``error:`` and ``fix:`` on stderr for each failed promotion of a batch, even with --json."""
+    for entry in failed:
+        typer.echo(redact_uri(f"error: {entry['model']} v{entry['version']}: {entry['error']}"), err=True)
+        if entry.get("fix"):
+            typer.echo(redact_uri(f"fix: {entry['fix']}"), err=True)
 
 
 def promotion(out: Output, call: Callable[[], PromotionResult]) -> PromotionResult:

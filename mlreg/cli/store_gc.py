@@ -36,6 +36,11 @@ def gc_cmd(
     out = Output(as_json)
     report = store_gc(settings_of(ctx), env, keep, dry_run=dry_run, models=model or None)
     out.result(report.to_dict(), lambda: _render_gc(out, report))
+    if report.failed and not report.skipped:  # with --json too: CI reads the exit code
+        raise StorageError(
+            f"{len(report.failed)} move(s) did not finish: {report.failed[0]}",
+            fix="rerun 'mlreg store gc': a version is live, or live and archived, until its move finishes",
+        )
 
 
 def _render_gc(out: Output, report: RetentionReport) -> None:
@@ -58,8 +63,3 @@ def _render_gc(out: Output, report: RetentionReport) -> None:
     out.line(
         f"{len(report.moves)} version(s), {freed} {report.bytes_freed:,} bytes under the prefix Triton reads"
     )
-    if report.failed:
-        raise StorageError(
-            f"{len(report.failed)} move(s) did not finish: {report.failed[0]}",
-            fix="rerun 'mlreg store gc': a version is live, or live and archived, until its move finishes",
-        )

@@ -36,11 +36,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from registry.errors import MlregError, UsageError
+
+if TYPE_CHECKING:
+    from pipelines.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,9 @@ SHADOW_KEYS = frozenset(
 )
 LEVELS = ["TIMESTAMPS", "TENSORS"]
 MAX_TENSOR_BYTES = 64 << 20  # a captured tensor larger than this is not replayed
+# a trace file larger than this is not read (nor parsed): its JSON alone would hold more than a
+# tensor mlreg replays (64 MiB of float32 is ~160 MB of Triton's text)
+MAX_FILE_BYTES = 256 << 20
 DTYPES = {
     "BOOL": np.bool_,
     "INT8": np.int8,
@@ -205,23 +211,20 @@ class Captures:
 
     def __init__(self, location: str) -> None:
         self.location = location
-        self._s3: tuple[Any, str, str] | None = None
+        self._s3: S3Store | None = None
         if location.startswith("s3://"):
             from pipelines.storage import open_store  # lazy: store package ~0.15 s, s3:// only
+            from pipelines.storage.s3 import S3Store  # lazy: loaded by open_store just above
 
             store = open_store(location)
-            self._s3 = (store.client, store.bucket, store.prefix)  # type: ignore[attr-defined]
+            assert isinstance(store, S3Store)  # an s3:// URI opens one
+            self._s3 = store
 
     def files(self) -> list[TraceFile]:
         """Every trace file, oldest first (then by name: ``trace.json.9`` before ``trace.json.10``)."""
         found: list[TraceFile] = []
         if self._s3 is not None:
-            client, bucket, prefix = self._s3
-            pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-            for page in pages:
-                for item in page.get("Contents", []):
-                    name = item["Key"][len(prefix) :].lstrip("/")
-                    found.append(TraceFile(name, item["Size"], item["LastModified"].timestamp()))
+            found = [TraceFile(name, size, mtime) for name, size, mtime in self._s3.listing()]
         else:
             root = Path(self.location)
             if root.is_dir():
@@ -234,17 +237,17 @@ class Captures:
         return sorted((f for f in found if is_trace_name(f.name)), key=lambda f: (f.mtime, _order(f.name)))
 
     def read(self, name: str) -> bytes:
+        """The file's bytes; OSError when it is gone (rotated or pruned since it was listed)."""
         if self._s3 is not None:
-            client, bucket, prefix = self._s3
-            key = f"{prefix.rstrip('/')}/{name}" if prefix else name
-            return bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+            data = self._s3.read(name)
+            if data is None:
+                raise FileNotFoundError(f"{self.location}: '{name}' is gone")
+            return data
         return (Path(self.location) / name).read_bytes()
 
     def delete(self, names: Sequence[str]) -> None:
         if self._s3 is not None:
-            client, bucket, prefix = self._s3
-            for name in names:
-                client.delete_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/{name}" if prefix else name)
+            self._s3.delete_keys(list(names))
             return
         for name in names:
             (Path(self.location) / name).unlink(missing_ok=True)
@@ -319,6 +322,9 @@ def read_captures(location: str, model: str, version: str, limit: int) -> Readin
     for file in reversed(captures.files()):
         if count >= limit:
             break
+        if file.size > MAX_FILE_BYTES:
+            reading.skip(f"trace file over {MAX_FILE_BYTES >> 20} MiB: not read")
+            continue
         try:
             data = captures.read(file.name)
             records = json.loads(data) if named in data else []

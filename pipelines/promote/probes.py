@@ -95,8 +95,10 @@ class Probes:
     ) -> None:
         side = self.sides.setdefault((target.model, which), Side())
         version = target.new if which == "new" else target.old
-        connections = {url: self.connect(url) for url in urls}
-        try:
+        connections: dict[str, Any] = {}
+        try:  # a replica that cannot be reached: the connections already made are closed too
+            for url in urls:
+                connections[url] = self.connect(url)
             period = 1 / self.rate
             turns = zip(itertools.cycle(urls), itertools.cycle(target.inputs), range(count), strict=False)
             for url, inputs, _ in turns:

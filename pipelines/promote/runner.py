@@ -117,12 +117,12 @@ class Promotion:
             self._sequence(ctx, [Stage("resolve", resolve)], planning=True)
             ctx.deployer, ctx.gate = choose_deployer(self.env), choose_gate(ctx)
             self._sequence(ctx, pipeline(ctx))
-            if not self.options.dry_run:  # capture on again for what now serves (shadow.py)
-                ctx.result.notes.extend(
-                    capture_after(ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, self.env.shadow)
-                )
         finally:
             ctx.close()
+        if not self.options.dry_run:  # capture on again for what now serves (shadow.py), locks let go
+            ctx.result.notes.extend(
+                capture_after(ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, self.env.shadow)
+            )
         ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left
         ctx.result.notes.extend(ctx.fleet.recreation_notes())  # a swap that made a served version anew
         ctx.result.notes.extend(ctx.result.headroom.notes if ctx.result.headroom else [])  # not checked

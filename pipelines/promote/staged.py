@@ -29,6 +29,7 @@ from pipelines.promote.policy import Policy, Verdict, judge, waves_of
 from pipelines.promote.probes import Probes, Target, with_probes
 from pipelines.promote.quality import golden_inputs, output_names
 from pipelines.promote.reports import FleetReport
+from pipelines.promote.undo import UndoLog
 from registry.errors import MlregError, PromotionError, TritonError
 
 Scrape = Callable[[str], metrics.Snapshot]
@@ -90,7 +91,7 @@ class StagedRollout:
         self.verdicts: list[Verdict] = []
         self.skipped: dict[str, str] = {}  # url -> why: refused before its first load, left out
         self.may_skip = 0  # how many more replicas max_unavailable lets this roll-out leave out
-        self.gpu = True  # the environment's: how a skipped replica's ensembles are put back
+        self.undo: UndoLog | None = None  # the promotion's: puts a skipped replica back (release)
         self.probes: Probes | None = None  # mlreg's own requests during each bake (probes.py)
         self._skipping = threading.Lock()
 
@@ -133,31 +134,18 @@ class StagedRollout:
                 # old version): before any member moved there, the replica is left out as it serves
                 skippable = all(m.step.is_ensemble for m in done) and _unavailable(exc)
                 if skippable and self._skip(url, exc.message):
-                    failed = move if exc.context.get("status") != REFUSED else None  # a load was sent
-                    self._put_back(url, done, failed)  # as it served: counted against max_unavailable
+                    self._put_back(url)  # as it served: counted against max_unavailable
                     return
                 raise
             done.append(move)
 
-    def _put_back(self, url: str, done: list[Move], failed: Move | None) -> None:
-        """The ensembles a skipped replica was already told to follow the latest member: pinned
-        again as the store had them (its members never moved); the member whose load failed sent
-        its previous config again (Triton kept serving it: nothing loads anew)."""
-        step = failed.step if failed is not None else None
-        if step is not None and step.previous_config is not None and not step.is_ensemble:
-            versions = step.previous_versions or [step.version]
-            text = desired_config(step.previous_config, versions, self.gpu)
-            why = self.fleet.restore(url, Change(step.model, text, tuple(versions)))
-            if why:
-                raise PromotionError(f"{url} could not be left out as it served: {why}")
-        for move in reversed(done):
-            step = move.step
-            assert step.previous_config is not None  # following_latest: re-pointed ensembles only
-            versions = step.previous_versions or [step.version]
-            text = desired_config(step.previous_config, versions, self.gpu)
-            why = self.fleet.restore(url, Change(step.model, text, tuple(versions)))
-            if why:
-                raise PromotionError(f"{url} could not be left out as it served: {why}")
+    def _put_back(self, url: str) -> None:
+        """A skipped replica back to what it served before this promotion touched it (the undo
+        log's before-state: the ensembles told to follow the latest member pinned again, the member
+        whose load failed sent its earlier config), and no longer the undo log's to put back."""
+        why = self.undo.release(url, self.fleet) if self.undo is not None else ""
+        if why:
+            raise PromotionError(f"{url} could not be left out as it served: {why}")
 
     def _skip(self, url: str, why: str) -> bool:
         """Leave ``url`` out of the roll-out (never the canary) while max_unavailable allows."""
@@ -314,7 +302,7 @@ class Staged:
         plan = ctx.plan
         rollout = StagedRollout(plan.targets, ctx.fleet, self.policy, self.scrape, self.sleep)
         rollout.may_skip = max(0, self.policy.max_unavailable - len(plan.skipped))
-        rollout.gpu = ctx.env.gpu
+        rollout.undo = ctx.undo
         rollout.probes = self._probes(ctx, moves)
         return rollout
 

@@ -341,10 +341,7 @@ def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
 
 def _repointed_errors(ctx: PromotionContext) -> list[str]:
     """A re-pointed ensemble is registered as a new version: it must validate before any change."""
-    from registry.register import (
-        Candidate,
-        validate_candidate,
-    )  # lazy: onnx/protobuf, a converted model only
+    from registry.register import Candidate, validate_candidate  # lazy: reads signatures: onnx, protobuf
 
     errors: list[str] = []
     for step in ctx.plan.steps:

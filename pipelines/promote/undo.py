@@ -166,6 +166,23 @@ class UndoLog:
             seen.extend(url for url in entry.replicas if url not in seen)
         return seen
 
+    def release(self, url: str, fleet: Fleet) -> str:
+        """The replica at ``url`` left out of the roll-out as it served: every model this promotion
+        changed there put back to what it held at the first touch (members first, then ensembles,
+        newest first; one new to the replica unloaded), and ``url`` forgotten, so the replay does
+        not put it back twice.  Returns "" or why not (``url`` then stays noted for the replay)."""
+        with self._mutex:
+            newest_first = [e for e in reversed(self.entries.values()) if url in e.before]
+        for entry in [e for e in newest_first if not e.ensemble] + [e for e in newest_first if e.ensemble]:
+            change = entry.back_at(url, self.gpu)
+            why = fleet.restore(url, change) if change is not None else ""  # None: never unload what served
+            if why:
+                return why
+            with self._mutex:
+                del entry.before[url]
+                entry.replicas.remove(url)
+        return ""
+
     # -- the replay --------------------------------------------------------------------------------
 
     def replay(self, fleet: Fleet, store: RepositoryStore, verify: VerifyStored | None = None) -> UndoReport:

@@ -252,18 +252,9 @@ class RepositoryStore(ObjectStore):
         about (no one else can hold those before their end)."""
         return self.session.fenced(proven_only)
 
-    def fenced_with(self, store: RepositoryStore) -> None:
-        """Fence this store's writes (an archive's) with ``store``'s leases."""
-        self.session.holder = store.session.holder
-
     def changed_under(self, prefix: str) -> bool:
         """Whether this store object changed anything under ``prefix`` (nothing: no rollback)."""
         return self.session.changed_under(prefix)
-
-    @property
-    def lease_holder(self) -> StoreSession:
-        """The session whose leases fence this store's writes: its own; an archive's, its store's."""
-        return self.session.holder
 
     @property
     def written_configs(self) -> dict[str, str]:

@@ -332,6 +332,16 @@ class S3Objects(ObjectStore):
         pages = self._pages("list", prefix, "list_objects_v2", Prefix=self._key(prefix))
         return sorted(self._rel(o["Key"]) for page in pages for o in page.get("Contents", []))
 
+    def listing(self, prefix: str = "") -> list[tuple[str, int, float]]:
+        """(key, size, LastModified in epoch seconds) of every object under ``prefix``: one listing
+        (what is not a repository's, e.g. the trace files a shadow replay reads)."""
+        pages = self._pages("list", prefix, "list_objects_v2", Prefix=self._key(prefix))
+        return [
+            (self._rel(o["Key"]), int(o["Size"]), o["LastModified"].timestamp())
+            for page in pages
+            for o in page.get("Contents", [])
+        ]
+
     def children(self, prefix: str) -> list[str]:
         base = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
         pages = self._pages("list", prefix, "list_objects_v2", Prefix=base, Delimiter="/")

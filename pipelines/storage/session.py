@@ -94,10 +94,10 @@ class StoreSession:
         check_part(model, "model name")
         lease = Lease(self.store, lock_key(model), model, owner or default_owner(), ttl)
         self._take(lease, time.monotonic() + wait)
-        lease.held()
-        self.leases[model] = lease
-        self.lost_leases.pop(model, None)
-        try:
+        try:  # from here the lock object is ours: released whatever happens (held()'s read included)
+            lease.held()
+            self.leases[model] = lease
+            self.lost_leases.pop(model, None)
             yield lease
         finally:
             self.leases.pop(model, None)

@@ -184,8 +184,6 @@ class MlflowRegistry:
         members: dict[str, str] | None = None,
         export_info: dict[str, Any] | None = None,
     ) -> str:
-        """Register a version mlreg derived (a re-pointed ensemble, an ONNX conversion) like any
-        export: validated, manifest and digest recorded; identical bytes reuse their version."""
         candidate = Candidate(name, version_dir, config_path)
         return register(self, candidate, members=members, export_info=export_info).version
 

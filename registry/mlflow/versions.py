@@ -25,6 +25,11 @@ NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 CHECK_NAME = "check the name and version ('mlreg versions MODEL')"
 
 
+def not_found(exc: RegistryError) -> bool:
+    """``exc`` says MLflow has no such model or version (its code, as ``translate`` keeps it)."""
+    return NOT_FOUND in str(exc.context.get("code", ""))
+
+
 class MlflowVersions:
     """Registered models, versions, aliases and tags over one connection."""
 
@@ -41,7 +46,7 @@ class MlflowVersions:
         try:
             call("model lookup", lambda: self._client.get_registered_model(name))
         except RegistryError as exc:
-            if NOT_FOUND not in str(exc.context.get("code", "")):
+            if not not_found(exc):
                 raise
             call(
                 "model registration",
@@ -151,7 +156,7 @@ class MlflowVersions:
         try:
             return self.aliases(name)
         except RegistryError as exc:
-            if NOT_FOUND not in str(exc.context.get("code", "")):
+            if not not_found(exc):
                 raise
             raise RegistryError(
                 f"model '{name}' is not registered in MLflow ({redact_uri(self.connection.uri)})",

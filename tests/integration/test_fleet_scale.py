@@ -164,6 +164,7 @@ def test_five_percent_of_replicas_failing_their_load_are_named_and_the_rest_conv
     assert all("CUDA out of memory (stand-in)" in why for why in report["skipped"].values())
     expected = {url: [serving] if url in failing else [version] for url in fleet.urls}
     assert ready(fleet) == expected
+    assert serving_versions(open_store(fleet.store).read_config("scorer")) == [version]
     assert fleet.registry.aliases("scorer")["fleet"] == version
 
 

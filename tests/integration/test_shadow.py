@@ -30,6 +30,7 @@ import pytest
 from mlreg.ops.promote import promote
 from pipelines.promote.capture import Captures, read_captures
 from pipelines.promote.environments import environment
+from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
@@ -300,6 +301,7 @@ def test_an_identical_candidate_passes_five_runs_out_of_five_under_load(shadows:
             assert shadow["judged"] >= 100
             assert (shadow["diverged"], shadow["floor"]) == (0, 0)
             assert ready_versions(shadows.urls[0], "classifier") == [candidate]
+            assert shadows.registry.aliases("classifier").get("shadow") == candidate
     assert not clients.failed  # no client saw a failed request through five swaps
 
 
@@ -331,6 +333,8 @@ def test_a_noisy_model_passes_thanks_to_its_floor_and_one_whose_noise_exceeds_th
     assert "disagrees with itself" in failure.message
     assert "noise floor" in failure.message
     assert ready_versions(shadows.urls[0], "noisy") == [third]
+    assert serving_versions(open_store(shadows.root / "one").read_config("noisy")) == [third]
+    assert shadows.registry.aliases("noisy").get("shadow") == third
     assert not clients.failed
 
 

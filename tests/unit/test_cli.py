@@ -378,3 +378,40 @@ def test_store_init_writes_the_root_marker_once(runner: CliRunner, tmp_path: Pat
     )
     again = runner.invoke(app, ["store", "init", "--store", store, "--json"])
     assert json.loads(again.stdout) == {"store": store, "marker": ".mlreg-root.json", "created": False}
+
+
+def test_the_upload_bar_masks_the_credentials_of_the_store_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.progress import Progress
+
+    from mlreg.cli import progress
+
+    labels: list[str] = []
+    add_task = Progress.add_task
+
+    def recorded(self: Progress, description: str, *args: object, **kwargs: object) -> object:
+        labels.append(description)
+        return add_task(self, description, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(progress, "enabled", lambda settings=None: True)
+    monkeypatch.setattr(Progress, "add_task", recorded)
+    with progress.byte_progress("pushing to s3://AKIAKEY:SeCrEt@minio:9000/models") as advance:
+        assert advance is not None
+        advance(10)
+    assert labels == ["pushing to s3://***@minio:9000/models"]
+
+
+@pytest.mark.parametrize("args", [[], ["--json"]])
+def test_store_gc_exits_with_the_storage_error_when_a_move_did_not_finish(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    from mlreg.ops import store_gc
+    from pipelines.promote.retention import RetentionReport
+    from registry.errors import StorageError
+
+    failed = RetentionReport(2, failed=["m v1: no space left"])
+    monkeypatch.setattr(store_gc, "store_gc", lambda *args, **kwargs: failed)
+    result = runner.invoke(app, ["store", "gc", *args])
+    assert result.exit_code == StorageError.exit_code, result.output
+    assert "error: 1 move(s) did not finish: m v1: no space left" in result.output
+    if args:
+        assert json.loads(result.stdout)["failed"] == ["m v1: no space left"]

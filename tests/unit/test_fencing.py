@@ -286,6 +286,29 @@ def test_every_lock_left_by_an_outage_is_noted(repo: Path, monkeypatch: pytest.M
     assert all("mlreg store unlock" in note for note in store.lock_notes)
 
 
+def test_a_lock_whose_read_back_fails_is_released_not_left(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock object is written, then the read-back that starts its lease fails: the error is
+    raised and the lock object this process wrote is removed (no lock left until its lease ends)."""
+    store = LocalStore(repo)
+    reads = iter([StorageError(f"{store.uri}: cannot read: unreachable")])
+    real = store.lock_state
+
+    def flaky(key: str) -> Any:
+        failure = next(reads, None)
+        if failure is not None:
+            raise failure
+        return real(key)
+
+    monkeypatch.setattr(store, "lock_state", flaky)
+    with pytest.raises(StorageError, match="unreachable"), store.lock("scorer", ttl=60):
+        pytest.fail("the lock was held although its read-back failed")
+    assert not (repo / lock_key("scorer")).exists()
+    assert store.leases == {}
+    assert store.lock_notes == []
+
+
 # -- S3: the batched delete goes through the fence too (no server: a client that records) --------
 
 

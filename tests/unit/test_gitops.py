@@ -222,6 +222,11 @@ def test_nothing_to_judge_a_replica_unreadable_or_a_window_too_long_are_errors_n
 # --- its HTTP face ---------------------------------------------------------------------------------
 
 
+class Verdict(dict[str, Any]):
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
 @pytest.fixture
 def server() -> Iterator[AnalysisServer]:
     """The server on a free loopback port with a judge that answers from a table."""
@@ -229,6 +234,8 @@ def server() -> Iterator[AnalysisServer]:
     def judge_now(settings: Any, env: str, model: str, version: str | None, window: float) -> Any:
         if model == "down":
             raise PromotionError("replica a:8001: cannot read Triton's metrics", fix="start it")
+        if model == "leaky":  # a verdict naming a replica whose URL carries credentials
+            return Verdict({"ok": True, "detail": "judged on https://u:tok3n@a:8001"})
         served: dict[str, Snapshot] = {"a": {("m", "2"): counters(20)}, "b": {}}
         scrape, sleep = scraper(served, {"a": {("m", "2"): counters(20)}, "b": {}})
         return analysis.analyse(environment(), (A, B), model, version, window, scrape, sleep)
@@ -268,6 +275,7 @@ def get(url: str) -> tuple[int, dict[str, Any]]:
         ("/v1/analysis/production/m?window=nan", 400, {"error": "window nan s is outside 0..300 s"}),
         ("/v1/analysis/production/m?verison=2", 400, {"error": "unknown query parameter(s) verison"}),
         ("/v1/analysis/production/down", 503, {"error": "replica a:8001: cannot read Triton's metrics"}),
+        ("/v1/analysis/production/leaky", 200, {"detail": "judged on https://u:***@a:8001"}),
         ("/healthz", 200, {"ok": True, "environments": ["production"]}),
         ("/metrics", 404, {"ok": False}),
     ],
@@ -318,3 +326,36 @@ def test_the_commands_refuse_what_does_not_mean_what_it_seems(
     result = runner.invoke(app, args)
     assert result.exit_code == code, result.output
     assert says in result.output
+
+
+def test_sync_prints_each_failed_promotion_and_its_fix_on_stderr_with_credentials_masked(
+    runner: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlreg.cli.main import app
+
+    file = fleet.FleetFile(tmp_path / "f.toml", "production", {"m": "2"})
+    failed = {
+        "promotions": [
+            {
+                "model": "m",
+                "version": "2",
+                "ok": False,
+                "exit_code": 8,
+                "error": "upload to s3://AKIAKEY:SeCrEt@bucket/models failed",
+                "fix": "check https://user:tok3n@minio:9000 is up",
+            }
+        ]
+    }
+
+    def sync(*args: Any, on_stage: Any = None, **options: Any) -> fleet.SyncResult:
+        args[4]("upload", "failed", 1.0, "to s3://AKIAKEY:SeCrEt@bucket/models")  # on_stage
+        return fleet.SyncResult(file, "production", "production", False, [("m", "2")], failed, [])
+
+    monkeypatch.setattr(fleet, "sync", sync)
+    result = runner.invoke(app, ["fleet", "sync", str(file.path), "--json"])
+    assert result.exit_code == 8, result.output
+    assert "SeCrEt" not in result.output
+    assert "tok3n" not in result.output
+    assert "error: m v2: upload to s3://***@bucket/models failed" in result.output
+    assert "fix: check https://user:***@minio:9000 is up" in result.output
+    assert "✗ upload" in result.output  # the stages print even with --json

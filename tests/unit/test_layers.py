@@ -283,15 +283,17 @@ def fence_breaches(prefix: str, modules: dict[str, Path]) -> list[str]:
     return wrong
 
 
-def resolved_imports(module: str) -> Iterator[tuple[str, str]]:
-    """("file:line", first-party module) of every import of ``module``, TYPE_CHECKING included."""
-    path = MODULES[module]
-    for line, name in module_imports(module, walked(path)):
-        yield f"{path.relative_to(ROOT)}:{line}", name
-
-
-def modules_under(prefix: str) -> list[str]:
-    return [module for module in sorted(MODULES) if _under(module, prefix)]
+def purity_breaches(prefix: str, modules: Mapping[str, Path] = MODULES) -> list[str]:
+    """Every import by a module of ``modules`` (name -> file) under ``prefix`` of a first-party
+    module ONLY does not allow it, TYPE_CHECKING and functions included."""
+    wrong = set()
+    for module in (m for m in sorted(modules) if _under(m, prefix)):
+        path = modules[module]
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        for line, name in module_imports(module, walked(path), modules):
+            if not any(_under(name, allowed) for allowed in ONLY[prefix]):
+                wrong.add(f"{where}:{line} imports {name}")
+    return sorted(wrong)
 
 
 @pytest.mark.parametrize("prefix", sorted(FORBIDDEN))
@@ -327,15 +329,29 @@ def test_the_fence_catches_a_module_reaching_past_it_relatively_or_not(tmp_path:
 
 @pytest.mark.parametrize("prefix", sorted(ONLY))
 def test_a_pure_package_imports_only_what_it_may(prefix: str) -> None:
-    wrong = sorted(
-        {
-            f"{where} imports {name}"
-            for module in modules_under(prefix)
-            for where, name in resolved_imports(module)
-            if not any(_under(name, allowed) for allowed in ONLY[prefix])
-        }
-    )
+    wrong = purity_breaches(prefix)
     assert wrong == [], f"{prefix} may import only {', '.join(ONLY[prefix])}:\n" + "\n".join(wrong)
+
+
+def test_the_purity_rule_flags_a_contract_module_importing_past_what_it_may(tmp_path: Path) -> None:
+    """The positive control: a synthetic module of ``registry.contracts`` importing another
+    part of ``registry`` (relatively), ``pipelines`` (in a function) and a module through importlib
+    is flagged at each of those lines; what ONLY allows is not."""
+    path = tmp_path / "registry" / "contracts" / "sneaky.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "from ..errors import UsageError\n"
+        "from .. import mlflow\n"
+        "def f():\n    import pipelines.triton\n"
+        "    importlib.import_module('registry.export')\n"
+        "from . import config\n"
+    )
+    found = purity_breaches("registry.contracts", {**MODULES, "registry.contracts.sneaky": path})
+    assert [line.split("sneaky.py:")[1] for line in found if "sneaky.py:" in line] == [
+        "2 imports registry.mlflow",
+        "4 imports pipelines.triton",
+        "5 imports registry.export",
+    ]
 
 
 def test_no_two_first_party_modules_import_each_other() -> None:

@@ -164,6 +164,10 @@ def test_check_dist_wants_exactly_the_sdist_and_the_wheel(tmp_path: Path) -> Non
     (tmp_path / "mlreg-0.0.1-py3-none-any.whl").write_bytes(b"")
     with pytest.raises(release.ReleaseError, match=r"holds .*mlreg-0\.0\.1-py3-none-any\.whl"):
         release.check_dist(tmp_path, VERSION)
+    (tmp_path / "mlreg-0.0.1-py3-none-any.whl").unlink()
+    (tmp_path / names[1]).unlink()  # the wheel missing: not exactly the two either
+    with pytest.raises(release.ReleaseError, match=rf"holds \['{re.escape(names[0])}'\], not"):
+        release.check_dist(tmp_path, VERSION)
 
 
 # -- release.yml -----------------------------------------------------------------------------------

@@ -250,6 +250,7 @@ class Rig:
         self.undo = UndoLog(gpu=False)
         self.fleet.on_touch = self.undo.touched  # as the promotion's context wires them
         self.staged = StagedRollout(URLS, self.fleet, policy, **kwargs)
+        self.staged.undo = self.undo  # as Staged._rollout wires it
 
     def run_and_undo(self, moves: list[Move]) -> PromotionError:
         """The roll-out fails; the runner's replay of the undo log follows (as on_error does)."""

@@ -4,17 +4,20 @@ The real-server claims are in tests/integration/test_shadow.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from botocore.exceptions import ClientError
 
 from mlreg.cli.report import _shadow_lines
-from pipelines.promote import metrics
+from pipelines.promote import capture, metrics
 from pipelines.promote.capture import (
     Captured,
     Captures,
@@ -75,6 +78,8 @@ def test_a_tensor_that_cannot_be_replayed_skips_its_request_and_says_why(tensor:
     reading = Reading()
     assert parse_traces(records, "t", reading) == []
     assert list(reading.skipped.values()) == [1]
+    [why] = reading.skipped
+    assert "not replayable" in why
 
 
 def test_captures_are_read_in_order_and_junk_files_are_skipped(tmp_path: Path) -> None:
@@ -95,6 +100,23 @@ def test_captures_are_read_in_order_and_junk_files_are_skipped(tmp_path: Path) -
     assert sum(reading.skipped.values()) == 1
 
 
+def test_a_trace_file_over_the_bound_is_skipped_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small, large = tmp_path / "trace.json.0", tmp_path / "trace.json.1"
+    small.write_text(json.dumps(TRACE))
+    large.write_text(json.dumps(TRACE) + " " * 4096)  # newer, and over the bound
+    os.utime(small, (1000, 1000))
+    os.utime(large, (2000, 2000))
+    monkeypatch.setattr(capture, "MAX_FILE_BYTES", small.stat().st_size + 1)
+    reading = read_captures(str(tmp_path), "m", "1", limit=10)
+    assert reading.files == 1  # only the small file was parsed
+    assert len(reading.requests) == 1
+    [why] = reading.skipped
+    assert why.startswith("trace file over")
+    assert why.endswith("not read")
+
+
 def test_prune_keeps_the_files_within_their_age_and_size(tmp_path: Path) -> None:
     now = time.time()
     for index, age_hours in enumerate([200, 5, 4, 3, 2]):
@@ -105,6 +127,51 @@ def test_prune_keeps_the_files_within_their_age_and_size(tmp_path: Path) -> None
     gone = captures.prune(Shadow(max_bytes=250, max_age_hours=168), now=now)
     assert gone == ["t.json.0", "t.json.1", "t.json.2"]  # too old, then the oldest over 250 bytes
     assert [f.name for f in captures.files()] == ["t.json.3", "t.json.4"]
+
+
+class _Listed:
+    """Just enough of an S3 client for the trace files under s3://bucket/traces (in memory)."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+        self.gone: set[str] = set()  # still listed, no longer readable (rotated since the listing)
+        self.deleted: list[list[str]] = []
+
+    def get_paginator(self, operation: str) -> Any:
+        assert operation == "list_objects_v2"
+        return self
+
+    def paginate(self, Bucket: str, Prefix: str) -> list[dict[str, Any]]:
+        when = datetime.fromtimestamp(1000, UTC)
+        keys = sorted(k for k in self.objects if k.startswith(Prefix))
+        return [{"Contents": [{"Key": k, "Size": len(self.objects[k]), "LastModified": when} for k in keys]}]
+
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        if Key not in self.objects or Key in self.gone:
+            raise ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject")
+        return {"Body": io.BytesIO(self.objects[Key]), "ETag": '"e"'}
+
+    def delete_objects(self, Bucket: str, Delete: dict[str, Any]) -> dict[str, Any]:
+        self.deleted.append([o["Key"] for o in Delete["Objects"]])
+        return {}
+
+
+def test_s3_captures_go_through_the_store_a_vanished_file_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On S3 the files are listed under the prefix only (not a sibling ``traces2/``), a file gone
+    since the listing is skipped (not a botocore error out of the replay), a purge is batched."""
+    trace = json.dumps(TRACE).encode()
+    fake = _Listed({"traces/r0.json.1": trace, "traces/r0.json.2": trace, "traces2/r9.json": trace})
+    captures = Captures("s3://127.0.0.1:9/bucket/traces")
+    assert captures._s3 is not None
+    monkeypatch.setattr(captures._s3._client, "get", lambda: fake)
+    monkeypatch.setattr("pipelines.promote.capture.Captures", lambda location: captures)
+    assert [f.name for f in captures.files()] == ["r0.json.1", "r0.json.2"]
+    fake.gone.add("traces/r0.json.2")  # rotated away after the listing
+    reading = read_captures("s3://127.0.0.1:9/bucket/traces", "m", "1", limit=10)
+    assert [r.request_id for r in reading.requests] == ["c7"]
+    assert sum(reading.skipped.values()) == 1
+    captures.delete(["r0.json.1", "r0.json.2"])
+    assert fake.deleted == [["traces/r0.json.1", "traces/r0.json.2"]]
 
 
 def test_the_shadow_table_is_read_and_a_bad_one_refused(tmp_path: Path) -> None:
