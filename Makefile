@@ -27,11 +27,16 @@ system-deps:
 # one process.
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+# mypy's cache lives outside the clone, so a clean clone (CI) does not re-check every dependency: measured
+# on 2 cores, a fresh clone with a fresh .venv: 63 s cold against 6.7 s with this cache (mypy re-hashes
+# every source, so a stale entry is never trusted).
+MYPY_CACHE ?= $(HOME)/.cache/mlreg-mypy
+MYPY := $(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)
 
 test: install system-deps
 	$(VENV)/bin/ruff format --check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
-	$(VENV)/bin/mypy
+	$(MYPY)
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL)
 
 unit: install
@@ -43,7 +48,7 @@ integration: install
 lint: install
 	$(VENV)/bin/ruff format --check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
-	$(VENV)/bin/mypy
+	$(MYPY)
 	bash tests/act/lint-workflows.sh
 
 # The whole story on embedded defaults: stack, export + register, promote, request, swap, status.
