@@ -14,12 +14,18 @@ Where a process finds the key, first match wins:
 
 A ``ControlKey`` never shows its value: ``str``/``repr`` name where it came from, so an error, a
 log line, ``--json`` or an MLflow run can say which key was used without echoing it.
+
+Wherever it comes from, a key is one printable word (whitespace around it is dropped, inside it is
+refused: Triton's flag ``header=value`` would take a different key than the one sent).  A key file
+that group or others may read or write is refused with the ``chmod 600`` fix, as ssh refuses such a
+private key (a Kubernetes Secret mounted as a file: ``defaultMode: 0400``).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,11 +87,11 @@ def control_key(
                     f"the environment's control_key names ${var}, which is not set",
                     fix=f"export {var} with the replicas' control key (never put it in mlreg.toml)",
                 )
-            return ControlKey(env[var].strip(), f"${var}")
+            return _checked(env[var], f"${var}")
         path = Path(named).expanduser()
         return _from_file(path if path.is_absolute() or base is None else base / path)
     if env.get(KEY_ENV):
-        return ControlKey(env[KEY_ENV].strip(), f"${KEY_ENV}")
+        return _checked(env[KEY_ENV], f"${KEY_ENV}")
     if env.get(KEY_FILE_ENV):
         return _from_file(Path(env[KEY_FILE_ENV]).expanduser())
     if home is not None and (home / LOCAL_KEY_FILE).is_file():
@@ -98,7 +104,7 @@ def local_key(home: Path, environ: Mapping[str, str] | None = None) -> ControlKe
     (mode 0600) the first time."""
     env = os.environ if environ is None else environ
     if env.get(KEY_ENV):
-        return ControlKey(env[KEY_ENV].strip(), f"${KEY_ENV}")
+        return _checked(env[KEY_ENV], f"${KEY_ENV}")
     path = home / LOCAL_KEY_FILE
     if not path.is_file():
         home.mkdir(parents=True, exist_ok=True)
@@ -110,15 +116,36 @@ def local_key(home: Path, environ: Mapping[str, str] | None = None) -> ControlKe
 
 def _from_file(path: Path) -> ControlKey:
     try:
-        value = path.read_text().strip()
+        with path.open() as handle:  # the mode of the file read (not of a name swapped meanwhile)
+            mode = os.fstat(handle.fileno()).st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise UsageError(
+                    f"the control key file {path} is open to others (mode {stat.S_IMODE(mode):04o}): "
+                    "anyone on this machine who can read it can drive the replicas; it was not used",
+                    fix=f"chmod 600 {path} (as ssh asks of a private key; a Kubernetes Secret mounted "
+                    "as a file: defaultMode: 0400)",
+                )
+            value = handle.read(MAX_KEY_FILE + 1)
     except OSError as exc:
         raise UsageError(
             f"cannot read the control key from {path}: {exc.strerror or exc}",
             fix="point control_key / MLREG_CONTROL_KEY_FILE at the file holding the replicas' key",
         ) from None
-    if not value or any(c.isspace() for c in value) or not value.isprintable():
+    except UnicodeDecodeError:
+        value = "\0"  # not text: refused below, never echoed
+    return _checked(value, str(path))
+
+
+MAX_KEY_FILE = 4096  # a key is one word; a file longer than this holds something else
+
+
+def _checked(value: str, origin: str) -> ControlKey:
+    """``value`` stripped, refused when empty or with whitespace or control characters inside
+    (the value itself is never echoed: only where it came from)."""
+    key = value.strip()
+    if not key or len(key) > MAX_KEY_FILE or any(c.isspace() for c in key) or not key.isprintable():
         raise UsageError(
-            f"{path} does not hold a control key (empty, or whitespace inside)",
-            fix="write the key alone on one line ('openssl rand -hex 32' makes one)",
+            f"{origin} does not hold a control key (empty, or whitespace inside); it was not sent",
+            fix="set the key alone, one word ('openssl rand -hex 32' makes one)",
         )
-    return ControlKey(value, str(path))
+    return ControlKey(key, origin)

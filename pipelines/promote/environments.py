@@ -10,6 +10,7 @@ signatures = "required"                      # or "warn"; absent: no signature c
 trusted_keys = ["keys/release.pub"]          # PEM public keys / CA certificates, relative to mlreg.toml
 trusted_identities = [{ issuer = "https://token.actions.githubusercontent.com", subject = "<regex>" }]
 control_key = "env:MLREG_STAGING_CONTROL_KEY"  # or a file ("/run/secrets/mlreg/control-key"), never the key
+open_control = "refuse"                      # a replica anyone can drive refuses a promotion ("allow": noted)
 warmup = true                                # a peak-batch model_warmup in every stored config (default true)
 memory_margin = 1.2                          # a load needs footprint x margin free (default 1.2)
 load_timeout = 120                           # seconds a load may take (default 10 x MLREG_TRITON_TIMEOUT)
@@ -41,12 +42,13 @@ LOCAL = "local"
 # (a key in neither is refused: a typo must not silently change what a promotion does)
 ENVIRONMENT_KEYS = (
     frozenset(
-        {"store", "targets", "alias", "gpu", "discover", "keep", "control_key"}
+        {"store", "targets", "alias", "gpu", "discover", "keep", "control_key", "open_control"}
         | {"warmup", "memory_margin", "load_timeout", "shadow"}
     )
     | TRUST_KEYS
     | PERF_KEYS
 )
+OPEN_CONTROL = ("refuse", "allow")  # open_control's values; the first is the default
 KEEP = 2  # retention's default: what serves and the one before it (an instant rollback)
 MEMORY_MARGIN = 1.2  # a load needs its recorded footprint x this free on the replica
 
@@ -70,6 +72,7 @@ class Environment:
     memory_margin: float = MEMORY_MARGIN  # free memory a load needs: footprint x margin
     load_timeout: float = 0.0  # seconds a load may take (0: 10 x the settings' Triton timeout)
     shadow: Shadow | None = None  # capture and the shadow replay (pipelines/promote/capture.py)
+    open_control: str = OPEN_CONTROL[0]  # "allow": a replica anyone can drive is noted, not refused
 
     def load_deadline(self, settings: Settings) -> float:
         """Seconds one load may take before the promotion names it and stops waiting."""
@@ -124,6 +127,7 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
                 memory_margin=_number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
                 load_timeout=_number(path, name, raw, "load_timeout", 0.0, minimum=1.0),
                 shadow=parse_shadow(f"{path} [environments.{name}]", raw.get("shadow"), path.parent),
+                open_control=_open_control(path, name, raw),
             )
         except (KeyError, TypeError) as exc:
             raise UsageError(
@@ -170,6 +174,18 @@ def _gpu(path: Path, name: str, raw: object) -> bool:
             fix=f"write gpu = false (or gpu = true), without quotes, in [environments.{name}]",
         )
     return raw
+
+
+def _open_control(path: Path, name: str, raw: dict[str, object]) -> str:
+    """``open_control``: one of OPEN_CONTROL (pipelines/promote/replicas.py refuses or notes)."""
+    value = raw.get("open_control", OPEN_CONTROL[0])
+    if value not in OPEN_CONTROL:
+        raise UsageError(
+            f'{path}: environment \'{name}\': open_control must be "refuse" or "allow", not {value!r}',
+            fix=f"drop open_control from [environments.{name}] (a replica anyone can drive refuses the "
+            'promotion), or write open_control = "allow" to promote to it with a note',
+        )
+    return str(value)
 
 
 def _flag(path: Path, name: str, raw: dict[str, object], key: str, default: bool) -> bool:

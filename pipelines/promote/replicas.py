@@ -44,6 +44,10 @@ OPEN_CONTROL = (
     "{url} takes model-control calls from anyone: whoever reaches it can load, unload or re-point "
     "a model (start it with the restriction flags of infra/: pipelines/control_key.py)"
 )
+ALLOWED_OPEN = (
+    "{url} takes model-control calls from anyone (whoever reaches it can load, unload or re-point a "
+    "model); promoted to it because environment '{env}' says open_control = \"allow\""
+)
 
 
 def open_control(urls: Sequence[str], timeout: float) -> list[str]:
@@ -56,6 +60,32 @@ def open_control(urls: Sequence[str], timeout: float) -> list[str]:
     with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
         opened = list(pool.map(lambda url: control_api_open(url, timeout), urls))
     return [url for url, is_open in zip(urls, opened, strict=True) if is_open]
+
+
+def open_control_notes(
+    env_name: str, allowed: bool, urls: Sequence[str], target: Callable[[str], ServingTarget], timeout: float
+) -> list[str]:
+    """Before a promotion changes anything: every replica of ``urls`` that is a Triton and takes
+    model-control calls without the key refuses it (PromotionError naming them) unless the
+    environment ``allowed`` it (open_control = "allow"): then one note per open replica, for every
+    output and the promotion's run.  ``target``: the promotion's connections (a replica that is not
+    a Triton, a test's stand-in object, cannot be probed and is not listed)."""
+    from pipelines.triton import TritonControl  # lazy: tritonclient's gRPC stack, ~0.3 s
+
+    tritons = [url for url in urls if isinstance(target(url), TritonControl)]
+    opened = open_control(tritons, timeout)
+    if not opened or allowed:
+        return [ALLOWED_OPEN.format(url=url, env=env_name) for url in opened]
+    raise PromotionError(
+        f"environment '{env_name}': {', '.join(opened)} take(s) model-control calls from anyone "
+        "(a load without the control key was accepted): whoever reaches them can load, unload or "
+        "re-point a model, so the promotion was refused before any change",
+        fix="restart them with the restriction flags (pipelines/control_key.py, infra/) and name the "
+        f"key in the environment's control_key; or, to accept the risk, write open_control = "
+        f'"allow" in [environments.{env_name}] of mlreg.toml',
+        status="open-control",
+        replicas=opened,
+    )
 
 
 HUNG_LOADS = ".mlreg-loading.{model}.json"  # at the store's root (never a model): loads past their deadline

@@ -39,7 +39,7 @@ from pipelines.promote.plan import (
 )
 from pipelines.promote.ports import ServingTarget
 from pipelines.promote.record import RecordWrites, failed_record, record_promotion, repair_record
-from pipelines.promote.replicas import OPEN_CONTROL, open_control
+from pipelines.promote.replicas import open_control_notes
 from pipelines.promote.reports import (
     ConvertReport,
     NoopReport,
@@ -65,6 +65,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
     """The plan, built from under the locks of every model whose config it may write (a plan that
     needs one more model takes its lock and is made again); the no-op decided here, once."""
     plan = ctx.plan
+    _refuse_open_control(ctx)  # before anything else: a replica anyone can drive
     if not ctx.options.dry_run and already_serving(ctx, plan.model, plan.version):
         ctx.noop = True  # the fast path: no lock; MLflow only read (the repair stage follows)
         return NoopReport(plan.model, plan.version, ctx.env.name)
@@ -103,10 +104,17 @@ def resolve(ctx: PromotionContext) -> StageReport:
     check_serves_from_store(ctx)  # before any live stage (the canary gate loads too)
     refuse_pending_loads(ctx.fleet, [s.model for s in plan.steps], clear=not ctx.options.dry_run)
     ctx.result.notes.extend(swap_notes(ctx.env, plan))
-    if ctx.options.dry_run:  # the plan says which replicas anyone could drive
-        opened = open_control(plan.targets, min(5.0, ctx.settings.triton_timeout))
-        ctx.result.notes.extend(OPEN_CONTROL.format(url=url) for url in opened)
     return ResolveReport([f"{s.model} v{s.version} ({s.role.value})" for s in plan.steps], sorted(held))
+
+
+def _refuse_open_control(ctx: PromotionContext) -> None:
+    """A replica whose control API takes anyone's calls refuses the promotion (dry run included),
+    unless the environment allows it: then it is noted (``replicas.open_control_notes``)."""
+    allowed = ctx.env.open_control == "allow"
+    timeout = min(5.0, ctx.settings.triton_timeout)
+    ctx.result.notes.extend(
+        open_control_notes(ctx.env.name, allowed, ctx.plan.targets, ctx.fleet.target, timeout)
+    )
 
 
 def repair(ctx: PromotionContext) -> RepairReport:

@@ -344,11 +344,15 @@ def tritons(
     stores: Sequence[str | Path],
     name: str = "triton",
     control_key: str | None = None,
+    open_control: bool = False,
 ) -> Iterator[list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]]]:
     """A tritonserver (explicit model control, mlreg's stand-in backends) on each store, state under
     ``root/<name>-<i>``; the list is the module's to change (a replica killed and started again) and
     whatever it holds on leaving is stopped, all at once (``TEARDOWN_GRACE``).  ``control_key``: their
-    control API locked to it."""
+    control API locked to it (default: the suite's key, tests/conftest.py, as production replicas are
+    locked: a promotion refuses a replica anyone can drive); ``open_control``: started open."""
+    if control_key is None and not open_control:
+        control_key = os.environ["MLREG_CONTROL_KEY"]
     servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]] = []
     try:
         for index, store in enumerate(stores):

@@ -96,11 +96,13 @@ def test_a_version_rolls_out_over_50_replicas_with_one_load_each(fleet: ScaleSta
     assert fleet.registry.aliases("scorer")["fleet"] == version
     calls = {r.grpc_url: r.calls for r in fleet.standins.replicas}
     for url, counted in calls.items():
-        assert counted["RepositoryModelLoad"] == 1, (url, counted)  # one swap, straight to the new version
-        assert sum(counted[m] for m in REPOSITORY_CALLS) <= 3, (url, counted)
+        # one swap, straight to the new version, and one load without the key (refused): the probe
+        # that no replica takes anyone's model-control calls (pipelines/promote/replicas.py)
+        assert counted["RepositoryModelLoad"] == 2, (url, counted)
+        assert sum(counted[m] for m in REPOSITORY_CALLS) <= 4, (url, counted)
         # with the other control calls (today a liveness check before the plan, readiness after
         # the load and again in verify; requests -- verify's, the bake's probes -- are not control)
-        assert sum(n for m, n in counted.items() if m != "ModelInfer") <= 6, (url, counted)
+        assert sum(n for m, n in counted.items() if m != "ModelInfer") <= 7, (url, counted)
     assert all(r.scrapes >= 7 for r in fleet.standins.replicas)  # the baseline and two per bake
 
 

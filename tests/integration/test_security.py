@@ -157,7 +157,9 @@ def test_a_promotion_with_the_key_serves_and_never_echoes_the_key(secure: Secure
 
 def test_a_replica_whose_control_api_is_open_is_flagged_by_status(secure: Secure) -> None:
     settings = secure.stack.settings
-    with tritons(settings, secure.root, [settings.local_repository], name="open") as servers:
+    with tritons(
+        settings, secure.root, [settings.local_repository], name="open", open_control=True
+    ) as servers:
         url = servers[0][0].grpc_url
         (secure.root / "mlreg.toml").write_text(
             f'[environments.open]\nstore = "{settings.local_repository}"\ntargets = ["{url}"]\n'

@@ -45,6 +45,7 @@ def test_where_a_key_is_found_first_match_wins(tmp_path: Path) -> None:
     assert local_key(home, environ={}).value == generated.value  # generated once
     assert control_key.control_key(home, environ={}) == generated
     (tmp_path / "file.key").write_text("from-file\n")
+    (tmp_path / "file.key").chmod(0o600)  # a key file only its owner reads (as ssh asks)
     env = {"MLREG_CONTROL_KEY_FILE": str(tmp_path / "file.key")}
     assert control_key.control_key(home, environ=env).value == "from-file"  # type: ignore[union-attr]
     env["MLREG_CONTROL_KEY"] = "from-variable"
@@ -69,6 +70,7 @@ def test_a_key_that_cannot_be_read_is_one_clear_error(
 ) -> None:
     if content is not None:
         (tmp_path / named).write_text(content)
+        (tmp_path / named).chmod(0o600)
     with pytest.raises(UsageError, match=re.escape(message)) as error:
         control_key.control_key(tmp_path, named, base=tmp_path, environ={})
     assert "two words" not in error.value.message  # a file's content is never echoed
@@ -79,6 +81,7 @@ def test_an_environment_names_its_key_never_holds_it(tmp_path: Path, monkeypatch
     settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "prod.key").write_text("prod-key\n")
+    (tmp_path / "secrets" / "prod.key").chmod(0o600)
     (tmp_path / "mlreg.toml").write_text(
         '[environments.staging]\nstore = "s3://b/s"\ntargets = ["t:8001"]\ncontrol_key = "env:STAGE_KEY"\n'
         '[environments.prod]\nstore = "s3://b/p"\ntargets = ["t:8001"]\ncontrol_key = "secrets/prod.key"\n'
