@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import partial
@@ -25,7 +26,10 @@ from registry.errors import TritonError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-REQUEST_PREFIX = "mlreg-"  # the id of every request mlreg sends (pipelines/promote/capture.py skips them)
+# the id of every request mlreg sends: a secret nonce of this process (one promotion), never a
+# guessable prefix -- a client sending ``mlreg-<n>`` ids is an ordinary client to the shadow replay
+# (pipelines/promote/shadow.py skips only the ids carrying this nonce)
+REQUEST_PREFIX = f"mlreg-{secrets.token_hex(16)}-"
 _REQUESTS = itertools.count(1)
 RETRY_STATUSES = {"StatusCode.UNAVAILABLE"}
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
@@ -172,6 +176,27 @@ class TritonControl:
                 exc.message = f"{exc.message} (server's reason: {reason})"
             raise
 
+    def queue_load(self, model: str, config: str, wait: float) -> bool:
+        """Send a load of ``model`` with ``config`` and wait at most ``wait`` s for its answer: True
+        when it finished, False when it is still running or queued.  Triton 2.51 runs a model's
+        loads one after the other and goes on with a load whose caller stopped waiting (measured:
+        a load queued behind a late one ran once it ended), so a load sent behind a pending one
+        lands after it.  Raises on any other answer (a refusal, an unreachable replica)."""
+        try:
+            self._call(
+                "load",
+                lambda: self._client.load_model(
+                    model, headers=self._headers, config=config, client_timeout=wait
+                ),
+                model=model,
+                retry=False,
+            )
+        except TritonError as exc:
+            if exc.context.get("status") == "StatusCode.DEADLINE_EXCEEDED":
+                return False
+            raise
+        return True
+
     def _past_deadline(self, model: str, versions: tuple[str, ...]) -> TritonError:
         """A load that did not finish within ``load_timeout``: which version Triton is still
         loading (the reasons the index keeps for other versions are stale, never quoted)."""
@@ -186,8 +211,8 @@ class TritonControl:
             f"{self.url}: the load of {model}{wanted} did not finish within {self.load_timeout:.0f}s; "
             f"{still}",
             fix=f"read that replica's log for why {model} does not finish loading (an initialize that "
-            "never returns?); Triton keeps loading it, so restart the replica, then promote again "
-            "(or raise load_timeout in mlreg.toml for a model that loads slowly)",
+            "never returns, a warmup too long?), or raise load_timeout in mlreg.toml for a model that "
+            "loads slowly; Triton keeps loading it: the rollback queues the load of what served behind it",
             status="load-deadline",
             model=model,
             url=self.url,

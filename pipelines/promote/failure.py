@@ -63,6 +63,7 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
             except BaseException as failure:  # recorded and reported below, never swallowed
                 result.rollback_error = message_of(failure)
                 result.rollback = "failed"
+            result.notes.extend(ctx.fleet.pending.values())  # restores queued behind a late load
         if isinstance(exc, Refusal):  # its own changes put back: nothing changed, it refused
             result.error = exc.after_undo(changed and not result.rollback_error)
             changed = bool(result.rollback_error)

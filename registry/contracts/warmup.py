@@ -26,14 +26,17 @@ while each instance loads:
 from __future__ import annotations
 
 import math
+import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from registry.contracts.config import model_config_pb2, parse_config
 from registry.contracts.findings import Finding, error, shape_text, warning
 from registry.contracts.scheduling import CORRID
+from registry.errors import SettingsError
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -49,6 +52,10 @@ CONTROL_TYPES = {
 BYTE_SIZES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2}
 BYTE_SIZES |= {"UINT32": 4, "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}
 STRING = "TYPE_STRING"
+MIB = 2**20
+MB_VARIABLE, REQUESTS_VARIABLE = "MLREG_WARMUP_LIMIT_MB", "MLREG_WARMUP_LIMIT_REQUESTS"
+DEFAULT_WARMUP_MB = 1024.0  # the derived peak warmup moves <= 64 MiB (one request at max_batch_size)
+DEFAULT_WARMUP_REQUESTS = 4096  # count x batch_size over the samples; a peak warmup sends max_batch_size
 
 # -- the peak-batch warmup ---------------------------------------------------------------------------
 
@@ -159,11 +166,46 @@ def _escaped(name: str) -> str:
 # -- Triton's rules for a declared warmup -------------------------------------------------------------
 
 
-def check_warmup(config: ModelConfig, *, model: str = "", model_dir: Path | None = None) -> list[Finding]:
+@dataclass(frozen=True)
+class WarmupBound:
+    """How much work a declared ``model_warmup`` may ask of a load: Triton runs every sample
+    ``count`` times (0: once) at ``batch_size`` requests each, inside the load, before READY, with
+    no deadline of its own (a ``count: 1000000000`` load never ends and its python stub burns a
+    core).  ``megabytes``: the sample data all runs move together (count x batch_size x bytes of
+    one request, summed over the samples); ``requests``: the requests they send (count x batch_size).
+    Settings: ``MLREG_WARMUP_LIMIT_MB`` and ``MLREG_WARMUP_LIMIT_REQUESTS``."""
+
+    megabytes: float = DEFAULT_WARMUP_MB
+    requests: int = DEFAULT_WARMUP_REQUESTS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WarmupBound:
+        env = os.environ if env is None else env
+        return cls(
+            megabytes=_positive(env, MB_VARIABLE, DEFAULT_WARMUP_MB),
+            requests=int(_positive(env, REQUESTS_VARIABLE, DEFAULT_WARMUP_REQUESTS)),
+        )
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not 0 < value < math.inf:
+        raise SettingsError(f"{name}={raw!r} is not a positive number", fix=f"set {name} to e.g. {default:g}")
+    return value
+
+
+def check_warmup(
+    config: ModelConfig, *, model: str = "", model_dir: Path | None = None, bound: WarmupBound | None = None
+) -> list[Finding]:
     """Every ``model_warmup`` sample of ``config`` against Triton's rules (see the module's
-    docstring); ``model``: its name (default ``config.name``); ``model_dir``: its folder, where an
-    ``input_data_file`` is looked for (None: files are not looked at).  Ensembles: ensemble.py
-    reports their warmup (Triton refuses any)."""
+    docstring), and all of them together against ``bound`` (None: the settings'); ``model``: its
+    name (default ``config.name``); ``model_dir``: its folder, where an ``input_data_file`` is
+    looked for (None: files are not looked at).  Ensembles: ensemble.py reports their warmup
+    (Triton refuses any)."""
     if _is_ensemble(config):
         return []
     name = model or config.name
@@ -171,7 +213,69 @@ def check_warmup(config: ModelConfig, *, model: str = "", model_dir: Path | None
     for index, sample in enumerate(config.model_warmup):
         found = Sample(config, name, sample.name or f"#{index}", sample, model_dir)
         findings.extend(found.findings())
+    findings.extend(_over_bound(config, name, model_dir, bound or WarmupBound.from_env()))
     return findings
+
+
+def _over_bound(config: ModelConfig, model: str, model_dir: Path | None, bound: WarmupBound) -> list[Finding]:
+    """One error when the samples together ask more than ``bound`` of a load, naming the largest."""
+    work = [
+        (
+            sample.name or f"#{i}",
+            max(int(sample.count), 1),
+            int(sample.batch_size),
+            _request_bytes(sample, model_dir),
+        )
+        for i, sample in enumerate(config.model_warmup)
+    ]
+    total_bytes = sum(runs * batch * size for _, runs, batch, size in work)
+    total_requests = sum(runs * batch for _, runs, batch, _ in work)
+    limit_bytes = int(bound.megabytes * MIB)
+    if total_bytes <= limit_bytes and total_requests <= bound.requests:
+        return []
+    label, runs, batch, size = max(work, key=lambda w: (w[1] * w[2] * w[3], w[1] * w[2]))
+    return [
+        error(
+            "warmup-bound",
+            model,
+            f"model_warmup asks {total_requests} requests moving {_size(total_bytes)} of sample data "
+            f"while each version loads (count x batch_size x bytes per request, over its samples), "
+            f"over the bound of {bound.requests} requests and {_size(limit_bytes)} "
+            f"({REQUESTS_VARIABLE}, {MB_VARIABLE}): Triton runs them all before READY, and the load "
+            "does not end before they do",
+            f"lower count or batch_size of sample '{label}' (count {runs} x batch_size {batch} x "
+            f"{_size(size)} a request), or raise {MB_VARIABLE}/{REQUESTS_VARIABLE} for a model whose "
+            "warmup needs it (and load_timeout with it: the load's deadline covers its warmup)",
+            origin="mlreg",
+            expected=f"<= {bound.requests} requests, <= {_size(limit_bytes)}",
+            actual=f"{total_requests} requests, {_size(total_bytes)}",
+        )
+    ]
+
+
+def _request_bytes(sample: Any, model_dir: Path | None) -> int:
+    """The bytes of one warmup request of ``sample``: each input's elements x its size (a string
+    element: its file's share when the file is there, else its 4-byte length)."""
+    total = 0
+    for name in sample.inputs:
+        value = sample.inputs[name]
+        elements = math.prod(max(int(d), 1) for d in value.dims)
+        type_name = _type_name(value.data_type)
+        if type_name == STRING and value.WhichOneof("input_data_type") == "input_data_file" and model_dir:
+            try:
+                total += (model_dir / WARMUP_FOLDER / value.input_data_file.lstrip("/")).stat().st_size
+                continue
+            except OSError:
+                pass
+        total += elements * BYTE_SIZES.get(type_name.removeprefix("TYPE_"), 4)
+    return total
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", MIB), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
 
 
 class Sample:

@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import pytest
 from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
 from pipelines.promote.fanout import Change, Fleet
+from pipelines.promote.plan import serving_versions
 from pipelines.promote.replicas import triton_connector
 from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
@@ -96,6 +98,24 @@ class TritonPythonModel:
                 .as_numpy())]) for r in requests]
 """
 
+LATE_CONFIG = SCORER_CONFIG.replace('"scorer"', '"late"')
+LATE = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(SLEEPS)  # past the 'late' environment's load_timeout (3 s), then it finishes
+        self.factor = float(args["model_version"])
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")
+                .as_numpy() * self.factor)]) for r in requests]
+"""
+LATE_SLEEP = 8
+
 
 class Swaps:
     def __init__(
@@ -140,6 +160,7 @@ def swaps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swaps]:
             f"[environments.one]\n{store}\n{one}\n"
             f"[environments.cold]\n{store}\n{one}\nwarmup = false\n"
             f"[environments.pair]\n{store}\n{pair}\nload_timeout = 6\n"
+            f"[environments.late]\n{store}\n{one}\nload_timeout = 3\n"
         )
         logs = [Path(info.log_path) for info, _ in servers]
         swaps = Swaps(settings, root, urls, logs, [info.metrics_url for info, _ in servers])
@@ -304,6 +325,36 @@ def test_a_footprint_measured_on_the_real_server_is_recorded_and_a_replica_short
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_load_past_its_deadline_is_taken_back_and_never_takes_traffic_when_it_lands(swaps: Swaps) -> None:
+    """Issue 45 item 1: the candidate's initialize outlives load_timeout; the promotion fails, the
+    serving version's load is queued behind the late one, and once the late load ends the replica
+    still answers unversioned requests with the serving version (before: the late version, READY,
+    took them and the serving one was unloaded)."""
+    serving = swaps.register("late", LATE_CONFIG, "SLEEPS = 0\n" + LATE)
+    late = swaps.register("late", LATE_CONFIG, f"SLEEPS = {LATE_SLEEP}\n" + LATE)
+    swaps.promote("one", "late", serving)
+    url = swaps.urls[0]
+    with pytest.raises(PromotionFailed) as failed:
+        swaps.promote("late", "late", late)
+    message = failed.value.message
+    assert f"did not finish within 3s; v{late} is still LOADING" in message, message
+    assert (
+        f"the load of late v{late} is still running on {url}; the load of v{serving} is queued behind "
+        f"it: when it ends, {url} keeps serving v{serving}"
+    ) in message, message
+    assert "the rollback failed" not in message, message
+    deadline = time.monotonic() + LATE_SLEEP + 20  # bounded: the sleep, the load and a margin
+    while triton_index(url, "late").get(late) in ("LOADING", "READY") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)  # the late version READY then unloaded by the queued load: the index settles
+    assert triton_index(url, "late") == {serving: "READY", late: "UNAVAILABLE"}
+    with TritonControl(url) as triton:
+        assert not triton.is_ready("late", late)
+        answer = triton.infer("late", {"X": np.ones(4, np.float32)}, ["Y"])  # unversioned
+    assert answer["Y"].tolist() == [float(serving)] * 4
+    assert serving_versions(open_store(swaps.store).read_config("late") or "") == [serving]
 
 
 def test_a_load_that_never_finishes_is_named_at_its_deadline_and_blocks_the_next_promotion_there(
