@@ -107,17 +107,17 @@ def status_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
 @app.command("down")
 def down_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
-    """Stop the local stack (SIGTERM, then SIGKILL after a bound) and clean its shared memory."""
-    from pipelines.devstack.stack import stack_down  # lazy: ~90 ms (grpc, psutil), this command only
+    """Stop the local stack: each replica's tritonserver and python stubs (SIGTERM, then SIGKILL to
+    the process group after a bound) and its shared memory."""
+    from pipelines.devstack.stack import stop_stack  # lazy: ~90 ms (grpc, psutil), this command only
 
-    stopped = stack_down(settings_of(ctx))
-    pids = [info.pid for info in stopped]
+    stopped = stop_stack(settings_of(ctx))
+    pids = [replica.info.pid for replica in stopped]
     out = Output(as_json)
-    out.result(
-        {"stopped": bool(stopped), "pid": pids[0] if pids else None, "pids": pids},
-        lambda: out.line(
-            "the local stack was not running"
-            if not stopped
-            else f"stopped tritonserver{'s' if len(pids) > 1 else ''} (pid {', '.join(map(str, pids))})"
-        ),
-    )
+    document = {"stopped": bool(stopped), "pid": pids[0] if pids else None, "pids": pids}
+
+    def human() -> None:
+        for line in [r.describe() for r in stopped] or ["the local stack was not running"]:
+            out.line(line)
+
+    out.result(document | {"replicas": [replica.to_dict() for replica in stopped]}, human)

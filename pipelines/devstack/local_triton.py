@@ -14,13 +14,11 @@ check and stop are the managed process of ``pipelines.devstack.processes``.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipelines.control_key import restriction_args
-from pipelines.devstack.processes import ManagedProcess, group_alive, process_runs, stop_process
+from pipelines.devstack.processes import GroupStop, ManagedProcess, process_runs, stop_group
 from pipelines.devstack.processes import http_ok as http_ok  # re-exported for callers of the first launcher
 from pipelines.devstack.processes import tail as tail
 from registry.errors import MissingDependencyError, StackError
@@ -43,6 +41,7 @@ log = logging.getLogger(__name__)
 EXIT_TIMEOUT_S = 5
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 15.0
+STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
 PORT_ATTEMPTS = 3
 TRACES, TRACE_FILE = "traces", "trace.json"  # <state>/traces/trace.json.<n>: captured requests
@@ -380,13 +379,41 @@ def stop_pid(
     process: subprocess.Popen[bytes] | None = None,
 ) -> bool:
     """SIGTERM the server, SIGKILL its process group after ``grace``; True if it had to be killed."""
-    marker = None if process is not None else "tritonserver"
-    killed = stop_process(pid, process, grace=grace, term_group=False, marker=marker)
-    if group_alive(pid):  # python stubs left behind by a server that died
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+    return stop_server(pid, shm_prefix, grace=grace, process=process).killed
+
+
+def stop_server(
+    pid: int,
+    shm_prefix: str,
+    *,
+    grace: float = STOP_GRACE_S,
+    process: subprocess.Popen[bytes] | None = None,
+) -> GroupStop:
+    """The server ``pid`` and its python stubs stopped -- also when the server is gone and its stubs
+    are not (they ignore SIGTERM, and a hung warmup keeps one busy): SIGTERM to the server, SIGKILL
+    to its process group after ``grace`` s, and to each stub left over.  A stub is ours when it is in
+    the server's process group (``start_new_session``: the group's id is the server's pid) and its
+    shared-memory region carries the server's own ``shm_prefix``."""
+    stopped = stop_group(
+        pid,
+        lambda proc: is_stub_of(proc.cmdline(), shm_prefix),
+        process,
+        grace=grace,
+        marker=None if process is not None else "tritonserver",
+    )
     remove_shm(shm_prefix)
-    return killed
+    return stopped
+
+
+def is_stub_of(argv: Sequence[str], shm_prefix: str) -> bool:
+    """``argv`` is a python backend stub of the server whose regions start with ``shm_prefix``
+    (the stub's third argument is its shared-memory region: ``<prefix><uuid>``)."""
+    return (
+        len(argv) > 2
+        and Path(argv[0]).name == STUB_NAME
+        and bool(shm_prefix)
+        and argv[2].startswith(shm_prefix)
+    )
 
 
 def stop_all(

@@ -11,6 +11,7 @@ from ``psutil``, never from parsing ``/proc``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -215,3 +216,75 @@ def stop_process(
             pass
         poll_until(lambda: _gone(pid, process), KILL_WAIT_S, 0.05)
     return killed
+
+
+@dataclass
+class GroupStop:
+    """What stopping one server's process group did: whether its leader (the server) ran, the
+    other processes of the group that were stopped (``members``: their names, e.g. the python
+    stubs a tritonserver started, which ignore SIGTERM and outlive it), whether SIGKILL was needed,
+    and the pids still alive after the bound (never expected; named, not waited for)."""
+
+    leader: bool = False
+    members: list[str] = field(default_factory=list)
+    killed: bool = False
+    left: list[int] = field(default_factory=list)
+
+    @property
+    def stopped(self) -> bool:
+        return self.leader or bool(self.members)
+
+
+def group_members(pgid: int, belongs: Callable[[psutil.Process], bool]) -> list[psutil.Process]:
+    """The live processes of process group ``pgid`` (its leader excluded) that ``belongs`` proves
+    ours -- a process group outlives its leader, and its id could in principle meet a stranger's."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == pgid or os.getpgid(proc.pid) != pgid:
+                continue
+            if proc.status() not in {psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD} and belongs(proc):
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def stop_group(
+    pid: int,
+    belongs: Callable[[psutil.Process], bool],
+    process: subprocess.Popen[bytes] | None = None,
+    *,
+    grace: float = 10.0,
+    marker: str | None = None,
+) -> GroupStop:
+    """Stop the server ``pid`` and every process of its group ``belongs`` proves ours, whether the
+    server still runs or died before them: SIGTERM to the server (it stops its workers itself),
+    SIGKILL to the group after ``grace`` s, and to each member left, waited for ``KILL_WAIT_S``."""
+    running = process.poll() is None if process is not None else marker is None or process_runs(pid, marker)
+    members = group_members(pid, belongs)
+    result = GroupStop(leader=running, members=[_name(m) for m in members])
+    if running:
+        result.killed = stop_process(pid, process, grace=grace, term_group=False, marker=None)
+    alive = [m for m in members if _runs(m)]
+    for member in alive:  # left by a server that died (or survived its group's SIGKILL race)
+        result.killed = True
+        with contextlib.suppress(psutil.Error, OSError):
+            member.kill()
+    _, still = psutil.wait_procs(alive, timeout=KILL_WAIT_S) if alive else ([], [])
+    result.left = [m.pid for m in still if _runs(m)]
+    return result
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return proc.name()
+    except psutil.Error:
+        return "?"
+
+
+def _runs(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() not in {psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD}
+    except psutil.Error:
+        return False

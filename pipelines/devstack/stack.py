@@ -267,18 +267,67 @@ def stack_status(settings: Settings) -> StackStatus:
 
 
 def stack_down(settings: Settings) -> list[ServerInfo]:
-    """Stop the project's servers -- the primary and every replica still alive, even when the
-    primary died or was killed -- and the UI and S3 server it started; return the tritonservers
-    stopped ([] when none ran)."""
-    info = running_server(settings)
-    stopped = _running_replicas(settings)
-    for replica in stopped:
-        local_triton.stop_pid(replica.pid, replica.shm_prefix)
-        (Path(replica.log_path).parent / "triton.json").unlink(missing_ok=True)
-    if info is not None:
-        local_triton.stop_pid(info.pid, info.shm_prefix)
-        stopped.insert(0, info)
-    state_file(settings).unlink(missing_ok=True)
+    """Stop the project's servers (``stop_stack``); return the tritonservers stopped ([] when none
+    ran)."""
+    return [replica.info for replica in stop_stack(settings)]
+
+
+@dataclass
+class StoppedReplica:
+    """One replica ``stop_stack`` stopped: its name, its record and what stopping its group did."""
+
+    name: str  # replica-0 (the primary), replica-1, ...
+    info: ServerInfo
+    group: processes.GroupStop
+
+    def describe(self) -> str:
+        """ "stopped replica-0: tritonserver (pid 8312) and 2 python stubs" -- what was signalled."""
+        stubs = sum(1 for m in self.group.members if m == local_triton.STUB_NAME)
+        others = len(self.group.members) - stubs
+        rest = [f"{stubs} python stub{'s' if stubs != 1 else ''}"] if stubs else []
+        rest += [f"{others} other process{'es' if others != 1 else ''}"] if others else []
+        server = f"tritonserver (pid {self.info.pid})"
+        if self.group.leader:
+            text = f"stopped {self.name}: {' and '.join([server, *rest])}"
+        else:
+            text = f"stopped {self.name}: {' and '.join(rest)} left by {server}, which had already exited"
+        if self.group.killed:
+            text += " (SIGKILL was needed)"
+        if self.group.left:
+            text += f"; still running after SIGKILL: pid {', '.join(map(str, self.group.left))}"
+        return text
+
+    def to_dict(self) -> dict[str, object]:
+        stubs = sum(1 for m in self.group.members if m == local_triton.STUB_NAME)
+        return {
+            "replica": self.name,
+            "pid": self.info.pid,
+            "tritonserver": self.group.leader,
+            "python_stubs": stubs,
+            "killed": self.group.killed,
+            "left": self.group.left,
+        }
+
+
+def stop_stack(settings: Settings) -> list[StoppedReplica]:
+    """Stop the project's servers -- the primary and every replica, each with its whole process
+    group (python stubs included: they ignore SIGTERM and outlive their tritonserver, which may
+    have died or been killed first) -- and the UI and S3 server it started; return what was
+    stopped, replica by replica (none when nothing ran)."""
+    records = [("replica-0", state_file(settings))] + [
+        (path.parent.name, path)
+        for path in sorted(settings.stack_dir.glob("replica-*/triton.json"), key=lambda p: p.parent.name)
+    ]
+    stopped = []
+    for name, path in records:
+        info = local_triton.load_info(path)
+        if info is None:
+            continue
+        group = local_triton.stop_server(info.pid, info.shm_prefix)
+        path.unlink(missing_ok=True)
+        if group.stopped:
+            stopped.append(StoppedReplica(name, info, group))
+    stopped.sort(key=lambda r: r.name != "replica-0")  # the primary first, as before
     ui = running_mlflow(settings)
     if ui is not None:
         stop_mlflow(int(ui["pid"]))  # type: ignore[call-overload]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 from pathlib import Path
@@ -66,7 +67,7 @@ def test_up_twice_starts_one_server_and_down_cleans_up(
     finally:
         down = runner.invoke(app, ["stack", "down"])
     assert down.exit_code == 0
-    assert f"stopped tritonserver (pid {info['pid']})" in down.output
+    assert re.search(rf"stopped replica-0: tritonserver \(pid {info['pid']}\) and \d+ python stubs?", down.output)
     assert not local_triton.pid_alive(info["pid"])
     assert not list(Path("/dev/shm").glob(f"{info['shm_prefix']}*"))
     assert runner.invoke(app, ["stack", "status"]).exit_code == 1

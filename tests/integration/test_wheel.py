@@ -133,4 +133,4 @@ def test_template_build_stack_up_and_one_request_from_the_wheel(stack: Installed
     assert math.isfinite(float(match[1]))
 
     stopped = run([stack.mlreg, "stack", "down"], stack.env, outside, timeout=120)
-    assert f"stopped tritonserver (pid {status['pid']})" in stopped
+    assert f"stopped replica-0: tritonserver (pid {status['pid']})" in stopped
