@@ -92,7 +92,8 @@ def purge_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Switch capture off for MODELs (default: every model the replicas hold) and delete every
-    captured file of the environment.
+    trace file mlreg armed at the environment's captures locations (only those); exit 1 when a
+    replica or a location could not be reached (each named).
 
     Example: mlreg shadow purge --env production
     """
@@ -107,9 +108,11 @@ def purge_cmd(
         out.line(f"capture off for {names}; {verb} {len(report.deleted)} captured file(s)")
         for failure in report.failed:
             out.note(f"note: capture could not be switched off at {failure}")
+        for location in report.unreached:
+            out.note(f"note: captured files not reached (not deleted) at {location}")
 
     out.result(report.to_dict(), human)
-    if report.failed:
+    if report.failed or report.unreached:
         raise typer.Exit(1)
 
 

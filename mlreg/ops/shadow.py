@@ -3,7 +3,9 @@ promotion's quality gate replays to the candidate -- switch it on, show it, purg
 
 Each verb drives every replica of the environment (``targets``); a replica that cannot be reached
 is reported (``failed``, or an ``error`` row), never skipped silently.  Tensors may hold personal
-data: ``purge`` switches capture off and deletes every captured file.
+data: ``purge`` switches capture off and deletes every trace file mlreg armed, at every captures
+location of the environment (the local stack: every replica's trace folder) -- only those
+(``capture.is_trace_name``), and it names each location it could not reach.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlreg.ops.context import environment
-from pipelines.promote.capture import Captures, Shadow, arm, disarm, purge
+from pipelines.promote.capture import Captures, Purged, Shadow, arm, disarm, purge
 from pipelines.promote.environments import resolve_targets
 from pipelines.promote.replicas import triton_connector
 from registry.errors import MlregError, UsageError
@@ -55,7 +57,8 @@ class PurgeReport:
     models: list[str]
     deleted: list[str]
     dry_run: bool
-    failed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # replicas where capture could not be switched off
+    unreached: list[str] = field(default_factory=list)  # captures locations not listed or emptied
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,9 +90,9 @@ def capture_status(settings: Settings, env_name: str, models: list[str]) -> Capt
     """Capture per replica and model (Triton's trace settings), and the captured files."""
     shadow, targets, connect = _replicas(settings, env_name)
     rows = [_trace_row(connect, url, model) for url in targets for model in models]
-    files = Captures(shadow.captures).files() if shadow.captures else []
+    files = [f for location in shadow.locations() for f in Captures(location).files()]
     size = sum(f.size for f in files)
-    return CaptureStatus(env_name, shadow.captures, rows, len(files), size, shadow.max_bytes)
+    return CaptureStatus(env_name, shadow.where(), rows, len(files), size, shadow.max_bytes)
 
 
 def _trace_row(connect: Connect, url: str, model: str) -> dict[str, Any]:
@@ -114,10 +117,23 @@ def capture_purge(
     captured file of the environment."""
     shadow, targets, connect = _replicas(settings, env_name)
     names = list(models or []) or _served(targets, connect)
-    files = Captures(shadow.captures).files() if shadow.captures else []
     failed = [] if dry_run else disarm(targets, connect, names)
-    deleted = [f.name for f in files] if dry_run else purge(shadow.captures)
-    return PurgeReport(env_name, names, deleted, dry_run, failed)
+    if dry_run:
+        found = _listed(shadow)
+        return PurgeReport(env_name, names, found.deleted, dry_run, failed, found.unreached)
+    purged = purge(shadow.locations())
+    return PurgeReport(env_name, names, purged.deleted, dry_run, failed, purged.unreached)
+
+
+def _listed(shadow: Shadow) -> Purged:
+    """What a purge would delete, and the locations it could not list."""
+    found = Purged([], [])
+    for location in shadow.locations():
+        try:
+            found.deleted.extend(f"{location.rstrip('/')}/{f.name}" for f in Captures(location).files())
+        except (OSError, MlregError) as exc:
+            found.unreached.append(f"{location}: {getattr(exc, 'message', exc)}")
+    return found
 
 
 def _served(targets: tuple[str, ...], connect: Connect) -> list[str]:

@@ -19,12 +19,21 @@ exclude = ["table_data_model"]   # models never captured (their tensors hold per
 
 ``shadow = false`` in the environment's section says the same as no table: nothing is ever
 captured there.  Triton must run with ``--trace-config triton,file=<captures>/<replica>.json``
-(compose, Kubernetes and the local stack do); it writes ``<file>.<n>`` every ``log_frequency``
-traces.  Tensors may hold personal data: ``mlreg shadow purge`` switches capture off on every
-replica and deletes every captured file.
+(compose, Kubernetes and the local stack do); mlreg arms it with ``log_frequency = 1``, so Triton
+writes each sampled request to its own file ``<file>.<n>`` -- the unit the forgery check of
+``traces.py`` judges (a request id is written into it unescaped: client input).
 
-Trace files are parsed, never run: a file that is not Triton's JSON, a tensor whose data does not
-match its shape, or one over ``MAX_TENSOR_BYTES`` is skipped and counted, not trusted.
+``captures`` is required, except on the local stack (an environment whose store is the stack's
+repository), where it defaults to every replica's trace folder (``<stack>/traces``,
+``<stack>/replica-N/traces``).  A ``captures`` that is, holds or lies inside the store, its archive,
+``MLREG_HOME`` or the stack's state folder is refused when the settings load: prune and purge delete
+there.  They delete only what Triton writes for mlreg's arming: files named ``<name>.json.<n>``,
+directly under a captures folder or one replica folder below it -- never anything else.
+
+Also: ``min_captures`` (default ``min(50, count)``): fewer honest captures than this and the replay
+is *inconclusive*, which refuses the promotion unless ``--skip-shadow``; ``record_tensors``
+(default false): whether the first divergent requests' tensors (personal data) go into the report
+and the MLflow run -- otherwise only their figures do.
 """
 
 from __future__ import annotations
@@ -32,44 +41,47 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from registry.errors import MlregError, UsageError
+from pipelines.promote.traces import (
+    DTYPES,
+    MAX_TENSOR_BYTES,
+    NOT_JSON,
+    Captured,
+    Reading,
+    load_records,
+    parse_trace,
+    tensor_of,
+)
+from registry.errors import MlregError, StorageError, UsageError
 
 if TYPE_CHECKING:
     from pipelines.storage.s3 import S3Store
+    from registry.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SHADOW_KEYS = frozenset(
     {"rate", "count", "captures", "max_bytes", "max_age_hours", "tolerance", "max_divergence"}
-    | {"max_floor", "top_k", "exclude", "log_frequency"}
+    | {"max_floor", "top_k", "exclude", "log_frequency", "min_captures", "record_tensors"}
 )
 LEVELS = ["TIMESTAMPS", "TENSORS"]
-MAX_TENSOR_BYTES = 64 << 20  # a captured tensor larger than this is not replayed
+MIN_CAPTURES = 50  # honest captures a verdict needs (default; never more than ``count``)
 # a trace file larger than this is not read (nor parsed): its JSON alone would hold more than a
 # tensor mlreg replays (64 MiB of float32 is ~160 MB of Triton's text)
 MAX_FILE_BYTES = 256 << 20
-DTYPES = {
-    "BOOL": np.bool_,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
+READ_DEADLINE_S = 60.0  # reading the captures for one replay: past this it fails, named
+S3_PATIENCE = (10.0, 1)  # each S3 request on the captures: read timeout (s), retries
+# what Triton writes for ``--trace-config triton,file=<x>.json`` armed with log_frequency 1
+TRACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.json\.[0-9]{1,12}")
+STACK_TRACES = "traces"  # the local stack's trace folder in each replica's state folder
+__all__ = ["DTYPES", "MAX_TENSOR_BYTES", "Captured", "Reading", "tensor_of"]
 
 
 @dataclass(frozen=True)
@@ -86,10 +98,31 @@ class Shadow:
     max_floor: float = 0.2
     top_k: int = 5
     exclude: tuple[str, ...] = ()
-    log_frequency: int = 1  # a file per trace: nothing captured waits in memory (a purge is complete)
+    log_frequency: int = 1  # a file per trace: the forgery check's unit, and a purge is complete
+    min_captures: int = 0  # honest captures a verdict needs (0: min(MIN_CAPTURES, count))
+    record_tensors: bool = False  # the first divergent requests' tensors into reports and MLflow
+    stack: str = ""  # the local stack's state folder: its replicas' trace folders are the captures
 
     def captures_model(self, model: str) -> bool:
         return model not in self.exclude
+
+    @property
+    def least(self) -> int:
+        """Honest captures a verdict needs."""
+        return self.min_captures or min(MIN_CAPTURES, self.count)
+
+    def locations(self) -> list[str]:
+        """Where the trace files are: ``captures``, or each local-stack replica's trace folder."""
+        if self.captures:
+            return [self.captures]
+        if not self.stack:
+            return []
+        stack = Path(self.stack)  # the folders of the replicas started so far (`stack up --replicas N`)
+        replicas = sorted(stack.glob(f"replica-*/{STACK_TRACES}"), key=lambda p: p.parent.name)
+        return [str(p) for p in [stack / STACK_TRACES, *replicas] if p.is_dir() and not p.is_symlink()]
+
+    def where(self) -> str:
+        return ", ".join(self.locations()) or "(no captures location)"
 
     def trace_settings(self) -> dict[str, Any]:
         """Triton's per-model trace settings that switch capture on."""
@@ -97,7 +130,7 @@ class Shadow:
             "trace_level": LEVELS,
             "trace_rate": str(self.rate),
             "trace_count": str(self.count),
-            "log_frequency": str(min(self.log_frequency, self.count)),
+            "log_frequency": "1",  # one file per trace: what traces.py judges
         }
 
 
@@ -122,31 +155,50 @@ def parse_shadow(where: str, raw: object, base: Path) -> Shadow | None:
             f"{where} shadow: unknown key(s) {', '.join(map(repr, unknown))}",
             fix=f"the valid keys are: {', '.join(sorted(SHADOW_KEYS))}",
         )
-    defaults = Shadow()
     try:
-        captures = raw.get("captures", "")
-        if not isinstance(captures, str):
-            raise ValueError(f"captures must be a folder or an s3:// URI, not {captures!r}")
-        if captures and "://" not in captures:
-            captures = str(base / Path(captures).expanduser())
-        exclude = raw.get("exclude", [])
-        if not isinstance(exclude, list) or not all(isinstance(m, str) for m in exclude):
-            raise ValueError(f"exclude must be a list of model names, not {exclude!r}")
-        return Shadow(
-            rate=_whole(raw, "rate", defaults.rate),
-            count=_whole(raw, "count", defaults.count),
-            captures=captures,
-            max_bytes=_whole(raw, "max_bytes", defaults.max_bytes),
-            max_age_hours=_real(raw, "max_age_hours", defaults.max_age_hours, 0.0, math.inf),
-            tolerance=_real(raw, "tolerance", defaults.tolerance, 0.0, math.inf),
-            max_divergence=_real(raw, "max_divergence", defaults.max_divergence, 0.0, 1.0),
-            max_floor=_real(raw, "max_floor", defaults.max_floor, 0.0, 1.0),
-            top_k=_whole(raw, "top_k", defaults.top_k),
-            exclude=tuple(exclude),
-            log_frequency=_whole(raw, "log_frequency", defaults.log_frequency),
-        )
+        return _shadow_of(raw, base)
     except ValueError as exc:
         raise UsageError(f"{where} shadow: {exc}", fix=fix) from exc
+
+
+def _shadow_of(raw: Mapping[str, Any], base: Path) -> Shadow:
+    defaults = Shadow()
+    captures = raw.get("captures", "")
+    if not isinstance(captures, str):
+        raise ValueError(f"captures must be a folder or an s3:// URI, not {captures!r}")
+    if captures and "://" not in captures:
+        captures = str((base / Path(captures).expanduser()).resolve())
+    exclude = raw.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(m, str) for m in exclude):
+        raise ValueError(f"exclude must be a list of model names, not {exclude!r}")
+    if raw.get("log_frequency", 1) != 1:
+        raise ValueError(
+            f"log_frequency must be 1 (one file per trace: what the forgery check judges), not "
+            f"{raw['log_frequency']!r}"
+        )
+    record_tensors = raw.get("record_tensors", False)
+    if not isinstance(record_tensors, bool):
+        raise ValueError(f"record_tensors must be true or false, not {record_tensors!r}")
+    shadow = Shadow(
+        rate=_whole(raw, "rate", defaults.rate),
+        count=_whole(raw, "count", defaults.count),
+        captures=captures,
+        max_bytes=_whole(raw, "max_bytes", defaults.max_bytes),
+        max_age_hours=_real(raw, "max_age_hours", defaults.max_age_hours, 0.0, math.inf),
+        tolerance=_real(raw, "tolerance", defaults.tolerance, 0.0, math.inf),
+        max_divergence=_real(raw, "max_divergence", defaults.max_divergence, 0.0, 1.0),
+        max_floor=_real(raw, "max_floor", defaults.max_floor, 0.0, 1.0),
+        top_k=_whole(raw, "top_k", defaults.top_k),
+        exclude=tuple(exclude),
+        min_captures=_whole(raw, "min_captures", 1) if "min_captures" in raw else 0,
+        record_tensors=record_tensors,
+    )
+    if shadow.least > shadow.count:
+        raise ValueError(
+            f"min_captures {shadow.least} is more than count {shadow.count} (what one arming captures): "
+            "no replay could ever judge"
+        )
+    return shadow
 
 
 def _whole(raw: Mapping[str, Any], key: str, default: int) -> int:
@@ -163,17 +215,89 @@ def _real(raw: Mapping[str, Any], key: str, default: float, low: float, high: fl
     return float(value)
 
 
+def settle(where: str, shadow: Shadow | None, store: str, settings: Settings) -> Shadow | None:
+    """``shadow`` where it can be read, or refused: a missing ``captures`` defaults to the local
+    stack's trace folders when ``store`` is the stack's repository; a ``captures`` that is, holds
+    or lies inside something mlreg keeps (the store, its archive, ``MLREG_HOME``, the stack's
+    state) is refused -- prune and purge delete under it."""
+    if shadow is None:
+        return None
+    if not shadow.captures:
+        if _local(store) and Path(store).resolve() == Path(settings.local_repository).resolve():
+            return replace(shadow, stack=str(settings.stack_dir))
+        raise UsageError(
+            f"{where} shadow: no captures location: the replay would have nothing to read",
+            fix="add captures = \"<the folder or s3:// prefix the replicas' --trace-config file= "
+            'writes to>" to the shadow table (only the local stack has a default)',
+        )
+    kept = {
+        "the store": store,
+        "MLREG_HOME": str(settings.home),
+        "the stack's state": str(settings.stack_dir),
+    }
+    kept["the store's archive"] = _archive_of(store)
+    for what, location in kept.items():
+        if location and _overlap(shadow.captures, location):
+            raise UsageError(
+                f"{where} shadow: captures {shadow.captures} overlaps {what} ({location}): prune and "
+                "purge delete trace files there",
+                fix="point captures at a folder or prefix of its own, where only the replicas' trace "
+                "files are written",
+            )
+    return shadow
+
+
+def _local(location: str) -> bool:
+    return "://" not in location
+
+
+def _archive_of(store: str) -> str:
+    """Where the store's archive is (``pipelines/storage``: ``.mlreg-archive`` beside it)."""
+    from pipelines.storage.objects import ARCHIVE  # lazy: the storage package, for one name
+
+    if _local(store):
+        root = Path(store)
+        return str(root.parent / ARCHIVE / root.name)
+    head, _, name = store.rstrip("/").rpartition("/")
+    return f"{head}/{ARCHIVE}/{name}"
+
+
+def _overlap(one: str, other: str) -> bool:
+    """Whether one location is, holds or lies inside the other (folders, or s3:// prefixes of one
+    bucket: the endpoint's spelling aside)."""
+    if _local(one) != _local(other):
+        return False
+    if _local(one):
+        a, b = Path(one).resolve(), Path(other).resolve()
+        return a == b or a in b.parents or b in a.parents
+    from pipelines.storage import parse_s3_uri  # lazy: the storage package, s3:// only
+
+    try:
+        x, y = parse_s3_uri(one), parse_s3_uri(other)
+    except MlregError:
+        return False
+    p, q = f"{x.prefix}/" if x.prefix else "", f"{y.prefix}/" if y.prefix else ""
+    return x.bucket == y.bucket and (p.startswith(q) or q.startswith(p))
+
+
 # -- switching capture on and off on the replicas ------------------------------------------------
 
 
 def arm(
-    targets: Sequence[str], connect: Callable[[str], Any], models: Iterable[str], shadow: Shadow
+    targets: Sequence[str],
+    connect: Callable[[str], Any],
+    models: Iterable[str],
+    shadow: Shadow,
+    progress: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Capture ``models`` (those the environment lets) on every target; what could not, as notes
-    (a replica that cannot capture never fails a promotion: the next replay has less to read)."""
+    (a replica that cannot capture never fails a promotion: the next replay has less to read).
+    ``progress`` is told each replica before it is reached (after-record steps name it)."""
     notes = []
     wanted = [m for m in models if shadow.captures_model(m)]
     for url in targets if wanted else ():
+        if progress is not None:
+            progress(url)
         try:
             with connect(url) as triton:
                 for model in wanted:
@@ -207,7 +331,8 @@ class TraceFile:
 
 
 class Captures:
-    """The trace files under a folder or an ``s3://bucket/prefix`` (what Triton or its sidecar wrote)."""
+    """The trace files mlreg armed under a folder or an ``s3://bucket/prefix``: named
+    ``<name>.json.<n>`` (``TRACE_NAME``), directly under it or one replica folder below."""
 
     def __init__(self, location: str) -> None:
         self.location = location
@@ -216,25 +341,36 @@ class Captures:
             from pipelines.storage import open_store  # lazy: store package ~0.15 s, s3:// only
             from pipelines.storage.s3 import S3Store  # lazy: loaded by open_store just above
 
-            store = open_store(location)
+            store = open_store(location, patience=S3_PATIENCE)  # a frozen prefix: bounded
             assert isinstance(store, S3Store)  # an s3:// URI opens one
             self._s3 = store
 
     def files(self) -> list[TraceFile]:
-        """Every trace file, oldest first (then by name: ``trace.json.9`` before ``trace.json.10``)."""
+        """Every trace file, oldest first (then by name: ``trace.json.9`` before ``trace.json.10``);
+        a StorageError when the location cannot be listed."""
         found: list[TraceFile] = []
         if self._s3 is not None:
             found = [TraceFile(name, size, mtime) for name, size, mtime in self._s3.listing()]
         else:
-            root = Path(self.location)
-            if root.is_dir():
-                for path in root.rglob("*"):
-                    if path.is_file() and not path.is_symlink():
-                        stat = path.stat()
-                        found.append(
-                            TraceFile(path.relative_to(root).as_posix(), stat.st_size, stat.st_mtime)
-                        )
+            found = self._local_files()
         return sorted((f for f in found if is_trace_name(f.name)), key=lambda f: (f.mtime, _order(f.name)))
+
+    def _local_files(self) -> list[TraceFile]:
+        root = Path(self.location)
+        if not root.is_dir():
+            raise StorageError(
+                f"the captures folder {root} does not exist (or is not a folder)",
+                fix="point captures at the folder the replicas' --trace-config file= writes to",
+            )
+        found = []
+        try:
+            for path in [*root.glob("*"), *root.glob("*/*")]:
+                if path.is_file() and not path.is_symlink() and not path.parent.is_symlink():
+                    stat = path.stat()
+                    found.append(TraceFile(path.relative_to(root).as_posix(), stat.st_size, stat.st_mtime))
+        except OSError as exc:
+            raise StorageError(f"the captures folder {root} cannot be listed: {exc}") from exc
+        return found
 
     def read(self, name: str) -> bytes:
         """The file's bytes; OSError when it is gone (rotated or pruned since it was listed)."""
@@ -246,8 +382,10 @@ class Captures:
         return (Path(self.location) / name).read_bytes()
 
     def delete(self, names: Sequence[str]) -> None:
+        """Delete the trace files ``names`` (any other name is left: never anything else)."""
+        names = [n for n in names if is_trace_name(n)]
         if self._s3 is not None:
-            self._s3.delete_keys(list(names))
+            self._s3.delete_keys(names)
             return
         for name in names:
             (Path(self.location) / name).unlink(missing_ok=True)
@@ -271,10 +409,12 @@ class Captures:
 
 
 def is_trace_name(name: str) -> bool:
-    """``x.json`` or ``x.json.<n>`` (what ``--trace-config triton,file=x.json`` writes)."""
-    base = name.rsplit("/", 1)[-1]
-    stem, _, index = base.rpartition(".")
-    return base.endswith(".json") or (stem.endswith(".json") and index.isdigit())
+    """``x.json.<n>`` (what ``--trace-config triton,file=x.json`` writes with log_frequency 1),
+    directly under the location or in one replica folder below it."""
+    parts = name.split("/")
+    if len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
+        return False
+    return TRACE_NAME.fullmatch(parts[-1]) is not None
 
 
 def _order(name: str) -> tuple[str, int]:
@@ -282,165 +422,116 @@ def _order(name: str) -> tuple[str, int]:
     return (stem, int(index)) if index.isdigit() else (name, -1)
 
 
-# -- parsing what Triton wrote -------------------------------------------------------------------------
+# -- reading what Triton wrote ---------------------------------------------------------------------
 
 
-@dataclass
-class Captured:
-    """One captured request: its inputs, what the serving version answered, how long it took."""
-
-    model: str
-    version: str
-    request_id: str
-    inputs: dict[str, np.ndarray] = field(default_factory=dict)
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
-    latency_us: float = 0.0
-    source: str = ""  # file:trace id
-
-
-@dataclass
-class Reading:
-    requests: list[Captured] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)  # why -> how many (files or requests)
-    files: int = 0
-
-    def skip(self, why: str) -> None:
-        self.skipped[why] = self.skipped.get(why, 0) + 1
-
-
-def read_captures(location: str, model: str, version: str, limit: int) -> Reading:
-    """The captured requests of ``model`` ``version`` under ``location``, in capture order (the
-    newest ``limit`` of them: files are read newest first, and no further once enough are found;
-    a file that does not name the model is not parsed)."""
+def read_captures(
+    location: str | Sequence[str],
+    model: str,
+    version: str,
+    limit: int,
+    deadline_s: float = READ_DEADLINE_S,
+) -> Reading:
+    """Up to ``limit`` honest captured requests of ``model`` ``version`` under ``location`` (one or
+    several folders or prefixes), sampled across its files -- replica by replica in turn, each
+    replica's files in an order no client can predict -- and returned in capture order.  A file
+    that does not name the model is not parsed; a forged one is counted (``traces.py``).  A
+    StorageError when a location cannot be listed, or the reading outlives ``deadline_s``."""
     reading = Reading()
-    if not location:
-        return reading
-    captures = Captures(location)
+    locations = [location] if isinstance(location, str) else list(location)
+    began = time.monotonic()
     named = json.dumps(model).encode()  # the name, quoted: a file without it holds none of its traces
-    found: list[list[Captured]] = []  # per file, newest file first
-    count = 0
-    for file in reversed(captures.files()):
-        if count >= limit:
+    listed = [(captures, f) for captures in map(Captures, filter(None, locations)) for f in captures.files()]
+    for captures, file in _sampled(listed):
+        if len(reading.requests) >= limit:
             break
-        if file.size > MAX_FILE_BYTES:
-            reading.skip(f"trace file over {MAX_FILE_BYTES >> 20} MiB: not read")
-            continue
-        try:
-            data = captures.read(file.name)
-            records = json.loads(data) if named in data else []
-        except (OSError, ValueError, MlregError):
-            reading.skip("trace file not readable as Triton's JSON (being written, or not a trace)")
-            continue
-        if not isinstance(records, list):
-            reading.skip("trace file not readable as Triton's JSON (being written, or not a trace)")
-            continue
-        reading.files += 1
-        mine = [
-            r for r in parse_traces(records, file.name, reading) if r.model == model and r.version == version
-        ]
-        found.append(mine)
-        count += len(mine)
-    reading.requests = [r for mine in reversed(found) for r in mine][-limit:]
+        if time.monotonic() - began > deadline_s:
+            raise StorageError(
+                f"reading the captures under {', '.join(locations)} took over {deadline_s:g} s "
+                f"({reading.files} of {len(listed)} files read): the location is slow or unreachable",
+                fix="check the captures location (or promote with --skip-shadow, said in the report)",
+            )
+        found = _read_file(captures, file, named, reading)
+        if found is not None and found.model == model and found.version == version:
+            reading.requests.append(found)
+    reading.requests.sort(key=lambda r: (r.when, _order(r.source.partition("#")[0])))
     return reading
 
 
-def parse_traces(records: list[Any], source: str, reading: Reading) -> list[Captured]:
-    """Triton's trace records (one list per file), grouped by trace id, as requests in id order."""
-    traces: dict[int, Captured] = {}
-    times: dict[int, dict[str, int]] = {}
-    broken: set[int] = set()
-    for record in records:
-        if isinstance(record, dict) and isinstance(record.get("id"), int):
-            _take_record(record, source, traces, times, broken)
-    out = []
-    for trace_id, request in sorted(traces.items()):
-        if trace_id in broken:
-            reading.skip("a tensor that is not replayable (BYTES, or data not matching its shape)")
-        elif request.inputs and request.outputs:  # else an ensemble's own trace, or a refused request
-            _set_latency(request, times.get(trace_id, {}))
-            out.append(request)
-    return out
+def _sampled(listed: list[tuple[Captures, TraceFile]]) -> list[tuple[Captures, TraceFile]]:
+    """The files replica by replica in turn (a replica: a location and a trace file's stem), each
+    replica's in a random order (``SystemRandom``: no client can aim at the sample)."""
+    rng = random.SystemRandom()
+    groups: dict[tuple[str, str], list[tuple[Captures, TraceFile]]] = {}
+    for captures, file in listed:
+        groups.setdefault((captures.location, _order(file.name)[0]), []).append((captures, file))
+    queues = list(groups.values())
+    rng.shuffle(queues)
+    for queue in queues:
+        rng.shuffle(queue)
+    order: list[tuple[Captures, TraceFile]] = []
+    for turn in range(max((len(q) for q in queues), default=0)):
+        order.extend(q[turn] for q in queues if turn < len(q))
+    return order
 
 
-def _take_record(
-    record: dict[str, Any],
-    source: str,
-    traces: dict[int, Captured],
-    times: dict[int, dict[str, int]],
-    broken: set[int],
-) -> None:
-    """One trace record into its trace: the request it opens, a tensor, or timestamps."""
-    trace_id = record["id"]
-    if "model_name" in record:
-        traces[trace_id] = Captured(
-            str(record["model_name"]),
-            str(record.get("model_version", "")),
-            str(record.get("request_id", "")),
-            source=f"{source}#{trace_id}",
-        )
-    elif record.get("activity") in SIDES and isinstance(record.get("tensor"), dict):
-        if not _add_tensor(traces.get(trace_id), record["activity"], record["tensor"]):
-            broken.add(trace_id)
-    elif isinstance(record.get("timestamps"), list):
-        stamps = times.setdefault(trace_id, {})
-        stamps.update(
-            (str(s.get("name")), s["ns"])
-            for s in record["timestamps"]
-            if isinstance(s, dict) and isinstance(s.get("ns"), int)
-        )
-
-
-def _set_latency(request: Captured, stamps: dict[str, int]) -> None:
-    if "REQUEST_START" in stamps and "REQUEST_END" in stamps:
-        request.latency_us = (stamps["REQUEST_END"] - stamps["REQUEST_START"]) / 1000
-
-
-SIDES = ("TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT")
-
-
-def _add_tensor(request: Captured | None, activity: str, tensor: Mapping[str, Any]) -> bool:
-    """``tensor`` added to ``request``'s inputs or outputs; False when it cannot be replayed."""
-    array = tensor_of(tensor)
-    if array is None:
-        return False
-    if request is not None:
-        side = request.inputs if activity == SIDES[0] else request.outputs
-        side[str(tensor.get("name", ""))] = array
-    return True
-
-
-def tensor_of(tensor: Mapping[str, Any]) -> np.ndarray | None:
-    """A traced tensor (``data`` "1,2,3", ``shape`` "1,3", ``dtype`` "FP32") as an array; None when
-    it cannot be replayed faithfully (BYTES, a size that does not match, too large)."""
-    dtype = DTYPES.get(str(tensor.get("dtype", "")))
-    data, shape_text = tensor.get("data"), tensor.get("shape")
-    if dtype is None or not isinstance(data, str) or not isinstance(shape_text, str):
+def _read_file(captures: Captures, file: TraceFile, named: bytes, reading: Reading) -> Captured | None:
+    if file.size > MAX_FILE_BYTES:
+        reading.skip(f"trace file over {MAX_FILE_BYTES >> 20} MiB: not read")
         return None
     try:
-        shape = tuple(int(d) for d in shape_text.split(",")) if shape_text else ()
-        size = math.prod(shape)
-        if any(d < 0 for d in shape) or size * np.dtype(dtype).itemsize > MAX_TENSOR_BYTES:
-            return None
-        values = [v for v in data.split(",") if v != ""]
-        return _array_of(values, dtype, shape) if len(values) == size else None
-    except (ValueError, OverflowError):
+        data = captures.read(file.name)
+    except (OSError, MlregError):
+        reading.skip(NOT_JSON)
         return None
+    if named not in data:
+        return None
+    records = load_records(data, reading)
+    if records is None:
+        return None
+    reading.files += 1
+    found = parse_trace(records, file.name, reading)
+    if found is not None:
+        found.when = file.mtime
+    return found
 
 
-def _array_of(values: list[str], dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """Traced values as an array of ``dtype`` (raises ValueError, OverflowError)."""
-    if dtype is np.bool_:
-        return np.array([v.strip() in ("1", "true") for v in values], dtype=dtype).reshape(shape)
-    if np.dtype(dtype).kind == "f":
-        return np.array([float(v) for v in values]).astype(dtype).reshape(shape)
-    return np.array([int(v) for v in values]).astype(dtype).reshape(shape)
+def parse_traces(records: list[Any], source: str, reading: Reading) -> list[Captured]:
+    """The records of one trace file (Triton's list) as its request: none when it is forged, holds
+    a tensor that cannot be replayed, or no whole request (each counted in ``reading``)."""
+    found = parse_trace(records, source, reading)
+    return [found] if found is not None else []
 
 
-def purge(location: str) -> list[str]:
-    """Delete every captured file under ``location``; their names."""
-    if not location:
-        return []
-    captures = Captures(location)
-    names = [f.name for f in captures.files()]
-    captures.delete(names)
-    return names
+@dataclass
+class Purged:
+    deleted: list[str]  # location/name of each file deleted
+    unreached: list[str]  # the locations (and why) that could not be listed or emptied
+
+
+def purge(locations: str | Sequence[str]) -> Purged:
+    """Delete every trace file mlreg armed under ``locations``; what went and what was not reached."""
+    purged = Purged([], [])
+    for location in [locations] if isinstance(locations, str) else locations:
+        try:
+            captures = Captures(location)
+            names = [f.name for f in captures.files()]
+            captures.delete(names)
+        except (OSError, MlregError) as exc:
+            purged.unreached.append(f"{location}: {getattr(exc, 'message', exc)}")
+            continue
+        purged.deleted.extend(f"{location.rstrip('/')}/{name}" for name in names)
+    return purged
+
+
+def prune_all(shadow: Shadow) -> list[str]:
+    """Each captures location pruned to its bounds; notes for those that could not be."""
+    notes = []
+    for location in shadow.locations():
+        try:
+            Captures(location).prune(shadow)
+        except (OSError, MlregError) as exc:
+            notes.append(
+                f"captured files under {location} could not be pruned: {getattr(exc, 'message', exc)}"
+            )
+    return notes

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pipelines.control_key import ControlKey, control_key, local_key
 from pipelines.promote import discovery
-from pipelines.promote.capture import Shadow, parse_shadow
+from pipelines.promote.capture import Shadow, parse_shadow, settle
 from pipelines.promote.perf import PERF_KEYS, PerfSettings, parse_perf
 from pipelines.promote.policy import Policy, check_keys, parse_policy
 from pipelines.storage import check_store_uri
@@ -126,7 +126,7 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
                 warmup=_flag(path, name, raw, "warmup", True),
                 memory_margin=_number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
                 load_timeout=_number(path, name, raw, "load_timeout", 0.0, minimum=1.0),
-                shadow=parse_shadow(f"{path} [environments.{name}]", raw.get("shadow"), path.parent),
+                shadow=_shadow(path, name, raw, settings),
                 open_control=_open_control(path, name, raw),
             )
         except (KeyError, TypeError) as exc:
@@ -135,6 +135,13 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
                 fix='add store = "s3://bucket/prefix" and targets = ["host:8001"]',
             ) from exc
     return envs
+
+
+def _shadow(path: Path, name: str, raw: dict[str, object], settings: Settings) -> Shadow | None:
+    """The capture settings, where they can be read (``capture.settle``: refused otherwise)."""
+    where = f"{path} [environments.{name}]"
+    shadow = parse_shadow(where, raw.get("shadow"), path.parent)
+    return settle(where, shadow, _store(path, name, raw["store"]), settings)
 
 
 def _targets(path: Path, name: str, raw: object) -> tuple[str, ...]:

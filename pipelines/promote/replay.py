@@ -21,6 +21,11 @@ second term: the spread two draws of a noisy model show at that floor, 99.9 % on
 floor itself is over ``max_floor`` (the serving version disagrees with itself too often for any
 comparison to mean something: raise the tolerance, or skip the check).  Triton writes float data
 with six significant digits: the tolerance must stay above that (1e-3 by default).
+
+Fewer requests judged than the environment's ``min_captures`` -- none captured, the captures
+forged, the canary gone mid-replay so that neither side answered -- is **inconclusive**: refused,
+never a pass (``--skip-shadow`` says, in the report, that the check was not run).  Forged trace
+records (``traces.py``) are never judged and always named in the result's line.
 """
 
 from __future__ import annotations
@@ -97,6 +102,8 @@ class ShadowResult:
     latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # side -> p50/p95
     first: list[dict[str, Any]] = field(default_factory=list)  # the first divergent requests
     skipped: dict[str, int] = field(default_factory=dict)  # captures not replayed, by why
+    forged: int = 0  # records from request ids that broke Triton's trace format (never judged)
+    forged_files: int = 0
     seconds: float = 0.0
     pairs_ms: list[list[float]] = field(default_factory=list)  # per request: [candidate, serving]
 
@@ -109,12 +116,18 @@ class ShadowResult:
         return self.floor / self.judged if self.judged else 0.0
 
     def line(self) -> str:
+        forged = (
+            f" ({self.forged} forged records from request ids that break Triton's trace format, in "
+            f"{self.forged_files} file(s): not judged)"
+            if self.forged
+            else ""
+        )
         if not self.judged:
-            return f"{self.model}: shadow replay {self.verdict}"
+            return f"{self.model}: shadow replay {self.verdict}{forged}"
         return (
             f"{self.model} v{self.candidate} diverged from serving v{self.serving} on {self.diverged} of "
             f"{self.judged} captured requests ({self.divergence:.1%}); noise floor {self.floor} "
-            f"({self.floor_rate:.1%}): {self.verdict}"
+            f"({self.floor_rate:.1%}): {self.verdict}{forged}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +138,22 @@ class ShadowResult:
 
 def skipped(model: str, candidate: str, serving: str, why: str) -> ShadowResult:
     return ShadowResult(model, candidate, serving, True, f"skipped: {why}")
+
+
+def refused(model: str, candidate: str, serving: str, why: str) -> ShadowResult:
+    """A replay that could not be run where the environment asks for one: fails closed."""
+    return ShadowResult(model, candidate, serving, False, f"refused: {why}")
+
+
+def inconclusive(result: ShadowResult, shadow: Shadow, found: int) -> ShadowResult:
+    """Fewer honest requests than ``min_captures``: refused, unless the check is skipped."""
+    result.ok = False
+    result.verdict = (
+        f"inconclusive: {found} captured request(s) of v{result.serving} could be judged, fewer than "
+        f"min_captures {shadow.least}: let production send more (or promote with --skip-shadow, "
+        "which the report names)"
+    )
+    return result
 
 
 def replay(
@@ -237,7 +266,7 @@ def compare(
         result.diverged += diverged
         result.floor += noisy
         if diverged:
-            _note_first(result, request, candidate)
+            _note_first(result, request, candidate, shadow.record_tensors)
     result.outputs = tally.finish(shadow.top_k)
     result.latency_ms = _latency(requests, ours, again)
     result.pairs_ms = [
@@ -250,9 +279,8 @@ def compare(
 
 def judge(result: ShadowResult, shadow: Shadow) -> ShadowResult:
     n, c, f = result.judged, result.diverged, result.floor
-    if not n:
-        result.ok, result.verdict = True, "skipped: no captured request could be judged"
-        return result
+    if n < shadow.least:
+        return inconclusive(result, shadow, n)
     result.allowed = round(shadow.max_divergence * n + Z * math.sqrt(2 * f), 2)
     if f / n > shadow.max_floor:
         result.ok = False
@@ -268,7 +296,8 @@ def judge(result: ShadowResult, shadow: Shadow) -> ShadowResult:
         result.ok = False
         result.verdict = (
             f"refused: {c - f} divergent request(s){failed} above the floor, more than the "
-            f"{result.allowed:g} max_divergence {shadow.max_divergence:.1%} allows{named}"
+            f"{result.allowed:g} allowed (max_divergence {shadow.max_divergence:.1%} of {n} judged "
+            f"request(s){' + the noise margin' if f else ''}){named}"
         )
     else:
         result.verdict = f"passed (within max_divergence {shadow.max_divergence:.1%} above the floor)"
@@ -371,16 +400,24 @@ def _latency(
     return out
 
 
-def _note_first(result: ShadowResult, request: Captured, candidate: dict[str, np.ndarray] | None) -> None:
+def _note_first(
+    result: ShadowResult, request: Captured, candidate: dict[str, np.ndarray] | None, tensors: bool
+) -> None:
+    """One of the first divergent requests: where it was captured, and its tensors only where the
+    environment lets them be recorded (``record_tensors``); otherwise their shapes alone."""
     if len(result.first) >= FIRST:
         return
+
+    def shown(arrays: Mapping[str, np.ndarray]) -> dict[str, str]:
+        return {n: _shown(a) if tensors else f"shape {list(a.shape)}" for n, a in arrays.items()}
+
     result.first.append(
         {
             "request_id": request.request_id,
             "source": request.source,
-            "inputs": {n: _shown(a) for n, a in request.inputs.items()},
-            "serving": {n: _shown(a) for n, a in request.outputs.items()},
-            "candidate": {n: _shown(a) for n, a in candidate.items()} if candidate is not None else "failed",
+            "inputs": shown(request.inputs),
+            "serving": shown(request.outputs),
+            "candidate": shown(candidate) if candidate is not None else "failed",
         }
     )
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 
 from pipelines.promote import retention
+from pipelines.promote.after import best_effort
 from pipelines.promote.context import Deployer, OnStage, Options, PromotionContext, Stage
 from pipelines.promote.deploy import AllAtOnce
 from pipelines.promote.environments import Environment, resolve_targets
@@ -55,6 +56,7 @@ from pipelines.promote.stages import (
     wants_onnx,
 )
 from pipelines.storage import open_store
+from registry.errors import Terminated
 from registry.settings import Settings
 
 __all__ = [
@@ -110,6 +112,7 @@ class Promotion:
         self.connect = connect or triton_connector(settings, env.key(settings), env.load_deadline(settings))
         self.scratch = scratch
         self.ctx: PromotionContext | None = None
+        self.interrupted = ""  # a signal that came after record: the rest of the after-record steps skipped
 
     def run(self, model: str, version: str) -> PromotionResult:
         ctx = self.ctx = self._context(model, version)
@@ -119,15 +122,24 @@ class Promotion:
             self._sequence(ctx, pipeline(ctx))
         finally:
             ctx.close()
-        if not self.options.dry_run:  # capture on again for what now serves (shadow.py), locks let go
-            ctx.result.notes.extend(
-                capture_after(ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, self.env.shadow)
-            )
+        if not self.options.dry_run and not self.interrupted:
+            ctx.result.notes.extend(self._capture_after(ctx))
         ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left
         ctx.result.notes.extend(ctx.fleet.recreation_notes())  # a swap that made a served version anew
         ctx.result.notes.extend(ctx.result.headroom.notes if ctx.result.headroom else [])  # not checked
         ctx.result.ok = True
         return ctx.result
+
+    def _capture_after(self, ctx: PromotionContext) -> list[str]:
+        """Capture on again for what now serves (shadow.py), the locks let go: after ``record``, so
+        best effort and bounded (after.py) -- a frozen replica or captures prefix, or a signal,
+        ends it with a note, never with a false failure of what was promoted."""
+        if self.env.shadow is None:
+            return []
+        targets, connect, steps, shadow = ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, self.env.shadow
+        return best_effort(
+            "capture arming", lambda progress: capture_after(targets, connect, steps, shadow, progress)
+        )
 
     def _context(self, model: str, version: str) -> PromotionContext:
         targets = resolve_targets(self.settings, self.env)
@@ -161,6 +173,11 @@ class Promotion:
             try:
                 self._timed(ctx, stage)
             except BaseException as exc:
+                if not planning and not stage.undone and isinstance(exc, KeyboardInterrupt | Terminated):
+                    # after record: the promotion happened; the signal ends what is left, said so
+                    self.interrupted = exc.signal_name if isinstance(exc, Terminated) else "SIGINT"
+                    ctx.result.notes.append(f"promoted; {stage.name} interrupted ({self.interrupted})")
+                    return
                 if planning or not stage.undone:
                     raise  # nothing changed, nothing to record; or a stage the promotion outlives
                 self.on_error(ctx, exc)

@@ -5,10 +5,14 @@
   (``replay.py``); a refusal is a gate failure, so the undo log puts the canary back.
 - It is skipped, with the reason in the report, where it cannot or must not judge: the environment
   captures nothing (no ``shadow`` table) or excludes the model, nothing serves yet, ``--skip-shadow``,
-  an allowed breaking change of the contract (production's requests no longer fit), or nothing was
-  captured of the serving version.
+  or an allowed breaking change of the contract (production's requests no longer fit).
+- Everywhere else it never skips silently: captures that cannot be read (a location unreachable or
+  frozen: bounded by ``capture.READ_DEADLINE_S``) refuse, named; fewer honest captures than
+  ``min_captures`` (forged files and mlreg's own requests of this promotion do not count) are
+  *inconclusive*, which refuses too.
 - After a promotion that succeeded, capture is switched on again on every replica for the models
-  it moved (Triton's ``trace_count`` restarts) and the files are pruned to their bounds.
+  it moved (Triton's ``trace_count`` restarts) and the files are pruned to their bounds
+  (``capture_after``: best effort, bounded by ``after.py``).
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.promote.capture import Captures, Shadow, arm, read_captures
+from pipelines.promote.capture import Shadow, arm, prune_all, read_captures
 from pipelines.promote.plan import Step
-from pipelines.promote.replay import ShadowResult, kind_of, replay, skipped
-from pipelines.triton import REQUEST_PREFIX  # mlreg's own requests: never read back as production's
+from pipelines.promote.replay import ShadowResult, inconclusive, kind_of, refused, replay, skipped
+from pipelines.triton import REQUEST_PREFIX  # this promotion's own requests (a secret nonce)
 from registry.contracts.config import parse_config
 from registry.contracts.diff import diff_configs
 from registry.errors import ContractError, MlregError
@@ -49,15 +53,16 @@ def replay_step(
         return skipped(model, version, reference, why), []
     assert shadow is not None
     try:
-        reading = read_captures(shadow.captures, model, reference, shadow.count)
-    except MlregError as exc:
-        return skipped(model, version, reference, f"the captures could not be read: {exc.message}"), []
+        reading = read_captures(shadow.locations(), model, reference, shadow.count)
+    except MlregError as exc:  # fails closed: a check the environment asks for is never skipped
+        why = f"the captures under {shadow.where()} could not be read: {exc.message}"
+        return refused(model, version, reference, why), []
     requests = [r for r in reading.requests if not r.request_id.startswith(REQUEST_PREFIX)]
-    if not requests:
-        where = f" under {shadow.captures}" if shadow.captures else " (the environment names no captures)"
-        found = skipped(model, version, reference, f"no captured request of v{reference}{where}")
-        found.skipped = dict(reading.skipped)
-        return found, []
+    result = ShadowResult(model, version, reference, skipped=dict(reading.skipped))
+    result.forged, result.forged_files = reading.forged, reading.forged_files
+    if len(requests) < shadow.least:
+        result.captured = len(requests)
+        return inconclusive(result, shadow, len(requests)), []
     kinds = _kinds(step)
     names = list(kinds)
     infer, loaded_as = candidate
@@ -68,7 +73,6 @@ def replay_step(
     def theirs(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return serving(model, inputs, names, version=reference)
 
-    result = ShadowResult(model, version, reference, skipped=dict(reading.skipped))
     replay(requests, ours, theirs, kinds, shadow, result)
     return result, [r.inputs for r in requests]
 
@@ -107,16 +111,18 @@ def _kinds(step: Step) -> dict[str, str]:
 
 
 def capture_after(
-    targets: tuple[str, ...], connect: Callable[[str], Any], steps: list[Step], shadow: Shadow | None
+    targets: tuple[str, ...],
+    connect: Callable[[str], Any],
+    steps: list[Step],
+    shadow: Shadow | None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Capture on again for the models a promotion moved (never ensembles), files pruned; notes."""
+    """Capture on again for the models a promotion moved (never ensembles), files pruned; notes.
+    ``progress`` is told what is being reached (a replica, then each captures location)."""
     if shadow is None:
         return []
     models = [s.model for s in steps if not s.is_ensemble and not s.noop]
-    notes = arm(targets, connect, models, shadow)
-    if shadow.captures:
-        try:
-            Captures(shadow.captures).prune(shadow)
-        except (OSError, MlregError) as exc:
-            notes.append(f"captured files under {shadow.captures} could not be pruned: {exc}")
-    return notes
+    notes = arm(targets, connect, models, shadow, progress)
+    if progress is not None:
+        progress(shadow.where())
+    return notes + prune_all(shadow)

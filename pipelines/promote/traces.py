@@ -1,0 +1,266 @@
+"""One trace file, as Triton 2.51 writes it, read as untrusted input (issue 44).
+
+mlreg arms capture with ``log_frequency = 1`` (``capture.py``): Triton then writes each sampled
+request to its own file ``<file>.<n>``, a JSON list of that one trace's records, all with its trace
+id (seen on the wheel's 2.51, gRPC and HTTP alike; the order of the records varies)::
+
+    [{"id":2,"timestamps":[{"name":"HTTP_RECV_START","ns":1}]},
+     {"id":2,"model_name":"m","model_version":1,"request_id":"c7"},
+     {"id":2,"timestamps":[{"name":"REQUEST_START","ns":2}]},
+     {"id":2,"activity":"TENSOR_QUEUE_INPUT","tensor":{"name":"X","data":"1,2","shape":"1,2","dtype":"FP32"}},
+     {"id":2,"activity":"TENSOR_BACKEND_OUTPUT","tensor":{"name":"Y","data":"3","shape":"1,1","dtype":"FP32"}},
+     ...]
+
+Triton writes the client's ``request_id`` *unescaped*: an id such as ``x"},{"id":77,...`` closes
+the string and adds records of the client's choosing.  So a file is judged by its structure before
+anything in it is trusted -- an allow-list of what Triton writes for one request:
+
+- exactly one trace id, and exactly one record naming the model (with its version and, when the
+  client sent one, the request id);
+- timestamp records of one stamp each, named by an activity Triton 2.51 has, each at most once;
+- tensor records of the three tensor activities, each tensor name at most once per activity (a
+  second input or output set is never Triton's);
+- no other key anywhere.
+
+A file that breaks it is **forged**: none of its records is replayed, and each record that broke
+it (another trace id, a repeated tensor or stamp, a record of an unknown shape) is counted.  JSON
+nested deeper than the parser's bound (Python's recursion limit; Triton writes 4 levels) is
+skipped with its reason, never a ``RecursionError``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MAX_TENSOR_BYTES = 64 << 20  # a captured tensor larger than this is not replayed
+OPEN_KEYS = frozenset({"id", "model_name", "model_version", "request_id"})
+STAMP_KEYS = frozenset({"id", "timestamps"})
+TENSOR_KEYS = frozenset({"id", "activity", "tensor"})
+TENSOR_FIELDS = frozenset({"name", "data", "shape", "dtype"})
+STAMP_NAME_KEYS = frozenset({"name", "ns"})
+INPUT, OUTPUT = "TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"
+SIDES = (INPUT, OUTPUT)
+TENSOR_ACTIVITIES = frozenset({INPUT, OUTPUT, "TENSOR_BACKEND_INPUT"})
+# TRITONSERVER_InferenceTraceActivityString's timestamp activities and the frontends' own stamps
+STAMPS = frozenset(
+    {"REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"}
+    | {"COMPUTE_END", "REQUEST_END", "INFER_RESPONSE_COMPLETE"}
+    | {"HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"}
+    | {"GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"}
+)
+NOT_JSON = "trace file not readable as Triton's JSON (being written, or not a trace)"
+TOO_DEEP = "trace file nested deeper than the parser's bound (Triton writes 4 levels): not parsed"
+FORGED = "forged records from request ids that break Triton's trace format"
+NOT_REPLAYABLE = "a tensor that is not replayable (BYTES, or data not matching its shape)"
+NOT_WHOLE = "trace file without a whole request (no model record, or no inputs or outputs)"
+DTYPES = {
+    "BOOL": np.bool_,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+
+@dataclass
+class Captured:
+    """One captured request: its inputs, what the serving version answered, how long it took."""
+
+    model: str
+    version: str
+    request_id: str
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    latency_us: float = 0.0
+    source: str = ""  # file#trace id
+    when: float = 0.0  # the file's modification time: capture order
+
+
+@dataclass
+class Reading:
+    requests: list[Captured] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # why -> how many (files or requests)
+    files: int = 0  # files parsed
+    forged: int = 0  # records that broke Triton's format (in ``forged_files`` files)
+    forged_files: int = 0
+
+    def skip(self, why: str, count: int = 1) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + count
+
+    def forgery(self, records: int) -> None:
+        self.forged += records
+        self.forged_files += 1
+        self.skip(FORGED, records)
+
+
+def load_records(data: bytes, reading: Reading) -> list[Any] | None:
+    """The file's records; None (and why, counted) when it is not Triton's JSON list.  The parser's
+    depth is bounded by the interpreter's recursion limit (a ``RecursionError`` is caught here, never
+    raised): Triton nests 4 levels, so anything deeper came from a request id and is forged."""
+    try:
+        records = json.loads(data)
+    except RecursionError:
+        reading.forgery(1)
+        reading.skip(TOO_DEEP)
+        return None
+    except ValueError:
+        reading.skip(NOT_JSON)
+        return None
+    if not isinstance(records, list):
+        reading.skip(NOT_JSON)
+        return None
+    return records
+
+
+def parse_trace(records: list[Any], source: str, reading: Reading) -> Captured | None:
+    """The one request a file of one trace holds; None when the file is forged (counted), holds a
+    tensor that cannot be replayed, or no whole request (each counted under its reason)."""
+    check = _Check()
+    for record in records:
+        check.take(record)
+    if check.bad:
+        reading.forgery(check.bad)
+        return None
+    if check.request is None or not check.request.inputs or not check.request.outputs:
+        if check.request is not None or check.broken:
+            reading.skip(NOT_REPLAYABLE if check.broken else NOT_WHOLE)
+        return None
+    if check.broken:
+        reading.skip(NOT_REPLAYABLE)
+        return None
+    request = check.request
+    request.source = f"{source}#{check.trace_id}"
+    if "REQUEST_START" in check.stamps and "REQUEST_END" in check.stamps:
+        request.latency_us = (check.stamps["REQUEST_END"] - check.stamps["REQUEST_START"]) / 1000
+    return request
+
+
+class _Check:
+    """The allow-list of one trace's records (the module's docstring), applied record by record;
+    ``bad`` counts the records that break it."""
+
+    def __init__(self) -> None:
+        self.trace_id: int | None = None
+        self.request: Captured | None = None
+        self.stamps: dict[str, int] = {}
+        self.tensors: dict[str, set[str]] = {a: set() for a in TENSOR_ACTIVITIES}
+        self.pending: list[tuple[str, Mapping[str, Any]]] = []  # tensors before the model record
+        self.bad = 0
+        self.broken = False
+
+    def take(self, record: Any) -> None:
+        if not isinstance(record, dict):
+            self.bad += 1
+            return
+        trace_id = record.get("id")
+        if type(trace_id) is not int:
+            self.bad += 1
+            return
+        if self.trace_id is None:
+            self.trace_id = trace_id  # the first record is always the sampled request's own
+        elif trace_id != self.trace_id:
+            self.bad += 1
+            return
+        keys = record.keys()
+        if "model_name" in record:
+            self.bad += not self._open(record, keys)
+        elif keys == STAMP_KEYS:
+            self.bad += not self._stamp(record["timestamps"])
+        elif keys == TENSOR_KEYS:
+            self.bad += not self._tensor(record["activity"], record["tensor"])
+        else:
+            self.bad += 1
+
+    def _open(self, record: dict[str, Any], keys: Any) -> bool:
+        name, version = record["model_name"], record.get("model_version")
+        request_id = record.get("request_id", "")
+        if self.request is not None or not keys <= OPEN_KEYS or not isinstance(name, str):
+            return False
+        if type(version) is not int or not isinstance(request_id, str):
+            return False
+        self.request = Captured(name, str(version), request_id)
+        for activity, tensor in self.pending:
+            self._add(activity, tensor)
+        self.pending.clear()
+        return True
+
+    def _stamp(self, stamps: Any) -> bool:
+        if not isinstance(stamps, list) or len(stamps) != 1:
+            return False
+        stamp = stamps[0]
+        if not isinstance(stamp, dict) or stamp.keys() != STAMP_NAME_KEYS:
+            return False
+        name, ns = stamp["name"], stamp["ns"]
+        if name not in STAMPS or type(ns) is not int or name in self.stamps:
+            return False
+        self.stamps[name] = ns
+        return True
+
+    def _tensor(self, activity: Any, tensor: Any) -> bool:
+        if (
+            activity not in TENSOR_ACTIVITIES
+            or not isinstance(tensor, dict)
+            or tensor.keys() != TENSOR_FIELDS
+        ):
+            return False
+        if not all(isinstance(v, str) for v in tensor.values()):
+            return False  # Triton writes each field as a string
+        name = tensor["name"]
+        if name in self.tensors[activity]:
+            return False  # a second input or output set: never Triton's for one request
+        self.tensors[activity].add(name)
+        if activity in SIDES:
+            if self.request is None:
+                self.pending.append((activity, tensor))
+            else:
+                self._add(activity, tensor)
+        return True
+
+    def _add(self, activity: str, tensor: Mapping[str, Any]) -> None:
+        assert self.request is not None
+        array = tensor_of(tensor)
+        if array is None:
+            self.broken = True
+            return
+        side = self.request.inputs if activity == INPUT else self.request.outputs
+        side[str(tensor["name"])] = array
+
+
+def tensor_of(tensor: Mapping[str, Any]) -> np.ndarray | None:
+    """A traced tensor (``data`` "1,2,3", ``shape`` "1,3", ``dtype`` "FP32") as an array; None when
+    it cannot be replayed faithfully (BYTES, a size that does not match, too large)."""
+    dtype = DTYPES.get(str(tensor.get("dtype", "")))
+    data, shape_text = tensor.get("data"), tensor.get("shape")
+    if dtype is None or not isinstance(data, str) or not isinstance(shape_text, str):
+        return None
+    try:
+        shape = tuple(int(d) for d in shape_text.split(",")) if shape_text else ()
+        size = math.prod(shape)
+        if any(d < 0 for d in shape) or size * np.dtype(dtype).itemsize > MAX_TENSOR_BYTES:
+            return None
+        values = [v for v in data.split(",") if v != ""]
+        return _array_of(values, dtype, shape) if len(values) == size else None
+    except (ValueError, OverflowError):
+        return None
+
+
+def _array_of(values: list[str], dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Traced values as an array of ``dtype`` (raises ValueError, OverflowError)."""
+    if dtype is np.bool_:
+        return np.array([v.strip() in ("1", "true") for v in values], dtype=dtype).reshape(shape)
+    if np.dtype(dtype).kind == "f":
+        return np.array([float(v) for v in values]).astype(dtype).reshape(shape)
+    return np.array([int(v) for v in values]).astype(dtype).reshape(shape)

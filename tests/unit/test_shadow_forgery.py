@@ -1,0 +1,425 @@
+"""Shadow captures are untrusted input, and mlreg deletes only what it made (issue 44, items 4-5).
+
+Trace files here are written byte for byte as Triton 2.51 writes them with ``log_frequency 1``
+(one file per sampled request; the record order seen on the wheel's tritonserver for an HTTP
+request: the frontend's receive stamps first, then the model record, the tensors, the rest), with
+the client's request id written *unescaped* -- exactly what lets a client forge records.  The
+real-server check of the same format is in tests/integration/test_shadow.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.promote import after
+from pipelines.promote.capture import Captures, Shadow, parse_shadow, purge, read_captures, settle
+from pipelines.promote.plan import Role, Step
+from pipelines.promote.replay import ShadowResult, compare
+from pipelines.promote.shadow import replay_step
+from pipelines.promote.traces import FORGED, TOO_DEEP
+from pipelines.triton import REQUEST_PREFIX
+from registry.errors import UsageError
+from registry.settings import Settings
+
+CONFIG = """name: "m"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+
+def _values(array: np.ndarray) -> str:
+    return ",".join(f"{v:g}" for v in array.ravel())
+
+
+def triton_file(trace_id: int, request_id: str, x: np.ndarray, y: np.ndarray, version: int = 1) -> bytes:
+    """One sampled HTTP request as Triton 2.51 writes its file: ``request_id`` unescaped."""
+    t = 1_000_000 * trace_id
+
+    def stamp(name: str, ns: int) -> str:
+        return f'{{"id":{trace_id},"timestamps":[{{"name":"{name}","ns":{ns}}}]}}'
+
+    def tensor(activity: str, name: str, a: np.ndarray) -> str:
+        return (
+            f'{{"id":{trace_id},"activity":"{activity}","tensor":{{"name":"{name}","data":"{_values(a)}",'
+            f'"shape":"{",".join(map(str, a.shape))}","dtype":"FP32"}}}}'
+        )
+
+    opened = f'{{"id":{trace_id},"model_name":"m","model_version":{version}'
+    opened += f',"request_id":"{request_id}"}}' if request_id else "}"
+    records = [
+        stamp("HTTP_RECV_START", t),
+        stamp("HTTP_RECV_END", t + 10),
+        opened,
+        stamp("REQUEST_START", t + 20),
+        stamp("QUEUE_START", t + 30),
+        tensor("TENSOR_QUEUE_INPUT", "X", x),
+        tensor("TENSOR_BACKEND_OUTPUT", "Y", y),
+        stamp("INFER_RESPONSE_COMPLETE", t + 900),
+        stamp("HTTP_SEND_START", t + 910),
+        stamp("HTTP_SEND_END", t + 920),
+        stamp("COMPUTE_START", t + 40),
+        stamp("COMPUTE_INPUT_END", t + 50),
+        stamp("COMPUTE_OUTPUT_START", t + 800),
+        stamp("COMPUTE_END", t + 850),
+        stamp("REQUEST_END", t + 1000),
+    ]
+    return ("[" + ",".join(records) + "]").encode()
+
+
+def forging_id(first_fake: int, fakes: int) -> str:
+    """A request id that closes its string and appends ``fakes`` requests of zeros (inputs and
+    outputs: a wrong candidate answering zeros would match them), then reopens a string."""
+    zeros = np.zeros((1, 4), np.float32)
+    parts = []
+    for fake in range(first_fake, first_fake + fakes):
+        body = triton_file(fake, f"f{fake}", zeros, np.zeros((1, 1), np.float32)).decode()[1:-1]
+        parts.append(body)
+    return 'evil"},' + ",".join(parts) + ',{"id":1,"x":"'
+
+
+def write_honest(
+    folder: Path, count: int, start: int = 0, prefix: str = "c", seed: int = 3
+) -> dict[str, bytes]:
+    """``count`` honest captures of a model answering ``sum(x)``; their files' bytes by name."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for n in range(start, start + count):
+        x = rng.random((1, 4), dtype=np.float32)
+        data = triton_file(n + 1, f"{prefix}{n}", x, x.sum(axis=1, keepdims=True))
+        path = folder / f"trace.json.{n}"
+        path.write_bytes(data)
+        os.utime(path, (1000 + n, 1000 + n))
+        written[path.name] = data
+    return written
+
+
+def _step() -> Step:
+    return Step("m", "2", Role.MODEL, None, CONFIG, CONFIG, ["1"])
+
+
+def _model(scale: float):
+    def infer(
+        model: str, inputs: dict[str, np.ndarray], names: list[str], version: str = ""
+    ) -> dict[str, np.ndarray]:
+        return {"Y": (inputs["X"].sum(axis=1, keepdims=True) * scale).astype(np.float32)}
+
+    return infer
+
+
+def test_records_forged_through_a_request_id_are_named_and_never_judged(tmp_path: Path) -> None:
+    """The repro: one request whose id appends 100 fake requests of zeros.  A 5x-wrong candidate
+    was passed ("0 of 99 diverged") when those were read as captures; now the forged file is
+    skipped and named, only the honest captures are judged, and the wrong candidate is refused."""
+    traces = tmp_path / "traces"
+    write_honest(traces, 60)
+    forged = triton_file(
+        9000, forging_id(9001, 100), np.ones((1, 4), np.float32), np.full((1, 1), 4.0, np.float32)
+    )
+    (traces / "trace.json.9000").write_bytes(forged)
+    reading = read_captures(str(traces), "m", "1", 10_000)
+    assert len(reading.requests) == 60
+    assert all(r.request_id.startswith("c") for r in reading.requests)  # no fake, nor the forger's own
+    assert (reading.forged_files, reading.forged) == (1, 100 * 15 + 1)  # each fake's 15 records, the tail
+    assert reading.skipped == {FORGED: reading.forged}
+    shadow = Shadow(captures=str(traces), count=500)
+    wrong, _ = replay_step(_step(), "1", (_model(5.0), "m"), _model(1.0), shadow)
+    assert not wrong.ok
+    assert wrong.judged == 60  # the honest captures only
+    assert wrong.diverged == 60
+    assert wrong.verdict.startswith("refused: 60 divergent request(s)")
+    assert (
+        "1501 forged records from request ids that break Triton's trace format, in 1 file(s)" in wrong.line()
+    )
+    same, _ = replay_step(_step(), "1", (_model(1.0), "m"), _model(1.0), shadow)
+    assert (same.ok, same.judged, same.diverged) == (True, 60, 0)
+
+
+@pytest.mark.parametrize(
+    ("injected", "why"),
+    [
+        # a second input set under the request's own trace id (guessed): never Triton's
+        (
+            'x"},{"id":7,"activity":"TENSOR_QUEUE_INPUT","tensor":{"name":"X","data":"0,0,0,0",'
+            '"shape":"1,4","dtype":"FP32"}},{"id":7,"timestamps":[{"name":"QUEUE_END","ns":1}]},{"id":7,"z":"',
+            "second input set",
+        ),
+        ('x"},{"id":7,"activity":"TENSOR_MAGIC","tensor":{}},{"id":7,"z":"', "unknown activity"),
+        ('x","extra":"1', "a key Triton never writes"),
+        ('x"},{"id":7,"model_name":"m","model_version":1,"request_id":"y', "a second model record"),
+        ('x"},{"id":7,"timestamps":[{"name":"REQUEST_END","ns":5}]},{"id":7,"z":"', "a repeated stamp"),
+    ],
+)
+def test_what_triton_never_writes_for_one_request_is_forged(tmp_path: Path, injected: str, why: str) -> None:
+    traces = tmp_path / "traces"
+    write_honest(traces, 3)
+    x = np.ones((1, 4), np.float32)
+    (traces / "trace.json.50").write_bytes(triton_file(7, injected, x, x.sum(axis=1, keepdims=True)))
+    reading = read_captures(str(traces), "m", "1", 100)
+    assert [r.request_id for r in reading.requests] == ["c0", "c1", "c2"], why
+    assert reading.forged_files == 1, why
+    assert reading.forged >= 1, why
+
+
+def test_a_30000_deep_array_in_a_request_id_is_skipped_with_a_reason(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    write_honest(traces, 2)
+    deep = 'x","a":' + "[" * 30_000 + "]" * 30_000 + ',"b":"'
+    x = np.ones((1, 4), np.float32)
+    (traces / "trace.json.9").write_bytes(triton_file(9, deep, x, x.sum(axis=1, keepdims=True)))
+    reading = read_captures(str(traces), "m", "1", 100)  # no RecursionError
+    assert [r.request_id for r in reading.requests] == ["c0", "c1"]
+    assert reading.skipped[TOO_DEEP] == 1
+    assert reading.forged_files == 1
+
+
+def test_mlreg_prefixed_ids_from_clients_are_judged_and_only_this_promotions_nonce_is_skipped(
+    tmp_path: Path,
+) -> None:
+    """Requests with ids ``mlreg-<n>`` from any client used to be skipped as mlreg's own (the
+    replay said "no captured request" and passed): now they are ordinary captures, judged; only
+    this promotion's own requests (a secret nonce) are left out."""
+    traces = tmp_path / "traces"
+    write_honest(traces, 60, prefix="mlreg-")
+    write_honest(traces, 5, start=60, prefix=REQUEST_PREFIX, seed=4)
+    assert len(REQUEST_PREFIX) >= len("mlreg-") + 32  # 16 random bytes: not guessable
+    shadow = Shadow(captures=str(traces), count=500)
+    wrong, _ = replay_step(_step(), "1", (_model(5.0), "m"), _model(1.0), shadow)
+    assert wrong.judged == 60  # the clients' mlreg-<n> ids, not the nonce's five
+    assert not wrong.ok
+
+
+def test_fewer_honest_captures_than_the_minimum_is_inconclusive_and_refuses(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    write_honest(traces, 10)
+    found, _ = replay_step(_step(), "1", (_model(1.0), "m"), _model(1.0), Shadow(captures=str(traces)))
+    assert not found.ok
+    assert found.verdict.startswith("inconclusive: 10 captured request(s) of v1 could be judged")
+    assert "min_captures 50" in found.verdict
+    assert "--skip-shadow" in found.verdict
+    skipped, _ = replay_step(
+        _step(), "1", (_model(1.0), "m"), _model(1.0), Shadow(captures=str(traces)), skip=True
+    )
+    assert (skipped.ok, skipped.verdict) == (True, "skipped: --skip-shadow")
+
+
+def test_a_canary_gone_mid_replay_is_not_a_pass(tmp_path: Path) -> None:
+    """Neither side answers (the canary killed): nothing judged is inconclusive, never "passed"."""
+    from registry.errors import TritonError
+
+    def dead(*args: object, **kwargs: object) -> dict[str, np.ndarray]:
+        raise TritonError("unreachable")
+
+    traces = tmp_path / "traces"
+    write_honest(traces, 60)
+    found, _ = replay_step(_step(), "1", (dead, "m"), dead, Shadow(captures=str(traces)))
+    assert (found.ok, found.judged, found.serving_failed) == (False, 0, 60)
+    assert found.verdict.startswith("inconclusive")
+
+
+def test_captures_that_cannot_be_read_refuse_named(tmp_path: Path) -> None:
+    shadow = Shadow(captures=str(tmp_path / "gone"))
+    found, _ = replay_step(_step(), "1", (_model(1.0), "m"), _model(1.0), shadow)
+    assert not found.ok
+    assert found.verdict.startswith(f"refused: the captures under {tmp_path / 'gone'} could not be read")
+
+
+def test_the_sample_spans_every_replica_not_the_newest_files(tmp_path: Path) -> None:
+    """One replica holding 1000 captures, another 60: a sample of 100 takes from both."""
+    write_honest(tmp_path / "replica-0", 1000, prefix="a")
+    write_honest(tmp_path / "replica-1", 60, prefix="b", start=2000)
+    reading = read_captures(str(tmp_path), "m", "1", 100)
+    sources = [r.request_id[0] for r in reading.requests]
+    assert len(sources) == 100
+    assert (sources.count("a"), sources.count("b")) == (50, 50)  # replica by replica in turn
+    mtimes = [r.when for r in reading.requests]
+    assert mtimes == sorted(mtimes)  # replayed in capture order
+    again = read_captures(str(tmp_path), "m", "1", 100)
+    assert {r.request_id for r in again.requests} != {r.request_id for r in reading.requests}  # unpredictable
+
+
+def test_tensors_reach_reports_only_where_the_environment_allows(tmp_path: Path) -> None:
+    x = np.array([[0.25, 0.5, 0.75, 1.0]], np.float32)
+    from pipelines.promote.capture import Captured
+
+    requests = [Captured("m", "1", "c1", {"X": x}, {"Y": np.array([[2.5]], np.float32)})]
+    ours = [({"Y": np.array([[9.0]], np.float32)}, 1.0)]
+    again = [({"Y": np.array([[2.5]], np.float32)}, 1.0)]
+    kept = compare(
+        requests, ours, again, {"Y": "regression"}, Shadow(min_captures=1), ShadowResult("m", "2", "1")
+    )
+    [first] = kept.first
+    assert first["inputs"] == {"X": "shape [1, 4]"}
+    assert first["candidate"] == {"Y": "shape [1, 1]"}
+    assert "0.25" not in str(kept.to_dict())
+    allowed = Shadow(min_captures=1, record_tensors=True)
+    shown = compare(requests, ours, again, {"Y": "regression"}, allowed, ShadowResult("m", "2", "1"))
+    assert shown.first[0]["inputs"]["X"].startswith("[0.25, 0.5, 0.75, 1]")
+
+
+# -- the settings refuse what cannot be read or would delete what mlreg keeps ------------------------
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg"), "PATH": os.environ["PATH"]})
+
+
+def test_a_shadow_table_without_captures_is_refused_except_on_the_local_stack(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    shadow = parse_shadow("x", {"rate": 1, "count": 100}, tmp_path)
+    with pytest.raises(UsageError, match="no captures location"):
+        settle("x", shadow, str(tmp_path / "store"), settings)
+    local = settle("x", shadow, str(settings.local_repository), settings)
+    assert local is not None
+    assert local.stack == str(settings.stack_dir)
+    for replica in ("traces", "replica-1/traces", "replica-2/traces"):
+        (settings.stack_dir / replica).mkdir(parents=True)
+    assert local.locations() == [
+        str(settings.stack_dir / "traces"),
+        str(settings.stack_dir / "replica-1/traces"),
+        str(settings.stack_dir / "replica-2/traces"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "captures",
+    [
+        "store",
+        "store/scorer",
+        ".",
+        ".mlreg",
+        ".mlreg/stack",
+        ".mlreg/stack/replica-1",
+        ".mlreg-archive/store",
+    ],
+)
+def test_captures_overlapping_what_mlreg_keeps_is_refused(tmp_path: Path, captures: str) -> None:
+    settings = _settings(tmp_path)
+    shadow = parse_shadow("x", {"captures": captures}, tmp_path)
+    with pytest.raises(UsageError, match="overlaps"):
+        settle("x", shadow, str(tmp_path / "store"), settings)
+
+
+def test_s3_captures_sharing_the_stores_prefix_is_refused_and_a_prefix_of_its_own_is_not(
+    tmp_path: Path,
+) -> None:
+    settings = _settings(tmp_path)
+    store = "s3://127.0.0.1:9000/bucket/models"
+    for bad in (
+        "s3://bucket/models/traces",
+        "s3://127.0.0.1:9000/bucket",
+        "s3://bucket/.mlreg-archive/models",
+    ):
+        with pytest.raises(UsageError, match="overlaps"):
+            settle("x", parse_shadow("x", {"captures": bad}, tmp_path), store, settings)
+    good = settle("x", parse_shadow("x", {"captures": "s3://bucket/traces"}, tmp_path), store, settings)
+    assert good is not None
+    assert good.locations() == ["s3://bucket/traces"]
+
+
+def test_min_captures_above_count_and_log_frequency_other_than_one_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="min_captures 80 is more than count 40"):
+        parse_shadow("x", {"captures": "t", "count": 40, "min_captures": 80}, tmp_path)
+    with pytest.raises(UsageError, match="log_frequency must be 1"):
+        parse_shadow("x", {"captures": "t", "log_frequency": 10}, tmp_path)
+
+
+# -- delete only what you made ---------------------------------------------------------------------------
+
+
+def _others(root: Path) -> dict[Path, bytes]:
+    """Files a captures folder may hold beside the traces: none of them mlreg's to delete."""
+    files = {
+        root / "manifest.json": b'{"files": {}}',
+        root / "triton.json": b'{"pid": 1}',
+        root / "notes.json.bak": b"{}",
+        root / "replica-0" / "trace.json": b"[]",  # log_frequency 0's file: not what mlreg arms
+        root / "replica-0" / "config.pbtxt": b'name: "m"',
+        root / "deep" / "er" / "trace.json.1": b"[]",  # two folders down: not a replica's
+        root / "replica-0" / "trace.json.7.tmp": b"[]",
+    }
+    for path, data in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        os.utime(path, (1000, 1000))
+    outside = root.parent / "outside.json.1"
+    outside.write_bytes(b"[]")
+    (root / "replica-0" / "link.json.1").symlink_to(outside)
+    return {**files, outside: b"[]"}
+
+
+def _digests(files: dict[Path, bytes]) -> dict[Path, str]:
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def test_purge_and_prune_delete_only_the_trace_files_mlreg_armed(tmp_path: Path) -> None:
+    root = tmp_path / "captures"
+    traces = write_honest(root / "replica-0", 5)
+    traces_1 = write_honest(root / "replica-1", 3, start=10)
+    others = _others(root)
+    before = _digests(others)
+    gone = Captures(str(root)).prune(Shadow(max_age_hours=0))  # everything is too old
+    assert sorted(gone) == sorted([f"replica-0/{n}" for n in traces] + [f"replica-1/{n}" for n in traces_1])
+    assert _digests(others) == before  # every other file byte-identical
+    write_honest(root / "replica-0", 2)
+    purged = purge([str(root), str(tmp_path / "missing")])
+    assert sorted(purged.deleted) == [f"{root}/replica-0/trace.json.0", f"{root}/replica-0/trace.json.1"]
+    missing = tmp_path / "missing"
+    assert purged.unreached == [
+        f"{missing}: the captures folder {missing} does not exist (or is not a folder)"
+    ]
+    assert _digests(others) == before
+    assert (root / "replica-0" / "link.json.1").is_symlink()
+
+
+# -- after record: best effort, bounded, a signal ends it with the real outcome ---------------------------
+
+
+def test_an_after_record_step_that_hangs_is_left_behind_within_its_deadline() -> None:
+    hang = threading.Event()
+
+    def frozen(progress: after.Progress) -> list[str]:
+        progress("s3://bucket/traces")
+        hang.wait(60)  # a frozen S3 prefix
+        return []
+
+    began = time.monotonic()
+    notes = after.best_effort("capture arming", frozen, deadline_s=0.5)
+    hang.set()
+    assert time.monotonic() - began < 3
+    assert notes == [
+        "promoted; capture arming did not finish within 0.5 s on s3://bucket/traces: left behind"
+    ]
+
+
+def test_a_sigterm_after_record_ends_the_step_with_the_real_outcome() -> None:
+    """A real SIGTERM to this process while capture arming waits on a frozen replica: no
+    ``Terminated`` (the CLI's handler is in place, as in ``mlreg``), the note names the replica."""
+    from mlreg.cli.signals import sigterm_raises
+
+    hang = threading.Event()
+
+    def frozen(progress: after.Progress) -> list[str]:
+        progress("10.0.0.7:8001")
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        hang.wait(60)
+        return []
+
+    with sigterm_raises():
+        began = time.monotonic()
+        notes = after.best_effort("capture arming", frozen, deadline_s=30)
+        elapsed = time.monotonic() - began
+    hang.set()
+    assert elapsed < 5
+    assert notes == ["promoted; capture arming interrupted on 10.0.0.7:8001 (SIGTERM)"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
