@@ -3,7 +3,10 @@
 Every version folder goes up with a sha256 manifest; unchanged files are not sent again.  A stored
 version is written once: one the store holds with other bytes is refused (naming each file), the
 same bytes are a no-op (:mod:`pipelines.storage.push`).  Each model's lock is held while it is
-pushed, with the lease the lock policy gives (:func:`pipelines.storage.locking.lease_of`).
+pushed, with the lease the lock policy gives (:func:`pipelines.storage.locking.lease_of`).  A
+version the store holds without a valid manifest is finished only with the bytes MLflow registered
+for it: the project's registry is asked for its ``artifact_digest`` (only then: MLflow's import is
+paid by that push alone).
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlreg.ops.context import open_store
+from mlreg.ops.context import open_registry, open_store
 from pipelines.storage.locking import lease_of
 from pipelines.storage.push import push_path
+from registry.errors import RegistryError
 from registry.settings import Settings
+
+DIGEST_TAG = "artifact_digest"  # mlreg.ops.store_verify.DIGEST_TAG (not imported: it loads the promotion)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -45,8 +51,30 @@ def store_push(
     target: RepositoryStore, path: Path, progress: Callable[[int], None] | None = None
 ) -> PushReport:
     """Push every version folder under ``path`` into ``target`` (``progress``: bytes just sent)."""
-    results = push_path(target, path, progress, lease=lease_of(Settings.from_env()))
+    settings = Settings.from_env()
+    results = push_path(
+        target, path, progress, lease=lease_of(settings), registered=registered_digest(settings)
+    )
     return PushReport(target.uri, results)
+
+
+def registered_digest(settings: Settings) -> Callable[[str, str], str | None]:
+    """(model, version) -> the ``artifact_digest`` MLflow recorded for it (None: a version MLflow
+    does not know, or one registered without a digest); the registry opened on the first ask."""
+    opened: list[Any] = []
+
+    def digest(model: str, version: str) -> str | None:
+        if not opened:
+            opened.append(open_registry(settings))
+        try:
+            tags = opened[0].version_tags(model, version)
+        except RegistryError as exc:
+            if "DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
+                raise
+            return None
+        return str(tags.get(DIGEST_TAG) or "") or None
+
+    return digest
 
 
 __all__ = ["PushReport", "push_target", "store_push"]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mlreg.ops.context import open_registry, open_store
 from mlreg.ops.store_ls import archive_of
 from pipelines.promote.integrity import registered_signature, signature_status
-from pipelines.storage.verify import SIGNATURE_FILE, FileProblem, Verification
+from pipelines.storage.verify import ENTRY, SIGNATURE_FILE, FileProblem, Verification
 from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
@@ -62,12 +62,25 @@ class StoreVerifyReport:
     def failure(self) -> StorageError | None:
         """The error the verb ends with: a copy that does not match, else one not trusted-signed."""
         if self.bad:
-            files = [f"{c.model}/{c.version}/{p.file}" for c in self.bad for p in c.problems]
+            named = (
+                p.file if p.problem == ENTRY else f"{c.model}/{c.version}/{p.file}"
+                for c in self.bad
+                for p in c.problems
+            )
+            files = list(dict.fromkeys(named))  # an entry of a model folder is named by each version
             more = f" and {len(files) - 10} more" if len(files) > 10 else ""
+            entries = any(c.entries for c in self.bad)
             return StorageError(
                 f"{self.store}: {len(self.bad)} of {len(self.checks)} version(s) do not match their "
-                f"manifest: {', '.join(files[:10])}{more}",
-                fix="put the registered bytes back ('mlreg store repair MODEL VERSION'; a promotion "
+                f"manifest{' or lie in a model folder holding unexpected entries' if entries else ''}: "
+                f"{', '.join(files[:10])}{more}",
+                fix=(
+                    "remove every unexpected entry named (mlreg writes only config.pbtxt and version "
+                    "folders with a manifest under a model folder; Triton may read or run anything else); "
+                    if entries
+                    else ""
+                )
+                + "put the registered bytes back ('mlreg store repair MODEL VERSION'; a promotion "
                 "re-uploads what differs too), then verify again",
             )
         unsigned = [f"{m}/{v}" for (m, v), line in self.signed.items() if not line.startswith("signed by")]

@@ -30,6 +30,7 @@ from typing import Any
 from pipelines.promote.plan import Step
 from pipelines.promote.ports import RegistryReader
 from pipelines.promote.undo import VerifyStored
+from pipelines.storage import closed_world
 from pipelines.storage.base import RepositoryStore
 from pipelines.storage.verify import MANIFEST
 from registry.contracts.config import CONFIG_NAME
@@ -427,6 +428,23 @@ def manifest_problems(store: RepositoryStore, model: str, versions: Iterable[str
                 "of the model) restores it from the registry"
             )
     return found
+
+
+def folder_problems(store: RepositoryStore, model: str, serving: Iterable[str]) -> list[str]:
+    """``mlreg status``: one line per entry of ``<model>/`` outside the closed world's allow-list
+    (:mod:`pipelines.storage.closed_world`; nothing hashed: one listing and the manifests), each
+    of which refuses every load of the model.  A store that stops answering is said by its other
+    reads."""
+    try:
+        found = closed_world.folder_entries(store, model, tuple(serving))
+    except StorageError:
+        return []
+    return [
+        f"{model}/{rel} {why}; every load of {model} is refused until it is removed from the store "
+        f"(mlreg writes only config.pbtxt and version folders with a manifest there): 'mlreg store "
+        f"verify {model}' names each"
+        for rel, why in found
+    ]
 
 
 def signature_status(store: RepositoryStore, model: str, version: str, keys: Iterable[Path]) -> str:

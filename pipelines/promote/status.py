@@ -22,7 +22,7 @@ from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.fanout import Fleet, loading_versions, ready_versions
-from pipelines.promote.integrity import manifest_problems, signature_problems
+from pipelines.promote.integrity import folder_problems, manifest_problems, signature_problems
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
 from pipelines.promote.ports import Registry, ServingTarget
 from pipelines.promote.replicas import Connect, hung_loads, open_control, triton_connector
@@ -529,6 +529,7 @@ def _add_store_findings(
         if numbered.live_pins:  # an ensemble the store lost: what each target's loaded one pins
             row.target_pins = numbered.live_pins
     row.drift.extend(manifest_problems(store, model, view.desired))  # its bytes cannot be verified
+    row.drift.extend(folder_problems(store, model, view.desired))  # what no manifest covers: loads refused
     if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
         row.drift.extend(signature_problems(store, registry, model, view.desired, env.signatures))
         return

@@ -70,7 +70,8 @@ def archive_of(store: RepositoryStore) -> RepositoryStore:
 def complete(store: RepositoryStore, model: str, version: str) -> Verification | None:
     """The version's check (sizes against its manifest, nothing hashed) when it is whole there:
     manifest present, every file at its size, nothing missing; None otherwise."""
-    check = store.check_version(model, version, hashing="none")  # no manifest: "incomplete"
+    # no manifest: "incomplete"; the version's own wholeness only (the archive is never read by Triton)
+    check = store.check_version(model, version, hashing="none", closed_world=False)
     return check if not check.problems else None
 
 
@@ -161,9 +162,13 @@ def placements(store: RepositoryStore, archive: RepositoryStore | None, model: s
     stored = set(archive.list_versions(model)) if archive is not None else set()
     rows = []
     for version in sorted(live | stored, key=int):
-        here = store.check_version(model, version, hashing="none") if version in live else None
+        here = (
+            store.check_version(model, version, hashing="none", closed_world=False)
+            if version in live
+            else None
+        )
         there = (
-            archive.check_version(model, version, hashing="none")
+            archive.check_version(model, version, hashing="none", closed_world=False)
             if archive is not None and version in stored
             else None
         )

@@ -138,13 +138,25 @@ class RepositoryStore(ObjectStore):
         return self.versions.get_version(model, version, dest, expected_digest)
 
     def check_version(
-        self, model: str, version: str, expected_digest: str | None = None, hashing: str = "changed"
+        self,
+        model: str,
+        version: str,
+        expected_digest: str | None = None,
+        hashing: str = "changed",
+        *,
+        closed_world: bool = True,
+        loading: tuple[str, ...] = (),
     ) -> Verification:
         """Compare the stored version with its manifest (and ``expected_digest``); never raises on
         a mismatch: the problems are in the result.  ``hashing``: ``"all"`` re-hashes every file,
         ``"changed"`` only files whose digest the cache cannot prove, ``"none"`` hashes nothing
-        (files it cannot prove are reported unverified)."""
-        return self.versions.check_version(model, version, expected_digest, hashing)
+        (files it cannot prove are reported unverified).  ``closed_world`` (what Triton reads: the
+        default) also judges every other entry of the model folder
+        (:mod:`pipelines.storage.closed_world`), with ``loading`` the versions the load names
+        (default: this one); False only where Triton never reads (the archive)."""
+        return self.versions.check_version(
+            model, version, expected_digest, hashing, closed_world=closed_world, loading=loading
+        )
 
     def verify_version(
         self,
@@ -154,15 +166,28 @@ class RepositoryStore(ObjectStore):
         *,
         full: bool = False,
         drop_bytecode: bool = False,
+        loading: tuple[str, ...] = (),
     ) -> Verification:
         """Refuse (StorageError naming each bad file) unless every file of ``<model>/<version>/``
         matches the manifest and the manifest matches ``expected_digest`` (the version's
-        ``artifact_digest`` in MLflow) when given.  ``full`` re-hashes every file instead of
-        reusing digests the cache proves.  ``drop_bytecode`` (right before Triton reads the
-        folder): a version that verifies then loses its Python bytecode caches."""
+        ``artifact_digest`` in MLflow) when given, and nothing else is under ``<model>/`` (the
+        closed world: :mod:`pipelines.storage.closed_world`; ``loading``: the versions the load
+        names).  ``full`` re-hashes every file instead of reusing digests the cache proves.
+        ``drop_bytecode`` (right before Triton reads the folder): a version that verifies then
+        loses its Python bytecode caches."""
         return self.versions.verify_version(
-            model, version, expected_digest, full=full, drop_bytecode=drop_bytecode
+            model, version, expected_digest, full=full, drop_bytecode=drop_bytecode, loading=loading
         )
+
+    def verify_load(self, model: str, versions: tuple[str, ...] | list[str]) -> None:
+        """Right before a load whose config names ``versions`` (the kept serving version too:
+        Triton re-reads a loaded version whose files changed): each verified against its manifest
+        in the closed world of the model folder (its bytecode caches dropped), the config's
+        execution environment inside one of them; StorageError naming what is wrong, nothing
+        loaded."""
+        named = tuple(versions)
+        for version in named:
+            self.versions.verify_version(model, version, None, drop_bytecode=True, loading=named)
 
     def drop_bytecode(self, model: str, version: str) -> list[str]:
         """Remove the Python bytecode caches (``__pycache__/*.pyc``) of ``<model>/<version>/``: no

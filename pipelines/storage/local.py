@@ -9,15 +9,25 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from pipelines.storage.base import RepositoryStore
+from pipelines.storage.closed_world import is_version_folder
 from pipelines.storage.disk import disk_full_error, is_disk_full, where_full
 from pipelines.storage.manifest import DigestCache, Stamp, file_stamp
-from pipelines.storage.objects import ARCHIVE, CHUNK, LOCK_PREFIX, LockState, ObjectStore, Progress
+from pipelines.storage.objects import (
+    ARCHIVE,
+    CHUNK,
+    LOCK_PREFIX,
+    TEMP_PREFIX,
+    LockState,
+    ObjectStore,
+    Progress,
+)
 from pipelines.storage.session import StoreSession
 from pipelines.storage.verify import BYTECODE_GUARD
 from registry.contracts.links import outside_links
@@ -59,25 +69,32 @@ class LocalObjects(ObjectStore):
         except OSError as exc:
             raise self._fail("read", key, exc) from exc
 
+    def _temp(self) -> Path:
+        """A temporary file at the store's root, never under a model folder (``TEMP_PREFIX``)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self.root / f"{TEMP_PREFIX}{os.getpid()}.{secrets.token_hex(4)}"
+
     def write(self, key: str, data: bytes) -> None:
-        """Atomic (a temporary file renamed over the old one); on any failure -- a full disk
-        included -- the temporary file is removed: Triton scans the model folder."""
+        """Atomic (a temporary file at the root renamed over the old one); on any failure -- a
+        full disk, a signal -- the temporary file is removed."""
         path = self._path(key)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp = self._temp()
         self.note_change(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(data)
             os.replace(tmp, path)  # atomic: readers see the old or the new file
-        except OSError as exc:
+        except BaseException as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            raise self._fail("write", key, exc) from exc
+            if isinstance(exc, OSError):
+                raise self._fail("write", key, exc) from exc
+            raise
 
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         self.note_change(key)
-        tmp = path.with_name(f".{path.name}.new{os.getpid()}.{secrets.token_hex(4)}")
+        tmp = self._temp()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(data)
@@ -166,6 +183,14 @@ class LocalObjects(ObjectStore):
             written.append(key)
         return written
 
+    def model_entries(self, model: str) -> tuple[dict[str, Stamp], list[tuple[str, str]]]:
+        """One walk of ``<model>/`` (links never followed): :func:`walk_model`."""
+        return walk_model(self._path(model), model)
+
+    def before_upload(self, prefix: str) -> None:
+        """Temporary files interrupted uploads left at the root (their process gone): removed."""
+        sweep_temps(self.root)
+
     def list_prefix(self, prefix: str) -> list[str]:
         base = self._path(prefix)
         if not base.is_dir():
@@ -182,7 +207,7 @@ class LocalObjects(ObjectStore):
         """Copy, hashing the bytes as they are written: the stored copy's digest is proven once,
         here, and remembered for its stamp (no second read before a load)."""
         target = self._path(key)
-        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        tmp = self._temp()  # at the root: an interrupted upload leaves nothing Triton reads
         digest = hashlib.sha256()
         self.note_change(key)
         try:
@@ -194,9 +219,12 @@ class LocalObjects(ObjectStore):
                     if progress:
                         progress(len(chunk))
             tmp.replace(target)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise self._fail("write", key, exc) from exc
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise self._fail("write", key, exc) from exc
+            raise
         if digest.hexdigest() != sha256:
             raise StorageError(
                 f"{self.uri}: '{path}' changed while it was stored as '{key}' "
@@ -235,30 +263,27 @@ class LocalObjects(ObjectStore):
         return digest, after if after == before else [after[0], 0, 0, 0]  # changed while read
 
     def copy_object_to(self, key: str, dest: ObjectStore, dest_key: str, size: int | None = None) -> None:
-        """A hard link where both are local folders on one file system (instant), else a copy
-        (another file system: an archive mounted apart) hashed as it is written, its digest
-        remembered for the copy's stamp -- the check of the copy against its manifest that
+        """A copy hashed as it is written (never a hard link: a file with two names can change
+        through the one mlreg does not watch, so the closed world refuses it under a model folder),
+        its digest remembered for the copy's stamp -- the check of the copy against its manifest that
         follows (``archive.complete``) then compares every file's sha256 without reading it again."""
         if not isinstance(dest, LocalObjects):
             super().copy_object_to(key, dest, dest_key)
             return
         source, target = self._path(key), dest._path(dest_key)
         dest.note_change(dest_key)
-        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-        digest = None
+        tmp = dest._temp()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp.unlink(missing_ok=True)
-            try:
-                os.link(source, tmp)
-            except OSError:
-                digest = _hashed_copy(source, tmp)
+            digest = _hashed_copy(source, tmp)
             tmp.replace(target)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise self._fail("copy", key, exc, dest.root) from exc
-        if digest is not None:
-            dest.digests.remember(dest.cache_key(dest_key), file_stamp(target.stat()), digest)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise self._fail("copy", key, exc, dest.root) from exc
+            raise
+        dest.digests.remember(dest.cache_key(dest_key), file_stamp(target.stat()), digest)
 
     def move_version_to(self, dest: ObjectStore, model: str, version: str) -> bool:
         """One ``rename`` of the version folder (atomic: the version is in one place or the other);
@@ -325,6 +350,88 @@ class LocalStore(LocalObjects, RepositoryStore):
         archive = LocalStore(self.root.parent / ARCHIVE / self.root.name, self.session.holder)
         archive.digests = self.digests
         return archive
+
+
+def walk_model(base: Path, model: str) -> tuple[dict[str, Stamp], list[tuple[str, str]]]:
+    """Each regular file's stamp under the model folder ``base`` (keys ``<model>/...``), and every
+    link, hard link, non-regular file and empty folder but an empty version folder, where nothing
+    is read (see closed_world.py)."""
+    if base.is_symlink():
+        return {}, [("", "is a symbolic link: the model folder lies elsewhere")]
+    stamps: dict[str, Stamp] = {}
+    odd: list[tuple[str, str]] = []
+    for here, dirs, files in os.walk(base):
+        rel = os.path.relpath(here, base).replace(os.sep, "/")
+        inner = "" if rel == "." else f"{rel}/"
+        if not dirs and not files and inner and not is_version_folder(rel):
+            odd.append((inner, "is an empty folder mlreg never makes"))
+        for name in [d for d in dirs if os.path.islink(os.path.join(here, d))]:
+            dirs.remove(name)
+            odd.append((inner + name, _link_why(os.path.join(here, name), base)))
+        for name in files:
+            path = os.path.join(here, name)
+            if os.path.islink(path):
+                odd.append((inner + name, _link_why(path, base)))
+            else:
+                _file_entry(path, f"{model}/{inner}{name}", inner + name, stamps, odd)
+    return stamps, odd
+
+
+def _link_why(path: str, model_folder: Path) -> str:
+    target = Path(os.path.realpath(path))
+    if target != model_folder.resolve() and not target.is_relative_to(model_folder.resolve()):
+        return f"is a link leaving the model folder (to {target}): mlreg never stores one"
+    return "is a symbolic link: mlreg never stores one (what it leads to is not verified)"
+
+
+TEMP_AGE_S = 600.0  # a temporary file untouched that long, its process gone, is litter
+
+
+def _file_entry(path: str, key: str, rel: str, stamps: dict[str, Stamp], odd: list[tuple[str, str]]) -> None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return  # gone meanwhile: missing
+    if not stat.S_ISREG(st.st_mode):
+        odd.append((rel, "is not a regular file (a FIFO, socket or device): reading it may never end"))
+    else:
+        if st.st_nlink > 1:
+            odd.append(
+                (
+                    rel,
+                    f"is a hard link ({st.st_nlink} names): its bytes can change through a name "
+                    "mlreg does not watch",
+                )
+            )
+        stamps[key] = file_stamp(st)
+
+
+def sweep_temps(root: Path, now: float | None = None) -> list[Path]:
+    """Remove the temporary files (``TEMP_PREFIX<pid>.<hex>`` at ``root``) whose process is not
+    running on this machine and that nothing wrote to for ``TEMP_AGE_S``: what an upload cut by
+    a signal or a crash left.  Only names mlreg makes; best effort.  Returns what was removed."""
+    removed = []
+    now = time.time() if now is None else now
+    for path in root.glob(f"{TEMP_PREFIX}*"):
+        pid = path.name[len(TEMP_PREFIX) :].split(".", 1)[0]
+        try:
+            if not pid.isdigit() or _running(int(pid)) or now - path.lstat().st_mtime < TEMP_AGE_S:
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's: running
+    return True
 
 
 def _hashed_copy(source: Path, target: Path) -> str:

@@ -22,6 +22,7 @@ LOCK_PREFIX = ".mlreg-lock."
 ARCHIVE = ".mlreg-archive"  # beside the store, never in it: see pipelines/storage/archive.py
 ROOT_MARKER = ".mlreg-root.json"  # written by `mlreg store init`: a file at the root, never a model
 CONFIG = "config.pbtxt"
+TEMP_PREFIX = ".mlreg-tmp."  # a local store's temporary files: at the root (Triton ignores files there)
 NAME_PART = re.compile(r"^[0-9A-Za-z.\-_]+$")
 CHUNK = 1 << 20
 Progress = Callable[[int], None]  # bytes just sent
@@ -136,6 +137,12 @@ class ObjectStore(ABC):
         """Called before the first file of a version under ``prefix`` is sent (S3: incomplete
         multipart uploads an interrupted push left there are aborted)."""
         return None
+
+    def model_entries(self, model: str) -> tuple[dict[str, Stamp], list[tuple[str, str]]]:
+        """Everything under ``<model>/`` in one listing: key -> stamp of each object, and (path
+        under the model folder, why) of each entry that is not a plain object (only a local folder
+        has those: links, FIFOs, empty folders).  See :mod:`pipelines.storage.closed_world`."""
+        return self.object_stamps(f"{model}/"), []
 
     def outside_links(self, model: str, version: str) -> list[str]:
         """Links in the stored version that leave its model folder (only a local folder has links)."""

@@ -6,6 +6,12 @@ version), the same bytes are a no-op, and the version's manifest and signature s
 written.  A push holds the model's lock, as a promotion does, so that two writers never change one
 model at once; the manifest of a new version is created only where none is (S3: If-None-Match),
 so of two writers of one new version exactly one makes it (:meth:`RepositoryStore.put_version`).
+
+A version folder the store holds *without* a valid manifest (an upload that did not finish, or a
+manifest removed) is not open: the push finishes it only with the bytes MLflow registered for that
+version -- the pushed folder's manifest digest (files and config) must be the version's
+``artifact_digest`` (``registered``, the application's look-up) -- and refuses otherwise, before
+anything is sent, naming ``mlreg store repair`` (which puts the registered bytes back).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pipelines.storage.base import (
     check_part,
     local_files,
 )
+from pipelines.storage.manifest import MANIFEST
 from pipelines.storage.verify import other_bytes, rewrite_refused
 from registry.contracts.links import refuse_outside_links
 from registry.errors import StorageError
@@ -49,18 +56,57 @@ def version_folders(folder: Path, versions: list[str] | None = None) -> list[str
     return [v for v in found if versions is None or v in versions]
 
 
-def refuse_rewrites(store: RepositoryStore, folder: Path, versions: list[str] | None = None) -> None:
+Registered = Callable[[str, str], "str | None"]  # (model, version) -> MLflow's artifact_digest
+
+
+def refuse_rewrites(
+    store: RepositoryStore,
+    folder: Path,
+    versions: list[str] | None = None,
+    registered: Registered | None = None,
+) -> None:
     """StorageError, before anything is sent, when a version of ``folder`` is stored with other
-    bytes (the comparison of the two manifests; local files hashed once, through the cache)."""
+    bytes (the comparison of the two manifests; local files hashed once, through the cache), or
+    is stored without a valid manifest and the folder is not what MLflow registered for it."""
     model = check_part(folder.name, "model name")
     for version in version_folders(folder, versions):
-        stored = store.read_manifest(model, version)
+        stored, why = store.load_manifest(model, version)
         if stored is None:
-            continue  # a new version (or one whose upload did not finish)
+            if why or store.list_prefix(f"{model}/{version}/"):  # stored, with no valid manifest
+                _refuse_unregistered(store, folder, version, registered, why)
+            continue  # a new version
         pushed = Manifest.of_folder(local_files(folder / version), store.digests)
         lines = other_bytes(stored.files, pushed.files)
         if lines:
             raise rewrite_refused(store.uri, model, version, lines)
+
+
+def _refuse_unregistered(
+    store: RepositoryStore, folder: Path, version: str, registered: Registered | None, why: str
+) -> None:
+    """A version folder stored without a valid manifest is finished only with the registered
+    bytes: StorageError unless the folder's digest is MLflow's ``artifact_digest`` for it."""
+    model = folder.name
+    pushed = Manifest.of_folder(local_files(folder / version), store.digests, folder / CONFIG)
+    expected = registered(model, version) if registered is not None else None
+    if expected is not None and expected == pushed.digest:
+        return
+    reason = (
+        "MLflow registers no digest for it"
+        if expected is None
+        else f"the folder pushed (digest {pushed.digest[:12]}...) is not what MLflow registered "
+        f"(digest {expected[:12]}...)"
+    )
+    state = f"its manifest is unreadable ({why})" if why else f"it has no {MANIFEST}"
+    raise StorageError(
+        f"{store.uri}: {model} v{version} is stored, but {state} (an upload that did not finish, or a "
+        "manifest removed); a stored version is finished only with the bytes MLflow registered for "
+        f"it, and {reason}; nothing was sent",
+        fix=f"put the registered bytes back: 'mlreg store repair {model} {version}'; to store these "
+        f"bytes, register them as a new version of {model} ('mlreg register {model} FOLDER')",
+        model=model,
+        version=version,
+    )
 
 
 def push_model(
@@ -69,13 +115,15 @@ def push_model(
     progress: Progress | None = None,
     versions: list[str] | None = None,
     lease: float = LEASE_S,
+    registered: Registered | None = None,
 ) -> list[UploadResult]:
     """Push every version folder of ``folder`` (only ``versions``, when given), then its config,
-    under the model's lock (``lease``: its lease in seconds); see the module's docstring."""
+    under the model's lock (``lease``: its lease in seconds; ``registered``: MLflow's digest of a
+    version, asked only for one stored without a valid manifest); see the module's docstring."""
     model = check_part(folder.name, "model name")
     refuse_outside_links(folder, error=StorageError)  # before anything is sent
     with store.lock(model, ttl=lease, wait=0):
-        refuse_rewrites(store, folder, versions)  # again under the lock: every version, then send
+        refuse_rewrites(store, folder, versions, registered)  # again under the lock, then send
         results = [
             store.put_version(model, v, folder / v, progress, write_once=True)
             for v in version_folders(folder, versions)
@@ -93,15 +141,16 @@ def push_path(
     progress: Progress | None = None,
     on_model: Callable[[str], None] | None = None,
     lease: float = LEASE_S,
+    registered: Registered | None = None,
 ) -> list[UploadResult]:
     results: list[UploadResult] = []
     folders = model_folders(path)
     for folder in folders:  # every name, link and stored version checked before sending anything
         check_part(folder.name, "model name")
         refuse_outside_links(folder, error=StorageError)
-        refuse_rewrites(store, folder)
+        refuse_rewrites(store, folder, registered=registered)
     for folder in folders:
         if on_model:
             on_model(folder.name)
-        results.extend(push_model(store, folder, progress, lease=lease))
+        results.extend(push_model(store, folder, progress, lease=lease, registered=registered))
     return results

@@ -6,7 +6,11 @@ Called through :meth:`RepositoryStore.verify_version` (raises) and
 1. the manifest exists and its ``digest`` field matches its own contents (an edited manifest);
 2. the manifest's digest equals ``expected_digest`` (MLflow's ``artifact_digest``), when given;
 3. every file it lists is stored with its size and sha256, and no other file is stored (a file
-   Triton would read that nobody registered); locally, no link in the version leaves the model.
+   Triton would read that nobody registered); locally, no link in the version leaves the model;
+4. (``closed_world``, the default) nothing else is under the model folder either: one listing of
+   ``<model>/`` judged against the allow-list of :mod:`pipelines.storage.closed_world` (each entry
+   outside it a problem ``entry`` naming it), and the config's ``EXECUTION_ENV_PATH`` inside a
+   version folder this load verifies (``loading``: the versions the load names, default this one).
 
 Digests are reused from the cache only for a stamp that proves the bytes unchanged (see
 :mod:`pipelines.storage.base`); everything else is read and hashed once, and remembered.
@@ -20,13 +24,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.storage import closed_world as world
+from pipelines.storage.closed_world import ENTRY
 from pipelines.storage.manifest import MANIFEST, Manifest, Stamp, parse_manifest
-from pipelines.storage.objects import ObjectStore
+from pipelines.storage.objects import CONFIG, ObjectStore
 from registry.errors import StorageError
 from registry.signing import SIGNATURE_FILE  # a version's signature, beside its manifest
 
 HASHING = ("all", "changed", "none")
 MAX_NAMED = 10
+ENTRIES_FIX = (
+    "remove each entry named from the store's {model}/ folder: mlreg writes only config.pbtxt and "
+    "version folders with a manifest there, and Triton may read or run anything else (a version "
+    "folder without a manifest is an upload that did not finish: 'mlreg store repair {model} "
+    "VERSION' puts a registered version back); then check with 'mlreg store verify {model}'"
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,8 @@ class FileProblem:
             "signature": "was changed after it was written: it differs from the signature registered "
             "in MLflow",
         }.get(self.problem, self.problem)
+        if self.problem == ENTRY:  # an entry of the model folder outside the allow-list: why
+            return f"{self.file} {self.actual}"
         detail = f" (expected {self.expected}, found {self.actual})" if self.expected or self.actual else ""
         return f"{self.file} {what}{detail}"
 
@@ -77,8 +91,15 @@ class Verification:
         return not self.problems and not self.unverified
 
     @property
+    def entries(self) -> list[FileProblem]:
+        """The unexpected entries of the model folder (closed_world)."""
+        return [p for p in self.problems if p.problem == ENTRY]
+
+    @property
     def status(self) -> str:
-        """verified | corrupt | corrupt manifest | incomplete | unverified."""
+        """verified | corrupt | corrupt manifest | incomplete | unverified | unexpected entries."""
+        if self.problems and len(self.entries) == len(self.problems):
+            return "unexpected entries"
         if any(p.problem == "incomplete" for p in self.problems):
             return "incomplete"
         if any(p.problem == "unreadable" for p in self.problems):
@@ -110,11 +131,20 @@ class Verification:
         lines = [p.line() for p in self.problems[:MAX_NAMED]]
         if len(self.problems) > MAX_NAMED:
             lines.append(f"... and {len(self.problems) - MAX_NAMED} more")
+        fix = (
+            f"put the registered bytes back ('mlreg store repair {self.model} {self.version}'; a "
+            "promotion of this version re-sends every file whose stored bytes differ), then check "
+            f"with 'mlreg store verify {self.model} {self.version}'"
+        )
+        if self.entries:
+            fix = (
+                f"{ENTRIES_FIX.format(model=self.model)}; {fix}"
+                if len(self.entries) < len(self.problems)
+                else (ENTRIES_FIX.format(model=self.model))
+            )
         raise StorageError(
             f"{where} does not match what was registered; refusing to use it:\n  " + "\n  ".join(lines),
-            fix=f"put the registered bytes back ('mlreg store repair {self.model} {self.version}'; a "
-            "promotion of this version re-sends every file whose stored bytes differ), then check "
-            f"with 'mlreg store verify {self.model} {self.version}'",
+            fix=fix,
             model=self.model,
             version=self.version,
             files=[p.file for p in self.problems],
@@ -127,6 +157,9 @@ def check_version(
     version: str,
     expected_digest: str | None = None,
     hashing: str = "changed",
+    *,
+    closed_world: bool = True,
+    loading: tuple[str, ...] = (),
 ) -> Verification:
     """See :meth:`RepositoryStore.check_version`."""
     if hashing not in HASHING:
@@ -134,19 +167,52 @@ def check_version(
     result = Verification(store.uri, model, version)
     prefix = f"{model}/{version}/"
     with ThreadPoolExecutor(1) as pool:  # the listing and the manifest's read, at once
-        listing = pool.submit(store.object_stamps, prefix)
+        listing = pool.submit(_listing, store, model, prefix, closed_world)
         manifest, unreadable = parse_manifest(store.read(prefix + MANIFEST))
-        stamps = listing.result()
+        everything, odd = listing.result()
+    stamps = {k: s for k, s in everything.items() if k.startswith(prefix)} if closed_world else everything
+    if closed_world:
+        _closed_world(store, model, version, manifest, everything, odd, loading, result)
     if manifest is None:
         problem = FileProblem(MANIFEST, "unreadable", "a manifest", unreadable) if unreadable else None
-        result.problems.append(problem or FileProblem(MANIFEST, "incomplete"))
+        result.problems.insert(0, problem or FileProblem(MANIFEST, "incomplete"))
         return result
     result.digest = manifest.digest
     result.problems.extend(_manifest_problems(manifest, expected_digest))
-    result.problems.extend(FileProblem(link, "link") for link in store.outside_links(model, version))
+    if not closed_world:  # the closed world names every link under the model folder
+        result.problems.extend(FileProblem(link, "link") for link in store.outside_links(model, version))
     _check_files(store, manifest, prefix, stamps, hashing, result)
     store.digests.save()
     return result
+
+
+def _listing(
+    store: ObjectStore, model: str, prefix: str, closed: bool
+) -> tuple[dict[str, Stamp], list[tuple[str, str]]]:
+    """The model folder's entries (closed world: one listing), else the version folder's."""
+    return store.model_entries(model) if closed else (store.object_stamps(prefix), [])
+
+
+def _closed_world(
+    store: ObjectStore,
+    model: str,
+    version: str,
+    manifest: Manifest | None,
+    stamps: dict[str, Stamp],
+    odd: list[tuple[str, str]],
+    loading: tuple[str, ...],
+    result: Verification,
+) -> None:
+    """Every entry of the model folder outside the allow-list (closed_world.py), and the config's
+    execution environment outside the versions this load verifies, as ``entry`` problems."""
+    versions = world.manifests(store, model, stamps, skip=[version])
+    versions[version] = manifest
+    found = world.unexpected(model, stamps, odd, versions, checked=[version])
+    if f"{model}/{CONFIG}" in stamps:
+        config = store.read(f"{model}/{CONFIG}")
+        text = config.decode("utf-8", "replace") if config is not None else None
+        found += world.env_problems(model, text, loading or (version,), versions)
+    result.problems.extend(FileProblem(f"{model}/{rel}", ENTRY, "", why) for rel, why in found)
 
 
 def _manifest_problems(manifest: Manifest, expected: str | None) -> list[FileProblem]:

@@ -87,9 +87,18 @@ class Versions:
         return dest
 
     def check_version(
-        self, model: str, version: str, expected_digest: str | None = None, hashing: str = "changed"
+        self,
+        model: str,
+        version: str,
+        expected_digest: str | None = None,
+        hashing: str = "changed",
+        *,
+        closed_world: bool = True,
+        loading: tuple[str, ...] = (),
     ) -> Verification:
-        return check_version(self.store, model, version, expected_digest, hashing)
+        return check_version(
+            self.store, model, version, expected_digest, hashing, closed_world=closed_world, loading=loading
+        )
 
     def verify_version(
         self,
@@ -99,8 +108,10 @@ class Versions:
         *,
         full: bool = False,
         drop_bytecode: bool = False,
+        loading: tuple[str, ...] = (),
     ) -> Verification:
-        result = self.check_version(model, version, expected_digest, "all" if full else "changed")
+        hashing = "all" if full else "changed"
+        result = self.check_version(model, version, expected_digest, hashing, loading=loading)
         result.raise_if_bad()
         if drop_bytecode:
             for key in result.bytecode:

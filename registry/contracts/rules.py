@@ -88,6 +88,7 @@ def check_paths(entry: ModelEntry) -> Iterator[Finding]:
     yield from _backend_paths(entry.name, config)
     yield from _filename_paths(entry.name, config)
     yield from _parameter_paths(entry.name, config)
+    yield from _env_version(entry)
 
 
 def _not_plain(name: str) -> bool:
@@ -150,6 +151,32 @@ def _parameter_paths(model: str, config: Any) -> Iterator[Finding]:
                 origin="mlreg",
                 actual=value,
             )
+
+
+def _env_version(entry: ModelEntry) -> Iterator[Finding]:
+    """EXECUTION_ENV_PATH inside the model's own version folder: Triton runs the archive's
+    ``bin/activate``, so one in another version's folder (``$$TRITON_MODEL_DIRECTORY/99/...``,
+    a folder this model does not hold) would run bytes no manifest of this version covers."""
+    assert entry.config is not None
+    parameter = entry.config.parameters.get("EXECUTION_ENV_PATH")
+    value = parameter.string_value if parameter is not None else ""
+    if not value.startswith(MODEL_DIRECTORY + "/") or _parameter_escapes("EXECUTION_ENV_PATH", value):
+        return  # none, or refused above as leaving the version folder
+    folder = value[len(MODEL_DIRECTORY) + 1 :].split("/", 1)[0]
+    versions = entry.versions()
+    if folder not in versions:
+        held = ", ".join(f"{v}/" for v in versions) or "none"
+        yield error(
+            PATHS_RULE,
+            entry.name,
+            f"parameter EXECUTION_ENV_PATH '{value}' lies in version folder {folder}/, which this model "
+            f"folder does not hold (its version folders: {held}): Triton would run another version's "
+            "(or an unverified) execution environment",
+            f"put the archive in the model's own version folder and name it {MODEL_DIRECTORY}/"
+            f"{versions[-1] if versions else '<version>'}/{value.rsplit('/', 1)[-1]}",
+            origin="mlreg",
+            actual=value,
+        )
 
 
 def _parameter_escapes(key: str, value: str) -> bool:

@@ -123,21 +123,27 @@ def test_a_release_that_fails_is_a_note_not_an_error(tmp_path: Path, monkeypatch
     assert (tmp_path / lock_key("m")).exists()
 
 
-def test_a_full_disk_leaves_no_temporary_config_in_the_model_folder(tmp_path: Path) -> None:
-    """ENOSPC for real: the temporary file's name is a link to /dev/full, whose every write the
-    kernel answers with ENOSPC (the issue-38 tests below fill a tmpfs of their own instead).  The
-    old config stays, no ``.config.pbtxt.tmp<PID>`` is left for Triton to scan; the error says the
-    disk is full and to free space."""
+def test_a_full_disk_leaves_no_temporary_config_in_the_model_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC for real: the temporary file (at the store's root, never in the model folder) is a
+    link to /dev/full, whose every write the kernel answers with ENOSPC (the issue-38 tests below
+    fill a tmpfs of their own instead).  The old config stays, no temporary file is left (neither
+    in the model folder Triton scans nor at the root); the error says the disk is full and to free
+    space."""
     store = LocalStore(tmp_path)
     store.write_config("m", "old\n")
-    tmp = tmp_path / "m" / f".config.pbtxt.tmp{os.getpid()}"
+    tmp = tmp_path / f".mlreg-tmp.{os.getpid()}.full"
     tmp.symlink_to("/dev/full")
+    monkeypatch.setattr(LocalStore, "_temp", lambda self: tmp)  # the name only: the ENOSPC is real
     with pytest.raises(
         StorageError, match=r"disk full at .*: cannot write 'm/config.pbtxt' \(No space left on device\)"
     ) as caught:
         store.write_config("m", "new\n")
     assert (caught.value.fix or "").startswith("free space at ")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.pbtxt"]
+    assert not tmp.is_symlink()
+    assert not list(tmp_path.glob(".mlreg-tmp.*"))
     assert store.read_config("m") == "old\n"
 
 

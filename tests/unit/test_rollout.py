@@ -244,9 +244,14 @@ class Rig:
 
     def __init__(self, tmp_path: Path, policy: Policy, dead: set[str] | None = None, **kwargs: Any) -> None:
         self.replicas, self.log = _fleet(dead)
-        self.fleet = Fleet(
-            open_store(tmp_path / "store"), URLS, _opener(self.replicas), 10, policy.max_parallel
-        )
+        store = open_store(tmp_path / "store")
+        source = tmp_path / "version"
+        source.mkdir()
+        (source / "model.py").write_text("x = 1\n")
+        for model in ("m", "e", "n"):  # a real Fleet loads only versions the store verifies
+            for version in ("1", "2"):
+                store.put_version(model, version, source)
+        self.fleet = Fleet(store, URLS, _opener(self.replicas), 10, policy.max_parallel)
         self.undo = UndoLog(gpu=False)
         self.fleet.on_touch = self.undo.touched  # as the promotion's context wires them
         self.staged = StagedRollout(URLS, self.fleet, policy, **kwargs)
