@@ -8,6 +8,7 @@ deployer's ``deploy`` and ``finalize``, ``verify`` and ``record``.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,7 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
+from pipelines.promote.stamps import repair_ensemble_stamps
 from pipelines.promote.warmups import WARMUP_BYTES, peak_bytes
 from pipelines.storage import locking
 from registry.contracts.config import CONFIG_NAME, parse_config
@@ -121,7 +123,10 @@ def repair(ctx: PromotionContext) -> RepairReport:
     """The no-op's one write: each model that serves has the environment's alias on it, and no
     failed attempt's tag is newer than its own (``record.repair_record``)."""
     plan = ctx.plan
-    repaired = repair_record(ctx.registry, ctx.env, serving_pins(ctx, plan.model, plan.version))
+    serving = serving_pins(ctx, plan.model, plan.version)
+    repaired = repair_record(ctx.registry, ctx.env, serving)
+    with tempfile.TemporaryDirectory(prefix="mlreg-stamps-") as work:  # the ensembles over them too
+        repaired += repair_ensemble_stamps(ctx.registry, ctx.store, ctx.env.name, serving, Path(work))
     ctx.result.notes.extend(repaired)
     return RepairReport(repaired)
 

@@ -25,7 +25,34 @@ from registry.contracts.warmup import (
 from registry.errors import SettingsError
 from tests.cli import CliRunner
 from tests.conftest import TEMPLATE
-from tests.unit.test_warmup import PYTHON_MODEL, X_OK, XY, Y_OK, config, given, model_folder
+
+PYTHON_MODEL = (
+    "class TritonPythonModel:\n    def execute(self, requests):\n        return [None for _ in requests]\n"
+)
+XY = '{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] }'
+
+
+def config(inputs: str, extra: str = "") -> str:
+    return (
+        f'name: "m"\nbackend: "python"\nmax_batch_size: 8\ninput [ {inputs} ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n' + extra
+    )
+
+
+def given(key: str, body: str) -> str:
+    return f'inputs {{ key: "{key}" value: {{ {body} }} }} '
+
+
+X_OK = given("X", "data_type: TYPE_FP32 dims: [ 3 ] zero_data: true")
+Y_OK = given("Y", "data_type: TYPE_INT32 dims: [ 2 ] zero_data: true")
+
+
+def model_folder(folder: Path, text: str) -> Path:
+    (folder / "m" / "1").mkdir(parents=True)
+    (folder / "m" / "1" / "model.py").write_text(PYTHON_MODEL)
+    (folder / "m" / "config.pbtxt").write_text(text)
+    return folder / "m"
+
 
 HOSTILE = 'model_warmup [ { name: "forever" batch_size: 1 count: 1000000000 ' + X_OK + Y_OK + "} ]\n"
 

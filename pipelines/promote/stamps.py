@@ -1,0 +1,78 @@
+"""The no-op's repair of a re-pointed ensemble's ``promoted_<env>`` stamps (issue 45, item 6).
+
+A promotion of a member re-points every ensemble over it and registers the re-pointed config as a
+new ensemble version, stamped ``promoted_<env>`` by ``record``.  When the attempt fails and its
+undo cannot put that stamp back (MLflow down during the replay), the stamp outlives the attempt:
+retention and ``rollback`` rank versions by it, so the never-served ensemble version reads as the
+newest that served.  ``record.repair_record`` repairs the models the rerun names (and, for an
+ensemble, its members); a rerun of the *member* that serves never named the ensemble.
+
+Here the stamps are compared with what serves: the no-op holds only where every target serves the
+store's configs, so the store's ensemble config pins what serves.  For each store ensemble over
+the rerun's models, its stamped versions are read newest first; the newest whose registered pins
+are the served ones is the version that serves, and every stamp newer than its own is a failed
+attempt's: removed.  When no stamped version pins what serves, nothing is removed (no proof of
+which stamp is whose).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from pipelines.promote.plan import ensemble_pins, ensembles_pinning
+from pipelines.promote.ports import Registry
+from pipelines.storage.base import RepositoryStore
+from registry.contracts.config import CONFIG_NAME
+from registry.errors import MlregError
+
+log = logging.getLogger(__name__)
+MAX_STAMPED = 20  # stamped versions of one ensemble read back (each is one registry fetch)
+
+
+def repair_ensemble_stamps(
+    registry: Registry, store: RepositoryStore, env_name: str, models: Iterable[str], workdir: Path
+) -> list[str]:
+    """Remove the ``promoted_<env_name>`` stamps newer than the serving version's from every store
+    ensemble pinning one of ``models`` (see the module's docstring); what was removed, one line
+    each.  MLflow or the store unreachable: a warning, the no-op still holds."""
+    tag = f"promoted_{env_name}"
+    repaired: list[str] = []
+    try:
+        for name, text in ensembles_pinning(store, models).items():
+            served = ensemble_pins(text)
+            if any(int(pin) <= 0 for pin in served.values()):
+                continue  # following a latest version: not a served state a stamp can match
+            repaired.extend(_repair_one(registry, name, served, tag, workdir))
+    except MlregError as exc:
+        log.warning("could not check the '%s' stamps of the ensembles in MLflow: %s", tag, exc)
+    return repaired
+
+
+def _repair_one(registry: Registry, name: str, served: dict[str, str], tag: str, workdir: Path) -> list[str]:
+    stamped = sorted(
+        (
+            (str(dict(getattr(v, "tags", None) or {}).get(tag, "")), str(v.version))
+            for v in registry.find_by_tag(name, tag, "%", like=True)
+        ),
+        reverse=True,
+    )[:MAX_STAMPED]
+    newer: list[tuple[str, str]] = []
+    for stamp, version in stamped:
+        if _registered_pins(registry, name, version, workdir) == served:
+            return [_removed(registry, name, v, tag, s) for s, v in newer]
+        newer.append((stamp, version))
+    return []  # no stamped version pins what serves: no proof which stamp is a failed attempt's
+
+
+def _registered_pins(registry: Registry, name: str, version: str, workdir: Path) -> dict[str, str]:
+    folder = workdir / f"stamps-{name}-{version}"
+    folder.mkdir(parents=True, exist_ok=True)
+    registry.fetch_version(name, version, folder)
+    return ensemble_pins((folder / CONFIG_NAME).read_text())
+
+
+def _removed(registry: Registry, name: str, version: str, tag: str, stamp: str) -> str:
+    registry.delete_version_tag(name, version, tag)
+    return f"tag {tag} of {name} v{version} (a failed attempt's, {stamp}: it never served) removed"
