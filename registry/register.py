@@ -112,15 +112,7 @@ def find_candidate(path: Path, config: Path | None = None) -> Candidate:
             f"'{path}' holds no {CONFIG_NAME}",
             fix="pass a Triton model folder, or a version folder with --config PATH",
         )
-    versions = sorted(
-        (p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
-    )
-    if len(versions) != 1:
-        found = ", ".join(p.name for p in versions) or "none"
-        raise RegistryError(
-            f"'{path}' must hold exactly one version folder (found: {found})",
-            fix="pass the version folder itself with --config <model>/config.pbtxt",
-        )
+    version = _one_version(path)
     cfg = load_config(path / CONFIG_NAME)
     name = path.resolve().name
     if cfg.name and cfg.name != name:
@@ -128,7 +120,34 @@ def find_candidate(path: Path, config: Path | None = None) -> Candidate:
             f"folder '{name}' holds the config of model '{cfg.name}'",
             fix="make the folder name and config.pbtxt's name equal",
         )
-    return Candidate(check_model_name(name), versions[0], path / CONFIG_NAME)
+    return Candidate(check_model_name(name), version, path / CONFIG_NAME)
+
+
+def _one_version(path: Path) -> Path:
+    """The model folder's one version folder (named by a number, as Triton reads them)."""
+    folders = [p for p in path.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    versions = sorted((p for p in folders if p.name.isdigit()), key=lambda p: int(p.name))
+    if not versions and folders:
+        raise _not_numbers(path, sorted(p.name for p in folders))
+    if len(versions) != 1:
+        found = ", ".join(p.name for p in versions) or "none"
+        raise RegistryError(
+            f"'{path}' must hold exactly one version folder (found: {found})",
+            fix="pass the version folder itself with --config <model>/config.pbtxt",
+        )
+    return versions[0]
+
+
+def _not_numbers(path: Path, names: list[str]) -> ContractError:
+    """A model folder whose version folders are not named by numbers (``v1/``): Triton loads none."""
+    shown = ", ".join(f"'{name}'" for name in names[:5])
+    digits = "".join(c for c in names[0] if c.isdigit()).lstrip("0") or "1"
+    return ContractError(
+        f"'{path}' holds no version folder: Triton's version folders are named by numbers (1/, 2/, ...), "
+        f"and {shown} {'is' if len(names) == 1 else 'are'} not",
+        fix=f"rename '{path / names[0]}' to '{path / digits}'",
+        file=str(path),
+    )
 
 
 def validate_candidate(candidate: Candidate) -> tuple[list[str], dict[str, Any]]:
@@ -337,6 +356,8 @@ def _record(
         candidate.name, f"Triton model `{candidate.name}` ({lineage.platform}), registered by mlreg."
     )
     tags = lineage.tags()
+    if lineage.git.commit == "unknown":  # outside a git checkout nothing is known to be dirty
+        del tags["git_dirty"]
     if bundle is not None:
         tags[SIGNED_BY_TAG] = claimed_identity(bundle)
     model_id = registry.log_model(

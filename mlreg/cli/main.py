@@ -24,6 +24,7 @@ from mlreg.cli import (
     triton,
 )
 from mlreg.cli.common import AppState
+from mlreg.cli.init import init_cmd
 from mlreg.cli.output import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup, silence_stdout
 from mlreg.cli.validate import diff_cmd, validate_cmd
 from registry import __version__
@@ -47,7 +48,7 @@ app = typer.Typer(
     "  mlreg validate model_repository_template",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion/--show-completion: bash, zsh, fish (~1 ms a run)
     rich_markup_mode=None,  # plain help: rich's help renderer alone costs ~0.1 s per `--help`
 )
 app.add_typer(template.app, name="template")
@@ -57,6 +58,7 @@ app.add_typer(triton.app, name="triton")
 app.add_typer(fleet.app, name="fleet")
 app.add_typer(analysis.app, name="analysis")
 app.add_typer(shadow.app, name="shadow")
+app.command("init")(init_cmd)
 app.command("validate")(validate_cmd)
 app.command("diff")(diff_cmd)
 app.command("export")(registry.export_cmd)

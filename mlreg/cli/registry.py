@@ -24,7 +24,9 @@ from mlreg.cli.common import (
     settings_of,
 )
 from mlreg.cli.output import Output
-from mlreg.cli.versions import alias_app, show_cmd, versions_cmd
+from mlreg.cli.versions import alias_app as alias_app  # re-exported: commands of main
+from mlreg.cli.versions import show_cmd as show_cmd
+from mlreg.cli.versions import versions_cmd as versions_cmd
 
 if TYPE_CHECKING:
     from mlreg.ops.register import RegisterReport
@@ -115,12 +117,17 @@ def register_cmd(
         Path | None, typer.Option("--config", help="config.pbtxt, when PATH is a version folder.")
     ] = None,
     force: Force = False,
+    allow_invalid: Annotated[
+        bool,
+        typer.Option("--allow-invalid", help="Exit 0 even when the version fails validation (meant)."),
+    ] = False,
     sign_key: SignKey = None,
     sign_cert: SignCert = None,
     sign_chain: SignChain = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Register a version exported elsewhere (validated; a failing contract is tagged validation=failed).
+    """Register a version exported elsewhere.  It is validated: a failing contract is still
+    recorded, tagged validation=failed (no promotion takes it), and exits 3 unless --allow-invalid.
 
     Example: mlreg register image_model build/image_model
     """
@@ -130,6 +137,8 @@ def register_cmd(
     signing = SignerSpec(sign_key, sign_cert, sign_chain)
     report = register_version(settings_of(ctx), model, path, config, force=force, signing=signing)
     _print_results(Output(as_json), report)
+    if not allow_invalid and (failed := report.failed_validation()) is not None:
+        raise failed
 
 
 def sign_cmd(
@@ -181,14 +190,3 @@ def k8s_annotations_cmd(
     else:
         output.write_text(text + "\n")
         Output().line(f"wrote {output}: {len(patch['metadata']['annotations'])} annotation(s)")
-
-
-__all__ = [
-    "alias_app",
-    "export_cmd",
-    "k8s_annotations_cmd",
-    "register_cmd",
-    "show_cmd",
-    "sign_cmd",
-    "versions_cmd",
-]

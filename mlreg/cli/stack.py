@@ -27,9 +27,16 @@ def _describe(out: Output, data: dict[str, object]) -> None:
     shown = {key: data[key] for key in SHOWN if key in data}
     if isinstance(shown.get("loaded"), list):
         shown["loaded"] = ", ".join(shown["loaded"]) or "(none)"  # type: ignore[arg-type]
-    if isinstance(shown.get("replicas"), list):
-        shown["replicas"] = ", ".join(shown["replicas"])  # type: ignore[arg-type]
+    servers = data.get("servers")
+    if isinstance(servers, list) and len(servers) > 1:  # every replica's ports, not only replica 0's
+        del shown["replicas"]
+        shown.update({f"replica {s['replica']}": _ports(s) for s in servers})
     out.fields(shown)
+
+
+def _ports(server: dict[str, object]) -> str:
+    grpc, http, metrics = server["grpc_url"], server["http_url"], server["metrics_url"]
+    return f"grpc {grpc}  http {http}  metrics {metrics}  (pid {server['pid']})"
 
 
 @app.command("up")

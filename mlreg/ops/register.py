@@ -1,7 +1,9 @@
 """``mlreg register``: register a Triton model folder exported elsewhere as an MLflow version.
 
-The folder is validated (a failing contract is registered tagged ``validation=failed``); the name
-must fit every store's lock key before anything is written.  :class:`RegisterReport` is also what
+The folder is validated: a failing contract is still registered, tagged ``validation=failed`` (no
+promotion takes it), and ``failed_validation`` is the error the CLI exits with unless the user
+says it is meant (``--allow-invalid``).  The name must fit every store's lock key before anything
+is written.  :class:`RegisterReport` is also what
 ``mlreg export`` returns: the versions registered, or for a dry run the ones that would be.
 """
 
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from mlreg.ops.context import open_registry
 from mlreg.ops.sign import SignerSpec
 from pipelines.storage import check_model_name_fits
-from registry.errors import UsageError
+from registry.errors import ContractError, UsageError
 from registry.register import RegisterResult, find_candidate, register
 from registry.settings import Settings
 
@@ -33,6 +35,21 @@ class RegisterReport:
 
     def planned_version(self, result: RegisterResult) -> PlannedVersion | None:
         return self.planned.get((result.model, result.version))
+
+    def failed_validation(self) -> ContractError | None:
+        """The error of a registration whose version failed validation (None when every one
+        passed, or for a plan): what was recorded, and how to go on."""
+        failed = [r for r in self.results if r.validation == "failed" and not self.planned_version(r)]
+        if not failed:
+            return None
+        names = ", ".join(f"{r.model} v{r.version}" for r in failed)
+        return ContractError(
+            f"{names} failed validation: registered, tagged validation=failed, and no promotion takes it",
+            fix="fix the errors listed above and register the folder again (a new version); "
+            "pass --allow-invalid where a failing version is meant",
+            model=failed[0].model,
+            version=failed[0].version,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         rows = []

@@ -43,7 +43,24 @@ class StackStatus:
             data["loaded"] = self.loaded
         if self.replicas:
             data["replicas"] = [r.grpc_url for r in self.replicas]
+        if self.info is not None:
+            data["servers"] = self.servers()
         return data
+
+    def servers(self) -> list[dict[str, object]]:
+        """Every replica's ports, replica 0 (the primary) first: what `targets` and `metrics` of a
+        fleet environment name, without reading the replicas' state files."""
+        found = [self.info, *self.replicas] if self.info is not None else []
+        return [
+            {
+                "replica": index,
+                "pid": server.pid,
+                "grpc_url": server.grpc_url,
+                "http_url": server.http_url,
+                "metrics_url": server.metrics_url,
+            }
+            for index, server in enumerate(found)
+        ]
 
 
 def state_file(settings: Settings) -> Path:

@@ -264,9 +264,15 @@ def _discover(path: Path, name: str, raw: dict[str, object]) -> str:
 def environment(settings: Settings, name: str) -> Environment:
     envs = load_environments(settings)
     if name not in envs:
+        path = settings_file(settings)
+        where = (
+            f"defined in {path}"
+            if path.is_file()
+            else f"'{LOCAL}' is built in; {path} does not exist: 'mlreg init' writes one"
+        )
         raise UsageError(
             f"unknown environment '{name}'",
-            fix=f"use one of: {', '.join(sorted(envs))} (defined in {settings_file(settings)})",
+            fix=f"use one of: {', '.join(sorted(envs))} ({where}), or add [environments.{name}] there",
         )
     return envs[name]
 

@@ -23,7 +23,13 @@ def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
     if report.failures:
         raise GateFailed(report)
     return QualityStageReport(
-        report.checked, report.changes, report.perf, report.where, dict(report.previous), report.shadow
+        report.checked,
+        report.changes,
+        report.perf,
+        report.where,
+        dict(report.previous),
+        report.shadow,
+        list(report.generated),
     )
 
 

@@ -72,6 +72,7 @@ class QualityReport:
     perf: list[dict[str, Any]] = field(default_factory=list)  # the performance check, per model
     shadow: list[dict[str, Any]] = field(default_factory=list)  # the shadow replay, per model
     captured: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)  # model -> inputs
+    generated: list[str] = field(default_factory=list)  # models sent inputs made from the config
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +104,12 @@ def quality_spec(settings: Settings, model: str) -> dict[str, dict[str, float]]:
     """Declared expectations per output (template's golden_inputs.QUALITY), else none."""
     module = _golden_module(settings.template_dir)
     return dict(getattr(module, "quality_spec", lambda _: {})(model)) if module else {}
+
+
+def has_golden_inputs(settings: Settings, model: str) -> bool:
+    """Whether the template's golden_inputs.py gives ``model``'s inputs (else they are made)."""
+    module = _golden_module(settings.template_dir)
+    return module is not None and module.model_inputs(model) is not None
 
 
 def golden_inputs(settings: Settings, model: str, config_text: str) -> dict[str, np.ndarray]:
@@ -375,6 +382,8 @@ def check_model(
         report.failures.extend(_expectations(f"{model}/{out.name}", outputs[out.name], expected, ranges))
     report.outputs[model] = outputs
     report.checked.append(model)
+    if not has_golden_inputs(settings, model):
+        report.generated.append(model)
 
 
 def _serving_answers(

@@ -97,17 +97,28 @@ class QualityStageReport:
     where: str = ""  # "the canary URL" / "a scratch tritonserver"
     previous: dict[str, str] = field(default_factory=dict)  # model -> the serving version compared
     shadow: list[dict[str, Any]] = field(default_factory=list)  # pipelines/promote/replay.py, per model
+    generated: list[str] = field(default_factory=list)  # checked on inputs made from the config
 
     def detail(self) -> str:
         changes = ", ".join(f"{k} max|Δ| {v:.3g}" for k, v in self.changes.items())
         perf = "; ".join(f"perf {p['line']}" for p in self.perf)
         shadow = "; ".join(f"shadow {s['line']}" for s in self.shadow)
         return (
-            f"golden inputs passed on {', '.join(self.checked)}"
+            self._inputs_line()
             + (f"; against serving: {changes}" if changes else "")
             + (f"; {shadow}" if shadow else "")
             + (f"; {perf}" if perf else "")
         )
+
+    def _inputs_line(self) -> str:
+        """Which models passed on golden inputs, which on inputs made from their config (no golden
+        inputs were given: zeros of each input's shape), or that none was sent any."""
+        given = [m for m in self.checked if m not in self.generated]
+        made = [m for m in self.checked if m in self.generated]
+        parts = [f"golden inputs passed on {', '.join(given)}"] if given else []
+        if made:
+            parts.append(f"inputs made from the config (no golden inputs given) passed on {', '.join(made)}")
+        return "; ".join(parts) or "no model was sent inputs"
 
 
 @dataclass

@@ -525,7 +525,8 @@ def test_cli_status_and_history_and_their_bad_input(stack: Stack) -> None:
     code, out, err = _mlreg(stack, "history", "image_model", "--json")
     assert code == 0, err
     latest = json.loads(out)["promotions"][0]
-    assert latest["result"] == "promoted"
+    # the newest move may be test_rollback_returns_to_the_previous_promotion's: history names it
+    assert latest["result"] in ("promoted", "rolled back")  # (issue 48), never an attempt's word
     assert [latest["to"]] == stack.serving("image_model")
     code, out, err = _mlreg(stack, "history", "image_model")
     assert code == 0, err

@@ -222,8 +222,9 @@ def test_register_findings_name_the_users_folder_not_a_scratch_copy(
     (model / "config.pbtxt").write_text((TEMPLATE / "table_data_preprocess" / "config.pbtxt").read_text())
     (model / "1" / "other.py").write_text("x = 1\n")  # model.py is missing
     result = CliRunner().invoke(app, ["register", "table_data_preprocess", str(model)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output  # recorded, and the exit says it failed (issue 48)
     assert "table_data_preprocess: registered version 1 (validation failed)" in result.stdout
+    assert "error: table_data_preprocess v1 failed validation: registered" in result.stderr
     assert f"error: table_data_preprocess: unable to find '{model / '1' / 'model.py'}'" in result.stdout
     assert "mlreg-validate-" not in result.output
     assert "INFO mlflow" not in result.output  # MLflow's own start-up lines stay out of the CLI's output
