@@ -13,6 +13,14 @@ is the environment's health: 0 when every pinned version serves there and its al
 ``sync`` refuses before any change a file pinning a version MLflow does not hold, and a file
 whose ensemble version pins a member at another version than the file does (an ensemble
 promotion brings its pinned members: such a file could never be reached, and would flip-flop).
+An ensemble's pins are read from its *registered* config (the version's ``config.pbtxt`` in
+MLflow's artifacts): that is what a promotion loads, whatever tags the version carries.  MLflow
+that cannot be reached is said as such (never "a version MLflow does not hold").
+
+``pin`` writes the file like any store object: under an exclusive lock of its folder (``flock``:
+two ``fleet pin`` at once run one after the other, each on what the other wrote) and a
+compare-and-swap on the file's digest (a writer that takes no lock -- an editor, ``git pull`` --
+changing it meanwhile refuses the pin, nothing written): no update is lost.
 It promotes only what differs (the alias names another version, or ``mlreg status`` finds drift),
 ensembles first as ``promote --from-alias`` does (an ensemble's promotion brings the member
 versions it pins; each member the file pins is then already held), so a second run is a no-op.
@@ -20,12 +28,17 @@ versions it pins; each member the file pins is then already held), so a second r
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
+import hashlib
 import json
 import os
 import re
+import tempfile
+import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +56,8 @@ if TYPE_CHECKING:
 KEYS = ("environment", "models")
 BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 DRIFT_EXIT = 1  # 'mlreg status' drift: the promotions ran, the environment does not serve the file
+LOCK_WAIT_S = 30.0  # how long a pin waits for another writer of the same folder
+NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"  # MLflow's error code for a version it does not hold
 
 
 @dataclass
@@ -51,6 +66,7 @@ class FleetFile:
     environment: str | None
     models: dict[str, str]  # model -> version
     header: list[str] = field(default_factory=list)  # the comment lines the file starts with
+    digest: str = ""  # sha256 of the bytes read ("": no file): what a pin's compare-and-swap expects
 
 
 def read_fleet(path: Path, missing_ok: bool = False) -> FleetFile:
@@ -58,7 +74,8 @@ def read_fleet(path: Path, missing_ok: bool = False) -> FleetFile:
     if missing_ok and not path.exists():
         return FleetFile(path, None, {})
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
+        text = raw.decode()
         data = tomllib.loads(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(
@@ -80,7 +97,8 @@ def read_fleet(path: Path, missing_ok: bool = False) -> FleetFile:
     if not isinstance(models, dict):
         raise UsageError(f"{path}: models must be a table, not {models!r}", fix="[models]\nimage_model = 3")
     pins = {_model(path, name): _version(path, name, value) for name, value in models.items()}
-    return FleetFile(path, environment.strip() if environment else None, pins, _leading_comments(text))
+    header = _leading_comments(text)
+    return FleetFile(path, environment.strip() if environment else None, pins, header, _digest(raw))
 
 
 def render(fleet: FleetFile) -> str:
@@ -95,11 +113,52 @@ def render(fleet: FleetFile) -> str:
 
 
 def write_fleet(fleet: FleetFile) -> None:
-    """Replace the file in one step (a reader never sees half of it)."""
+    """Replace the file in one step (a reader never sees half of it), only if it still holds the
+    bytes it was read from (``fleet.digest``): otherwise UsageError, nothing written."""
     fleet.path.parent.mkdir(parents=True, exist_ok=True)
-    partial = fleet.path.with_name(f".{fleet.path.name}.tmp")
-    partial.write_text(render(fleet))
-    os.replace(partial, fleet.path)
+    fd, name = tempfile.mkstemp(prefix=f".{fleet.path.name}.", suffix=".tmp", dir=fleet.path.parent)
+    partial = Path(name)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(render(fleet))
+        found = _digest(fleet.path.read_bytes()) if fleet.path.exists() else ""
+        if found != fleet.digest:
+            raise UsageError(
+                f"{fleet.path} changed while it was being pinned (another writer): nothing was written",
+                fix="run the command again (it pins onto what the file holds now)",
+            )
+        os.replace(partial, fleet.path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def locked(path: Path, wait: float = LOCK_WAIT_S) -> Iterator[None]:
+    """An exclusive lock of ``path``'s folder while a pin reads, changes and writes ``path`` (the
+    folder, not a lock file: nothing is left in the git tree); a writer holding it longer than
+    ``wait`` seconds refuses this one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise UsageError(
+                        f"{path}: another writer has held its folder for {wait:g} s: nothing was written",
+                        fix="let the other 'mlreg fleet pin' finish, then run the command again",
+                    ) from None
+                time.sleep(0.005)
+        yield
+    finally:
+        os.close(fd)  # lets the lock go
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 # -- pin: what the plan job writes ------------------------------------------------------------------
@@ -142,28 +201,32 @@ def pin(
     registry: Registry | None = None,
 ) -> PinResult:
     """``path`` with ``pins`` (after every version ``from_alias`` holds, when given) written in;
-    each pinned version must be registered.  Nothing is written when nothing changes."""
-    fleet = read_fleet(path, missing_ok=True)
-    if env_name and fleet.environment and env_name != fleet.environment:
-        raise UsageError(
-            f"{path} is for environment '{fleet.environment}', not '{env_name}'",
-            fix=f"drop --env, or pin into the file of '{env_name}'",
-        )
-    fleet.environment = fleet.environment or env_name or path.stem
+    each pinned version must be registered.  Nothing is written when nothing changes.  The file is
+    read, changed and written under ``locked`` (and a compare-and-swap on its digest)."""
     if not pins and not from_alias:
         raise UsageError("nothing to pin", fix="pass MODEL=VERSION (repeatable) or --from-alias ALIAS")
     registry = registry or open_registry(settings)
+    require_reachable(registry, str(path))
     wanted = {**(_alias_pins(registry, from_alias) if from_alias else {}), **pins}
-    changed = {m: v for m, v in wanted.items() if fleet.models.get(m) != v}
-    changes: list[dict[str, str | None]] = [
-        {"model": m, "from": fleet.models.get(m), "to": v} for m, v in sorted(changed.items())
-    ]
-    fleet.models.update(changed)
-    # every pin registered (the changed ones with the rest, one lookup each), reachable: as sync would
-    _refuse_unreachable_pins(fleet, _require_registered(registry, fleet.models, str(path)))
-    written = bool(changes) or not path.exists()
-    if written:
-        write_fleet(fleet)
+    with locked(path):
+        fleet = read_fleet(path, missing_ok=True)
+        if env_name and fleet.environment and env_name != fleet.environment:
+            raise UsageError(
+                f"{path} is for environment '{fleet.environment}', not '{env_name}'",
+                fix=f"drop --env, or pin into the file of '{env_name}'",
+            )
+        fleet.environment = fleet.environment or env_name or path.stem
+        changed = {m: v for m, v in wanted.items() if fleet.models.get(m) != v}
+        changes: list[dict[str, str | None]] = [
+            {"model": m, "from": fleet.models.get(m), "to": v} for m, v in sorted(changed.items())
+        ]
+        fleet.models.update(changed)
+        # every pin registered (the changed ones with the rest), reachable: as sync would judge it
+        tags = _require_registered(registry, fleet.models, str(path))
+        refuse_unreachable_pins(fleet, registered_pins(registry, fleet.models, tags))
+        written = bool(changes) or not path.exists()
+        if written:
+            write_fleet(fleet)
     return PinResult(fleet, changes, written)
 
 
@@ -238,8 +301,9 @@ def sync(
     fleet = read_fleet(path)
     name = _environment(fleet, env_name)
     ctx = context(settings, name)
+    require_reachable(ctx.registry, str(path))
     tags = _require_registered(ctx.registry, fleet.models, str(path))
-    _refuse_unreachable_pins(fleet, tags)
+    refuse_unreachable_pins(fleet, registered_pins(ctx.registry, fleet.models, tags))
     before = _health(settings, ctx, fleet) if fleet.models else []
     moved = [(row["model"], row["pinned"]) for row in before if not row["ok"]]
     result = SyncResult(fleet, name, ctx.env.alias, dry_run, moved, health=before)
@@ -267,13 +331,16 @@ def _environment(fleet: FleetFile, env_name: str | None) -> str:
 
 
 def _require_registered(registry: Registry, pins: Mapping[str, str], where: str) -> dict[str, dict[str, str]]:
-    """Each pinned version's tags; every version MLflow does not hold named in one RegistryError."""
+    """Each pinned version's tags; every version MLflow does not hold named in one RegistryError.
+    A lookup that failed for another reason while MLflow does not answer is MLflow unreachable."""
     tags: dict[str, dict[str, str]] = {}
     missing: list[str] = []
     for model, version in sorted(pins.items()):
         try:
             tags[model] = registry.version_tags(model, version)
         except RegistryError as exc:
+            if exc.context.get("code") != NOT_FOUND:
+                require_reachable(registry, where, exc)
             missing.append(f"{model} v{version} ({exc.message})")
     if missing:
         raise RegistryError(
@@ -283,16 +350,75 @@ def _require_registered(registry: Registry, pins: Mapping[str, str], where: str)
     return tags
 
 
-def _refuse_unreachable_pins(fleet: FleetFile, tags: Mapping[str, Mapping[str, str]]) -> None:
-    """An ensemble version pinning a member at another version than the file pins that member."""
+def require_reachable(registry: Registry, where: str, failed: RegistryError | None = None) -> None:
+    """RegistryError "MLflow is unreachable" unless ``registry`` answers now (one bounded call);
+    ``failed``: the lookup that made us ask (a registry that answers lets the caller say what that
+    lookup found missing)."""
+    try:
+        registry.ping()
+    except RegistryError as exc:
+        raise RegistryError(
+            f"MLflow ({redact_uri(registry.uri)}) is unreachable, so the versions {where} pins cannot "
+            f"be checked: {exc.message}",
+            fix="start the tracking server or check MLFLOW_TRACKING_URI, then run again; nothing was changed",
+            code="UNREACHABLE",
+        ) from (failed or exc)
+
+
+def registered_pins(
+    registry: Registry, pins: Mapping[str, str], tags: Mapping[str, Mapping[str, str]]
+) -> dict[str, dict[str, str]]:
+    """Each pinned ensemble version -> the member versions its registered config pins (a member it
+    follows at -1: the latest registered version, what a promotion of it loads).  Read from the
+    version's ``config.pbtxt`` in MLflow's artifacts, never from tags (``tags``: each version's, as
+    ``_require_registered`` read them: one whose registration says another platform -- the
+    ``platform`` tag, written from that same config -- is not downloaded)."""
+    from registry.contracts.config import parse_config  # lazy: protobuf's text format
+
+    found: dict[str, dict[str, str]] = {}
+    for model, version in sorted(pins.items()):
+        if tags.get(model, {}).get("platform", "ensemble") != "ensemble":
+            continue
+        config = parse_config(_registered_config(registry, model, version))
+        if config.platform == "ensemble":
+            steps = [(s.model_name, int(s.model_version)) for s in config.ensemble_scheduling.step]
+            found[model] = {m: str(v) if v > 0 else _latest(registry, m) for m, v in steps}
+    return found
+
+
+def _registered_config(registry: Registry, model: str, version: str) -> str:
+    """The ``config.pbtxt`` MLflow registered for ``model`` ``version`` (``fetch_version``: the
+    embedded registry copies it from its artifact folder without MLflow's import; an ensemble's
+    version folder holds nothing more)."""
+    with tempfile.TemporaryDirectory(prefix="mlreg-fleet-") as tmp:
+        folder = Path(tmp) / model
+        folder.mkdir()
+        registry.fetch_version(model, version, folder)
+        try:
+            return (folder / "config.pbtxt").read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RegistryError(
+                f"{model} v{version}: its registered config.pbtxt cannot be read ({exc})",
+                fix=f"check the version's artifacts in MLflow ('mlreg show {model} {version}')",
+            ) from exc
+
+
+def _latest(registry: Registry, model: str) -> str:
+    versions = [int(v.version) for v in registry.versions(model)]
+    return str(max(versions)) if versions else "0"
+
+
+def refuse_unreachable_pins(fleet: FleetFile, pinned: Mapping[str, Mapping[str, str]]) -> None:
+    """An ensemble version pinning a member at another version than the file pins that member
+    (``pinned``: each ensemble's registered pins, ``registered_pins``)."""
     found = []
-    for ensemble, version in sorted(fleet.models.items()):
-        for key, pinned in sorted(tags[ensemble].items()):
-            member = key.removeprefix("member_")
+    for ensemble, members in sorted(pinned.items()):
+        for member, version in sorted(members.items()):
             wanted = fleet.models.get(member)
-            if key.startswith("member_") and wanted is not None and pinned != wanted:
+            if wanted is not None and version != wanted:
                 found.append(
-                    f"{ensemble} v{version} pins {member} v{pinned}, the file pins {member} = {wanted}"
+                    f"{ensemble} v{fleet.models[ensemble]} pins {member} v{version}, the file pins "
+                    f"{member} = {wanted}"
                 )
     if found:
         raise UsageError(

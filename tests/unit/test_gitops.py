@@ -26,6 +26,14 @@ from registry.errors import PromotionError, RegistryError, UsageError
 from tests.fakes import FakeRegistry
 
 PYTHON_MODEL = 'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+ENSEMBLE = """name: "{name}"
+platform: "ensemble"
+max_batch_size: 0
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{member}" model_version: {version}
+  input_map {{ key: "IN" value: "IN" }} output_map {{ key: "OUT" value: "OUT" }} }} ] }}
+"""
 
 
 # --- the desired-versions file ---------------------------------------------------------------------
@@ -70,8 +78,8 @@ def registry_with(tmp_path: Path) -> FakeRegistry:
     registry = FakeRegistry(tmp_path / "registry")
     for version in ("1", "2", "3"):
         registry.add("image_model", version, PYTHON_MODEL.format(name="image_model"))
-    registry.add("ens", "1", PYTHON_MODEL.format(name="ens"))
-    registry.tags[("ens", "1")]["member_image_model"] = "2"
+    registry.add("ens", "1", ENSEMBLE.format(name="ens", member="image_model", version=2))
+    registry.tags[("ens", "1")]["member_image_model"] = "3"  # a tag that lies: the config decides
     registry.alias_map = {"image_model": {"staging": "2"}, "ens": {"staging": "1"}}
     return registry
 
@@ -111,9 +119,9 @@ def test_sync_refuses_a_missing_version_and_an_ensemble_pinning_other_members_be
     tags = fleet._require_registered(registry, {"ens": "1", "image_model": "3"}, "f.toml")
     pinned = fleet.FleetFile(Path("f.toml"), "production", {"ens": "1", "image_model": "3"})
     with pytest.raises(UsageError, match="ens v1 pins image_model v2, the file pins image_model = 3"):
-        fleet._refuse_unreachable_pins(pinned, tags)
+        fleet.refuse_unreachable_pins(pinned, fleet.registered_pins(registry, pinned.models, tags))
     pinned.models["image_model"] = "2"
-    fleet._refuse_unreachable_pins(pinned, fleet._require_registered(registry, pinned.models, "f.toml"))
+    fleet.refuse_unreachable_pins(pinned, fleet.registered_pins(registry, pinned.models, tags))
 
 
 def test_sync_exit_code_is_the_failed_promotions_else_drift_else_zero() -> None:

@@ -1,0 +1,234 @@
+"""GitOps writers (issue 45 item 4): ``mlreg fleet pin`` loses no update when two processes pin
+one file at once, and ``fleet sync`` judges an ensemble's pins by its *registered* config,
+refusing an inconsistent file before any change, in the dry run and the real run alike.
+
+The race is run by real processes (this machine's ``flock`` and ``os.replace``); the registry of
+the consistency checks is a real embedded MLflow (sqlite), written by MLflow in a subprocess (a
+unit test never imports MLflow, tests/unit/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mlreg import fleet
+from registry.errors import UsageError
+from tests.conftest import ROOT
+from tests.fakes import FakeRegistry
+from tests.unit.conftest import SCRATCH, Background, Finished
+
+PYTHON_MODEL = 'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+ENV = {"PYTHONPATH": str(ROOT)}
+MODELS_EACH = 12  # pins per process: each one a read, a change and a write of the same file
+
+RACER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from mlreg import fleet
+    from tests.fakes import FakeRegistry
+
+    path, me, go, root = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+    names = [f"{who}_{i}" for who in ("a", "b") for i in range(int(sys.argv[5]))]
+    registry = FakeRegistry(root)
+    for name in names:  # the file names both processes' models: each must be registered here
+        registry.add(name, "1", 'name: "%s"\\nbackend: "python"\\nmax_batch_size: 0\\n' % name)
+    (go.parent / f"ready-{me}").touch()
+    deadline = time.monotonic() + 60
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    for name in names:
+        if name.startswith(me):
+            fleet.pin(None, path, {name: "1"}, "production", registry=registry)
+    """
+)
+
+
+def _racers(tmp_path: Path, path: Path, lock: bool) -> list[subprocess.CompletedProcess[str]]:
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = RACER if lock else RACER.replace("fleet.pin(", "unlocked_pin(fleet, ")
+    if not lock:  # the old path (read, modify, write; no lock): the positive control
+        script = (
+            "def unlocked_pin(fleet, settings, path, pins, env, registry):\n"
+            "    found = fleet.read_fleet(path, missing_ok=True)\n"
+            "    found.environment = env\n"
+            "    found.models.update(pins)\n"
+            "    fleet._require_registered(registry, found.models, str(path))  # as the old pin did\n"
+            "    found.digest = fleet._digest(path.read_bytes()) if path.exists() else ''\n"
+            "    path.parent.mkdir(parents=True, exist_ok=True)\n"
+            "    partial = path.with_name('.' + path.name + '.' + str(__import__('os').getpid()))\n"
+            "    partial.write_text(fleet.render(found))\n"
+            "    __import__('os').replace(partial, path)\n"
+        ) + script
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                script,
+                str(path),
+                me,
+                str(go),
+                str(tmp_path / f"reg-{me}"),
+                str(MODELS_EACH),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me in ("a", "b")
+    ]
+    deadline = time.monotonic() + 60  # both set up (imports, registries): both wait on ``go`` now
+    while time.monotonic() < deadline and not all((tmp_path / f"ready-{me}").exists() for me in ("a", "b")):
+        time.sleep(0.01)
+    go.touch()
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+def test_two_pin_processes_on_one_file_lose_no_update(tmp_path: Path) -> None:
+    path = tmp_path / "fleet" / "production.toml"
+    done = _racers(tmp_path, path, lock=True)
+    assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
+    pinned = fleet.read_fleet(path)
+    wanted = {f"{who}_{i}": "1" for who in ("a", "b") for i in range(MODELS_EACH)}
+    assert pinned.models == wanted  # every pin of both processes is in the file
+    assert pinned.environment == "production"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["production.toml"]  # no lock or temp file left
+
+
+def test_the_old_unlocked_path_loses_updates_in_the_same_race(tmp_path: Path) -> None:
+    """The positive control: the same two processes through the old read-modify-write (no lock)
+    lose pins -- what the test above would catch."""
+    lost = 0
+    for attempt in range(3):  # a race: lost in (nearly) every run; three tries make it sure
+        path = tmp_path / f"run-{attempt}" / "production.toml"
+        folder = tmp_path / f"race-{attempt}"
+        folder.mkdir()
+        done = _racers(folder, path, lock=False)
+        assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
+        lost += 2 * MODELS_EACH - len(fleet.read_fleet(path).models)
+        if lost:
+            break
+    assert lost > 0
+
+
+def test_a_writer_that_takes_no_lock_changing_the_file_meanwhile_refuses_the_pin(tmp_path: Path) -> None:
+    registry = FakeRegistry(tmp_path / "registry")
+    for name in ("a", "b"):
+        registry.add(name, "1", PYTHON_MODEL.format(name=name))
+    path = tmp_path / "production.toml"
+    fleet.pin(None, path, {"a": "1"}, "production", registry=registry)  # type: ignore[arg-type]
+    read = fleet.read_fleet(path)
+    path.write_text(path.read_text() + "# an editor's line\n")  # someone else's write, no lock
+    edited = path.read_bytes()
+    read.models["b"] = "1"
+    with pytest.raises(UsageError, match="production.toml changed while it was being pinned"):
+        fleet.write_fleet(read)
+    assert path.read_bytes() == edited  # nothing written over it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["production.toml", "registry"]
+
+
+def test_a_writer_holding_the_folder_past_the_wait_refuses_a_pin(tmp_path: Path) -> None:
+    path = tmp_path / "production.toml"
+    path.write_text('environment = "production"\n[models]\na = 1\n')
+    before = path.read_bytes()
+    with fleet.locked(path), pytest.raises(UsageError, match="another writer has held its folder for 0.2 s"):
+        with fleet.locked(path, wait=0.2):
+            pass
+    assert path.read_bytes() == before
+
+
+# -- the registered config decides (a real embedded MLflow) -----------------------------------------
+
+SCORER = 'name: "scorer"\nbackend: "python"\nmax_batch_size: 0\n'
+SCORING = """name: "scoring"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+ensemble_scheduling { step [ { model_name: "scorer" model_version: VERSION
+  input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+# Run beside the suite (tests/unit/conftest.py BACKGROUND), in a folder of its own: MLflow registers
+# scorer v1, v2 and scoring v1 (pinning scorer v1), v2 (pinning scorer v2) -- each version's
+# config.pbtxt logged to its run, scoring's tags lying (member_scorer = 2, no platform) -- then the
+# file pinning scoring = 1 and scorer = 2 is synced (dry run, real run) and pinned onto.
+JUDGE = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from mlreg import fleet
+    from registry.errors import MlregError
+    from registry.mlflow import MlflowRegistry
+    from registry.settings import Settings
+
+    configs = {("scorer", "1"): sys.argv[1], ("scorer", "2"): sys.argv[1]}
+    configs |= {("scoring", v): sys.argv[2].replace("VERSION", v) for v in ("1", "2")}
+    settings = Settings.from_env(env={"MLREG_HOME": str(Path("home").resolve())})
+    registry = MlflowRegistry(settings)
+    client = registry.client
+    experiment = client.create_experiment("exports")
+    for (name, version), text in configs.items():
+        if version == "1":
+            client.create_registered_model(name)
+        run = client.create_run(experiment)
+        Path("config.pbtxt").write_text(text)
+        client.log_artifact(run.info.run_id, "config.pbtxt")
+        tags = {"member_scorer": "2"} if name == "scoring" else {}
+        client.create_model_version(name, run.info.artifact_uri + "/model", run.info.run_id, tags=tags)
+    path = Path("fleet/local.toml").resolve()
+    path.parent.mkdir()
+    path.write_text('environment = "local"\\n[models]\\nscoring = 1\\nscorer = 2\\n')
+    found = {"file": str(path), "before": path.read_text()}
+    pinned = fleet.read_fleet(path).models
+    for name, call in (
+        ("dry", lambda: fleet.sync(settings, path, "local", dry_run=True)),
+        ("real", lambda: fleet.sync(settings, path, "local")),
+        ("pin", lambda: fleet.pin(settings, path, {"scorer": "2"})),
+        ("registered", lambda: fleet.registered_pins(registry, pinned, {m: {} for m in pinned})),
+    ):
+        try:
+            answer = call()
+            found[name] = answer if name == "registered" else "passed"
+        except MlregError as exc:
+            found[name] = f"{type(exc).__name__}: {exc.message}"
+    found["after"] = path.read_text()
+    found["aliases"] = {m: registry.aliases(m) for m in ("scorer", "scoring")}
+    found["versions"] = {m: len(registry.versions(m)) for m in ("scorer", "scoring")}
+    found["store"] = sorted(p.name for p in settings.local_repository.glob("*"))
+    print(json.dumps(found))
+    """
+)
+BACKGROUND = {
+    "registered pins": Background([sys.executable, "-c", JUDGE, SCORER, SCORING], cwd=SCRATCH, env=ENV),
+}
+
+
+def test_sync_reads_an_ensembles_pins_from_its_registered_config_and_refuses_before_any_change(
+    background: Finished,
+) -> None:
+    done = background("registered pins")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    refused = f"UsageError: {found['file']}: scoring v1 pins scorer v1, the file pins scorer = 2"
+    for name in ("dry", "real", "pin"):  # the dry run as the real run, and a pin onto that file
+        assert str(found[name]).startswith(refused), found
+    assert found["registered"] == {"scoring": {"scorer": "1"}}  # the config's pin, not the tag's 2
+    assert found["after"] == found["before"]  # the file as it was
+    assert found["aliases"] == {"scorer": {}, "scoring": {}}  # nothing promoted
+    assert found["versions"] == {"scorer": 2, "scoring": 2}  # no ensemble version registered
+    assert found["store"] == []  # nothing written to the store
