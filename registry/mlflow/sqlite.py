@@ -198,6 +198,20 @@ def model_absent(tracking_uri: str, name: str, wait: float = LOCK_WAIT) -> bool:
     return row is None
 
 
+def model_names(tracking_uri: str, wait: float = LOCK_WAIT) -> list[str] | None:
+    """Every registered model's name in the embedded registry's file (for "did you mean"); None
+    when the file is not there or does not read as expected."""
+    db = database(tracking_uri)
+    if db is None:
+        return None
+    try:
+        with _read_only(db, wait) as conn:
+            rows = conn.execute("SELECT name FROM registered_models").fetchall()
+    except sqlite3.Error:
+        return None
+    return sorted(str(name) for (name,) in rows)
+
+
 def alias_holders(tracking_uri: str, alias: str, wait: float = LOCK_WAIT) -> dict[str, str] | None:
     """Every registered model whose ``alias`` names a version -> that version; None when the
     embedded registry's file is not there or does not read as expected."""

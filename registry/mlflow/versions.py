@@ -6,6 +6,7 @@ importing MLflow; anything else asks MLflow through the connection's one transla
 
 from __future__ import annotations
 
+import difflib
 import json
 import shutil
 import tempfile
@@ -160,8 +161,19 @@ class MlflowVersions:
                 raise
             raise RegistryError(
                 f"model '{name}' is not registered in MLflow ({redact_uri(self.connection.uri)})",
-                fix="check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
+                fix=self._did_you_mean(name)
+                + "check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
             ) from exc
+
+    def _did_you_mean(self, name: str) -> str:
+        """ "did you mean 'x'? " for the closest registered names, where the embedded registry's file
+        lists them without MLflow ("" elsewhere, or when none is close)."""
+        try:
+            names = self.connection.local(partial(sqlite.model_names, self.connection.uri)) or []
+        except RegistryError:  # locked: the error being raised matters more than a hint
+            return ""
+        close = difflib.get_close_matches(name, names, n=3)
+        return f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.connection.call(

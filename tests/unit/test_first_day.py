@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,15 @@ def test_an_unknown_environment_without_mlreg_toml_says_the_file_does_not_exist(
     (tmp_path / "mlreg.toml").write_text("")
     result = runner.invoke(app, ["status", "--env", "fleet"])
     assert f"(defined in {tmp_path / 'mlreg.toml'})" in result.stderr
+
+
+def test_an_unknown_model_name_gets_did_you_mean_from_the_embedded_registry(
+    runner: CliRunner, registry_state: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLREG_HOME", str(registry_state("a_v1")))  # model 'a' registered
+    result = runner.invoke(app, ["versions", "a_"])
+    assert result.exit_code == 4, result.output
+    assert "error: model 'a_' is not registered in MLflow" in result.stderr
+    assert "fix: did you mean 'a'? check the name; 'mlreg export' or 'mlreg register" in result.stderr
+    far = runner.invoke(app, ["versions", "image_model"])
+    assert "fix: check the name;" in far.stderr  # nothing close: no guess
