@@ -89,18 +89,24 @@ def purge_cmd(
     models: SomeModels = None,
     env: EnvName = "local",
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go; change nothing."),
+    runs: list[str] = typer.Option(
+        [],
+        "--run",
+        help="An MLflow promotion run whose report keeps captured tensors: scrub it (repeatable).",
+    ),
     as_json: JsonFlag = False,
 ) -> None:
     """Switch capture off for MODELs (default: every model the replicas hold) and delete every
-    trace file mlreg armed at the environment's captures locations (only those); exit 1 when a
-    replica or a location could not be reached (each named).
+    trace file mlreg armed at the environment's captures locations (only those), and with --run
+    the captured tensors in those MLflow runs; exit 1 when a replica, a location or a run could not
+    be reached (each named).
 
     Example: mlreg shadow purge --env production
     """
     from mlreg.ops.shadow import capture_purge  # lazy: numpy and the promotion package, when run
 
     out = Output(as_json)
-    report = capture_purge(settings_of(ctx), env, models, dry_run)
+    report = capture_purge(settings_of(ctx), env, models, dry_run, runs)
 
     def human() -> None:
         verb = "would delete" if dry_run else "deleted"
@@ -108,8 +114,10 @@ def purge_cmd(
         out.line(f"capture off for {names}; {verb} {len(report.deleted)} captured file(s)")
         for failure in report.failed:
             out.note(f"note: capture could not be switched off at {failure}")
+        for run in report.runs:
+            out.line(f"captured tensors taken out of run {run}")
         for location in report.unreached:
-            out.note(f"note: captured files not reached (not deleted) at {location}")
+            out.note(f"note: not reached (nothing deleted there): {location}")
 
     out.result(report.to_dict(), human)
     if report.failed or report.unreached:

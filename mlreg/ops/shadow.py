@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlreg.ops.context import environment
+from mlreg.ops.context import environment, open_registry
 from pipelines.promote.capture import Captures, Purged, Shadow, arm, disarm, purge
 from pipelines.promote.environments import resolve_targets
 from pipelines.promote.replicas import triton_connector
+from pipelines.promote.shadow import scrub_run
 from registry.errors import MlregError, UsageError
 from registry.settings import Settings
 
@@ -59,6 +60,7 @@ class PurgeReport:
     dry_run: bool
     failed: list[str] = field(default_factory=list)  # replicas where capture could not be switched off
     unreached: list[str] = field(default_factory=list)  # captures locations not listed or emptied
+    runs: list[str] = field(default_factory=list)  # "<run id>: report.json, shadow.json" scrubbed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,18 +113,38 @@ def _trace_row(connect: Connect, url: str, model: str) -> dict[str, Any]:
 
 
 def capture_purge(
-    settings: Settings, env_name: str, models: list[str] | None = None, dry_run: bool = False
+    settings: Settings,
+    env_name: str,
+    models: list[str] | None = None,
+    dry_run: bool = False,
+    runs: list[str] | None = None,
 ) -> PurgeReport:
-    """Switch capture off for ``models`` (default: every model the replicas hold) and delete every
-    captured file of the environment."""
+    """Switch capture off for ``models`` (default: every model the replicas hold), delete every
+    trace file mlreg armed for the environment, and take the captured tensors out of the MLflow
+    promotion ``runs`` named (their report.json and shadow.json)."""
     shadow, targets, connect = _replicas(settings, env_name)
     names = list(models or []) or _served(targets, connect)
     failed = [] if dry_run else disarm(targets, connect, names)
     if dry_run:
         found = _listed(shadow)
-        return PurgeReport(env_name, names, found.deleted, dry_run, failed, found.unreached)
+        listed = [f"{run}: would be scrubbed" for run in runs or []]
+        return PurgeReport(env_name, names, found.deleted, dry_run, failed, found.unreached, listed)
     purged = purge(shadow.locations())
-    return PurgeReport(env_name, names, purged.deleted, dry_run, failed, purged.unreached)
+    report = PurgeReport(env_name, names, purged.deleted, dry_run, failed, purged.unreached)
+    if runs:
+        _scrub_runs(settings, runs, report)
+    return report
+
+
+def _scrub_runs(settings: Settings, runs: list[str], report: PurgeReport) -> None:
+    registry = open_registry(settings)
+    for run in runs:
+        try:
+            scrubbed = scrub_run(registry, run)
+        except MlregError as exc:
+            report.unreached.append(f"run {run}: {exc.message}")
+            continue
+        report.runs.append(f"{run}: {', '.join(scrubbed) or 'no captured tensor'}")
 
 
 def _listed(shadow: Shadow) -> Purged:

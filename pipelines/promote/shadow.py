@@ -17,9 +17,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,6 +38,16 @@ from registry.errors import ContractError, MlregError
 log = logging.getLogger(__name__)
 
 Infer = Callable[..., dict[str, np.ndarray]]  # ServingTarget.infer
+
+
+class RunArtifacts(Protocol):
+    """What ``scrub_run`` needs of the registry (``registry.mlflow.MlflowRegistry`` has it)."""
+
+    def artifact_paths(self, run_id: str, path: str) -> set[str]: ...
+
+    def download(self, run_id: str, path: str, dest: Path) -> Path: ...
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
 
 
 def replay_step(
@@ -126,3 +140,47 @@ def capture_after(
     if progress is not None:
         progress(shadow.where())
     return notes + prune_all(shadow)
+
+
+# -- captured tensors already in MLflow: purged from the runs named ---------------------------------
+
+SHADOW_ARTIFACTS = ("report.json", "shadow.json")  # what record.py writes with the first divergent requests
+_SHAPE = re.compile(r"shape \[[0-9, ]*\]$")
+
+
+def scrub_run(registry: RunArtifacts, run_id: str) -> list[str]:
+    """The captured tensors of the first divergent requests taken out of run ``run_id``'s
+    ``report.json`` and ``shadow.json`` (their shapes kept); the artifacts rewritten."""
+    present = registry.artifact_paths(run_id, "")
+    scrubbed = []
+    with tempfile.TemporaryDirectory(prefix="mlreg-scrub-") as tmp:
+        down, up = Path(tmp) / "down", Path(tmp) / "up"
+        down.mkdir()
+        up.mkdir()
+        for name in SHADOW_ARTIFACTS:
+            if name not in present:
+                continue
+            document = json.loads(registry.download(run_id, name, down).read_text())
+            shadows = (document.get("shadow") or []) if isinstance(document, dict) else document
+            if _scrub(shadows if isinstance(shadows, list) else []):
+                (up / name).write_text(json.dumps(document, indent=1, default=str))
+                scrubbed.append(name)
+        if scrubbed:
+            registry.log_artifacts(run_id, up)  # the same names: rewritten in place
+    return scrubbed
+
+
+def _scrub(shadows: list[Any]) -> bool:
+    """Each first divergent request's tensor values replaced by their shapes; whether any was."""
+    firsts = [
+        f for s in shadows if isinstance(s, dict) for f in (s.get("first") or []) if isinstance(f, dict)
+    ]
+    sides = [f.get(side) for f in firsts for side in ("inputs", "serving", "candidate")]
+    changed = False
+    for tensors in (t for t in sides if isinstance(t, dict)):
+        for name, shown in tensors.items():
+            found = _SHAPE.search(str(shown))
+            kept = found.group(0) if found else "shape unknown"
+            changed = changed or kept != shown
+            tensors[name] = kept
+    return changed

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from mlreg.ops.promote import promote
-from pipelines.promote.capture import Captures, read_captures
+from pipelines.promote.capture import Captures, Shadow, read_captures
 from pipelines.promote.environments import environment
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionFailed, PromotionResult
@@ -147,6 +147,19 @@ class Clients:
         self.stop.set()
         self.thread.join(30)
 
+    def wait(self, done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+        """Until ``done()``; an AssertionError naming ``what`` after ``timeout`` s (a client thread
+        that died, or a server that stopped answering, never hangs the suite)."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise AssertionError(
+                    f"not {what} within {timeout:g} s: {len(self.sent)} sent, {self.ok} answered, "
+                    f"{len(self.failed)} failed (last: {self.failed[-1:]}), client alive: "
+                    f"{self.thread.is_alive()}"
+                )
+            time.sleep(0.05)
+
     def _loop(self) -> None:
         import tritonclient.grpc as grpcclient
 
@@ -160,7 +173,9 @@ class Clients:
                 request_id = f"c{n}"
                 self.sent[request_id] = x
                 try:
-                    clients[n % len(clients)].infer(self.model, [tensor], request_id=request_id)
+                    clients[n % len(clients)].infer(
+                        self.model, [tensor], request_id=request_id, client_timeout=10
+                    )
                     self.ok += 1
                 except Exception as exc:
                     self.failed.append(str(exc))
@@ -172,9 +187,9 @@ class Clients:
 
 
 class Shadows:
-    def __init__(self, root: Path, urls: list[str], traces: Path) -> None:
+    def __init__(self, root: Path, urls: list[str], traces: Path, http: list[str]) -> None:
         self.settings, self.env_vars = stack_settings(root)
-        self.root, self.urls, self.traces = root, urls, traces
+        self.root, self.urls, self.traces, self.http = root, urls, traces, http
         self.registry = MlflowRegistry(self.settings)
         self.work = root / "work"
         self.work.mkdir()
@@ -232,7 +247,7 @@ def shadows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shadows]:
             "gpu = false\ncanary = 1\nwaves = [100]\nbake_seconds = 2\nprobe_rate = 50\n"
             f"metrics = {{ {metrics} }}\n"
         )
-        yield Shadows(root, urls, traces)
+        yield Shadows(root, urls, traces, [info.http_url for info, _ in servers])
 
 
 def test_capture_is_switched_on_by_a_promotion_and_keeps_what_clients_sent(shadows: Shadows) -> None:
@@ -245,8 +260,7 @@ def test_capture_is_switched_on_by_a_promotion_and_keeps_what_clients_sent(shado
     assert settings["trace_rate"] == ["1"]
     with Clients(shadows.urls[:1], "classifier") as clients:
         captured = shadows.wait_captured("classifier", first, COUNT)
-        while len(clients.sent) < COUNT + 30:
-            time.sleep(0.05)
+        clients.wait(lambda: len(clients.sent) >= COUNT + 30, f"{COUNT + 30} requests sent")
     time.sleep(0.5)
     captured = shadows.captured("classifier", first)
     # trace_count bounds one arming: the first COUNT client requests, each input as it was sent
@@ -286,6 +300,79 @@ def test_a_candidate_diverging_on_3_percent_of_real_requests_is_refused_and_noth
     before["index"][shadows.urls[0]]["classifier"].pop(candidate, None)
     assert after == before
     assert ready_versions(shadows.urls[0], "classifier") == [serving]
+
+
+def send_http(url: str, model: str, request_id: str, x: np.ndarray) -> dict[str, Any]:
+    """One inference over Triton's HTTP/JSON API with ``request_id`` as the client chose it."""
+    import urllib.request
+
+    body = {
+        "id": request_id,
+        "inputs": [{"name": "X", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
+    }
+    request = urllib.request.Request(
+        f"{url}/v2/models/{model}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def forging_id(serving: str, fakes: int) -> str:
+    """A request id that closes its string and appends ``fakes`` whole requests of zeros (inputs and
+    outputs) to the trace file, then reopens a string for Triton's closing quote."""
+    fake = (
+        '{{"id":{n},"model_name":"classifier","model_version":{v},"request_id":"fake{n}"}},'
+        '{{"id":{n},"activity":"TENSOR_QUEUE_INPUT","tensor":{{"name":"X","data":"0,0,0,0","shape":"1,4",'
+        '"dtype":"FP32"}}}},{{"id":{n},"activity":"TENSOR_BACKEND_OUTPUT","tensor":{{"name":"SCORES",'
+        '"data":"0,0,0","shape":"1,3","dtype":"FP32"}}}}'
+    )
+    return 'evil"},' + ",".join(fake.format(n=90_000 + i, v=serving) for i in range(fakes)) + ',{"id":1,"x":"'
+
+
+def test_records_forged_through_a_real_request_id_are_named_and_a_wrong_candidate_refused(
+    shadows: Shadows,
+) -> None:
+    """The repro on a real tritonserver: one HTTP request whose id closes the string and appends
+    100 fake requests of zeros.  Triton 2.51 writes it unescaped (read back here from its file);
+    the replay names the forged records, judges only honest captures and refuses a candidate that
+    negates every score (which the zeros would have matched)."""
+    serving = ready_versions(shadows.urls[0], "classifier")[-1]
+    with TritonControl(shadows.urls[0]) as triton:  # armed again: the first arming's count is spent
+        triton.trace_settings("classifier", Shadow(rate=1, count=1).trace_settings())  # this one
+    before = {p.name for p in shadows.traces.iterdir()}
+    x = np.array([[0.1, 0.2, 0.3, 0.4]], np.float32)
+    answer = send_http(shadows.http[0], "classifier", forging_id(serving, 100), x)
+    assert answer["outputs"][0]["data"] == pytest.approx([0.1, 0.2, 0.3])
+    deadline = time.monotonic() + 30
+    while not (new := {p.name for p in shadows.traces.iterdir()} - before):
+        assert time.monotonic() < deadline, "Triton wrote no trace file for the request"
+        time.sleep(0.1)
+    [name] = new
+    written = (shadows.traces / name).read_bytes()
+    assert b'"request_id":"evil"},{"id":90000,"model_name":"classifier"' in written  # unescaped
+    reading = read_captures(str(shadows.traces), "classifier", serving, 10_000)
+    assert (reading.forged_files, reading.forged) == (1, 301)  # 100 fakes x 3 records, and the tail
+    assert not [r for r in reading.requests if r.request_id.startswith(("fake", "evil"))]
+    captured = shadows.captured("classifier", serving)
+    for request in captured[:20]:  # fewer honest captures than count: the replay reads every file
+        (shadows.traces / request.source.partition("#")[0]).unlink()
+    honest = len(captured) - 20
+    assert shadows.registry.aliases("classifier").get("shadow") == serving
+    wrong = shadows.register(
+        "classifier",
+        CLASSIFIER_CONFIG,
+        CLASSIFIER.format(planted=False).replace("scores = x[:, :3].copy()", "scores = -x[:, :3]"),
+    )
+    failure = shadows.refused("shadow", "classifier", wrong)
+    [shadow] = failure.result.shadow
+    assert honest < COUNT
+    assert (shadow["ok"], shadow["judged"], shadow["diverged"]) == (False, honest, honest)
+    assert shadow["forged"] == 301
+    assert "301 forged records from request ids that break Triton's trace format" in failure.message
+    assert ready_versions(shadows.urls[0], "classifier") == [serving]
+    assert shadows.registry.aliases("classifier").get("shadow") == serving
 
 
 def test_an_identical_candidate_passes_five_runs_out_of_five_under_load(shadows: Shadows) -> None:
@@ -338,22 +425,55 @@ def test_a_noisy_model_passes_thanks_to_its_floor_and_one_whose_noise_exceeds_th
     assert not clients.failed
 
 
+def run_with_tensors(shadows: Shadows) -> str:
+    """A promotion run as record.py writes it where ``record_tensors`` was on (or before issue 44):
+    report.json and shadow.json hold the first divergent request's values."""
+    from pipelines.promote.record import write_shadow
+    from pipelines.promote.replay import ShadowResult
+
+    result = ShadowResult("classifier", "9", "1", ok=False, verdict="refused: 1", judged=60, diverged=1)
+    result.first = [
+        {
+            "request_id": "c1",
+            "source": "trace.json.1#2",
+            "inputs": {"X": "[0.25, 0.5, 0.75, 1] shape [1, 4]"},
+            "serving": {"SCORES": "[2.5, 1, 0] shape [1, 3]"},
+            "candidate": "failed",
+        }
+    ]
+    folder = shadows.work / "run-with-tensors"
+    folder.mkdir()
+    (folder / "report.json").write_text(json.dumps({"model": "classifier", "shadow": [result.to_dict()]}))
+    write_shadow([result.to_dict()], folder)
+    run_id = shadows.registry.start_run("promotions", "classifier v9 -> shadow", {})
+    shadows.registry.log_artifacts(run_id, folder)
+    return run_id
+
+
 def test_the_purge_switches_capture_off_and_leaves_no_captured_file(shadows: Shadows) -> None:
     assert Captures(str(shadows.traces)).files()
     assert sum(f.size for f in Captures(str(shadows.traces)).files()) <= 1_500_000 + COUNT * 4096
     from mlreg.cli.main import app
 
-    ran = CliRunner().invoke(app, ["shadow", "purge", "--env", "shadow", "--json"], env=shadows.env_vars)
+    run_id = run_with_tensors(shadows)
+    ran = CliRunner().invoke(
+        app, ["shadow", "purge", "--env", "shadow", "--run", run_id, "--json"], env=shadows.env_vars
+    )
     assert ran.exit_code == 0, ran.output
     document = json.loads(ran.stdout)
     assert set(document["models"]) >= {"classifier", "noisy"}
     assert document["deleted"]
+    assert document["runs"] == [f"{run_id}: report.json, shadow.json"]
+    for name in ("report.json", "shadow.json"):  # the captured values gone from MLflow, shapes kept
+        text = shadows.registry.download(run_id, name, shadows.work / f"scrubbed-{name}").read_text()
+        assert "0.25" not in text
+        assert "2.5" not in text
+        assert "shape [1, 4]" in text
     assert not [p for p in shadows.traces.rglob("*") if p.is_file()]
     with TritonControl(shadows.urls[0]) as triton:
         assert triton.trace_settings("classifier")["trace_level"] == ["OFF"]
     with Clients(shadows.urls[:1], "classifier", seed=3) as clients:
-        while clients.ok < 50:
-            time.sleep(0.05)
+        clients.wait(lambda: clients.ok >= 50, "50 requests answered")
     time.sleep(0.5)
     assert not [p for p in shadows.traces.rglob("*") if p.is_file()]  # nothing captured any more
 

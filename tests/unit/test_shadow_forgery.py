@@ -14,7 +14,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +25,7 @@ from pipelines.promote import after
 from pipelines.promote.capture import Captures, Shadow, parse_shadow, purge, read_captures, settle
 from pipelines.promote.plan import Role, Step
 from pipelines.promote.replay import ShadowResult, compare
-from pipelines.promote.shadow import replay_step
+from pipelines.promote.shadow import capture_after, replay_step
 from pipelines.promote.traces import FORGED, TOO_DEEP
 from pipelines.triton import REQUEST_PREFIX
 from registry.errors import UsageError
@@ -155,6 +157,12 @@ def test_records_forged_through_a_request_id_are_named_and_never_judged(tmp_path
             "second input set",
         ),
         ('x"},{"id":7,"activity":"TENSOR_MAGIC","tensor":{}},{"id":7,"z":"', "unknown activity"),
+        (
+            'x"},{"id":7,"activity":["TENSOR_QUEUE_INPUT"],"tensor":{}},{"id":7,"z":"',
+            "an unhashable activity",
+        ),
+        ('x"},{"id":7,"timestamps":[{"name":{"a":1},"ns":1}]},{"id":7,"z":"', "an unhashable stamp name"),
+        ('x"},[1,2],{"id":7,"z":"', "a record that is no object"),
         ('x","extra":"1', "a key Triton never writes"),
         ('x"},{"id":7,"model_name":"m","model_version":1,"request_id":"y', "a second model record"),
         ('x"},{"id":7,"timestamps":[{"name":"REQUEST_END","ns":5}]},{"id":7,"z":"', "a repeated stamp"),
@@ -423,3 +431,46 @@ def test_a_sigterm_after_record_ends_the_step_with_the_real_outcome() -> None:
     assert elapsed < 5
     assert notes == ["promoted; capture arming interrupted on 10.0.0.7:8001 (SIGTERM)"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+@pytest.fixture
+def frozen_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An S3 endpoint that accepts connections and never answers (a SIGSTOP'd server, as the
+    issue's repro froze moto): a real socket, nothing mocked."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)  # connections queue in the backlog; no answer ever comes
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("pipelines.promote.capture.S3_PATIENCE", (0.5, 0))  # 10 s, 1 retry in production
+    try:
+        yield f"s3://127.0.0.1:{server.getsockname()[1]}/bucket/traces"
+    finally:
+        server.close()
+
+
+def test_a_frozen_s3_captures_prefix_refuses_within_its_bound_and_prunes_nothing(frozen_s3: str) -> None:
+    """The repro: frozen, the replay waited 244 s in silence, then skipped and promoted.  Now it
+    refuses, named, within the S3 requests' bound; the after-record prune ends with a note."""
+    began = time.monotonic()
+    found, _ = replay_step(_step(), "1", (_model(1.0), "m"), _model(1.0), Shadow(captures=frozen_s3))
+    assert time.monotonic() - began < 10
+    assert not found.ok
+    assert found.verdict.startswith(f"refused: the captures under {frozen_s3} could not be read")
+    notes = after.best_effort(
+        "capture arming",
+        lambda progress: capture_after((), _no_replica, [], Shadow(captures=frozen_s3), progress),
+        deadline_s=5,
+    )
+    assert len(notes) == 1
+    assert notes[0].startswith(f"captured files under {frozen_s3} could not be pruned")
+
+
+def _no_replica(url: str) -> Any:
+    raise AssertionError(f"no replica is reached: {url}")
