@@ -23,9 +23,10 @@ from mlreg.cli.main import app
 from mlreg.ops.init import SETTINGS_FILE
 from pipelines.promote.environments import load_environments
 from pipelines.promote.quality import golden_inputs, has_golden_inputs
-from registry.contracts.config import data_type_name, load_config
+from registry.contracts.config import data_type_name, load_config, parse_config
 from registry.mlflow import sqlite
 from registry.settings import Settings
+from tests.unit import standins
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_MODEL = """
@@ -273,3 +274,24 @@ def test_init_then_validate_then_register_on_the_embedded_registry(
         "unknown",
     )
     assert "git_dirty" not in tags  # outside a git checkout nothing is known to be dirty (issue 48)
+
+
+def test_init_from_a_savedmodel_folder_reads_its_serving_signature(runner: CliRunner, tmp_path: Path) -> None:
+    """A SavedModel as Keras' ``model.export`` writes it (its ``saved_model.pb`` only: the stand-in
+    export of tests/unit/standins.py), read without TensorFlow."""
+    declared = parse_config(
+        'name: "ranker" max_batch_size: 8 input [{ name: "query", data_type: TYPE_FP32, dims: [16] }] '
+        'output [{ name: "output_0", data_type: TYPE_FP32, dims: [1] }]'
+    )
+    source = tmp_path / "export" / "ranker"
+    standins.write_saved_model(declared, source)
+    project = tmp_path / "project"
+    result = runner.invoke(app, ["init", str(project), "--from", str(source)])
+    assert result.exit_code == 0, result.output
+    config = load_config(project / "models/ranker/config.pbtxt")  # named by the SavedModel's folder
+    assert (config.platform, config.default_model_filename) == ("tensorflow_savedmodel", "model.savedmodel")
+    assert config.max_batch_size == 4  # the batch dimension is variable: Triton's default
+    assert [(t.name, list(t.dims)) for t in config.input] == [("query", [16])]
+    assert [(t.name, list(t.dims)) for t in config.output] == [("output_0", [1])]
+    assert (project / "models/ranker/1/model.savedmodel/saved_model.pb").is_file()
+    assert runner.invoke(app, ["validate", str(project / "models")]).exit_code == 0
