@@ -124,6 +124,9 @@ def push_model(
     refuse_outside_links(folder, error=StorageError)  # before anything is sent
     with store.lock(model, ttl=lease, wait=0):
         refuse_rewrites(store, folder, versions, registered)  # again under the lock, then send
+        for version in version_folders(folder, versions):
+            if store.load_manifest(model, version)[1]:  # unreadable, and these are the registered bytes
+                store.delete(f"{model}/{version}/{MANIFEST}")  # written again from them by the upload
         results = [
             store.put_version(model, v, folder / v, progress, write_once=True)
             for v in version_folders(folder, versions)

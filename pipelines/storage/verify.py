@@ -166,13 +166,15 @@ def check_version(
         raise ValueError(f"hashing must be one of {HASHING}")
     result = Verification(store.uri, model, version)
     prefix = f"{model}/{version}/"
-    with ThreadPoolExecutor(1) as pool:  # the listing and the manifest's read, at once
+    with ThreadPoolExecutor(2) as pool:  # the listing, the config's and the manifest's reads, at once
         listing = pool.submit(_listing, store, model, prefix, closed_world)
+        config = pool.submit(store.read, f"{model}/{CONFIG}") if closed_world else None
         manifest, unreadable = parse_manifest(store.read(prefix + MANIFEST))
         everything, odd = listing.result()
+        text = _text(config.result()) if config is not None else None
     stamps = {k: s for k, s in everything.items() if k.startswith(prefix)} if closed_world else everything
     if closed_world:
-        _closed_world(store, model, version, manifest, everything, odd, loading, result)
+        _closed_world(store, model, version, (manifest, text), everything, odd, loading, result)
     if manifest is None:
         problem = FileProblem(MANIFEST, "unreadable", "a manifest", unreadable) if unreadable else None
         result.problems.insert(0, problem or FileProblem(MANIFEST, "incomplete"))
@@ -193,25 +195,28 @@ def _listing(
     return store.model_entries(model) if closed else (store.object_stamps(prefix), [])
 
 
+def _text(data: bytes | None) -> str | None:
+    return data.decode("utf-8", "replace") if data is not None else None
+
+
 def _closed_world(
     store: ObjectStore,
     model: str,
     version: str,
-    manifest: Manifest | None,
+    read: tuple[Manifest | None, str | None],
     stamps: dict[str, Stamp],
     odd: list[tuple[str, str]],
     loading: tuple[str, ...],
     result: Verification,
 ) -> None:
     """Every entry of the model folder outside the allow-list (closed_world.py), and the config's
-    execution environment outside the versions this load verifies, as ``entry`` problems."""
+    execution environment (``read``: the version's manifest and the config's text) outside the
+    versions this load verifies, as ``entry`` problems."""
+    manifest, config = read
     versions = world.manifests(store, model, stamps, skip=[version])
     versions[version] = manifest
     found = world.unexpected(model, stamps, odd, versions, checked=[version])
-    if f"{model}/{CONFIG}" in stamps:
-        config = store.read(f"{model}/{CONFIG}")
-        text = config.decode("utf-8", "replace") if config is not None else None
-        found += world.env_problems(model, text, loading or (version,), versions)
+    found += world.env_problems(model, config, loading or (version,), versions)
     result.problems.extend(FileProblem(f"{model}/{rel}", ENTRY, "", why) for rel, why in found)
 
 
