@@ -7,7 +7,7 @@ MLREG := $(VENV)/bin/mlreg
 STAMP := $(VENV)/.mlreg-installed
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install system-deps test unit integration demo lint bench clean
+.PHONY: install system-deps test unit integration demo lint bench clean mutants
 
 install: $(STAMP)
 
@@ -44,6 +44,12 @@ unit: install
 
 integration: install
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) tests/integration
+
+# The guarantee mutants (tests/mutants/mutants.toml), each applied to a copy of the tree (never this
+# one) with the tests that must kill it: prints guarantee, mutant, killed by, seconds; fails on a
+# survivor or a stale mutant.  Weekly and on demand in CI (.github/workflows/mutants.yml).
+mutants: install
+	$(PY) tests/mutants/run.py
 
 lint: install
 	$(VENV)/bin/ruff format --check mlreg registry pipelines tests benchmarks model_repository_template infra

@@ -52,10 +52,11 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
     signal_name = _signal_of(exc)
     result.error = f"interrupted ({signal_name})" if signal_name else message_of(exc)
     touched, changed = ctx.undo.replicas, not ctx.undo.empty and _changed(ctx)
+    sent = _sent(ctx)
     with signals_held():
         lost = _taken_over(ctx) if changed else []
         if lost:
-            _fenced(ctx, exc, lost, signal_name)
+            _fenced(ctx, exc, lost, signal_name, sent)
         if changed:
             try:
                 timed(Stage("rollback", _rollback))
@@ -64,6 +65,11 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
                 result.rollback_error = message_of(failure)
                 result.rollback = "failed"
             result.notes.extend(ctx.fleet.pending.values())  # restores queued behind a late load
+            result.notes.extend(
+                f"{url} dropped during the promotion and came back (a restart): waited for, then put back"
+                for url in ctx.fleet.restarted
+                if url not in ctx.fleet.gone
+            )
         if isinstance(exc, Refusal):  # its own changes put back: nothing changed, it refused
             result.error = exc.after_undo(changed and not result.rollback_error)
             changed = bool(result.rollback_error)
@@ -97,15 +103,30 @@ def _taken_over(ctx: PromotionContext) -> list[str]:
     return ctx.store.fenced(proven_only=True)
 
 
-def _fenced(ctx: PromotionContext, exc: BaseException, lost: list[str], signal_name: str) -> NoReturn:
-    """Another promotion owns the models now: nothing is put back (that would undo its work)."""
+def _sent(ctx: PromotionContext) -> tuple[int, int]:
+    """What the promotion has sent so far: its server moves (the fleet's roll-outs) and the store
+    keys it wrote or deleted (the store's change journal)."""
+    return len(ctx.fleet.rollouts), len(ctx.store.session.changed_keys)
+
+
+def _fenced(
+    ctx: PromotionContext, exc: BaseException, lost: list[str], signal_name: str, sent: tuple[int, int]
+) -> NoReturn:
+    """Another promotion owns the models now: nothing is put back (that would undo its work).  The
+    sentence is derived from what was sent since the failure (nothing, unless a bug sent it)."""
     changed = ", ".join(ctx.undo.replicas) or "no replica"
     ctx.locks.close()  # a lost lock is not deleted: the release checks its holder first
+    moves, keys = (now - then for now, then in zip(_sent(ctx), sent, strict=True))
+    said = (
+        "so nothing was put back"
+        if not (moves or keys)
+        else f"yet {moves} server move(s) and {keys} store write(s) were sent after the failure"
+    )
     notes = "".join(f"; {note}" for note in ctx.store.lock_notes)
     plan = ctx.plan
     failed = PromotionFailed(
         f"promotion of {plan.model} version {plan.version} to '{ctx.env.name}' failed: "
-        f"{ctx.result.error}; it lost its lock, so nothing was put back ({'; '.join(lost)}); "
+        f"{ctx.result.error}; it lost its lock, {said} ({'; '.join(lost)}); "
         f"what it had changed is left to the lock's new holder (replicas sent a change: "
         f"{changed}){notes}",
         fix="run 'mlreg status' to see what serves now; promote again once the other promotion is done",

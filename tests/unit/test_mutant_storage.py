@@ -1,0 +1,154 @@
+"""README "Stored versions are written once" and "What Triton follows is what was hashed", on a
+real local store and on S3 (moto's in-process S3, which enforces ``If-None-Match`` on every
+put, as AWS does): a refused two-model push sends nothing, of two writers of one new version exactly
+one creates its manifest, and the verifier that a promotion's undo, ``apply_repair`` and the
+archive's bring-back call removes a planted bytecode cache from S3.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipelines.storage import open_store
+from pipelines.storage.base import RepositoryStore
+from pipelines.storage.push import push_path
+from registry.errors import StorageError
+
+CONFIG = 'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+
+
+def _model(root: Path, name: str, version: str, source: str) -> Path:
+    folder = root / name
+    (folder / version).mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(CONFIG.format(name=name))
+    (folder / version / "model.py").write_text(source)
+    return folder
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes (a lock file included: none may be left)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_refused_two_model_push_leaves_the_store_byte_identical(tmp_path: Path) -> None:
+    """The second model rewrites a stored version: the push is refused before anything is sent --
+    the first model's config and version included, although its own push would be allowed."""
+    store_root = tmp_path / "store"
+    store_root.mkdir()
+    store = open_store(store_root)
+    first = _model(tmp_path / "stored", "b_model", "1", "STORED = 1\n")
+    push_path(store, first)
+    before = _snapshot(store_root)
+    repo = tmp_path / "repo"
+    _model(repo, "a_model", "1", "A = 1\n")  # new: alone, it would be pushed
+    _model(repo, "b_model", "1", "STORED = 2\n")  # v1 is stored with other bytes
+    with pytest.raises(
+        StorageError, match=r"b_model v1 is already stored with other bytes.*nothing was sent"
+    ):
+        push_path(open_store(store_root), repo)
+    assert _snapshot(store_root) == before  # what the message says: nothing was sent
+    assert not (store_root / "a_model").exists()
+
+
+# -- S3 --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def s3_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[RepositoryStore]:
+    """An S3 store on moto's in-process S3 (its own bucket, no network)."""
+    import boto3
+    from moto import mock_aws
+
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="mutants")
+        yield open_store("s3://mutants/staging", region="us-east-1")
+
+
+def test_of_two_s3_writers_of_one_new_version_exactly_one_creates_its_manifest(
+    s3_store: RepositoryStore, tmp_path: Path
+) -> None:
+    """Every create is a put with ``If-None-Match: *`` (not only the locks'): the second create
+    of the same key is refused by S3 and leaves the first writer's bytes."""
+    key = "m/1/.mlreg-manifest.json"
+    results: list[bool] = []
+    start = threading.Barrier(2)
+
+    def create(data: bytes) -> None:
+        start.wait(timeout=10)
+        results.append(s3_store.create(key, data))
+
+    writers = [threading.Thread(target=create, args=(f"writer {i}".encode(),)) for i in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=30)
+    assert not any(w.is_alive() for w in writers)
+    assert sorted(results) == [False, True]  # exactly one created it
+    kept = s3_store.read(key)
+    assert kept in (b"writer 0", b"writer 1")
+    assert s3_store.create(key, b"a third") is False  # and later creates too
+    assert s3_store.read(key) == kept
+
+
+def test_a_second_push_of_a_new_version_with_other_bytes_is_refused_on_s3(
+    s3_store: RepositoryStore, tmp_path: Path
+) -> None:
+    """The version's manifest is created, never overwritten: a writer that finds it made by
+    another with other files is refused."""
+    one = _model(tmp_path / "one", "m", "1", "A = 1\n")
+    two = _model(tmp_path / "two", "m", "1", "A = 2\n")
+    s3_store.put_version("m", "1", one / "1", None, write_once=False)
+    manifest = s3_store.read("m/1/.mlreg-manifest.json")
+    with pytest.raises(StorageError):
+        s3_store.put_version("m", "1", two / "1", None, write_once=True)
+    assert s3_store.read("m/1/.mlreg-manifest.json") == manifest
+
+
+def test_the_verifier_on_s3_deletes_a_planted_bytecode_cache(
+    s3_store: RepositoryStore, tmp_path: Path
+) -> None:
+    """``verify_version(drop_bytecode=True)`` -- what the undo, ``apply_repair`` and the archive's
+    bring-back call before a load -- removes a ``__pycache__/*.pyc`` no manifest covers."""
+    folder = _model(tmp_path / "src", "m", "1", "ANSWER = 1\n")
+    s3_store.put_version("m", "1", folder / "1", None, write_once=True)
+    manifest = s3_store.read_manifest("m", "1")
+    assert manifest is not None
+    planted = "m/1/__pycache__/model.cpython-311.pyc"
+    s3_store.write(planted, b"\x00 not the verified source")
+    assert planted in s3_store.list_prefix("m/1/")
+    s3_store.verify_version("m", "1", manifest.digest, drop_bytecode=True)
+    left = s3_store.list_prefix("m/1/")
+    assert planted not in left, left
+    assert not [k for k in left if k.endswith(".pyc")]
+    assert "m/1/model.py" in left  # the verified source stays
+
+
+def test_a_stored_version_is_never_rewritten_by_put_version(tmp_path: Path) -> None:
+    """``put_version(write_once=True)`` -- what a push and a promotion's upload call -- refuses a
+    version stored with other bytes itself (not only ``refuse_rewrites`` before it), naming the
+    file, and the stored bytes stay."""
+    store_root = tmp_path / "store"
+    store_root.mkdir()
+    store = open_store(store_root)
+    stored = _model(tmp_path / "stored", "m", "1", "STORED = 1\n")
+    store.put_version("m", "1", stored / "1", None, write_once=True)
+    before = _snapshot(store_root)
+    other = _model(tmp_path / "other", "m", "1", "STORED = 2\n")
+    with pytest.raises(
+        StorageError, match=r"m v1 is already stored with other bytes.*nothing was sent"
+    ) as info:
+        open_store(store_root).put_version("m", "1", other / "1", None, write_once=True)
+    assert "model.py" in info.value.message
+    assert _snapshot(store_root) == before
