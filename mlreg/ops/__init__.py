@@ -3,7 +3,7 @@
 Each ``mlreg/ops/<verb>.py`` holds the work of one verb -- ``promote``, ``promote_many``,
 ``rollback``, ``status``, ``history``, ``retire``, ``predict``, ``store_gc``, ``store_verify``,
 ``store_ls``, ``store_push``, ``store_unlock``, ``store_repair``, ``store_init``, ``export``,
-``register``, ``sign``, ``k8s_annotations``, ``shadow`` -- composing the registry (MLflow) with
+``register``, ``sign``, ``k8s_annotations``, ``shadow``, ``init`` -- composing the registry (MLflow) with
 the pipelines (store, servers) and returning a typed result.  The callers only parse and call:
 the CLI (``mlreg/cli/*``), the MLflow deployments plugin (``mlreg/deployments.py``) and the
 GitOps helpers (``mlreg/fleet.py``, ``mlreg/analysis.py``).  :mod:`mlreg.ops.context` builds what
