@@ -6,11 +6,13 @@
   document (``mlreg analysis serve``: an Argo Rollouts ``web`` metric, a Kargo verification with a
   ``web`` provider).  A verdict, passed or failed, is HTTP 200 (the metric's ``successCondition``
   decides); 404 says there is nothing to judge (an environment this server does not answer for, a
-  model no replica reports), 400 a bad query, 503 a replica that cannot be read.
+  model no replica reports, a version READY on no replica), 400 a bad query, 503 replicas whose
+  metrics cannot be read (more than the policy's ``max_unavailable``; fewer are left out and named
+  in the verdict's ``left_out``).
 
 The judging is ``pipelines.promote.analysis`` (the bake's own checks); this module resolves the
 environment as every command does (``mlreg.ops.context.environment``: the local stack's replicas filled
-in) and serves.  It reads Triton's metrics only: no MLflow, no store, no control key.
+in) and serves.  It reads Triton's metrics and readiness only: no MLflow, no store, no control key.
 """
 
 from __future__ import annotations

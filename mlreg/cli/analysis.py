@@ -34,6 +34,9 @@ def _human(out: Output, analysis: Analysis) -> None:
         f"{analysis.model} v{analysis.version} in '{analysis.environment}' against {compared}: "
         f"{verdict}: {analysis.detail}"
     )
+    out.line(f"READY on: {', '.join(analysis.ready_on)}")
+    for replica, why in analysis.left_out.items():  # counted against max_unavailable, never silent
+        out.line(f"left out: {replica}: {why}")
     out.table(
         ["CHECK", "VALUE", "THRESHOLD", "OK"],
         [

@@ -13,7 +13,13 @@ the model they report.  With one version serving, the checks that compare with a
 ``window`` 0 judges the counters as they stand (each version's since it was loaded: Triton starts
 a version's counters at its load); ``window`` N scrapes twice N seconds apart and judges what
 happened in between (a counter that went down, a restart, fails the verdict as in the bake).
-Nothing here changes anything: it only reads ``/metrics``.
+Only what serves is judged: the version judged must be READY on at least one replica (Triton's
+readiness, open without the control key), else there is nothing to judge (``NotServed``) -- a
+candidate whose load failed leaves counters behind, and its latency ratio of x0.00 is no verdict.
+A replica whose metrics cannot be read (off, failing, closed, garbage: ``metrics.scrape`` names
+the cause) is never silently left out: up to the policy's ``max_unavailable`` it is left out and
+named in the verdict (``left_out``), one more refuses the judgement naming every one of them.
+Nothing here changes anything: it only reads ``/metrics`` and readiness.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from registry.errors import MlregError, PromotionError, UsageError
 from registry.settings import redact_uri
 
 MAX_WINDOW_S = 300.0  # longer than any web metric's timeout: a window that long is a typo
+READY_TIMEOUT_S = 5.0
 Scrape = Callable[[str], metrics.Snapshot]
+Ready = Callable[[str, str, str], "bool | None"]  # (target, model, version): READY, not, unknown
 
 
 class NotServed(PromotionError):
@@ -76,6 +84,8 @@ class Analysis:
     detail: str
     checks: list[CheckResult] = field(default_factory=list)
     new: metrics.Counters = field(default_factory=metrics.Counters)
+    left_out: dict[str, str] = field(default_factory=dict)  # replica -> why its metrics were not read
+    ready_on: list[str] = field(default_factory=list)  # the replicas where the version judged is READY
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, ``successCondition``-friendly fields (``result.ok == true``,
@@ -97,6 +107,8 @@ class Analysis:
             "checks": [c.to_dict() for c in self.checks],
             "window_seconds": self.window_s,
             "replicas": [redact_uri(r) for r in self.replicas],
+            "ready_on": [redact_uri(r) for r in self.ready_on],
+            "left_out": {redact_uri(r): why for r, why in self.left_out.items()},
         }
 
 
@@ -117,36 +129,91 @@ def analyse(
     window: float = 0.0,
     scrape: Scrape = metrics.scrape,
     sleep: Callable[[float], None] = time.sleep,
+    ready: Ready | None = None,
 ) -> Analysis:
-    """The bake's checks for ``model`` on ``targets`` (the environment's replicas), now."""
+    """The bake's checks for ``model`` on ``targets`` (the environment's replicas), now.
+    ``ready``: whether a replica has a version READY (default: asked of Triton, ``version_ready``)."""
     check_window(window)
     if not targets:
         raise PromotionError(f"environment '{env.name}' has no replica to judge", fix="check its targets")
-    urls = {target: _metrics_url(env, target) for target in targets}
-    before = _scrape_all(urls, scrape)
-    scrapes: dict[str, tuple[metrics.Snapshot, ...]]
-    if window:
-        sleep(window)
-        after = _scrape_all(urls, scrape)
-        counted = {t: metrics.window(before[t], after[t]) for t in targets}
-        scrapes = {t: (before[t], after[t]) for t in targets}
-    else:
-        counted = before
-        scrapes = {t: (before[t],) for t in targets}
+    allowed = env.policy.max_unavailable if env.policy is not None else 0
+    scrapes, left_out = _read(env, targets, scrape, sleep, window, allowed)
+    counted = {t: metrics.window(*read) if window else read[0] for t, read in scrapes.items()}
     seen = {v for snapshot in counted.values() for (m, v) in snapshot if m == model}
     new_versions, old_versions = _versions(env, model, version, seen)
-    faults = [f"replica {t}: {fault}" for t in targets for fault in metrics.faults(model, seen, *scrapes[t])]
+    [candidate] = new_versions
+    ready_on = _ready_on(env, targets, model, candidate, ready or version_ready)
+    faults = [
+        f"replica {t}: {fault}" for t, read in scrapes.items() for fault in metrics.faults(model, seen, *read)
+    ]
     new = metrics.total(list(counted.values()), model, new_versions)
     old = metrics.total(list(counted.values()), model, old_versions)
     ok, failed, detail, checks = _judged(env, old, new)
-    [candidate] = new_versions
     compared = sorted(old_versions, key=int)
     analysis = Analysis(
         env.name, model, candidate, compared, list(targets), window, ok, failed, detail, checks, new
     )
+    analysis.left_out, analysis.ready_on = left_out, ready_on
     if faults:  # the bake cannot judge a counter that is not a count, or one that went down
         analysis.ok, analysis.failed_check, analysis.detail = False, "counters", metrics.summary(faults)
+    if left_out:
+        named = "; ".join(f"{t} ({why})" for t, why in left_out.items())
+        analysis.detail += f" [left out under max_unavailable = {allowed}: {named}]"
     return analysis
+
+
+def _read(
+    env: Environment,
+    targets: Sequence[str],
+    scrape: Scrape,
+    sleep: Callable[[float], None],
+    window: float,
+    allowed: int,
+) -> tuple[dict[str, tuple[metrics.Snapshot, ...]], dict[str, str]]:
+    """Each readable replica's scrapes (one, or two ``window`` seconds apart), and the replicas
+    left out because their metrics could not be read (at most ``allowed``)."""
+    urls = {target: _metrics_url(env, target) for target in targets}
+    before, left_out = _scrape_all(urls, scrape, {}, allowed)
+    if not window:
+        return {t: (before[t],) for t in targets if t in before}, left_out
+    sleep(window)
+    after, left_out = _scrape_all({t: u for t, u in urls.items() if t in before}, scrape, left_out, allowed)
+    return {t: (before[t], after[t]) for t in targets if t in after}, left_out
+
+
+def version_ready(target: str, model: str, version: str) -> bool | None:
+    """Whether ``target`` (a Triton's gRPC address) has ``model`` ``version`` READY: Triton's
+    readiness, which needs no control key; None when it cannot be asked."""
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient's gRPC stack, ~0.3 s
+    from tritonclient.utils import InferenceServerException  # lazy: tritonclient, ~0.3 s
+
+    client = grpcclient.InferenceServerClient(url=target)
+    try:
+        return bool(client.is_model_ready(model, version, client_timeout=READY_TIMEOUT_S))
+    except InferenceServerException:
+        return None
+    finally:
+        client.close()
+
+
+def _ready_on(env: Environment, targets: Sequence[str], model: str, version: str, ready: Ready) -> list[str]:
+    """The replicas where ``model`` ``version`` is READY; NotServed when there is none (a version
+    whose load failed, or one unloaded since, left counters behind: they are no verdict)."""
+    with ThreadPoolExecutor(max(1, min(8, len(targets)))) as pool:
+        states = dict(zip(targets, pool.map(lambda t: ready(t, model, version), targets), strict=True))
+    found = [t for t, state in states.items() if state]
+    if not found:
+        said = ", ".join(
+            f"{t}: {'not READY' if s is False else 'readiness unknown'}" for t, s in states.items()
+        )
+        raise NotServed(
+            f"{model} v{version} is not READY on any replica of environment '{env.name}' ({said}): "
+            "nothing serves it, so there is nothing to judge (its metrics are what an earlier or a "
+            "failed load left)",
+            fix=f"'mlreg status --env {env.name}' shows what each replica serves; judge a version that "
+            "serves (pass --version), or load it first",
+        )
+    return found
 
 
 def _judged(
@@ -189,7 +256,13 @@ def _metrics_url(env: Environment, target: str) -> str:
     return env.metrics_url(target) or Policy().metrics_url(target)
 
 
-def _scrape_all(urls: dict[str, str], scrape: Scrape) -> dict[str, metrics.Snapshot]:
+def _scrape_all(
+    urls: dict[str, str], scrape: Scrape, left_out: dict[str, str], allowed: int
+) -> tuple[dict[str, metrics.Snapshot], dict[str, str]]:
+    """Each replica's metrics, and every replica whose metrics could not be read (``left_out``:
+    the ones already left out, kept) -- named, never dropped silently: more than ``allowed`` of
+    them refuses the judgement."""
+
     def one(url: str) -> metrics.Snapshot | MlregError:
         try:
             return scrape(url)
@@ -198,7 +271,12 @@ def _scrape_all(urls: dict[str, str], scrape: Scrape) -> dict[str, metrics.Snaps
 
     with ThreadPoolExecutor(max(1, min(8, len(urls)))) as pool:
         found = dict(zip(urls, pool.map(one, urls.values()), strict=True))
-    for target, snapshot in found.items():
-        if isinstance(snapshot, MlregError):
-            raise PromotionError(f"replica {target}: {snapshot.message}", fix=snapshot.fix)
-    return {t: s for t, s in found.items() if not isinstance(s, MlregError)}
+    left = dict(left_out)
+    left.update({t: s.message for t, s in found.items() if isinstance(s, MlregError)})
+    if len(left) > allowed:
+        errors = [s for s in found.values() if isinstance(s, MlregError)]
+        fixes = "; ".join(dict.fromkeys(str(e.fix) for e in errors if e.fix)) or None
+        named = "; ".join(f"replica {t}: {why}" for t, why in left.items())
+        more = f" (more than max_unavailable = {allowed} replica(s))" if allowed else ""
+        raise PromotionError(f"{named}{more}: the verdict cannot be judged", fix=fixes)
+    return {t: s for t, s in found.items() if not isinstance(s, MlregError)}, left

@@ -1,6 +1,11 @@
 """Triton's own metrics (``:8002/metrics``, Prometheus text): per model and version, the request
 counters a bake compares.  No Prometheus server needed: each replica is scraped directly.
 
+A scrape names its real cause: an endpoint that is off (nothing listens), one that answered an
+HTTP error, closed the connection without an answer, did not answer in time, or answered 200 with
+something that is not Triton's metrics (no ``nv_`` metric, or more than ``MAX_BODY`` bytes) -- each
+with its own fix; never "start tritonserver with metrics on" for an endpoint that is on.
+
 A counter a bake reads must be a count: a value that is not a number refuses the scrape, and
 ``faults`` names a NaN, an infinite or negative value, or one that went down between two scrapes
 (the server restarted) — comparisons with NaN are all false, so a NaN would otherwise pass every
@@ -12,9 +17,11 @@ entry there."""
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import math
 import re
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Collection
@@ -37,6 +44,8 @@ FIELD = {
 METRIC = {name: metric for metric, name in FIELD.items()}
 QUEUE_FLOOR_US = 1000.0  # queue_ratio compares against at least 1 ms: a few us either way is noise
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+TRITON = re.compile(r"^(?:# (?:HELP|TYPE) )?nv_\w+", re.MULTILINE)  # a metric only Triton exports
+MAX_BODY = 32 * 1024 * 1024  # Triton's metrics of a large fleet of models stay far below this
 Key = tuple[str, str]  # (model, version)
 
 
@@ -117,21 +126,70 @@ def parse(text: str) -> Snapshot:
 
 
 def scrape(url: str, timeout: float = 5.0) -> Snapshot:
+    """Triton's counters at ``url``; PromotionError naming the real cause of a failed read
+    (``status``: "off", "http-error", "closed", "timeout", "unreachable" or "not-triton")."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return parse(response.read().decode("utf-8", "replace"))
-    except (urllib.error.URLError, OSError) as exc:
-        raise PromotionError(
-            f"cannot read Triton's metrics at {url}: {exc}",
-            fix="start tritonserver with metrics on (--allow-metrics=true) and set metrics_port "
-            "or metrics in the environment's mlreg.toml section",
-        ) from exc
+            body = response.read(MAX_BODY + 1)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        what = f"cannot read Triton's metrics at {url}: it answered HTTP {exc.code} ({exc.reason})"
+        raise unreadable(url, "http-error", what) from exc
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        status, what = _failure(exc, timeout)
+        raise unreadable(url, status, f"cannot read Triton's metrics at {url}: it {what}") from exc
+    return parse_answer(url, body)
+
+
+def parse_answer(url: str, body: bytes) -> Snapshot:
+    """The counters of ``body``, the 200 answer of ``url``; PromotionError when it is not Triton's
+    metrics (too large, no ``nv_`` metric at all) or a counter is not a number."""
+    if len(body) > MAX_BODY:
+        what = f"answered more than {MAX_BODY // 2**20} MiB"
+        raise unreadable(url, "not-triton", f"{url} does not answer Triton's metrics: it {what}")
+    text = body.decode("utf-8", "replace")
+    if not TRITON.search(text):
+        shown = f"{len(body)} bytes, none of them an nv_ metric" if body else "an empty body"
+        raise unreadable(
+            url, "not-triton", f"{url} does not answer Triton's metrics: it answered 200 with {shown}"
+        )
+    try:
+        return parse(text)
     except ValueError as exc:
-        raise PromotionError(
-            f"Triton's metrics at {url} are not counts: {exc}",
-            fix=f"point metrics_port or metrics (environment's mlreg.toml section) at Triton's "
-            f"metrics; {url} answers something else",
-        ) from exc
+        raise unreadable(url, "not-triton", f"Triton's metrics at {url} are not counts: {exc}") from exc
+
+
+def _failure(exc: BaseException, timeout: float) -> tuple[str, str]:
+    """(status, what happened) of a read that got no HTTP answer."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        return "off", "refused the connection (nothing listens there)"
+    if isinstance(reason, TimeoutError | socket.timeout):
+        return "timeout", f"did not answer within {timeout:g} s"
+    if isinstance(reason, ConnectionError | http.client.HTTPException):
+        return "closed", f"closed the connection without a complete answer ({type(reason).__name__})"
+    if isinstance(reason, socket.gaierror):
+        return "unreachable", f"names a host that cannot be resolved ({reason})"
+    return "unreachable", f"cannot be reached ({reason})"
+
+
+FIXES = {
+    "off": "start tritonserver with metrics on (--allow-metrics=true) and set metrics_port or metrics in "
+    "the environment's mlreg.toml section",
+    "http-error": "the metrics endpoint is on but failing: read that replica's tritonserver log, restart "
+    "the replica if it persists",
+    "closed": "the metrics endpoint took the connection and dropped it (a replica restarting or "
+    "overloaded, or a proxy in between): check that replica, then try again",
+    "timeout": "the replica is hung or overloaded: check it ('mlreg status'), then try again",
+    "unreachable": "check the metrics URL (metrics_port or metrics in the environment's mlreg.toml "
+    "section) and the network to it",
+    "not-triton": "point metrics_port or metrics (the environment's mlreg.toml section) at Triton's own "
+    "metrics endpoint (:8002/metrics); this URL answers something else",
+}
+
+
+def unreadable(url: str, status: str, message: str) -> PromotionError:
+    return PromotionError(message, fix=FIXES[status], status=status, url=url)
 
 
 def total(snapshots: list[Snapshot], model: str, versions: set[str]) -> Counters:

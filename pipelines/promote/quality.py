@@ -72,6 +72,7 @@ class QualityReport:
     perf: list[dict[str, Any]] = field(default_factory=list)  # the performance check, per model
     shadow: list[dict[str, Any]] = field(default_factory=list)  # the shadow replay, per model
     captured: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)  # model -> inputs
+    not_loaded: list[str] = field(default_factory=list)  # candidates whose load failed: never judged
     generated: list[str] = field(default_factory=list)  # models sent inputs made from the config
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,7 +147,7 @@ class GateFailed(Refusal):
     gate changed; the error then says whether the candidates left the canary (``after_undo``)."""
 
     def __init__(self, report: QualityReport) -> None:
-        super().__init__(gate_error(report).message, fix=GATE_FIX)
+        super().__init__(gate_error(report).message, fix=gate_fix(report))
         self.report = report
 
     def after_undo(self, restored: bool) -> str:
@@ -155,6 +156,18 @@ class GateFailed(Refusal):
 
 
 GATE_FIX = "fix the model; its outputs on the golden inputs are not sane"
+LOAD_FIX = (
+    "{models} never loaded (its initialize, its files or its config failed: Triton's reason is "
+    "above), so no output was judged: fix that, register a new version and promote again"
+)
+
+
+def gate_fix(report: QualityReport) -> str:
+    """What to do, by the cause: a candidate that never loaded is not a model whose outputs are
+    wrong (its outputs were never asked for)."""
+    if report.not_loaded:
+        return LOAD_FIX.format(models=", ".join(report.not_loaded))
+    return GATE_FIX
 
 
 def gate_error(report: QualityReport) -> PromotionError:
@@ -162,7 +175,7 @@ def gate_error(report: QualityReport) -> PromotionError:
     if report.restored:
         where += " (the candidates were unloaded there and their uploaded files removed)"
     lines = report.failures + [f"clean-up: {e}" for e in report.cleanup_errors]
-    return PromotionError(f"{where}:\n  " + "\n  ".join(lines), fix=GATE_FIX)
+    return PromotionError(f"{where}:\n  " + "\n  ".join(lines), fix=gate_fix(report))
 
 
 # -- the scratch server ----------------------------------------------------------------------------

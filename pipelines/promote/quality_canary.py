@@ -104,7 +104,11 @@ def canary_gate(
             probe = Probe(step.model, step.version, reference, canary if reference else None, name)
             probes.append((step, probe))
             began = time.perf_counter()
-            fleet.move(url, candidate(step, name, gpu))
+            try:
+                fleet.move(url, candidate(step, name, gpu))
+            except MlregError:
+                report.not_loaded.append(f"{step.model} v{step.version}")  # no output to judge
+                raise
             loads[step.model] = time.perf_counter() - began
             checkpoint(f"gate:{step.model}")  # the candidate loaded on the canary, not yet judged
         for step, probe in probes:

@@ -103,10 +103,17 @@ class LockInfo:
         """The lease ran out, or the holder is a process of this machine that no longer runs."""
         if (self.now if self.now is not None else time.time()) > self.expires_at:
             return True
+        return bool(self.holder_gone)
+
+    @property
+    def holder_gone(self) -> str:
+        """Why the holder cannot hold it any more though its lease has not ended ("" when it may):
+        a process of this machine that no longer runs."""
         host, _, pid = self.owner.rpartition("@")[2].partition(":")
         if host == socket.gethostname() and pid.isdigit():
-            return not Path(f"/proc/{pid}").exists() or _zombie(int(pid))
-        return False
+            if not Path(f"/proc/{pid}").exists() or _zombie(int(pid)):
+                return f"its holder, process {pid} of this machine, no longer runs"
+        return ""
 
     @property
     def skew(self) -> float:
@@ -125,7 +132,8 @@ class LockInfo:
         now = self.now if self.now is not None else time.time()
         ends = "lease ran out at" if now >= self.expires_at else "lease until"
         skew = f"; {self.skew_line()}" if self.skew else ""
-        return f"{self.owner}{renewed} {ends} {when(self.expires_at)} ({clock}){skew}"
+        gone = f"; {self.holder_gone}" if now < self.expires_at and self.holder_gone else ""
+        return f"{self.owner}{renewed} {ends} {when(self.expires_at)} ({clock}){skew}{gone}"
 
     def skew_line(self) -> str:
         """ "the lock's time lies 2 days in the future (clock skew: a clock ahead wrote it)"."""
@@ -334,14 +342,22 @@ class Lease:
         try:
             found = self.store.lock_state(self.key)
         except MlregError as exc:
-            self._lose(
-                None,
-                f"its lease ran out at {when(self.expires_at)} and the store cannot be read now "
-                f"({exc.message})",
-                f"lease ran out at {when(self.expires_at)}",
-            )
+            why, line = self._ended(self.expires_at, time.time())
+            self._lose(None, f"{why} and the store cannot be read now ({exc.message})", line)
             return
         self._lose(found)
+
+    def _ended(self, end: float, now: float) -> tuple[str, str]:
+        """(why, line) of a lease of this holder's that is over for it: ran out when ``end`` is past
+        (``now``: the store's clock where it tells), else not renewed within this process's own
+        deadline for it though the lease itself ends later."""
+        if now >= end:
+            return f"its lease ran out at {when(end)}", f"lease ran out at {when(end)}"
+        ahead = f"{when(end)} (in {span(end - now)})"
+        return (
+            f"it was not renewed within this process's own deadline for it (its lease ends at {ahead})",
+            f"not renewed in time (its lease ends at {ahead})",
+        )
 
     def _remember(self, started: float, found: LockState | None = None) -> None:
         """Read back what a write left (``started``: this process's clock before it): still this
@@ -378,8 +394,11 @@ class Lease:
                 why = "nobody holds it now (its lock object was removed)"
                 line = "its lock object was removed (nobody holds it now)"
             elif (info := parse_lock(self.model, *found)).token == self.token:
-                why = f"its lease ran out at {when(self.expires_at)} before it was renewed"
-                line = f"lease ran out at {when(self.expires_at)}"
+                end = info.expires_at if info.clock == "store" else self.expires_at  # the store's view
+                now = info.now if info.now is not None else time.time()
+                why, line = self._ended(end, now)
+                if now >= end:
+                    why += " before it was renewed"
             else:
                 self.taken_by = info.describe()
                 why, line = f"it is held by {self.taken_by}", f"now held by {self.taken_by}"

@@ -144,6 +144,13 @@ def test_sync_exit_code_is_the_failed_promotions_else_drift_else_zero() -> None:
 A, B = "a:8001", "b:8001"
 
 
+@pytest.fixture(autouse=True)
+def _every_version_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every version these tests judge is READY on every replica (the fake replicas have no
+    readiness to ask; tests/unit/test_causes.py judges what does not serve)."""
+    monkeypatch.setattr(analysis, "version_ready", lambda target, model, version: True)
+
+
 def environment(policy: Policy | None = None) -> Environment:
     return Environment("production", "/store", (A, B), "production", False, policy=policy)
 
