@@ -155,22 +155,54 @@ def test_a_promotion_with_the_key_serves_and_never_echoes_the_key(secure: Secure
     assert leaked == []  # MLflow's database and artifacts, the reports, Triton's log, the store
 
 
-def test_a_replica_whose_control_api_is_open_is_flagged_by_status(secure: Secure) -> None:
+def test_a_replica_whose_control_api_is_open_is_flagged_by_status_and_refuses_a_promotion(
+    secure: Secure,
+) -> None:
+    """Issue 44's repro: a hand-started tritonserver without the restriction flags among an
+    environment's targets.  ``status`` flags it; a real ``promote --json`` is refused before any
+    change (nothing loaded there, the store as it was); with ``open_control = "allow"`` it is
+    promoted with a note in the JSON and in the MLflow run's report."""
     settings = secure.stack.settings
+    toml = secure.root / "mlreg.toml"
+    store = open_store(str(settings.local_repository))
     with tritons(
         settings, secure.root, [settings.local_repository], name="open", open_control=True
     ) as servers:
         url = servers[0][0].grpc_url
-        (secure.root / "mlreg.toml").write_text(
-            f'[environments.open]\nstore = "{settings.local_repository}"\ntargets = ["{url}"]\n'
-        )
+        section = f'[environments.open]\nstore = "{settings.local_repository}"\ntargets = ["{url}"]\n'
+        toml.write_text(section)
         try:
             _, out, err = secure.cli("status", "--env", "open", "--json")
             _, text, _ = secure.cli("status", "--env", "open")
+            config_before = store.read_config("scorer")
+            refused, refused_out, refused_err = secure.cli(
+                "promote", "scorer", "-V", "1", "--env", "open", "--json"
+            )
+            with TritonControl(url, key=None) as opened:
+                loaded_after_refusal = opened.model_states()
+            config_after = store.read_config("scorer")
+            toml.write_text(section + 'open_control = "allow"\n')
+            allowed, allowed_out, allowed_err = secure.cli(
+                "promote", "scorer", "-V", "1", "--env", "open", "--json"
+            )
+            with TritonControl(url, key=None) as opened:
+                ready = opened.is_ready("scorer", "1")
         finally:
-            (secure.root / "mlreg.toml").unlink()
+            toml.unlink()
     assert json.loads(out)["open_control"] == [url], out + err
     assert f"warning: {url} takes model-control calls from anyone" in text
+    assert refused != 0, refused_out + refused_err
+    assert f"{url} take(s) model-control calls from anyone" in refused_out + refused_err
+    assert "scorer" not in loaded_after_refusal  # nothing loaded on the open replica
+    assert config_after == config_before  # nor written to the store
+    assert allowed == 0, allowed_out + allowed_err
+    note = f"{url} takes model-control calls from anyone"
+    result = json.loads(allowed_out)
+    assert any(n.startswith(note) and 'open_control = "allow"' in n for n in result["notes"]), result["notes"]
+    assert ready
+    run = secure.stack.registry.promotions("scorer", "open")[0]["run_id"]
+    report = secure.stack.registry.download(run, "report.json", secure.root / "open-run")
+    assert any(n.startswith(note) for n in json.loads(report.read_text())["notes"])  # in the MLflow run
     with secure.control() as triton:  # the probe loaded nothing on the locked local stack either
         assert control_key.PROBE_MODEL not in triton.model_states()
 
