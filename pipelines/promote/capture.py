@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import re
 import time
@@ -362,15 +363,10 @@ class Captures:
                 f"the captures folder {root} does not exist (or is not a folder)",
                 fix="point captures at the folder the replicas' --trace-config file= writes to",
             )
-        found = []
         try:
-            for path in [*root.glob("*"), *root.glob("*/*")]:
-                if path.is_file() and not path.is_symlink() and not path.parent.is_symlink():
-                    stat = path.stat()
-                    found.append(TraceFile(path.relative_to(root).as_posix(), stat.st_size, stat.st_mtime))
+            return _scan(root, "", depth=2)
         except OSError as exc:
             raise StorageError(f"the captures folder {root} cannot be listed: {exc}") from exc
-        return found
 
     def read(self, name: str) -> bytes:
         """The file's bytes; OSError when it is gone (rotated or pruned since it was listed)."""
@@ -406,6 +402,23 @@ class Captures:
         gone = [f.name for f in old + over]
         self.delete(gone)
         return gone
+
+
+def _scan(folder: Path, prefix: str, depth: int) -> list[TraceFile]:
+    """The trace files in ``folder`` and, ``depth`` allowing, its sub-folders (no symlink followed);
+    one ``scandir`` per folder, a stat only for a trace file's name."""
+    found = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            name = f"{prefix}{entry.name}"
+            if entry.is_symlink():
+                continue
+            if entry.is_file(follow_symlinks=False) and TRACE_NAME.fullmatch(entry.name):
+                stat = entry.stat(follow_symlinks=False)
+                found.append(TraceFile(name, stat.st_size, stat.st_mtime))
+            elif depth > 1 and entry.is_dir(follow_symlinks=False):
+                found.extend(_scan(Path(entry.path), f"{name}/", depth - 1))
+    return found
 
 
 def is_trace_name(name: str) -> bool:
