@@ -343,3 +343,21 @@ def test_the_analysis_document_is_json(endpoint: str) -> None:
 def test_a_missing_key_is_a_usage_error_not_a_crash() -> None:
     with pytest.raises(UsageError, match="window 301 s is outside"):
         analysis.check_window(301)
+
+
+def test_a_canary_answering_garbage_fails_the_bake_naming_it(tmp_path: Path, endpoint: str) -> None:
+    """The bake reads the same way (``metrics.scrape``): a canary whose metrics answer 200 with
+    garbage is no longer an empty snapshot the other replicas decide without -- the bake fails
+    naming it, and every moved replica is put back."""
+    from tests.unit.test_rollout import CONFIG, OLD_CONFIG, URLS, Rig, _move, _snapshot
+
+    def scrape(url: str) -> metrics.Snapshot:
+        if url == URLS[0]:
+            return metrics.scrape(f"{endpoint}/garbage", timeout=2)
+        return _snapshot(0, 0, 10)
+
+    rig = Rig(tmp_path, Policy(waves=(100.0,), bake_seconds=5), scrape=scrape, sleep=lambda s: None)
+    error = rig.run_and_undo([_move("m", CONFIG, ["1", "2"], previous=OLD_CONFIG, baked_old=("1",))])
+    assert f"replica {URLS[0]}: {endpoint}/garbage does not answer Triton's metrics" in error.message
+    assert "answered 200 with 19 bytes, none of them an nv_ metric" in error.message
+    assert rig.report.failed == []  # what the canary moved was put back
