@@ -75,6 +75,8 @@ def check_stored(
         return None
     except StorageError as exc:
         problem = exc.message
+        if exc.context.get("entries"):  # the model folder's: no copy from the registry removes them
+            raise entries_refused(store, step.model, version, exc) from exc
     if not digest:
         raise PromotionError(
             f"{step.model} v{version} in {store.uri} does not verify ({problem}) and MLflow records no "
@@ -100,6 +102,18 @@ def check_stored(
             fix="the version's bytes are lost: promote another version",
         )
     return Repair(step.model, version, folder, problem)
+
+
+def entries_refused(store: RepositoryStore, model: str, version: str, exc: StorageError) -> PromotionError:
+    """The refusal of a load whose model folder holds entries no manifest covers (the closed
+    world): no copy from the registry removes them, so nothing is restored, nothing changes."""
+    return PromotionError(
+        f"{model} v{version} cannot be loaded from {store.uri}: {exc.message}",
+        fix=exc.fix or f"remove the entries named from the store's {model}/ folder",
+        model=model,
+        version=version,
+        files=exc.context.get("files", []),
+    )
 
 
 def apply_repair(store: RepositoryStore, repair: Repair) -> str:

@@ -148,6 +148,7 @@ class Verification:
             model=self.model,
             version=self.version,
             files=[p.file for p in self.problems],
+            entries=[p.file for p in self.entries],  # of the model folder, outside the allow-list
         )
 
 

@@ -146,6 +146,49 @@ def test_a_new_version_whose_registered_bytes_changed_is_refused_and_never_serve
     assert version not in states, states
 
 
+PLANTED = """import os
+__path__ = [os.path.join(os.path.dirname(__file__), "{version}")]  # 'import {version}.model' goes on
+SCALE_OVERRIDE = -1.0  # code nobody verified, imported before {version}/model.py
+"""
+
+
+def test_a_module_planted_beside_the_version_folders_refuses_every_load_and_nothing_is_loaded(
+    stack: Stack,
+) -> None:
+    """Issue 44's repro: ``<model>/<v>.py`` (no manifest covers it) is what Triton 2.51's python
+    stub imports for ``<v>.model`` (it puts the model folder on sys.path).  The promotion of v<v>
+    is refused naming the file, before Triton hears of v<v>; a variant verb (a rollback to v1) is
+    refused as well; ``store verify`` and ``status`` name it.  The store, the aliases and Triton's
+    index are as they were, v2 serves and answers X * 2."""
+    version = stack.register("4.0")
+    planted = stack.settings.local_repository / MODEL / f"{version}.py"
+    planted.write_text(PLANTED.format(version=version))
+    try:
+        before = stack.snapshot()
+        refused = stack.mlreg("promote", MODEL, "--version", version, "--env", ENV, "--skip-quality")
+        assert refused.exit_code == PromotionError.exit_code, refused.output
+        output = " ".join(refused.output.split())
+        assert f"{MODEL}/{version}.py lies beside the version folders" in output
+        assert stack.snapshot() == before  # the planted file stays (not mlreg's): nothing else changed
+        rollback = stack.mlreg("rollback", MODEL, "--to-version", "1", "--env", ENV)
+        assert rollback.exit_code == PromotionError.exit_code, rollback.output
+        assert f"{MODEL}/{version}.py lies beside the version folders" in " ".join(rollback.output.split())
+        assert stack.snapshot() == before
+        _serves_v2(stack)
+        with TritonControl(stack.url) as triton:
+            states = triton.model_states()[MODEL]
+        assert version not in states, states  # never loaded
+        verified = stack.mlreg("store", "verify", MODEL)
+        assert verified.exit_code != 0
+        assert f"{MODEL}/{version}.py" in " ".join(verified.output.split())
+        status = stack.mlreg("status", "--env", ENV)
+        assert status.exit_code == 1, status.output
+        assert f"{MODEL}/{version}.py lies beside the version folders" in " ".join(status.output.split())
+    finally:
+        planted.unlink()
+    assert open_store(stack.settings.local_repository).verify_version(MODEL, "2").ok  # clean again
+
+
 def test_a_rollback_to_a_version_corrupt_in_the_store_and_the_registry_is_refused(stack: Stack) -> None:
     """v1's model.py changed in the store and in MLflow's artifact store: nothing verifies against
     the registered digest, so nothing can be loaded or restored: refused before any change."""
