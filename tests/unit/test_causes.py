@@ -31,13 +31,17 @@ import pytest
 from mlreg import fleet
 from pipelines.promote import analysis, metrics
 from pipelines.promote.environments import Environment
+from pipelines.promote.plan import serving_versions
 from pipelines.promote.policy import Policy
 from pipelines.promote.quality import GATE_FIX, GateFailed, QualityReport, gate_fix
+from pipelines.promote.reports import PromotionFailed
+from pipelines.promote.runner import Options, Promotion
 from pipelines.storage.lease import Lease, LockInfo, when
 from registry.errors import PromotionError, RegistryError, UsageError
 from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
 from tests.unit.conftest import SCRATCH, Background, Finished
+from tests.unit.worlds import MEMBER, World
 
 TRITON_TEXT = (
     "# HELP nv_inference_request_success Number of successful inference requests\n"
@@ -361,3 +365,21 @@ def test_a_canary_answering_garbage_fails_the_bake_naming_it(tmp_path: Path, end
     assert f"replica {URLS[0]}: {endpoint}/garbage does not answer Triton's metrics" in error.message
     assert "answered 200 with 19 bytes, none of them an nv_ metric" in error.message
     assert rig.report.failed == []  # what the canary moved was put back
+
+
+def test_a_candidate_that_fails_to_load_on_the_canary_is_said_never_loaded(tmp_path: Path) -> None:
+    """The canary gate for real (a real Fleet and undo log over the fake replicas of worlds.py):
+    net v2's load fails on the canary -- its ``initialize`` raised -- and the promotion's fix says
+    it never loaded, not that its outputs are wrong; nothing stays changed."""
+    world = World(tmp_path)
+    world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
+    assert world.promote("net", "1").ok
+    world.fleet.fail_load.add(("net", "2", "t0:8001"))
+    promotion = Promotion(world.settings, world.env, world.registry, Options(), connect=world.fleet.connect)
+    with pytest.raises(PromotionFailed) as failed:
+        promotion.run("net", "2")
+    assert "net v2 never loaded" in str(failed.value.fix), failed.value.fix
+    assert "outputs on the golden inputs are not sane" not in str(failed.value.fix)
+    assert "t0:8001: model 'net' version 2 failed to load" in failed.value.message
+    assert world.registry.alias_map["net"]["test"] == "1"  # the alias never moved
+    assert serving_versions(world.config("net")) == ["1"]  # the store serves v1 still
