@@ -23,7 +23,10 @@ does what mlreg relies on, as Triton 2.51 does it --
 
 Faults, set on a ``Replica`` at any time: ``fail_loads`` (every load there that brings a version
 fails with that reason), ``failing`` (versions whose traffic fails, ``FAILING_FACTOR`` x the rate,
-and whose requests fail), ``memory_total`` (a replica short of memory).  Every gRPC call is counted
+and whose requests fail), ``memory_total`` (a replica short of memory), ``crash()`` (the server
+dies and is restarted ``restart_after`` s later serving nothing; until then every call answers as
+an address where nothing listens) and ``crash_on_load`` (the same, in the middle of a load of that
+model: the load's caller sees its connection close).  Every gRPC call is counted
 per replica and method (``Replica.calls``), the metrics scrapes apart (``Replica.scrapes``).
 """
 
@@ -47,6 +50,7 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 
 from pipelines.control_key import GRPC_HEADER, REFUSED
 
+NOTHING_LISTENS = "failed to connect to all addresses; last error: UNKNOWN: Connection refused"
 CONTROL = frozenset({"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload", "ModelStatistics"})
 TRITON_VERSION = "2.51.0"
 GIB, MIB = 2**30, 2**20
@@ -109,10 +113,27 @@ class Replica:
     calls: Counter[str] = field(default_factory=Counter)
     scrapes: int = 0
     models: dict[str, Model] = field(default_factory=dict)
+    crash_on_load: str = ""  # a model: the next load of it crashes this replica mid-load (then it restarts)
+    restart_after: float = 1.0  # seconds a crashed replica answers nothing (its supervisor restarts it)
+    down_until: float = 0.0  # monotonic time until which every call finds nothing listening
+    restarts: int = 0
+    on_load: Callable[[str], None] | None = None  # told each load's model as it arrives (a test's trigger)
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
         self._gauge = (-1, 0)  # (refresh tick, used bytes)
+
+    def crash(self) -> None:
+        """The server dies (SIGKILL, SIGSEGV) and its supervisor starts it again ``restart_after`` s
+        later, as Triton starts in explicit mode: serving nothing, its counters from zero."""
+        with self.lock:
+            self.models.clear()
+            self.down_until = time.monotonic() + self.restart_after
+            self.restarts += 1
+
+    @property
+    def down(self) -> bool:
+        return time.monotonic() < self.down_until
 
     # -- what tests read -----------------------------------------------------------------------
 
@@ -336,8 +357,11 @@ class Service(rpc.GRPCInferenceServiceServicer):
         self.replica = replica
 
     async def _admit(self, method: str, context: Any) -> None:
-        """Count the call; refuse a control call without the key, as Triton does."""
+        """Count the call; refuse a control call without the key, as Triton does; a crashed
+        replica (until it is back) answers as an address where nothing listens."""
         self.replica.calls[method] += 1
+        if self.replica.down:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, NOTHING_LISTENS)
         if method in CONTROL and self.replica.key is not None:
             if dict(context.invocation_metadata() or ()).get(GRPC_HEADER) != self.replica.key:
                 await context.abort(
@@ -388,9 +412,15 @@ class Service(rpc.GRPCInferenceServiceServicer):
         await self._admit("RepositoryModelLoad", context)
         replica = self.replica
         try:
+            if replica.on_load is not None:
+                replica.on_load(request.model_name)
             wanted = replica.read_load(request.model_name, request.parameters)
             if set(wanted.versions) - set(replica.ready(wanted.model)):
                 await asyncio.sleep(replica.load_delay)  # a version to initialise
+            if replica.crash_on_load and replica.crash_on_load == request.model_name:
+                replica.crash_on_load = ""
+                replica.crash()  # mid-load: the client sees its connection close
+                raise LoadFailed(grpc.StatusCode.UNAVAILABLE, "Socket closed")
             error = replica.finish_load(wanted)
             if error:
                 raise LoadFailed(grpc.StatusCode.INTERNAL, error)

@@ -33,6 +33,9 @@ from registry.errors import MlregError, PromotionError
 States = dict[str, dict[str, str]]  # model -> version -> state, as Triton's repository index says
 OnTouch = Callable[[str, str, tuple[str, ...]], None]  # url, model, READY versions before the move
 QUEUE_WAIT_S = 2.0  # how long a restore queued behind a late load is waited for before it is left queued
+RESTART_WAIT_S = (
+    30.0  # a replica that dropped: a restarted tritonserver is live in < 1 s, its pod in ~10-30 s
+)
 PAUSE_VARIABLE = "MLREG_TEST_PAUSE_AT"
 RESUME_VARIABLE = "MLREG_TEST_RESUME_FILE"
 
@@ -136,6 +139,9 @@ class Fleet:
         self.fenced: dict[str, str] = {}  # url -> why nothing loads there again in this promotion
         self.recreated: dict[tuple[str, str, str], None] = {}  # (url, model, version) a load re-created
         self.pending: dict[str, str] = {}  # url -> a restore queued behind a late load (the truth to say)
+        self.restart_wait = RESTART_WAIT_S  # how long a replica that dropped is waited for
+        self.gone: dict[str, str] = {}  # url -> why it was not put back (dropped, never came back)
+        self.restarted: dict[str, None] = {}  # urls that dropped and came back during this promotion
 
     def target(self, url: str) -> ServingTarget:
         if url not in self._open:
@@ -206,7 +212,7 @@ class Fleet:
                 fix="restart that replica (its memory comes back), then promote again",
             )
         if change.config is not None and change.versions and change.files is None:
-            self.store.verify_load(change.model, change.versions)  # every version it names (closed world)
+            self.store.verify_load(change.model, change.versions, change.config)  # every one it names
         if self.guard is not None and change.config is not None:
             self.guard.before_load(url, change)
 
@@ -284,17 +290,40 @@ class Fleet:
     def restore(self, url: str, change: Change) -> str:
         """Put the server at ``url`` back to ``change`` (an earlier state); returns "" or why not.
         A replica still LOADING the model (a load past its deadline) gets ``change`` queued behind
-        that load (``_queue_behind``): the late version never takes traffic when its load ends."""
+        that load (``_queue_behind``): the late version never takes traffic when its load ends.  A
+        replica that dropped (crashed, restarting) is waited for up to ``restart_wait`` s, then put
+        back; one that does not come back is named once, and not asked again in this promotion."""
+        if url in self.gone:
+            return self.gone[url]
         try:
-            states = self.target(url).model_states()
+            states = self._states_back(url)
             loading = loading_versions(states, change.model)
             if loading and change.config is not None:
                 self.view.pop(url, None)
                 return self._queue_behind(url, change, loading, ready_versions(states, change.model))
             self._send(url, change)
         except MlregError as exc:
-            return exc.message if exc.message.startswith(url) else f"{url}: {exc.message}"
+            why = exc.message if exc.message.startswith(url) else f"{url}: {exc.message}"
+            if dropped(exc):
+                self.gone[url] = why = (
+                    f"{why} (waited {self.restart_wait:.0f}s for it to come back: it did not; what it "
+                    "serves once it is back is what it loads at start)"
+                )
+            return why
         return ""
+
+    def _states_back(self, url: str) -> States:
+        """What ``url`` holds now, asked of it; a replica that dropped waited for (``restart_wait``)
+        first -- it comes back as it starts (explicit mode: serving nothing), noted in ``restarted``."""
+        target = self.target(url)
+        try:
+            return target.model_states()
+        except MlregError as exc:
+            if not dropped(exc) or not wait_back(target, self.restart_wait):
+                raise
+        self.view.pop(url, None)
+        self.restarted.setdefault(url, None)
+        return target.model_states()
 
     def _queue_behind(self, url: str, change: Change, loading: list[str], ready: list[str]) -> str:
         """``change`` (what ``url`` held before) sent as a load behind the one still running there:
@@ -445,6 +474,27 @@ class Fleet:
             if url not in urls and url in self._open:
                 self._open.pop(url).close()
         self.urls = tuple(u for u in self.urls if u in urls)
+
+
+def dropped(exc: MlregError) -> bool:
+    """``exc`` says the replica cannot be reached (gRPC UNAVAILABLE: nothing listens, the connection
+    closed mid-call) -- a crash or a restart -- not that it refused (a missing control key)."""
+    status = exc.context.get("status")
+    return status == "StatusCode.UNAVAILABLE"
+
+
+def wait_back(target: ServingTarget, wait: float, interval: float = 0.25) -> bool:
+    """Whether ``target`` answers a liveness check again within ``wait`` s (polled)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            if target.is_live():
+                return True
+        except MlregError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
 
 
 def ready_versions(states: dict[str, dict[str, str]], model: str) -> list[str]:

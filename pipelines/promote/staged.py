@@ -29,6 +29,7 @@ from pipelines.promote.policy import Policy, Verdict, judge, waves_of
 from pipelines.promote.probes import Probes, Target, with_probes
 from pipelines.promote.quality import golden_inputs, output_names
 from pipelines.promote.reports import FleetReport
+from pipelines.promote.restarts import RestartWatch
 from pipelines.promote.undo import UndoLog
 from registry.errors import MlregError, PromotionError, TritonError
 
@@ -94,6 +95,7 @@ class StagedRollout:
         self.undo: UndoLog | None = None  # the promotion's: puts a skipped replica back (release)
         self.probes: Probes | None = None  # mlreg's own requests during each bake (probes.py)
         self._skipping = threading.Lock()
+        self.watch = RestartWatch(fleet)  # a replica that restarts mid-roll-out (restarts.py)
 
     def run(self, moves: list[Move]) -> list[Rollout]:
         self.results = {m.change.model: Rollout(m.change.model, list(m.change.versions)) for m in moves}
@@ -101,6 +103,8 @@ class StagedRollout:
         bakes = self.policy.bake_seconds > 0 and any(m.baked_old for m in moves)
         baseline = self._scrape_all(self.targets) if bakes else {}
         for index, wave in enumerate(waves):
+            if index:  # the replicas moved in earlier waves still hold it (or restarted: moved again)
+                self.watch.check([u for u in self.moved if u not in self.skipped], moves)
             try:
                 self._wave(wave, moves)
             except MlregError as exc:
@@ -111,6 +115,7 @@ class StagedRollout:
             checkpoint(f"wave:{index + 1}")
             if index + 1 < len(waves) and bakes:
                 self._bake(moves, baseline, f"the bake after wave {index + 1} of {len(waves)}")
+        self.watch.check([u for u in self.moved if u not in self.skipped], moves)  # after the last wave
         return list(self.results.values())
 
     def _wave(self, wave: list[str], moves: list[Move]) -> None:
@@ -292,6 +297,7 @@ class Staged:
                 self._write(ctx, move)
         rollout = self._rollout(ctx, moves)
         fleet.rollouts.extend(rollout.run(following_latest(repointed, moving, gpu) + moves))
+        ctx.result.notes.extend(rollout.watch.notes)
         _leave_out(ctx, rollout.skipped)
         for move in moves:
             self._write(ctx, move)

@@ -484,11 +484,27 @@ def _row(
         + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
     )
     _add_loading(row, store, live, view)
+    row.drift.extend(_reapply_lines(env, row, folders))
     if view.error:  # the store's columns are unknown, the servers' are not
         row.store = f"store unreachable: {view.error}"
         return row
     _add_store_findings(row, env, registry, store, view, folders, serving, numbered, live_pins)
     return row
+
+
+def _reapply_lines(env: Environment, row: ModelRow, folders: Serving) -> list[str]:
+    """The exact command that loads what the store wants on a replica serving nothing of the model
+    (restarted in explicit mode, or put back only in part): a promotion of the version the store
+    serves is no no-op there (``already_serving`` asks every target), so it loads it -- and moves
+    nothing on the replicas that serve it already (issue 45, item 3)."""
+    if not row.desired or not any(found == [] for found in folders.values()):
+        return []
+    command = f"mlreg promote {row.model} --version {row.desired[-1]} --env {env.name}"
+    return [
+        f"{url} serves nothing of {row.model}: to load what the store wants there, run '{command}'"
+        for url, found in folders.items()
+        if found == []
+    ]
 
 
 def _add_loading(row: ModelRow, store: RepositoryStore, live: dict[str, Any], view: StoreView) -> None:

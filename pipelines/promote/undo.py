@@ -298,7 +298,8 @@ class UndoLog:
 
 def _note(report: UndoReport, failure: str, done: str) -> None:
     if failure:
-        report.failed.append(failure)
+        if failure not in report.failed:  # a replica that dropped: named once, not per model
+            report.failed.append(failure)
     elif done:
         report.restored.append(done)
 

@@ -117,7 +117,11 @@ def test_a_target_serving_another_folder_is_drift_in_both_numberings(world: Simp
 def test_a_target_that_lost_a_model_serves_nothing(world: SimpleNamespace) -> None:
     world.live[URL] = {"net": {"2": "READY"}}  # a replica restarted without the ensemble
     found = rows(world)
-    assert found["ens"]["drift"] == [f"{URL} serves nothing, store wants v2 [1]"]  # not "vnothing"
+    assert found["ens"]["drift"] == [  # not "vnothing"; and the command that loads it there (issue 45)
+        f"{URL} serves nothing, store wants v2 [1]",
+        f"{URL} serves nothing of ens: to load what the store wants there, run "
+        "'mlreg promote ens --version 2 --env local'",
+    ]
 
 
 def test_an_ensemble_no_registered_version_explains_reads_unknown(world: SimpleNamespace) -> None:
