@@ -35,6 +35,7 @@ from pipelines.devstack import local_triton
 from pipelines.devstack.scratch import scratch_servers
 from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.fanout import PAUSE_VARIABLE, RESUME_VARIABLE
+from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
@@ -524,12 +525,33 @@ def registry_aliases(registry: MlflowRegistry) -> dict[str, dict[str, str]]:
     return {name: registry.aliases(name) for name in sorted(str(m.name) for m in found)}
 
 
+# A version's footprint is a fact about it, recorded at its first load whatever the promotion's
+# outcome and never put back (README "A swap cannot break a replica"): a refusal after the canary
+# loaded the candidate may add it.  Every other tag must stay as it was.
+MEASURED_TAGS = frozenset({FOOTPRINT_TAG, FOOTPRINT_KIND_TAG})
+
+
+def registry_tags(registry: MlflowRegistry) -> dict[str, dict[str, dict[str, str]]]:
+    """Every version of every registered model of ``registry`` -> its tags (but MEASURED_TAGS):
+    ``promoted_<env>``, ``serving_<env>``, ``promotion_run_<env>``, digests, signers..."""
+    found = registry.client.search_registered_models(max_results=1000)
+    tags: dict[str, dict[str, dict[str, str]]] = {}
+    for name in sorted(str(m.name) for m in found):
+        versions = registry.client.search_model_versions(f"name='{name}'", max_results=10_000)
+        tags[name] = {
+            str(v.version): {k: str(t) for k, t in sorted(v.tags.items()) if k not in MEASURED_TAGS}
+            for v in sorted(versions, key=lambda v: int(v.version))
+        }
+    return tags
+
+
 def refusal_state(store: str | Path, targets: Sequence[str], registry: MlflowRegistry) -> dict[str, Any]:
     """Everything a refused promotion must leave alone, as one value to compare: the sha256 of every
     object of the store and of its archive (locks left out), every target's whole repository index
     (every model, every version Triton lists and its state: a version loaded and taken back again
     stays listed UNAVAILABLE; UNLOADING reads as UNAVAILABLE, unloads being async), the pins of
-    every ensemble each target serves, and every alias of every model of the registry."""
+    every ensemble each target serves, and every alias and every version tag of every model of the
+    registry (a footprint measured at a load excepted: MEASURED_TAGS)."""
     opened = open_store(store)
     try:
         archive: dict[str, str] | None = store_objects(opened.archive())
@@ -551,6 +573,7 @@ def refusal_state(store: str | Path, targets: Sequence[str], registry: MlflowReg
         "index": index,
         "pins": pins,
         "aliases": registry_aliases(registry),
+        "tags": registry_tags(registry),
     }
 
 

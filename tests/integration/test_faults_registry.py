@@ -124,6 +124,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         made.stop_mlflow()
 
 
+@pytest.fixture
+def serving_v2(stack: Stack) -> Stack:
+    """v2 serves, from the store, with the alias on it: what the module's first test leaves, built
+    here when a test runs alone (or after a failure left something else), never assumed."""
+    if (stack.serving(), stack.desired(), stack.alias()) != (["2"], ["2"], "2"):
+        stack.promote("2")
+    assert (stack.serving(), stack.desired(), stack.alias()) == (["2"], ["2"], "2"), "v2 must serve first"
+    return stack
+
+
 def _paused_promote(stack: Stack, point: str, version: str, at_pause: object) -> tuple[int, str]:
     """``mlreg promote`` run until the test hook pauses it at ``point``; ``at_pause()`` runs there,
     then the promotion goes on.  Returns its exit code and stderr."""
@@ -180,6 +190,7 @@ def test_first_deployment_and_a_swap_wait_for_the_retired_version(stack: Stack) 
     assert stack.serving() == ["2"]
 
 
+@pytest.mark.usefixtures("serving_v2")
 def test_mlflow_down_at_the_record_stage_moves_no_alias_and_a_rerun_repairs_the_tags(stack: Stack) -> None:
     """Item 2: the real MLflow server stopped after the record stage's tags, before the alias: the
     promotion of v1 fails, serving is rolled back to v2, the alias still names v2 and the message
@@ -207,6 +218,7 @@ def test_mlflow_down_at_the_record_stage_moves_no_alias_and_a_rerun_repairs_the_
     assert (stack.serving(), stack.desired(), stack.alias()) == (["2"], ["2"], "2")
 
 
+@pytest.mark.usefixtures("serving_v2")
 def test_an_alias_moved_by_a_failed_attempt_is_repaired_by_the_no_op_rerun(stack: Stack) -> None:
     """Item 2, the no-op path: the alias names v1 (what a failed record left before) while v2
     serves; a rerun of v2 says it already serves and moves the alias back."""
@@ -217,6 +229,7 @@ def test_an_alias_moved_by_a_failed_attempt_is_repaired_by_the_no_op_rerun(stack
     assert (stack.alias(), stack.serving()) == ("2", ["2"])
 
 
+@pytest.mark.usefixtures("serving_v2")
 def test_status_sees_a_model_the_store_lost_that_serves_and_the_alias_names(stack: Stack) -> None:
     """Item 1: the store's folder deleted (a recreated bucket): status is drift, not clean; one
     promotion of the serving version puts the store back and status is clean again."""
@@ -235,6 +248,7 @@ def test_status_sees_a_model_the_store_lost_that_serves_and_the_alias_names(stac
     assert (stack.serving(), stack.desired(), stack.alias()) == (["2"], ["2"], "2")
 
 
+@pytest.mark.usefixtures("serving_v2")
 def test_a_store_the_targets_do_not_serve_from_is_refused_and_never_unloads(
     stack: Stack, tmp_path: Path
 ) -> None:

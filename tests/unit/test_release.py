@@ -122,6 +122,11 @@ def test_the_changelog_keeps_the_shape_and_has_this_versions_entry() -> None:
     assert release.changelog_problems(text) == []
     section = release.changelog_section(text, VERSION)
     assert section.startswith("### Added\n- ")
+    heading = f"## [{VERSION}] - "
+    after = text[text.index(heading) :].split("\n", 1)[1].lstrip("\n")  # CHANGELOG.md's own text
+    assert after.startswith(section)
+    rest = after[len(section) :].lstrip("\n")
+    assert rest == "" or rest.startswith(("## [", "[")), rest[:80]  # then the next section, or links
     assert not re.search(r"^## ", section, re.MULTILINE)  # no other version's heading
 
 
@@ -129,8 +134,9 @@ def test_a_section_is_its_groups_without_headings_or_link_definitions() -> None:
     assert release.changelog_section(GOOD, "0.2.0") == "### Fixed\n- a bug\n"
     assert release.changelog_section(GOOD, "0.1.0") == "### Added\n- the first release\n  over two lines\n"
     notes = release.release_notes(GOOD, "0.1.0", "ghcr.io/o/mlreg:0.1.0@sha256:ab")
-    assert notes.endswith(
-        "### Install\n\n- PyPI: `pip install mlreg==0.1.0`\n- Image: `ghcr.io/o/mlreg:0.1.0@sha256:ab`\n"
+    assert notes == (  # the section's text as GOOD writes it, then where the release is
+        "### Added\n- the first release\n  over two lines\n"
+        "\n### Install\n\n- PyPI: `pip install mlreg==0.1.0`\n- Image: `ghcr.io/o/mlreg:0.1.0@sha256:ab`\n"
     )
     with pytest.raises(release.ReleaseError, match=r"CHANGELOG.md has no entry for 0\.3\.0") as e:
         release.changelog_section(GOOD, "0.3.0")
