@@ -88,4 +88,5 @@ class _SignalsNoted:
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]  # what signal.signal returned
+            if handler is not None:  # None: a handler set outside Python, which cannot be put back
+                signal.signal(sig, handler)  # type: ignore[arg-type]  # what signal.signal returned

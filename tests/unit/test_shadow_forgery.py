@@ -474,3 +474,40 @@ def test_a_frozen_s3_captures_prefix_refuses_within_its_bound_and_prunes_nothing
 
 def _no_replica(url: str) -> Any:
     raise AssertionError(f"no replica is reached: {url}")
+
+
+def test_a_sigterm_while_capture_is_armed_after_record_leaves_a_promotion_that_succeeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44 item 6 / issue 45: a replica frozen during capture arming and a SIGTERM then (a
+    real signal, the CLI's handler in place) exit with the real outcome -- promoted, the alias
+    moved, the note naming the replica -- not "Terminated" after a recorded success."""
+    from dataclasses import replace
+
+    from mlreg.cli.signals import sigterm_raises
+    from tests.fakes import FakeTarget
+    from tests.unit.worlds import World
+
+    # capture arming opens each replica as TritonControl is opened: ``with connect(url) as triton``
+    monkeypatch.setattr(FakeTarget, "__enter__", lambda self: self, raising=False)
+    monkeypatch.setattr(FakeTarget, "__exit__", lambda self, *exc: None, raising=False)
+    world = World(tmp_path)
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    world.env = replace(world.env, shadow=Shadow(captures=str(traces)))
+    frozen = threading.Event()
+    plain = world.fleet.handle
+
+    def handle(target: Any, call: Any) -> None:
+        if call.method == "trace" and not frozen.is_set():
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            frozen.wait(30)  # the replica does not answer
+        plain(target, call)
+
+    world.fleet.handle = handle  # type: ignore[method-assign]  # the targets are made with it
+    with sigterm_raises():
+        result = world.promote("pre", "1")
+    frozen.set()
+    assert result.ok
+    assert world.registry.aliases("pre").get("test") == "1"
+    assert "promoted; capture arming interrupted on t0:8001 (SIGTERM)" in result.notes
