@@ -29,13 +29,14 @@ from typing import Any
 import pytest
 
 from mlreg import fleet
-from pipelines.promote import analysis, metrics
+from pipelines.promote import analysis, metrics, quality, quality_canary
 from pipelines.promote.environments import Environment
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.policy import Policy
 from pipelines.promote.quality import GATE_FIX, GateFailed, QualityReport, gate_fix
 from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.staged import StagedRollout
 from pipelines.storage.lease import Lease, LockInfo, when
 from registry.errors import PromotionError, RegistryError, UsageError
 from tests.conftest import ROOT
@@ -349,28 +350,33 @@ def test_a_missing_key_is_a_usage_error_not_a_crash() -> None:
         analysis.check_window(301)
 
 
-def test_a_canary_answering_garbage_fails_the_bake_naming_it(tmp_path: Path, endpoint: str) -> None:
+def test_a_canary_answering_garbage_fails_the_bake_naming_it(endpoint: str) -> None:
     """The bake reads the same way (``metrics.scrape``): a canary whose metrics answer 200 with
-    garbage is no longer an empty snapshot the other replicas decide without -- the bake fails
-    naming it, and every moved replica is put back."""
-    from tests.unit.test_rollout import CONFIG, OLD_CONFIG, URLS, Rig, _move, _snapshot
+    garbage is no longer an empty snapshot the other replicas decide without -- the bake's read of
+    the replicas fails naming it (before the canary moves, or as the bake after a wave)."""
+    canary, other = "r0:8001", "r1:8001"
+    urls = {canary: f"{endpoint}/garbage", other: f"{endpoint}/ok"}
+    policy = Policy(metrics=tuple(urls.items()), bake_seconds=5)
+    rollout = StagedRollout([canary, other], None, policy)  # type: ignore[arg-type]  # reads only
+    with pytest.raises(PromotionError) as raised:
+        rollout._scrape_all([canary, other])
+    assert raised.value.message.startswith(
+        f"replica {canary}: {endpoint}/garbage does not answer Triton's metrics"
+    )
+    assert "answered 200 with 19 bytes, none of them an nv_ metric" in raised.value.message
+    assert rollout._scrape_all([other])[other][("m", "2")].success == 40.0  # Triton's own: read
 
-    def scrape(url: str) -> metrics.Snapshot:
-        if url == URLS[0]:
-            return metrics.scrape(f"{endpoint}/garbage", timeout=2)
-        return _snapshot(0, 0, 10)
 
-    rig = Rig(tmp_path, Policy(waves=(100.0,), bake_seconds=5), scrape=scrape, sleep=lambda s: None)
-    error = rig.run_and_undo([_move("m", CONFIG, ["1", "2"], previous=OLD_CONFIG, baked_old=("1",))])
-    assert f"replica {URLS[0]}: {endpoint}/garbage does not answer Triton's metrics" in error.message
-    assert "answered 200 with 19 bytes, none of them an nv_ metric" in error.message
-    assert rig.report.failed == []  # what the canary moved was put back
-
-
-def test_a_candidate_that_fails_to_load_on_the_canary_is_said_never_loaded(tmp_path: Path) -> None:
+def test_a_candidate_that_fails_to_load_on_the_canary_is_said_never_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The canary gate for real (a real Fleet and undo log over the fake replicas of worlds.py):
     net v2's load fails on the canary -- its ``initialize`` raised -- and the promotion's fix says
     it never loaded, not that its outputs are wrong; nothing stays changed."""
+    # the gate's prefetch of great_expectations (2-5 s in a thread) serves checks this load never
+    # reaches: not started, so no import outlives the test
+    monkeypatch.setattr(quality_canary, "warm_up", threading.Thread)
+    monkeypatch.setattr(quality, "warm_up", threading.Thread)  # the planning's prefetch of it too
     world = World(tmp_path)
     world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
     assert world.promote("net", "1").ok
