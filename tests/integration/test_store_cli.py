@@ -210,7 +210,7 @@ def test_of_two_writers_of_one_new_s3_version_exactly_one_succeeds(s3_server, tm
 
     def push(folder: Path) -> object:
         store = S3Store(bucket, "prod", s3_server.endpoint)
-        start.wait()
+        start.wait(timeout=60)  # a writer that never comes breaks the barrier: the other fails, not hangs
         try:
             return push_model(store, folder)
         except StorageError as exc:

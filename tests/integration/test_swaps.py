@@ -237,7 +237,8 @@ def test_a_candidate_failing_only_at_its_peak_batch_is_refused_before_traffic_wi
             swaps.promote("one", "batcher", bad)
     finally:
         stop.set()
-        client.join()
+        client.join(timeout=60)  # its request in flight answers within the client's own timeout
+    assert not client.is_alive(), "the batch-8 client did not stop within 60 s"
     assert "rows in one execute" in refused.value.message  # the model's own reason
     assert outcome["failed"] == []  # the serving version answered batch 8 throughout
     assert outcome["ok"] > 0
