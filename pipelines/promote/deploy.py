@@ -70,7 +70,10 @@ class AllAtOnce:
         for step in ctx.plan.steps:
             if step.noop:
                 continue
-            overlap = not step.is_ensemble and not step.runtime_changes
+            # never a version this run found not the registered bytes (--no-way-back): a load
+            # naming it would make Triton read it again, so the swap goes without overlap
+            unverified = any(ctx.store.refused(step.model, v) for v in step.previous_versions)
+            overlap = not step.is_ensemble and not step.runtime_changes and not unverified
             versions = [step.version]
             if overlap:
                 versions = sorted(set(step.previous_versions) | {step.version}, key=int)

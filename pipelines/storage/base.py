@@ -179,15 +179,23 @@ class RepositoryStore(ObjectStore):
             model, version, expected_digest, full=full, drop_bytecode=drop_bytecode, loading=loading
         )
 
-    def verify_load(self, model: str, versions: tuple[str, ...] | list[str]) -> None:
+    def verify_load(
+        self, model: str, versions: tuple[str, ...] | list[str], config: str | None = None
+    ) -> None:
         """Right before a load whose config names ``versions`` (the kept serving version too:
         Triton re-reads a loaded version whose files changed): each verified against its manifest
         in the closed world of the model folder (its bytecode caches dropped), the config's
-        execution environment inside one of them; StorageError naming what is wrong, nothing
-        loaded."""
-        named = tuple(versions)
-        for version in named:
-            self.versions.verify_version(model, version, None, drop_bytecode=True, loading=named)
+        execution environment inside one of them, and held to what this store object learnt of it
+        against MLflow's digest (the manifest digest that verified, or wrote; a version that did
+        not verify is refused); StorageError naming what is wrong, nothing loaded.  ``config``:
+        the load's config, whose version_policy names the versions Triton reads (all of them
+        verified, whatever ``versions`` the caller waits READY for)."""
+        self.versions.verify_load(model, tuple(versions), config)
+
+    def refused(self, model: str, version: str) -> str:
+        """Why this store object found ``model``/``version``'s bytes not the ones registered in
+        MLflow earlier in this run ("" when it did not): such a version is never loaded again."""
+        return self.versions.distrusted.get((model, version), "")
 
     def drop_bytecode(self, model: str, version: str) -> list[str]:
         """Remove the Python bytecode caches (``__pycache__/*.pyc``) of ``<model>/<version>/``: no

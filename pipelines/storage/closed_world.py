@@ -146,6 +146,31 @@ def _folder_why(top: str) -> str:
     return f"is in the folder {top}/, which mlreg never writes (Triton or a model may read it)"
 
 
+# -- what a load config names ---------------------------------------------------------------------
+
+
+def policy_versions(config_text: str | None, present: Iterable[str]) -> tuple[str, ...]:
+    """Every version a load with ``config_text`` makes Triton read (core's version_policy): the
+    ``specific`` ones; ``all``: every version folder ``present``; ``latest`` (the default, 1):
+    the highest ones.  A config that cannot be parsed names nothing (Triton refuses it)."""
+    if not config_text:
+        return ()
+    from registry.contracts.config import parse_config  # lazy: protobuf + tritonclient's config
+
+    try:
+        policy = parse_config(config_text).version_policy
+    except ContractError:
+        return ()
+    folders = sorted((v for v in present if is_version_folder(v)), key=int)
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "specific":
+        return tuple(str(v) for v in sorted(policy.specific.versions))
+    if kind == "all":
+        return tuple(folders)
+    latest = max(1, policy.latest.num_versions) if kind == "latest" else 1
+    return tuple(folders[-latest:])
+
+
 # -- EXECUTION_ENV_PATH ---------------------------------------------------------------------------
 
 

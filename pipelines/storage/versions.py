@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.storage import closed_world as world
 from pipelines.storage.manifest import MANIFEST, Manifest, Stamp, parse_manifest
 from pipelines.storage.objects import CONFIG, ObjectStore, Progress, check_part
 from pipelines.storage.session import StoreSession
@@ -65,6 +66,12 @@ class Versions:
     def __init__(self, store: ObjectStore, session: StoreSession) -> None:
         self.store = store
         self.session = session
+        # what this store object learnt of each (model, version) against MLflow's digest: the
+        # manifest digest that verified (or that it wrote itself), or why it did not verify -- a
+        # later load (``verify_load``) holds the version to it, so bytes rewritten after the check,
+        # manifest and all, or a version refused earlier, are never read by Triton in this run
+        self.pinned: dict[tuple[str, str], str] = {}
+        self.distrusted: dict[tuple[str, str], str] = {}
 
     # -- reading and checking ------------------------------------------------------------------------
 
@@ -112,12 +119,39 @@ class Versions:
     ) -> Verification:
         hashing = "all" if full else "changed"
         result = self.check_version(model, version, expected_digest, hashing, loading=loading)
-        result.raise_if_bad()
+        try:
+            result.raise_if_bad()
+        except StorageError as exc:
+            if expected_digest is not None and len(result.entries) < len(result.problems):  # its bytes
+                self.distrusted[(model, version)] = exc.message.split("\n", 1)[-1].strip()
+            raise
+        if expected_digest is not None and result.digest is not None:
+            self.pinned[(model, version)] = result.digest
+            self.distrusted.pop((model, version), None)
         if drop_bytecode:
             for key in result.bytecode:
                 self.store.delete(key)
             self.store.guard_bytecode(model, version)
         return result
+
+    def verify_load(self, model: str, versions: tuple[str, ...], config: str | None = None) -> None:
+        """See ``RepositoryStore.verify_load``."""
+        if config is not None:  # every version the config names: the kept serving one too
+            named = world.policy_versions(config, self.store.children(f"{model}/"))
+            versions = tuple(sorted(set(versions) | set(named), key=int))
+        for version in versions:
+            why = self.distrusted.get((model, version))
+            if why is not None:
+                raise StorageError(
+                    f"{self.store.uri}: {model} v{version} did not verify earlier in this run against the "
+                    f"digest registered in MLflow ({why}); the load names it "
+                    f"(v{', v'.join(versions)}), so Triton would read those bytes again: nothing is loaded",
+                    fix=f"put its registered bytes back ('mlreg store repair {model} {version}'), then rerun",
+                    model=model,
+                    version=version,
+                )
+            expected = self.pinned.get((model, version))
+            self.verify_version(model, version, expected, drop_bytecode=True, loading=versions)
 
     def drop_bytecode(self, model: str, version: str) -> list[str]:
         keys = [k for k in self.store.list_prefix(f"{model}/{version}/") if bytecode_cache(k)]
@@ -166,6 +200,9 @@ class Versions:
             self.store.digests.save()
         self._drop_others(stamps, files)
         self._finish_manifest(upload)
+        if not upload.kept:  # the bytes this process just wrote, manifest and all
+            self.pinned[(model, version)] = upload.manifest.digest
+            self.distrusted.pop((model, version), None)
         self.store.guard_bytecode(model, version)
         return upload.result
 

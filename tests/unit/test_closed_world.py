@@ -30,12 +30,14 @@ import pytest
 
 from pipelines.promote.fanout import Change, Fleet
 from pipelines.promote.integrity import folder_problems
+from pipelines.promote.plan import serving_versions
 from pipelines.storage import RepositoryStore, open_store
 from pipelines.storage.closed_world import folder_entries
 from pipelines.storage.local import sweep_temps
 from pipelines.storage.push import push_model
 from registry.errors import StorageError
 from tests.fakes import FakeTarget
+from tests.unit.worlds import MEMBER, World
 
 MODEL, VERSION = "scorer", "9"
 CONFIG = f'name: "{MODEL}"\nbackend: "python"\nversion_policy {{ specific {{ versions: [ {VERSION} ] }} }}\n'
@@ -254,6 +256,7 @@ def test_every_planted_position_is_refused_before_any_load_and_runs_when_the_che
         here = tmp_path / str(index)
         here.mkdir()
         _plant(store, plant, here)
+        store.versions.distrusted.clear()  # one run per plant: what the last one learnt of v9 forgotten
         # refused by the verifier (what every load path calls), naming the entry
         with pytest.raises(StorageError) as caught:
             store.verify_version(MODEL, VERSION)
@@ -274,6 +277,7 @@ def test_every_planted_position_is_refused_before_any_load_and_runs_when_the_che
             assert plant.path in {p.relative_to(localized).as_posix() for p in localized.rglob("*")}, plant
         _restore(store, clean, plant)
     assert ran == {p.id for p in plants} & IMPORTED
+    store.versions.distrusted.clear()
     store.verify_load(MODEL, (VERSION,))  # every plant gone again: the clean folder loads
 
 
@@ -512,3 +516,48 @@ def test_temporary_files_of_a_gone_process_are_swept_from_the_root_only(tmp_path
     fresh.write_bytes(b"being written")
     assert sweep_temps(root) == [gone]
     assert {p.name for p in root.iterdir()} == {mine.name, other.name, fresh.name}
+
+
+# -- every version a load config names is verified: the kept serving one too ---------------------
+
+
+def _deployed(tmp_path: Path) -> World:
+    world = World(tmp_path)
+    world.promote("ens", "1")
+    world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.events.clear()
+    return world
+
+
+def test_a_kept_serving_version_that_does_not_verify_is_never_named_by_a_load(tmp_path: Path) -> None:
+    """Issue 44's repro (--no-way-back with the serving v1 changed in the store and in the
+    registry): the swap used to load [1, 2], and Triton re-created v1 from the changed files.  Now
+    the promotion goes ahead without overlap -- no load names v1 -- and v2 serves."""
+    world = _deployed(tmp_path)
+    stored = world.store_root / "net" / "1" / "model.py"
+    stored.write_text(stored.read_text().replace("# version", "#-version"))
+    registered = world.registry.root / "net" / "1" / "model" / "model.py"
+    registered.write_text(registered.read_text() + "# lost\n")
+    world.promote("net", "2", no_way_back=True)
+    loads = [(url, versions) for _, url, model, versions in world.loads() if model == "net"]
+    assert loads != []
+    assert all("1" not in versions for _, versions in loads), loads
+    assert serving_versions(world.config("net")) == ["2"]
+
+
+def test_a_load_holds_each_version_to_the_digest_it_verified_with(tmp_path: Path) -> None:
+    """A version verified against MLflow's digest, then rewritten consistently (files and manifest
+    agree again, as whoever can write the store can do): the next load names it and is refused --
+    and so is a version that did not verify earlier in this run, whatever it holds now."""
+    store = open_store(tmp_path / "store")
+    folder = _seed(store, tmp_path)
+    registered = store.verify_version(MODEL, VERSION, store.read_manifest(MODEL, VERSION).digest)  # type: ignore[union-attr]
+    other = open_store(tmp_path / "store")  # another writer: a store object of its own
+    (folder / VERSION / "model.py").write_text(MODEL_PY.replace("verified", "rewritten"))
+    other.put_version(MODEL, VERSION, folder / VERSION)  # files and a manifest that agree
+    assert other.verify_version(MODEL, VERSION).digest != registered.digest  # self-consistent
+    with pytest.raises(StorageError, match=r"does not match the digest registered in MLflow"):
+        store.verify_load(MODEL, (VERSION,))
+    assert store.refused(MODEL, VERSION)  # and from now on, in this run, refused as such
+    with pytest.raises(StorageError, match=r"did not verify earlier in this run"):
+        store.verify_load(MODEL, ("10",), CONFIG)  # the config names v9: held to it too
