@@ -26,6 +26,7 @@ from pipelines.promote.integrity import (
     publish_signature,
     registered_differences,
 )
+from pipelines.promote.litter import forget_uploads, note_upload, remove_fenced_uploads
 from pipelines.promote.plan import (
     Plan,
     Role,
@@ -86,6 +87,8 @@ def resolve(ctx: PromotionContext) -> StageReport:
             if not ctx.options.dry_run:  # a plan only reads: it never waits for, nor blocks, others
                 ctx.locks.enter_context(locking.held(ctx.store, name, ctx.settings))
             held.add(name)
+        if not ctx.options.dry_run:  # what a promotion that lost these locks uploaded and left
+            ctx.result.notes.extend(remove_fenced_uploads(ctx.store, wanted))
         plan = build_plan(
             ctx.registry,
             ctx.store,
@@ -405,6 +408,7 @@ def assemble(ctx: PromotionContext) -> UploadReport:
     for step in ctx.plan.steps:
         if step.upload and step.folder is not None:
             ctx.undo.uploaded(step, step.version)
+            note_upload(ctx.store, step.model, step.version)  # whose upload, if it is never finished
             if not retention.restored(ctx.store, step):  # archived: a server-side copy, verified
                 sent += ctx.store.put_version(step.model, step.version, step.folder / step.version).bytes_sent
             uploaded.append(_verify_bytes(ctx, step))
@@ -530,6 +534,8 @@ def record(ctx: PromotionContext) -> RecordReport:
         if model in writes.aliases
     )
     record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT, writes)
+    uploads = [(e.model, v) for e in ctx.undo.entries.values() for v in e.uploaded]
+    ctx.result.notes.extend(forget_uploads(ctx.store, uploads))  # finished: no litter
     return RecordReport(ctx.env.alias, plan.model, plan.version, ctx.result.run_id)
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipelines.promote.fanout import Change, Fleet, ready_versions
+from pipelines.promote.litter import forget_uploads
 from pipelines.promote.plan import Step, desired_config, ensemble_pins, follow_latest
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
@@ -358,4 +359,7 @@ def _pins_any(entry: Entry, models: set[str]) -> bool:
 
 def _remove_uploads(entry: Entry, store: RepositoryStore, report: UndoReport) -> None:
     for version in entry.uploaded:
-        _note(report, _delete_version(store, entry.model, version), f"{entry.model}/{version} removed")
+        failure = _delete_version(store, entry.model, version)
+        _note(report, failure, f"{entry.model}/{version} removed")
+        if not failure:  # its upload marker too (litter.py); one left over names a folder that is gone
+            forget_uploads(store, [(entry.model, version)])
