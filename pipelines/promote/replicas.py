@@ -78,7 +78,7 @@ def open_control_notes(
         return [ALLOWED_OPEN.format(url=url, env=env_name) for url in opened]
     raise PromotionError(
         f"environment '{env_name}': {', '.join(opened)} take(s) model-control calls from anyone "
-        "(a load without the control key was accepted): whoever reaches them can load, unload or "
+        "(a load without the control key was not refused): whoever reaches them can load, unload or "
         "re-point a model, so the promotion was refused before any change",
         fix="restart them with the restriction flags (pipelines/control_key.py, infra/) and name the "
         f"key in the environment's control_key; or, to accept the risk, write open_control = "
