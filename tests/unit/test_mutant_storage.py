@@ -57,23 +57,30 @@ def test_a_refused_two_model_push_leaves_the_store_byte_identical(tmp_path: Path
 # -- S3 --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def s3_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[RepositoryStore]:
-    """An S3 store on moto's in-process S3 (its own bucket, no network)."""
+@pytest.fixture(scope="module")
+def s3_bucket() -> Iterator[str]:
+    """moto's in-process S3 (no network) for this module, with one bucket: its name."""
     import boto3
     from moto import mock_aws
 
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="mutants")
-        yield open_store("s3://mutants/staging", region="us-east-1")
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            patch.setenv(key, value)
+        patch.delenv("AWS_ENDPOINT_URL", raising=False)
+        patch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        with mock_aws():
+            boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="mutants")
+            yield "mutants"
+
+
+@pytest.fixture
+def s3_store(s3_bucket: str, request: pytest.FixtureRequest) -> RepositoryStore:
+    """An S3 store of its own (a prefix named after the test) in the module's bucket."""
+    return open_store(f"s3://{s3_bucket}/{request.node.name[:60]}", region="us-east-1")
 
 
 def test_of_two_s3_writers_of_one_new_version_exactly_one_creates_its_manifest(
