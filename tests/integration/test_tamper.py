@@ -27,7 +27,7 @@ from mlreg.ops.context import environment
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from pipelines.triton import TritonControl
-from registry.errors import PromotionError
+from registry.errors import PromotionError, StorageError
 from registry.mlflow import MlflowRegistry, sqlite
 from registry.register import find_candidate, register
 from registry.settings import Settings
@@ -187,6 +187,41 @@ def test_a_module_planted_beside_the_version_folders_refuses_every_load_and_noth
     finally:
         planted.unlink()
     assert open_store(stack.settings.local_repository).verify_version(MODEL, "2").ok  # clean again
+
+
+def test_store_push_finishes_a_version_without_its_manifest_only_with_the_registered_bytes(
+    stack: Stack,
+) -> None:
+    """Issue 44 item 3 through the CLI and the stack's MLflow: the serving v2's manifest removed,
+    ``store push`` of a folder whose model.py was rewritten is refused naming ``store repair``,
+    the store byte-identical; the registered bytes (fetched from MLflow) finish it."""
+    store = open_store(stack.settings.local_repository)
+    manifest = stack.settings.local_repository / MODEL / "2" / ".mlreg-manifest.json"
+    kept, config = manifest.read_bytes(), store.read_config(MODEL)
+    folder = stack.work / "push" / MODEL
+    stack.registry.fetch_version(MODEL, "2", folder)
+    good = (folder / "2" / "model.py").read_bytes()
+    manifest.unlink()
+    try:
+        (folder / "2" / "model.py").write_text(MODEL_PY.format(scale="-2.0"))
+        before = stack.snapshot()
+        refused = stack.mlreg("store", "push", str(folder))
+        assert refused.exit_code == StorageError.exit_code, refused.output
+        output = " ".join(refused.output.split())
+        assert "is not what MLflow registered" in output
+        assert f"mlreg store repair {MODEL} 2" in output
+        assert stack.snapshot() == before  # nothing sent, nothing finished
+        (folder / "2" / "model.py").write_bytes(good)
+        done = stack.mlreg("store", "push", str(folder))
+        assert done.exit_code == 0, done.output
+        digest = stack.registry.version_tags(MODEL, "2")["artifact_digest"]
+        assert store.verify_version(MODEL, "2", digest, full=True).digest == digest
+    finally:
+        if not manifest.exists():
+            manifest.write_bytes(kept)
+        if config is not None and store.read_config(MODEL) != config:
+            (stack.settings.local_repository / MODEL / "config.pbtxt").write_text(config)
+    _serves_v2(stack)
 
 
 def test_a_rollback_to_a_version_corrupt_in_the_store_and_the_registry_is_refused(stack: Stack) -> None:
