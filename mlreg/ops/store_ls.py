@@ -99,7 +99,10 @@ def _live(target: RepositoryStore) -> Iterator[tuple[str, str]]:
 
 
 def _row(store: RepositoryStore, model: str, version: str, location: str) -> dict[str, Any]:
-    check = store.check_version(model, version, hashing="none") if version else None
+    """A live copy is checked in the closed world of its model folder (an entry no manifest covers
+    is named: Triton reads it); an archived one alone (Triton never reads the archive)."""
+    closed = location == "live"
+    check = store.check_version(model, version, hashing="none", closed_world=closed) if version else None
     return {
         "model": model,
         "version": version,

@@ -336,6 +336,11 @@ def test_store_verify_and_status_name_every_unexpected_entry(tmp_path: Path) -> 
         f"{MODEL}/sub/x.pth",
     ]
     assert all("every load of scorer is refused" in line for line in lines)
+    from mlreg.ops.store_ls import store_ls
+
+    rows = {row["version"]: row for row in store_ls(store).versions}
+    assert rows[VERSION]["state"] == "unexpected entries"
+    assert any(line.startswith(f"{MODEL}/numpy.py ") for line in rows[VERSION]["problems"])
 
 
 def test_status_rows_carry_the_entries_as_drift(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
