@@ -3,6 +3,7 @@ promotion's report -- its JSON document, the plan of a dry run, or the one line 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +43,13 @@ def failure_lines(failed: Iterable[Mapping[str, Any]]) -> None:
 
 def promotion(out: Output, call: Callable[[], PromotionResult]) -> PromotionResult:
     """Run ``call``; with --json a failed promotion still prints its report (then the error)."""
-    from pipelines.promote.reports import PromotionFailed  # lazy: the promotion package (numpy)
-
     try:
         result = call()
-    except PromotionFailed as exc:
-        if out.json:
+    except Exception as exc:
+        # a PromotionFailed exists only once its module is imported: a refusal before the
+        # promotion package loads (an unknown model, from the registry alone) does not import it
+        reports = sys.modules.get("pipelines.promote.reports")
+        if out.json and reports is not None and isinstance(exc, reports.PromotionFailed):
             out.document(exc.result.to_dict())
         raise
     return result

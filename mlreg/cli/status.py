@@ -74,7 +74,7 @@ def history_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Every promotion of MODEL: when, where, from → to, result, who."""
-    from mlreg.ops.history import history  # lazy: the verb imports MLflow
+    from mlreg.ops.history import history  # lazy: when run
 
     out = Output(as_json)
     rows = history(settings_of(ctx), model, env)

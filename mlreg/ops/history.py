@@ -10,9 +10,10 @@ failed``; the words are read here, so runs recorded before this reading show the
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from mlreg.ops.context import context
+from mlreg.ops.context import open_registry
 from registry.settings import Settings
 
 RECORDED = {  # a promotion run's ``result`` tag -> what history says of it
@@ -23,13 +24,18 @@ RECORDED = {  # a promotion run's ``result`` tag -> what history says of it
 
 
 def history(settings: Settings, model: str, env_name: str | None = None) -> list[dict[str, Any]]:
-    """Every promotion of ``model`` (newest first); an unknown model is an error."""
-    from pipelines.promote.status import history as promotions  # lazy: tritonclient, numpy
+    """Every promotion of ``model`` (newest first); an unknown model is an error.  Read through
+    ``registry.mlflow.reads``: the embedded registry's file needs no MLflow import."""
+    from registry.mlflow.reads import open_reads  # lazy: only this verb reads runs this way
 
-    registry = context(settings, env_name or "local").registry
-    rows = [row | {"result": result_of(row)} for row in promotions(registry, model, env_name)]
+    if env_name is not None:  # an unknown environment is named, not an empty history
+        from pipelines.promote.environments import environment  # lazy: tomllib, the settings
+
+        environment(settings, env_name)
+    reads = open_reads(settings, partial(open_registry, settings))
+    rows = [row | {"result": result_of(row)} for row in reads.promotions(model, env_name)]
     if not rows:
-        registry.require_model(model)
+        reads.require_model(model)
     return rows
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
-from mlreg.ops.context import context, environment
+from mlreg.ops.context import context, environment, open_registry
 from registry.errors import UsageError
 from registry.settings import Settings
 
@@ -35,19 +36,24 @@ def promote(
     """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot).
     ``registry``: the one to read (and record in) instead of the settings' MLflow, e.g. the
     ``PlanRegistry`` of a plan over versions an ``export --dry-run`` did not register."""
-    from pipelines.devstack.scratch import scratch_servers  # lazy: the promotion's servers
-    from pipelines.promote.runner import Options, Promotion  # lazy: tritonclient, numpy
-
     if serve_as not in SERVE_AS:
         raise UsageError(f"unknown --serve-as '{serve_as}'", fix=f"use {', '.join(SERVE_AS)}")
     if not version.isdigit():
         raise UsageError(f"version '{version}' is not a number", fix="pass --version N (1, 2, 3, ...)")
     reader: Registry
     if registry is None:
+        from registry.mlflow.reads import open_reads  # lazy: the registry's reads, no MLflow import
+
+        # an unknown model or version is refused from the registry alone, before the environment
+        # and its servers are read (the embedded registry's file answers in milliseconds)
+        open_reads(settings, partial(open_registry, settings)).version(model, version)
         ctx = context(settings, env_name)
         env, reader = ctx.env, ctx.registry
     else:
         env, reader = environment(settings, env_name), registry
+    from pipelines.devstack.scratch import scratch_servers  # lazy: the promotion's servers
+    from pipelines.promote.runner import Options, Promotion  # lazy: tritonclient, numpy
+
     options = Options(
         dry_run,
         allow_breaking,

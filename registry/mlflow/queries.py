@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from registry.contracts.config import load_config
+from registry.contracts.config import parse_config
 from registry.lineage import contract_of
 from registry.mlflow import rest, sqlite
 from registry.mlflow.locked import lock_wait
+from registry.mlflow.reads import open_reads
 from registry.mlflow.registry import MlflowRegistry
 from registry.settings import Settings
 
@@ -78,18 +77,19 @@ def list_versions(settings: Settings, model: str) -> list[dict[str, Any]]:
 
 
 def show_version(settings: Settings, model: str, version: str) -> dict[str, Any]:
-    registry = MlflowRegistry(settings)
-    mv = registry.version(model, version)
-    tags = dict(mv.tags or {})
-    aliases = [a for a, v in registry.aliases(model).items() if v == str(version)]
-    with tempfile.TemporaryDirectory(prefix="mlreg-show-") as tmp:
-        config = load_config(registry.download(mv.run_id, "config.pbtxt", Path(tmp)))
-        manifest = json.loads(registry.download(mv.run_id, "manifest.json", Path(tmp)).read_text())
-        validation = json.loads(registry.download(mv.run_id, "validation.json", Path(tmp)).read_text())
+    """One version's lineage, contract, validation and files (``registry.mlflow.reads``: the
+    embedded registry's file, no MLflow import; a tracking server through MLflow's client)."""
+    reads = open_reads(settings)
+    mv = reads.version(model, version)
+    aliases = [a for a, v in reads.require_model(model).items() if v == mv.version]
+    config = parse_config(reads.artifact_text(mv.run_id, "config.pbtxt"), "config.pbtxt")
+    manifest = json.loads(reads.artifact_text(mv.run_id, "manifest.json"))
+    validation = json.loads(reads.artifact_text(mv.run_id, "validation.json"))
+    tags = mv.tags
     return {
         "model": model,
-        "version": str(mv.version),
-        "created": _when(mv.creation_timestamp),
+        "version": mv.version,
+        "created": _when(mv.created),
         "run_id": mv.run_id,
         "source": mv.source,
         "aliases": aliases,

@@ -11,18 +11,25 @@ holds is the exception: after ``wait`` seconds it is a RegistryError naming the 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
+from registry.errors import RegistryError
 from registry.lineage import VERSION_FOLDER
 from registry.mlflow.locked import LOCK_WAIT, is_locked, locked_error
+from registry.settings import redact_uri
 
 EMBEDDED = "sqlite:///"  # the embedded registry's tracking URI: this prefix, then the file's path
+NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"  # MLflow's error code for a model or version it does not hold
+CHECK_NAME = "check the name and version ('mlreg versions MODEL')"
+DELETED_STAGE = "Deleted_Internal"  # MLflow's mark on a deleted version (its searches skip it)
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,7 @@ class VersionRecord:
     source: str
     tags: dict[str, str]
     storage_location: str = ""
+    created: int = 0  # creation time, ms since the epoch
 
     def local_source(self) -> Path | None:
         """The version folder on disk (its parent holds config.pbtxt) when artifacts are local files.
@@ -99,8 +107,9 @@ def model_version(
     try:
         with _read_only(db, wait) as conn:
             row = conn.execute(
-                "SELECT source, run_id, storage_location FROM model_versions WHERE name = ? AND version = ?",
-                (name, int(version)),
+                "SELECT source, run_id, storage_location, creation_time FROM model_versions"
+                " WHERE name = ? AND version = ? AND (current_stage IS NULL OR current_stage != ?)",
+                (name, int(version), DELETED_STAGE),
             ).fetchone()
             if row is None:
                 return None
@@ -112,7 +121,8 @@ def model_version(
             )
     except (sqlite3.Error, ValueError):
         return None
-    return VersionRecord(name, str(version), str(row[1] or ""), str(row[0] or ""), tags, str(row[2] or ""))
+    run_id, source, where = str(row[1] or ""), str(row[0] or ""), str(row[2] or "")
+    return VersionRecord(name, str(int(version)), run_id, source, tags, where, int(row[3] or 0))
 
 
 def version_absent(tracking_uri: str, name: str, version: str, wait: float = LOCK_WAIT) -> bool:
@@ -133,9 +143,6 @@ def version_absent(tracking_uri: str, name: str, version: str, wait: float = LOC
     except sqlite3.Error:
         return False
     return row is None
-
-
-DELETED_STAGE = "Deleted_Internal"  # MLflow's mark on a deleted version (its searches skip it)
 
 
 @dataclass(frozen=True)
@@ -212,6 +219,22 @@ def model_names(tracking_uri: str, wait: float = LOCK_WAIT) -> list[str] | None:
     return sorted(str(name) for (name,) in rows)
 
 
+def unregistered(tracking_uri: str, name: str, wait: float = LOCK_WAIT) -> RegistryError:
+    """The refusal of a model ``name`` the registry does not hold, with "did you mean" where the
+    embedded registry's file lists names close to it (``MlflowVersions.require_model`` and
+    ``registry.mlflow.reads`` raise this one)."""
+    try:
+        names = model_names(tracking_uri, wait) or []
+    except RegistryError:  # locked: the error being raised matters more than a hint
+        names = []
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return RegistryError(
+        f"model '{name}' is not registered in MLflow ({redact_uri(tracking_uri)})",
+        fix=hint + "check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
+    )
+
+
 def alias_holders(tracking_uri: str, alias: str, wait: float = LOCK_WAIT) -> dict[str, str] | None:
     """Every registered model whose ``alias`` names a version -> that version; None when the
     embedded registry's file is not there or does not read as expected."""
@@ -226,6 +249,74 @@ def alias_holders(tracking_uri: str, alias: str, wait: float = LOCK_WAIT) -> dic
     except sqlite3.Error:
         return None
     return {str(name): str(version) for name, version in rows}
+
+
+PROMOTION_FIELDS = {  # a promotion's row (``MlflowRuns.promotions``) -> (table, key) in its run
+    "environment": ("tags", "environment"),
+    "from": ("params", "from_version"),
+    "to": ("params", "to_version"),
+    "result": ("tags", "result"),
+    "user": ("tags", "user"),
+}
+HISTORY_LIMIT = 500  # as many as ``MlflowRuns.promotions`` asks MLflow for
+
+
+def promotions(
+    tracking_uri: str, experiment: str, name: str, env: str | None, wait: float = LOCK_WAIT
+) -> list[dict[str, Any]] | None:
+    """The active runs of ``experiment`` tagged ``mlreg_model = name`` (and ``environment = env``),
+    newest first, as ``MlflowRuns.promotions`` returns them (MLflow's ``search_runs`` with its
+    default view, active runs only); [] when the experiment does not exist yet; None when the file
+    is not there or does not read as expected."""
+    db = database(tracking_uri)
+    if db is None:
+        return None
+    try:
+        with _read_only(db, wait) as conn:
+            found = conn.execute(
+                "SELECT experiment_id FROM experiments WHERE name = ? AND lifecycle_stage = 'active'",
+                (experiment,),
+            ).fetchone()
+            if found is None:
+                return []
+            runs = conn.execute(
+                "SELECT r.run_uuid, r.start_time FROM runs r"
+                " WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'"
+                " AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid"
+                "  AND t.key = 'mlreg_model' AND t.value = ?)"
+                " AND (? IS NULL OR EXISTS (SELECT 1 FROM tags e WHERE e.run_uuid = r.run_uuid"
+                "  AND e.key = 'environment' AND e.value = ?))"
+                " ORDER BY r.start_time DESC, r.run_uuid LIMIT ?",
+                (found[0], name, env, env, HISTORY_LIMIT),
+            ).fetchall()
+            return [_promotion(conn, str(run_id), start) for run_id, start in runs]
+    except sqlite3.Error:
+        return None
+
+
+def _promotion(conn: sqlite3.Connection, run_id: str, start: Any) -> dict[str, Any]:
+    found = {
+        table: dict(conn.execute(f"SELECT key, value FROM {table} WHERE run_uuid = ?", (run_id,)).fetchall())
+        for table in ("tags", "params")  # an allow-list of two table names, never input
+    }
+    row: dict[str, Any] = {"when": None if start is None else int(start)}
+    row |= {field: found[table].get(key) for field, (table, key) in PROMOTION_FIELDS.items()}
+    return row | {"run_id": run_id}
+
+
+def run_artifacts(tracking_uri: str, run_id: str, wait: float = LOCK_WAIT) -> Path | None:
+    """The folder holding run ``run_id``'s artifacts when they are local files (the embedded
+    registry's default), else None (ask MLflow to download them)."""
+    db = database(tracking_uri)
+    if db is None:
+        return None
+    try:
+        with _read_only(db, wait) as conn:
+            row = conn.execute("SELECT artifact_uri FROM runs WHERE run_uuid = ?", (run_id,)).fetchone()
+    except sqlite3.Error:
+        return None
+    folder = _file_path(str(row[0] or "")) if row is not None else None
+    return folder if folder is not None and folder.is_dir() else None
 
 
 # -- a new embedded registry, seeded ---------------------------------------------------------------

@@ -6,7 +6,6 @@ importing MLflow; anything else asks MLflow through the connection's one transla
 
 from __future__ import annotations
 
-import difflib
 import json
 import shutil
 import tempfile
@@ -22,8 +21,7 @@ from registry.mlflow.environ import global_tracking_uri
 from registry.mlflow.runs import MlflowRuns
 from registry.settings import redact_uri
 
-NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
-CHECK_NAME = "check the name and version ('mlreg versions MODEL')"
+NOT_FOUND, CHECK_NAME = sqlite.NOT_FOUND, sqlite.CHECK_NAME  # shared with registry.mlflow.reads
 
 
 def not_found(exc: RegistryError) -> bool:
@@ -159,21 +157,9 @@ class MlflowVersions:
         except RegistryError as exc:
             if not not_found(exc):
                 raise
-            raise RegistryError(
-                f"model '{name}' is not registered in MLflow ({redact_uri(self.connection.uri)})",
-                fix=self._did_you_mean(name)
-                + "check the name; 'mlreg export' or 'mlreg register MODEL PATH' registers one",
-            ) from exc
-
-    def _did_you_mean(self, name: str) -> str:
-        """ "did you mean 'x'? " for the closest registered names, where the embedded registry's file
-        lists them without MLflow ("" elsewhere, or when none is close)."""
-        try:
-            names = self.connection.local(partial(sqlite.model_names, self.connection.uri)) or []
-        except RegistryError:  # locked: the error being raised matters more than a hint
-            return ""
-        close = difflib.get_close_matches(name, names, n=3)
-        return f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            # "did you mean" where the embedded registry's file lists the names (no MLflow import)
+            refusal = self.connection.local(partial(sqlite.unregistered, self.connection.uri, name))
+            raise refusal from exc
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.connection.call(

@@ -138,10 +138,12 @@ def test_an_unregistered_version_is_answered_from_the_embedded_database_without_
     with contextlib.closing(sqlite3.connect(db)) as conn, conn:  # closed, and committed
         conn.execute(
             "CREATE TABLE model_versions (name TEXT, version INTEGER, source TEXT, run_id TEXT, "
-            "storage_location TEXT)"
+            "storage_location TEXT, creation_time BIGINT, current_stage TEXT)"  # MLflow's columns read
         )
         conn.execute("CREATE TABLE model_version_tags (name TEXT, version INTEGER, key TEXT, value TEXT)")
-        conn.execute("INSERT INTO model_versions VALUES ('scorer', 1, 'file:///nowhere', 'r1', '')")
+        conn.execute(
+            "INSERT INTO model_versions VALUES ('scorer', 1, 'file:///nowhere', 'r1', '', 0, 'None')"
+        )
         conn.execute("INSERT INTO model_version_tags VALUES ('scorer', 1, 'artifact_digest', 'sha256:ab')")
     proc = subprocess.run(
         [sys.executable, "-c", VERSION_TAGS, f"sqlite:///{db}", str(tmp_path / "home")],
