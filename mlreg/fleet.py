@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 KEYS = ("environment", "models")
 BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 DRIFT_EXIT = 1  # 'mlreg status' drift: the promotions ran, the environment does not serve the file
-LOCK_WAIT_S = 30.0  # how long a pin waits for another writer of the same folder
+LOCK_WAIT_S = 120.0  # how long a pin waits for another writer of the folder (its MLflow lookups included)
 NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"  # MLflow's error code for a version it does not hold
 
 
