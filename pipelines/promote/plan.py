@@ -125,6 +125,7 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     workdir: Path | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # unreachable replicas left out -> why
+    notes: list[str] = field(default_factory=list)  # choices the plan made (a -1 member's version)
 
     @property
     def noop(self) -> bool:
@@ -144,6 +145,7 @@ class Plan:
             "steps": [s.to_dict() for s in self.steps],
             "skipped": dict(self.skipped),
             "rollout": self.rollout(),
+            "notes": list(self.notes),
         }
 
     def rollout(self) -> dict[str, Any] | None:
@@ -238,7 +240,8 @@ def build_plan(
     text = (folder / CONFIG_NAME).read_text()
     if config_facts(text).is_ensemble:
         for member, pinned in ensemble_pins(text).items():
-            member_version = pinned if int(pinned) > 0 else _latest(registry, member)
+            member_version, chosen = member_version_of(registry, model, member, pinned)
+            plan.notes.extend(chosen)
             stored = member_version in serving_versions(store.read_config(member))
             if not stored or not serves(member, member_version):
                 plan.steps.append(_step(registry, store, env, member, member_version, Role.MEMBER, workdir))
@@ -267,14 +270,32 @@ def build_plan(
     return plan
 
 
-def _latest(registry: Registry, model: str) -> str:
-    versions = [int(v.version) for v in registry.versions(model)]
-    if not versions:
+def member_version_of(registry: Registry, ensemble: str, member: str, pinned: str) -> tuple[str, list[str]]:
+    """The version of ``member`` that ``ensemble`` pins: the pinned number, or for -1 (latest) the
+    newest registered version that did not fail validation (one that did is never promoted:
+    ``fetch_version``), with the plan's note saying which and what it passed over."""
+    if int(pinned) > 0:
+        return pinned, []
+    found = sorted(
+        ((int(v.version), dict(getattr(v, "tags", None) or {})) for v in registry.versions(member)),
+        reverse=True,
+    )
+    failed = [str(number) for number, tags in found if tags.get("validation") == "failed"]
+    usable = [str(number) for number, tags in found if tags.get("validation") != "failed"]
+    if not usable:
+        failing = f" (version {', '.join(failed)} failed validation)" if failed else ""
         raise PromotionError(
-            f"ensemble member '{model}' has no registered version",
-            fix=f"register it first ('mlreg export {model}')",
+            f"ensemble member '{member}' of {ensemble} has no registered version that passed "
+            f"validation{failing}",
+            fix=f"register a version of {member} that passes 'mlreg validate', or pin its step "
+            f"in {ensemble}'s config.pbtxt to a version",
         )
-    return str(max(versions))
+    newer = [v for v in failed if int(v) > int(usable[0])]
+    passed_over = f"; newer version {', '.join(newer)} failed validation" if newer else ""
+    return usable[0], [
+        f"{ensemble}: member {member} at version -1 (latest) is version {usable[0]}, the newest "
+        f"that passed validation{passed_over}"
+    ]
 
 
 def _step(
@@ -318,8 +339,9 @@ def _digest_of(registry: Registry, model: str, version: str) -> str:
 def swap_notes(env: Environment, plan: Plan) -> list[str]:
     """What the plan's loads will do beyond the swap: a serving version Triton must re-create (its
     config changes in more than version_policy/instance_group: peak memory 2 x old + new, and it
-    restarts), and a model that gets no peak-batch warmup, and why."""
-    notes = []
+    restarts), and a model that gets no peak-batch warmup, and why; first, the choices the plan
+    made (which version a -1 member resolves to)."""
+    notes = list(plan.notes)
     for step in plan.steps:
         if step.is_ensemble:
             continue
