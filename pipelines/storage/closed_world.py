@@ -111,8 +111,8 @@ def unexpected(
     prefix = f"{model}/"
     for key in sorted(stamps):
         rel = key[len(prefix) :]
-        if rel == CONFIG:
-            continue
+        if rel == CONFIG or ((rel.endswith("/") or not rel) and int(stamps[key][0]) == 0):
+            continue  # the config; an S3 "folder" marker (no bytes: an empty folder where localized)
         top, _, inside = rel.partition("/")
         if not inside:
             found.setdefault(rel, _beside_why(rel))

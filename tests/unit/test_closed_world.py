@@ -32,7 +32,7 @@ from pipelines.promote.fanout import Change, Fleet
 from pipelines.promote.integrity import folder_problems
 from pipelines.promote.plan import serving_versions
 from pipelines.storage import RepositoryStore, open_store
-from pipelines.storage.closed_world import folder_entries
+from pipelines.storage.closed_world import folder_entries, unexpected
 from pipelines.storage.local import sweep_temps
 from pipelines.storage.push import push_model
 from registry.errors import StorageError
@@ -373,6 +373,9 @@ def test_what_mlreg_writes_is_allowed(tmp_path: Path) -> None:
     store.write(f"{MODEL}/{VERSION}/.mlreg-signature.json", b"{}")
     (tmp_path / "store" / MODEL / "11").mkdir()
     assert (tmp_path / "store" / MODEL / VERSION / "__pycache__").is_file()  # the guard
+    stamps = {f"{MODEL}/": [0, "", None, 0], f"{MODEL}/{VERSION}/": [0, "", None, 0]}  # S3 folder markers
+    assert unexpected(MODEL, stamps, [], {VERSION: store.read_manifest(MODEL, VERSION)}) == []
+    assert unexpected(MODEL, {f"{MODEL}/sub/": [5, "", None, 0]}, [], {}) != []  # one with bytes is not
     assert folder_entries(store, MODEL, (VERSION,)) == []
     store.verify_load(MODEL, (VERSION, "10"))
 
