@@ -7,9 +7,12 @@ never returns). In file order: ten swaps that never re-create the serving versio
 negative control that does; a candidate failing only at its peak batch refused before traffic
 while the serving version answers batch 8, and the same candidate without the check failing
 batch 8; a footprint measured on the real server's gauges and recorded in MLflow, then a replica
-whose (stand-in) gauges say it is short refusing the load before anything is sent; a load that
-never finishes named at its deadline, shown LOADING by status, the next promotion refused there
-and the other replica untouched (last: that replica stays stuck until the module stops it).
+whose (stand-in) gauges say it is short refusing the load before anything is sent; the first
+replica SIGKILLed during a load and restarted on its ports, given back the serving version by the
+undo (issue 45); a load past its deadline taken back: the serving version's load queued behind it,
+so the late version never takes traffic when it lands (issue 45); a load that never finishes named
+at its deadline, shown LOADING by status, the next promotion refused there and the other replica
+untouched (last: that replica stays stuck until the module stops it).
 
 Triton's own ``model_warmup`` refusing such a candidate is not run here: on 2.51's python backend a
 failing warmup sample crashes the whole server about one load in four (every time when the model
@@ -22,6 +25,7 @@ from __future__ import annotations
 import http.server
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -328,6 +332,60 @@ def test_a_footprint_measured_on_the_real_server_is_recorded_and_a_replica_short
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_replica_killed_during_its_load_and_restarted_is_given_back_the_serving_version(
+    swaps: Swaps,
+) -> None:
+    """Issue 45 item 3, on a real tritonserver: the first replica is SIGKILLed while it loads the
+    candidate (its initialize takes 4 s) and started again on the same ports, serving nothing
+    (explicit mode); the promotion fails, its undo waits for the replica and loads the serving
+    version there again (before: the rollback "failed" and the replica came back serving nothing)."""
+    serving = swaps.register("crashy", LATE_CONFIG.replace('"late"', '"crashy"'), "SLEEPS = 0\n" + LATE)
+    candidate = swaps.register("crashy", LATE_CONFIG.replace('"late"', '"crashy"'), "SLEEPS = 4\n" + LATE)
+    swaps.promote("one", "crashy", serving)
+    info, process = swaps.servers[0]
+    restarted: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes]]] = []
+
+    def crash_and_restart() -> None:  # SIGKILL mid-load, then its supervisor starts it again
+        deadline = time.monotonic() + 60
+        while (
+            time.monotonic() < deadline and triton_index(info.grpc_url, "crashy").get(candidate) != "LOADING"
+        ):
+            time.sleep(0.1)
+        os.killpg(info.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        local_triton.remove_shm(info.shm_prefix)
+        time.sleep(3)  # its supervisor's restart delay (a pod's back-off): the undo meets it down
+        ports = (info.grpc_port, info.http_port, info.metrics_port)
+        restarted.append(
+            local_triton.start_server(
+                swaps.store,
+                swaps.root / "replica-0-again",
+                swaps.settings.backends_source,
+                ports=ports,
+                control_key=os.environ["MLREG_CONTROL_KEY"],
+            )
+        )
+
+    killer = threading.Thread(target=crash_and_restart)
+    killer.start()
+    try:
+        with pytest.raises(PromotionFailed) as failed:
+            swaps.promote("one", "crashy", candidate)
+    finally:
+        killer.join(timeout=120)
+        swaps.servers[0] = restarted[0] if restarted else swaps.servers[0]  # the module stops it
+    message = failed.value.message
+    assert restarted, "the replica was not restarted"
+    assert "the rollback failed" not in message, message
+    assert f"restored crashy -> v{serving}" in message, message
+    assert f"{info.grpc_url} dropped during the promotion and came back (a restart)" in message, message
+    assert triton_index(info.grpc_url, "crashy") == {serving: "READY"}  # the restarted replica
+    with TritonControl(info.grpc_url) as triton:
+        answer = triton.infer("crashy", {"X": np.ones(4, np.float32)}, ["Y"])
+    assert answer["Y"].tolist() == [float(serving)] * 4
+    assert serving_versions(open_store(swaps.store).read_config("crashy") or "") == [serving]
 
 
 def test_a_load_past_its_deadline_is_taken_back_and_never_takes_traffic_when_it_lands(swaps: Swaps) -> None:
