@@ -17,19 +17,27 @@ load_timeout = 120                           # seconds a load may take (default 
 
 [environments.staging.shadow]                # capture requests, replay them to each candidate
 rate = 1000                                  # (pipelines/promote/capture.py; shadow = false: never)
+
+A ``[environments.local]`` section (or ``[environments.local.shadow]``...) without ``store`` extends
+the built-in ``local``: its store, the stack's replicas and key are kept.  A ``metrics`` table or
+``metrics_port`` only says where Triton's metrics are read; a staged roll-out (a canary) needs a
+roll-out key (canary, waves, bake_seconds, ...: pipelines/promote/policy.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipelines.control_key import ControlKey, control_key, local_key
 from pipelines.promote import discovery
 from pipelines.promote.capture import Shadow, parse_shadow, settle
 from pipelines.promote.perf import PERF_KEYS, PerfSettings, parse_perf
+from pipelines.promote.policy import KEYS as ROLLOUT_KEYS
 from pipelines.promote.policy import Policy, check_keys, parse_policy
 from pipelines.storage import check_store_uri
 from registry.errors import PromotionError, UsageError
@@ -109,25 +117,21 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{path}: cannot read the environments: {exc}", fix="fix the TOML syntax") from exc
     for name, raw in (data.get("environments") or {}).items():
+        check_keys(f"{path} [environments.{name}]", raw, ENVIRONMENT_KEYS)
+        if name == LOCAL and isinstance(raw, dict) and "store" not in raw:
+            envs[name] = _local_extended(path, raw, settings, envs[LOCAL])
+            continue
         try:
-            check_keys(f"{path} [environments.{name}]", raw, ENVIRONMENT_KEYS)
+            store, targets = _store(path, name, raw["store"]), _targets(path, name, raw.get("targets", []))
             envs[name] = Environment(
                 name,
-                _store(path, name, raw["store"]),
-                _targets(path, name, raw.get("targets", [])),
+                store,
+                targets,
                 str(raw.get("alias", name)),
                 _gpu(path, name, raw.get("gpu", True)),
-                policy=parse_policy(f"{path} [environments.{name}]", raw),
                 discover=_discover(path, name, raw),
-                keep=_keep(path, name, raw),
-                perf=parse_perf(f"{path} [environments.{name}]", raw),
-                signatures=parse_trust(f"{path} [environments.{name}]", raw, path.parent),
                 control_key=_control_key(path, name, raw),
-                warmup=_flag(path, name, raw, "warmup", True),
-                memory_margin=_number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
-                load_timeout=_number(path, name, raw, "load_timeout", 0.0, minimum=1.0),
-                shadow=_shadow(path, name, raw, settings),
-                open_control=_open_control(path, name, raw),
+                **_extras(path, name, raw, settings, store, targets),
             )
         except (KeyError, TypeError) as exc:
             raise UsageError(
@@ -137,11 +141,81 @@ def load_environments(settings: Settings) -> dict[str, Environment]:
     return envs
 
 
-def _shadow(path: Path, name: str, raw: dict[str, object], settings: Settings) -> Shadow | None:
+LOCAL_FIXED = ("targets", "discover", "control_key")  # the local stack's own: its replicas, its key
+
+
+def _local_extended(
+    path: Path, raw: dict[str, object], settings: Settings, local: Environment
+) -> Environment:
+    """The built-in ``local`` environment with what ``[environments.local]`` adds (shadow, warmup,
+    metrics, a roll-out policy, ...) -- its store, the stack's replicas and key kept.  A section
+    that sets ``store`` defines an environment of that name from scratch instead."""
+    fixed = [key for key in LOCAL_FIXED if key in raw]
+    if fixed:
+        raise UsageError(
+            f"{path} [environments.{LOCAL}]: {', '.join(fixed)} cannot be set for the built-in local "
+            "environment: its targets are the running local stack's replicas, its key the stack's own",
+            fix=f"remove {', '.join(fixed)} from [environments.{LOCAL}], or name another environment "
+            "(e.g. [environments.fleet]) with its own store and targets",
+        )
+    return dataclasses.replace(
+        local,
+        alias=str(raw.get("alias", LOCAL)),
+        gpu=_gpu(path, LOCAL, raw.get("gpu", local.gpu)),
+        **_extras(path, LOCAL, raw, settings, local.store, local.targets),
+    )
+
+
+def _extras(
+    path: Path, name: str, raw: dict[str, object], settings: Settings, store: str, targets: tuple[str, ...]
+) -> dict[str, Any]:
+    """An environment's settings beyond where it is (store, targets): the same for every environment."""
+    where = f"{path} [environments.{name}]"
+    return {
+        "policy": _policy(where, raw),
+        "keep": _keep(path, name, raw),
+        "perf": parse_perf(where, raw),
+        "signatures": parse_trust(where, raw, path.parent),
+        "warmup": _flag(path, name, raw, "warmup", True),
+        "memory_margin": _number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
+        "load_timeout": _number(path, name, raw, "load_timeout", 0.0, minimum=1.0),
+        "shadow": _shadow(path, name, raw, settings, store),
+        "open_control": _open_control(path, name, raw),
+        "metrics_urls": _metrics_only(where, raw, targets),
+    }
+
+
+METRICS_KEYS = frozenset({"metrics", "metrics_port"})  # where metrics are read: no roll-out by itself
+
+
+def _policy(where: str, raw: dict[str, object]) -> Policy | None:
+    """The roll-out policy, only where a roll-out key is set: a ``metrics`` table (or
+    ``metrics_port``) says where Triton's metrics are read, and never turns on a canary."""
+    if not (ROLLOUT_KEYS - METRICS_KEYS) & set(raw):
+        return None
+    return parse_policy(where, raw)
+
+
+def _metrics_only(
+    where: str, raw: dict[str, object], targets: tuple[str, ...]
+) -> tuple[tuple[str, str], ...]:
+    """Where each target's metrics are read (target -> URL) in an environment without a roll-out
+    policy (a policy keeps its own): ``metrics`` and ``metrics_port`` read as the policy reads them."""
+    given = {key: raw[key] for key in METRICS_KEYS if key in raw}
+    if not given or (ROLLOUT_KEYS - METRICS_KEYS) & set(raw):
+        return ()
+    policy = parse_policy(where, given)
+    if policy is None:
+        return ()
+    urls = dict(policy.metrics) | {target: policy.metrics_url(target) for target in targets}
+    return tuple(sorted(urls.items()))
+
+
+def _shadow(path: Path, name: str, raw: dict[str, object], settings: Settings, store: str) -> Shadow | None:
     """The capture settings, where they can be read (``capture.settle``: refused otherwise)."""
     where = f"{path} [environments.{name}]"
     shadow = parse_shadow(where, raw.get("shadow"), path.parent)
-    return settle(where, shadow, _store(path, name, raw["store"]), settings)
+    return settle(where, shadow, store, settings)
 
 
 def _targets(path: Path, name: str, raw: object) -> tuple[str, ...]:
