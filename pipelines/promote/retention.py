@@ -36,6 +36,7 @@ from typing import Any
 
 from pipelines.promote.context import PromotionContext
 from pipelines.promote.fanout import checkpoint
+from pipelines.promote.litter import remove_fenced_uploads
 from pipelines.promote.plan import Step, ensemble_pins, ensembles_pinning, serving_versions
 from pipelines.storage import locking
 from pipelines.storage.archive import archive_of, bring_back, complete, drop_archived, move_to_archive
@@ -67,6 +68,7 @@ class RetentionReport:
     failed: list[str] = field(default_factory=list)
     dry_run: bool = False
     skipped: str = ""  # why nothing was archived
+    litter: list[str] = field(default_factory=list)  # fenced promotions' uploads removed (litter.py)
     seconds: float = 0.0  # spent asking, planning and moving
 
     @property
@@ -89,6 +91,8 @@ class RetentionReport:
             text += f"; the archive's copy of {dropped} dropped (live again)"
         if self.failed:
             text += f"; not archived: {'; '.join(self.failed)} (rerun 'mlreg store gc' to finish)"
+        if self.litter:
+            text += f"; {'; '.join(self.litter)}"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,6 +106,7 @@ class RetentionReport:
             "archive_copies_dropped": [f"{m}/{v}" for m, v in self.tidy],
             "failed": self.failed,
             "skipped": self.skipped,
+            "fenced_uploads_removed": self.litter,
         }
 
 
@@ -398,6 +403,8 @@ def collect(
                 f"cannot ask every target what it holds, so nothing is archived: {'; '.join(missing)}",
                 fix="bring the target back (or correct the environment's targets), then rerun",
             )
+        litter = [] if dry_run else remove_fenced_uploads(store, names)  # before the window: never archived
         found = plan(store, archive, names, keep, states, stamp)
+        found.litter = litter
         found.dry_run = dry_run
         return found if dry_run else apply(store, archive, found)

@@ -128,3 +128,27 @@ def test_a_promotion_leaves_no_marker_and_its_resolve_removes_a_fenced_ones_uplo
     assert not any(
         p.name.startswith(".mlreg-upload.") for p in world.store_root.iterdir()
     )  # net v2's gone too
+
+
+def test_store_gc_removes_a_fenced_promotions_upload_under_the_locks_it_takes(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The other way it goes: ``mlreg store gc`` (retention.collect, under each model's lock)."""
+    from pipelines.promote import retention
+
+    store = LocalStore(repo)
+    store.put_version("scorer", "10", _version(tmp_path / "src" / "10", "a fenced promotion's\n"))
+    marker = {"model": "scorer", "version": "10", "owner": "ci@runner-7:99", "token": "e" * 24}
+    store.write(marker_key("scorer", "10"), json.dumps(marker).encode())
+    dry = retention.collect(store, dict, lambda model, version: "", keep=5, dry_run=True)
+    assert dry.litter == []  # a dry run removes nothing
+    assert store.list_versions("scorer") == ["7", "8", "10"]
+    report = retention.collect(store, dict, lambda model, version: "", keep=5)
+    assert report.litter == [
+        f"scorer/10 removed from {repo}: uploaded by ci@runner-7:99's promotion, which lost its lock before "
+        "it finished (a fenced promotion writes nothing, its undo included)"
+    ]
+    assert report.to_dict()["fenced_uploads_removed"] == report.litter
+    assert report.litter[0] in report.detail()
+    assert store.list_versions("scorer") == ["7", "8"]
+    assert not (repo / marker_key("scorer", "10")).exists()
