@@ -45,6 +45,31 @@ def byte_progress(
 
 
 @contextmanager
+def activity(quiet: bool = False, settings: Settings | None = None) -> Iterator[Callable[[str], None] | None]:
+    """A callback taking what a long piece of work does now ("starting tritonserver", "quality"),
+    drawn as one transient line on stderr: a spinner, the text and the seconds it has taken so far.
+    On a terminal only: None with ``quiet`` (--json), off a TTY or with MLREG_NO_PROGRESS=1 (the
+    command's own lines say what happened)."""
+    if quiet or not enabled(settings):
+        yield None
+        return
+    from rich.console import Console  # lazy: rich ~0.1 s, only where a line is drawn
+    from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn  # lazy: ~80 ms
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    # stderr's lines (a promotion's stage lines) print above it; stdout is never re-routed to stderr
+    with Progress(*columns, transient=True, console=Console(stderr=True), redirect_stdout=False) as bar:
+        shown: list[TaskID] = []
+
+        def tell(text: str) -> None:
+            if shown:
+                bar.remove_task(shown.pop())
+            shown.append(bar.add_task(redact_uri(text), total=None))
+
+        yield tell
+
+
+@contextmanager
 def waiting(label: str, deadline: str, quiet: bool = False) -> Iterator[None]:
     """While the block runs, a line on stderr after ``WAIT_FIRST_S`` and then every
     ``WAIT_EVERY_S`` ("{label}: still waiting after 3 s ({deadline})"), so a store or server that

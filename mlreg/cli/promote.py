@@ -4,6 +4,7 @@ parse, call the verb (``mlreg.ops``), render (``mlreg.cli.promote_render``).  `m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, positive_version, settings_of
 from mlreg.cli.output import Output
+from mlreg.cli.progress import activity
 from mlreg.cli.promote_render import batch_stage, failure_lines, promotion, render, stage_lines
 from mlreg.cli.report import plain, render_batch
 from mlreg.cli.status import history_cmd, status_cmd
@@ -100,9 +102,15 @@ def promote_cmd(
             "no version to promote", fix="pass MODEL --version N (or --from-alias / --from-file)"
         )
     settings, out = settings_of(ctx), Output(as_json)
-    call = partial(promote, settings, env, model, version, on_stage=stage_lines(out), **options)
-    result = promotion(out, call)
+    with activity(quiet=as_json, settings=settings) as step:  # the running stage, on a terminal only
+        on_start = None if step is None else partial(_running, step, f"{model} v{version}")
+        call = partial(promote, settings, env, model, version, on_stage=stage_lines(out), **options)
+        result = promotion(out, partial(call, on_start=on_start))
     render(out, result, result.plan.env.alias)
+
+
+def _running(step: Callable[[str], None], what: str, stage: str) -> None:
+    step(f"{what}: {stage}")
 
 
 def rollback_cmd(

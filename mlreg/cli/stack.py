@@ -8,6 +8,7 @@ import typer
 
 from mlreg.cli.common import JsonFlag, settings_of
 from mlreg.cli.output import Output
+from mlreg.cli.progress import activity
 
 app = typer.Typer(help="Start, inspect and stop the local Triton stack.", no_args_is_help=True)
 SHOWN = (
@@ -83,9 +84,11 @@ def up_cmd(
     """
     from pipelines.devstack.stack import stack_up  # lazy: ~90 ms (grpc, psutil), this command only
 
-    status = stack_up(
-        settings_of(ctx), repository=repository, load=load or (), s3=s3, ui=ui, replicas=replicas
-    )
+    settings = settings_of(ctx)
+    with activity(quiet=as_json, settings=settings) as step:  # a line on a terminal only
+        status = stack_up(
+            settings, repository=repository, load=load or (), s3=s3, ui=ui, replicas=replicas, step=step
+        )
     out = Output(as_json)
     if out.json:
         out.document(status.to_dict() | {"already_running": status.already_running})

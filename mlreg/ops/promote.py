@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -32,10 +33,12 @@ def promote(
     no_way_back: bool = False,
     skip_shadow: bool = False,
     registry: Registry | None = None,
+    on_start: Callable[[str], None] | None = None,
 ) -> PromotionResult:
     """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot).
     ``registry``: the one to read (and record in) instead of the settings' MLflow, e.g. the
-    ``PlanRegistry`` of a plan over versions an ``export --dry-run`` did not register."""
+    ``PlanRegistry`` of a plan over versions an ``export --dry-run`` did not register.
+    ``on_start``: told each stage's name as it starts (the CLI's progress line)."""
     if serve_as not in SERVE_AS:
         raise UsageError(f"unknown --serve-as '{serve_as}'", fix=f"use {', '.join(SERVE_AS)}")
     if not version.isdigit():
@@ -63,6 +66,7 @@ def promote(
         skip_perf=skip_perf,
         no_way_back=no_way_back,
         skip_shadow=skip_shadow,
+        on_start=on_start,
     )
     scratch = scratch_servers(settings, env.key(settings))
     return Promotion(settings, env, reader, options, scratch=scratch).run(model, version)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,11 +211,17 @@ def stack_up(
     s3: bool = False,
     ui: bool = False,
     replicas: int = 1,
+    step: Callable[[str], None] | None = None,
 ) -> StackStatus:
+    """Start (or find) the local stack.  ``step`` is told what starts next, as it starts (the
+    CLI's progress line: starting a tritonserver and the MLflow UI takes seconds each)."""
+    tell = step or (lambda _: None)
     info = running_server(settings)
     if info is not None and repository is None:  # `mlreg stack up` again: the running one
         repo = info.repository
     else:
+        if s3 and info is None:
+            tell("pushing the repository to a local S3 server (moto_server)")
         repo = _repository(settings, repository, s3)
     already = info is not None
     if info is not None and info.repository != repo:
@@ -227,6 +234,7 @@ def stack_up(
             from pipelines.storage import ensure_root  # lazy: store package ~0.15 s, S3 stacks only
 
             ensure_root(repo)
+        tell("starting tritonserver (waiting until it is ready)")
         info, process = local_triton.start_server(
             repo,
             settings.stack_dir,
@@ -239,10 +247,14 @@ def stack_up(
             warnings.simplefilter("ignore", ResourceWarning)
             del process
     status = StackStatus(running=True, info=info, already_running=already)
+    if replicas > 1:
+        tell(f"starting replicas 2 to {replicas} (each until it is ready)")
     status.replicas = start_replicas(settings, repo, replicas) if replicas > 1 else []
     if ui:
+        tell("starting the MLflow UI")
         status.mlflow_url = start_ui(settings)
     if load:
+        tell(f"loading {', '.join(load)}")
         load_models(info, list(load), settings, status)
         for replica in status.replicas:
             load_models(replica, list(load), settings, StackStatus(running=True, info=replica))

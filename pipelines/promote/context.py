@@ -41,6 +41,7 @@ class Options:
     skip_perf: bool = False  # the quality gate's performance check (pipelines/promote/perf.py)
     no_way_back: bool = False  # promote although the serving version could not be loaded again
     skip_shadow: bool = False  # the quality gate's shadow replay (pipelines/promote/shadow.py)
+    on_start: Callable[[str], None] | None = None  # told each stage's name as it starts (progress)
 
 
 class Deployer(Protocol):

@@ -183,6 +183,8 @@ class Promotion:
                 self.on_error(ctx, exc)
 
     def _timed(self, ctx: PromotionContext, stage: Stage) -> None:
+        if self.options.on_start is not None:  # e.g. the CLI's progress line (quality: 40 s...)
+            self.options.on_start(stage.name)
         began = time.perf_counter()
         try:
             if stage.live:  # the locks' leases renewed; a lock lost (lease ran out) stops it here
