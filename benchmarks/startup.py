@@ -19,9 +19,9 @@ slows all of them alike); the medians are printed side by side:
     .venv/bin/python benchmarks/startup.py --registry [--project PATH] [--compare [REV]] [--runs 7]
 
 ``--registry`` (issue 48, "answers in a second") times the read-only commands on an embedded
-registry: ``mlreg status``, ``history``, ``show``, ``versions`` and a ``promote`` whose model name
-has a typo (it must refuse, "did you mean", exit 4), each beside ``python -c pass`` in the same
-run, with its ratio to it (target: <= 1 s and <= 10x).  The project (``--project``, else made once
+registry: ``mlreg status``, ``history``, ``show``, ``versions``, ``alias ls`` and a ``promote``
+whose model name has a typo (it must refuse, "did you mean", exit 4), each beside ``python -c pass``
+in the same run, with its ratio to it (target: <= 1 s and <= 10x).  The project (``--project``, else made once
 in a temporary folder: two of the template's python models registered by ``mlreg register`` and
 three promotion runs recorded through the MLflow adapter, ~30 s) has no stack running, so
 ``status`` reads the registry and the store and finds no Triton.  With ``--compare`` the same rows
@@ -250,12 +250,15 @@ class Reads:
             f"mlreg history {model}": ["history", model],
             f"mlreg show {model} -V 1": ["show", model, "-V", "1"],
             f"mlreg versions {model}": ["versions", model],
+            f"mlreg alias ls {model}": ["alias", "ls", model],
             f"mlreg promote {model}s --version 1 (typo)": ["promote", f"{model}s", "--version", "1"],
         }
 
     def exits(self, label: str, side: str = "") -> tuple[int, ...]:
         if label.startswith("mlreg status"):
             return (1,)  # drift: no stack runs, so nothing serves what the registry says
+        if label.startswith("mlreg alias ls") and side.startswith("before"):
+            return (0, 2)  # 2: no 'alias ls' before issue 48
         if label.endswith("(typo)"):
             # 4: the registry's refusal ("did you mean"); before issue 48 the stack's came first (8)
             return (4, 8) if side.startswith("before") else (4,)

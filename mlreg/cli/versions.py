@@ -10,7 +10,7 @@ from mlreg.cli.common import JsonFlag, ModelName, ModelVersion, VersionArg, sett
 from mlreg.cli.output import Output
 from mlreg.ops.context import open_registry
 
-alias_app = typer.Typer(help="Set or remove a registered model's aliases.", no_args_is_help=True)
+alias_app = typer.Typer(help="List, set or remove a registered model's aliases.", no_args_is_help=True)
 
 
 def versions_cmd(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False) -> None:
@@ -75,6 +75,22 @@ def show_cmd(ctx: typer.Context, model: ModelName, version: ModelVersion, as_jso
     data.setdefault("signed_by", "")
     out = Output(as_json)
     out.result(data, lambda: _show_human(out, model, data))
+
+
+@alias_app.command("ls")
+def alias_ls(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False) -> None:
+    """List MODEL's aliases and the versions they name.  Example: mlreg alias ls image_model"""
+    from registry.mlflow.reads import open_reads  # lazy: the embedded registry's file, no MLflow
+
+    aliases = open_reads(settings_of(ctx)).require_model(model)
+    out = Output(as_json)
+    rows = [[alias, version] for alias, version in sorted(aliases.items())]
+    out.result(
+        {"model": model, "aliases": dict(sorted(aliases.items()))},
+        lambda: out.table(["ALIAS", "VERSION"], rows, right={"VERSION"})
+        if rows
+        else out.line(f"{model}: no aliases"),
+    )
 
 
 @alias_app.command("set")

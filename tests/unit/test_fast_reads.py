@@ -143,6 +143,15 @@ def test_history_reads_the_runs_from_the_file(made: dict[str, Any]) -> None:
     assert "mlflow" not in sys.modules
 
 
+def test_alias_ls_reads_the_aliases_from_the_file(made: dict[str, Any]) -> None:
+    result = CliRunner().invoke(app, ["alias", "ls", MODEL, "--json"], env=_env(made))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"model": MODEL, "aliases": made["aliases"]}
+    table = CliRunner().invoke(app, ["alias", "ls", MODEL], env=_env(made))
+    assert table.stdout.splitlines() == ["ALIAS       VERSION", "production        1"]
+    assert "mlflow" not in sys.modules
+
+
 def test_a_typo_d_promote_is_refused_from_the_registry_before_any_server_is_asked(
     made: dict[str, Any],
 ) -> None:
