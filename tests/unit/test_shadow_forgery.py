@@ -511,3 +511,26 @@ def test_a_sigterm_while_capture_is_armed_after_record_leaves_a_promotion_that_s
     assert result.ok
     assert world.registry.aliases("pre").get("test") == "1"
     assert "promoted; capture arming interrupted on t0:8001 (SIGTERM)" in result.notes
+
+
+def test_the_repro_tables_load_as_the_issue_asks(tmp_path: Path) -> None:
+    """mlreg.toml as the issue tried it: rate/count without captures on the local stack (was:
+    "replay skipped: the environment names no captures", promoted) -- now the stack's replicas'
+    trace folders; the same table on another store is refused, as is captures = the stack."""
+    from pipelines.promote.environments import load_environments
+
+    settings = _settings(tmp_path)
+    toml = tmp_path / "mlreg.toml"
+    toml.write_text("[environments.local.shadow]\nrate = 1\ncount = 100\n")
+    shadow = load_environments(settings)["local"].shadow
+    assert shadow is not None
+    assert (shadow.captures, shadow.stack) == ("", str(settings.stack_dir))
+    toml.write_text(
+        f'[environments.prod]\nstore = "{tmp_path / "store"}"\n[environments.prod.shadow]\nrate = 1\n'
+    )
+    with pytest.raises(UsageError, match="no captures location"):
+        load_environments(settings)
+    prod = f'[environments.prod]\nstore = "{tmp_path / "store"}"\n'
+    toml.write_text(prod + '[environments.prod.shadow]\ncaptures = ".mlreg/stack"\n')
+    with pytest.raises(UsageError, match="overlaps MLREG_HOME"):
+        load_environments(settings)
