@@ -42,6 +42,11 @@ class VersionRecord:
     storage_location: str = ""
     created: int = 0  # creation time, ms since the epoch
 
+    @property
+    def creation_timestamp(self) -> int:
+        """MLflow's ``ModelVersion`` name for ``created`` (callers read either)."""
+        return self.created
+
     def local_source(self) -> Path | None:
         """The version folder on disk (its parent holds config.pbtxt) when artifacts are local files.
 
@@ -123,6 +128,35 @@ def model_version(
         return None
     run_id, source, where = str(row[1] or ""), str(row[0] or ""), str(row[2] or "")
     return VersionRecord(name, str(int(version)), run_id, source, tags, where, int(row[3] or 0))
+
+
+def model_versions(tracking_uri: str, name: str, wait: float = LOCK_WAIT) -> list[VersionRecord] | None:
+    """Every version of ``name`` that is not deleted, as MLflow's ``search_model_versions("name='…'")``
+    lists them ([] for a model with none, or none registered); None when the file is not there or
+    does not read as expected (then ask MLflow)."""
+    db = database(tracking_uri)
+    if db is None:
+        return None
+    try:
+        with _read_only(db, wait) as conn:
+            rows = conn.execute(
+                "SELECT version, run_id, source, storage_location, creation_time FROM model_versions"
+                " WHERE name = ? AND (current_stage IS NULL OR current_stage != ?) ORDER BY version DESC",
+                (name, DELETED_STAGE),
+            ).fetchall()
+            tags: dict[str, dict[str, str]] = {}
+            for key, value, version in conn.execute(
+                "SELECT key, value, version FROM model_version_tags WHERE name = ?", (name,)
+            ):
+                tags.setdefault(str(version), {})[str(key)] = "" if value is None else str(value)
+    except sqlite3.Error:
+        return None
+    return [
+        VersionRecord(
+            name, str(v), str(run or ""), str(src or ""), tags.get(str(v), {}), str(where or ""), int(at or 0)
+        )
+        for v, run, src, where, at in rows
+    ]
 
 
 def version_absent(tracking_uri: str, name: str, version: str, wait: float = LOCK_WAIT) -> bool:

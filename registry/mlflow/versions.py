@@ -85,6 +85,11 @@ class MlflowVersions:
         return list(self.connection.call("version search", lambda: self._client.search_model_versions(query)))
 
     def versions(self, name: str) -> list[Any]:
+        """Every version of ``name`` (``.version``, ``.tags``, ``.run_id``, ``.source``,
+        ``.creation_timestamp``); the embedded registry answers from its database."""
+        found = self.connection.local(partial(sqlite.model_versions, self.connection.uri, name))
+        if found is not None:
+            return list(found)
         return list(
             self.connection.call(
                 "version search",

@@ -69,6 +69,14 @@ print(json.dumps({
     "config": client.artifact_text(version.run_id, "config.pbtxt"),
     "manifest": client.artifact_text(version.run_id, "manifest.json"),
     "show": queries.show_version(settings, "table_data_preprocess", "1"),
+    "searched": {
+        model: [
+            {"version": str(v.version), "tags": dict(v.tags), "run_id": v.run_id, "source": v.source,
+             "creation_timestamp": v.creation_timestamp}
+            for v in registry.client.search_model_versions(f"name='{model}'")
+        ]
+        for model in ("table_data_preprocess", "image_preprocess", "nothing_here")
+    },
 }))
 """
 BACKGROUND = {
@@ -118,6 +126,29 @@ def test_the_file_answers_what_mlflow_s_client_answers_on_the_same_registry(made
     assert reads.promotions(OTHER) == made["none"] == []
     assert reads.artifact_text(version.run_id, "config.pbtxt") == made["config"]
     assert json.loads(reads.artifact_text(version.run_id, "manifest.json")) == json.loads(made["manifest"])
+    assert "mlflow" not in sys.modules
+
+
+def test_versions_from_the_file_are_mlflow_s_search_on_the_same_registry(made: dict[str, Any]) -> None:
+    """``registry.versions`` (status's ensemble numbering, a -1 member, fleet pins) reads the file."""
+    uri = _settings(made).tracking_uri
+    for model, searched in made["searched"].items():
+        found = sqlite.model_versions(uri, model)
+        assert found is not None
+        mine = [
+            {
+                "version": v.version,
+                "tags": v.tags,
+                "run_id": v.run_id,
+                "source": v.source,
+                "creation_timestamp": v.creation_timestamp,
+            }
+            for v in found
+        ]
+        key = lambda row: int(row["version"])  # noqa: E731 - MLflow's order is its own
+        assert sorted(mine, key=key) == sorted(searched, key=key)
+    assert [v.version for v in sqlite.model_versions(uri, MODEL) or []] == ["1"]
+    assert made["searched"]["nothing_here"] == []
     assert "mlflow" not in sys.modules
 
 
