@@ -134,7 +134,9 @@ def rollback_cmd(
 
     settings, out = settings_of(ctx), Output(as_json)
     call = partial(rollback, settings, env, model, to_version, dry_run=dry_run, on_stage=stage_lines(out))
-    result = promotion(out, call)
+    with activity(quiet=as_json, settings=settings) as step:  # the running stage, on a terminal only
+        on_start = None if step is None else partial(_running, step, f"rollback of {model}")
+        result = promotion(out, partial(call, on_start=on_start))
     render(out, result, result.plan.env.alias)
 
 

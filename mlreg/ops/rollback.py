@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mlreg.ops.context import context
@@ -22,6 +23,7 @@ def rollback(
     *,
     dry_run: bool = False,
     on_stage: OnStage | None = None,
+    on_start: Callable[[str], None] | None = None,
 ) -> PromotionResult:
     """Serve an earlier version again: a promotion without the quality gate (breaking allowed).
     Without ``to_version``: the newest version promoted in the environment that is not the one
@@ -37,6 +39,7 @@ def rollback(
         allow_breaking=True,
         skip_quality=True,
         on_stage=on_stage,
+        on_start=on_start,
     )
 
 
