@@ -40,9 +40,6 @@ KEY_FILE_ENV = "MLREG_CONTROL_KEY_FILE"
 LOCAL_KEY_FILE = "control.key"
 REFUSED = "This protocol is restricted"  # Triton's gRPC answer (UNAVAILABLE) to a missing or wrong key
 REFUSED_HTTP = "This API is restricted"  # its HTTP answer (403)
-# a load of this name tells whether a replica's control API is open: a locked one refuses before it
-# looks (403 / "restricted"), an open one fails to find it ("failed to poll"); nothing is loaded
-PROBE_MODEL = "__mlreg_unauthenticated_probe__"
 
 
 @dataclass(frozen=True)

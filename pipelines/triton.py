@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from pipelines.control_key import PROBE_MODEL, REFUSED, ControlKey, control_key
+from pipelines.control_key import REFUSED, ControlKey, control_key
 from registry.errors import TritonError
 
 log = logging.getLogger(__name__)
@@ -376,26 +376,33 @@ def server_report(url: str, timeout: float = 10.0, key: ControlKey | None = None
         return {"url": url, "error": exc.message}
 
 
+PROBE_PREFIX = "__mlreg_probe_"  # + 32 fresh random hex digits per probe (``probe_name``)
+
+
+def probe_name() -> str:
+    """A model name nobody can know beforehand (128 random bits): what the open-control probe
+    unloads, so that it can never touch a model someone loaded, or planted in the store, by name."""
+    return f"{PROBE_PREFIX}{secrets.token_hex(16)}__"
+
+
 def control_api_open(url: str, timeout: float = 5.0) -> bool | None:
-    """Whether ``url``'s model-control API takes a load from anyone (no key): the harmless probe of
-    a load of a model that cannot exist -- a locked replica refuses it before looking, an open one
-    looks and finds nothing. None when the answer tells neither (unreachable, another error)."""
+    """Whether ``url``'s model-control API takes calls from anyone (no key): the probe is an
+    *unload* of a fresh unguessable name (``probe_name``), which reads nothing from the model
+    repository and loads nothing -- so no folder planted in the store can make the probe run code.
+    Triton 2.51 answers it (tests/integration/test_security.py): success on an open replica (an
+    unknown name unloads as nothing to do), "This protocol is restricted" on a locked one, before
+    it looks.  None when the answer tells neither (unreachable, model control off, another error)."""
     import tritonclient.grpc as grpcclient  # lazy: tritonclient's gRPC stack, ~0.3 s
     from tritonclient.utils import InferenceServerException  # lazy: tritonclient's gRPC stack, ~0.3 s
 
     client = grpcclient.InferenceServerClient(url=url)
     try:
-        client.load_model(PROBE_MODEL, client_timeout=timeout)
+        client.unload_model(probe_name(), client_timeout=timeout)
     except InferenceServerException as exc:
-        message = exc.message() or ""
-        if REFUSED in message:
-            return False
-        if PROBE_MODEL in message and ("failed to poll" in message or "failed to load" in message):
-            return True
-        return None
+        return False if REFUSED in (exc.message() or "") else None
     finally:
         client.close()
-    return True  # it loaded a model of that name: open (and someone put one there)
+    return True  # an unload without the key was taken: open
 
 
 def policy_versions(config: str | None) -> tuple[str, ...]:

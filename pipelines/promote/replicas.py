@@ -51,8 +51,9 @@ ALLOWED_OPEN = (
 
 
 def open_control(urls: Sequence[str], timeout: float) -> list[str]:
-    """The replicas whose model-control API accepts a load without the key (the harmless probe of
-    ``control_api_open``, all at once); one that does not answer is not listed (status says so)."""
+    """The replicas whose model-control API takes a call without the key (``control_api_open``'s
+    unload of a fresh unguessable name, which loads nothing, all at once); one that does not answer
+    is not listed (status says so)."""
     from pipelines.triton import control_api_open  # lazy: tritonclient's gRPC stack, ~0.3 s
 
     if not urls:
@@ -78,7 +79,7 @@ def open_control_notes(
         return [ALLOWED_OPEN.format(url=url, env=env_name) for url in opened]
     raise PromotionError(
         f"environment '{env_name}': {', '.join(opened)} take(s) model-control calls from anyone "
-        "(a load without the control key was not refused): whoever reaches them can load, unload or "
+        "(an unload without the control key was not refused): whoever reaches them can load, unload or "
         "re-point a model, so the promotion was refused before any change",
         fix="restart them with the restriction flags (pipelines/control_key.py, infra/) and name the "
         f"key in the environment's control_key; or, to accept the risk, write open_control = "

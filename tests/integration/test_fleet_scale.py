@@ -99,9 +99,9 @@ def test_a_version_rolls_out_over_50_replicas_with_one_load_each(fleet: ScaleSta
     # and after the last -- at most one per replica per wave
     watched = {url: len(waves(fleet)) - i for i, wave in enumerate(waves(fleet)) for url in wave}
     for url, counted in calls.items():
-        # one swap, straight to the new version, and one load without the key (refused): the probe
-        # that no replica takes anyone's model-control calls (pipelines/promote/replicas.py)
-        assert counted["RepositoryModelLoad"] == 2, (url, counted)
+        # one swap, straight to the new version, and one unload without the key (refused): the
+        # probe that no replica takes anyone's model-control calls (pipelines/promote/replicas.py)
+        assert (counted["RepositoryModelLoad"], counted["RepositoryModelUnload"]) == (1, 1), (url, counted)
         assert sum(counted[m] for m in REPOSITORY_CALLS) <= 4 + watched[url], (url, counted)
         # with the other control calls (today a liveness check before the plan, readiness after
         # the load and again in verify; requests -- verify's, the bake's probes -- are not control)

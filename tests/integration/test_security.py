@@ -28,11 +28,12 @@ from tritonclient.utils import InferenceServerException
 
 from mlreg.cli.main import app
 from pipelines import control_key
+from pipelines import triton as triton_module
 from pipelines.control_key import ControlKey, local_key
 from pipelines.devstack.stack import running_server
 from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton import PROBE_PREFIX, TritonControl
 from registry.contracts import rules
 from registry.errors import TritonError
 from tests.cli import CliRunner
@@ -204,7 +205,52 @@ def test_a_replica_whose_control_api_is_open_is_flagged_by_status_and_refuses_a_
     report = secure.stack.registry.download(run, "report.json", secure.root / "open-run")
     assert any(n.startswith(note) for n in json.loads(report.read_text())["notes"])  # in the MLflow run
     with secure.control() as triton:  # the probe loaded nothing on the locked local stack either
-        assert control_key.PROBE_MODEL not in triton.model_states()
+        assert [m for m in triton.model_states() if m.startswith(PROBE_PREFIX)] == []
+
+
+# a model whose every import leaves a mark: Triton imports model.py when it loads the model
+MARKING_MODEL = """open({marker!r}, "a").write("imported\\n")
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+"""
+OLD_PROBE = "__mlreg_unauthenticated_probe__"  # the fixed name the probe once loaded (review F5)
+
+
+def test_the_open_control_probe_runs_no_model_a_store_holds(
+    secure: Secure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe of ``control_api_open`` never loads: on a real open tritonserver whose repository
+    holds a planted model under the very name the probe will use (and under the fixed name it once
+    loaded), it answers "open", and neither plant was loaded (listed in the repository index with
+    no version) nor imported (no marker).  The locked stack answers "not open".  Positive control:
+    a keyless load of a plant -- what the probe once sent -- imports its model.py."""
+    name = triton_module.probe_name()
+    assert name != triton_module.probe_name()  # a fresh name per probe: nobody can plant it ahead
+    monkeypatch.setattr(triton_module, "probe_name", lambda: name)  # ... except this test
+    repository = secure.root / "probe-repository"
+    markers: dict[str, Path] = {}
+    for model in (name, OLD_PROBE):
+        markers[model] = secure.root / f"{model}.imported"
+        (repository / model / "1").mkdir(parents=True)
+        (repository / model / "config.pbtxt").write_text(SCORER_CONFIG.replace('"scorer"', f'"{model}"'))
+        (repository / model / "1" / "model.py").write_text(MARKING_MODEL.format(marker=str(markers[model])))
+    with tritons(
+        secure.stack.settings, secure.root, [repository], name="probe", open_control=True
+    ) as servers:
+        url = servers[0][0].grpc_url
+        answers = (triton_module.control_api_open(url), triton_module.control_api_open(secure.stack.url))
+        with TritonControl(url, key=None) as opened:
+            states = opened.model_states()
+            imported = [model for model, marker in markers.items() if marker.exists()]
+            opened.load(OLD_PROBE)  # the positive control: the old probe's keyless load
+            control = (opened.is_ready(OLD_PROBE, "1"), markers[OLD_PROBE].exists())
+    assert answers == (True, False)  # open; the locked local stack
+    assert {model: states.get(model) for model in markers} == {name: {"": ""}, OLD_PROBE: {"": ""}}
+    assert imported == []
+    assert control == (True, True)  # the plant is live code: a load runs it
 
 
 def _timestamp_pyc(source: str, like: Path) -> bytes:

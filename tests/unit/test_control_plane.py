@@ -3,9 +3,9 @@ refuses a promotion before any change unless the environment says ``open_control
 (then a note in every output and the run), and a control key is one word in a file only its owner
 reads, wherever it comes from.
 
-The replicas here are real gRPC servers (tests/standin_triton.py): an open one answers a load
-without the key as an open Triton does ("failed to poll from model repository"), a locked one
-refuses it ("This protocol is restricted").  The store is a real local folder; MLflow the
+The replicas here are real gRPC servers (tests/standin_triton.py): an open one takes the probe's
+keyless unload of an unknown name as an open Triton 2.51 does (success, nothing loaded), a locked
+one refuses it ("This protocol is restricted").  The store is a real local folder; MLflow the
 in-memory registry of tests/fakes.py (its alias moves and registrations are events)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pipelines.promote.environments import load_environments
 from pipelines.promote.replicas import open_control_notes
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton import TritonControl, control_api_open, probe_name
 from registry.errors import PromotionError, UsageError
 from registry.settings import Settings
 from tests.standin_triton import StandinFleet
@@ -110,6 +110,26 @@ def test_a_locked_fleet_is_probed_and_not_noted(world: World, replicas: tuple[st
         assert open_control_notes("test", False, [locked], lambda url: target, 5.0) == []
     finally:
         target.close()
+
+
+def test_the_probe_is_a_keyless_unload_of_a_fresh_name_and_loads_nothing(world: World) -> None:
+    """Review F5: a probe that loads could run a model the store holds under the probe's name; the
+    probe unloads a name nobody can know ahead (128 random bits, fresh per probe) and never loads:
+    the stand-ins count the calls each one took."""
+    with (
+        StandinFleet(world.store_root, 1, key=None) as opened,
+        StandinFleet(world.store_root, 1, key=KEY) as locked,
+    ):
+        answers = [control_api_open(fleet.replicas[0].grpc_url) for fleet in (opened, locked)]
+        calls = [
+            {m: fleet.replicas[0].calls[m] for m in ("RepositoryModelLoad", "RepositoryModelUnload")}
+            for fleet in (opened, locked)
+        ]
+    assert answers == [True, False]  # open; locked
+    assert calls == [{"RepositoryModelLoad": 0, "RepositoryModelUnload": 1}] * 2
+    names = {probe_name() for _ in range(100)}
+    assert len(names) == 100
+    assert all(re.fullmatch(r"__mlreg_probe_[0-9a-f]{32}__", name) for name in names)
 
 
 def test_open_control_takes_only_refuse_or_allow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
