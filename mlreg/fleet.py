@@ -32,13 +32,14 @@ import contextlib
 import difflib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,12 +53,15 @@ from registry.settings import Settings, redact_uri
 if TYPE_CHECKING:
     from mlreg.ops.promote_many import OnStage
     from pipelines.promote.ports import Registry
+    from registry.mlflow.sqlite import VersionRecord
 
 KEYS = ("environment", "models")
 BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 DRIFT_EXIT = 1  # 'mlreg status' drift: the promotions ran, the environment does not serve the file
 LOCK_WAIT_S = 120.0  # how long a pin waits for another writer of the folder (its MLflow lookups included)
 NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"  # MLflow's error code for a version it does not hold
+CONFIG = "config.pbtxt"  # a version's Triton config, as MLflow registered it
+MAX_CONFIG_BYTES = 4 << 20  # a registered config.pbtxt is kilobytes: a bigger one is not read
 
 
 @dataclass
@@ -206,8 +210,9 @@ def pin(
     if not pins and not from_alias:
         raise UsageError("nothing to pin", fix="pass MODEL=VERSION (repeatable) or --from-alias ALIAS")
     registry = registry or open_registry(settings)
-    require_reachable(registry, str(path))
-    wanted = {**(_alias_pins(registry, from_alias) if from_alias else {}), **pins}
+    # no ping first: a lookup that fails asks whether MLflow answers (``require_reachable``), so
+    # MLflow down is still named as such, and a pin that finds what it needs costs no extra call
+    wanted = {**(_alias_pins(registry, from_alias, str(path)) if from_alias else {}), **pins}
     with locked(path):
         fleet = read_fleet(path, missing_ok=True)
         if env_name and fleet.environment and env_name != fleet.environment:
@@ -222,18 +227,24 @@ def pin(
         ]
         fleet.models.update(changed)
         # every pin registered (the changed ones with the rest), reachable: as sync would judge it
-        tags = _require_registered(registry, fleet.models, str(path))
-        refuse_unreachable_pins(fleet, registered_pins(registry, fleet.models, tags))
+        configs: dict[str, Path] = {}
+        tags = _require_registered(registry, fleet.models, str(path), configs)
+        refuse_unreachable_pins(fleet, registered_pins(registry, fleet.models, tags, configs))
         written = bool(changes) or not path.exists()
         if written:
             write_fleet(fleet)
     return PinResult(fleet, changes, written)
 
 
-def _alias_pins(registry: Registry, alias: str) -> dict[str, str]:
+def _alias_pins(registry: Registry, alias: str, where: str) -> dict[str, str]:
     """model -> the version ``alias`` holds, for every registered model; an alias naming none is
-    an error (a typo would pin nothing)."""
-    wanted = registry.alias_versions(alias)
+    an error (a typo would pin nothing); a lookup that fails while MLflow does not answer is
+    MLflow unreachable."""
+    try:
+        wanted = registry.alias_versions(alias)
+    except RegistryError as exc:
+        require_reachable(registry, where, exc)
+        raise
     if not wanted:
         raise RegistryError(
             f"alias '{alias}' names no version of any registered model in MLflow "
@@ -302,8 +313,9 @@ def sync(
     name = _environment(fleet, env_name)
     ctx = context(settings, name)
     require_reachable(ctx.registry, str(path))
-    tags = _require_registered(ctx.registry, fleet.models, str(path))
-    refuse_unreachable_pins(fleet, registered_pins(ctx.registry, fleet.models, tags))
+    configs: dict[str, Path] = {}
+    tags = _require_registered(ctx.registry, fleet.models, str(path), configs)
+    refuse_unreachable_pins(fleet, registered_pins(ctx.registry, fleet.models, tags, configs))
     before = _health(settings, ctx, fleet) if fleet.models else []
     moved = [(row["model"], row["pinned"]) for row in before if not row["ok"]]
     result = SyncResult(fleet, name, ctx.env.alias, dry_run, moved, health=before)
@@ -330,14 +342,18 @@ def _environment(fleet: FleetFile, env_name: str | None) -> str:
     return name
 
 
-def _require_registered(registry: Registry, pins: Mapping[str, str], where: str) -> dict[str, dict[str, str]]:
+def _require_registered(
+    registry: Registry, pins: Mapping[str, str], where: str, configs: dict[str, Path] | None = None
+) -> dict[str, dict[str, str]]:
     """Each pinned version's tags; every version MLflow does not hold named in one RegistryError.
-    A lookup that failed for another reason while MLflow does not answer is MLflow unreachable."""
+    A lookup that failed for another reason while MLflow does not answer is MLflow unreachable.
+    ``configs``: filled with model -> the file the embedded registry keeps that version's
+    ``config.pbtxt`` in, where the tags' own record says so (``registered_pins`` reads it there)."""
     tags: dict[str, dict[str, str]] = {}
     missing: list[str] = []
     for model, version in sorted(pins.items()):
         try:
-            tags[model] = registry.version_tags(model, version)
+            tags[model] = _version_tags(registry, model, version, configs)
         except RegistryError as exc:
             if exc.context.get("code") != NOT_FOUND:
                 require_reachable(registry, where, exc)
@@ -348,6 +364,21 @@ def _require_registered(registry: Registry, pins: Mapping[str, str], where: str)
             fix="pin registered versions ('mlreg versions MODEL' lists them); nothing was changed",
         )
     return tags
+
+
+def _version_tags(
+    registry: Registry, model: str, version: str, configs: dict[str, Path] | None
+) -> dict[str, str]:
+    """``registry.version_tags``; with ``configs``, the embedded registry's record is read here as
+    ``version_tags`` reads it first (the same tags), so that the one read also says where the
+    version's registered ``config.pbtxt`` lies (``_config_beside``): noted in ``configs``."""
+    record = _embedded_record(registry, model, version) if configs is not None else None
+    if record is None:  # not the embedded registry, or its file does not hold the version
+        return registry.version_tags(model, version)
+    config = _config_beside(record)
+    if config is not None and configs is not None:
+        configs[model] = config
+    return dict(record.tags)
 
 
 def require_reachable(registry: Registry, where: str, failed: RegistryError | None = None) -> None:
@@ -366,41 +397,106 @@ def require_reachable(registry: Registry, where: str, failed: RegistryError | No
 
 
 def registered_pins(
-    registry: Registry, pins: Mapping[str, str], tags: Mapping[str, Mapping[str, str]]
+    registry: Registry,
+    pins: Mapping[str, str],
+    tags: Mapping[str, Mapping[str, str]],
+    configs: Mapping[str, Path] | None = None,
 ) -> dict[str, dict[str, str]]:
     """Each pinned ensemble version -> the member versions its registered config pins (a member it
     follows at -1: the latest registered version, what a promotion of it loads).  Read from the
     version's ``config.pbtxt`` in MLflow's artifacts, never from tags (``tags``: each version's, as
     ``_require_registered`` read them: one whose registration says another platform -- the
-    ``platform`` tag, written from that same config -- is not downloaded)."""
+    ``platform`` tag, written from that same config -- is not read; ``configs``: where it noted the
+    embedded registry's files)."""
     from registry.contracts.config import parse_config  # lazy: protobuf's text format
 
     found: dict[str, dict[str, str]] = {}
-    for model, version in sorted(pins.items()):
-        if tags.get(model, {}).get("platform", "ensemble") != "ensemble":
-            continue
-        config = parse_config(_registered_config(registry, model, version))
-        if config.platform == "ensemble":
-            steps = [(s.model_name, int(s.model_version)) for s in config.ensemble_scheduling.step]
-            found[model] = {m: str(v) if v > 0 else _latest(registry, m) for m, v in steps}
+    with _config_reader(registry, configs) as registered_config:
+        for model, version in sorted(pins.items()):
+            if tags.get(model, {}).get("platform", "ensemble") != "ensemble":
+                continue
+            config = parse_config(registered_config(model, version))
+            if config.platform == "ensemble":
+                steps = [(s.model_name, int(s.model_version)) for s in config.ensemble_scheduling.step]
+                found[model] = {m: str(v) if v > 0 else _latest(registry, m) for m, v in steps}
     return found
 
 
-def _registered_config(registry: Registry, model: str, version: str) -> str:
-    """The ``config.pbtxt`` MLflow registered for ``model`` ``version`` (``fetch_version``: the
-    embedded registry copies it from its artifact folder without MLflow's import; an ensemble's
-    version folder holds nothing more)."""
-    with tempfile.TemporaryDirectory(prefix="mlreg-fleet-") as tmp:
-        folder = Path(tmp) / model
-        folder.mkdir()
-        registry.fetch_version(model, version, folder)
-        try:
-            return (folder / "config.pbtxt").read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RegistryError(
-                f"{model} v{version}: its registered config.pbtxt cannot be read ({exc})",
-                fix=f"check the version's artifacts in MLflow ('mlreg show {model} {version}')",
-            ) from exc
+@contextlib.contextmanager
+def _config_reader(
+    registry: Registry, configs: Mapping[str, Path] | None
+) -> Iterator[Callable[[str, str], str]]:
+    """``read(model, version)``: the ``config.pbtxt`` MLflow registered for that version.  The
+    embedded registry's file is read where it lies (``configs``' path for the model when the tag
+    lookups noted one, else ``_embedded_config``), the very file ``fetch_version`` would copy; any
+    other is fetched (``fetch_version``) into one temporary folder for the whole pin, made on the
+    first such read and removed once on leaving (a folder made and removed, and the version's
+    record read again, per ensemble cost a pin ~1.6x its time: benchmarks/fleet_pin.py)."""
+    with contextlib.ExitStack() as stack:
+        made: list[Path] = []  # the one temporary folder, once the first fetch made it
+        fetches = itertools.count()  # each fetched version in its own numbered subfolder
+
+        def read(model: str, version: str) -> str:
+            if configs is None:
+                text = _embedded_config(registry, model, version)
+            else:
+                noted = configs.get(model)
+                text = _config_text(noted, model, version) if noted is not None and noted.is_file() else None
+            if text is not None:
+                return text
+            if not made:
+                made.append(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlreg-fleet-"))))
+            folder = made[0] / str(next(fetches)) / model
+            folder.mkdir(parents=True)
+            registry.fetch_version(model, version, folder)
+            return _config_text(folder / CONFIG, model, version)
+
+        yield read
+
+
+def _embedded_record(registry: Registry, model: str, version: str) -> VersionRecord | None:
+    """The embedded registry's record of ``model`` ``version`` (its sqlite file, as the registry's
+    own ``version_tags`` and ``fetch_version`` read it first); None for any other registry."""
+    from registry.mlflow import sqlite  # lazy: sqlite3, only where a pin reads the registry
+
+    return sqlite.model_version(registry.uri, model, version)
+
+
+def _config_beside(record: VersionRecord) -> Path | None:
+    """Where the embedded registry keeps the registered ``config.pbtxt`` of ``record``'s version:
+    beside its local source (what ``fetch_version`` copies); None when its artifacts are not
+    local files."""
+    local = record.local_source()
+    return local.parent / CONFIG if local is not None else None
+
+
+def _embedded_config(registry: Registry, model: str, version: str) -> str | None:
+    """The registered config of ``model`` ``version`` read where the embedded registry keeps it
+    (``_config_beside`` its record).  None where the registry is not the embedded one or its file
+    does not lead to that config: the caller then fetches it as MLflow serves it."""
+    record = _embedded_record(registry, model, version)
+    config = _config_beside(record) if record is not None else None
+    if config is None or not config.is_file():
+        return None
+    return _config_text(config, model, version)
+
+
+def _config_text(path: Path, model: str, version: str) -> str:
+    """The registered config at ``path``, read with a bound (a config is kilobytes)."""
+    fix = f"check the version's artifacts in MLflow ('mlreg show {model} {version}')"
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(data) <= MAX_CONFIG_BYTES:
+            return data.decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RegistryError(
+            f"{model} v{version}: its registered config.pbtxt cannot be read ({exc})", fix=fix
+        ) from exc
+    raise RegistryError(
+        f"{model} v{version}: its registered config.pbtxt is over the {MAX_CONFIG_BYTES:,} bytes mlreg reads",
+        fix=fix,
+    )
 
 
 def _latest(registry: Registry, model: str) -> str:

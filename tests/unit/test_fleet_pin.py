@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mlreg import fleet
-from registry.errors import UsageError
+from registry.errors import RegistryError, UsageError
 from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
 from tests.unit.conftest import SCRATCH, Background, Finished
@@ -181,7 +181,8 @@ JUDGE = textwrap.dedent(
     settings = Settings.from_env(env={"MLREG_HOME": str(Path("home").resolve())})
     registry = MlflowRegistry(settings)
     client = registry.client
-    experiment = client.create_experiment("exports")
+    # where mlreg's embedded registry keeps artifacts (registry/mlflow/runs.py): local files
+    experiment = client.create_experiment("exports", artifact_location=settings.artifact_root.as_uri())
     for (name, version), text in configs.items():
         if version == "1":
             client.create_registered_model(name)
@@ -206,6 +207,17 @@ JUDGE = textwrap.dedent(
             found[name] = answer if name == "registered" else "passed"
         except MlregError as exc:
             found[name] = f"{type(exc).__name__}: {exc.message}"
+    for version in ("1", "2"):  # the embedded registry's file read in place: the bytes a fetch copies
+        dest = Path(f"fetched-{version}/scoring")
+        dest.mkdir(parents=True)
+        registry.fetch_version("scoring", version, dest)
+        read = fleet._embedded_config(registry, "scoring", version)
+        found[f"in place v{version}"] = read is not None and read == (dest / "config.pbtxt").read_text()
+    configs = {}  # where the tag lookups of a pin found each version's config (read there)
+    fleet._require_registered(registry, pinned, str(path), configs)
+    found["noted"] = sorted(configs)
+    fetched = Path("fetched-1/scoring/config.pbtxt").read_text()
+    found["noted as fetched"] = configs["scoring"].read_text() == fetched
     found["after"] = path.read_text()
     found["aliases"] = {m: registry.aliases(m) for m in ("scorer", "scoring")}
     found["versions"] = {m: len(registry.versions(m)) for m in ("scorer", "scoring")}
@@ -228,7 +240,55 @@ def test_sync_reads_an_ensembles_pins_from_its_registered_config_and_refuses_bef
     for name in ("dry", "real", "pin"):  # the dry run as the real run, and a pin onto that file
         assert str(found[name]).startswith(refused), found
     assert found["registered"] == {"scoring": {"scorer": "1"}}  # the config's pin, not the tag's 2
+    assert (found["in place v1"], found["in place v2"]) == (True, True)  # read in place, as fetched
+    assert (found["noted"], found["noted as fetched"]) == (["scorer", "scoring"], True)
     assert found["after"] == found["before"]  # the file as it was
     assert found["aliases"] == {"scorer": {}, "scoring": {}}  # nothing promoted
     assert found["versions"] == {"scorer": 2, "scoring": 2}  # no ensemble version registered
     assert found["store"] == []  # nothing written to the store
+
+
+def test_a_registry_without_local_files_is_read_through_one_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the registered configs are not the embedded registry's files (here the fake's
+    memory:// registry; a tracking server), they are fetched -- every one of a pin into one
+    temporary folder, removed once; a version whose tag says it is no ensemble is not read."""
+    registry = FakeRegistry(tmp_path / "registry")
+    registry.add("scorer", "1", SCORER)
+    for ensemble in ("scoring", "scoring_b"):
+        registry.add(ensemble, "1", SCORING.replace("VERSION", "1").replace('"scoring"', f'"{ensemble}"'))
+    fetched: list[Path] = []
+    fetch = registry.fetch_version
+
+    def counted(name: str, version: str, dest: Path) -> dict[str, str]:
+        fetched.append(dest)
+        return fetch(name, version, dest)
+
+    monkeypatch.setattr(registry, "fetch_version", counted)
+    pins = {"scorer": "1", "scoring": "1", "scoring_b": "1"}
+    found = fleet.registered_pins(registry, pins, {"scorer": {"platform": "python"}})  # type: ignore[arg-type]
+    assert found == {"scoring": {"scorer": "1"}, "scoring_b": {"scorer": "1"}}
+    assert [dest.name for dest in fetched] == ["scoring", "scoring_b"]  # scorer's not read
+    assert len({dest.parents[1] for dest in fetched}) == 1  # one temporary folder for the pin
+    assert not fetched[0].parents[1].exists()  # removed on leaving
+
+
+def test_a_registered_config_over_the_bound_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = FakeRegistry(tmp_path / "registry")
+    registry.add("scoring", "1", SCORING.replace("VERSION", "1"))
+    monkeypatch.setattr(fleet, "MAX_CONFIG_BYTES", 64)
+    with pytest.raises(RegistryError, match="scoring v1: its registered config.pbtxt is over the 64 bytes"):
+        fleet.registered_pins(registry, {"scoring": "1"}, {})  # type: ignore[arg-type]
+
+
+def test_a_pin_from_an_alias_with_mlflow_down_says_mlflow_is_unreachable(tmp_path: Path) -> None:
+    """No ping before a pin's lookups: the alias lookup that fails asks whether MLflow answers."""
+    registry = FakeRegistry(tmp_path / "registry")
+    registry.down = True
+    path = tmp_path / "production.toml"
+    with pytest.raises(RegistryError, match="MLflow \\(memory://registry\\) is unreachable, so the versions"):
+        fleet.pin(None, path, {}, "production", from_alias="staging", registry=registry)  # type: ignore[arg-type]
+    assert not path.exists()  # nothing written
