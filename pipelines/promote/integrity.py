@@ -70,19 +70,24 @@ def check_stored(
 ) -> Repair | None:
     """None when ``step.model``/``version`` in the store is the registered version; a Repair when
     the registry's copy is; else PromotionError naming what is wrong in both."""
+    if not digest:  # a manifest anyone can write proves nothing: only MLflow's digest does
+        why = "MLflow records no artifact_digest for it (never registered by mlreg, or not at all)"
+        store.distrust(step.model, version, why)
+        raise PromotionError(
+            f"{step.model} v{version} in {store.uri} cannot be verified: {why}, so whatever its "
+            "manifest says, nobody registered its bytes",
+            fix=f"register {step.model} v{version} with 'mlreg register', or remove its folder from the "
+            f"store's {step.model}/ and its version from {step.model}/config.pbtxt",
+            model=step.model,
+            version=version,
+        )
     try:
-        store.verify_version(step.model, version, digest or None)
+        store.verify_version(step.model, version, digest)
         return None
     except StorageError as exc:
         problem = exc.message
         if exc.context.get("entries"):  # the model folder's: no copy from the registry removes them
             raise entries_refused(store, step.model, version, exc) from exc
-    if not digest:
-        raise PromotionError(
-            f"{step.model} v{version} in {store.uri} does not verify ({problem}) and MLflow records no "
-            "digest to restore it against",
-            fix="promote a version registered with its digest, or push it again ('mlreg store push')",
-        )
     folder = workdir / f"registered-{step.model}-{version}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -135,10 +140,11 @@ def verifier(
     where the environment requires signatures, the signature)."""
 
     def verify(model: str, version: str) -> str:
+        digest = digests.get((model, version))
+        if not digest:  # only MLflow's digest says these are the registered bytes
+            return f"{model} v{version} cannot be verified: MLflow records no artifact_digest for it"
         try:
-            checked = store.verify_version(
-                model, version, digests.get((model, version)) or None, drop_bytecode=True
-            )
+            checked = store.verify_version(model, version, digest, drop_bytecode=True)
         except StorageError as exc:
             return f"{model} v{version} does not verify ({exc.message})"
         if trust is None:
@@ -459,6 +465,46 @@ def folder_problems(store: RepositoryStore, model: str, serving: Iterable[str]) 
         f"verify {model}' names each"
         for rel, why in found
     ]
+
+
+def unregistered_problems(store: RepositoryStore, registry: RegistryReader, model: str) -> list[str]:
+    """``mlreg status``: one line per version folder of ``<model>/`` whose manifest digest is not
+    the ``artifact_digest`` MLflow registered for that version (a hand-made manifest proves nothing;
+    a load naming the version is refused).  An ensemble's folder (no files) is left out; a registry
+    or store that cannot be read is said by status's other reads."""
+    found: list[str] = []
+    try:
+        versions = store.list_versions(model)
+    except StorageError:
+        return []
+    for version in versions:
+        try:
+            manifest = store.read_manifest(model, version)
+        except StorageError:
+            return found
+        if manifest is None or not manifest.files:
+            continue  # said by manifest_problems / the closed world; an ensemble's folder
+        try:
+            registered = registry.version_tags(model, version).get("artifact_digest", "")
+        except LookupError:
+            registered = ""
+        except MlregError as exc:
+            if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
+                return found  # MLflow unreachable: status says so
+            registered = ""
+        if registered != manifest.digest:
+            what = (
+                "MLflow records no artifact_digest for it"
+                if not registered
+                else "MLflow registered another digest"
+            )
+            found.append(
+                f"{model}/{version}/ has a manifest the registry does not know ({what}): nobody registered "
+                f"its bytes, and every load naming v{version} is refused; remove the folder (and "
+                f"v{version} from {model}/config.pbtxt), or 'mlreg store repair {model} {version}' for a "
+                "registered version"
+            )
+    return found
 
 
 def signature_status(store: RepositoryStore, model: str, version: str, keys: Iterable[Path]) -> str:

@@ -211,8 +211,15 @@ def _scratch_step(step: Step, store: RepositoryStore, target: Path) -> None:
     else:
         (target / step.version).mkdir()
     old = serving_reference(step)
-    if source is not None and old and not step.runtime_changes and store.read_manifest(step.model, old):
-        store.get_version(step.model, old, target / old, step.previous_digests.get(old) or None)
+    digest = step.previous_digests.get(old, "") if old else ""  # none: its bytes nobody registered
+    if (
+        source is not None
+        and old
+        and digest
+        and not step.runtime_changes
+        and store.read_manifest(step.model, old)
+    ):
+        store.get_version(step.model, old, target / old, digest)
         (target / CONFIG_NAME).write_text(desired_config(step.config_text, [old, step.version], gpu=False))
 
 

@@ -360,6 +360,8 @@ def restored(store: RepositoryStore, step: Step) -> bool:
     """``step``'s version brought back from the archive and verified against the registered digest;
     False when the archive has no whole copy, or its copy does not verify (the caller uploads the
     registry's artifacts then, which re-sends every file that differs)."""
+    if not step.digest:  # a manifest alone proves nothing: only MLflow's digest says it is registered
+        return False
     try:
         archive = archive_of(store)
     except StorageError:
@@ -367,7 +369,7 @@ def restored(store: RepositoryStore, step: Step) -> bool:
     if not bring_back(store, archive, step.model, step.version):
         return False
     try:
-        store.verify_version(step.model, step.version, step.digest or None, drop_bytecode=True)
+        store.verify_version(step.model, step.version, step.digest, drop_bytecode=True)
     except StorageError:
         return False
     return True

@@ -22,7 +22,12 @@ from typing import Any
 
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.fanout import Fleet, loading_versions, ready_versions
-from pipelines.promote.integrity import folder_problems, manifest_problems, signature_problems
+from pipelines.promote.integrity import (
+    folder_problems,
+    manifest_problems,
+    signature_problems,
+    unregistered_problems,
+)
 from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
 from pipelines.promote.ports import Registry, ServingTarget
 from pipelines.promote.replicas import Connect, hung_loads, open_control, triton_connector
@@ -546,6 +551,8 @@ def _add_store_findings(
             row.target_pins = numbered.live_pins
     row.drift.extend(manifest_problems(store, model, view.desired))  # its bytes cannot be verified
     row.drift.extend(folder_problems(store, model, view.desired))  # what no manifest covers: loads refused
+    if not view.is_ensemble:  # a manifest the registry does not know covers nothing (issue 44, F2)
+        row.drift.extend(unregistered_problems(store, registry, model))
     if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
         row.drift.extend(signature_problems(store, registry, model, view.desired, env.signatures))
         return

@@ -197,6 +197,12 @@ class RepositoryStore(ObjectStore):
         MLflow earlier in this run ("" when it did not): such a version is never loaded again."""
         return self.versions.distrusted.get((model, version), "")
 
+    def distrust(self, model: str, version: str, why: str) -> None:
+        """Note that ``model``/``version`` cannot be held to MLflow's digest (``why``): like a version
+        that did not verify, it is never named in a load config of this run (:meth:`refused`)."""
+        self.versions.distrusted[(model, version)] = why
+        self.versions.pinned.pop((model, version), None)
+
     def drop_bytecode(self, model: str, version: str) -> list[str]:
         """Remove the Python bytecode caches (``__pycache__/*.pyc``) of ``<model>/<version>/``: no
         manifest covers them, and Python runs a valid one in place of the verified ``model.py``.

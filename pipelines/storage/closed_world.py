@@ -24,8 +24,14 @@ mlreg writes exactly two kinds of entry there: the config, and version folders w
    guard a local store keeps and Python's bytecode caches under ``__pycache__/`` (dropped before
    the version loads: :func:`pipelines.storage.verify.bytecode_cache`).
 
-Labels and warmup data files are never stored by mlreg (nothing covers them), so a config that
-needs one is refused at the load (the file is missing) and a planted one is an unexpected entry.
+Labels and initial-state data files are never stored by mlreg (nothing covers them): ``validate``
+refuses a config that names one (:mod:`registry.contracts.file_refs`; core joins the name to the
+model folder as given, so ``../../etc/passwd`` would leave it), and a planted one is an unexpected
+entry.  A version folder whose manifest parses is still not *registered*: a load names only
+versions this run held to MLflow's ``artifact_digest`` (``Versions.verify_load``; an ensemble's,
+whose folders Triton never reads, excepted), and ``status`` names a manifest the registry does not
+know (:func:`pipelines.promote.integrity.unregistered_problems`).  A folder mlreg cannot list is an
+unexpected entry too (Triton, maybe another user, may read it).
 An ``EXECUTION_ENV_PATH`` must name a file of a version folder this very load verifies
 (:func:`env_problems`; ``validate`` refuses one naming a version folder the model lacks).
 
@@ -142,7 +148,10 @@ def _beside_why(rel: str) -> str:
 
 def _folder_why(top: str) -> str:
     if top.isdigit():
-        return f"is in {top}/, which Triton reads as version {int(top)} but mlreg never names so"
+        return (
+            f"is in {top}/, a version folder name with a leading zero (or not ASCII digits): Triton 2.51 "
+            f"ignores it, and mlreg never writes one (version {int(top)} is {int(top)}/)"
+        )
     return f"is in the folder {top}/, which mlreg never writes (Triton or a model may read it)"
 
 
@@ -169,6 +178,20 @@ def policy_versions(config_text: str | None, present: Iterable[str]) -> tuple[st
         return tuple(folders)
     latest = max(1, policy.latest.num_versions) if kind == "latest" else 1
     return tuple(folders[-latest:])
+
+
+def runs_no_code(config_text: str | None) -> bool:
+    """Whether a load with ``config_text`` reads nothing of its version folders (an ensemble: core
+    runs its steps from the config alone, no backend opens the folder)."""
+    if not config_text or "ensemble" not in config_text:
+        return False
+    from registry.contracts.config import parse_config  # lazy: protobuf + tritonclient's config
+
+    try:
+        config = parse_config(config_text)
+    except ContractError:
+        return False
+    return config.platform == "ensemble" and not config.backend
 
 
 # -- EXECUTION_ENV_PATH ---------------------------------------------------------------------------

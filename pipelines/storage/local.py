@@ -166,22 +166,18 @@ class LocalObjects(ObjectStore):
         folder = self._path(f"{model}/{version}")
         if not folder.is_dir() or folder.is_symlink():
             return []
-        sources = {
-            path.parent
-            for path in folder.rglob("*.py")
-            if path.is_file() and BYTECODE_GUARD not in path.relative_to(folder).parts
-        }
-        written = []
-        for parent in sorted(sources):
-            guard = parent / BYTECODE_GUARD
-            if guard.is_file() and not guard.is_symlink() and guard.stat().st_size == 0:
-                continue  # in place: nothing changes (the served folder stays as Triton read it)
-            key = guard.relative_to(self.root).as_posix()
-            if guard.is_symlink() or guard.exists():
-                self.delete(key)  # a cache folder the stub wrote before the guard, or anything else
-            self.write(key, b"")
-            written.append(key)
-        return written
+        try:  # an unlistable folder or a guard that cannot be written: a StorageError, no traceback
+            return [self._guard(parent) for parent in sorted(_source_folders(folder)) if _unguarded(parent)]
+        except OSError as exc:
+            raise _unguardable(self.uri, model, version, exc) from exc
+
+    def _guard(self, parent: Path) -> str:
+        guard = parent / BYTECODE_GUARD
+        key = guard.relative_to(self.root).as_posix()
+        if guard.is_symlink() or guard.exists():
+            self.delete(key)  # a cache folder the stub wrote before the guard, or anything else
+        self.write(key, b"")
+        return key
 
     def model_entries(self, model: str) -> tuple[dict[str, Stamp], list[tuple[str, str]]]:
         """One walk of ``<model>/`` (links never followed): :func:`walk_model`."""
@@ -360,7 +356,17 @@ def walk_model(base: Path, model: str) -> tuple[dict[str, Stamp], list[tuple[str
         return {}, [("", "is a symbolic link: the model folder lies elsewhere")]
     stamps: dict[str, Stamp] = {}
     odd: list[tuple[str, str]] = []
-    for here, dirs, files in os.walk(base):
+
+    def unlistable(exc: OSError) -> None:  # Triton (root, maybe) may read what mlreg cannot list
+        where = Path(exc.filename) if exc.filename else base
+        if isinstance(exc, FileNotFoundError):
+            return  # the model folder absent, or a folder removed meanwhile: nothing there to read
+        rel = "" if where == base else where.relative_to(base).as_posix() + "/"
+        odd.append(
+            (rel, f"cannot be listed by mlreg ({exc.strerror or exc}): Triton may read what mlreg cannot")
+        )
+
+    for here, dirs, files in os.walk(base, onerror=unlistable):
         rel = os.path.relpath(here, base).replace(os.sep, "/")
         inner = "" if rel == "." else f"{rel}/"
         if not dirs and not files and inner and not is_version_folder(rel):
@@ -377,6 +383,38 @@ def walk_model(base: Path, model: str) -> tuple[dict[str, Stamp], list[tuple[str
     return stamps, odd
 
 
+def _unguardable(uri: str, model: str, version: str, exc: OSError) -> StorageError:
+    return StorageError(
+        f"{uri}: cannot guard {model}/{version}/ against bytecode caches: {exc}",
+        fix=f"give mlreg read and write access to the store's {model}/{version}/ folder, then check "
+        f"with 'mlreg store verify {model} {version}'",
+        model=model,
+        version=version,
+    )
+
+
+def _unguarded(parent: Path) -> bool:
+    """False when ``parent``'s guard is in place: nothing changes (the served folder stays as
+    Triton read it)."""
+    guard = parent / BYTECODE_GUARD
+    return not (guard.is_file() and not guard.is_symlink() and guard.stat().st_size == 0)
+
+
+def _source_folders(folder: Path) -> set[Path]:
+    """The folders under ``folder`` holding a ``.py`` file (links never followed); OSError when one
+    cannot be listed (never skipped: its bytecode could not be guarded)."""
+
+    def refuse(exc: OSError) -> None:
+        raise exc
+
+    found = set()
+    for here, dirs, files in os.walk(folder, onerror=refuse):
+        dirs[:] = [d for d in dirs if d != BYTECODE_GUARD and not os.path.islink(os.path.join(here, d))]
+        if any(f.endswith(".py") and os.path.isfile(os.path.join(here, f)) for f in files):
+            found.add(Path(here))
+    return found
+
+
 def _link_why(path: str, model_folder: Path) -> str:
     target = Path(os.path.realpath(path))
     if target != model_folder.resolve() and not target.is_relative_to(model_folder.resolve()):
@@ -390,8 +428,13 @@ TEMP_AGE_S = 600.0  # a temporary file untouched that long, its process gone, is
 def _file_entry(path: str, key: str, rel: str, stamps: dict[str, Stamp], odd: list[tuple[str, str]]) -> None:
     try:
         st = os.lstat(path)
-    except OSError:
+    except FileNotFoundError:
         return  # gone meanwhile: missing
+    except OSError as exc:  # listed, but mlreg may not look at it: Triton may
+        odd.append(
+            (rel, f"cannot be read by mlreg ({exc.strerror or exc}): Triton may read what mlreg cannot")
+        )
+        return
     if not stat.S_ISREG(st.st_mode):
         odd.append((rel, "is not a regular file (a FIFO, socket or device): reading it may never end"))
     else:

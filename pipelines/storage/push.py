@@ -29,6 +29,7 @@ from pipelines.storage.base import (
     check_part,
     local_files,
 )
+from pipelines.storage.closed_world import is_version_folder
 from pipelines.storage.manifest import MANIFEST
 from pipelines.storage.verify import other_bytes, rewrite_refused
 from registry.contracts.links import refuse_outside_links
@@ -51,8 +52,19 @@ def model_folders(path: Path) -> list[Path]:
 
 
 def version_folders(folder: Path, versions: list[str] | None = None) -> list[str]:
-    """The version folders of the model folder ``folder`` (only ``versions``, when given)."""
-    found = sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
+    """The version folders of the model folder ``folder`` (only ``versions``, when given);
+    StorageError, before anything is sent, for a folder of digits Triton would not load as that
+    version (``09/``: Triton 2.51 ignores a version folder with a leading zero)."""
+    digits = [p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    odd = sorted(v for v in digits if not is_version_folder(v))
+    if odd:
+        raise StorageError(
+            f"'{folder}' holds version folder(s) {', '.join(f'{v}/' for v in odd)} with a leading zero "
+            "(or not ASCII digits): Triton 2.51 ignores such a folder, and mlreg never stores one "
+            "(every later load of the model would be refused); nothing was sent",
+            fix=f"rename {odd[0]}/ to {int(odd[0])}/ (one folder per version, numbered 1, 2, 3, ...)",
+        )
+    found = sorted(digits, key=int)
     return [v for v in found if versions is None or v in versions]
 
 

@@ -139,6 +139,7 @@ class Versions:
         if config is not None:  # every version the config names: the kept serving one too
             named = world.policy_versions(config, self.store.children(f"{model}/"))
             versions = tuple(sorted(set(versions) | set(named), key=int))
+        code_free = world.runs_no_code(config)  # an ensemble: Triton reads only its config
         for version in versions:
             why = self.distrusted.get((model, version))
             if why is not None:
@@ -151,6 +152,19 @@ class Versions:
                     version=version,
                 )
             expected = self.pinned.get((model, version))
+            if (
+                expected is None and not code_free
+            ):  # only MLflow's digest says these are registered bytes (F2 of 44)
+                raise StorageError(
+                    f"{self.store.uri}: {model} v{version} was not checked in this run against a digest "
+                    f"registered in MLflow; the load names it (v{', v'.join(versions)}), and a manifest "
+                    "alone proves nothing (anyone can write one): nothing is loaded",
+                    fix=f"register {model} v{version} with mlreg (its artifact_digest) or remove it from the "
+                    f"store's {model}/ folder and config.pbtxt; check with 'mlreg store verify {model} "
+                    f"{version} --registered'",
+                    model=model,
+                    version=version,
+                )
             self.verify_version(model, version, expected, drop_bytecode=True, loading=versions)
 
     def drop_bytecode(self, model: str, version: str) -> list[str]:
@@ -181,8 +195,12 @@ class Versions:
         """See ``RepositoryStore.put_version``."""
         check_part(model, "model name")
         check_part(version, "version")
-        if not version.isdigit():
-            raise StorageError(f"version '{version}' is not a number", fix="use 1, 2, 3, ...")
+        if not world.is_version_folder(version):  # 09: a folder Triton 2.51 ignores, mlreg refuses
+            raise StorageError(
+                f"version '{version}' is not a number Triton loads as that version folder "
+                "(digits without a leading zero)",
+                fix="use 1, 2, 3, ...",
+            )
         files = local_files(folder)
         if config is None and (folder.parent / CONFIG).is_file():
             config = folder.parent / CONFIG

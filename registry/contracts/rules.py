@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from registry.contracts.file_refs import check_config_files, check_parameters
 from registry.contracts.findings import Finding, error, warning
 from registry.contracts.groups import check_instance_groups, check_runtime
 from registry.contracts.io_rules import check_io
@@ -76,7 +77,6 @@ def check_name(entry: ModelEntry) -> Iterator[Finding]:
 PATHS_RULE = "paths"  # a file name leaving the version folder: refused even at register
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"  # Triton's stand-in for the model's folder in parameters
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-PATH_PARAMETER = re.compile(r"PATH|FILE|DIR", re.IGNORECASE)
 
 
 def check_paths(entry: ModelEntry) -> Iterator[Finding]:
@@ -87,8 +87,12 @@ def check_paths(entry: ModelEntry) -> Iterator[Finding]:
     assert config is not None
     yield from _backend_paths(entry.name, config)
     yield from _filename_paths(entry.name, config)
-    yield from _parameter_paths(entry.name, config)
-    yield from _env_version(entry)
+    yield from check_config_files(entry.name, config)
+    backend = config.backend or PLATFORM_TYPE.get(config.platform, config.platform)
+    yield from check_parameters(entry.name, backend, config)
+    if backend == "python":
+        yield from _parameter_paths(entry.name, config)
+        yield from _env_version(entry)
 
 
 def _not_plain(name: str) -> bool:
@@ -136,10 +140,11 @@ def _filename_paths(model: str, config: Any) -> Iterator[Finding]:
 
 
 def _parameter_paths(model: str, config: Any) -> Iterator[Finding]:
-    """String parameters naming a path (EXECUTION_ENV_PATH: in a version folder)."""
+    """The python backend's EXECUTION_ENV_PATH: in a version folder (every other parameter naming
+    a file is refused by :func:`registry.contracts.file_refs.check_parameters`)."""
     for key, parameter in sorted(config.parameters.items()):
         value = parameter.string_value
-        if not value or not (key == "EXECUTION_ENV_PATH" or PATH_PARAMETER.search(key)):
+        if not value or key != "EXECUTION_ENV_PATH":
             continue
         if _parameter_escapes(key, value):
             yield error(
