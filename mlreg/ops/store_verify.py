@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mlreg.ops.context import open_registry, open_store
 from mlreg.ops.store_ls import archive_of
 from pipelines.promote.integrity import registered_signature, signature_status
-from pipelines.storage.verify import ENTRY, SIGNATURE_FILE, FileProblem, Verification
+from pipelines.storage.verify import ENTRY, MANIFEST, SIGNATURE_FILE, FileProblem, Verification
 from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
@@ -198,11 +198,17 @@ def verify_registered(
         if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
             raise
         check = store.check_version(model, version, None, hashing)
-        check.note = "not a version registered in MLflow: compared with its manifest only"
+        check.problems.insert(0, FileProblem(MANIFEST, "digest", "a version registered in MLflow", "none"))
+        check.note = (
+            "not a version registered in MLflow: a manifest alone proves nothing, a load naming it is refused"
+        )
         return check
     check = store.check_version(model, version, tags.get(DIGEST_TAG) or None, hashing)
-    if not tags.get(DIGEST_TAG):
-        check.note = "MLflow records no digest for it: its manifest not compared"
+    if not tags.get(DIGEST_TAG):  # issue 44: a load naming it is refused, so say so here too
+        check.problems.insert(0, FileProblem(MANIFEST, "digest", "an artifact_digest in MLflow", "none"))
+        check.note = (
+            "MLflow records no digest for it: its bytes cannot be verified, a load naming it is refused"
+        )
     check.problems.extend(_signature_problems(registry, store, model, version))
     return check
 

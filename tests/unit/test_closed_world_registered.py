@@ -316,3 +316,17 @@ def test_retentions_bring_back_refuses_a_version_whose_model_folder_holds_a_plan
         retention.restored(open_store(world.store_root), Step("net", "1", Role.MEMBER, None, "", None, []))
         is False
     )
+
+
+def test_store_verify_registered_names_a_version_without_mlflows_digest(tmp_path: Path) -> None:
+    from mlreg.ops.store_verify import verify_registered
+
+    world = _deployed(tmp_path)
+    _plant_foreign(world)
+    store = open_store(world.store_root)
+    world.registry.tags[("net", "77")] = {}  # known to MLflow, with no digest
+    check = verify_registered(world.registry, store, "net", "77")  # type: ignore[arg-type]
+    assert not check.ok
+    assert [p.problem for p in check.problems] == ["digest"]
+    assert "a load naming it is refused" in check.note
+    assert verify_registered(world.registry, store, "net", "1").ok  # type: ignore[arg-type]
