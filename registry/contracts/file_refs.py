@@ -102,28 +102,40 @@ def _named_file(model: str, what: str, reads: str, fix: str, value: str) -> Find
 
 
 def check_parameters(model: str, backend: str, config: Any) -> Iterator[Finding]:
-    """Parameters naming a file where ``PATH_KEYS`` does not allow one (see the module doc)."""
+    """Parameters naming a file where ``PATH_KEYS`` does not allow one (see the module doc): the
+    model's own and its execution accelerators' (``trt_engine_cache_path`` of onnxruntime's
+    TensorRT provider)."""
     allowed = PATH_KEYS.get(backend, frozenset())
-    for key, parameter in sorted(config.parameters.items()):
-        value = parameter.string_value
-        if key in allowed:
-            continue  # EXECUTION_ENV_PATH of the python backend: rules._parameter_paths/_env_version
-        if key in KNOWN_PATH_KEYS or key.lower() in {k.lower() for k in KNOWN_PATH_KEYS}:
-            why = f"is a file the {backend or 'model'}'s backend reads or loads"
-        elif key == ENV_KEY:
-            why = f"is read only by the python backend (this model's backend: {backend or 'none'})"
-        elif value and looks_like_path(value):
-            leaves = value.startswith(("/", "~", "\\")) or ".." in re.split(r"[/\\]", value)
-            why = "leaves the version folder" if leaves else "names a file"
-        else:
-            continue
-        yield error(
-            RULE,
-            model,
-            f"parameter {key} '{value}' {why}: Triton would read a file mlreg never verified (only the "
-            f"python backend's {ENV_KEY} may name a file, in the version folder)",
-            f"remove parameter {key}, or give it a value that names no file; files the model needs "
-            "belong in its version folder, opened by the model itself",
-            origin="mlreg",
-            actual=value,
-        )
+    named = [(f"parameter {k}", k, p.string_value) for k, p in sorted(config.parameters.items())]
+    accelerators = config.optimization.execution_accelerators
+    for kind in ("gpu_execution_accelerator", "cpu_execution_accelerator"):
+        for accelerator in getattr(accelerators, kind):
+            named += [
+                (f"{kind} '{accelerator.name}' parameter {k}", k, v)
+                for k, v in sorted(accelerator.parameters.items())
+            ]
+    for where, key, value in named:
+        why = _why(backend, key, value) if key not in allowed or not where.startswith("parameter ") else ""
+        if why:  # EXECUTION_ENV_PATH of the python backend: rules._parameter_paths/_env_version
+            yield error(
+                RULE,
+                model,
+                f"{where} '{value}' {why}: Triton would read a file mlreg never verified (only the "
+                f"python backend's {ENV_KEY} may name a file, in the version folder)",
+                f"remove {where}, or give it a value that names no file; files the model needs "
+                "belong in its version folder, opened by the model itself",
+                origin="mlreg",
+                actual=value,
+            )
+
+
+def _why(backend: str, key: str, value: str) -> str:
+    """Why parameter ``key`` = ``value`` names a file mlreg cannot cover ("" when it does not)."""
+    if key.lower() in {k.lower() for k in KNOWN_PATH_KEYS}:
+        return f"is a file the {backend or 'model'}'s backend reads or loads"
+    if key == ENV_KEY:
+        return f"is read only by the python backend (this model's backend: {backend or 'none'})"
+    if value and looks_like_path(value):
+        leaves = value.startswith(("/", "~", "\\")) or ".." in re.split(r"[/\\]", value)
+        return "leaves the version folder" if leaves else "names a file"
+    return ""

@@ -205,6 +205,13 @@ def test_an_initial_state_data_file_is_refused_at_validate(tmp_path: Path) -> No
             'parameters { key: "LIB" value { string_value: "libevil.so" } }',
             "parameter LIB 'libevil.so' names a file",
         ),
+        (  # an execution accelerator's parameter: onnxruntime's TensorRT provider reads its cache there
+            "table_data_model",
+            'platform: "onnxruntime_onnx"',
+            'optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" '
+            'parameters { key: "trt_engine_cache_path" value: "/tmp/cache" } } ] } }',
+            "gpu_execution_accelerator 'tensorrt' parameter trt_engine_cache_path '/tmp/cache' is a file",
+        ),
         (  # EXECUTION_ENV_PATH is the python backend's: elsewhere it names a file nobody reads
             "image_model",
             'default_model_filename: "model"',
