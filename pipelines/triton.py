@@ -26,11 +26,26 @@ from registry.errors import TritonError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# the id of every request mlreg sends: a secret nonce of this process (one promotion), never a
-# guessable prefix -- a client sending ``mlreg-<n>`` ids is an ordinary client to the shadow replay
-# (pipelines/promote/shadow.py skips only the ids carrying this nonce)
-REQUEST_PREFIX = f"mlreg-{secrets.token_hex(16)}-"
 _REQUESTS = itertools.count(1)
+
+
+class RequestNonce:
+    """The secret that starts the id of every request one promotion sends (made when it starts:
+    ``Promotion.run``), never a guessable prefix -- a client sending ``mlreg-<n>`` ids is an
+    ordinary client to the shadow replay, which leaves out only the ids carrying this promotion's
+    nonce (pipelines/promote/capture.read_captures).  Never shown: not in ``repr``, logs or runs."""
+
+    def __init__(self) -> None:
+        self.prefix = f"mlreg-{secrets.token_hex(16)}-"
+
+    def __repr__(self) -> str:
+        return "RequestNonce(<secret>)"
+
+    def request_id(self) -> str:
+        return f"{self.prefix}{next(_REQUESTS)}"
+
+
+_UNBOUND = RequestNonce()  # requests sent outside a promotion (``mlreg predict``): their own secret
 RETRY_STATUSES = {"StatusCode.UNAVAILABLE"}
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
 # gRPC's UNAVAILABLE for a TCP connection the host refused: nothing listens there.  Final, not
@@ -53,6 +68,7 @@ class TritonControl:
         self.timeout = timeout
         self.load_timeout = load_timeout
         self.key = key if key is not None else control_key()
+        self.nonce: RequestNonce | None = None  # the promotion's, set by whoever connects for it
         self._headers = self.key.grpc_headers() if self.key else None
         self._grpc = grpcclient
         self._client = grpcclient.InferenceServerClient(url=url)
@@ -331,7 +347,7 @@ class TritonControl:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         requested = [self._grpc.InferRequestedOutput(name) for name in outputs]
-        request_id = f"{REQUEST_PREFIX}{next(_REQUESTS)}"  # mlreg's own: never read back as a capture
+        request_id = (self.nonce or _UNBOUND).request_id()  # mlreg's own: never read back as a capture
         result = self._call(
             "inference",
             lambda: self._client.infer(

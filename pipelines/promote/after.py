@@ -1,8 +1,9 @@
 """What runs after the ``record`` stage: best effort, bounded, and never a false failure.
 
 Once ``record`` has moved the alias the promotion *has happened*: a CI retry or a rollback acting
-on a non-zero exit would act on a false failure.  So every later step (capture armed again, the
-captured files pruned) runs here:
+on a non-zero exit would act on a false failure.  So every later step (``retain``: the versions
+beyond the window archived, under ``RETAIN_S``; then capture armed again, the captured files pruned)
+runs here:
 
 - in a worker thread, under one deadline (``AFTER_RECORD_S``): a replica or an S3 prefix that
   freezes costs at most that long, then the step is left behind (a daemon thread: it never holds
@@ -12,7 +13,8 @@ captured files pruned) runs here:
   the note "promoted; capture arming interrupted on R".
 
 Nothing here changes what serves: a step left behind only leaves capture off on a replica (the
-next replay has less to read) or files unpruned (the next promotion prunes them).
+next replay has less to read), files unpruned (the next promotion prunes them) or a version not yet
+archived (a move cut short is finished by the next promotion or ``mlreg store gc``: retention.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-AFTER_RECORD_S = 30.0  # all after-record steps together
+AFTER_RECORD_S = 30.0  # capture arming and pruning together
+RETAIN_S = 300.0  # retention after record: it copies versions to the archive (an S3 copy of GBs)
 POLL_S = 0.05  # how often the waiting main thread looks at the worker and the signals
 NOTED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -43,6 +46,14 @@ def best_effort(
 ) -> list[str]:
     """``step``'s notes; or, when it failed, outlived ``deadline_s`` or a signal came, one note
     saying so (and where it was).  Never raises for the step's sake."""
+    return bounded(what, step, deadline_s)[0]
+
+
+def bounded(
+    what: str, step: Callable[[Progress], list[str]], deadline_s: float = AFTER_RECORD_S
+) -> tuple[list[str], str]:
+    """``best_effort``'s notes, and the name of the signal that ended the wait ("" when none came):
+    the caller skips what is left after a signal."""
     progress = Progress()
     outcome: dict[str, object] = {}
 
@@ -60,13 +71,13 @@ def best_effort(
             worker.join(POLL_S)
     where = f" on {progress.at}" if progress.at else ""
     if signals:
-        return [f"promoted; {what} interrupted{where} ({signals[0]})"]
+        return [f"promoted; {what} interrupted{where} ({signals[0]})"], signals[0]
     if worker.is_alive():
-        return [f"promoted; {what} did not finish within {deadline_s:g} s{where}: left behind"]
+        return [f"promoted; {what} did not finish within {deadline_s:g} s{where}: left behind"], ""
     if "error" in outcome:
-        return [f"promoted; {what} failed{where}: {outcome['error']}"]
+        return [f"promoted; {what} failed{where}: {outcome['error']}"], ""
     notes = outcome.get("notes")
-    return list(notes) if isinstance(notes, list) else []
+    return (list(notes) if isinstance(notes, list) else []), ""
 
 
 class _SignalsNoted:

@@ -38,6 +38,7 @@ and the MLflow run -- otherwise only their figures do.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -45,11 +46,14 @@ import os
 import random
 import re
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from pipelines.promote.traces import (
     DTYPES,
@@ -104,6 +108,9 @@ class Shadow:
     min_captures: int = 0  # honest captures a verdict needs (0: min(MIN_CAPTURES, count))
     record_tensors: bool = False  # the first divergent requests' tensors into reports and MLflow
     stack: str = ""  # the local stack's state folder: its replicas' trace folders are the captures
+    # this promotion's own request ids start with this secret (pipelines/triton.RequestNonce): set
+    # when the promotion starts, never shown (repr) nor recorded
+    own: str = field(default="", repr=False, compare=False)
 
     def captures_model(self, model: str) -> bool:
         return model not in self.exclude
@@ -369,14 +376,16 @@ class Captures:
         except OSError as exc:
             raise StorageError(f"the captures folder {root} cannot be listed: {exc}") from exc
 
-    def read(self, name: str) -> bytes:
-        """The file's bytes; OSError when it is gone (rotated or pruned since it was listed)."""
+    def read(self, name: str, limit: int = MAX_FILE_BYTES) -> bytes:
+        """The file's bytes, at most ``limit`` + 1 (more: over its bound); OSError when it is gone
+        (rotated or pruned since it was listed) or is no longer a regular file: a local name is
+        opened without following a link or blocking on a FIFO, and judged by what was opened."""
         if self._s3 is not None:
             data = self._s3.read(name)
             if data is None:
                 raise FileNotFoundError(f"{self.location}: '{name}' is gone")
             return data
-        return (Path(self.location) / name).read_bytes()
+        return read_regular(Path(self.location) / name, limit)
 
     def delete(self, names: Sequence[str]) -> None:
         """Delete the trace files ``names`` (any other name is left: never anything else)."""
@@ -422,6 +431,26 @@ def _scan(folder: Path, prefix: str, depth: int) -> list[TraceFile]:
     return found
 
 
+def read_regular(path: Path, limit: int) -> bytes:
+    """At most ``limit`` + 1 bytes of the regular file ``path``: opened with ``O_NOFOLLOW |
+    O_NONBLOCK`` (a symlink or a FIFO swapped in after the listing is refused, never followed nor
+    waited on) and checked with ``fstat`` on the descriptor read; OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def is_trace_name(name: str) -> bool:
     """``x.json.<n>`` (what ``--trace-config triton,file=x.json`` writes with log_frequency 1),
     directly under the location or in one replica folder below it."""
@@ -445,17 +474,22 @@ def read_captures(
     version: str,
     limit: int,
     deadline_s: float = READ_DEADLINE_S,
+    own: str = "",
 ) -> Reading:
     """Up to ``limit`` honest captured requests of ``model`` ``version`` under ``location`` (one or
-    several folders or prefixes), sampled across its files -- replica by replica in turn, each
-    replica's files in an order no client can predict -- and returned in capture order.  A file
-    that does not name the model is not parsed; a forged one is counted (``traces.py``).  A
-    StorageError when a location cannot be listed, or the reading outlives ``deadline_s``."""
+    several folders or prefixes) with *distinct* inputs, sampled across its files -- replica by
+    replica in turn, each replica's files in an order no client can predict -- and returned in
+    capture order.  Each distinct input is judged once (one client repeating a request cannot
+    fill the sample: ``Reading.captured`` counts them all); request ids starting with ``own``
+    (this promotion's secret nonce) are mlreg's own, left out.  A file that does not name the
+    model is not parsed; a forged one is counted (``traces.py``).  A StorageError when a location
+    cannot be listed, or the reading outlives ``deadline_s``."""
     reading = Reading()
     locations = [location] if isinstance(location, str) else list(location)
     began = time.monotonic()
     named = json.dumps(model).encode()  # the name, quoted: a file without it holds none of its traces
     listed = [(captures, f) for captures in map(Captures, filter(None, locations)) for f in captures.files()]
+    seen: set[bytes] = set()
     for captures, file in _sampled(listed):
         if len(reading.requests) >= limit:
             break
@@ -466,10 +500,28 @@ def read_captures(
                 fix="check the captures location (or promote with --skip-shadow, said in the report)",
             )
         found = _read_file(captures, file, named, reading)
-        if found is not None and found.model == model and found.version == version:
+        if found is None or found.model != model or found.version != version:
+            continue
+        if own and found.request_id.startswith(own):
+            reading.own += 1
+            continue
+        reading.captured += 1
+        digest = input_digest(found)
+        if digest not in seen:
+            seen.add(digest)
             reading.requests.append(found)
     reading.requests.sort(key=lambda r: (r.when, _order(r.source.partition("#")[0])))
     return reading
+
+
+def input_digest(request: Captured) -> bytes:
+    """What identifies a request's inputs: each tensor's name, type, shape and bytes."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(request.inputs):
+        array = request.inputs[name]
+        digest.update(f"{len(name)}:{name}:{array.dtype.str}:{array.shape}:".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.digest()
 
 
 def _sampled(listed: list[tuple[Captures, TraceFile]]) -> list[tuple[Captures, TraceFile]]:
@@ -498,6 +550,9 @@ def _read_file(captures: Captures, file: TraceFile, named: bytes, reading: Readi
         data = captures.read(file.name)
     except (OSError, MlregError):
         reading.skip(NOT_JSON)
+        return None
+    if len(data) > MAX_FILE_BYTES:  # grown or swapped since it was listed
+        reading.skip(f"trace file over {MAX_FILE_BYTES >> 20} MiB: not read")
         return None
     if named not in data:
         return None

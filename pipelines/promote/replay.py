@@ -22,7 +22,9 @@ floor itself is over ``max_floor`` (the serving version disagrees with itself to
 comparison to mean something: raise the tolerance, or skip the check).  Triton writes float data
 with six significant digits: the tolerance must stay above that (1e-3 by default).
 
-Fewer requests judged than the environment's ``min_captures`` -- none captured, the captures
+Each distinct input is judged once (``N captures, D distinct`` in the result's line: one client
+repeating a request cannot fill the sample).  Fewer requests judged than the environment's
+``min_captures`` -- none captured, the captures
 forged, the canary gone mid-replay so that neither side answered -- is **inconclusive**: refused,
 never a pass (``--skip-shadow`` says, in the report, that the check was not run).  Forged trace
 records (``traces.py``) are never judged and always named in the result's line.
@@ -104,6 +106,8 @@ class ShadowResult:
     skipped: dict[str, int] = field(default_factory=dict)  # captures not replayed, by why
     forged: int = 0  # records from request ids that broke Triton's trace format (never judged)
     forged_files: int = 0
+    captures: int = 0  # honest captures read of the serving version...
+    distinct: int = 0  # ...of which distinct inputs (each judged once)
     seconds: float = 0.0
     pairs_ms: list[list[float]] = field(default_factory=list)  # per request: [candidate, serving]
 
@@ -122,11 +126,12 @@ class ShadowResult:
             if self.forged
             else ""
         )
+        read = f" ({self.captures} captures, {self.distinct} distinct)" if self.captures else ""
         if not self.judged:
-            return f"{self.model}: shadow replay {self.verdict}{forged}"
+            return f"{self.model}: shadow replay {self.verdict}{read}{forged}"
         return (
             f"{self.model} v{self.candidate} diverged from serving v{self.serving} on {self.diverged} of "
-            f"{self.judged} captured requests ({self.divergence:.1%}); noise floor {self.floor} "
+            f"{self.judged} captured requests ({self.divergence:.1%}){read}; noise floor {self.floor} "
             f"({self.floor_rate:.1%}): {self.verdict}{forged}"
         )
 

@@ -27,9 +27,10 @@ waiting, and reads the configs it plans from under those locks.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from pipelines.promote import retention
-from pipelines.promote.after import best_effort
+from pipelines.promote.after import RETAIN_S, Progress, best_effort, bounded
 from pipelines.promote.context import Deployer, OnStage, Options, PromotionContext, Stage
 from pipelines.promote.deploy import AllAtOnce
 from pipelines.promote.environments import Environment, resolve_targets
@@ -39,7 +40,7 @@ from pipelines.promote.gates import choose_gate
 from pipelines.promote.headroom import Headroom, registry_footprints, replica_versions
 from pipelines.promote.plan import Plan
 from pipelines.promote.policy import check_fleet
-from pipelines.promote.ports import Registry, ScratchServers
+from pipelines.promote.ports import Registry, ScratchServers, ServingTarget
 from pipelines.promote.replicas import Connect, reachable, triton_connector
 from pipelines.promote.reports import PromotionFailed, PromotionResult, StageRecord
 from pipelines.promote.shadow import capture_after
@@ -56,6 +57,7 @@ from pipelines.promote.stages import (
     wants_onnx,
 )
 from pipelines.storage import open_store
+from pipelines.triton import RequestNonce
 from registry.errors import Terminated
 from registry.settings import Settings
 
@@ -94,8 +96,43 @@ def pipeline(ctx: PromotionContext) -> list[Stage]:
         Stage("verify", verify, live=True),
         Stage("finalize", deployer.finalize, live=True, by=deployer.name),
         Stage("record", record, live=True),
-        Stage("retain", retention.retain, live=True, when=retention.pending, undone=False),
+        Stage("retain", bounded_retain, live=True, when=retention.pending, undone=False),
     ]
+
+
+def bounded_retain(ctx: PromotionContext) -> retention.RetentionReport:
+    """``retention.retain`` after record, best effort and bounded like capture arming (after.py):
+    past ``RETAIN_S`` it is left behind (noted: "promoted; retention did not finish within ..."),
+    and a signal ends the wait: ``Terminated`` is raised here, *after* record, which the runner
+    turns into the real outcome (promoted, exit 0, "promoted; retain interrupted (SIGTERM)", the
+    rest of the after-record steps skipped)."""
+    found: list[retention.RetentionReport] = []
+
+    def step(progress: Progress) -> list[str]:
+        progress(ctx.env.store)
+        found.append(retention.retain(ctx))
+        return []
+
+    notes, signal_name = bounded("retention", step, RETAIN_S)
+    if signal_name:  # the runner notes "promoted; retain interrupted (SIG...)", skips what is left
+        raise Terminated(signal_name)
+    report = found[0] if found else retention.RetentionReport(ctx.env.keep)
+    report.failed.extend(notes)
+    ctx.result.notes.extend(notes)
+    return report
+
+
+def _stamped(connect: Connect, nonce: RequestNonce) -> Connect:
+    """``connect`` whose targets send their requests with ``nonce`` (a Triton client has one;
+    another target, such as a test's stand-in, is left as it is)."""
+
+    def stamped(url: str) -> ServingTarget:
+        target = connect(url)
+        if hasattr(target, "nonce"):
+            setattr(target, "nonce", nonce)  # noqa: B010  # ServingTarget does not declare it
+        return target
+
+    return stamped
 
 
 class Promotion:
@@ -115,7 +152,8 @@ class Promotion:
         self.interrupted = ""  # a signal that came after record: the rest of the after-record steps skipped
 
     def run(self, model: str, version: str) -> PromotionResult:
-        ctx = self.ctx = self._context(model, version)
+        # this promotion's own requests carry a secret made now: the replay leaves out only those
+        ctx = self.ctx = self._context(model, version, RequestNonce())
         try:
             self._sequence(ctx, [Stage("resolve", resolve)], planning=True)
             ctx.deployer, ctx.gate = choose_deployer(self.env), choose_gate(ctx)
@@ -136,24 +174,28 @@ class Promotion:
         ends it with a note, never with a false failure of what was promoted."""
         if self.env.shadow is None:
             return []
-        targets, connect, steps, shadow = ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, self.env.shadow
+        targets, connect, steps, shadow = ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, ctx.env.shadow
         return best_effort(
             "capture arming", lambda progress: capture_after(targets, connect, steps, shadow, progress)
         )
 
-    def _context(self, model: str, version: str) -> PromotionContext:
-        targets = resolve_targets(self.settings, self.env)
-        policy, skipped = self.env.policy, dict[str, str]()
-        store = open_store(self.env.store, digest_cache=self.settings.digest_cache)
-        load_timeout = self.env.load_deadline(self.settings)
-        fleet = Fleet(store, targets, self.connect, load_timeout, policy.max_parallel if policy else 1)
+    def _context(self, model: str, version: str, nonce: RequestNonce) -> PromotionContext:
+        env = self.env
+        if env.shadow is not None:  # the replay knows the nonce; no report or run records it
+            env = replace(env, shadow=replace(env.shadow, own=nonce.prefix))
+        targets = resolve_targets(self.settings, env)
+        policy, skipped = env.policy, dict[str, str]()
+        store = open_store(env.store, digest_cache=self.settings.digest_cache)
+        load_timeout = env.load_deadline(self.settings)
+        connect = _stamped(self.connect, nonce)
+        fleet = Fleet(store, targets, connect, load_timeout, policy.max_parallel if policy else 1)
         if policy is not None:  # the live check's connections are the promotion's
-            check_fleet(policy, len(targets), f"environment '{self.env.name}'")
+            check_fleet(policy, len(targets), f"environment '{env.name}'")
             targets, skipped = reachable(targets, fleet.target, policy.max_unavailable, keep_open=True)
             fleet.only(targets)
-        plan = Plan(self.env, targets, model, version, skipped=skipped)
+        plan = Plan(env, targets, model, version, skipped=skipped)
         ctx = PromotionContext(
-            self.settings, self.env, self.registry, self.options, store, fleet, plan, self.scratch
+            self.settings, env, self.registry, self.options, store, fleet, plan, self.scratch
         )
         ctx.result.headroom = fleet.guard = self._headroom(fleet)
         return ctx

@@ -8,8 +8,8 @@
   or an allowed breaking change of the contract (production's requests no longer fit).
 - Everywhere else it never skips silently: captures that cannot be read (a location unreachable or
   frozen: bounded by ``capture.READ_DEADLINE_S``) refuse, named; fewer honest captures than
-  ``min_captures`` (forged files and mlreg's own requests of this promotion do not count) are
-  *inconclusive*, which refuses too.
+  ``min_captures`` *distinct inputs* (forged files and mlreg's own requests of this promotion do
+  not count; a request repeated counts once) are *inconclusive*, which refuses too.
 - After a promotion that succeeded, capture is switched on again on every replica for the models
   it moved (Triton's ``trace_count`` restarts) and the files are pruned to their bounds
   (``capture_after``: best effort, bounded by ``after.py``).
@@ -30,7 +30,6 @@ import numpy as np
 from pipelines.promote.capture import Shadow, arm, prune_all, read_captures
 from pipelines.promote.plan import Step
 from pipelines.promote.replay import ShadowResult, inconclusive, kind_of, refused, replay, skipped
-from pipelines.triton import REQUEST_PREFIX  # this promotion's own requests (a secret nonce)
 from registry.contracts.config import parse_config
 from registry.contracts.diff import diff_configs
 from registry.errors import ContractError, MlregError
@@ -67,13 +66,14 @@ def replay_step(
         return skipped(model, version, reference, why), []
     assert shadow is not None
     try:
-        reading = read_captures(shadow.locations(), model, reference, shadow.count)
+        reading = read_captures(shadow.locations(), model, reference, shadow.count, own=shadow.own)
     except MlregError as exc:  # fails closed: a check the environment asks for is never skipped
         why = f"the captures under {shadow.where()} could not be read: {exc.message}"
         return refused(model, version, reference, why), []
-    requests = [r for r in reading.requests if not r.request_id.startswith(REQUEST_PREFIX)]
+    requests = reading.requests  # one per distinct input, this promotion's own left out
     result = ShadowResult(model, version, reference, skipped=dict(reading.skipped))
     result.forged, result.forged_files = reading.forged, reading.forged_files
+    result.captures, result.distinct = reading.captured, len(requests)
     if len(requests) < shadow.least:
         result.captured = len(requests)
         return inconclusive(result, shadow, len(requests)), []

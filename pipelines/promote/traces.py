@@ -15,12 +15,21 @@ Triton writes the client's ``request_id`` *unescaped*: an id such as ``x"},{"id"
 the string and adds records of the client's choosing.  So a file is judged by its structure before
 anything in it is trusted -- an allow-list of what Triton writes for one request:
 
-- exactly one trace id, and exactly one record naming the model (with its version and, when the
-  client sent one, the request id);
+- exactly one record naming the model per trace id (with its version and, when the client sent
+  one, the request id), and one trace id per file but for an ensemble's family (below);
 - timestamp records of one stamp each, named by an activity Triton 2.51 has, each at most once;
 - tensor records of the three tensor activities, each tensor name at most once per activity (a
   second input or output set is never Triton's);
-- no other key anywhere.
+- no other key anywhere, and no key written twice in one record (``json.loads`` would keep the
+  last: an id adding ``"model_name":...`` again would relabel another model's request);
+- a request to an *armed ensemble* is one family in one file (seen on the wheel's 2.51:
+  ``tests/fixtures/ensemble_trace.json``): the request sent (the root, no ``parent_id``) and a
+  child trace per step, whose model record adds ``"parent_id":<its parent's id>`` (numbered after
+  the parent) with the same request id.  Each trace is held to the rules above; only the root is
+  replayed -- a child is checked and counted, never judged (a client's id can forge a whole
+  child that fits these rules: nothing tells it from Triton's own).  mlreg arms models, not ensembles:
+  then a request through an ensemble writes no file at all (seen on 2.51), one sent to the model
+  its own.
 
 A file that breaks it is **forged**: none of its records is replayed, and each record that broke
 it (another trace id, a repeated tensor or stamp, a record of an unknown shape) is counted.  JSON
@@ -39,7 +48,7 @@ from typing import Any
 import numpy as np
 
 MAX_TENSOR_BYTES = 64 << 20  # a captured tensor larger than this is not replayed
-OPEN_KEYS = frozenset({"id", "model_name", "model_version", "request_id"})
+OPEN_KEYS = frozenset({"id", "model_name", "model_version", "request_id", "parent_id"})
 TENSOR_FIELDS = frozenset({"name", "data", "shape", "dtype"})
 INPUT, OUTPUT = "TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"
 SIDES = (INPUT, OUTPUT)
@@ -53,6 +62,8 @@ STAMPS = frozenset(
 )
 NOT_JSON = "trace file not readable as Triton's JSON (being written, or not a trace)"
 TOO_DEEP = "trace file nested deeper than the parser's bound (Triton writes 4 levels): not parsed"
+DUPLICATE_KEY = "trace file with a key written twice in one record (Triton never does): not parsed"
+CHILDREN = "child traces of an ensemble request (checked, not replayed: the request sent is)"
 FORGED = "forged records from request ids that break Triton's trace format"
 NOT_REPLAYABLE = "a tensor that is not replayable (BYTES, or data not matching its shape)"
 NOT_WHOLE = "trace file without a whole request (no model record, or no inputs or outputs)"
@@ -93,6 +104,8 @@ class Reading:
     files: int = 0  # files parsed
     forged: int = 0  # records that broke Triton's format (in ``forged_files`` files)
     forged_files: int = 0
+    captured: int = 0  # honest captures of the version read (``requests``: one per distinct input)
+    own: int = 0  # this promotion's own requests, left out
 
     def skip(self, why: str, count: int = 1) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + count
@@ -103,15 +116,33 @@ class Reading:
         self.skip(FORGED, records)
 
 
+class _DuplicateKey(ValueError):
+    """A key written twice in one object: json.loads would keep the last silently."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: an object whose keys are each written once (Triton writes no key
+    twice; a request id that adds ``"model_name":...`` again would relabel the capture)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _DuplicateKey
+    return found
+
+
 def load_records(data: bytes, reading: Reading) -> list[Any] | None:
     """The file's records; None (and why, counted) when it is not Triton's JSON list.  The parser's
     depth is bounded by the interpreter's recursion limit (a ``RecursionError`` is caught here, never
-    raised): Triton nests 4 levels, so anything deeper came from a request id and is forged."""
+    raised): Triton nests 4 levels, so anything deeper came from a request id and is forged.  A key
+    written twice in one record is forged too (``_unique``)."""
     try:
-        records = json.loads(data)
+        records = json.loads(data, object_pairs_hook=_unique)
     except RecursionError:
         reading.forgery(1)
         reading.skip(TOO_DEEP)
+        return None
+    except _DuplicateKey:
+        reading.forgery(1)
+        reading.skip(DUPLICATE_KEY)
         return None
     except ValueError:
         reading.skip(NOT_JSON)
@@ -123,70 +154,107 @@ def load_records(data: bytes, reading: Reading) -> list[Any] | None:
 
 
 def parse_trace(records: list[Any], source: str, reading: Reading) -> Captured | None:
-    """The one request a file of one trace holds; None when the file is forged (counted), holds a
-    tensor that cannot be replayed, or no whole request (each counted under its reason)."""
-    check = _Check()
-    for record in records:
-        check.take(record)
-    if check.bad:
-        reading.forgery(check.bad)
+    """The one request a file holds -- its root trace's; None when the file is forged (counted),
+    holds a tensor that cannot be replayed, or no whole request (each counted under its reason).
+    The child traces of an ensemble request (``parent_id``) are checked, never replayed."""
+    traces, bad, first = _grouped(records)
+    root, family_bad = _family(traces, first)
+    if bad + family_bad:
+        reading.forgery(bad + family_bad)
         return None
-    if check.request is None or not check.request.inputs or not check.request.outputs:
-        if check.request is not None or check.broken:
+    if len(traces) > 1:
+        reading.skip(CHILDREN, len(traces) - 1)
+    check = traces[root] if root is not None else None
+    if check is None:
+        return None
+    return _request_of(check, source, reading)
+
+
+def _grouped(records: list[Any]) -> tuple[dict[int, _Check], int, int | None]:
+    """Each trace id's records checked; the records that fit no trace; the file's first trace id."""
+    traces: dict[int, _Check] = {}
+    bad, first = 0, None
+    for record in records:
+        trace_id = record.get("id") if type(record) is dict else None
+        if type(trace_id) is not int:
+            bad += 1
+            continue
+        first = trace_id if first is None else first
+        bad += not traces.setdefault(trace_id, _Check(trace_id)).take(record)
+    return traces, bad, first
+
+
+def _request_of(check: _Check, source: str, reading: Reading) -> Captured | None:
+    """The root trace's request, when whole and replayable (else why, counted)."""
+    request = check.request
+    if request is None or not request.inputs or not request.outputs or check.broken:
+        if request is not None or check.broken:
             reading.skip(NOT_REPLAYABLE if check.broken else NOT_WHOLE)
         return None
-    if check.broken:
-        reading.skip(NOT_REPLAYABLE)
-        return None
-    request = check.request
     request.source = f"{source}#{check.trace_id}"
     if "REQUEST_START" in check.stamps and "REQUEST_END" in check.stamps:
         request.latency_us = (check.stamps["REQUEST_END"] - check.stamps["REQUEST_START"]) / 1000
     return request
 
 
+def _family(traces: Mapping[int, _Check], first: int | None) -> tuple[int | None, int]:
+    """The root trace of a file and how many records break the family Triton 2.51 writes for one
+    request (seen on the wheel's server: tests/fixtures/ensemble_trace.json): exactly one trace
+    without ``parent_id`` -- the request the client sent (several: the one of the file's first
+    record is kept); every other trace a child, whose model record names as ``parent_id`` a trace
+    of the file with a smaller id (Triton numbers a child after its parent) and carries the root's
+    request id; every trace with its model record.  A trace that breaks it counts all its records."""
+    roots = [t for t in traces.values() if t.request is not None and t.parent is None]
+    root = next((t for t in roots if t.trace_id == first), roots[0] if roots else None)
+    bad = sum(t.records for t in traces.values() if t is not root and not _child(t, traces, root))
+    return (root.trace_id if root is not None else None), bad
+
+
+def _child(trace: _Check, traces: Mapping[int, _Check], root: _Check | None) -> bool:
+    """Whether ``trace`` is an honest child of the file's ``root`` family."""
+    if root is None or root.request is None or trace.request is None or trace.parent is None:
+        return False
+    parent = traces.get(trace.parent)
+    if parent is None or parent.request is None or trace.parent >= trace.trace_id:
+        return False
+    return trace.request.request_id == root.request.request_id
+
+
 class _Check:
     """The allow-list of one trace's records (the module's docstring), applied record by record;
-    ``bad`` counts the records that break it."""
+    ``take`` says whether the record fits it."""
 
-    def __init__(self) -> None:
-        self.trace_id: int | None = None
+    def __init__(self, trace_id: int) -> None:
+        self.trace_id = trace_id
+        self.parent: int | None = None  # a child trace's parent_id
         self.request: Captured | None = None
         self.stamps: dict[str, int] = {}
         self.tensors: dict[str, set[str]] = {a: set() for a in TENSOR_ACTIVITIES}
         self.pending: list[tuple[str, Mapping[str, Any]]] = []  # tensors before the model record
-        self.bad = 0
         self.broken = False
+        self.records = 0  # records that fit
 
-    def take(self, record: Any) -> None:
-        if type(record) is not dict:
-            self.bad += 1
-            return
-        trace_id = record.get("id")
-        if type(trace_id) is not int:
-            self.bad += 1
-            return
-        if self.trace_id is None:
-            self.trace_id = trace_id  # the first record is always the sampled request's own
-        elif trace_id != self.trace_id:
-            self.bad += 1
-            return
+    def take(self, record: dict[str, Any]) -> bool:
+        fits = False
         if len(record) == 2:  # {"id", "timestamps"}: most of a file
-            self.bad += not self._stamp(record.get("timestamps"))
+            fits = self._stamp(record.get("timestamps"))
         elif "model_name" in record:
-            self.bad += not self._open(record, record.keys())
+            fits = self._open(record, record.keys())
         elif len(record) == 3 and "activity" in record and "tensor" in record:
-            self.bad += not self._tensor(record["activity"], record["tensor"])
-        else:
-            self.bad += 1
+            fits = self._tensor(record["activity"], record["tensor"])
+        self.records += fits
+        return fits
 
     def _open(self, record: dict[str, Any], keys: Any) -> bool:
         name, version = record["model_name"], record.get("model_version")
-        request_id = record.get("request_id", "")
+        request_id, parent = record.get("request_id", ""), record.get("parent_id")
         if self.request is not None or not keys <= OPEN_KEYS or not isinstance(name, str):
             return False
         if type(version) is not int or not isinstance(request_id, str):
             return False
+        if "parent_id" in record and (type(parent) is not int or parent == self.trace_id):
+            return False
+        self.parent = parent
         self.request = Captured(name, str(version), request_id)
         for activity, tensor in self.pending:
             self._add(activity, tensor)

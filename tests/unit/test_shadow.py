@@ -86,6 +86,7 @@ def test_captures_are_read_in_order_and_junk_files_are_skipped(tmp_path: Path) -
     for index in range(3):
         record = [dict(r) for r in TRACE]
         record[0]["request_id"] = f"c{index}"
+        record[2] = {**record[2], "tensor": {**record[2]["tensor"], "data": f"{index},2.5,3,4"}}  # distinct
         path = tmp_path / "replica-0" / f"trace.json.{index}"
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(record))

@@ -26,8 +26,16 @@ from pipelines.promote.capture import Captures, Shadow, parse_shadow, purge, rea
 from pipelines.promote.plan import Role, Step
 from pipelines.promote.replay import ShadowResult, compare
 from pipelines.promote.shadow import capture_after, replay_step
-from pipelines.promote.traces import FORGED, TOO_DEEP
-from pipelines.triton import REQUEST_PREFIX
+from pipelines.promote.traces import (
+    CHILDREN,
+    DUPLICATE_KEY,
+    FORGED,
+    TOO_DEEP,
+    Reading,
+    load_records,
+    parse_trace,
+)
+from pipelines.triton import RequestNonce
 from registry.errors import UsageError
 from registry.settings import Settings
 
@@ -198,12 +206,18 @@ def test_mlreg_prefixed_ids_from_clients_are_judged_and_only_this_promotions_non
     replay said "no captured request" and passed): now they are ordinary captures, judged; only
     this promotion's own requests (a secret nonce) are left out."""
     traces = tmp_path / "traces"
+    nonce, earlier = RequestNonce(), RequestNonce()  # this promotion's, and another's
     write_honest(traces, 60, prefix="mlreg-")
-    write_honest(traces, 5, start=60, prefix=REQUEST_PREFIX, seed=4)
-    assert len(REQUEST_PREFIX) >= len("mlreg-") + 32  # 16 random bytes: not guessable
-    shadow = Shadow(captures=str(traces), count=500)
+    write_honest(traces, 5, start=60, prefix=nonce.prefix, seed=4)
+    write_honest(traces, 7, start=70, prefix=earlier.prefix, seed=5)
+    assert len(nonce.prefix) >= len("mlreg-") + 32  # 16 random bytes: not guessable
+    assert nonce.prefix != earlier.prefix  # one per promotion, not one per process
+    assert nonce.prefix not in repr(nonce)
+    shadow = Shadow(captures=str(traces), count=500, own=nonce.prefix)
+    assert nonce.prefix not in repr(shadow)  # never shown where the settings are
     wrong, _ = replay_step(_step(), "1", (_model(5.0), "m"), _model(1.0), shadow)
-    assert wrong.judged == 60  # the clients' mlreg-<n> ids, not the nonce's five
+    assert wrong.judged == 67  # the clients' mlreg-<n> ids and an earlier promotion's, not this one's five
+    assert nonce.prefix not in str(wrong.to_dict())
     assert not wrong.ok
 
 
@@ -245,7 +259,7 @@ def test_captures_that_cannot_be_read_refuse_named(tmp_path: Path) -> None:
 def test_the_sample_spans_every_replica_not_the_newest_files(tmp_path: Path) -> None:
     """One replica holding 1000 captures, another 60: a sample of 100 takes from both."""
     write_honest(tmp_path / "replica-0", 1000, prefix="a")
-    write_honest(tmp_path / "replica-1", 60, prefix="b", start=2000)
+    write_honest(tmp_path / "replica-1", 60, prefix="b", start=2000, seed=5)  # inputs of their own
     reading = read_captures(str(tmp_path), "m", "1", 100)
     sources = [r.request_id[0] for r in reading.requests]
     assert len(sources) == 100
@@ -534,3 +548,226 @@ def test_the_repro_tables_load_as_the_issue_asks(tmp_path: Path) -> None:
     toml.write_text(prod + '[environments.prod.shadow]\ncaptures = ".mlreg/stack"\n')
     with pytest.raises(UsageError, match="overlaps MLREG_HOME"):
         load_environments(settings)
+
+
+# -- review of issue 44 (F6, F7, F10 and the residual list) ---------------------------------------
+
+
+def test_a_request_id_repeating_keys_is_forged_not_a_capture_of_another_model(tmp_path: Path) -> None:
+    """F6: an id ``x","model_name":"m","model_version":1,"request_id":"y`` on a request to another
+    model made ``json.loads`` keep the last keys: a capture of m v1 from another model's answers.
+    Triton never writes a key twice: the file is forged, counted and named."""
+    traces = tmp_path / "traces"
+    write_honest(traces, 3)
+    relabel = 'x","model_name":"m","model_version":1,"request_id":"y'
+    zeros = np.zeros((1, 4), np.float32)
+    other = triton_file(40, relabel, zeros, np.zeros((1, 1), np.float32)).replace(
+        b'"model_name":"m"', b'"model_name":"other"', 1
+    )
+    (traces / "trace.json.40").write_bytes(other)
+    reading = read_captures(str(traces), "m", "1", 100)
+    assert [r.request_id for r in reading.requests] == ["c0", "c1", "c2"]  # no "y"
+    assert (reading.forged_files, reading.skipped[DUPLICATE_KEY]) == (1, 1)
+    assert reading.skipped[FORGED] == 1
+    assert load_records(other, Reading()) is None  # not parsed at all
+
+
+def test_one_client_repeating_a_request_cannot_fill_the_sample(tmp_path: Path) -> None:
+    """F7: 60 captures of one all-zero request filled a sample of 50 ("50 honest, 1 distinct").
+    Each distinct input is judged once, min_captures counts distinct inputs, and the result says
+    "N captures, D distinct"."""
+    traces = tmp_path / "traces"
+    zeros = np.zeros((1, 4), np.float32)
+    for n in range(60):
+        (traces).mkdir(exist_ok=True)
+        (traces / f"trace.json.{n}").write_bytes(
+            triton_file(n + 1, f"flood{n}", zeros, np.zeros((1, 1), np.float32))
+        )
+    write_honest(traces, 10, start=100)
+    reading = read_captures(str(traces), "m", "1", 50)
+    assert (reading.captured, len(reading.requests)) == (70, 11)  # the flood is one input
+    assert len({r.inputs["X"].tobytes() for r in reading.requests}) == 11
+    shadow = Shadow(captures=str(traces), count=500, min_captures=20)
+    found, _ = replay_step(_step(), "1", (_model(1.0), "m"), _model(1.0), shadow)
+    assert (found.ok, found.captures, found.distinct) == (False, 70, 11)
+    assert found.verdict.startswith("inconclusive: 11 captured request(s)")
+    assert "(70 captures, 11 distinct)" in found.line()
+    write_honest(traces, 30, start=200, seed=9)
+    wrong, _ = replay_step(_step(), "1", (_model(5.0), "m"), _model(1.0), shadow)
+    assert (wrong.ok, wrong.judged, wrong.captures, wrong.distinct) == (False, 41, 100, 41)
+    # every input but the flood's zeros (0 x 5 = 0) diverges
+    assert "on 40 of 41 captured requests (97.6%) (100 captures, 41 distinct)" in wrong.line()
+
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "ensemble_trace.json"
+
+
+def test_a_real_ensemble_trace_is_honest_and_only_the_request_sent_is_replayed(tmp_path: Path) -> None:
+    """F10: the file Triton 2.51 (the wheel's tritonserver) wrote for one request to an armed
+    ensemble ``pipe`` (python members ``double`` then ``plus1``): three trace ids, the children's
+    model records with ``"parent_id":1``.  Not forged; the request sent (pipe's) is the capture,
+    the children checked and counted, never replayed."""
+    data = FIXTURE.read_bytes()
+    records = load_records(data, Reading())
+    assert records is not None
+    assert sorted({r["id"] for r in records}) == [1, 2, 3]
+    assert sorted(r.get("parent_id", 0) for r in records if "model_name" in r) == [0, 1, 1]
+    reading = Reading()
+    found = parse_trace(records, "trace.json.0", reading)
+    assert (reading.forged, reading.skipped) == (0, {CHILDREN: 2})
+    assert found is not None
+    assert (found.model, found.version, found.request_id) == ("pipe", "1", "client-ensemble-armed")
+    assert found.inputs["X"].tolist() == [[1.0, 2.0]]
+    assert found.outputs["Z"].tolist() == [[3.0, 5.0]]
+    assert found.source == "trace.json.0#1"
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "trace.json.0").write_bytes(data)
+    assert read_captures(str(traces), "double", "1", 10).requests == []  # a child: never replayed
+    assert len(read_captures(str(traces), "pipe", "1", 10).requests) == 1
+
+
+def _text(records: list[dict[str, Any]]) -> bytes:
+    import json
+
+    return json.dumps(records).encode()
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (
+            lambda r: r.update(parent_id=9) if r.get("model_name") == "double" else None,
+            "a parent not in the file",
+        ),
+        (lambda r: r.pop("parent_id") if r.get("model_name") == "plus1" else None, "a second root"),
+        (
+            lambda r: r.update(request_id="other") if r.get("model_name") == "plus1" else None,
+            "another request id",
+        ),
+        (lambda r: r.update(parent_id=3) if r.get("model_name") == "pipe" else None, "no root at all"),
+        (
+            lambda r: r.update(parent_id="1") if r.get("model_name") == "double" else None,
+            "a parent_id string",
+        ),
+        (
+            lambda r: r.pop("model_name")
+            and r.pop("model_version")
+            and r.pop("request_id")
+            and r.pop("parent_id")
+            if r.get("model_name") == "double"
+            else None,
+            "a child without its model record",
+        ),
+    ],
+)
+def test_a_family_triton_never_writes_is_forged(change: Any, why: str) -> None:
+    import json
+
+    records = json.loads(FIXTURE.read_bytes())
+    for record in records:
+        change(record)
+    reading = Reading()
+    assert parse_trace(records, "trace.json.0", reading) is None, why
+    assert reading.forged_files == 1, why
+    assert reading.forged >= 1, why
+
+
+def test_a_child_trace_forged_through_a_plain_request_id_is_never_replayed(tmp_path: Path) -> None:
+    """A request to a plain model whose id appends a whole fake child trace (parent_id naming the
+    real one, inputs and outputs of zeros, another model's name): the fake child is never judged --
+    only the request sent is, as Triton wrote it."""
+    zeros = np.zeros((1, 4), np.float32)
+    child = triton_file(8, "c", zeros, np.zeros((1, 1), np.float32), version=5).decode()[1:-1]
+    child = child.replace('"request_id":"c"}', '"request_id":"c","parent_id":7}')
+    injected = 'c"},' + child + ',{"id":8,"model_version":5,"parent_id":7,"request_id":"c","model_name":"'
+    x = np.ones((1, 4), np.float32)
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "trace.json.7").write_bytes(triton_file(7, injected, x, x.sum(axis=1, keepdims=True)))
+    assert read_captures(str(traces), "m", "5", 10).requests == []  # the fake child: never a capture
+    reading = read_captures(str(traces), "m", "1", 10)
+    assert reading.forged_files == 1  # its second model record for trace 8: not Triton's
+
+
+def test_a_capture_swapped_for_a_link_a_fifo_or_a_larger_file_is_not_followed(tmp_path: Path) -> None:
+    """Residual: a name listed, then swapped before the read -- a symlink is not followed, a FIFO
+    not waited on, and a file grown past the bound is read to ``limit`` + 1 bytes only."""
+    traces = tmp_path / "traces"
+    write_honest(traces, 1)
+    captures = Captures(str(traces))
+    secret = tmp_path / "secret.json"
+    secret.write_text("[]")
+    (traces / "trace.json.5").symlink_to(secret)
+    with pytest.raises(OSError, match="symbolic link"):  # ELOOP: O_NOFOLLOW
+        captures.read("trace.json.5")
+    os.mkfifo(traces / "trace.json.6")
+    began = time.monotonic()
+    with pytest.raises(OSError, match="not a regular file"):
+        captures.read("trace.json.6")  # no writer: a blocking open would never return
+    assert time.monotonic() - began < 2
+    (traces / "trace.json.7").write_bytes(b"x" * 5000)
+    assert len(captures.read("trace.json.7", limit=1000)) == 1001
+    assert captures.read("trace.json.0").startswith(b"[")
+
+
+def _retaining_world(tmp_path: Path) -> Any:
+    from dataclasses import replace
+
+    from tests.unit.worlds import MEMBER, World
+
+    world = World(tmp_path)
+    world.env = replace(world.env, keep=1)
+    world.registry.add("pre", "2", MEMBER.format(name="pre", src="IN", dst="MID"))
+    assert world.promote("pre", "1").ok
+    return world
+
+
+def test_retain_after_record_is_bounded_and_a_sigterm_keeps_the_real_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``retain`` after record: a store that freezes while the version beyond the window is archived
+    (a stand-in: a frozen S3 copy cannot be provoked on a local store) is left behind within its
+    bound, noted; a real SIGTERM then ends the wait -- promoted, the alias moved, exit 0's note."""
+    from mlreg.cli.signals import sigterm_raises
+    from pipelines.promote import retention, runner
+
+    world = _retaining_world(tmp_path)
+    real, frozen = retention.retain, threading.Event()
+
+    def freezing(ctx: Any) -> Any:
+        frozen.wait(30)
+        return real(ctx)
+
+    monkeypatch.setattr(runner.retention, "retain", freezing)
+    monkeypatch.setattr(runner, "RETAIN_S", 0.5)
+    began = time.monotonic()
+    result = world.promote("pre", "2")
+    assert time.monotonic() - began < 20
+    assert result.ok
+    assert world.registry.aliases("pre").get("test") == "2"
+    assert (
+        f"promoted; retention did not finish within 0.5 s on {world.env.store}: left behind" in result.notes
+    )
+    frozen.set()
+
+    world2 = _retaining_world(tmp_path / "two") if (tmp_path / "two").mkdir() is None else None
+    assert world2 is not None
+    frozen2 = threading.Event()
+
+    def signalled(ctx: Any) -> Any:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        frozen2.wait(30)
+        return real(ctx)
+
+    monkeypatch.setattr(runner.retention, "retain", signalled)
+    monkeypatch.setattr(runner, "RETAIN_S", 30.0)
+    with sigterm_raises():
+        began = time.monotonic()
+        result = world2.promote("pre", "2")
+        elapsed = time.monotonic() - began
+    frozen2.set()
+    assert elapsed < 20
+    assert result.ok
+    assert world2.registry.aliases("pre").get("test") == "2"
+    assert "promoted; retain interrupted (SIGTERM)" in result.notes
