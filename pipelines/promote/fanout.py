@@ -16,6 +16,7 @@ staged roll-out, gate, retire); ``restore`` (the undo itself) tells nobody.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -301,6 +302,10 @@ class Fleet:
             if loading and change.config is not None:
                 self.view.pop(url, None)
                 return self._queue_behind(url, change, loading, ready_versions(states, change.model))
+            member = _loading_member(change, states)
+            if member:  # an ensemble's load waits for its member's (measured on 2.51): queued too
+                self.view.pop(url, None)
+                return self._queue_ensemble(url, change, member, loading_versions(states, member))
             self._send(url, change)
         except MlregError as exc:
             why = exc.message if exc.message.startswith(url) else f"{url}: {exc.message}"
@@ -324,6 +329,28 @@ class Fleet:
         self.view.pop(url, None)
         self.restarted.setdefault(url, None)
         return target.model_states()
+
+    def _queue_ensemble(self, url: str, change: Change, member: str, loading: list[str]) -> str:
+        """An ensemble's earlier config sent behind its ``member``'s load still running at ``url``:
+        Triton makes it wait for that load, so it is left queued (the ensemble serves as it is
+        meanwhile) and its truth kept in ``pending``."""
+        target = self.target(url)
+        assert change.config is not None
+        if _pins(change).get(member) == -1:  # following the member's latest: it would follow the late
+            return ""  # version when that lands; the undo's own put-back (pinned) is queued next
+        if not isinstance(target, QueuesLoads):
+            return f"{url}: {member} v{','.join(loading)} is still LOADING: {change.model} not put back"
+        try:
+            done = target.queue_load(change.model, config_json(change.config, change.model), QUEUE_WAIT_S)
+        except MlregError as exc:
+            return f"{url}: {change.model} could not be queued behind {member}'s load: {exc.message}"
+        if not done:
+            self.pending[f"{url} {change.model}"] = (
+                f"{change.model}'s earlier config is queued on {url} behind the load of {member} "
+                f"v{','.join(loading)}: when it ends, {change.model} v{','.join(change.versions)} "
+                "serves there as before (it serves as it is meanwhile)"
+            )
+        return ""
 
     def _queue_behind(self, url: str, change: Change, loading: list[str], ready: list[str]) -> str:
         """``change`` (what ``url`` held before) sent as a load behind the one still running there:
@@ -474,6 +501,19 @@ class Fleet:
             if url not in urls and url in self._open:
                 self._open.pop(url).close()
         self.urls = tuple(u for u in self.urls if u in urls)
+
+
+def _loading_member(change: Change, states: States) -> str:
+    """A model ``change``'s (ensemble) config pins that is still LOADING in ``states`` ("": none)."""
+    return next((m for m in _pins(change) if loading_versions(states, m)), "")
+
+
+def _pins(change: Change) -> dict[str, int]:
+    """member -> the version ``change``'s ensemble config pins ({} for another model)."""
+    if change.config is None or "ensemble_scheduling" not in change.config:
+        return {}
+    steps = json.loads(config_json(change.config, change.model)).get("ensemble_scheduling", {})
+    return {str(s.get("model_name", "")): int(s.get("model_version", -1)) for s in steps.get("step", [])}
 
 
 def dropped(exc: MlregError) -> bool:

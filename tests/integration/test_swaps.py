@@ -165,6 +165,8 @@ def swaps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swaps]:
             f"[environments.cold]\n{store}\n{one}\nwarmup = false\n"
             f"[environments.pair]\n{store}\n{pair}\nload_timeout = 6\n"
             f"[environments.late]\n{store}\n{one}\nload_timeout = 3\n"
+            f"[environments.stagedlate]\n{store}\n{pair}\nload_timeout = 3\ncanary = 1\nwaves = [100]\n"
+            "bake_seconds = 0\n"
         )
         logs = [Path(info.log_path) for info, _ in servers]
         swaps = Swaps(settings, root, urls, logs, [info.metrics_url for info, _ in servers])
@@ -416,6 +418,49 @@ def test_a_load_past_its_deadline_is_taken_back_and_never_takes_traffic_when_it_
         answer = triton.infer("late", {"X": np.ones(4, np.float32)}, ["Y"])  # unversioned
     assert answer["Y"].tolist() == [float(serving)] * 4
     assert serving_versions(open_store(swaps.store).read_config("late") or "") == [serving]
+
+
+def test_a_late_load_under_an_ensemble_on_a_canary_leaves_the_ensemble_serving_the_serving_version(
+    swaps: Swaps,
+) -> None:
+    """Issue 45 item 1 with an ensemble, in a staged roll-out: the canary's ensemble follows the
+    member's latest version, the member's load outlives load_timeout; the undo queues the member's
+    and the ensemble's earlier configs behind it (Triton makes an ensemble's load wait for its
+    member's: measured), and once the late load ends the ensemble serves the serving version, up."""
+    member_config = LATE_CONFIG.replace('"late"', '"lmember"')
+    serving = swaps.register("lmember", member_config, "SLEEPS = 0\n" + LATE)
+    ensemble_config = (
+        'name: "lens"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f'ensemble_scheduling {{ step [ {{ model_name: "lmember" model_version: {serving}\n'
+        '  input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }\n'
+    )
+    folder = swaps.work / f"lens-{len(list(swaps.work.iterdir()))}"
+    ensemble = register_model(
+        swaps.registry, folder, "lens", ensemble_config, {}, members={"lmember": serving}
+    )
+    swaps.promote("pair", "lens", ensemble)
+    late = swaps.register("lmember", member_config, f"SLEEPS = {LATE_SLEEP}\n" + LATE)
+    canary, other = swaps.urls
+    untouched = triton_index(other, "lmember")
+    with pytest.raises(PromotionFailed) as failed:
+        swaps.promote("stagedlate", "lmember", late)
+    message = failed.value.message
+    assert "the rollback failed" not in message, message
+    assert f"the load of lmember v{late} is still running on {canary}" in message, message
+    assert f"lens's earlier config is queued on {canary} behind the load of lmember v{late}" in message
+    deadline = time.monotonic() + LATE_SLEEP + 20  # bounded: the sleep, the loads and a margin
+    while triton_index(canary, "lmember").get(late) in ("LOADING", "READY") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # the queued loads land after the late one: the index settles
+    assert triton_index(canary, "lmember") == {serving: "READY", late: "UNAVAILABLE"}
+    assert "READY" in triton_index(canary, "lens").values()  # the ensemble stayed up
+    with TritonControl(canary) as triton:
+        assert triton.model_config("lens")["ensemble_scheduling"]["step"][0]["model_version"] == str(serving)
+        answer = triton.infer("lens", {"X": np.ones(4, np.float32)}, ["Y"])
+    assert answer["Y"].tolist() == [float(serving)] * 4  # the ensemble up, on the serving version
+    assert triton_index(other, "lmember") == untouched  # the other replica never loaded it
 
 
 def test_a_load_that_never_finishes_is_named_at_its_deadline_and_blocks_the_next_promotion_there(
