@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_closed_world_registered import _deployed
+from tests.unit.worlds import MEMBER, World
+
+
+def _deployed(tmp_path: Path) -> World:
+    world = World(tmp_path)
+    world.promote("ens", "1")
+    world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.events.clear()
+    return world
 
 
 def test_mlflow_deployments_refuses_a_planted_entry_before_any_load(
