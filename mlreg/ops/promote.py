@@ -6,7 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from mlreg.ops.context import context, environment, open_registry
+from mlreg.ops.context import environment, open_registry
 from registry.errors import UsageError
 from registry.settings import Settings
 
@@ -47,11 +47,12 @@ def promote(
     if registry is None:
         from registry.mlflow.reads import open_reads  # lazy: the registry's reads, no MLflow import
 
-        # an unknown model or version is refused from the registry alone, before the environment
-        # and its servers are read (the embedded registry's file answers in milliseconds)
+        # the settings first (mlreg.toml is refused before any registry is read), then an unknown
+        # model or version is refused from the registry alone, before MLflow's client or any
+        # server (the embedded registry's file answers in milliseconds)
+        env = environment(settings, env_name)
         open_reads(settings, partial(open_registry, settings)).version(model, version)
-        ctx = context(settings, env_name)
-        env, reader = ctx.env, ctx.registry
+        reader = open_registry(settings)
     else:
         env, reader = environment(settings, env_name), registry
     from pipelines.devstack.scratch import scratch_servers  # lazy: the promotion's servers
