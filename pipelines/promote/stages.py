@@ -8,6 +8,8 @@ deployer's ``deploy`` and ``finalize``, ``verify`` and ``record``.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -53,7 +55,7 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
-from pipelines.promote.stamps import repair_ensemble_stamps
+from pipelines.promote.stamps import hold_repair_locks, repair_ensemble_stamps, repair_lock_names
 from pipelines.promote.warmups import WARMUP_BYTES, peak_bytes
 from pipelines.storage import locking
 from registry.contracts.config import CONFIG_NAME, parse_config
@@ -124,12 +126,30 @@ def _refuse_open_control(ctx: PromotionContext) -> None:
 
 def repair(ctx: PromotionContext) -> RepairReport:
     """The no-op's one write: each model that serves has the environment's alias on it, and no
-    failed attempt's tag is newer than its own (``record.repair_record``)."""
+    failed attempt's tag is newer than its own (``record.repair_record``).  Written only under the
+    locks of the models that serve and of the ensembles over them, once what serves is asked
+    again there (the no-op itself took no lock): a lock held by another writer, or a promotion
+    that ended meanwhile, skips the repair and says so (issue 45 review, F1)."""
     plan = ctx.plan
     serving = serving_pins(ctx, plan.model, plan.version)
-    repaired = repair_record(ctx.registry, ctx.env, serving)
-    with tempfile.TemporaryDirectory(prefix="mlreg-stamps-") as work:  # the ensembles over them too
-        repaired += repair_ensemble_stamps(ctx.registry, ctx.store, ctx.env.name, serving, Path(work))
+    with contextlib.ExitStack() as locks:  # under the locks of what serves and the ensembles over it
+        skipped = hold_repair_locks(locks, ctx.store, repair_lock_names(ctx.store, serving), ctx.settings)
+        if not skipped:  # what serves, asked again under the locks: a promotion may have ended since
+            ctx.fleet.refresh()
+            if (
+                not already_serving(ctx, plan.model, plan.version)
+                or serving_pins(ctx, plan.model, plan.version) != serving
+            ):
+                skipped = (
+                    f"registry repair skipped (nothing changed): {plan.model} v{plan.version} no longer"
+                    " serves as the no-op saw it (a promotion ended meanwhile)"
+                )
+        if skipped:
+            ctx.result.notes.append(skipped)
+            return RepairReport([])
+        repaired = repair_record(ctx.registry, ctx.env, serving)
+        with tempfile.TemporaryDirectory(prefix="mlreg-stamps-") as work:  # the ensembles over them too
+            repaired += repair_ensemble_stamps(ctx.registry, ctx.store, ctx.env.name, serving, Path(work))
     ctx.result.notes.extend(repaired)
     return RepairReport(repaired)
 
@@ -195,7 +215,8 @@ def _registered_as_stored(ctx: PromotionContext, model: str, version: str, confi
     embedded registry answers from its files, without importing MLflow.)"""
     assert ctx.plan.workdir is not None
     fetched = ctx.plan.workdir / f"registered-{model}-{version}"
-    fetched.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(fetched, ignore_errors=True)  # asked again by the repair, under its locks
+    fetched.mkdir(parents=True)
     ctx.registry.fetch_version(model, version, fetched)
     registered = (fetched / CONFIG_NAME).read_text()
     if folder == version:

@@ -18,17 +18,40 @@ which stamp is whose).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 
 from pipelines.promote.plan import ensemble_pins, ensembles_pinning
 from pipelines.promote.ports import Registry
+from pipelines.storage import locking
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError
+from registry.settings import Settings
 
 log = logging.getLogger(__name__)
 MAX_STAMPED = 20  # stamped versions of one ensemble read back (each is one registry fetch)
+
+
+def repair_lock_names(store: RepositoryStore, serving: Mapping[str, str]) -> list[str]:
+    """The models whose lock the repair holds (issue 45 review, F1): the models that serve and the
+    store ensembles over them, sorted as ``resolve`` takes its locks."""
+    return sorted({*serving, *ensembles_pinning(store, serving)})
+
+
+def hold_repair_locks(
+    stack: ExitStack, store: RepositoryStore, names: Iterable[str], settings: Settings
+) -> str:
+    """Take each lock of ``names`` into ``stack`` under the one lock policy (no wait); '' when all
+    are held, else why the repair is skipped (a lock another writer holds, or the store down):
+    the no-op then writes nothing, since a promotion running now may be changing what serves."""
+    for name in names:
+        try:
+            stack.enter_context(locking.held(store, name, settings))
+        except MlregError as exc:
+            return f"registry repair skipped (nothing changed): {name}'s lock not taken: {exc.message}"
+    return ""
 
 
 def repair_ensemble_stamps(

@@ -21,6 +21,7 @@ from pipelines.promote.plan import ensemble_pins
 from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.stamps import repair_ensemble_stamps
 from pipelines.storage import open_store
+from registry.errors import StorageError
 from tests.unit.worlds import MEMBER, World
 
 TAG = "promoted_test"
@@ -94,3 +95,89 @@ def test_no_stamp_is_removed_where_no_stamped_version_pins_what_serves(
     assert ensemble_pins(store.read_config("ens") or "") == {"pre": "7", "net": "2"}
     assert repair_ensemble_stamps(world.registry, store, "test", ["net"], tmp_path / "work") == []  # type: ignore[arg-type]
     assert {m: _stamps(world, m) for m in ("ens", "net", "pre")} == before
+
+
+# -- issue 45 review, F1: the repair is written under the locks, what serves asked again there --
+
+
+def _aliases(world: World, model: str) -> dict[str, str]:
+    return dict(world.registry.aliases(model))
+
+
+def test_a_promotion_racing_the_repair_is_refused_by_its_locks_and_nothing_is_undone(tmp_path: Path) -> None:
+    """The reviewer's repro: the no-op of net v2 decided 'v2 serves'; while its repair runs, a
+    promotion of net v3 starts.  Before: it finished, and the repair moved the alias back to v2 and
+    removed v3's stamp while the store served v3.  Now the repair holds net's and ens's locks: the
+    other promotion is refused, and alias, stamps and store agree (v2)."""
+    world = World(tmp_path)
+    world.promote("ens", "1")
+    for version in ("2", "3"):
+        world.registry.add("net", version, MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.promote("net", "2")
+    aliases = world.registry.aliases
+    other: list[object] = []
+
+    def aliases_then_other(name: str) -> dict[str, str]:
+        if name == "net" and not other:  # inside the repair
+            world.registry.aliases = aliases  # type: ignore[method-assign]
+            with pytest.raises(StorageError, match="'(net|ens)' is locked by") as refused:
+                world.promote("net", "3")  # refused at its first lock: the repair holds them
+            other.append(refused.value)
+        return aliases(name)
+
+    world.registry.aliases = aliases_then_other  # type: ignore[method-assign]
+    rerun = world.promote("net", "2")
+    assert other, "the racing promotion never ran"
+    assert rerun.stage_names() == ["noop", "repair"]
+    assert "versions: 2" in (world.config("net") or "")
+    assert _aliases(world, "net")["test"] == "2"
+    assert "3" not in _stamps(world, "net")
+    assert ensemble_pins(world.config("ens") or "")["net"] == "2"
+
+
+def test_a_promotion_that_ends_before_the_repair_takes_its_locks_is_left_as_it_recorded(
+    tmp_path: Path,
+) -> None:
+    """A promotion of net v3 finishes between the no-op's decision and its repair: asked again under
+    the locks, v2 no longer serves, so the repair writes nothing and says so; v3's alias and stamp
+    stay (before: moved back to v2 and removed)."""
+    world = World(tmp_path)
+    world.promote("ens", "1")
+    for version in ("2", "3"):
+        world.registry.add("net", version, MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.promote("net", "2")
+    done: list[object] = []
+
+    def on_start(stage: str) -> None:
+        if stage == "repair" and not done:
+            done.append(world.promote("net", "3"))
+
+    rerun = world.promote("net", "2", on_start=on_start)
+    assert done
+    assert done[0].stage_names()[-1] == "record"  # type: ignore[attr-defined]
+    assert "versions: 3" in (world.config("net") or "")
+    assert _aliases(world, "net")["test"] == "3"
+    assert "3" in _stamps(world, "net")
+    assert any(
+        n.startswith("registry repair skipped (nothing changed): net v2 no longer serves")
+        for n in rerun.notes
+    )
+
+
+def test_a_lock_another_writer_holds_skips_the_repair_and_says_so(stamped: World) -> None:
+    """ens's lock held by another writer: the failed attempt's stamp is not removed now (no write
+    without the lock), the rerun says why; with the lock released, the next rerun removes it."""
+    world = stamped
+    left = _stamps(world, "ens")
+    other = open_store(world.store_root)
+    with other.lock("ens", ttl=60, wait=0):
+        rerun = world.promote("net", "2")
+    assert rerun.stage_names() == ["noop", "repair"]
+    assert [
+        n
+        for n in rerun.notes
+        if n.startswith("registry repair skipped (nothing changed): ens's lock not taken")
+    ]
+    assert _stamps(world, "ens") == left  # nothing written
+    assert any("ens v3" in n for n in world.promote("net", "2").notes)
+    assert set(_stamps(world, "ens")) == {"1", "2"}
