@@ -73,6 +73,7 @@ class QualityReport:
     shadow: list[dict[str, Any]] = field(default_factory=list)  # the shadow replay, per model
     captured: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)  # model -> inputs
     not_loaded: list[str] = field(default_factory=list)  # candidates whose load failed: never judged
+    load_fix: str = ""  # a load that did not run or still runs: its error's own fix (its cause)
     generated: list[str] = field(default_factory=list)  # models sent inputs made from the config
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,6 +168,8 @@ def gate_fix(report: QualityReport) -> str:
     wrong (its outputs were never asked for)."""
     if report.not_loaded:
         return LOAD_FIX.format(models=", ".join(report.not_loaded))
+    if report.load_fix:
+        return report.load_fix
     return GATE_FIX
 
 

@@ -58,12 +58,35 @@ from pipelines.promote.quality import (
 )
 from pipelines.promote.shadow import replay_step
 from pipelines.promote.undo import UndoLog
-from registry.errors import MlregError
+from registry.errors import MlregError, TritonError
 from registry.settings import Settings
 
 log = logging.getLogger(__name__)
 PRIVATE_SUFFIX = "__mlreg_quality"
 SKIPPED_FILES = (".mlreg-manifest.json",)
+# The statuses of a load Triton ran and refused (its initialize, files or config failed): an
+# allow-list.  Anything else -- a load still running past its deadline ('load-deadline'), a replica
+# that does not answer (UNAVAILABLE, DEADLINE_EXCEEDED), a missing key ('unauthorised'), a fenced
+# replica or a headroom refusal (PromotionError), a lost lock (StorageError) -- keeps its own fix.
+LOAD_REFUSED = frozenset(
+    {"", "StatusCode.INTERNAL", "StatusCode.INVALID_ARGUMENT", "StatusCode.UNKNOWN", "StatusCode.NOT_FOUND"}
+)
+
+
+def never_loaded(exc: MlregError) -> bool:
+    """``exc`` (raised by a candidate's load on the canary) says Triton ran the load and refused
+    it -- the candidate never loaded -- by its type and status, never its text (issue 45 review, F5)."""
+    return isinstance(exc, TritonError) and str(exc.context.get("status") or "") in LOAD_REFUSED
+
+
+def load_failed(report: QualityReport, model: str, version: str, exc: MlregError) -> None:
+    """A candidate's load on the canary failed: ``report`` says why by the error's cause."""
+    if never_loaded(exc):
+        report.not_loaded.append(f"{model} v{version}")  # no output to judge
+    elif exc.fix:
+        report.load_fix = exc.fix
+    else:
+        report.load_fix = f"{model} v{version} was not loaded on the canary (no output judged): {exc.message}"
 
 
 def gated_steps(plan: Plan) -> list[Step]:
@@ -106,8 +129,8 @@ def canary_gate(
             began = time.perf_counter()
             try:
                 fleet.move(url, candidate(step, name, gpu))
-            except MlregError:
-                report.not_loaded.append(f"{step.model} v{step.version}")  # no output to judge
+            except MlregError as exc:
+                load_failed(report, step.model, step.version, exc)
                 raise
             loads[step.model] = time.perf_counter() - began
             checkpoint(f"gate:{step.model}")  # the candidate loaded on the canary, not yet judged

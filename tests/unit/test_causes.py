@@ -38,7 +38,7 @@ from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.staged import StagedRollout
 from pipelines.storage.lease import Lease, LockInfo, when
-from registry.errors import PromotionError, RegistryError, UsageError
+from registry.errors import MlregError, PromotionError, RegistryError, StorageError, TritonError, UsageError
 from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
 from tests.unit.conftest import SCRATCH, Background, Finished
@@ -389,3 +389,80 @@ def test_a_candidate_that_fails_to_load_on_the_canary_is_said_never_loaded(
     assert "t0:8001: model 'net' version 2 failed to load" in failed.value.message
     assert world.registry.alias_map["net"]["test"] == "1"  # the alias never moved
     assert serving_versions(world.config("net")) == ["1"]  # the store serves v1 still
+
+
+# -- a candidate's load on the canary: never loaded only when Triton ran it and refused it (F5) -----
+
+DEADLINE_FIX = "raise load_timeout in mlreg.toml; the rollback queues the load of what served behind it"
+REACH_FIX = "check that tritonserver runs and listens there ('mlreg stack status')"
+KEY_FIX = "set MLREG_CONTROL_KEY to the replica's control key"
+FENCED_FIX = "restart that replica (its memory comes back), then promote again"
+HEADROOM_FIX = "free memory on t0:8001 or lower the candidate's instance count"
+LOCK_FIX = "wait for that promotion to finish"
+
+
+@pytest.mark.parametrize(
+    ("error", "never", "fix"),
+    [
+        (TritonError("t0: model 'net' version 2 failed to load", status="StatusCode.INTERNAL"), True, ""),
+        (TritonError("load failed: bad config", status="StatusCode.INVALID_ARGUMENT"), True, ""),
+        (
+            TritonError("t0: the load of net v2 did not finish", fix=DEADLINE_FIX, status="load-deadline"),
+            False,
+            DEADLINE_FIX,
+        ),
+        (
+            TritonError(
+                "load failed on t0: connection refused", fix=REACH_FIX, status="StatusCode.UNAVAILABLE"
+            ),
+            False,
+            REACH_FIX,
+        ),
+        (
+            TritonError(
+                "replica t0 refused the load call: not authorised", fix=KEY_FIX, status="unauthorised"
+            ),
+            False,
+            KEY_FIX,
+        ),
+        (
+            PromotionError("t0:8001 is fenced off for this promotion: out of memory", fix=FENCED_FIX),
+            False,
+            FENCED_FIX,
+        ),
+        (
+            PromotionError("t0:8001 has 1.0 GiB free, net v2 needs 3.0 GiB", fix=HEADROOM_FIX),
+            False,
+            HEADROOM_FIX,
+        ),
+        (StorageError("model 'net' is locked by someone else", fix=LOCK_FIX), False, LOCK_FIX),
+    ],
+    ids=[
+        "refused",
+        "bad-config",
+        "load-deadline",
+        "unreachable",
+        "missing-key",
+        "fenced",
+        "headroom",
+        "lock-lost",
+    ],
+)
+def test_a_canary_load_that_fails_names_its_own_cause(error: MlregError, never: bool, fix: str) -> None:
+    """Before: every error from the canary's load said 'net v2 never loaded ... register a new
+    version' -- a headroom refusal, an unreachable or fenced replica, a missing key, a load still
+    running past its deadline.  Now only Triton's refusal of the load says so (by type and
+    status); the others keep their own fix."""
+    report = QualityReport(where="the canary t0:8001")
+    quality_canary.load_failed(report, "net", "2", error)
+    report.failures.append(error.message)
+    assert report.not_loaded == (["net v2"] if never else [])
+    said = gate_fix(report)
+    assert str(GateFailed(report).fix) == said
+    if never:
+        assert said.startswith("net v2 never loaded")
+    else:
+        assert said == fix
+        assert "never loaded" not in said
+        assert "register a new version" not in said
+        assert GATE_FIX not in said
