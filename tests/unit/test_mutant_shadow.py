@@ -5,10 +5,15 @@ here on the replay's own comparison in a few milliseconds)."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
+from pipelines.promote import capture
 from pipelines.promote.capture import Captured, Shadow
 from pipelines.promote.replay import ShadowResult, compare
 
@@ -52,3 +57,27 @@ def test_a_candidate_within_max_divergence_passes() -> None:
     result = _replay(1000, candidate_off={10, 500, 900})  # 0.3 %
     assert (result.judged, result.diverged, result.ok) == (1000, 3, True)
     assert result.verdict.startswith("passed (within max_divergence 0.5%")
+
+
+def test_a_trace_file_listed_over_its_bound_is_never_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README "Inputs we did not write are untrusted": a trace file whose listed size is over
+    MAX_FILE_BYTES is skipped without a byte of it read (a bound checked after reading would
+    have read it all)."""
+    record = [{"id": 1, "model_name": "m", "model_version": 1, "request_id": "c1"}]
+    (tmp_path / "trace.json.0").write_text(json.dumps(record))
+    (tmp_path / "trace.json.1").write_text(json.dumps(record) + " " * 4096)  # over the bound
+    monkeypatch.setattr(capture, "MAX_FILE_BYTES", len(json.dumps(record)) + 1)
+    opened: list[str] = []
+    read = capture.Captures.read
+
+    def spied(self: capture.Captures, name: str, *args: Any, **kwargs: Any) -> bytes:
+        opened.append(name)
+        return read(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(capture.Captures, "read", spied)
+    reading = capture.read_captures(str(tmp_path), "m", "1", limit=10)
+    assert reading.skipped[f"trace file over {capture.MAX_FILE_BYTES >> 20} MiB: not read"] == 1
+    assert "trace.json.1" not in opened  # never opened
+    assert opened == ["trace.json.0"]
