@@ -203,7 +203,10 @@ def test_consecutive_swaps_never_re_create_the_serving_version_and_a_changed_ove
         triton.infer("scorer", {"X": np.ones(4, np.float32)}, ["Y"], version=serving)
     text = open_store(swaps.store).read_config("scorer") or ""
     changed = text + 'parameters { key: "note" value { string_value: "other" } }\n'
-    fleet = Fleet(open_store(swaps.store), swaps.urls[:1], triton_connector(swaps.settings), 60)
+    store = open_store(swaps.store)
+    # a bare Fleet loads only what this run checked against MLflow's digest (issue 44)
+    store.verify_version("scorer", serving, swaps.registry.version_tags("scorer", serving)["artifact_digest"])
+    fleet = Fleet(store, swaps.urls[:1], triton_connector(swaps.settings), 60)
     with fleet:
         starts = swaps.starts(0, "scorer")
         fleet.move(swaps.urls[0], Change("scorer", changed, (serving,)))
