@@ -38,7 +38,6 @@ and the MLflow run -- otherwise only their figures do.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -52,8 +51,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from pipelines.promote.traces import (
     DTYPES,
@@ -489,7 +486,7 @@ def read_captures(
     began = time.monotonic()
     named = json.dumps(model).encode()  # the name, quoted: a file without it holds none of its traces
     listed = [(captures, f) for captures in map(Captures, filter(None, locations)) for f in captures.files()]
-    seen: set[bytes] = set()
+    seen: set[tuple[tuple[str, str, tuple[int, ...], bytes], ...]] = set()
     for captures, file in _sampled(listed):
         if len(reading.requests) >= limit:
             break
@@ -506,22 +503,18 @@ def read_captures(
             reading.own += 1
             continue
         reading.captured += 1
-        digest = input_digest(found)
-        if digest not in seen:
-            seen.add(digest)
+        key = input_key(found)
+        if key not in seen:
+            seen.add(key)
             reading.requests.append(found)
     reading.requests.sort(key=lambda r: (r.when, _order(r.source.partition("#")[0])))
     return reading
 
 
-def input_digest(request: Captured) -> bytes:
-    """What identifies a request's inputs: each tensor's name, type, shape and bytes."""
-    digest = hashlib.blake2b(digest_size=16)
-    for name in sorted(request.inputs):
-        array = request.inputs[name]
-        digest.update(f"{len(name)}:{name}:{array.dtype.str}:{array.shape}:".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.digest()
+def input_key(request: Captured) -> tuple[tuple[str, str, tuple[int, ...], bytes], ...]:
+    """What identifies a request's inputs, exactly (no digest to collide): each tensor's name,
+    type, shape and bytes (the captures kept hold them anyway)."""
+    return tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(request.inputs.items()))
 
 
 def _sampled(listed: list[tuple[Captures, TraceFile]]) -> list[tuple[Captures, TraceFile]]:

@@ -50,6 +50,7 @@ import numpy as np
 MAX_TENSOR_BYTES = 64 << 20  # a captured tensor larger than this is not replayed
 OPEN_KEYS = frozenset({"id", "model_name", "model_version", "request_id", "parent_id"})
 TENSOR_FIELDS = frozenset({"name", "data", "shape", "dtype"})
+_TOP_KEYS = tuple(f'"{k}"'.encode() for k in sorted(OPEN_KEYS | {"activity", "tensor", "timestamps"}))
 INPUT, OUTPUT = "TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"
 SIDES = (INPUT, OUTPUT)
 TENSOR_ACTIVITIES = frozenset({INPUT, OUTPUT, "TENSOR_BACKEND_INPUT"})
@@ -129,13 +130,31 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
+def _maybe_repeated(data: bytes, records: Any) -> bool:
+    """Whether a record of ``records`` (parsed from ``data``) may hold a key written twice: the
+    cheap test of the usual file, with no ``object_pairs_hook`` call per object.  Without a
+    backslash in the file every key is written literally, so the top-level keys written are
+    counted in the bytes: more than the records hold (a key repeated, or a value spelling a key
+    name) sends the file to the careful parse.  Nested objects are Triton's own (a request id
+    can add records, not reach into the tensor or stamp objects Triton writes after it)."""
+    if b"\\" in data or type(records) is not list:
+        return True
+    try:
+        held = sum(map(len, records))  # a record that is no object is forged by parse_trace anyway
+    except TypeError:
+        return True
+    return sum(map(data.count, _TOP_KEYS)) != held
+
+
 def load_records(data: bytes, reading: Reading) -> list[Any] | None:
     """The file's records; None (and why, counted) when it is not Triton's JSON list.  The parser's
     depth is bounded by the interpreter's recursion limit (a ``RecursionError`` is caught here, never
     raised): Triton nests 4 levels, so anything deeper came from a request id and is forged.  A key
     written twice in one record is forged too (``_unique``)."""
     try:
-        records = json.loads(data, object_pairs_hook=_unique)
+        records = json.loads(data)
+        if _maybe_repeated(data, records):  # then parsed again, each object's keys checked
+            records = json.loads(data, object_pairs_hook=_unique)
     except RecursionError:
         reading.forgery(1)
         reading.skip(TOO_DEEP)
@@ -179,8 +198,11 @@ def _grouped(records: list[Any]) -> tuple[dict[int, _Check], int, int | None]:
         if type(trace_id) is not int:
             bad += 1
             continue
-        first = trace_id if first is None else first
-        bad += not traces.setdefault(trace_id, _Check(trace_id)).take(record)
+        check = traces.get(trace_id)
+        if check is None:
+            check = traces[trace_id] = _Check(trace_id)
+            first = trace_id if first is None else first
+        bad += not check.take(record)
     return traces, bad, first
 
 
