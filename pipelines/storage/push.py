@@ -164,8 +164,22 @@ def push_path(
         check_part(folder.name, "model name")
         refuse_outside_links(folder, error=StorageError)
         refuse_rewrites(store, folder, registered=registered)
-    for folder in folders:
+    for index, folder in enumerate(folders):
         if on_model:
             on_model(folder.name)
-        results.extend(push_model(store, folder, progress, lease=lease, registered=registered))
+        try:
+            results.extend(push_model(store, folder, progress, lease=lease, registered=registered))
+        except StorageError as exc:
+            raise _after_others(exc, folder.name, [f.name for f in folders[:index]]) from exc
     return results
+
+
+def _after_others(exc: StorageError, model: str, pushed: list[str]) -> StorageError:
+    """``exc`` as it is when no other model was pushed before it; else its "nothing was sent" is
+    said of ``model`` alone, and the models already pushed are named (their uploads stand:
+    each was checked and pushed whole, under its own lock)."""
+    if not pushed:
+        return exc
+    done = f"; {', '.join(pushed)} (checked before it) {'was' if len(pushed) == 1 else 'were'} pushed"
+    message = exc.message.replace("nothing was sent", f"nothing of {model} was sent") + done
+    return StorageError(message, fix=exc.fix, **exc.context)

@@ -54,6 +54,32 @@ def test_a_refused_two_model_push_leaves_the_store_byte_identical(tmp_path: Path
     assert not (store_root / "a_model").exists()
 
 
+def test_a_model_refused_after_another_was_pushed_names_what_was_sent(tmp_path: Path) -> None:
+    """Another writer stores b_model v1 between the push's first check and b_model's own check
+    under its lock: a_model is already pushed, so the refusal says "nothing of b_model was sent"
+    and names a_model -- what the store then holds, never "nothing was sent"."""
+    store_root = tmp_path / "store"
+    store_root.mkdir()
+    repo = tmp_path / "repo"
+    _model(repo, "a_model", "1", "A = 1\n")
+    _model(repo, "b_model", "1", "MINE = 1\n")
+    other = _model(tmp_path / "other", "b_model", "1", "THEIRS = 1\n")
+
+    def racing_writer(model: str) -> None:
+        if model == "b_model":  # after a_model's push, before b_model's lock
+            push_path(open_store(store_root), other)
+
+    with pytest.raises(StorageError) as refused:
+        push_path(open_store(store_root), repo, on_model=racing_writer)
+    message = refused.value.message
+    assert "nothing of b_model was sent" in message
+    assert "a_model (checked before it) was pushed" in message
+    assert "nothing was sent" not in message.replace("nothing of b_model was sent", "")
+    # the state the message describes: a_model stored, b_model v1 the other writer's bytes
+    assert (store_root / "a_model" / "1" / "model.py").read_text() == "A = 1\n"
+    assert (store_root / "b_model" / "1" / "model.py").read_text() == "THEIRS = 1\n"
+
+
 # -- S3 --------------------------------------------------------------------------------------------
 
 
