@@ -570,6 +570,11 @@ def test_a_request_id_repeating_keys_is_forged_not_a_capture_of_another_model(tm
     assert (reading.forged_files, reading.skipped[DUPLICATE_KEY]) == (1, 1)
     assert reading.skipped[FORGED] == 1
     assert load_records(other, Reading()) is None  # not parsed at all
+    escaped = other.replace(b'"model_name":"m"', b'"model\\u005fname":"m"', 1)  # the same key, spelt apart
+    assert escaped.count(b'"model_name"') == 1
+    reading = Reading()
+    assert load_records(escaped, reading) is None
+    assert reading.skipped[DUPLICATE_KEY] == 1
 
 
 def test_one_client_repeating_a_request_cannot_fill_the_sample(tmp_path: Path) -> None:
