@@ -776,3 +776,45 @@ def test_retain_after_record_is_bounded_and_a_sigterm_keeps_the_real_outcome(
     assert result.ok
     assert world2.registry.aliases("pre").get("test") == "2"
     assert "promoted; retain interrupted (SIGTERM)" in result.notes
+
+
+def test_each_promotion_makes_its_own_nonce_gives_it_to_its_triton_clients_and_records_it_nowhere(
+    tmp_path: Path,
+) -> None:
+    """Residual: the nonce was one per process; now one per promotion, made when it starts, on
+    the Triton clients it connects (what sends mlreg's requests) and in its shadow settings (what
+    leaves them out), and in no result."""
+    from dataclasses import replace
+
+    from pipelines.promote.runner import Options, Promotion, _stamped
+    from pipelines.triton import TritonControl
+    from tests.unit.worlds import MEMBER, World
+
+    world = World(tmp_path)
+    world.env = replace(world.env, shadow=Shadow(captures=str(tmp_path / "traces")))
+    world.registry.add("pre", "2", MEMBER.format(name="pre", src="IN", dst="MID"))
+    owns = []
+    for version in ("1", "2"):
+        promotion = Promotion(
+            world.settings, world.env, world.registry, Options(skip_quality=True), connect=world.fleet.connect
+        )
+        result = promotion.run("pre", version)
+        assert result.ok
+        assert promotion.ctx is not None
+        assert promotion.ctx.env.shadow is not None
+        own = promotion.ctx.env.shadow.own
+        assert own.startswith("mlreg-")
+        assert len(own) >= len("mlreg-") + 32
+        assert own not in str(result.to_dict())
+        assert own not in repr(promotion.ctx.env)
+        owns.append(own)
+    assert owns[0] != owns[1]  # per promotion
+    assert world.env.shadow is not None
+    assert world.env.shadow.own == ""  # the environment itself unchanged
+    nonce = RequestNonce()
+    client = _stamped(lambda url: TritonControl(url), nonce)("127.0.0.1:1")  # no call is made
+    try:
+        assert client.nonce is nonce  # type: ignore[attr-defined]
+    finally:
+        client.close()  # type: ignore[attr-defined]
+    assert nonce.request_id().startswith(nonce.prefix)
