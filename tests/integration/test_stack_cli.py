@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -67,7 +67,9 @@ def test_up_twice_starts_one_server_and_down_cleans_up(
     finally:
         down = runner.invoke(app, ["stack", "down"])
     assert down.exit_code == 0
-    assert re.search(rf"stopped replica-0: tritonserver \(pid {info['pid']}\) and \d+ python stubs?", down.output)
+    assert re.search(
+        rf"stopped replica-0: tritonserver \(pid {info['pid']}\) and \d+ python stubs?", down.output
+    )
     assert not local_triton.pid_alive(info["pid"])
     assert not list(Path("/dev/shm").glob(f"{info['shm_prefix']}*"))
     assert runner.invoke(app, ["stack", "status"]).exit_code == 1
