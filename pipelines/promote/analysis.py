@@ -146,7 +146,8 @@ def analyse(
     faults = [
         f"replica {t}: {fault}" for t, read in scrapes.items() for fault in metrics.faults(model, seen, *read)
     ]
-    new = metrics.total(list(counted.values()), model, new_versions)
+    judged_on = _judged_on(env, model, candidate, ready_on, counted, left_out)
+    new = metrics.total([counted[t] for t in judged_on], model, new_versions)
     old = metrics.total(list(counted.values()), model, old_versions)
     ok, failed, detail, checks = _judged(env, old, new)
     compared = sorted(old_versions, key=int)
@@ -214,6 +215,28 @@ def _ready_on(env: Environment, targets: Sequence[str], model: str, version: str
             "serves (pass --version), or load it first",
         )
     return found
+
+
+def _judged_on(
+    env: Environment,
+    model: str,
+    version: str,
+    ready_on: Sequence[str],
+    counted: dict[str, metrics.Snapshot],
+    left_out: dict[str, str],
+) -> list[str]:
+    """The replicas whose counters of ``model`` ``version`` are judged: READY there and read
+    (issue 45 review, F6).  Another replica's counters of it are what an earlier or a failed load
+    left; none left: NotServed, naming the replicas that serve it and why they were left out."""
+    found = [t for t in ready_on if t in counted]
+    if found:
+        return found
+    why = "; ".join(f"{t}: {left_out.get(t, 'its metrics not read')}" for t in ready_on)
+    raise NotServed(
+        f"{model} v{version} is READY only on replicas whose metrics could not be read ({why}): its "
+        "counters elsewhere are what an earlier or a failed load left, so there is nothing to judge",
+        fix="make those replicas' metrics readable (the reason is above), then run the check again",
+    )
 
 
 def _judged(

@@ -466,3 +466,21 @@ def test_a_canary_load_that_fails_names_its_own_cause(error: MlregError, never: 
         assert "never loaded" not in said
         assert "register a new version" not in said
         assert GATE_FIX not in said
+
+
+def test_a_version_is_judged_only_where_it_is_ready_and_read(endpoint: str) -> None:
+    """The reviewer's case (F6): under max_unavailable = 1, m v2 is READY only on B, whose metrics
+    answer HTTP 500, and A still exports v2's counters from an earlier load.  Before: judged 'ok'
+    from A's counters.  Now refused, naming B and why; and where both are read, only the replica
+    that serves v2 counts (40 requests, not A's 40 on top)."""
+    on_b = lambda t, m, v: t == B  # noqa: E731
+    with pytest.raises(
+        analysis.NotServed,
+        match=r"m v2 is READY only on replicas whose metrics could not be read \(b:8001: .*HTTP 500",
+    ):
+        analysis.analyse(_env(endpoint, "ok", "error", 1), (A, B), "m", ready=on_b)
+    found = analysis.analyse(_env(endpoint, "ok", "ok", 1), (A, B), "m", ready=on_b)
+    assert found.ready_on == [B]
+    assert found.to_dict()["requests"] == 40  # B's own; before: 80 (A's leftovers summed in)
+    both = analysis.analyse(_env(endpoint, "ok", "ok", 1), (A, B), "m", ready=lambda t, m, v: True)
+    assert both.to_dict()["requests"] == 80
