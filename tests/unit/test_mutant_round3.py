@@ -1,0 +1,106 @@
+"""Guarantee mutants of round three (issues 44, 45) that no other fast test killed
+(tests/mutants/mutants.toml names them): each test asserts the state the guarantee is about.
+
+- ``late-load-queued-behind``: a replica still LOADING the candidate past its deadline is put back
+  by a load queued behind the late one (``Fleet.restore``), never by a load that would wait behind
+  it: the queued config names only the serving version, the truth said is kept, and once the late
+  load ends the replica serves the serving version alone.
+- ``too-few-captures-inconclusive``: min_captures counts the requests *judged*, not only those read:
+  enough captures, most of which the serving version fails on again (not held against the
+  candidate), leave too few judged -- inconclusive, refused, never a pass on what is left.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.promote.capture import Shadow
+from pipelines.promote.fanout import Change, Fleet, ready_versions
+from pipelines.promote.replay import ShadowResult, replay
+from pipelines.promote.traces import Captured
+from pipelines.storage import open_store
+from registry.errors import TritonError
+from tests.fakes import Call, FakeTarget
+
+URL = "localhost:8001"
+SERVING = """name: "scorer"
+backend: "python"
+max_batch_size: 0
+version_policy: { specific: { versions: [9] } }
+input [{ name: "x", data_type: TYPE_FP32, dims: [2] }]
+output [{ name: "y", data_type: TYPE_FP32, dims: [2] }]
+"""
+
+
+def _loads_wait_behind_a_late_one(target: FakeTarget, call: Call) -> None:
+    """Triton 2.51 runs a model's loads in turn: a load sent while one of its versions is still
+    LOADING waits behind it and, past the caller's deadline, is answered DEADLINE_EXCEEDED.  A fake
+    of a fault the unit suite cannot provoke for real (a real server with an initialize that outlives
+    load_timeout is tests/integration's late-load test)."""
+    if call.method == "load" and "LOADING" in target.states.get(call.model, {}).values():
+        raise TritonError(f"{target.url}: load of '{call.model}' still waits behind a running load")
+
+
+class QueueingTarget(FakeTarget):
+    """A FakeTarget with Triton's queue of loads: ``queue_load`` sends a load that stays queued
+    behind the running one (False: not finished within ``wait``); ``late_load_ends`` lets the late
+    load finish, then runs what was queued, in order."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, _loads_wait_behind_a_late_one)
+        self.queued: list[tuple[str, str]] = []
+
+    def queue_load(self, model: str, config: str, wait: float) -> bool:
+        self.queued.append((model, config))
+        return False  # still queued behind the late load
+
+    def late_load_ends(self) -> None:
+        for model, versions in self.states.items():
+            self.states[model] = {v: "READY" for v in versions}  # the late version lands first
+        for model, config in self.queued:
+            versions = json.loads(config)["version_policy"]["specific"]["versions"]
+            self.states[model] = {str(int(v)): "READY" for v in versions}
+        self.queued.clear()
+
+
+def test_a_late_load_is_taken_back_by_a_load_queued_behind_it(tmp_path: Path) -> None:
+    target = QueueingTarget(URL)
+    target.states = {"scorer": {"9": "READY", "12": "LOADING"}}  # v12's load outlived its deadline
+    with Fleet(open_store(tmp_path / "store"), [URL], lambda url: target, load_timeout=1.0) as fleet:
+        why = fleet.restore(URL, Change("scorer", SERVING, ("9",)))
+        assert why == ""
+        assert [(m, json.loads(c)["version_policy"]["specific"]["versions"]) for m, c in target.queued] == [
+            ("scorer", ["9"])
+        ]  # the load that keeps only the serving version, queued behind the late one
+        assert target.configs == []  # no load that would wait behind it was sent
+        assert "when it ends, localhost:8001 keeps serving v9 (v12 is unloaded)" in fleet.pending[URL]
+    target.late_load_ends()
+    assert ready_versions(target.model_states(), "scorer") == ["9"]  # the candidate never takes traffic
+
+
+def test_too_few_requests_judged_is_inconclusive_though_enough_were_captured() -> None:
+    rng = np.random.default_rng(5)
+    requests = []
+    for n in range(60):
+        x = rng.random((1, 4), dtype=np.float32)
+        x[0, 0] = n  # which request it is, read back by the serving side
+        requests.append(Captured("m", "1", f"c{n}", {"X": x}, {"Y": x.sum(axis=1, keepdims=True)}))
+
+    def candidate(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"Y": inputs["X"].sum(axis=1, keepdims=True)}
+
+    def serving(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if inputs["X"][0, 0] < 40:  # the serving version fails these again: none of them is judged
+            raise TritonError("the serving version failed the request")
+        return candidate(inputs)
+
+    shadow = Shadow(captures="/nowhere", min_captures=50)
+    result = replay(requests, candidate, serving, {"Y": "regression"}, shadow, ShadowResult("m", "2", "1"))
+    assert (result.captured, result.judged, result.serving_failed, result.diverged) == (60, 20, 40, 0)
+    assert not result.ok
+    assert result.verdict.startswith("inconclusive: 20 captured request(s) of v1 could be judged")
+    assert "min_captures 50" in result.verdict
