@@ -17,6 +17,12 @@ lock -- fenced, or killed -- so the folder it names was that promotion's upload,
 removed, with its marker.  A marker of a version that serves now is only dropped (the version is
 no litter).  Nothing else is ever removed: no marker, no removal; a marker that does not parse is
 left and named.
+
+"Serves" is asked of the replicas too, not only of the store's configs (issue 45 review, F4): a
+promotion fenced during its canary gate leaves its candidate loaded there (its undo writes nothing),
+while the store's config still lists only the serving version.  A version any replica reports
+READY, LOADING or UNLOADING (its own name or the gate's private one) is kept, marker included;
+while a replica cannot be asked, no upload of the model is removed (deferred, said so).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pipelines.promote.plan import ensemble_pins, ensembles_pinning, serving_versions
 from pipelines.storage.base import RepositoryStore
@@ -33,6 +39,10 @@ from registry.errors import MlregError
 log = logging.getLogger(__name__)
 MARKER = ".mlreg-upload.{model}.{version}.json"
 MAX_MARKER_BYTES = 4096  # a marker is ~150 bytes; anything bigger is not one of ours
+LIVE_STATES = frozenset({"READY", "LOADING", "UNLOADING"})  # a replica holds (or is getting) its files
+PRIVATE_MARK = "__mlreg"  # the quality gate's private name for a candidate: <model>__mlreg_quality
+# url -> model -> version -> state, or the error that kept the replica from answering
+Replicas = Mapping[str, "dict[str, dict[str, str]] | MlregError"]
 
 
 def marker_key(model: str, version: str) -> str:
@@ -62,14 +72,36 @@ def forget_uploads(store: RepositoryStore, uploads: Iterable[tuple[str, str]]) -
     return notes
 
 
-def remove_fenced_uploads(store: RepositoryStore, models: Iterable[str]) -> list[str]:
+def live_on_replicas(replicas: Replicas, model: str) -> tuple[set[str], list[str]]:
+    """The versions of ``model`` some replica holds or loads (under its name or the gate's private
+    one), and the replicas that could not be asked."""
+    live: set[str] = set()
+    unknown: list[str] = []
+    for url, states in replicas.items():
+        if isinstance(states, MlregError):
+            unknown.append(url)
+            continue
+        for name, versions in states.items():
+            if name == model or name.startswith(f"{model}{PRIVATE_MARK}"):
+                live |= {v for v, state in versions.items() if v and state in LIVE_STATES}
+    return live, unknown
+
+
+def remove_fenced_uploads(store: RepositoryStore, models: Iterable[str], replicas: Replicas) -> list[str]:
     """Under this process's locks of ``models``: every version folder a promotion that no longer
-    holds the lock uploaded and never finished, removed (see the module's docstring); one line
-    each, for the report."""
+    holds the lock uploaded and never finished, removed (see the module's docstring) unless a
+    replica of ``replicas`` (url -> what it holds) holds it; one line each, for the report."""
     lines: list[str] = []
     for model in sorted(set(models)):
         lease = store.leases.get(model)
         if lease is None:  # not held here: nobody else's promotion is proven finished
+            continue
+        live, unknown = live_on_replicas(replicas, model)
+        if unknown and any(store.read(marker_key(model, v)) is not None for v in store.list_versions(model)):
+            lines.append(
+                f"upload markers of {model} not checked: {', '.join(sorted(unknown))} cannot be asked what "
+                "it serves, so no upload is removed now (the next promotion or 'mlreg store gc' does)"
+            )
             continue
         try:
             served = set(serving_versions(store.read_config(model)))
@@ -80,11 +112,11 @@ def remove_fenced_uploads(store: RepositoryStore, models: Iterable[str]) -> list
             log.warning("upload markers of %s not checked: %s", model, exc.message)
             continue
         for version in store.list_versions(model):
-            lines.extend(_one(store, model, version, lease.token, version in served))
+            lines.extend(_one(store, model, version, lease.token, version in served, version in live))
     return lines
 
 
-def _one(store: RepositoryStore, model: str, version: str, token: str, served: bool) -> list[str]:
+def _one(store: RepositoryStore, model: str, version: str, token: str, served: bool, live: bool) -> list[str]:
     key = marker_key(model, version)
     raw = store.read(key)
     if raw is None:
@@ -95,6 +127,11 @@ def _one(store: RepositoryStore, model: str, version: str, token: str, served: b
     owner, theirs = marker
     if theirs == token:
         return []  # this promotion's own (a rerun within it): never litter
+    if live and not served:  # a fenced canary still holds it: its files stay, so does the proof
+        return [
+            f"{model}/{version} (uploaded by {owner}'s promotion, which lost its lock) kept in {store.uri}: "
+            "a replica still holds it; 'mlreg status' names where -- put that replica back, then rerun"
+        ]
     if served:
         store.delete(key)  # the version serves: no litter, only a stale marker
         return []

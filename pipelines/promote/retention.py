@@ -405,7 +405,8 @@ def collect(
                 f"cannot ask every target what it holds, so nothing is archived: {'; '.join(missing)}",
                 fix="bring the target back (or correct the environment's targets), then rerun",
             )
-        litter = [] if dry_run else remove_fenced_uploads(store, names)  # before the window: never archived
+        # before the window (never archived), kept while a replica holds it
+        litter = [] if dry_run else remove_fenced_uploads(store, names, states)
         found = plan(store, archive, names, keep, states, stamp)
         found.litter = litter
         found.dry_run = dry_run

@@ -90,7 +90,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
                 ctx.locks.enter_context(locking.held(ctx.store, name, ctx.settings))
             held.add(name)
         if not ctx.options.dry_run:  # what a promotion that lost these locks uploaded and left
-            ctx.result.notes.extend(remove_fenced_uploads(ctx.store, wanted))
+            ctx.result.notes.extend(remove_fenced_uploads(ctx.store, wanted, fleet.states()))
         plan = build_plan(
             ctx.registry,
             ctx.store,
