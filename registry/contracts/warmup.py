@@ -219,6 +219,7 @@ def check_warmup(
 
 def _over_bound(config: ModelConfig, model: str, model_dir: Path | None, bound: WarmupBound) -> list[Finding]:
     """One error when the samples together ask more than ``bound`` of a load, naming the largest."""
+    copies = instances(config) * versions_loaded(config, model_dir)  # each instance of each version
     work = [
         (
             sample.name or f"#{i}",
@@ -228,8 +229,8 @@ def _over_bound(config: ModelConfig, model: str, model_dir: Path | None, bound: 
         )
         for i, sample in enumerate(config.model_warmup)
     ]
-    total_bytes = sum(runs * batch * size for _, runs, batch, size in work)
-    total_requests = sum(runs * batch for _, runs, batch, _ in work)
+    total_bytes = copies * sum(runs * batch * size for _, runs, batch, size in work)
+    total_requests = copies * sum(runs * batch for _, runs, batch, _ in work)
     limit_bytes = int(bound.megabytes * MIB)
     if total_bytes <= limit_bytes and total_requests <= bound.requests:
         return []
@@ -239,7 +240,8 @@ def _over_bound(config: ModelConfig, model: str, model_dir: Path | None, bound: 
             "warmup-bound",
             model,
             f"model_warmup asks {total_requests} requests moving {_size(total_bytes)} of sample data "
-            f"while each version loads (count x batch_size x bytes per request, over its samples), "
+            f"while it loads (count x batch_size x bytes per request, over its samples, x {copies} "
+            "model instance(s) of every version it loads: Triton warms each instance up), "
             f"over the bound of {bound.requests} requests and {_size(limit_bytes)} "
             f"({REQUESTS_VARIABLE}, {MB_VARIABLE}): Triton runs them all before READY, and the load "
             "does not end before they do",
@@ -253,15 +255,51 @@ def _over_bound(config: ModelConfig, model: str, model_dir: Path | None, bound: 
     ]
 
 
+def instances(config: ModelConfig) -> int:
+    """The model instances Triton makes of one version, each warmed up in turn: over
+    ``instance_group``, count (0: 1) x the GPUs it names (none named: 1; the host's GPU count is
+    not known here, so a GPU group without ``gpus`` is counted once per count); none: 1."""
+    groups = list(config.instance_group)
+    if not groups:
+        return 1
+    return sum(max(int(g.count), 1) * max(len(g.gpus), 1) for g in groups)
+
+
+def versions_loaded(config: ModelConfig, model_dir: Path | None) -> int:
+    """The versions ``version_policy`` loads (each warmed up): specific's count; ``all``: the
+    numbered folders in ``model_dir`` (the model's folder) when known; latest's num_versions
+    (default 1), at most those folders when known.  Unknown: 1 (validate sees one model folder)."""
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "specific":
+        return max(len(set(policy.specific.versions)), 1)
+    found = _version_folders(model_dir)
+    if which == "all":
+        return max(found or 1, 1)
+    wanted = max(int(policy.latest.num_versions), 1) if which == "latest" else 1
+    return min(wanted, found) if found else wanted
+
+
+def _version_folders(model_dir: Path | None) -> int:
+    """The numbered folders in ``model_dir`` (0: none, or not known)."""
+    if model_dir is None:
+        return 0
+    try:
+        return sum(1 for p in model_dir.iterdir() if p.name.isdigit() and p.is_dir())
+    except OSError:
+        return 0
+
+
 def _request_bytes(sample: Any, model_dir: Path | None) -> int:
-    """The bytes of one warmup request of ``sample``: each input's elements x its size (a string
-    element: its file's share when the file is there, else its 4-byte length)."""
+    """The bytes of one warmup request of ``sample``: each input's elements x its size; an
+    ``input_data_file`` of any type: its file's size when the file is there (Triton reads the
+    whole file whatever the type), else elements x size."""
     total = 0
     for name in sample.inputs:
         value = sample.inputs[name]
         elements = math.prod(max(int(d), 1) for d in value.dims)
         type_name = _type_name(value.data_type)
-        if type_name == STRING and value.WhichOneof("input_data_type") == "input_data_file" and model_dir:
+        if value.WhichOneof("input_data_type") == "input_data_file" and model_dir:
             try:
                 total += (model_dir / WARMUP_FOLDER / value.input_data_file.lstrip("/")).stat().st_size
                 continue

@@ -107,3 +107,59 @@ def test_the_template_and_every_derived_peak_warmup_stay_within_the_default_boun
     folder = model_folder(tmp_path, config(XY, extra=HOSTILE.replace("count: 1000000000 ", "")))
     assert validate_path(folder).findings == []  # the same sample, once: fine
     assert PYTHON_MODEL in (folder / "1" / "model.py").read_text()
+
+
+# -- issue 45 review, F3: every instance of every version loaded is warmed up ----------------------
+
+ONE = (
+    'model_warmup [ { name: "w" batch_size: 8 count: 100 ' + X_OK + Y_OK + "} ]\n"
+)  # 800 requests, 20 B each
+
+
+@pytest.mark.parametrize(
+    ("extra", "copies"),
+    [
+        ("", 1),
+        ("instance_group [ { count: 1000 kind: KIND_CPU } ]\n", 1000),
+        ("instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] }, { count: 0 kind: KIND_CPU } ]\n", 5),
+        ("version_policy: { specific { versions: [ 1, 2, 3 ] } }\n", 3),
+        ("version_policy: { all {} }\ninstance_group [ { count: 2 } ]\n", 4),  # 2 folders x 2 instances
+        ("version_policy: { latest { num_versions: 5 } }\n", 2),  # at most the 2 folders there
+    ],
+    ids=["one", "a-thousand-instances", "gpus-times-count", "specific", "all", "latest"],
+)
+def test_the_bound_counts_every_instance_of_every_version_loaded(
+    tmp_path: Path, extra: str, copies: int
+) -> None:
+    """Before: a thousand instances (4,000,000 warmup requests) passed like one."""
+    folder = model_folder(tmp_path, config(XY, extra=extra + ONE))
+    (folder / "2").mkdir()
+    parsed = parse_config((folder / "config.pbtxt").read_text())
+    found = check_warmup(parsed, model_dir=folder, bound=WarmupBound(megabytes=1024, requests=800 * copies))
+    assert [f for f in found if f.rule == "warmup-bound"] == []
+    [over] = [
+        f
+        for f in check_warmup(
+            parsed, model_dir=folder, bound=WarmupBound(megabytes=1024, requests=800 * copies - 1)
+        )
+        if f.rule == "warmup-bound"
+    ]
+    assert over.actual.startswith(f"{800 * copies} requests")
+    assert f"x {copies} model instance(s) of every version it loads" in over.message
+
+
+def test_a_warmup_data_file_of_any_type_counts_its_size(tmp_path: Path) -> None:
+    """Triton reads the whole input_data_file whatever the type: a 3 MiB file behind a 3-float
+    input counts 3 MiB a request, not 12 bytes."""
+    body = 'data_type: TYPE_FP32 dims: [ 3 ] input_data_file: "x.bin"'
+    sample = 'model_warmup [ { name: "f" batch_size: 1 count: 1 ' + given("X", body) + Y_OK + "} ]\n"
+    folder = model_folder(tmp_path, config(XY, extra=sample))
+    (folder / "warmup").mkdir()
+    (folder / "warmup" / "x.bin").write_bytes(b"\0" * (3 * 2**20))
+    parsed = parse_config((folder / "config.pbtxt").read_text())
+    [over] = [
+        f
+        for f in check_warmup(parsed, model_dir=folder, bound=WarmupBound(megabytes=2, requests=10))
+        if f.rule == "warmup-bound"
+    ]
+    assert over.actual == "1 requests, 3.0 MiB"
