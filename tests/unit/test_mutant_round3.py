@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -104,3 +105,29 @@ def test_too_few_requests_judged_is_inconclusive_though_enough_were_captured() -
     assert not result.ok
     assert result.verdict.startswith("inconclusive: 20 captured request(s) of v1 could be judged")
     assert "min_captures 50" in result.verdict
+
+
+def test_an_upload_under_way_shows_no_partial_file_under_the_model_folder(tmp_path: Path) -> None:
+    """Issue 45 item 8: while a version's bytes are copied, nothing partial lies under ``<model>/``
+    (Triton may read it; a SIGKILL would leave it there): the temporary file is at the store's
+    root, and the version's file appears whole, once copied."""
+    root = tmp_path / "store"
+    store = open_store(root)
+    source = tmp_path / "src"
+    source.mkdir()
+    data = os.urandom(3 << 20)  # three chunks: the callback runs while the copy is under way
+    (source / "weights.bin").write_bytes(data)
+    seen: list[tuple[str, int]] = []
+    temps: list[str] = []
+
+    def watch(sent: int) -> None:
+        seen.extend(
+            (p.relative_to(root).as_posix(), p.stat().st_size) for p in root.rglob("*") if p.is_file()
+        )
+        temps.extend(p.name for p in root.iterdir() if p.is_file())
+
+    store.put_version("m", "1", source, progress=watch)
+    assert [(name, size) for name, size in seen if name.startswith("m/")] == []  # nothing partial
+    assert temps  # the copy was under way in a temporary file at the root
+    assert (root / "m" / "1" / "weights.bin").read_bytes() == data
+    assert [p.name for p in root.iterdir() if p.is_file()] == []  # the temporary file is gone
