@@ -388,6 +388,7 @@ def stop_server(
     *,
     grace: float = STOP_GRACE_S,
     process: subprocess.Popen[bytes] | None = None,
+    started_at: float | None = None,
 ) -> GroupStop:
     """The server ``pid`` and its python stubs stopped -- also when the server is gone and its stubs
     are not (they ignore SIGTERM, and a hung warmup keeps one busy): SIGTERM to the server, SIGKILL
@@ -400,6 +401,7 @@ def stop_server(
         process,
         grace=grace,
         marker=None if process is not None else "tritonserver",
+        started_at=started_at,  # a pid created after the recorded start is a recycled one
     )
     remove_shm(shm_prefix)
     return stopped

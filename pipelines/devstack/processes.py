@@ -86,6 +86,28 @@ def process_runs(pid: int, marker: str) -> bool:
         return False
 
 
+START_SLACK_S = 1.0  # psutil's create_time and time.time() read the same clock; rounding aside
+
+
+def process_is(pid: int, executable: str, started_by: float | None) -> bool:
+    """True while ``pid`` runs the program named ``executable`` (its argv[0]'s exact file name,
+    not a word anywhere in its command line: ``tail -f .../tritonserver.log`` is not one) and,
+    with ``started_by`` (the time its start was recorded), was created no later than that: a
+    recycled pid is created after the recorded process ended, so after ``started_by`` (issue 45
+    review, F7)."""
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            if process.status() in {psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD}:
+                return False
+            argv = process.cmdline()
+            if not argv or Path(argv[0]).name != executable:
+                return False
+            return started_by is None or process.create_time() <= started_by + START_SLACK_S
+    except psutil.Error:
+        return False
+
+
 def group_alive(pgid: int) -> bool:
     """True while any process of process group ``pgid`` runs."""
     try:
@@ -257,11 +279,18 @@ def stop_group(
     *,
     grace: float = 10.0,
     marker: str | None = None,
+    started_at: float | None = None,
 ) -> GroupStop:
     """Stop the server ``pid`` and every process of its group ``belongs`` proves ours, whether the
     server still runs or died before them: SIGTERM to the server (it stops its workers itself),
-    SIGKILL to the group after ``grace`` s, and to each member left, waited for ``KILL_WAIT_S``."""
-    running = process.poll() is None if process is not None else marker is None or process_runs(pid, marker)
+    SIGKILL to the group after ``grace`` s, and to each member left, waited for ``KILL_WAIT_S``.
+    Without ``process``, the leader is ours only when it runs the ``marker`` program, created by
+    ``started_at`` (:func:`process_is`); else it is left alone (its members are still judged by
+    ``belongs``)."""
+    if process is not None:
+        running = process.poll() is None
+    else:
+        running = marker is None or process_is(pid, marker, started_at)
     members = group_members(pid, belongs)
     result = GroupStop(leader=running, members=[_name(m) for m in members])
     if running:

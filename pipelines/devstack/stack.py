@@ -352,7 +352,7 @@ def stop_stack(settings: Settings) -> list[StoppedReplica]:
         info = local_triton.load_info(path)
         if info is None:
             continue
-        group = local_triton.stop_server(info.pid, info.shm_prefix)
+        group = local_triton.stop_server(info.pid, info.shm_prefix, started_at=info.started_at)
         path.unlink(missing_ok=True)
         if group.stopped:
             stopped.append(StoppedReplica(name, info, group))

@@ -37,7 +37,6 @@ time.sleep(120)
 # "tritonserver": exits on SIGTERM (it would stop its stubs; these ignore it), starts the stubs
 LEADER = """
 import subprocess, sys, time
-# the word tritonserver in this command line is what mlreg recognises the server by
 stub, script, prefix, ready, stranger = sys.argv[1:6]
 for index in range(2):
     subprocess.Popen([stub, script, f"{prefix}uuid{index}", f"{ready}.{index}"])
@@ -54,9 +53,12 @@ class Group:
         self.stub.symlink_to(sys.executable)
         (tmp_path / "stub.py").write_text(STUB)
         (tmp_path / "leader.py").write_text(LEADER)
-        argv = [sys.executable, str(tmp_path / "leader.py"), str(self.stub), str(tmp_path / "stub.py")]
+        server = tmp_path / "tritonserver"  # argv[0]'s file name is what mlreg recognises the server by
+        server.symlink_to(sys.executable)
+        argv = [str(server), str(tmp_path / "leader.py"), str(self.stub), str(tmp_path / "stub.py")]
         argv += [self.prefix, str(tmp_path / "ready"), "tritonserver"]
         self.leader = subprocess.Popen(argv, start_new_session=True)
+        self.started_at = time.time()  # recorded after the start, as _launch records it
         deadline = time.monotonic() + 30
         while not all((tmp_path / f"ready.{i}").exists() for i in ("0", "1", "x")):
             assert time.monotonic() < deadline, "the stand-in stubs did not start"
@@ -64,7 +66,9 @@ class Group:
         self.members = processes.group_members(self.leader.pid, lambda proc: True)
 
     def info(self) -> ServerInfo:
-        return ServerInfo(self.leader.pid, 1, 2, 3, "repo", str(self.root / "log"), self.prefix, 0.0)
+        return ServerInfo(
+            self.leader.pid, 1, 2, 3, "repo", str(self.root / "log"), self.prefix, self.started_at
+        )
 
     def alive(self) -> dict[str, bool]:
         return {m.cmdline()[2] if m.is_running() else str(m.pid): _runs(m) for m in self.members}
@@ -133,3 +137,51 @@ def test_a_stub_is_ours_only_by_its_name_and_the_servers_own_region_prefix() -> 
     assert not local_triton.is_stub_of([f"/b/python/{STUB_NAME}", "/r/m/1/model.py", "mlreg_1_3_u"], prefix)
     assert not local_triton.is_stub_of(["/usr/bin/python3", "x.py", f"{prefix}u"], prefix)
     assert not local_triton.is_stub_of([f"/b/{STUB_NAME}", "x.py", f"{prefix}u"], "")
+
+
+# -- issue 45 review, F7: the leader is ours by its program's exact name and its start time --------
+
+
+def _stranger(argv: list[str]) -> subprocess.Popen[bytes]:
+    """A process of someone else's, in its own session (a group leader, as a recycled pid may be)."""
+    return subprocess.Popen(argv, start_new_session=True)
+
+
+@pytest.mark.parametrize("kind", ["tail-of-a-log-named-tritonserver", "a-tritonserver-started-after-ours"])
+def test_a_recycled_pid_is_never_signalled(tmp_path: Path, kind: str) -> None:
+    """The recorded pid now belongs to a stranger: before, any process whose command line held the
+    word 'tritonserver' (``tail -f .../tritonserver.log``) was SIGTERMed, and its whole group
+    SIGKILLed.  Now the leader must run the program named tritonserver (argv[0]'s file name) and
+    have been created by the recorded start; otherwise it is left alone."""
+    log_file = tmp_path / "tritonserver.log"
+    log_file.write_text("")
+    recorded = time.time()
+    if kind.startswith("tail"):
+        stranger = _stranger(["tail", "-f", str(log_file)])
+    else:  # a real tritonserver's name, created after the recorded start: the pid was recycled
+        time.sleep(START_LAG)
+        server = tmp_path / "tritonserver"
+        server.symlink_to(sys.executable)
+        stranger = _stranger([str(server), "-c", "import time; time.sleep(120)"])
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(stranger.pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop = local_triton.stop_server(stranger.pid, "mlreg_1_8000_", grace=0.5, started_at=recorded)
+        assert (stop.leader, stop.members, stop.killed) == (False, [], False)
+        time.sleep(0.2)
+        assert stranger.poll() is None  # alive: never signalled
+    finally:
+        stranger.kill()
+        stranger.wait(10)
+
+
+START_LAG = processes.START_SLACK_S + 0.3
+
+
+def test_the_server_itself_is_recognised_by_name_and_start(group: Group) -> None:
+    """The positive control: the recorded leader (argv[0] named tritonserver, created before its
+    recorded start) is ours; recorded as started long before it ran, it is not."""
+    assert processes.process_is(group.leader.pid, "tritonserver", group.started_at)
+    assert not processes.process_is(group.leader.pid, "tritonserver", group.started_at - 3600)
+    assert not processes.process_is(group.leader.pid, "triton", group.started_at)  # exact, not a part
