@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from pipelines.promote.context import PromotionContext, Stage
+from pipelines.promote.fanout import CONFIRM_S, confirm_queued
 from pipelines.promote.integrity import verifier
 from pipelines.promote.plan import serving_versions
 from pipelines.promote.record import record_promotion
@@ -64,6 +65,7 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
             except BaseException as failure:  # recorded and reported below, never swallowed
                 result.rollback_error = message_of(failure)
                 result.rollback = "failed"
+            confirm_queued(ctx.fleet, CONFIRM_S, f"mlreg status --env {ctx.env.name}")  # checked, bounded
             result.notes.extend(ctx.fleet.pending.values())  # restores queued behind a late load
             result.notes.extend(
                 f"{url} dropped during the promotion and came back (a restart): waited for, then put back"

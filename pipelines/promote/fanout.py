@@ -34,6 +34,7 @@ from registry.errors import MlregError, PromotionError
 States = dict[str, dict[str, str]]  # model -> version -> state, as Triton's repository index says
 OnTouch = Callable[[str, str, tuple[str, ...]], None]  # url, model, READY versions before the move
 QUEUE_WAIT_S = 2.0  # how long a restore queued behind a late load is waited for before it is left queued
+CONFIRM_S = 5.0  # how long a failed promotion checks what a replica with a queued restore serves
 RESTART_WAIT_S = (
     30.0  # a replica that dropped: a restarted tritonserver is live in < 1 s, its pod in ~10-30 s
 )
@@ -140,6 +141,7 @@ class Fleet:
         self.fenced: dict[str, str] = {}  # url -> why nothing loads there again in this promotion
         self.recreated: dict[tuple[str, str, str], None] = {}  # (url, model, version) a load re-created
         self.pending: dict[str, str] = {}  # url -> a restore queued behind a late load (the truth to say)
+        self.queued: dict[str, Queued] = {}  # the same keys: what was queued, checked by confirm_queued
         self.restart_wait = RESTART_WAIT_S  # how long a replica that dropped is waited for
         self.gone: dict[str, str] = {}  # url -> why it was not put back (dropped, never came back)
         self.restarted: dict[str, None] = {}  # urls that dropped and came back during this promotion
@@ -345,11 +347,12 @@ class Fleet:
         except MlregError as exc:
             return f"{url}: {change.model} could not be queued behind {member}'s load: {exc.message}"
         if not done:
-            self.pending[f"{url} {change.model}"] = (
-                f"{change.model}'s earlier config is queued on {url} behind the load of {member} "
-                f"v{','.join(loading)}: when it ends, {change.model} v{','.join(change.versions)} "
-                "serves there as before (it serves as it is meanwhile)"
+            key = f"{url} {change.model}"
+            self.pending[key] = (
+                f"queued {change.model}'s earlier config (v{','.join(change.versions)}) on {url} behind "
+                f"the load of {member} v{','.join(loading)}, still running there"
             )
+            self.queued[key] = Queued(url, change.model, (), tuple(change.versions), behind=member)
         return ""
 
     def _queue_behind(self, url: str, change: Change, loading: list[str], ready: list[str]) -> str:
@@ -376,11 +379,11 @@ class Fleet:
             for version in change.versions:
                 target.wait_ready(change.model, version, timeout=self.load_timeout)
             return ""
-        keeps = "keeps serving" if set(change.versions) <= set(ready) else "serves"
         self.pending[url] = (
-            f"the load of {change.model} v{late} is still running on {url}; the load of v{held} is "
-            f"queued behind it: when it ends, {url} {keeps} v{held} (v{late} is unloaded)"
+            f"the load of {change.model} v{late} is still running on {url}; queued the load of v{held} "
+            "behind it (Triton runs a model's loads in turn)"
         )
+        self.queued[url] = Queued(url, change.model, tuple(loading), tuple(change.versions))
         return ""
 
     def _send(self, url: str, change: Change) -> None:
@@ -514,6 +517,58 @@ def _pins(change: Change) -> dict[str, int]:
         return {}
     steps = json.loads(config_json(change.config, change.model)).get("ensemble_scheduling", {})
     return {str(s.get("model_name", "")): int(s.get("model_version", -1)) for s in steps.get("step", [])}
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A restore queued behind a late load: at ``url``, ``model`` should end serving ``held``
+    (and none of ``late``, the versions whose load outlived its deadline)."""
+
+    url: str
+    model: str
+    late: tuple[str, ...]
+    held: tuple[str, ...]
+    behind: str = ""  # the model whose late load it waits for ("": ``model`` itself)
+
+
+def confirm_queued(fleet: Fleet, wait: float, status: str, interval: float = 0.25) -> None:
+    """Each restore queued behind a late load (``fleet.pending``) checked within ``wait`` s: its
+    line ends with what the replica serves when asked (the queued load done: confirmed), else
+    'not confirmed' and ``status``, the command that tells (issue 45 review, F2).  The late
+    version may answer between its load's end and the queued load's (Triton's window)."""
+    deadline = time.monotonic() + wait
+    for key, queued in fleet.queued.items():
+        while True:
+            said, done = _outcome(fleet, queued)
+            if done or time.monotonic() >= deadline:
+                break
+            time.sleep(interval)
+        fleet.pending[key] += f"; {said}" if done else f"; not confirmed ({said}): check with '{status}'"
+
+
+def _outcome(fleet: Fleet, queued: Queued) -> tuple[str, bool]:
+    """What ``queued.url`` serves of the model now, and whether the queued restore is done."""
+    try:
+        index = fleet.target(queued.url).model_states()
+    except MlregError as exc:
+        return f"{queued.url} cannot be asked: {exc.message}", False
+    states, behind = index.get(queued.model, {}), queued.behind or queued.model
+    ready = ready_versions(index, queued.model)
+    serves = (
+        f"{queued.url} serves {queued.model} v{','.join(ready)}"
+        if ready
+        else f"{queued.url} serves no {queued.model}"
+    )
+    loading = loading_versions(index, behind) + (
+        loading_versions(index, queued.model) if queued.behind else []
+    )
+    if loading:
+        return f"{serves}, {behind} v{','.join(loading)} still LOADING", False
+    if any(states.get(v) == "READY" for v in queued.late):
+        return f"{serves}: the late v{','.join(queued.late)} landed and was not taken back", False
+    if sorted(ready) == sorted(queued.held):
+        return f"confirmed: {serves}", True
+    return f"{serves} (the queued load wanted v{','.join(queued.held)})", False
 
 
 def dropped(exc: MlregError) -> bool:

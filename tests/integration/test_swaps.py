@@ -407,9 +407,10 @@ def test_a_load_past_its_deadline_is_taken_back_and_never_takes_traffic_when_it_
     message = failed.value.message
     assert f"did not finish within 3s; v{late} is still LOADING" in message, message
     assert (
-        f"the load of late v{late} is still running on {url}; the load of v{serving} is queued behind "
-        f"it: when it ends, {url} keeps serving v{serving}"
+        f"the load of late v{late} is still running on {url}; queued the load of v{serving} behind it "
+        "(Triton runs a model's loads in turn); "
     ) in message, message
+    assert f"; confirmed: {url} serves late v{serving}" in message or "; not confirmed (" in message, message
     assert "the rollback failed" not in message, message
     deadline = time.monotonic() + LATE_SLEEP + 20  # bounded: the sleep, the load and a margin
     while triton_index(url, "late").get(late) in ("LOADING", "READY") and time.monotonic() < deadline:
@@ -452,7 +453,8 @@ def test_a_late_load_under_an_ensemble_on_a_canary_leaves_the_ensemble_serving_t
     message = failed.value.message
     assert "the rollback failed" not in message, message
     assert f"the load of lmember v{late} is still running on {canary}" in message, message
-    assert f"lens's earlier config is queued on {canary} behind the load of lmember v{late}" in message
+    assert "queued lens's earlier config (v" in message, message
+    assert f"on {canary} behind the load of lmember v{late}, still running there" in message, message
     deadline = time.monotonic() + LATE_SLEEP + 20  # bounded: the sleep, the loads and a margin
     while triton_index(canary, "lmember").get(late) in ("LOADING", "READY") and time.monotonic() < deadline:
         time.sleep(0.5)
