@@ -20,7 +20,11 @@ that cannot be reached is said as such (never "a version MLflow does not hold").
 ``pin`` writes the file like any store object: under an exclusive lock of its folder (``flock``:
 two ``fleet pin`` at once run one after the other, each on what the other wrote) and a
 compare-and-swap on the file's digest (a writer that takes no lock -- an editor, ``git pull`` --
-changing it meanwhile refuses the pin, nothing written): no update is lost.
+changing it meanwhile refuses the pin, nothing written).  ``pin`` against ``pin`` loses no update.
+Against a writer that takes no lock, POSIX has no compare-and-rename: the digest is checked, then
+the file's identity (inode, size, mtime) is checked again right before the rename; what remains is
+the one system call between that last check and the rename.  A folder that cannot be locked
+(NFS without lock support, a filesystem refusing ``flock``) refuses the pin, naming it.
 It promotes only what differs (the alias names another version, or ``mlreg status`` finds drift),
 ensembles first as ``promote --from-alias`` does (an ensemble's promotion brings the member
 versions it pins; each member the file pins is then already held), so a second run is a no-op.
@@ -125,8 +129,9 @@ def write_fleet(fleet: FleetFile) -> None:
     try:
         with os.fdopen(fd, "w") as out:
             out.write(render(fleet))
-        found = _digest(fleet.path.read_bytes()) if fleet.path.exists() else ""
-        if found != fleet.digest:
+        seen = _identity(fleet.path)
+        found = _digest(fleet.path.read_bytes()) if seen is not None else ""
+        if found != fleet.digest or _identity(fleet.path) != seen:  # the identity again, last
             raise UsageError(
                 f"{fleet.path} changed while it was being pinned (another writer): nothing was written",
                 fix="run the command again (it pins onto what the file holds now)",
@@ -142,7 +147,10 @@ def locked(path: Path, wait: float = LOCK_WAIT_S) -> Iterator[None]:
     folder, not a lock file: nothing is left in the git tree); a writer holding it longer than
     ``wait`` seconds refuses this one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError as exc:
+        raise _unlockable(path, exc) from None
     try:
         deadline = time.monotonic() + wait
         while True:
@@ -156,9 +164,30 @@ def locked(path: Path, wait: float = LOCK_WAIT_S) -> Iterator[None]:
                         fix="let the other 'mlreg fleet pin' finish, then run the command again",
                     ) from None
                 time.sleep(0.005)
+            except OSError as exc:  # ENOLCK, EBADF, EOPNOTSUPP...: the filesystem locks nothing
+                raise _unlockable(path, exc) from None
         yield
     finally:
         os.close(fd)  # lets the lock go
+
+
+def _unlockable(path: Path, exc: OSError) -> UsageError:
+    """The refusal when ``path``'s folder cannot be locked: named, with the filesystem's answer."""
+    why = exc.strerror or type(exc).__name__
+    return UsageError(
+        f"{path}: its folder {path.parent} cannot be locked ({why}: the filesystem there -- NFS "
+        "without lock support? -- refuses flock), so a pin could lose another's update: nothing was written",
+        fix="run 'mlreg fleet pin' in a clone on a local disk (git carries the change to the others)",
+    )
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime in ns) of ``path``; None when there is no file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _digest(data: bytes) -> str:

@@ -292,3 +292,68 @@ def test_a_pin_from_an_alias_with_mlflow_down_says_mlflow_is_unreachable(tmp_pat
     with pytest.raises(RegistryError, match="MLflow \\(memory://registry\\) is unreachable, so the versions"):
         fleet.pin(None, path, {}, "production", from_alias="staging", registry=registry)  # type: ignore[arg-type]
     assert not path.exists()  # nothing written
+
+
+# -- issue 45 review, F8: a folder that cannot be locked, and the compare-and-swap's last check ------
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "EBADF", "EOPNOTSUPP"])
+def test_a_folder_the_filesystem_cannot_lock_refuses_the_pin_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    """NFS without lock support answers flock with ENOLCK/EBADF (a fault this machine's local
+    disk cannot provoke: flock is replaced by one that fails so).  Before: a raw OSError.  Now a
+    UsageError naming the folder and the filesystem's answer; nothing written."""
+    import errno
+    import fcntl
+
+    registry = FakeRegistry(tmp_path / "registry")
+    registry.add("a", "1", PYTHON_MODEL.format(name="a"))
+    path = tmp_path / "gitops" / "production.toml"
+    path.parent.mkdir()
+    path.write_text('environment = "production"\n[models]\n')
+    before = path.read_bytes()
+
+    def refuses(fd: int, op: int) -> None:
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(fcntl, "flock", refuses)
+    with pytest.raises(UsageError) as refused:
+        fleet.pin(None, path, {"a": "1"}, "production", registry=registry)  # type: ignore[arg-type]
+    assert (
+        f"its folder {path.parent} cannot be locked ({os.strerror(getattr(errno, code))}"
+        in refused.value.message
+    )
+    assert "nothing was written" in refused.value.message
+    assert "local disk" in str(refused.value.fix)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["production.toml"]
+
+
+def test_a_writer_that_renames_a_file_in_after_the_digest_was_checked_refuses_the_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer without a lock (``git pull``: a rename) lands between the digest check and the
+    rename.  Before: the digest of the bytes read matched, the pin's rename overwrote the other
+    write.  Now the file's identity is checked again last: refused, the other write kept."""
+    registry = FakeRegistry(tmp_path / "registry")
+    for name in ("a", "b"):
+        registry.add(name, "1", PYTHON_MODEL.format(name=name))
+    path = tmp_path / "production.toml"
+    fleet.pin(None, path, {"a": "1"}, "production", registry=registry)  # type: ignore[arg-type]
+    read = fleet.read_fleet(path)
+    read.models["b"] = "1"
+    digest = fleet._digest
+    theirs = path.read_text() + "c = 1\n"
+
+    def then_pulled(data: bytes) -> str:
+        found = digest(data)
+        pulled = tmp_path / ".pulled"
+        pulled.write_text(theirs)
+        os.replace(pulled, path)  # git's write: a new file renamed in
+        return found
+
+    monkeypatch.setattr(fleet, "_digest", then_pulled)
+    with pytest.raises(UsageError, match="production.toml changed while it was being pinned"):
+        fleet.write_fleet(read)
+    assert path.read_text() == theirs
