@@ -19,6 +19,7 @@ from typing import Protocol
 
 from pipelines.promote.fanout import Change, Fleet, dropped, ready_versions, wait_back
 from pipelines.promote.plan import Step
+from pipelines.promote.ports import ServingTarget
 from registry.errors import MlregError, PromotionError
 
 
@@ -57,6 +58,8 @@ class RestartWatch:
             if not dropped(exc):
                 raise
             if not wait_back(target, self.fleet.restart_wait):
+                # waited for once: the abort's put-back does not wait again, and names it only by reference
+                self.fleet.gone[url] = f"{url}: not put back (it dropped and did not come back: above)"
                 raise PromotionError(
                     f"{url} dropped during the roll-out and did not come back within "
                     f"{self.fleet.restart_wait:.0f}s ({exc.message})",
@@ -87,3 +90,33 @@ class RestartWatch:
             f"{url} restarted during the roll-out (it no longer held {', '.join(lost)}): loaded again "
             "(other models it served before its restart are not this promotion's: 'mlreg status' names them)"
         )
+
+
+def not_ready_after_rollout(
+    target: ServingTarget, model: str, version: str, exc: MlregError | None = None
+) -> PromotionError:
+    """Why ``model`` ``version`` is not READY at ``target`` after its roll-out (verify; issue 45
+    review, F9): the replica dropped (``exc``: a crash or a restart under way), or it serves none of
+    ``model``'s versions -- it restarted since (explicit mode starts serving nothing) -- or it holds
+    other versions.  One call of the repository index, asked only once verify found it not READY."""
+    url, fix = target.url, "the serving version is put back; once the replica serves again, promote again"
+    if exc is None:
+        try:
+            states = target.model_states()
+        except MlregError as error:
+            exc = error
+    if exc is not None:
+        if dropped(exc):
+            return PromotionError(
+                f"{url} dropped after the roll-out, during verify (a crash or a restart?): {exc.message}",
+                fix=f"bring the replica back (read its log); {fix}",
+            )
+        return PromotionError(f"{url}: {model} v{version} could not be checked: {exc.message}", fix=fix)
+    held = ready_versions(states, model)
+    if not held:
+        return PromotionError(
+            f"{url}: {model} v{version} is not READY: the replica serves no version of {model} now -- it "
+            "restarted after the roll-out (a restarted replica serves what it loads at start)",
+            fix=f"read that replica's log for the restart; {fix}",
+        )
+    return PromotionError(f"{url}: {model} v{version} is not READY (it holds v{','.join(held)})", fix=fix)

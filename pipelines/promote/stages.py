@@ -55,6 +55,7 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
+from pipelines.promote.restarts import not_ready_after_rollout
 from pipelines.promote.stamps import hold_repair_locks, repair_ensemble_stamps, repair_lock_names
 from pipelines.promote.warmups import WARMUP_BYTES, peak_bytes
 from pipelines.storage import locking
@@ -469,8 +470,12 @@ def verify(ctx: PromotionContext) -> VerifyReport:
     for url in ctx.plan.targets:
         triton = ctx.fleet.target(url)
         for step in ctx.plan.steps:
-            if not triton.is_ready(step.model, step.version):
-                raise PromotionError(f"{url}: {step.model} v{step.version} is not READY")
+            try:
+                ready = triton.is_ready(step.model, step.version)
+            except MlregError as exc:  # dropped after the roll-out (a restart?): named as such
+                raise not_ready_after_rollout(triton, step.model, step.version, exc) from exc
+            if not ready:  # a restart after the roll-out's last check is named here
+                raise not_ready_after_rollout(triton, step.model, step.version)
             _smoke(ctx, triton, step)
     ensembles = ensembles_using(ctx, {s.model for s in ctx.plan.steps})
     astray = [line for name, text in ensembles.items() for line in _pins_astray(ctx, name, text)]
