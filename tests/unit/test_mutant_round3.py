@@ -8,6 +8,10 @@
 - ``too-few-captures-inconclusive``: min_captures counts the requests *judged*, not only those read:
   enough captures, most of which the serving version fails on again (not held against the
   candidate), leave too few judged -- inconclusive, refused, never a pass on what is left.
+- ``upload-temp-outside-the-model-folder``: an upload under way leaves nothing partial under
+  ``<model>/``.
+- ``status-under-a-store-outage-reads-readiness``: a replica whose repository index blocks on a
+  frozen store (DEADLINE_EXCEEDED) is read from its readiness, never called unreachable.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from pipelines.promote import status
 from pipelines.promote.capture import Shadow
+from pipelines.promote.environments import Environment
 from pipelines.promote.fanout import Change, Fleet, ready_versions
 from pipelines.promote.replay import ShadowResult, replay
 from pipelines.promote.traces import Captured
@@ -131,3 +139,30 @@ def test_an_upload_under_way_shows_no_partial_file_under_the_model_folder(tmp_pa
     assert temps  # the copy was under way in a temporary file at the root
     assert (root / "m" / "1" / "weights.bin").read_bytes() == data
     assert [p.name for p in root.iterdir() if p.is_file()] == []  # the temporary file is gone
+
+
+class IndexBlockedTarget(FakeTarget):
+    """A Triton whose repository index blocks on a frozen S3 store until the caller's deadline
+    while statistics and model readiness answer from what it holds (Triton 2.51, FACTS.md) -- a
+    fake of a fault the unit suite cannot provoke for real."""
+
+    def model_states(self) -> dict[str, dict[str, str]]:
+        raise TritonError(
+            f"{self.url}: repository index failed: Deadline Exceeded", status="StatusCode.DEADLINE_EXCEEDED"
+        )
+
+    def statistics(self, model: str = "") -> list[dict[str, object]]:
+        return [{"name": m, "version": v} for m, vs in self.states.items() for v in vs]
+
+
+def test_a_replica_whose_index_blocks_on_the_store_is_read_from_its_readiness(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = IndexBlockedTarget(URL)
+    target.states = {"net": {"2": "READY"}}
+    monkeypatch.setattr(status, "triton_connector", lambda settings, key=None: {URL: target}.__getitem__)
+    settings = SimpleNamespace(triton_timeout=1.0, home=tmp_path / ".mlreg")
+    env = Environment("s3", "s3://frozen/models", (URL,), "production", gpu=False)
+    live, _ = status.probe_targets(settings, env, open_store(tmp_path / "store"), (), lambda: {"net": {"2"}})  # type: ignore[arg-type]
+    assert live == {URL: {"net": {"2": "READY"}}}  # what it serves, not "unreachable"
+    assert status.readiness_read(live) == [URL]
