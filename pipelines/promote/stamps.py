@@ -47,6 +47,8 @@ def hold_repair_locks(
     are held, else why the repair is skipped (a lock another writer holds, or the store down):
     the no-op then writes nothing, since a promotion running now may be changing what serves."""
     for name in names:
+        if name in store.leases:  # held already by this promotion (resolve's locks): kept as they are
+            continue
         try:
             stack.enter_context(locking.held(store, name, settings))
         except MlregError as exc:

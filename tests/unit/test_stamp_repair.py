@@ -181,3 +181,24 @@ def test_a_lock_another_writer_holds_skips_the_repair_and_says_so(stamped: World
     assert _stamps(world, "ens") == left  # nothing written
     assert any("ens v3" in n for n in world.promote("net", "2").notes)
     assert set(_stamps(world, "ens")) == {"1", "2"}
+
+
+def test_a_no_op_found_under_resolves_locks_repairs_with_the_locks_it_holds(
+    stamped: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The no-op decided under the locks resolve took (the fast path said no): the repair uses the
+    locks this promotion holds -- never refused by its own lock -- and removes the failed
+    attempt's stamp."""
+    import pipelines.promote.stages as stages
+
+    world, real, calls = stamped, stages.already_serving, []
+
+    def not_at_first(ctx, model, version):  # type: ignore[no-untyped-def]
+        calls.append(model)
+        return False if len(calls) == 1 else real(ctx, model, version)
+
+    monkeypatch.setattr(stages, "already_serving", not_at_first)
+    rerun = world.promote("net", "2")
+    assert rerun.stage_names() == ["noop", "repair"]
+    assert not [n for n in rerun.notes if n.startswith("registry repair skipped")], rerun.notes
+    assert set(_stamps(world, "ens")) == {"1", "2"}
