@@ -26,7 +26,8 @@ fails with that reason), ``failing`` (versions whose traffic fails, ``FAILING_FA
 and whose requests fail), ``memory_total`` (a replica short of memory), ``crash()`` (the server
 dies and is restarted ``restart_after`` s later serving nothing; until then every call answers as
 an address where nothing listens) and ``crash_on_load`` (the same, in the middle of a load of that
-model: the load's caller sees its connection close).  Every gRPC call is counted
+model: the load's caller sees its connection close), ``store_frozen`` (the repository index blocks, as
+2.51's does on a frozen S3, while calls on loaded models answer).  Every gRPC call is counted
 per replica and method (``Replica.calls``), the metrics scrapes apart (``Replica.scrapes``).
 """
 
@@ -59,6 +60,7 @@ FAILING_FACTOR = 10  # a failing version's failures a second, x the rate (client
 LATENCY_US, QUEUE_US, COMPUTE_US = 2000, 100, 1500  # per simulated request
 NUMPY = {"FP32": np.float32, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64}
 Reply = TypeVar("Reply")
+FROZEN_MAX_S = 120.0  # a frozen store's repository index answers after this at the latest
 
 
 class LoadFailed(Exception):
@@ -118,6 +120,10 @@ class Replica:
     down_until: float = 0.0  # monotonic time until which every call finds nothing listening
     restarts: int = 0
     on_load: Callable[[str], None] | None = None  # told each load's model as it arrives (a test's trigger)
+    # the store frozen (S3 SIGSTOPed): Triton 2.51's repository index polls the repository and blocks
+    # past its caller's deadline, while readiness, config and statistics of loaded models answer at
+    # once (measured on the real server: /work/shared/FACTS.md); stands in for that behaviour
+    store_frozen: bool = False
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
@@ -403,10 +409,11 @@ class Service(rpc.GRPCInferenceServiceServicer):
         return await self._answer("ModelConfig", context, config)
 
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
-        index = self.replica.repository_index
-        return await self._answer(
-            "RepositoryIndex", context, lambda: pb.RepositoryIndexResponse(models=index(request.ready))
-        )
+        await self._admit("RepositoryIndex", context)
+        deadline = time.monotonic() + FROZEN_MAX_S
+        while self.replica.store_frozen and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the caller's deadline passes first (gRPC cancels this call)
+        return pb.RepositoryIndexResponse(models=self.replica.repository_index(request.ready))
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
         await self._admit("RepositoryModelLoad", context)

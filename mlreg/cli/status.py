@@ -36,6 +36,8 @@ def status_cmd(
         out.line(f"locked: {lock['model']} by {lock['owner']}, {lease}{stale}")
     if report.store_error and not as_json:
         out.line(f"store unreachable: {report.store_error} (fix: {report.store_fix})")
+    if report.readiness and not as_json:
+        out.line(report.readiness)
     if not as_json:
         from pipelines.promote.replicas import OPEN_CONTROL  # lazy: tritonclient, loaded by the status
 

@@ -21,10 +21,11 @@ class StatusReport:
     store_error: str = ""  # why the store could not be read ("": it was); the rows say what serves
     store_fix: str = ""
     open_control: list[str] = dataclasses.field(default_factory=list)  # replicas anyone can drive
+    readiness: str = ""  # which replicas were read from their readiness (their index did not answer), why
 
     @property
     def drift(self) -> bool:
-        return bool(self.store_error) or any(row.drift for row in self.models)
+        return bool(self.store_error or self.readiness) or any(row.drift for row in self.models)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,18 +36,26 @@ class StatusReport:
             "store_error": self.store_error,
             "store_fix": self.store_fix,
             "open_control": self.open_control,
+            "readiness": self.readiness,
         }
 
 
 def status(settings: Settings, env_name: str, model: str | None = None) -> StatusReport:
     """The alias, the store's desired versions and what each target serves, per model; drift flagged.
-    A store that does not answer within seconds leaves what the targets serve, and says why."""
+    A store that does not answer within seconds leaves what the targets serve, and says why; a
+    replica whose repository index does not answer is read from its readiness, and said so."""
     from pipelines.promote.status import environment_status  # lazy: tritonclient, numpy
 
     ctx = context(settings, env_name)
     found = environment_status(settings, ctx.env, ctx.registry, [model] if model else None)
     return StatusReport(
-        env_name, found.rows, found.locks, found.store_error, found.store_fix, found.open_control
+        env_name,
+        found.rows,
+        found.locks,
+        found.store_error,
+        found.store_fix,
+        found.open_control,
+        found.readiness,
     )
 
 

@@ -5,6 +5,9 @@
 and the drift rules (``drift``).  A part that cannot be reached is drift, said per target,
 within the configured timeouts; the store is read through a client that gives up within seconds
 (``status_store``), and a store that does not answer leaves the servers' columns as they are.
+A replica's repository index polls the store (a frozen S3 blocks it): it is given
+``INDEX_TIMEOUT_S``, then what the replica serves is read from calls on its loaded models
+(statistics, ``ModelReady``), the rows marked so (``read_by_readiness``) and the store named.
 Every column speaks one numbering, MLflow's versions; the Triton folders they serve from come
 beside them (``desired_folders``, ``serving_folders``): a re-pointed ensemble is a new
 registered version in its old folder.  A row is a ``ModelRow`` (a target that cannot say what it
@@ -13,8 +16,9 @@ serves: ``Unreachable``); its ``to_dict()`` is the row of ``mlreg status --json`
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,24 +105,115 @@ def listed_models(store: RepositoryStore) -> tuple[list[str], str]:
 Pins = dict[str, dict[str, dict[str, str]]]  # url -> ensemble -> member -> version pinned there
 
 
+# The repository index polls the repository: with S3 frozen, Triton 2.51's blocks until its
+# caller's deadline while model readiness answers in milliseconds (FACTS.md).  Status gives the
+# index seconds, then reads what a replica serves from calls that do not touch the store: the
+# statistics of its loaded models and ``ModelReady`` -- both answered from what Triton holds.
+INDEX_TIMEOUT_S = 5.0
+READINESS_CAP = 256  # (model, version) readiness questions per replica, at most
+DEADLINE = "StatusCode.DEADLINE_EXCEEDED"
+Known = Callable[[], dict[str, set[str]]]  # model -> versions worth asking by name (the alias's)
+
+
+class ReadinessStates(dict[str, dict[str, str]]):
+    """A replica's model states read from its readiness, not its repository index (which did not
+    answer within ``INDEX_TIMEOUT_S``): only READY versions are seen (a LOADING or UNAVAILABLE
+    one is not)."""
+
+
 def probe_targets(
-    settings: Settings, env: Environment, store: RepositoryStore, ensembles: Sequence[str] | None = ()
+    settings: Settings,
+    env: Environment,
+    store: RepositoryStore,
+    ensembles: Sequence[str] | None = (),
+    known: Known | None = None,
 ) -> tuple[dict[str, Any], Pins]:
     """url -> model states, or the reason the target cannot be asked (a string); and, over the
     same connections, the member versions each READY ensemble of ``ensembles`` pins there (None:
-    the store cannot say which are ensembles; every READY model is asked, the ensembles kept)."""
+    the store cannot say which are ensembles; every READY model is asked, the ensembles kept).
+    A target whose repository index does not answer within ``INDEX_TIMEOUT_S`` is read from its
+    readiness (``ReadinessStates``): the statistics' models and ``known()``'s, asked by name."""
     try:
         targets = resolve_targets(settings, env)
     except MlregError as exc:
         return {"local stack" if env.local_stack else "(no target)": f"unreachable: {exc.message}"}, {}
-    with Fleet(
-        store, targets, triton_connector(settings, env.key(settings)), settings.triton_timeout
-    ) as fleet:
+    with Fleet(store, targets, _bounded_connector(settings, env), settings.triton_timeout) as fleet:
+        found = fleet.states()
+        blocked = [url for url, f in found.items() if isinstance(f, MlregError) and _index_blocked(f)]
+        wanted = known() if blocked and known is not None else {}
+        read = _read_by_readiness(fleet, blocked, wanted)
         live = {
             url: f"unreachable: {found.message}" if isinstance(found, MlregError) else found
-            for url, found in fleet.states().items()
+            for url, found in {**found, **read}.items()
         }
         return live, _live_pins(fleet, live, ensembles)
+
+
+def _bounded_connector(settings: Settings, env: Environment) -> Connect:
+    """The environment's connector, every call (the repository index first) given
+    ``INDEX_TIMEOUT_S`` at most: status asks nothing that takes longer on a healthy replica."""
+    short = min(settings.triton_timeout, INDEX_TIMEOUT_S)
+    bounded = (
+        dataclasses.replace(settings, triton_timeout=short)
+        if dataclasses.is_dataclass(settings)
+        else settings
+    )
+    return triton_connector(bounded, env.key(settings))
+
+
+def _index_blocked(exc: MlregError) -> bool:
+    """The repository index ran past its deadline (the replica may still answer by name)."""
+    return exc.context.get("status") == DEADLINE
+
+
+def _read_by_readiness(
+    fleet: Fleet, urls: Sequence[str], known: dict[str, set[str]]
+) -> dict[str, ReadinessStates | MlregError]:
+    """What each of ``urls`` serves, read without its repository index, in parallel; a replica
+    that does not answer these either is its error (unreachable)."""
+    if not urls:
+        return {}
+
+    def read(url: str) -> ReadinessStates | MlregError:
+        try:
+            return _readiness_states(fleet.target(url), known)
+        except MlregError as exc:
+            return exc
+
+    with ThreadPoolExecutor(max(1, min(16, len(urls)))) as pool:
+        return dict(zip(urls, pool.map(read, urls), strict=True))
+
+
+def _readiness_states(target: ServingTarget, known: dict[str, set[str]]) -> ReadinessStates:
+    """The READY versions of every model the statistics list (Triton's loaded models) and of each
+    ``known`` model (its loaded config's specific versions, and the versions given), each
+    confirmed by ``ModelReady``; bounded by ``READINESS_CAP`` questions.  Raises when the
+    replica does not answer (liveness first)."""
+    target.is_live()
+    asked: dict[str, set[str]] = {m: set(v) for m, v in known.items()}
+    try:
+        for entry in target.statistics():
+            asked.setdefault(str(entry.get("name", "")), set()).add(str(entry.get("version", "")))
+    except MlregError:
+        pass  # readiness by name still answers for the known models
+    for model in known:
+        try:
+            config = target.model_config(model)
+        except MlregError:
+            continue  # not loaded there
+        specific = config.get("version_policy", {}).get("specific", {}).get("versions", [])
+        asked[model].update(str(v) for v in specific)
+    pairs = sorted((m, v) for m, vs in asked.items() if m for v in vs if v.isdigit())[:READINESS_CAP]
+    states = ReadinessStates()
+    for model, version in pairs:
+        if target.is_ready(model, version):
+            states.setdefault(model, {})[version] = "READY"
+    return states
+
+
+def readiness_read(live: dict[str, Any]) -> list[str]:
+    """The targets whose states were read from their readiness, not their repository index."""
+    return [url for url, states in live.items() if isinstance(states, ReadinessStates)]
 
 
 def _live_pins(fleet: Fleet, live: dict[str, Any], ensembles: Sequence[str] | None) -> Pins:
@@ -327,6 +422,7 @@ class EnvironmentStatus:
     store_error: str = ""  # "": the store answered; else the rows' store columns are unknown
     store_fix: str = ""
     open_control: list[str] = field(default_factory=list)  # replicas whose control API takes anyone's calls
+    readiness: str = ""  # "": every replica answered its index; else which were read from readiness, why
 
 
 def environment_status(
@@ -335,7 +431,7 @@ def environment_status(
     """``model_status`` and the store's locks; a store that does not answer within seconds leaves
     what the servers serve in the rows, and says why with a fix (the locks are then unknown)."""
     store = status_store(env.store)
-    rows, why = _model_rows(settings, env, registry, store, models)
+    rows, why, read = _model_rows(settings, env, registry, store, models)
     opened = _open_control(settings, env)
     if not why:
         try:
@@ -344,8 +440,11 @@ def environment_status(
             why = exc.message
         else:
             locks = [lock.to_dict() for lock in found if not models or lock.model in models]
-            return EnvironmentStatus(rows, locks, open_control=opened)
-    return EnvironmentStatus(rows, [], why, STORE_FIX.format(uri=env.store), opened)
+            return EnvironmentStatus(
+                rows, locks, open_control=opened, readiness=readiness_note(str(env.store), read, "")
+            )
+    note = readiness_note(str(env.store), read, why)
+    return EnvironmentStatus(rows, [], why, STORE_FIX.format(uri=env.store), opened, note)
 
 
 def _open_control(settings: Settings, env: Environment) -> list[str]:
@@ -362,12 +461,13 @@ def _model_rows(
     registry: Registry,
     store: RepositoryStore,
     models: list[str] | None,
-) -> tuple[list[ModelRow], str]:
-    """The rows, and why the store could not be read ("" when it could)."""
+) -> tuple[list[ModelRow], str, list[str]]:
+    """The rows, why the store could not be read ("" when it could), and the targets read from
+    their readiness (their repository index did not answer)."""
     names, why = (list(models), "") if models else listed_models(store)
     views, why = read_views(store, names, why)
     ensembles = None if why else [m for m in names if views[m].is_ensemble]
-    live, live_pins = probe_targets(settings, env, store, ensembles)
+    live, live_pins = probe_targets(settings, env, store, ensembles, _known(registry, env, names))
     if not models:  # what serves and what the alias names, though the store lost it, is drift too
         names = sorted(set(names) | served_models(live) | aliased_models(registry, env.alias))
         more, why = read_views(store, [m for m in names if m not in views], why)
@@ -380,7 +480,46 @@ def _model_rows(
         _row(env, registry, store, model, views[model], aliases[model], live, live_pins, mlflow_error)
         for model in names
     ]
-    return rows, why
+    return rows, why, readiness_read(live)
+
+
+def _known(registry: Registry, env: Environment, names: list[str]) -> Known:
+    """The models (and versions) a replica read without its index is asked about by name: those
+    listed or given, and each version the environment's alias names (MLflow's, when it answers)."""
+
+    def known() -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {name: set() for name in names}
+        try:
+            named = registry.alias_versions(env.alias)
+        except MlregError:
+            named = {}
+        for model, version in named.items():
+            found.setdefault(model, set()).add(str(version))
+        return found
+
+    return known
+
+
+READINESS_NOTE = (
+    "the store ({uri}) did not answer: what each replica serves was read from its readiness, not its "
+    "repository index ({urls}; a version still loading or unavailable there is not seen)"
+)
+INDEX_NOTE = (
+    "the repository index of {urls} did not answer within {seconds:.0f}s (Triton polls the store {uri} "
+    "for it): what serves there was read from its readiness (a version still loading or unavailable "
+    "there is not seen)"
+)
+
+
+def readiness_note(uri: str, urls: Sequence[str], store_error: str) -> str:
+    """What status says when replicas were read from their readiness: the store named as down
+    when it did not answer either, else the index that did not answer ("": none was)."""
+    if not urls:
+        return ""
+    where = ", ".join(urls)
+    if store_error:
+        return READINESS_NOTE.format(uri=uri, urls=where)
+    return INDEX_NOTE.format(urls=where, seconds=INDEX_TIMEOUT_S, uri=uri)
 
 
 @dataclass(frozen=True)
@@ -406,7 +545,7 @@ def _served_json(found: Served) -> list[str] | str:
 
 
 # the optional fields of a row, in the order its JSON document lists them (absent when None)
-OPTIONAL = ("loading", "store", "pins", "target_pins")
+OPTIONAL = ("loading", "store", "pins", "target_pins", "read_by_readiness")
 
 
 @dataclass
@@ -424,6 +563,7 @@ class ModelRow:
     store: str | None = None  # "store unreachable: why" (then the store's columns are unknown)
     pins: dict[str, str] | None = None  # an ensemble's members as the store's config pins them
     target_pins: dict[str, dict[str, str]] | None = None  # url -> what the ensemble loaded there pins
+    read_by_readiness: list[str] | None = None  # urls whose serving was read from readiness, not the index
 
     def to_dict(self) -> dict[str, Any]:
         """The row's JSON document (``mlreg status --json``'s ``models``)."""
@@ -488,6 +628,7 @@ def _row(
         drift(registry, env.alias, view, alias, folders, model, numbered)
         + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
     )
+    row.read_by_readiness = readiness_read(live) or None
     _add_loading(row, store, live, view)
     row.drift.extend(_reapply_lines(env, row, folders))
     if view.error:  # the store's columns are unknown, the servers' are not

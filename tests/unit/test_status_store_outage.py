@@ -1,0 +1,153 @@
+"""Issue 45 item 6 (first half): an S3 outage is not a fleet outage.  With S3 frozen, Triton 2.51's
+repository index polls the repository and blocks past its caller's deadline while ``ModelReady`` and
+the calls on loaded models answer in milliseconds (measured on the real server: FACTS.md); `mlreg
+status` waited ~50 s and called every replica "unreachable: repository index failed ... Deadline
+Exceeded".  Now it gives the index seconds, reads what each replica serves from its readiness and
+names the store as what is down.
+
+Real parts: the replicas are tests/standin_triton.py's gRPC stand-ins (``store_frozen``: their index
+blocks as 2.51's does on a frozen S3 -- a real tritonserver on a SIGSTOPed moto_server costs a real
+stack's start); the frozen store is a real TCP endpoint that accepts connections and never answers
+(what a SIGSTOPed S3 server is to its clients), read through the real S3 store; a replica that is
+really down is a port where nothing listens.  The registry is tests/fakes.py's (aliases in memory).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipelines.promote import status
+from pipelines.promote.environments import Environment
+from registry.settings import Settings
+from tests.fakes import FakeRegistry
+from tests.standin_triton import Model, StandinFleet, Version
+
+STORE_PATIENCE_S = 1.0  # the store's read timeout here (status's own is 5 s, tested in test_status.py)
+
+
+@pytest.fixture
+def frozen_s3() -> Iterator[str]:
+    """An S3 endpoint on 127.0.0.1 that accepts connections and never answers (a SIGSTOPed server)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)  # never accepted: the kernel completes the handshake, nothing ever answers
+    try:
+        yield f"s3://127.0.0.1:{listener.getsockname()[1]}/models/repo"
+    finally:
+        listener.close()
+
+
+def _dead_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"  # closed on return: nothing listens there
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[StandinFleet]:
+    """Two stand-in replicas with frozen repositories: the first serves scorer v2, the second v1 and
+    v2 (mid-promotion); both serve ens v1 (a model no alias names, found by its statistics)."""
+    (tmp_path / "store").mkdir()
+    standins = StandinFleet(tmp_path / "store", 2, key=os.environ["MLREG_CONTROL_KEY"])
+    with standins:
+        now = time.monotonic()
+        for replica, versions in zip(standins.replicas, (["2"], ["1", "2"]), strict=True):
+            replica.models["scorer"] = Model(versions={v: Version("READY", since=now) for v in versions})
+            replica.models["ens"] = Model(versions={"1": Version("READY", since=now)})
+            replica.store_frozen = True
+        yield standins
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / ".mlreg", template_dir=tmp_path / "templates", triton_timeout=30.0)
+
+
+def _registry() -> FakeRegistry:
+    registry = FakeRegistry()
+    registry.alias_map = {"scorer": {"production": "2"}}
+    return registry
+
+
+def test_a_frozen_store_reads_each_replica_from_its_readiness_within_seconds(
+    tmp_path: Path, fleet: StandinFleet, frozen_s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setattr(status, "STORE_READ_TIMEOUT_S", STORE_PATIENCE_S)
+    down = _dead_port()
+    env = Environment("prod", frozen_s3, (*fleet.urls, down), "production", gpu=False)
+    first, second = fleet.urls
+
+    started = time.monotonic()
+    found = status.environment_status(_settings(tmp_path), env, _registry())
+    took = time.monotonic() - started
+
+    # the store's two attempts, then the index's deadline, not 30 s a replica (before: ~50 s)
+    assert took < 2 * STORE_PATIENCE_S + status.INDEX_TIMEOUT_S + 3, took
+    rows = {row.model: row for row in found.rows}
+    assert rows["scorer"].serving_folders[first] == ["2"]
+    assert rows["scorer"].serving_folders[second] == ["1", "2"]
+    assert rows["ens"].serving_folders == {first: ["1"], second: ["1"], down: rows["ens"].serving[down]}
+    for row in rows.values():  # nothing that answered is called unreachable; the dead one still is
+        assert isinstance(row.serving[down], status.Unreachable)
+        assert not any(isinstance(row.serving[url], status.Unreachable) for url in fleet.urls)
+        assert row.read_by_readiness == [first, second]
+        assert row.to_dict()["read_by_readiness"] == [first, second]
+        assert not any("Deadline Exceeded" in line for line in row.drift)
+    assert found.store_error  # the store is named as down ...
+    assert found.readiness.startswith(f"the store ({frozen_s3}) did not answer: what each replica serves")
+    assert f"{first}, {second}" in found.readiness
+    assert down not in found.readiness
+    # ... and the replicas were asked, their index only once each (it blocked), readiness instead
+    for replica in fleet.replicas:
+        assert replica.calls["RepositoryIndex"] == 1
+        assert replica.calls["ModelReady"] >= 2
+
+
+def test_an_index_that_blocks_under_a_store_that_answers_is_named_and_read_by_readiness(
+    tmp_path: Path, fleet: StandinFleet
+) -> None:
+    store = tmp_path / "store"
+    env = Environment("prod", str(store), tuple(fleet.urls), "production", gpu=False)
+    first, second = fleet.urls
+
+    found = status.environment_status(_settings(tmp_path), env, _registry(), ["scorer"])
+
+    (row,) = found.rows
+    assert (row.serving_folders, row.read_by_readiness) == (
+        {first: ["2"], second: ["1", "2"]},
+        [first, second],
+    )
+    assert found.store_error == ""  # the store answered: it is not blamed
+    assert found.readiness.startswith(f"the repository index of {first}, {second} did not answer within 5s")
+
+
+def test_a_replica_whose_index_answers_is_read_from_it(tmp_path: Path, fleet: StandinFleet) -> None:
+    for replica in fleet.replicas:
+        replica.store_frozen = False
+    env = Environment("prod", str(tmp_path / "store"), tuple(fleet.urls), "production", gpu=False)
+
+    found = status.environment_status(_settings(tmp_path), env, _registry(), ["scorer"])
+
+    (row,) = found.rows
+    assert row.serving_folders == dict(zip(fleet.urls, (["2"], ["1", "2"]), strict=True))
+    assert (row.read_by_readiness, found.readiness) == (None, "")
+    assert all(replica.calls["ModelReady"] == 0 for replica in fleet.replicas)
+
+
+def test_the_report_says_which_replicas_were_read_from_readiness_and_exits_as_drift() -> None:
+    from mlreg.ops.status import StatusReport
+
+    note = status.readiness_note("s3://models/repo", ["a:8001", "b:8001"], "read timeout")
+    report = StatusReport("prod", [], readiness=note)
+    assert report.to_dict()["readiness"] == note
+    assert report.drift  # exit 1: what serves was not read the usual way
+    assert note.startswith("the store (s3://models/repo) did not answer: what each replica serves was read")
+    assert "a:8001, b:8001" in note
+    assert status.readiness_note("s3://models/repo", [], "read timeout") == ""  # every index answered
