@@ -120,10 +120,12 @@ class Replica:
     down_until: float = 0.0  # monotonic time until which every call finds nothing listening
     restarts: int = 0
     on_load: Callable[[str], None] | None = None  # told each load's model as it arrives (a test's trigger)
-    # the store frozen (S3 SIGSTOPed): Triton 2.51's repository index polls the repository and blocks
-    # past its caller's deadline, while readiness, config and statistics of loaded models answer at
-    # once (measured on the real server: /work/shared/FACTS.md); stands in for that behaviour
+    # the store frozen (S3 SIGSTOPed), as measured on the real server (FACTS.md; H10, issue 45): the
+    # repository index polls the repository and blocks; liveness, readiness, config and statistics
+    # answer at once -- until an index call has been made: tritonserver answers those gRPC calls on
+    # one thread, and each then waits behind the blocked index (inference still answers)
     store_frozen: bool = False
+    index_blocked: bool = False  # an index call is blocked on the frozen store (until it thaws)
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
@@ -366,6 +368,12 @@ class Service(rpc.GRPCInferenceServiceServicer):
         """Count the call; refuse a control call without the key, as Triton does; a crashed
         replica (until it is back) answers as an address where nothing listens."""
         self.replica.calls[method] += 1
+        deadline = time.monotonic() + FROZEN_MAX_S
+        while method != "ModelInfer" and self.replica.index_blocked and time.monotonic() < deadline:
+            if not self.replica.store_frozen:
+                self.replica.index_blocked = False
+                break
+            await asyncio.sleep(0.05)  # behind the blocked index, on Triton's one thread for these calls
         if self.replica.down:
             await context.abort(grpc.StatusCode.UNAVAILABLE, NOTHING_LISTENS)
         if method in CONTROL and self.replica.key is not None:
@@ -411,8 +419,10 @@ class Service(rpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         await self._admit("RepositoryIndex", context)
         deadline = time.monotonic() + FROZEN_MAX_S
+        self.replica.index_blocked = self.replica.store_frozen  # it blocks past its caller's deadline
         while self.replica.store_frozen and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # the caller's deadline passes first (gRPC cancels this call)
+        self.replica.index_blocked = False
         return pb.RepositoryIndexResponse(models=self.replica.repository_index(request.ready))
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:

@@ -105,11 +105,22 @@ def listed_models(store: RepositoryStore) -> tuple[list[str], str]:
 Pins = dict[str, dict[str, dict[str, str]]]  # url -> ensemble -> member -> version pinned there
 
 
-# The repository index polls the repository: with S3 frozen, Triton 2.51's blocks until its
-# caller's deadline while model readiness answers in milliseconds (FACTS.md).  Status gives the
-# index seconds, then reads what a replica serves from calls that do not touch the store: the
-# statistics of its loaded models and ``ModelReady`` -- both answered from what Triton holds.
+# The repository index polls the repository: with S3 frozen, Triton 2.51's blocks while liveness,
+# ``ModelReady``, statistics and model config answer in milliseconds -- until an index call is
+# made: tritonserver answers these gRPC calls on one thread, and every one of them then waits
+# behind the blocked index (inference does not; measured on the pytriton wheel's tritonserver
+# with a SIGSTOPed moto_server, H10).  So a store that did not answer status is not followed by an
+# index call: what each replica serves is read from the calls on its loaded models (statistics'
+# models, ``ModelReady``); an index that blocks all the same is given seconds.
 INDEX_TIMEOUT_S = 5.0
+# what the store's client says when the endpoint did not answer (an answer -- credentials
+# rejected, no such bucket -- says nothing of what Triton reads)
+NO_ANSWER = ("ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError", "ConnectionClosedError")
+INDEX_BLOCKED = (
+    "unreachable: its repository index did not answer within {seconds:.0f}s and its other control calls "
+    "wait behind it (tritonserver answers them on one thread): the store it reads ({uri}) may not answer"
+)
+KNOWN_VERSIONS = 16  # a known model's newest registered versions, asked by name
 READINESS_CAP = 256  # (model, version) readiness questions per replica, at most
 DEADLINE = "StatusCode.DEADLINE_EXCEEDED"
 Known = Callable[[], dict[str, set[str]]]  # model -> versions worth asking by name (the alias's)
@@ -127,26 +138,36 @@ def probe_targets(
     store: RepositoryStore,
     ensembles: Sequence[str] | None = (),
     known: Known | None = None,
+    store_silent: bool = False,
 ) -> tuple[dict[str, Any], Pins]:
     """url -> model states, or the reason the target cannot be asked (a string); and, over the
     same connections, the member versions each READY ensemble of ``ensembles`` pins there (None:
     the store cannot say which are ensembles; every READY model is asked, the ensembles kept).
     A target whose repository index does not answer within ``INDEX_TIMEOUT_S`` is read from its
-    readiness (``ReadinessStates``): the statistics' models and ``known()``'s, asked by name."""
+    readiness (``ReadinessStates``): the statistics' models and ``known()``'s, asked by name;
+    ``store_silent`` (the store did not answer): every target is, its index never asked."""
     try:
         targets = resolve_targets(settings, env)
     except MlregError as exc:
         return {"local stack" if env.local_stack else "(no target)": f"unreachable: {exc.message}"}, {}
     with Fleet(store, targets, _bounded_connector(settings, env), settings.triton_timeout) as fleet:
-        found = fleet.states()
-        blocked = [url for url, f in found.items() if isinstance(f, MlregError) and _index_blocked(f)]
+        found: dict[str, Any] = dict.fromkeys(targets) if store_silent else fleet.states()
+        blocked = [url for url, f in found.items() if f is None or _index_blocked(f)]
         wanted = known() if blocked and known is not None else {}
-        read = _read_by_readiness(fleet, blocked, wanted)
+        read: dict[str, Any] = _read_by_readiness(fleet, blocked, wanted)
+        for url, states in read.items():  # what still did not answer waits behind a blocked index
+            if isinstance(states, MlregError) and _index_blocked(states) and found[url] is not None:
+                read[url] = INDEX_BLOCKED.format(seconds=INDEX_TIMEOUT_S, uri=env.store)
         live = {
             url: f"unreachable: {found.message}" if isinstance(found, MlregError) else found
             for url, found in {**found, **read}.items()
         }
         return live, _live_pins(fleet, live, ensembles)
+
+
+def store_silent(why: str) -> bool:
+    """The store's error says its endpoint did not answer (not that it answered with a refusal)."""
+    return any(marker in why for marker in NO_ANSWER)
 
 
 def _bounded_connector(settings: Settings, env: Environment) -> Connect:
@@ -161,9 +182,9 @@ def _bounded_connector(settings: Settings, env: Environment) -> Connect:
     return triton_connector(bounded, env.key(settings))
 
 
-def _index_blocked(exc: MlregError) -> bool:
-    """The repository index ran past its deadline (the replica may still answer by name)."""
-    return exc.context.get("status") == DEADLINE
+def _index_blocked(exc: object) -> bool:
+    """A call ran past its deadline (the replica may still answer by name)."""
+    return isinstance(exc, MlregError) and exc.context.get("status") == DEADLINE
 
 
 def _read_by_readiness(
@@ -467,7 +488,8 @@ def _model_rows(
     names, why = (list(models), "") if models else listed_models(store)
     views, why = read_views(store, names, why)
     ensembles = None if why else [m for m in names if views[m].is_ensemble]
-    live, live_pins = probe_targets(settings, env, store, ensembles, _known(registry, env, names))
+    known = _known(registry, env, names)
+    live, live_pins = probe_targets(settings, env, store, ensembles, known, store_silent(why))
     if not models:  # what serves and what the alias names, though the store lost it, is drift too
         names = sorted(set(names) | served_models(live) | aliased_models(registry, env.alias))
         more, why = read_views(store, [m for m in names if m not in views], why)
@@ -475,7 +497,7 @@ def _model_rows(
     aliases, mlflow_error = read_aliases(registry, names, env.alias)
     lost = {m: a for m, a in aliases.items() if a and m not in views_with_config(views)}
     if lost:  # served, though the store lost its folder: asked by name
-        _ready_outside_index(triton_connector(settings, env.key(settings)), live, lost, live_pins)
+        _ready_outside_index(_bounded_connector(settings, env), live, lost, live_pins)
     rows = [
         _row(env, registry, store, model, views[model], aliases[model], live, live_pins, mlflow_error)
         for model in names
@@ -495,6 +517,12 @@ def _known(registry: Registry, env: Environment, names: list[str]) -> Known:
             named = {}
         for model, version in named.items():
             found.setdefault(model, set()).add(str(version))
+        for model, versions in found.items():  # a re-pointed ensemble serves an older folder
+            try:
+                registered = sorted((str(v.version) for v in registry.versions(model)), key=int)
+            except (MlregError, ValueError):
+                continue
+            versions.update(registered[-KNOWN_VERSIONS:])
         return found
 
     return known
