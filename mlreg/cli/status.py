@@ -38,6 +38,9 @@ def status_cmd(
         out.line(f"store unreachable: {report.store_error} (fix: {report.store_fix})")
     if report.readiness and not as_json:
         out.line(report.readiness)
+    if not as_json and not report.models:  # no row names them: a replica that cannot say is said here
+        for url, why in report.unreachable.items():
+            out.line(f"{url}: {why}")
     if not as_json:
         from pipelines.promote.replicas import OPEN_CONTROL  # lazy: tritonclient, loaded by the status
 

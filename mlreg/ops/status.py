@@ -22,6 +22,7 @@ class StatusReport:
     store_fix: str = ""
     open_control: list[str] = dataclasses.field(default_factory=list)  # replicas anyone can drive
     readiness: str = ""  # which replicas were read from their readiness (their index did not answer), why
+    unreachable: dict[str, str] = dataclasses.field(default_factory=dict)  # url -> why it cannot say
 
     @property
     def drift(self) -> bool:
@@ -37,6 +38,7 @@ class StatusReport:
             "store_fix": self.store_fix,
             "open_control": self.open_control,
             "readiness": self.readiness,
+            "unreachable": self.unreachable,
         }
 
 
@@ -56,6 +58,7 @@ def status(settings: Settings, env_name: str, model: str | None = None) -> Statu
         found.store_fix,
         found.open_control,
         found.readiness,
+        found.unreachable,
     )
 
 

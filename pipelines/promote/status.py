@@ -117,8 +117,9 @@ INDEX_TIMEOUT_S = 5.0
 # rejected, no such bucket -- says nothing of what Triton reads)
 NO_ANSWER = ("ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError", "ConnectionClosedError")
 INDEX_BLOCKED = (
-    "unreachable: its repository index did not answer within {seconds:.0f}s and its other control calls "
-    "wait behind it (tritonserver answers them on one thread): the store it reads ({uri}) may not answer"
+    "unreachable: its control calls did not answer within {seconds:.0f}s (tritonserver answers them on "
+    "one thread, behind any repository index call, which blocks while the store it reads, {uri}, does "
+    "not answer)"
 )
 KNOWN_VERSIONS = 16  # a known model's newest registered versions, asked by name
 READINESS_CAP = 256  # (model, version) readiness questions per replica, at most
@@ -156,7 +157,7 @@ def probe_targets(
         wanted = known() if blocked and known is not None else {}
         read: dict[str, Any] = _read_by_readiness(fleet, blocked, wanted)
         for url, states in read.items():  # what still did not answer waits behind a blocked index
-            if isinstance(states, MlregError) and _index_blocked(states) and found[url] is not None:
+            if isinstance(states, MlregError) and _index_blocked(states):
                 read[url] = INDEX_BLOCKED.format(seconds=INDEX_TIMEOUT_S, uri=env.store)
         live = {
             url: f"unreachable: {found.message}" if isinstance(found, MlregError) else found
@@ -444,6 +445,7 @@ class EnvironmentStatus:
     store_fix: str = ""
     open_control: list[str] = field(default_factory=list)  # replicas whose control API takes anyone's calls
     readiness: str = ""  # "": every replica answered its index; else which were read from readiness, why
+    unreachable: dict[str, str] = field(default_factory=dict)  # url -> why it cannot say what it serves
 
 
 def environment_status(
@@ -452,7 +454,7 @@ def environment_status(
     """``model_status`` and the store's locks; a store that does not answer within seconds leaves
     what the servers serve in the rows, and says why with a fix (the locks are then unknown)."""
     store = status_store(env.store)
-    rows, why, read = _model_rows(settings, env, registry, store, models)
+    rows, why, read, lost = _model_rows(settings, env, registry, store, models)
     opened = _open_control(settings, env)
     if not why:
         try:
@@ -461,11 +463,10 @@ def environment_status(
             why = exc.message
         else:
             locks = [lock.to_dict() for lock in found if not models or lock.model in models]
-            return EnvironmentStatus(
-                rows, locks, open_control=opened, readiness=readiness_note(str(env.store), read, "")
-            )
+            note = readiness_note(str(env.store), read, "")
+            return EnvironmentStatus(rows, locks, open_control=opened, readiness=note, unreachable=lost)
     note = readiness_note(str(env.store), read, why)
-    return EnvironmentStatus(rows, [], why, STORE_FIX.format(uri=env.store), opened, note)
+    return EnvironmentStatus(rows, [], why, STORE_FIX.format(uri=env.store), opened, note, lost)
 
 
 def _open_control(settings: Settings, env: Environment) -> list[str]:
@@ -482,9 +483,9 @@ def _model_rows(
     registry: Registry,
     store: RepositoryStore,
     models: list[str] | None,
-) -> tuple[list[ModelRow], str, list[str]]:
-    """The rows, why the store could not be read ("" when it could), and the targets read from
-    their readiness (their repository index did not answer)."""
+) -> tuple[list[ModelRow], str, list[str], dict[str, str]]:
+    """The rows, why the store could not be read ("" when it could), the targets read from
+    their readiness (their repository index did not answer), and those that cannot say (why)."""
     names, why = (list(models), "") if models else listed_models(store)
     views, why = read_views(store, names, why)
     ensembles = None if why else [m for m in names if views[m].is_ensemble]
@@ -502,7 +503,7 @@ def _model_rows(
         _row(env, registry, store, model, views[model], aliases[model], live, live_pins, mlflow_error)
         for model in names
     ]
-    return rows, why, readiness_read(live)
+    return rows, why, readiness_read(live), {u: s for u, s in live.items() if isinstance(s, str)}
 
 
 def _known(registry: Registry, env: Environment, names: list[str]) -> Known:

@@ -157,3 +157,26 @@ def test_the_report_says_which_replicas_were_read_from_readiness_and_exits_as_dr
     assert note.startswith("the store (s3://models/repo) did not answer: what each replica serves was read")
     assert "a:8001, b:8001" in note
     assert status.readiness_note("s3://models/repo", [], "read timeout") == ""  # every index answered
+
+
+def test_a_replica_stuck_behind_a_blocked_index_is_named_though_no_model_is_known(
+    tmp_path: Path, fleet: StandinFleet, frozen_s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone else's index call already blocks the first replica's control calls (as on the real
+    server); the store does not answer and no alias names a model: that replica is still named,
+    with why, and the other read from its readiness."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setattr(status, "STORE_READ_TIMEOUT_S", STORE_PATIENCE_S)
+    stuck, free = fleet.replicas
+    stuck.index_blocked = True
+    env = Environment("prod", frozen_s3, tuple(fleet.urls), "production", gpu=False)
+
+    found = status.environment_status(_settings(tmp_path), env, FakeRegistry())
+
+    blocked = status.INDEX_BLOCKED.format(seconds=status.INDEX_TIMEOUT_S, uri=frozen_s3)
+    assert found.unreachable == {stuck.grpc_url: blocked}
+    rows = {row.model: row for row in found.rows}  # found by the free replica's statistics
+    assert rows["scorer"].serving == {stuck.grpc_url: status.Unreachable(blocked), free.grpc_url: ["1", "2"]}
+    assert rows["scorer"].read_by_readiness == [free.grpc_url]
+    assert stuck.calls["RepositoryIndex"] == free.calls["RepositoryIndex"] == 0
