@@ -148,7 +148,23 @@ def test_up_with_nothing_built_serves_an_empty_repository_ready_for_promote(
         assert state["pid"] == info["pid"]
     finally:
         down = runner.invoke(app, ["stack", "down", "--json"])
-    assert json.loads(down.stdout) == {"stopped": True, "pid": info["pid"], "pids": [info["pid"]]}
+    # stack down --json also says, replica by replica, what stopping its process group did (issue 45
+    # item 2): the one replica's tritonserver ran and stopped on SIGTERM, no stub, nothing left
+    assert json.loads(down.stdout) == {
+        "stopped": True,
+        "pid": info["pid"],
+        "pids": [info["pid"]],
+        "replicas": [
+            {
+                "replica": "replica-0",
+                "pid": info["pid"],
+                "tritonserver": True,
+                "python_stubs": 0,
+                "killed": False,
+                "left": [],
+            }
+        ],
+    }
     assert processes.process_gone(info["pid"])
     assert not (tmp_path / "home/stack/triton.json").exists()
 
