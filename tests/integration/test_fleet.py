@@ -329,8 +329,11 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     assert "promoted_fleet" not in (fleet.registry.version("scorer", "5").tags or {})
 
     local_triton.remove_shm(victim.shm_prefix)
-    fleet.servers[2] = local_triton.start_server(
-        fleet.store, fleet.root / "replica-2-again", fleet.settings.backends_source
+    fleet.servers[2] = local_triton.start_server(  # locked as the fleet's others (stacks.tritons)
+        fleet.store,
+        fleet.root / "replica-2-again",
+        fleet.settings.backends_source,
+        control_key=os.environ["MLREG_CONTROL_KEY"],
     )
     fleet.write_environment()
     with TritonControl(fleet.urls[2]) as triton:  # as a restarted pod's --load-model=* would
@@ -414,11 +417,13 @@ def test_a_fleet_with_no_reachable_replica_is_refused_and_the_alias_stays(
 ) -> None:
     from pipelines.devstack.local_triton import free_port
 
+    # registered first: the state compared holds every version's tags (stacks.refusal_state), the
+    # candidate's too, so the refusal must leave the new version's own tags alone as well
+    version = fleet.register("scorer", SCORER_CONFIG, scorer("v7"))
     before = fleet.state()
     ghosts = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     _environment_with(fleet, ghosts, f"max_unavailable = {max_unavailable}\n")
     try:
-        version = fleet.register("scorer", SCORER_CONFIG, scorer("v7"))
         with pytest.raises(error, match=message):
             fleet.promote("scorer", version)
     finally:
