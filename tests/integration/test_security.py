@@ -194,7 +194,11 @@ def test_a_replica_whose_control_api_is_open_is_flagged_by_status_and_refuses_a_
     assert f"warning: {url} takes model-control calls from anyone" in text
     assert refused != 0, refused_out + refused_err
     assert f"{url} take(s) model-control calls from anyone" in refused_out + refused_err
-    assert "scorer" not in loaded_after_refusal  # nothing loaded on the open replica
+    # nothing loaded on the open replica: Triton's index lists each model of its repository, an
+    # unloaded one with no version and no state ({'': ''}); a load, even one taken back, would list
+    # the version with its state (READY, or UNAVAILABLE once unloaded)
+    assert loaded_after_refusal.get("scorer", {}) in ({}, {"": ""}), loaded_after_refusal
+    assert all(v == {"": ""} for v in loaded_after_refusal.values()), loaded_after_refusal  # nor else
     assert config_after == config_before  # nor written to the store
     assert allowed == 0, allowed_out + allowed_err
     note = f"{url} takes model-control calls from anyone"
