@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.control_key import ControlKey
 from pipelines.devstack import local_mlflow, local_s3, local_triton
 from pipelines.triton import TritonControl
 from registry.settings import Settings
@@ -105,6 +107,7 @@ class WorkflowStack:
     mlflow_url: str
     targets: dict[str, str]  # environment -> Triton gRPC URL
     bucket: str  # the S3 bucket holding the environments' repositories
+    control_key: str  # the replicas' model-control key: the jobs' secret MLREG_CONTROL_KEY
     runs: dict[str, ActRun] = field(default_factory=dict)
 
     @property
@@ -117,6 +120,7 @@ class WorkflowStack:
             "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(self.root / "home"),
             "MLFLOW_TRACKING_URI": self.mlflow_url,
+            "MLREG_CONTROL_KEY": self.control_key,
             "MLREG_NO_PROGRESS": "1",
             "MLREG_TEMPLATE_DIR": "model_repository_template",
             "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -154,6 +158,11 @@ class WorkflowStack:
         """Run ``workflow``'s jobs for ``event`` with act in host mode; the JSON log is parsed."""
         event_file = self.root / f"event-{event}.json"
         event_file.write_text(json.dumps(payload))
+        # the replicas' key as the environments' secret, from a file only this user reads (never on
+        # act's command line); the plan environment is given none (the workflow reads it nowhere else)
+        secret_file = self.root / "act.secrets"
+        secret_file.touch(mode=0o600)
+        secret_file.write_text(f"MLREG_CONTROL_KEY={self.control_key}\n")
         command = [
             str(ACT),
             event,
@@ -178,6 +187,8 @@ class WorkflowStack:
             "AWS_ROLE_ARN=arn:aws:iam::123456789012:role/mlreg-deploy",
             "-s",
             "AWS_REGION=us-east-1",
+            "--secret-file",
+            str(secret_file),
         ]
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -217,7 +228,8 @@ class WorkflowStack:
         }
 
     def serving(self, env: str, model: str) -> list[str]:
-        with TritonControl(self.targets[env], timeout=10) as triton:
+        key = ControlKey(self.control_key, "the workflow stack")
+        with TritonControl(self.targets[env], timeout=10, key=key) as triton:
             states = triton.model_states().get(model, {})
         return sorted((v for v, s in states.items() if s == "READY"), key=int)
 
@@ -258,11 +270,14 @@ def _project(repo: Path, toml: str) -> None:
 def workflow_stack(root: Path, s3: local_s3.S3Server | None = None) -> Iterator[WorkflowStack]:
     """The stack, with the template exported and ensemble v1 serving in staging and production.
     ``s3``: a running S3 server to use (a bucket of the stack's own is made there); else one is
-    started for the stack."""
+    started for the stack.  The tritonservers' control API is locked to a key of the stack's own,
+    as production replicas are (a promotion refuses a replica anyone can drive): the workflows'
+    promotion jobs get it as the secret ``MLREG_CONTROL_KEY``."""
     for key, value in local_s3.CREDENTIALS.items():
         os.environ.setdefault(key, value)
     (root / "home").mkdir(parents=True, exist_ok=True)
     bucket = f"workflows-{uuid.uuid4().hex[:12]}"
+    key = secrets.token_urlsafe(24)
     with ExitStack() as stop:
         if s3 is None:
             s3, s3_process = local_s3.start_s3(root / "logs" / "moto.log")
@@ -282,11 +297,11 @@ def workflow_stack(root: Path, s3: local_s3.S3Server | None = None) -> Iterator[
         for env in ("staging", "production"):
             standins = Settings.from_env().backends_source
             info, process = local_triton.start_server(
-                s3.store_uri(bucket, env), root / f"triton-{env}", standins
+                s3.store_uri(bucket, env), root / f"triton-{env}", standins, control_key=key
             )
             servers.append((info, process))
             targets[env] = info.grpc_url
-        stack = WorkflowStack(root, root / "repo", mlflow.url, targets, bucket)
+        stack = WorkflowStack(root, root / "repo", mlflow.url, targets, bucket, key)
         _project(stack.repo, _toml(s3, bucket, targets))
         stack.mlreg("export")
         for env in targets:
