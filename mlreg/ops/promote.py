@@ -43,6 +43,9 @@ def promote(
         raise UsageError(f"unknown --serve-as '{serve_as}'", fix=f"use {', '.join(SERVE_AS)}")
     if not version.isdigit():
         raise UsageError(f"version '{version}' is not a number", fix="pass --version N (1, 2, 3, ...)")
+    from pipelines.storage.objects import check_part  # lazy: the store's name rule
+
+    check_part(model, "model name")  # an untrusted name is refused before any registry is asked
     reader: Registry
     if registry is None:
         from registry.mlflow.reads import open_reads  # lazy: the registry's reads, no MLflow import
