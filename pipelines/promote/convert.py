@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +94,20 @@ def convert_step(step: Step, golden: dict[str, np.ndarray], gpu: bool, registry:
     config.default_model_filename = "model.onnx"
     config.ClearField("version_policy")
     (derived / CONFIG_NAME).write_text(format_config(config))
-    existing = _registered_with(registry, step.model, artifact_digest(derived / "new", derived / CONFIG_NAME))
+    digest = artifact_digest(derived / "new", derived / CONFIG_NAME)  # what its registration records
+    existing = _registered_with(registry, step.model, digest)
     version = existing or _next_version(registry, step.model)
     (derived / "new").rename(derived / version)
-    converted = Step(
-        step.model,
-        version,
-        step.role,
-        derived,
-        desired_config((derived / CONFIG_NAME).read_text(), [version], gpu),
-        step.previous_config,
-        step.previous_versions,
+    # the SavedModel's step with the ONNX version in its place: what serves before, and the digests
+    # MLflow records for it (an abort loads them again only once they verify), are kept
+    converted = replace(
+        step,
+        version=version,
+        folder=derived,
+        config_text=desired_config((derived / CONFIG_NAME).read_text(), [version], gpu),
+        upload=True,
+        reload=False,
+        digest=digest,
     )
     info = {
         "derived_from": f"{step.model} v{step.version}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -449,14 +450,8 @@ def _register_converted(ctx: PromotionContext, converted: Converted) -> None:
     if version != step.version:  # someone registered meanwhile: the registry's number wins
         assert step.folder is not None
         (step.folder / step.version).rename(step.folder / version)
-        renumbered = Step(
-            step.model,
-            version,
-            step.role,
-            step.folder,
-            desired_config(step.config_text, [version], ctx.env.gpu),
-            step.previous_config,
-            step.previous_versions,
+        renumbered = replace(  # the previous versions' digests kept: the way back stays verifiable
+            step, version=version, config_text=desired_config(step.config_text, [version], ctx.env.gpu)
         )
         _renumber(ctx, step, renumbered)
         converted.step = renumbered
