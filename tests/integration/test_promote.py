@@ -8,6 +8,7 @@ load rolled back, a killed promotion, contention and unreachable parts.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -441,20 +442,25 @@ def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
     ) as proc:
         try:
             assert proc.stdout.readline().strip() == "locked"
+            # a version that does not serve: a real promotion (a no-op takes no lock, by design)
+            version = "2" if stack.serving("image_model") != ["2"] else "1"
             before = stack.refused()
             with pytest.raises(MlregError, match="model 'image_model' is locked by ci-job-41@elsewhere:1"):
-                stack.promote("image_model", "2", skip_quality=True)
+                stack.promote("image_model", version, skip_quality=True)
             assert stack.refused() == before
         finally:
             proc.kill()
-    # the holder "elsewhere" is gone for good: its lock would stand until it expires
-    open_store(stack.settings.local_repository).delete(lock_key("image_model"))
+            # the holder "elsewhere" is gone for good: its lock would stand until it expires (and
+            # refuse the module's later promotions of image_model, whatever this test's outcome)
+            open_store(stack.settings.local_repository).delete(lock_key("image_model"))
 
 
 def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path: Path) -> None:
     from pipelines.devstack.local_triton import free_port
     from registry.errors import RegistryError, StorageError, TritonError
 
+    # a version that does not serve: a no-op asks no replica to load anything, nor MLflow to write
+    version = "2" if stack.serving("image_model") != ["2"] else "1"
     before = stack.refused()
     toml = stack.settings.home.parent / "mlreg.toml"
     toml.write_text(
@@ -471,7 +477,7 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
             env = environment(stack.settings, env_name)
             with pytest.raises(error, match=match):
                 Promotion(stack.settings, env, stack.registry, Options(skip_quality=True)).run(
-                    "image_model", "2"
+                    "image_model", version
                 )
         offline = Settings.from_env(
             env={
@@ -483,7 +489,7 @@ def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path:
         with pytest.raises(RegistryError, match="check the tracking server"):
             Promotion(
                 offline, environment(offline, "local"), MlflowRegistry(offline), Options(skip_quality=True)
-            ).run("image_model", "2")
+            ).run("image_model", version)
     finally:
         toml.unlink()
     assert stack.refused() == before
@@ -679,7 +685,9 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
     local_s3.create_bucket(s3_server.endpoint, "promote")
     uri = s3_server.store_uri("promote", "repo")
     ensure_root(uri)
-    info, process = local_triton.start_server(uri, tmp_path / "triton", stack.settings.backends_source)
+    info, process = local_triton.start_server(  # locked to the suite's key, as production replicas are
+        uri, tmp_path / "triton", stack.settings.backends_source, control_key=os.environ["MLREG_CONTROL_KEY"]
+    )
     toml = stack.settings.home.parent / "mlreg.toml"
     toml.write_text(
         f'[environments.s3]\nstore = "{uri}"\ntargets = ["{info.grpc_url}"]\nalias = "s3"\ngpu = false\n'
