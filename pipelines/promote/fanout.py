@@ -117,6 +117,23 @@ class Rollout:
         }
 
 
+READY_BY_NAME_CAP = 512  # ModelReady questions one keyless read may ask of a replica
+
+
+def ready_by_name(target: ServingTarget, store: RepositoryStore) -> States:
+    """What a replica whose repository index needs the control key this process does not hold
+    serves (a plan's keyless ``--dry-run`` against locked replicas): each store model's version
+    folders asked by ``ModelReady``, which a locked replica answers to anyone (it reads, never
+    loads), bounded by ``READY_BY_NAME_CAP``.  Only READY versions are seen; a load this needs
+    the key for is refused at the load itself."""
+    states: States = {}
+    pairs = [(m, v) for m in store.list_models() for v in store.list_versions(m)][:READY_BY_NAME_CAP]
+    for model, version in pairs:
+        if target.is_ready(model, version):
+            states.setdefault(model, {})[version] = "READY"
+    return states
+
+
 class Fleet:
     """The servers of one environment, and the store whose configs they load."""
 
@@ -260,7 +277,13 @@ class Fleet:
     def states_of(self, url: str) -> States:
         """What the server at ``url`` holds: the view, asked of the server the first time only."""
         if url not in self.view:
-            self.view[url] = self.target(url).model_states()
+            target = self.target(url)
+            try:
+                self.view[url] = target.model_states()
+            except MlregError as exc:
+                if exc.context.get("status") != "unauthorised":
+                    raise
+                self.view[url] = ready_by_name(target, self.store)  # a keyless plan reads what serves
         return self.view[url]
 
     def ready(self, url: str, model: str) -> list[str]:
