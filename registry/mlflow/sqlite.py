@@ -144,11 +144,7 @@ def model_versions(tracking_uri: str, name: str, wait: float = LOCK_WAIT) -> lis
                 " WHERE name = ? AND (current_stage IS NULL OR current_stage != ?) ORDER BY version DESC",
                 (name, DELETED_STAGE),
             ).fetchall()
-            tags: dict[str, dict[str, str]] = {}
-            for key, value, version in conn.execute(
-                "SELECT key, value, version FROM model_version_tags WHERE name = ?", (name,)
-            ):
-                tags.setdefault(str(version), {})[str(key)] = "" if value is None else str(value)
+            tags = _version_tags(conn, name)
     except sqlite3.Error:
         return None
     return [
@@ -157,6 +153,16 @@ def model_versions(tracking_uri: str, name: str, wait: float = LOCK_WAIT) -> lis
         )
         for v, run, src, where, at in rows
     ]
+
+
+def _version_tags(conn: sqlite3.Connection, name: str) -> dict[str, dict[str, str]]:
+    """version -> its tags, for every version of ``name`` (one query)."""
+    tags: dict[str, dict[str, str]] = {}
+    for key, value, version in conn.execute(
+        "SELECT key, value, version FROM model_version_tags WHERE name = ?", (name,)
+    ):
+        tags.setdefault(str(version), {})[str(key)] = "" if value is None else str(value)
+    return tags
 
 
 def version_absent(tracking_uri: str, name: str, version: str, wait: float = LOCK_WAIT) -> bool:
@@ -208,11 +214,7 @@ def registered_model(tracking_uri: str, name: str, wait: float = LOCK_WAIT) -> M
                 " WHERE name = ? AND (current_stage IS NULL OR current_stage != ?)",
                 (name, DELETED_STAGE),
             ).fetchall()
-            tags: dict[str, dict[str, str]] = {}
-            for key, value, version in conn.execute(
-                "SELECT key, value, version FROM model_version_tags WHERE name = ?", (name,)
-            ):
-                tags.setdefault(str(version), {})[str(key)] = "" if value is None else str(value)
+            tags = _version_tags(conn, name)
     except sqlite3.Error:
         return None
     return ModelRecord(
