@@ -55,3 +55,21 @@ def test_the_keyless_read_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert ready_by_name(replica, store) == {"net": {"3": "READY"}}  # type: ignore[arg-type]
     assert replica.asked == 10
     assert READY_BY_NAME_CAP >= 256
+
+
+def test_the_fleet_reads_a_locked_replica_by_readiness_and_keeps_other_errors(tmp_path: Path) -> None:
+    """``Fleet.states_of`` falls back only on the key refusal; any other error still raises."""
+    from pipelines.promote.fanout import Fleet
+
+    store = open_store(_store(tmp_path, {"net": ["1", "2"]}))
+    locked = LockedReplica({("net", "1")})
+    fleet = Fleet(store, ["r"], lambda url: locked, 5)  # type: ignore[arg-type,return-value]
+    assert fleet.serving("net") == {"r": ["1"]}
+
+    class Down(LockedReplica):
+        def model_states(self) -> dict[str, dict[str, str]]:
+            raise TritonError("replica r is unreachable", status="unreachable")
+
+    down = Fleet(store, ["r"], lambda url: Down(set()), 5)  # type: ignore[arg-type,return-value]
+    with pytest.raises(TritonError, match="unreachable"):
+        down.serving("net")
