@@ -31,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LIST = Path(__file__).resolve().with_name("mutants.toml")
+# A feature adds its guarantees' mutants in its own file beside the list (``<feature>.toml``, the
+# same table): read after mutants.toml, in name order; ids are unique across all of them.
+HERE = LIST.parent
 LEFT_OUT = (".venv", ".git", ".mlreg")  # never copied: the environment, history, local state
 PER_MUTANT_S = 300  # one mutant's tests; a hang is an error, never a kill
 GUARD = '''
@@ -72,13 +75,20 @@ class Mutant:
         return self.file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
-def load(path: Path = LIST) -> list[Mutant]:
-    entries = tomllib.loads(path.read_text())["mutant"]
+def lists(here: Path = HERE) -> list[Path]:
+    """mutants.toml, then every other ``*.toml`` beside it, in name order."""
+    others = sorted(p for p in here.glob("*.toml") if p.name != LIST.name)
+    return [here / LIST.name, *others]
+
+
+def load(path: Path | None = None) -> list[Mutant]:
+    paths = [path] if path is not None else lists()
+    entries = [entry for p in paths for entry in tomllib.loads(p.read_text()).get("mutant", [])]
     mutants = [Mutant(**entry) for entry in entries]
     ids = [m.id for m in mutants]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise SystemExit(f"{path}: duplicate mutant ids: {', '.join(duplicates)}")
+        raise SystemExit(f"{HERE}: duplicate mutant ids: {', '.join(duplicates)}")
     return mutants
 
 
