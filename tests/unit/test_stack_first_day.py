@@ -1,0 +1,143 @@
+"""The local stack's first-day surprises (issue 48 item 4): ``stack up --s3`` on a promoted or an
+empty project, and a restarted stack bringing back what its store says should serve.
+
+Real parts: a promoted local store (the promotion of tests/unit/worlds.py writes its manifests and
+configs), the session's real moto_server, the in-process stand-in Triton of tests/standin_triton.py
+(it reads the store folder as Triton 2.51 reads its repository)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipelines.devstack import local_s3
+from pipelines.devstack.restore import desired_state, restore_served
+from pipelines.devstack.seed import seed_store
+from pipelines.storage import ensure_root, open_store
+from pipelines.storage.base import MANIFEST, RepositoryStore
+from pipelines.storage.push import push_path
+from pipelines.triton.control import TritonControl
+from registry.errors import StorageError
+from tests.standin_triton import StandinFleet
+from tests.unit.worlds import World
+
+
+def _bucket(request: pytest.FixtureRequest) -> RepositoryStore:
+    server = request.getfixturevalue("s3_server")
+    bucket = f"seed-{uuid.uuid4().hex[:12]}"
+    local_s3.create_bucket(server.endpoint, bucket)
+    return open_store(server.store_uri(bucket, "model_repository"))
+
+
+def _promoted(tmp_path: Path) -> World:
+    world = World(tmp_path)
+    assert world.promote("ens", "1").ok
+    return world
+
+
+def _digest(world: World):  # type: ignore[no-untyped-def]
+    return lambda model, version: world.registry.tags.get((model, version), {}).get("artifact_digest")
+
+
+def test_seed_copies_a_promoted_repository_manifests_created_never_pushed_as_files(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    world = _promoted(tmp_path)
+    source, target = open_store(world.store_root), _bucket(request)
+    # what `stack up --s3` did before: the manifest sent as a file, then its create collides
+    with pytest.raises(StorageError, match="another writer|manifest"):
+        push_path(_bucket(request), world.store_root)
+
+    seeded = seed_store(source, world.store_root, target)
+
+    assert seeded.models == {"ens": ["1"], "net": ["1"], "pre": ["1"]}
+    for model in ("ens", "net", "pre"):
+        assert target.read_config(model) == source.read_config(model)  # the promotion's config
+        assert target.read(f"{model}/1/{MANIFEST}") == source.read(f"{model}/1/{MANIFEST}")
+        # the copy verifies against MLflow's digest, as a promotion's load would
+        target.verify_version(model, "1", world.registry.tags[(model, "1")]["artifact_digest"])
+    assert target.locks() == []  # its own locks released; none of the source's copied
+    assert not [k for k in target.list_prefix("") if "__pycache__" in k]
+
+
+def test_seed_of_an_empty_project_copies_nothing_and_marks_the_root(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    root = tmp_path / "model_repository"
+    root.mkdir()
+    target = _bucket(request)
+    with pytest.raises(StorageError, match="holds no model folder"):  # what `stack up --s3` said
+        push_path(target, root)
+    seeded = seed_store(open_store(root), root, target)
+    assert seeded.models == {}
+    assert seeded.files == 0
+    assert ensure_root(target.uri)  # Triton can start on it: the root marker, nothing else
+    assert target.list_prefix("") == [".mlreg-root.json"]
+
+
+def test_seed_refuses_a_version_whose_manifest_is_there_already(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    world = _promoted(tmp_path)
+    target = _bucket(request)
+    target.write(f"pre/1/{MANIFEST}", b"{}")  # someone else's
+    with pytest.raises(StorageError, match="already has a manifest"):
+        seed_store(open_store(world.store_root), world.store_root, target)
+    assert target.read(f"pre/1/{MANIFEST}") == b"{}"  # never overwritten
+
+
+def test_desired_state_is_the_promoted_configs_members_first(tmp_path: Path) -> None:
+    world = _promoted(tmp_path)
+    wanted = desired_state(open_store(world.store_root))
+    assert [(d.model, d.versions) for d in wanted] == [("net", ("1",)), ("pre", ("1",)), ("ens", ("1",))]
+    assert wanted[-1].members == ("pre", "net")
+
+
+def test_a_restarted_stack_serves_what_the_store_says_verified_only(tmp_path: Path) -> None:
+    world = _promoted(tmp_path)
+    store = open_store(world.store_root)
+    with StandinFleet(world.store_root, 1, load_delay=0.01) as fleet:  # a fresh server: serves nothing
+        (url,) = fleet.urls
+        assert fleet.replica(url).states() == {}
+        with TritonControl(url, timeout=5, load_timeout=10) as triton:
+            restored = restore_served(store, [url], lambda _: triton, _digest(world), ready_timeout=5)
+            states = fleet.replica(url).states()
+    assert restored.loaded == ["net:1", "pre:1", "ens:1"]
+    assert restored.left == []
+    assert states == {
+        "net": {"1": "READY"},
+        "pre": {"1": "READY"},
+        "ens": {"1": "READY"},
+    }
+
+
+def test_a_restart_never_loads_bytes_that_do_not_verify_nor_an_ensemble_over_them(tmp_path: Path) -> None:
+    world = _promoted(tmp_path)
+    (world.store_root / "net" / "1" / "model.py").write_text("raise SystemExit('not registered')\n")
+    store = open_store(world.store_root)
+    with StandinFleet(world.store_root, 1, load_delay=0.01) as fleet:
+        (url,) = fleet.urls
+        with TritonControl(url, timeout=5, load_timeout=10) as triton:
+            restored = restore_served(store, [url], lambda _: triton, _digest(world), ready_timeout=5)
+            states = fleet.replica(url).states()
+    assert restored.loaded == ["pre:1"]
+    assert restored.left[0].startswith("net v1: ")
+    assert "model.py" in restored.left[0]
+    assert restored.left[1] == "ens v1: its member(s) net were not loaded"
+    assert set(states) == {"pre"}  # neither the tampered member nor the ensemble over it
+
+
+def test_a_restart_loads_nothing_mlflow_did_not_register(tmp_path: Path) -> None:
+    world = _promoted(tmp_path)
+    with StandinFleet(world.store_root, 1, load_delay=0.01) as fleet:
+        (url,) = fleet.urls
+        with TritonControl(url, timeout=5, load_timeout=10) as triton:
+            restored = restore_served(
+                open_store(world.store_root), [url], lambda _: triton, lambda m, v: None, ready_timeout=5
+            )
+            states = fleet.replica(url).states()
+    assert restored.loaded == []
+    assert states == {}
+    assert "net v1: v1 has no digest registered in MLflow" in restored.left
