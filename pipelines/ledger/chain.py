@@ -1,0 +1,389 @@
+"""The ledger itself: where it lives beside a store, appending (a conditional create naming the
+predecessor's hash), reading back, and verifying the chain.
+
+Where: beside the repository, as the archive is (pipelines/storage/archive.py) and for the same
+reason -- Triton lists every folder at its repository root as a model, and the closed world refuses
+any unexpected entry under a model folder:
+
+    <parent>/.mlreg-ledger/<store name>/events/000000000001.json ... and head.json
+
+A store at the root of a bucket has no place beside it: its ledger is files at that root
+(``.mlreg-ledger.events.<seq>.json``, ``.mlreg-ledger.head.json``), which Triton ignores as it
+ignores the locks there.  The ledger is written through the bare object primitives
+(``LocalObjects``/``S3Objects``), never through the repository's session: its writes are not
+fenced by a model's lock, and no undo log can take one back.
+
+Appending event ``n`` is ``create(events/n)`` -- S3 ``If-None-Match: *``, a local ``link`` that fails
+when the name exists -- with ``prev`` = event ``n-1``'s hash inside.  Of two writers that read the
+same head exactly one creates ``n``; the other reads the winner, checks it follows the head it knew,
+and appends ``n+1`` after it.  The chain cannot fork: one object per position, each naming its
+predecessor.  ``head.json`` (moved forward after each append, compare-and-swap) remembers the last
+event, so removing or editing the last event is seen too.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipelines.ledger.events import (
+    GENESIS,
+    HEX64,
+    TIME,
+    Event,
+    Unreadable,
+    canonical,
+    decode,
+    encode,
+    now,
+    strict_json,
+)
+from pipelines.storage.objects import ARCHIVE, ObjectStore
+from registry.errors import StorageError
+
+if TYPE_CHECKING:
+    from pipelines.storage.base import RepositoryStore
+
+log = logging.getLogger(__name__)
+LEDGER = ".mlreg-ledger"  # beside the store, as ARCHIVE is
+MAX_EVENTS = 1_000_000  # events one verify or query reads
+APPEND_WAIT_S = 30.0  # how long an append keeps trying behind other writers
+SEQ_DIGITS = 12
+POINTER_BYTES = 8192  # head.json, padded with spaces: a replica name is at most 1024 characters
+assert ARCHIVE != LEDGER
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something wrong with the chain: the position and, where known, the event's time and replica."""
+
+    position: int
+    time: str
+    replica: str
+    what: str
+
+    def line(self) -> str:
+        when = f" ({self.time}, replica {self.replica})" if self.time else ""
+        return f"event {self.position}{when}: {self.what}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "time": self.time, "replica": self.replica, "what": self.what}
+
+
+class Ledger:
+    """The events of one store's replicas, in ``objects`` under ``prefix`` (see the module)."""
+
+    def __init__(self, objects: ObjectStore, prefix: str, uri: str) -> None:
+        self.objects = objects
+        self.uri = uri
+        self.events_prefix = f"{prefix}events." if prefix.endswith(".") else f"{prefix}events/"
+        self.head_key = f"{prefix}head.json"
+        self._head: Event | None = None  # the last event this object appended or read
+        self._lock = threading.Lock()  # one append at a time from this process's threads
+
+    def key(self, seq: int) -> str:
+        return f"{self.events_prefix}{seq:0{SEQ_DIGITS}d}.json"
+
+    # -- appending ---------------------------------------------------------------------------------
+
+    def append(self, **fields: Any) -> Event:
+        """Append one event (``fields``: every field of :class:`Event` but the chain's and
+        ``time``); returns it sealed.  StorageError when the chain cannot be extended: its last
+        event was removed or edited, or other writers kept winning for ``APPEND_WAIT_S``."""
+        with self._lock:
+            head = self._head if self._head is not None else self._find_head()
+            deadline = time.monotonic() + APPEND_WAIT_S
+            while True:
+                event = _next(head, fields)
+                if self.objects.create(self.key(event.seq), encode(event)):
+                    self._head = event
+                    self._advance_pointer(event)
+                    return event
+                head = self._winner(event.seq, head)  # lost the race: append after the winner
+                if time.monotonic() > deadline:
+                    raise StorageError(
+                        f"{self.uri}: no event appended within {APPEND_WAIT_S:.0f}s: other writers kept "
+                        "appending first",
+                        fix="rerun; 'mlreg ledger verify' checks the chain",
+                    )
+
+    def _winner(self, seq: int, head: Event | None) -> Event:
+        """Event ``seq``, which another writer created first: it must follow ``head``."""
+        winner = self._read(seq)
+        if winner is None or winner.seq != seq or winner.prev != _hash(head):
+            raise StorageError(
+                f"{self.uri}: event {seq} does not follow event {seq - 1}: the ledger was changed",
+                fix="run 'mlreg ledger verify' to see where",
+            )
+        return winner
+
+    def _find_head(self) -> Event | None:
+        """The last event: the one ``head.json`` names, checked, then any appended after it (a
+        writer that stopped before moving ``head.json``); None for an empty ledger."""
+        pointer = self._pointer()
+        if pointer is None:
+            seqs = self.seqs()
+            if not seqs:
+                return None
+            head = self._read_checked(seqs[-1])
+        else:
+            head = self._read_checked(int(pointer["seq"]))
+            if head.hash != pointer["hash"]:
+                raise _changed(self.uri, head.seq, "it is not the event head.json names")
+        while (after := self._read(head.seq + 1)) is not None:
+            if after.prev != head.hash:
+                raise _changed(self.uri, after.seq, f"it does not follow event {head.seq}")
+            head = after
+        return head
+
+    def _read_checked(self, seq: int) -> Event:
+        event = self._read(seq)
+        if event is None:
+            raise _changed(self.uri, seq, "it is missing")
+        return event
+
+    def _read(self, seq: int) -> Event | None:
+        data = self.objects.read(self.key(seq))
+        if data is None:
+            return None
+        try:
+            event = decode(data)
+        except Unreadable as exc:
+            raise _changed(self.uri, seq, f"it cannot be read ({exc})") from None
+        if event.seq != seq:
+            raise _changed(self.uri, seq, f"it holds event {event.seq}")
+        return event
+
+    def _pointer(self) -> dict[str, Any] | None:
+        """head.json, None when absent or unreadable (a write cut short: the events are listed
+        instead; ``verify`` names an edited pointer)."""
+        found = self.objects.read_versioned(self.head_key)
+        if found is None:
+            return None
+        try:
+            return parse_pointer(found[0])
+        except Unreadable as exc:
+            log.warning("%s: head.json cannot be read (%s): the events are listed instead", self.uri, exc)
+            return None
+
+    def _advance_pointer(self, event: Event) -> None:
+        """``head.json`` moved to ``event`` unless it already names a later one.  Not a
+        compare-and-swap: of two writers racing, the pointer may name the one before the last for a
+        moment -- it never names an event that is not there, and the next append moves it on."""
+        found = self.objects.read_versioned(self.head_key)
+        if found is not None:
+            try:
+                if int(parse_pointer(found[0])["seq"]) >= event.seq:
+                    return
+            except Unreadable:
+                pass  # an unreadable pointer is replaced; verify names the events themselves
+        data = pointer_bytes(event)
+        from pipelines.storage.local import LocalObjects  # lazy: ~7 ms an S3 store never pays
+
+        if isinstance(self.objects, LocalObjects):
+            overwrite(self.objects.root / self.head_key, data)
+        else:
+            self.objects.write(self.head_key, data)
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def seqs(self) -> list[int]:
+        """The positions stored (names that are not events are left out: ``verify`` names them)."""
+        return sorted(s for s in (self._seq_of(k) for k in self._keys()) if s is not None)
+
+    def _keys(self) -> list[str]:
+        keys = self.objects.list_prefix(self.events_prefix)
+        if len(keys) > MAX_EVENTS:
+            raise StorageError(
+                f"{self.uri}: the ledger holds {len(keys)} objects, more than the {MAX_EVENTS} read at once",
+                fix="archive the ledger's oldest events elsewhere (they stay verifiable by their hashes)",
+            )
+        return keys
+
+    def _seq_of(self, key: str) -> int | None:
+        name = key[len(self.events_prefix) :]
+        digits = name[: -len(".json")]
+        if name.endswith(".json") and len(digits) == SEQ_DIGITS and digits.isdigit() and int(digits) > 0:
+            return int(digits)
+        return None
+
+    def read_all(self) -> tuple[list[Event], list[Finding]]:
+        """Every event that reads, in chain order, and every finding of :func:`verify_chain`."""
+        keys = self._keys()
+        found: dict[int, Event | str] = {}
+        odd: list[str] = []
+        for key in keys:
+            seq = self._seq_of(key)
+            if seq is None:
+                odd.append(key)
+                continue
+            data = self.objects.read(key)
+            if data is None:
+                continue  # removed while listed: named as missing
+            try:
+                found[seq] = decode(data)
+            except Unreadable as exc:
+                found[seq] = str(exc)
+        pointer: dict[str, Any] | str | None
+        try:
+            raw = self.objects.read_versioned(self.head_key)
+            pointer = parse_pointer(raw[0]) if raw is not None else None
+        except Unreadable as exc:
+            pointer = str(exc)
+        findings = verify_chain(found, pointer) + [
+            Finding(0, "", "", f"'{k}' is not an event of the ledger (an object added beside them)")
+            for k in odd
+        ]
+        return [e for _, e in sorted(found.items()) if isinstance(e, Event)], findings
+
+
+def _next(head: Event | None, fields: dict[str, Any]) -> Event:
+    return Event(
+        seq=(head.seq if head else 0) + 1,
+        prev=_hash(head),
+        prev_time=head.time if head else "",
+        prev_replica=head.replica if head else "",
+        time=now(),
+        **fields,
+    ).sealed()
+
+
+def _hash(event: Event | None) -> str:
+    return event.hash if event is not None else GENESIS
+
+
+def _changed(uri: str, seq: int, why: str) -> StorageError:
+    return StorageError(
+        f"{uri}: the ledger's event {seq} was changed: {why}; nothing appended after it",
+        fix="run 'mlreg ledger verify' to see every change, and find out who made it",
+    )
+
+
+def pointer_bytes(event: Event) -> bytes:
+    data = canonical({"seq": event.seq, "hash": event.hash, "time": event.time, "replica": event.replica})
+    return data + b" " * (POINTER_BYTES - len(data))  # one size: overwritten in place (``overwrite``)
+
+
+def overwrite(path: Path, data: bytes) -> None:
+    """``data`` written over the start of the local file ``path`` (made when missing), under an
+    exclusive ``flock`` (readers take a shared one: ``LocalObjects.read_versioned``).  Neither a
+    rename nor a truncate: on ext4 both flush the file's data first (auto_da_alloc), ~4 ms each
+    here, most of an event's cost; every pointer has the same size, so nothing is left over."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
+
+
+def parse_pointer(data: bytes) -> dict[str, Any]:
+    raw = strict_json(data, POINTER_BYTES)
+    if not isinstance(raw, dict) or set(raw) != {"seq", "hash", "time", "replica"}:
+        raise Unreadable("not a head pointer")
+    if type(raw["seq"]) is not int or raw["seq"] < 1 or not HEX64.match(str(raw["hash"])):
+        raise Unreadable("its seq or hash is not one")
+    if not isinstance(raw["time"], str) or not TIME.match(raw["time"]) or not isinstance(raw["replica"], str):
+        raise Unreadable("its time or replica is not one")
+    return raw
+
+
+# -- verifying ----------------------------------------------------------------------------------
+
+
+def verify_chain(found: dict[int, Event | str], pointer: dict[str, Any] | str | None) -> list[Finding]:
+    """Every edited, removed or reordered event of ``found`` (position -> the event, or why its bytes
+    are not one), and a last event removed or edited behind ``pointer`` (head.json)."""
+    findings: list[Finding] = []
+    last = max(found, default=0)
+    for position in range(1, last + 1):
+        findings.extend(_position(found, position))
+    findings.extend(_tail(found, last, pointer))
+    return findings
+
+
+def _position(found: dict[int, Event | str], position: int) -> list[Finding]:
+    entry = found.get(position)
+    after = found.get(position + 1)
+    if entry is None:
+        when, where = (after.prev_time, after.prev_replica) if isinstance(after, Event) else ("", "")
+        return [Finding(position, when, where, "removed (the ledger has no event at this position)")]
+    if isinstance(entry, str):
+        return [Finding(position, "", "", f"edited: its bytes are no event ({entry})")]
+    if entry.seq != position:
+        return [
+            Finding(position, entry.time, entry.replica, f"reordered: this position holds event {entry.seq}")
+        ]
+    if entry.sealed().hash != entry.hash:
+        return [Finding(position, entry.time, entry.replica, "edited: its hash does not match its contents")]
+    if isinstance(after, Event) and _intact(after, position + 1) and not _follows(after, entry):
+        return [
+            Finding(
+                position,
+                entry.time,
+                entry.replica,
+                f"edited after event {position + 1} was appended: that event names another predecessor",
+            )
+        ]
+    return []
+
+
+def _intact(entry: Event | str | None, position: int) -> bool:
+    """An event in its place whose hash matches its contents (its own fault is named at it)."""
+    return isinstance(entry, Event) and entry.seq == position and entry.sealed().hash == entry.hash
+
+
+def _follows(after: Event, entry: Event) -> bool:
+    return after.prev == entry.hash and after.prev_time == entry.time and after.prev_replica == entry.replica
+
+
+def _tail(found: dict[int, Event | str], last: int, pointer: dict[str, Any] | str | None) -> list[Finding]:
+    if isinstance(pointer, str):
+        return [Finding(last, "", "", f"head.json (the ledger's last event) was edited: {pointer}")]
+    if pointer is None:
+        return [Finding(last, "", "", "head.json (which names the last event) is missing")] if last else []
+    seq, when, where = int(pointer["seq"]), str(pointer["time"]), str(pointer["replica"])
+    if seq > last:
+        return [Finding(seq, when, where, "removed (head.json names it as the last event)")]
+    entry = found.get(seq)
+    if isinstance(entry, Event) and entry.seq == seq and entry.hash != pointer["hash"]:
+        return [Finding(seq, when, where, "edited: it is not the event head.json names")]
+    return []
+
+
+# -- where a store's ledger lives ------------------------------------------------------------------
+
+
+def ledger_of(store: RepositoryStore) -> Ledger:
+    """The ledger beside ``store`` (see the module's docstring)."""
+    from pipelines.storage.local import LocalObjects, LocalStore  # lazy: ~7 ms an S3 store never pays
+
+    if isinstance(store, LocalStore):
+        root = store.root.parent / LEDGER / store.root.name
+        return Ledger(LocalObjects(root), "", str(root))
+    from pipelines.storage.s3 import S3Objects, S3Store  # lazy: ~10 ms of import a local store never pays
+
+    if not isinstance(store, S3Store):
+        raise StorageError(f"{store.uri}: this store keeps no ledger", fix="use a local folder or S3")
+    parent, _, name = store.prefix.rpartition("/")
+    objects = S3Objects(store.bucket, "", store.endpoint_url, uri=store.uri)
+    objects._client = store._client  # the same client (and credentials) as the store's
+    if not store.prefix:  # the bucket's root: files there, which Triton ignores
+        return Ledger(objects, f"{LEDGER}.", f"s3://{store.bucket}/{LEDGER}.*")
+    place = f"{parent}/{LEDGER}/{name}" if parent else f"{LEDGER}/{name}"
+    return Ledger(objects, f"{place}/", f"{_bucket_uri(store)}{place}/")
+
+
+def _bucket_uri(store: Any) -> str:
+    base = str(store.uri).rstrip("/")
+    return base[: -len(store.prefix)] if base.endswith(store.prefix) else f"s3://{store.bucket}/"
+
+
+__all__ = ["LEDGER", "Finding", "Ledger", "ledger_of", "verify_chain"]

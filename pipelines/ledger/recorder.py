@@ -1,0 +1,164 @@
+"""What the Fleet is given to remember every call it sends: a :class:`Recorder` appends one ledger
+event per load, unload or config update, whoever asked for it (a promotion, its rollback or undo, a
+retire, ``fleet sync``, ``mlflow deployments``: each goes through ``Fleet``).
+
+Best effort by design: a ledger that cannot be written is a warning and a line in ``problems``,
+never a failed promotion (the calls were sent; the ledger records them, it does not gate them).
+The events this recorder appended are kept in ``events``: the promotion's MLflow run gets them as
+``ledger.jsonl``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from pipelines.ledger.chain import Ledger
+from pipelines.ledger.events import Event, encode
+from pipelines.storage.manifest import MANIFEST
+from registry.settings import redact_uri
+from registry.signing import SIGNATURE_FILE
+
+if TYPE_CHECKING:
+    from pipelines.ledger.receipts import ReceiptSigner
+    from pipelines.storage.base import RepositoryStore
+
+log = logging.getLogger(__name__)
+assert MANIFEST == ".mlreg-manifest.json"  # the receipt's input names it (pipelines/ledger/receipts.py)
+
+
+class Recorder:
+    """Appends the events of one operation (``operation``, ``promotion``: its id) on ``env``'s
+    replicas to ``ledger``; ``signer``: the environment's receipt key (None: no receipts)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        store: RepositoryStore,
+        env: str,
+        *,
+        operation: str = "promote",
+        promotion: str = "",
+        signer: ReceiptSigner | None = None,
+        policy: str = "",
+    ) -> None:
+        self.ledger = ledger
+        self.store = store
+        self.env = env
+        self.operation = operation
+        self.promotion = promotion
+        self.signer = signer
+        self.policy = policy or f"mlreg:environment/{env}"
+        self.events: list[Event] = []
+        self.problems: list[str] = []
+        self._facts: dict[tuple[str, str], tuple[str, str, str]] = {}  # (model, version) -> facts
+        self._lock = threading.Lock()
+
+    def sent(
+        self,
+        url: str,
+        model: str,
+        versions: tuple[str, ...],
+        before: tuple[str, ...],
+        *,
+        unload: bool = False,
+        result: str = "ok",
+        detail: str = "",
+    ) -> Event | None:
+        """One call sent to ``url``: the load of ``versions`` (``unload``: of the model), with
+        ``before`` READY there; ``result`` ok, failed or queued.  The event appended, or None
+        when the ledger could not be written (noted in ``problems``)."""
+        try:
+            event = self.ledger.append(**self._fields(url, model, versions, before, unload, result, detail))
+        except Exception as exc:  # a ledger that fails never fails what it records
+            line = f"{redact_uri(self.ledger.uri)}: the {model} call to {url} is not in the ledger: {exc}"
+            log.warning("%s", line)
+            with self._lock:
+                self.problems.append(line)
+            return None
+        with self._lock:
+            self.events.append(event)
+        return event
+
+    def _fields(
+        self,
+        url: str,
+        model: str,
+        versions: tuple[str, ...],
+        before: tuple[str, ...],
+        unload: bool,
+        result: str,
+        detail: str,
+    ) -> dict[str, object]:
+        named = () if unload else tuple(sorted(set(versions), key=int))
+        kind = "unload" if unload else "config" if named and set(named) <= set(before) else "load"
+        version = named[-1] if named else ""
+        facts = {v: self._facts_of(model, v) for v in named}
+        receipt = None
+        if self.signer is not None and kind == "load" and version and facts[version][0]:
+            receipt = self._receipt(model, version, facts[version])
+        return {
+            "kind": kind,
+            "replica": url[:1024],
+            "model": model,
+            "version": version,
+            "versions": named,
+            "digests": {v: f[0] for v, f in facts.items() if f[0]},
+            "signer": facts[version][2] if version else "",
+            "operation": self.operation,
+            "promotion": self.promotion,
+            "env": self.env,
+            "result": result,
+            "detail": " ".join(detail.split())[:1024],
+            "receipt": receipt,
+        }
+
+    def _facts_of(self, model: str, version: str) -> tuple[str, str, str]:
+        """(manifest digest, signature sha256, who the signature names) of a stored version; read
+        once (a stored version is written once), "" where there is none."""
+        key = (model, version)
+        if key not in self._facts:
+            manifest = self.store.read_manifest(model, version)
+            signature = self.store.read(f"{model}/{version}/{SIGNATURE_FILE}")
+            signer = ""
+            if signature is not None:
+                from registry.signing import claimed_identity  # lazy: cryptography, ~0.1 s, signed only
+
+                signer = claimed_identity(signature)
+            self._facts[key] = (
+                manifest.digest if manifest is not None else "",
+                hashlib.sha256(signature).hexdigest() if signature is not None else "",
+                signer[:1024],
+            )
+        return self._facts[key]
+
+    def _receipt(self, model: str, version: str, facts: tuple[str, str, str]) -> dict[str, object]:
+        from pipelines.ledger.events import now
+        from pipelines.ledger.receipts import statement  # lazy: only where receipts are signed
+        from registry import __version__  # lazy: kept beside its one use
+
+        assert self.signer is not None
+        resource = f"{redact_uri(self.store.uri).rstrip('/')}/{model}/{version}"
+        return self.signer.sign(
+            statement(
+                model=model,
+                version=version,
+                manifest_digest=facts[0],
+                signature_digest=facts[1],
+                resource=resource,
+                policy=self.policy,
+                verified_at=now(),
+                passed=True,  # a load is sent only once the store's verify_load passed (it raises)
+                verifier_version=__version__,
+            )
+        )
+
+    def jsonl(self) -> bytes:
+        """The events appended, one a line (as stored): the promotion's ``ledger.jsonl``."""
+        with self._lock:
+            return b"".join(encode(e) for e in sorted(self.events, key=lambda e: e.seq))
+
+
+__all__ = ["Recorder"]
