@@ -527,3 +527,35 @@ def enforce(records: Sequence[CheckRecord]) -> None:
         raise PromotionError(
             f"runtime gate: {first.line}{more}", fix=first.fix, records=[r.to_dict() for r in records]
         )
+
+
+# -- one pass over an environment -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model the promotion would load: ``kind`` "onnx" (a model.onnx file) or "savedmodel" (a
+    SavedModel folder); other kinds (python, ensembles) carry no runtime version to judge."""
+
+    name: str
+    kind: str
+    path: Path
+
+
+def judge(
+    targets: Sequence[MetadataSource], store: str, settings: RuntimeSettings, models: Sequence[ModelFile] = ()
+) -> list[CheckRecord]:
+    """Every record of the runtime gate for an environment: each replica's metadata read once
+    (an unreachable replica's error propagates: the caller names it), its hazards, then each model
+    against it.  Nothing is loaded."""
+    kind = store_kind(store)
+    records: list[CheckRecord] = []
+    for target in targets:
+        replica = read_replica(target)
+        records += hazard_records(replica, kind, settings)
+        for model in models:
+            if model.kind == "onnx":
+                records.append(onnx_record(replica, model.name, model.path, settings))
+            elif model.kind == "savedmodel":
+                records.append(saved_model_record(replica, model.name, model.path, settings))
+    return records

@@ -398,3 +398,24 @@ def test_a_saved_model_on_a_release_without_the_tensorflow_backend_is_refused(tm
     assert kept.result == "skipped"
     assert not kept.refuses()
     assert kept.measured == "TensorFlow 2.17.0"
+
+
+def test_judge_reads_each_replica_once_and_judges_every_model_on_each(tmp_path: Path) -> None:
+    old, new = StandIn("2.55.0", "10.0.0.1:8001"), StandIn("2.71.0", "10.0.0.2:8001")
+    net = onnx_model(tmp_path / "net.onnx", opset=23, ir=10)
+    image = saved_model(tmp_path / "image" / "model.savedmodel", "2.17.0")
+    models = [
+        runtime.ModelFile("net", "onnx", net),
+        runtime.ModelFile("image", "savedmodel", image),
+        runtime.ModelFile("pre", "python", tmp_path / "pre"),
+    ]
+    records = runtime.judge([old, new], "s3://models/production", RuntimeSettings(), models)
+    by = {(r.replica, r.subject): r.result for r in records}
+    assert by[("10.0.0.1:8001", "hazard s3-sigpipe")] == "fail"
+    assert by[("10.0.0.1:8001", "model net ONNX")] == "fail"  # opset 23 > ONNX Runtime 1.20's 21
+    assert by[("10.0.0.1:8001", "model image SavedModel")] == "skipped"  # 2.55 still has the TF backend
+    assert by[("10.0.0.2:8001", "hazards")] == "pass"
+    assert by[("10.0.0.2:8001", "model net ONNX")] == "pass"  # ONNX Runtime 1.27
+    assert by[("10.0.0.2:8001", "model image SavedModel")] == "fail"  # no TF backend past 2.55
+    assert not any("pre" in subject for _, subject in by)
+    assert old.loads == new.loads == []
