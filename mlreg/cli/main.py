@@ -13,6 +13,7 @@ import typer
 from mlreg.cli import (
     analysis,
     fleet,
+    ledger,
     promote,
     registry,
     report,
@@ -58,6 +59,7 @@ app.add_typer(triton.app, name="triton")
 app.add_typer(fleet.app, name="fleet")
 app.add_typer(analysis.app, name="analysis")
 app.add_typer(shadow.app, name="shadow")
+app.add_typer(ledger.app, name="ledger")
 app.command("init")(init_cmd)
 app.command("validate")(validate_cmd)
 app.command("diff")(diff_cmd)

@@ -9,6 +9,7 @@ import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, settings_of
 from mlreg.cli.output import Output
+from registry.errors import UsageError
 
 if TYPE_CHECKING:
     from pipelines.promote.status import ModelRow
@@ -74,13 +75,30 @@ def status_table(out: Output, rows: list[ModelRow]) -> None:
 
 def history_cmd(
     ctx: typer.Context,
-    model: str = typer.Argument(..., help="Registered model name."),
+    model: str = typer.Argument(None, help="Registered model name."),
     env: str = typer.Option(None, "--env", "-e", help="Only this environment."),
+    replica: str = typer.Option(
+        None, "--replica", help="From the ledger: what this replica served --at TIME."
+    ),
+    at: str = typer.Option(None, "--at", metavar="TIME", help="With --replica: an ISO 8601 time."),
+    ledger_model: str = typer.Option(
+        None, "--model", help="From the ledger: every replica's spans of MODEL."
+    ),
     as_json: JsonFlag = False,
 ) -> None:
-    """Every promotion of MODEL: when, where, from → to, result, who."""
+    """Every promotion of MODEL: when, where, from → to, result, who.  With --replica R --at TIME or
+    --model M: what served where, when, from the environment's deployment ledger."""
     from mlreg.ops.history import history  # lazy: when run
 
+    if replica or at or ledger_model:
+        from mlreg.cli.ledger import ledger_history  # lazy: the ledger's answers, when asked
+
+        return ledger_history(ctx, env or "local", replica, at, ledger_model or model, as_json)
+    if model is None:
+        raise UsageError(
+            "mlreg history needs MODEL (or --replica R --at TIME, or --model M)",
+            fix="e.g. mlreg history scorer",
+        )
     out = Output(as_json)
     rows = history(settings_of(ctx), model, env)
     out.result(
