@@ -10,6 +10,7 @@ import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, settings_of
 from mlreg.cli.output import Output
+from registry.errors import UsageError
 
 app = typer.Typer(
     help="The deployment ledger: every load, unload and config update sent to a replica, "
@@ -55,8 +56,6 @@ def ledger_history(
 ) -> None:
     """``mlreg history --replica R --at TIME`` (what R served then) or ``--model M [--env E]``
     (every span a replica served M), answered from the ledger."""
-    from registry.errors import UsageError
-
     out = Output(as_json)
     if replica is not None:
         if at is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlreg.ops.context import store_of
-from registry.errors import UsageError
+from registry.errors import MlregError, UsageError
 from registry.settings import Settings, redact_uri
 
 if TYPE_CHECKING:
@@ -79,7 +79,6 @@ def _public(path: Path) -> bytes:
 
 def _check_receipts(events: list[Event], pem: bytes, result: Verified) -> None:
     from pipelines.ledger.receipts import verify_receipt  # lazy: cryptography, ~0.1 s
-    from registry.errors import MlregError
 
     for event in events:
         if event.receipt is None:
@@ -99,7 +98,7 @@ def _check_receipts(events: list[Event], pem: bytes, result: Verified) -> None:
 
 def served_at(settings: Settings, env_name: str, replica: str, at: str) -> dict[str, Any]:
     """What ``replica`` served at ``at`` (ISO 8601), from the ledger; and whether it verifies."""
-    from pipelines.ledger.events import parse_time
+    from pipelines.ledger.events import parse_time  # lazy: kept off `mlreg --help`
     from pipelines.ledger.query import served_at as served  # lazy: kept off `mlreg --help`
 
     moment = parse_time(at)

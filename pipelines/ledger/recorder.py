@@ -16,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from pipelines.ledger.chain import Ledger
-from pipelines.ledger.events import Event, encode
+from pipelines.ledger.events import Event, encode, now
 from pipelines.storage.manifest import MANIFEST
 from registry.settings import redact_uri
 from registry.signing import SIGNATURE_FILE
@@ -135,7 +135,6 @@ class Recorder:
         return self._facts[key]
 
     def _receipt(self, model: str, version: str, facts: tuple[str, str, str]) -> dict[str, object]:
-        from pipelines.ledger.events import now
         from pipelines.ledger.receipts import statement  # lazy: only where receipts are signed
         from registry import __version__  # lazy: kept beside its one use
 
