@@ -1,0 +1,167 @@
+"""The relay: receive a delivery, act on the queue, reconcile -- each a method a test can drive.
+
+Receive (``receive``): verify (401: forged, unsigned, stale), de-duplicate the delivery id (409),
+map the alias to the environments that follow it, queue one job per environment (a version already
+pending is a duplicate), answer 202.  Nothing is deployed on the request's path.
+
+Act (``drain``): per job, under the store lock ``mlreg-relay.<env>.<model>`` (never waits: another
+relay holding it leaves the job pending, tried again): the alias is read again (moved on since:
+``superseded``), what the environment serves is read (the version already: ``noop``), then the
+deployer runs; a deployment is recorded in the store with what served before it (the rollback
+target).  Two relays on one environment therefore deploy a version once: the second takes the
+lock after the first released it and finds the version served.
+
+Reconcile (``reconcile``): every followed alias is read from MLflow and compared with what its
+environment serves; a difference is queued (``source = reconcile``) -- a lost delivery, a relay
+that was down, an alias written straight into the database all converge within an interval.  A
+version the promotion refused is not queued again until the alias moves (the refusal is kept).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mlreg.relay import record
+from mlreg.relay.actions import Deployer, Outcome
+from mlreg.relay.config import RelayConfig
+from mlreg.relay.queue import Job, Queue
+from mlreg.relay.wire import Refused, verify
+from registry.errors import MlregError, StorageError
+
+if TYPE_CHECKING:
+    from pipelines.storage.base import RepositoryStore
+    from registry.settings import Settings
+
+log = logging.getLogger("mlreg.relay")
+DRAIN_BATCH = 100
+
+
+class Aliases(Protocol):
+    def holders(self, alias: str) -> dict[str, str]:
+        """Every model whose ``alias`` names a version -> that version."""
+
+    def version(self, model: str, alias: str) -> str:
+        """The version ``alias`` names of ``model`` ("" when none)."""
+
+
+@dataclass
+class Relay:
+    settings: Settings | None
+    config: RelayConfig
+    queue: Queue
+    store_for: Callable[[str], RepositoryStore]
+    deployer_for: Callable[[str], Deployer]
+    aliases: Aliases
+    secret: bytes
+    clock: Callable[[], float] = time.time
+    wake: threading.Event = field(default_factory=threading.Event)
+
+    # -- receive ---------------------------------------------------------------------------------
+
+    def receive(self, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
+        """The HTTP answer to one delivery: (status, JSON document)."""
+        now = self.clock()
+        try:
+            delivery = verify(headers, body, self.secret, now, self.config.window)
+            if not self.queue.first_delivery(delivery.delivery_id, now, 2 * self.config.window):
+                raise Refused(409, f"delivery {delivery.delivery_id} was received before (a replay)")
+        except Refused as refused:
+            log.warning("relay: delivery refused (%d): %s", refused.status, refused.reason)
+            return refused.status, {"refused": refused.reason}
+        event = delivery.event
+        if event is None:
+            return 202, {"ignored": f"event {delivery.kind} is not followed"}
+        envs = self.config.environments_following(event.alias)
+        if not envs or (self.config.models and event.model not in self.config.models):
+            why = f"nobody follows alias '{event.alias}' of model '{event.model}'"
+            log.info("relay: %s: ignored", why)
+            self.queue.note_event(
+                delivery.delivery_id, event.model, event.alias, event.version, now, f"ignored: {why}"
+            )
+            return 202, {"ignored": why}
+        queued = {env: self.queue.enqueue(env, event.model, event.version, "event", now) for env in envs}
+        outcome = ", ".join(f"{env}: {state}" for env, state in queued.items())
+        self.queue.note_event(delivery.delivery_id, event.model, event.alias, event.version, now, outcome)
+        self.wake.set()
+        return 202, {"queued": queued}
+
+    # -- act -------------------------------------------------------------------------------------
+
+    def drain(self) -> list[tuple[Job, str]]:
+        """Act on every pending job once; (job, what happened) each."""
+        return [(job, self.act(job)) for job in self.queue.pending(DRAIN_BATCH)]
+
+    def act(self, job: Job) -> str:
+        store = self.store_for(job.env)
+        try:
+            with record.lock(store, job.env, job.model, self.settings):
+                state, note = self._act_locked(store, job)
+        except StorageError as exc:  # the lock is held (another relay acts) or the store is down
+            self.queue.finish(job, "pending", f"busy: {exc.message}", self.clock())
+            return "busy"
+        self.queue.finish(job, state, note, self.clock())
+        log.info("relay: %s %s v%s: %s %s", job.env, job.model, job.version, state, note)
+        return state
+
+    def _act_locked(self, store: RepositoryStore, job: Job) -> tuple[str, str]:
+        alias = self.config.follows.get(job.env, "")
+        named = self.aliases.version(job.model, alias) if alias else ""
+        if named != job.version:
+            return "superseded", f"alias '{alias}' names {named or 'nothing'} now"
+        deployer = self.deployer_for(job.env)
+        served = deployer.serving(job.env, job.model)
+        if served == job.version:
+            return "noop", "already served"
+        if self._dispatched_recently(job):
+            return "noop", "dispatched already; its run has not served it yet"
+        try:
+            outcome = deployer.deploy(job.env, job.model, job.version)
+        except MlregError as exc:
+            outcome = Outcome("failed", exc.message)
+        if outcome.state in ("done", "dispatched"):
+            record.write(store, job.env, job.model, job.version, served, self.clock())
+        return outcome.state, outcome.note
+
+    def _dispatched_recently(self, job: Job) -> bool:
+        last = self.queue.last_final(job.env, job.model, job.version, ("dispatched",))
+        return last is not None and last["at"] > self.clock() - self.config.dispatch_grace
+
+    # -- reconcile -------------------------------------------------------------------------------
+
+    def reconcile(self) -> dict[str, Any]:
+        """Queue every followed alias its environment does not serve; the summary is kept as the
+        queue's ``reconcile`` mark (``mlreg relay status``)."""
+        now = self.clock()
+        summary: dict[str, Any] = {"at": now, "queued": [], "errors": []}
+        for env, alias in sorted(self.config.follows.items()):
+            try:
+                self._reconcile_env(env, alias, now, summary)
+            except MlregError as exc:
+                summary["errors"].append(f"{env}: {exc.message}")
+        self.queue.mark("reconcile", json.dumps(summary), now)
+        if summary["queued"]:
+            self.wake.set()
+        return summary
+
+    def _reconcile_env(self, env: str, alias: str, now: float, summary: dict[str, Any]) -> None:
+        holders = self.aliases.holders(alias)
+        deployer = self.deployer_for(env)
+        for model, version in sorted(holders.items()):
+            if self.config.models and model not in self.config.models:
+                continue
+            if self.queue.last_final(env, model, version, ("refused",)) is not None:
+                continue  # refused as the CLI would: not again until the alias moves
+            if deployer.serving(env, model) == version:
+                continue
+            state = self.queue.enqueue(env, model, version, "reconcile", now)
+            if state != "duplicate":
+                summary["queued"].append({"environment": env, "model": model, "version": version})
+
+
+__all__ = ["Aliases", "Relay"]
