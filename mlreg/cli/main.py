@@ -16,6 +16,7 @@ from mlreg.cli import (
     ledger,
     promote,
     registry,
+    relay,
     report,
     shadow,
     stack,
@@ -60,6 +61,7 @@ app.add_typer(fleet.app, name="fleet")
 app.add_typer(analysis.app, name="analysis")
 app.add_typer(shadow.app, name="shadow")
 app.add_typer(ledger.app, name="ledger")
+app.add_typer(relay.app, name="relay")
 app.command("init")(init_cmd)
 app.command("validate")(validate_cmd)
 app.command("diff")(diff_cmd)
