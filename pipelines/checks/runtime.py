@@ -16,12 +16,16 @@ Three questions, each answered with one ``CheckRecord`` per finding:
    is refused there; elsewhere its ``tensorflow_version`` (saved_model.pb's MetaInfoDef) is
    recorded and left uncompared (the table holds no confirmed backend TF version).
 
-Policy per environment (``RuntimeSettings``): ``policy = "refuse"`` (default) refuses a promotion on
-every failing record whose severity is at least ``refuse_at`` (default ``high``); below it, or with
-``policy = "note"``, or for a hazard id listed in ``accept``, the record is kept with
-``enforced = False`` ("observed: would have refused").  A model that cannot load on the replica is
-always enforced: the load would fail anyway.  A release the tables do not know is ``inconclusive``,
-and refuses under ``refuse``: an allow-list, not a block-list.
+Policy per environment (``RuntimeSettings``, ``[environments.X.runtime]``): ``policy = "refuse"``
+refuses a promotion on every failing hazard record whose severity is at least ``refuse_at``
+(default ``high``), and on a release the tables do not know (``inconclusive``: an allow-list, not a
+block-list); below ``refuse_at``, for a hazard id listed in ``accept``, or with ``policy = "note"``
+the record is kept with ``enforced = False`` ("observed: would have refused").  The default is
+``note``: the only tritonserver a development machine has (the nvidia-pytriton wheel's 2.51) carries
+thirteen of the table's hazards on any store and frontend, so a refusing default would refuse every
+local and test promotion; a production environment sets ``policy = "refuse"`` (infra/README.md).
+A model its replica cannot load (an ONNX opset or IR version past its ONNX Runtime, a SavedModel
+with no TensorFlow backend) refuses under either policy: the load would fail anyway.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from registry.errors import PromotionError, UsageError
 
 NAME = "runtime"
 RESULTS = ("pass", "fail", "inconclusive", "skipped")
-POLICIES = ("refuse", "note")  # the first is the default
+POLICIES = ("note", "refuse")  # the first is the default
 DEFAULT_FRONTENDS = frozenset({"grpc", "http"})
 SETTINGS_KEYS = frozenset({"policy", "refuse_at", "frontends", "accept"})
 VERSION_RE = re.compile(r"(\d{1,3})\.(\d{1,4})\.(\d{1,4})(?:dev)?")

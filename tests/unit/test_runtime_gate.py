@@ -23,6 +23,7 @@ from pipelines.checks.runtime_tables import CONTAINERS, HAZARDS, ORT_LIMITS
 from registry.errors import PromotionError, UsageError
 
 URL = "127.0.0.1:8001"
+REFUSE = RuntimeSettings(policy="refuse")  # production's policy (the default notes)
 
 # the spec: each row's fixing release (a change to the table shows here first)
 FIXED = {
@@ -142,7 +143,7 @@ def test_hazard_table_case(version: str, store: str, frontends: str, conditional
 
 def test_the_s3_sigpipe_row_names_its_sources_and_the_release_that_fixes_it() -> None:
     replica = runtime.read_replica(StandIn("2.51.0"))
-    (s3,) = [r for r in runtime.hazard_records(replica, "s3", RuntimeSettings()) if "s3-sigpipe" in r.subject]
+    (s3,) = [r for r in runtime.hazard_records(replica, "s3", REFUSE) if "s3-sigpipe" in r.subject]
     assert "server#8767" in s3.line
     assert "server#8768" in s3.line
     assert s3.threshold == "fixed in 2.70.0 (container 26.06)"
@@ -158,7 +159,7 @@ def test_policy_refuses_at_its_severity_and_notes_below_it_or_when_accepted() ->
     by_id = {
         r.subject.removeprefix("hazard "): r
         for r in runtime.hazard_records(
-            replica, "s3", RuntimeSettings(frontends=frozenset({"grpc", "sagemaker"}))
+            replica, "s3", RuntimeSettings("refuse", frontends=frozenset({"grpc", "sagemaker"}))
         )
     }
     assert by_id["sagemaker-restricted-api"].enforced  # high
@@ -167,18 +168,18 @@ def test_policy_refuses_at_its_severity_and_notes_below_it_or_when_accepted() ->
     assert by_id["sagemaker-mme-invoke"].result == "fail"  # ... but recorded as the failure it is
     noted = RuntimeSettings(policy="note")
     assert not any(r.enforced for r in runtime.hazard_records(replica, "s3", noted))
-    accepted = RuntimeSettings(accept=frozenset({"s3-sigpipe"}))
+    accepted = RuntimeSettings("refuse", accept=frozenset({"s3-sigpipe"}))
     kept = {r.subject: r.enforced for r in runtime.hazard_records(replica, "s3", accepted)}
     assert kept["hazard s3-sigpipe"] is False
     assert kept["hazard psirt-5828"] is True
-    only_critical = RuntimeSettings(refuse_at="critical")
+    only_critical = RuntimeSettings("refuse", refuse_at="critical")
     enforced = {r.subject for r in runtime.hazard_records(replica, "s3", only_critical) if r.enforced}
     assert enforced == {"hazard psirt-5828", "hazard psirt-5865"}
 
 
 def test_a_refusal_names_the_hazard_its_source_and_the_fixing_release() -> None:
     replica = runtime.read_replica(StandIn("2.69.0"))
-    records = runtime.hazard_records(replica, "s3", RuntimeSettings())
+    records = runtime.hazard_records(replica, "s3", REFUSE)
     with pytest.raises(PromotionError) as info:
         runtime.enforce(records)
     assert info.value.message.startswith(
@@ -200,7 +201,7 @@ def test_a_version_the_tables_cannot_read_is_inconclusive_and_refuses(version: o
     replica = runtime.read_replica(StandIn(version))
     assert replica.version is None
     assert len(replica.version_text) <= runtime.MAX_VERSION_CHARS
-    (record,) = runtime.hazard_records(replica, "local", RuntimeSettings())
+    (record,) = runtime.hazard_records(replica, "local", REFUSE)
     assert record.result == "inconclusive"
     assert record.refuses()
     (noted,) = runtime.hazard_records(replica, "local", RuntimeSettings(policy="note"))
@@ -219,7 +220,7 @@ def test_parse_runtime_defaults_values_and_refusals() -> None:
     where = "mlreg.toml [environments.prod.runtime]"
     assert parse_runtime({}, where) == RuntimeSettings()
     assert RuntimeSettings().frontends == {"grpc", "http"}
-    assert RuntimeSettings().policy == "refuse"
+    assert RuntimeSettings().policy == "note"
     parsed = parse_runtime(
         {
             "policy": "note",
@@ -234,7 +235,7 @@ def test_parse_runtime_defaults_values_and_refusals() -> None:
     )
     bad: list[tuple[dict[str, object], str]] = [
         ({"polcy": "note"}, "unknown runtime key(s) polcy"),
-        ({"policy": "warn"}, "runtime.policy = 'warn' is not one of refuse, note"),
+        ({"policy": "warn"}, "runtime.policy = 'warn' is not one of note, refuse"),
         ({"refuse_at": "severe"}, "runtime.refuse_at = 'severe'"),
         ({"frontends": ["grpc", "kserve"]}, "runtime.frontends names kserve"),
         ({"frontends": "grpc"}, "runtime.frontends must be a list of strings"),
@@ -355,7 +356,7 @@ def test_every_container_has_its_onnx_runtimes_limits_with_a_source() -> None:
 
 def test_a_release_whose_onnx_runtime_is_not_in_the_tables_is_inconclusive(tmp_path: Path) -> None:
     path = onnx_model(tmp_path / "m.onnx", opset=17, ir=8)
-    record = runtime.onnx_record(runtime.read_replica(StandIn("2.99.0")), "net", path, RuntimeSettings())
+    record = runtime.onnx_record(runtime.read_replica(StandIn("2.99.0")), "net", path, REFUSE)
     assert record.result == "inconclusive"
     assert record.refuses()
     assert record.line == "the ONNX Runtime of Triton 2.99.0 is not in the tables: net unjudged"
@@ -419,3 +420,22 @@ def test_judge_reads_each_replica_once_and_judges_every_model_on_each(tmp_path: 
     assert by[("10.0.0.2:8001", "model image SavedModel")] == "fail"  # no TF backend past 2.55
     assert not any("pre" in subject for _, subject in by)
     assert old.loads == new.loads == []
+
+
+def test_the_default_policy_notes_every_hazard_and_still_refuses_a_model_the_replica_cannot_load(
+    tmp_path: Path,
+) -> None:
+    replica = runtime.read_replica(StandIn("2.51.0"))
+    records = runtime.hazard_records(replica, "s3", RuntimeSettings())
+    assert {r.result for r in records} == {"fail"}
+    # the 13 rows of any store and frontend, S3's SIGPIPE and the HTTP load overflow (< 2.53)
+    assert len(records) == 15
+    assert not any(r.refuses() for r in records)
+    runtime.enforce(records)  # noted: recorded, nothing raised
+    beyond = runtime.onnx_record(
+        replica, "net", onnx_model(tmp_path / "m.onnx", opset=22, ir=10), RuntimeSettings()
+    )
+    assert beyond.refuses()
+    assert beyond.line.startswith(
+        "net: model opset 22 > 21: ONNX Runtime 1.19.2 of Triton 2.51.0 (container 24.10)"
+    )
