@@ -546,6 +546,40 @@ class ModelFile:
     path: Path
 
 
+class PlannedStep(Protocol):
+    """A promotion step as this check reads it (``pipelines.core.plan.Step``)."""
+
+    model: str
+    version: str
+    folder: Path | None
+    config_text: str
+
+
+MODEL_KINDS = {
+    "onnxruntime_onnx": ("onnx", "model.onnx"),
+    "tensorflow_savedmodel": ("savedmodel", "model.savedmodel"),
+}
+
+
+def model_files(steps: Iterable[PlannedStep]) -> list[ModelFile]:
+    """The ONNX files and SavedModels a promotion's steps would load (their config's platform, or
+    backend, and ``default_model_filename``); a re-pointed ensemble or a python model has none."""
+    from registry.contracts.config import parse_config  # lazy: the config parser (protobuf), ~20 ms
+
+    found: list[ModelFile] = []
+    for step in steps:
+        if step.folder is None:
+            continue
+        config = parse_config(step.config_text)
+        platform = config.platform or {"onnxruntime": "onnxruntime_onnx"}.get(config.backend, "")
+        if platform not in MODEL_KINDS:
+            continue
+        kind, default = MODEL_KINDS[platform]
+        path = step.folder / step.version / (config.default_model_filename or default)
+        found.append(ModelFile(f"{step.model}/{step.version}", kind, path))
+    return found
+
+
 def judge(
     targets: Sequence[MetadataSource], store: str, settings: RuntimeSettings, models: Sequence[ModelFile] = ()
 ) -> list[CheckRecord]:

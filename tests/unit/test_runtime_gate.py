@@ -439,3 +439,23 @@ def test_the_default_policy_notes_every_hazard_and_still_refuses_a_model_the_rep
     assert beyond.line.startswith(
         "net: model opset 22 > 21: ONNX Runtime 1.19.2 of Triton 2.51.0 (container 24.10)"
     )
+
+
+def test_model_files_are_the_onnx_and_savedmodels_of_the_steps(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    def step(model: str, config: str, folder: Path | None = tmp_path) -> SimpleNamespace:
+        return SimpleNamespace(model=model, version="3", folder=folder, config_text=config)
+
+    steps = [
+        step("net", 'name: "net"\nplatform: "onnxruntime_onnx"'),
+        step("net2", 'name: "net2"\nbackend: "onnxruntime"\ndefault_model_filename: "m.onnx"'),
+        step("image", 'name: "image"\nplatform: "tensorflow_savedmodel"'),
+        step("pre", 'name: "pre"\nbackend: "python"'),
+        step("ens", 'name: "ens"\nplatform: "ensemble"', folder=None),
+    ]
+    assert runtime.model_files(steps) == [
+        runtime.ModelFile("net/3", "onnx", tmp_path / "3" / "model.onnx"),
+        runtime.ModelFile("net2/3", "onnx", tmp_path / "3" / "m.onnx"),
+        runtime.ModelFile("image/3", "savedmodel", tmp_path / "3" / "model.savedmodel"),
+    ]
