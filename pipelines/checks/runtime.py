@@ -18,9 +18,10 @@ Three questions, each answered with one ``CheckRecord`` per finding:
 
 Policy per environment (``RuntimeSettings``, ``[environments.X.runtime]``): ``policy = "refuse"``
 refuses a promotion on every failing hazard record whose severity is at least ``refuse_at``
-(default ``high``), and on a release the tables do not know (``inconclusive``: an allow-list, not a
-block-list); below ``refuse_at``, for a hazard id listed in ``accept``, or with ``policy = "note"``
-the record is kept with ``enforced = False`` ("observed: would have refused").  The default is
+(default ``high``), and on what it cannot judge (``inconclusive``: a version string it cannot read,
+a release whose ONNX Runtime the tables do not hold -- never a pass); below ``refuse_at``, for a
+hazard id listed in ``accept``, or with ``policy = "note"`` the record is kept with
+``enforced = False`` ("observed: would have refused").  The default is
 ``note``: the only tritonserver a development machine has (the nvidia-pytriton wheel's 2.51) carries
 thirteen of the table's hazards on any store and frontend, so a refusing default would refuse every
 local and test promotion; a production environment sets ``policy = "refuse"`` (infra/README.md).
