@@ -37,6 +37,7 @@ test: install system-deps
 	$(VENV)/bin/ruff format --check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(MYPY)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -f docs/mkdocs.yml  # docs/build/site; the CLI reference made from the commands
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL)
 
 unit: install
@@ -55,6 +56,7 @@ lint: install
 	$(VENV)/bin/ruff format --check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(VENV)/bin/ruff check mlreg registry pipelines tests benchmarks model_repository_template infra
 	$(MYPY)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -f docs/mkdocs.yml  # docs/build/site; the CLI reference made from the commands
 	bash tests/act/lint-workflows.sh
 
 # The whole story on embedded defaults: stack, export + register, promote, request, swap, status.

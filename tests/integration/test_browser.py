@@ -3,11 +3,14 @@
 Headless Debian Chromium (installed by .ci/system-deps.sh), driven by Playwright with
 ``executable_path``, opens the UI (a real `mlflow server` of the local stack) after
 `mlflow deployments create -t mlreg` promoted image_model v2 (the session stack of
-test_mlflow_native.py).  The screenshots stay under the stack's MLREG_HOME (``screenshots/``).
+test_mlflow_native.py).  The screenshots stay under the stack's MLREG_HOME (``screenshots/``);
+with ``DOCS_SCREENSHOTS=docs/site_src/assets/screenshots`` they are copied there too, for the
+docs' MLflow UI page (``docs/site_src/mlflow-ui.md``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -85,3 +88,7 @@ def test_the_ui_shows_the_signature_the_commit_and_where_version_2_serves(
     assert native_stack.grpc_url in version
     assert "local\t2\t" in model  # the registered model's environments table
     assert (shots / "image_model-v2.png").stat().st_size > 10_000
+    docs = os.environ.get("DOCS_SCREENSHOTS")  # the docs' copies, taken by this run (asserted above)
+    if docs:
+        for shot in ("image_model-v2.png", "image_model.png"):
+            shutil.copyfile(shots / shot, Path(docs) / shot)

@@ -1,84 +1,83 @@
-"""README's "Your own model" runs as it is written (issue 48): its one shell block, line by line,
-in a fresh folder outside the checkout holding only ``classifier.onnx`` (made here with
-onnx.helper), on the embedded registry and a real local stack.  A line that fails, or a README
-that drifts from what works, fails the test; each step's state is asserted, not only its exit."""
+"""The docs' tutorials run as they are written (issue 48): every ```bash and ```console block of
+each page under ``docs/site_src/tutorial/``, in order, in a fresh folder outside the checkout, on
+the embedded registry and a real local stack (``docs/tutorial_blocks.py`` reads the blocks).  A
+command that fails, an output line the page shows and the command does not print, or a page that
+drifts from what works fails the test; the state each step leaves is asserted too, not only exits."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
+from docs import tutorial_blocks
 from registry.mlflow import sqlite
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## Your own model"
+OWN_MODEL = tutorial_blocks.TUTORIALS / "your-own-model.md"
 
 
-def tutorial_lines() -> list[str]:
-    """The commands of README's section, in order (its first ```bash block)."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index(SECTION) :]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block is not None, f"README's '{SECTION}' has no bash block"
-    return [line for line in block.group(1).splitlines() if line.strip()]
+def clean_env() -> dict[str, str]:
+    """A newcomer's shell: no MLREG_/MLFLOW_ settings of this run, this interpreter's tools first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLREG_", "MLFLOW_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
 
 
-def classifier(path: Path) -> None:
-    """``features`` [batch, 4] float -> ``scores`` = relu(features), as README describes it."""
-    features = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 4])
-    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4])
-    graph = helper.make_graph([helper.make_node("Relu", ["features"], ["scores"])], "g", [features], [scores])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
+def run_page(page: Path, folder: Path, env: dict[str, str]) -> dict[str, str]:
+    """Every step of ``page`` in ``folder``; the output of each console command, by command."""
+    said: dict[str, str] = {}
+    for step in tutorial_blocks.steps(page):
+        argv = ["bash", "-e", "-o", "pipefail", "-c", step.command]
+        run = subprocess.run(
+            argv, cwd=folder, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        output = run.stdout + run.stderr
+        assert run.returncode == 0, f"{page.name}: exit {run.returncode} from:\n{step.command}\n{output}"
+        missing = step.missing(output)
+        assert not missing, f"{page.name}: `{step.command}` did not print {missing}; it printed:\n{output}"
+        said[step.command] = output
+    return said
+
+
+def test_every_tutorial_page_is_run_here() -> None:
+    """A new tutorial page gets its test (and its state assertions) here, or this fails."""
+    assert tutorial_blocks.pages() == [OWN_MODEL]
 
 
 def test_the_your_own_model_tutorial_runs_as_written(tmp_path: Path) -> None:
     project = tmp_path / "team"
     project.mkdir()
-    classifier(project / "classifier.onnx")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLREG_", "MLFLOW_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    lines = tutorial_lines()
-    assert lines[0] == "mlreg init . --from classifier.onnx"
-    assert lines[-1] == "mlreg stack down"
-    said: dict[str, str] = {}
+    env = clean_env()
     try:
-        for line in lines:
-            run = subprocess.run(
-                ["bash", "-c", line],
-                cwd=project,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            assert run.returncode == 0, f"README line failed: {line}\n{run.stdout}\n{run.stderr}"
-            said[line.split()[1] if line.startswith("mlreg") else line.split()[0]] = run.stdout + run.stderr
+        said = run_page(OWN_MODEL, project, env)
     finally:
         subprocess.run(
             ["mlreg", "stack", "down"], cwd=project, env=env, capture_output=True, timeout=120, check=False
         )
-    assert "1 model(s) checked: 0 error(s)" in said["validate"]
-    record = sqlite.registered_model(f"sqlite:///{project / '.mlreg' / 'mlflow.db'}", "classifier")
-    assert record is not None
-    assert [(v, tags["validation"]) for v, _, tags in record.versions] == [("1", "passed")]
-    assert record.aliases == {"local": "1"}  # the promotion moved the local alias
-    assert (project / ".mlreg/model_repository/classifier/1/model.onnx").read_bytes() == (
-        project / "models/classifier/1/model.onnx"
-    ).read_bytes()
-    assert "golden inputs passed on classifier" in said["MLREG_TEMPLATE_DIR=models"]
-    assert json.loads(said["mlflow"].strip().splitlines()[-1]) == {
-        "outputs": {"scores": [[0.0, 0.5, 0.0, 2.0]]}
-    }
+    registry = f"sqlite:///{project / '.mlreg' / 'mlflow.db'}"
+    for model in ("classifier", "scaler", "iris"):
+        record = sqlite.registered_model(registry, model)
+        assert record is not None, model
+        assert [(v, tags["validation"]) for v, _, tags in record.versions] == [("1", "passed")], model
+        assert record.aliases == {"local": "1"}, model  # the promotion moved each model's alias
+    store, folders = project / ".mlreg" / "model_repository", project / "models"
+    for file in ("classifier/1/model.onnx", "scaler/1/model.py"):  # what serves is what was registered
+        assert (store / file).read_bytes() == (folders / file).read_bytes(), file
+    assert "model_version: 1" in (store / "iris" / "config.pbtxt").read_text()  # the pins it serves
+    predicted = said["mlflow deployments predict -t mlreg --name iris --input-path request.json"]
+    assert json.loads(predicted.strip().splitlines()[-1]) == {"outputs": {"scores": [[0.0, 1.25, 0.0, 0.0]]}}
+    status = subprocess.run(
+        ["mlreg", "stack", "status", "--json"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(status.stdout)["running"] is False  # the page's last step stopped the stack
