@@ -10,14 +10,20 @@ The events this recorder appended are kept in ``events``: the promotion's MLflow
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import logging
+import secrets
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.ledger.chain import Ledger
+from pipelines.ledger.chain import Ledger, ledger_of
 from pipelines.ledger.events import Event, encode, now
 from pipelines.storage.manifest import MANIFEST
+from registry.errors import StorageError
 from registry.settings import redact_uri
 from registry.signing import SIGNATURE_FILE
 
@@ -66,12 +72,17 @@ class Recorder:
         unload: bool = False,
         result: str = "ok",
         detail: str = "",
+        undo: bool = False,
     ) -> Event | None:
         """One call sent to ``url``: the load of ``versions`` (``unload``: of the model), with
-        ``before`` READY there; ``result`` ok, failed or queued.  The event appended, or None
-        when the ledger could not be written (noted in ``problems``)."""
+        ``before`` READY there (() when unknown); ``result`` ok, failed or queued; ``undo``: sent
+        to put back what served.  The event appended, or None when the ledger could not be
+        written (noted in ``problems``)."""
         try:
-            event = self.ledger.append(**self._fields(url, model, versions, before, unload, result, detail))
+            fields = self._fields(url, model, versions, before, unload, result, detail)
+            if undo:
+                fields["operation"] = "undo"
+            event = self.ledger.append(**fields)
         except Exception as exc:  # a ledger that fails never fails what it records
             line = f"{redact_uri(self.ledger.uri)}: the {model} call to {url} is not in the ledger: {exc}"
             log.warning("%s", line)
@@ -160,4 +171,57 @@ class Recorder:
             return b"".join(encode(e) for e in sorted(self.events, key=lambda e: e.seq))
 
 
-__all__ = ["Recorder"]
+OPERATION: contextvars.ContextVar[str] = contextvars.ContextVar("mlreg_ledger_operation", default="promote")
+
+
+@contextlib.contextmanager
+def operation(name: str) -> Iterator[None]:
+    """Within it, the fleets made for a promotion record ``name`` (rollback, sync, deployments...)
+    as their events' operation: the verb that asked, which the promotion itself does not know."""
+    token = OPERATION.set(name)
+    try:
+        yield
+    finally:
+        OPERATION.reset(token)
+
+
+def for_fleet(
+    store: RepositoryStore,
+    env: str,
+    *,
+    operation: str = "",
+    promotion: str = "",
+    receipt_key: Path | None = None,
+) -> Recorder | None:
+    """The recorder a ``Fleet`` on ``store`` is given (None where the store keeps no ledger: said
+    in the log).  ``operation``: default the one :func:`operation` set (else ``promote``);
+    ``promotion``: the operation's id (default a fresh one); ``receipt_key``: the environment's
+    receipt key -- one that cannot be read refuses here, before anything is sent."""
+    try:
+        book = ledger_of(store)
+    except StorageError as exc:
+        log.warning("%s: no deployment ledger: %s", redact_uri(store.uri), exc.message)
+        return None
+    signer = None
+    if receipt_key is not None:
+        from pipelines.ledger.receipts import ReceiptSigner  # lazy: cryptography, ~0.1 s, receipts only
+
+        signer = ReceiptSigner(receipt_key)
+    return Recorder(
+        book,
+        store,
+        env,
+        operation=operation or OPERATION.get(),
+        promotion=promotion or new_id(),
+        signer=signer,
+    )
+
+
+def new_id() -> str:
+    """An operation's id: its start time and 8 random hex digits (``20261206T081500-1a2b3c4d``)."""
+    from datetime import UTC, datetime  # lazy: kept beside its one use
+
+    return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+
+
+__all__ = ["OPERATION", "Recorder", "for_fleet", "new_id", "operation"]

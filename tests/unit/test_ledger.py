@@ -354,3 +354,29 @@ def test_a_ledger_store_object_is_not_the_repository_session(tmp_path: Path) -> 
     store: RepositoryStore = open_store(tmp_path / "repo")
     ledger_of(store).append(**fields())
     assert store.session.changed_keys == set()
+
+
+def test_an_append_never_follows_an_event_that_does_not_name_its_head(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "repo")
+    ledger = ledger_of(store)
+    ledger.append(**fields())
+    head = ledger.append(**fields())
+    forged = Event(
+        seq=3, prev="f" * 64, prev_time=head.time, prev_replica=head.replica, time=head.time, **fields()
+    ).sealed()
+    assert ledger.objects.create(ledger.key(3), encode(forged))
+    with pytest.raises(StorageError, match="event 3 does not follow event 2: the ledger was changed"):
+        ledger.append(**fields())
+    assert ledger.seqs() == [1, 2, 3]
+
+
+def test_a_recorder_whose_ledger_cannot_be_written_notes_it_and_never_raises(tmp_path: Path) -> None:
+    from pipelines.ledger import Recorder
+
+    store = open_store(tmp_path / "repo")
+    (tmp_path / LEDGER).write_text("a file where the ledger's folder would be")
+    recorder = Recorder(ledger_of(store), store, "local")
+    assert recorder.sent("r0:8001", "m", ("1",), ()) is None
+    assert len(recorder.problems) == 1
+    assert "the m call to r0:8001 is not in the ledger" in recorder.problems[0]
+    assert recorder.events == []
