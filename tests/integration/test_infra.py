@@ -539,6 +539,35 @@ def test_the_store_init_command_the_infra_runs_exists() -> None:
     assert "--store" in result.output
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_relay_binds_its_own_address_and_reads_its_secret_from_a_secret(overlay: str) -> None:
+    """Issue 50: `mlreg relay serve` on the pod's address (never 0.0.0.0), its webhook secret from the
+    Secret mlreg-relay, its Service on its pods alone; compose publishes it on loopback unless set."""
+    from mlreg.cli.main import app
+    from tests.cli import CliRunner
+
+    spec = find(overlay, "Deployment", "mlreg-relay")["spec"]["template"]["spec"]
+    [relay] = spec["containers"]
+    assert relay["command"][:3] == ["mlreg", "relay", "serve"]
+    options = dict(zip(relay["command"][3::2], relay["command"][4::2], strict=True))
+    assert options == {"--host": "$(POD_IP)", "--port": "8086"}
+    env = {e["name"]: e.get("valueFrom", e.get("value")) for e in relay["env"]}
+    assert env["POD_IP"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["MLREG_RELAY_SECRET"] == {"secretKeyRef": {"name": "mlreg-relay", "key": "webhook-secret"}}
+    assert relay["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    service = find(overlay, "Service", "mlreg-relay")
+    labels = find(overlay, "Deployment", "mlreg-relay")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert "triton" not in str(service["spec"]["selector"])
+    compose_relay = compose()["services"]["relay"]
+    assert compose_relay["ports"] == ["127.0.0.1:8086:8086"]
+    assert compose_relay["command"][:3] == ["mlreg", "relay", "serve"]
+    result = CliRunner().invoke(app, ["relay", "serve", "--help"])  # the command the infra runs exists
+    assert result.exit_code == 0, result.output
+    assert "--host" in result.output
+    assert "--port" in result.output
+
+
 # --- the deployed arguments on a real tritonserver -----------------------------------------------
 
 
