@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,10 @@ def test_the_your_own_model_tutorial_runs_as_written(tmp_path: Path) -> None:
     for file in ("classifier/1/model.onnx", "scaler/1/model.py"):  # what serves is what was registered
         assert (store / file).read_bytes() == (folders / file).read_bytes(), file
     assert "model_version: 1" in (store / "iris" / "config.pbtxt").read_text()  # the pins it serves
+    promoted = said["MLREG_TEMPLATE_DIR=models mlreg promote iris --version 1"]
+    gated = re.search(r"golden inputs passed on ([\w, ]+)", promoted)  # the page's golden inputs, sent
+    assert gated is not None, promoted
+    assert set(gated.group(1).replace(",", " ").split()) == {"scaler", "classifier"}
     predicted = said["mlflow deployments predict -t mlreg --name iris --input-path request.json"]
     assert json.loads(predicted.strip().splitlines()[-1]) == {"outputs": {"scores": [[0.0, 1.25, 0.0, 0.0]]}}
     status = subprocess.run(
