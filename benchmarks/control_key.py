@@ -23,7 +23,7 @@
     new-tree comparison: run it through compare.py, whose runs each use their own tree's code.
     Target: new / old <= 1.02.
 
-Part (a) needs pipelines/control_key.py: in a tree without it, (a) is skipped (a line on stderr)
+Part (a) needs pipelines/triton/control_key.py: in a tree without it, (a) is skipped (a line on stderr)
 and (b) runs alone.  Figures on stdout, one a line: ``<label>  <number> <unit>`` (s, ms, x);
 per-round values go to stderr.  The old tree needs its own copy of this script (compare.py runs
 each tree's own; (b) uses only APIs the old tree has too), and compare.py must know the name
@@ -64,7 +64,7 @@ from pipelines.promote.environments import environment  # noqa: E402
 from pipelines.promote.runner import Options, Promotion  # noqa: E402
 from pipelines.storage import open_store  # noqa: E402
 from pipelines.storage.base import RepositoryStore  # noqa: E402
-from pipelines.triton import TritonControl  # noqa: E402
+from pipelines.triton.control import TritonControl  # noqa: E402
 from registry.contracts.validate import validate_path  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
@@ -253,7 +253,7 @@ def servers(root: Path, settings: Settings, stores: dict[str, Path], key: str) -
 
 def check_locks(urls: dict[str, str]) -> None:
     """The comparison means something only if one side refuses a keyless load and the other takes it."""
-    from pipelines.triton import control_api_open  # new with the key: part_a checked this tree has it
+    from pipelines.triton.control import control_api_open  # new with the key: part_a checked this tree has it
 
     found = {side: control_api_open(urls[side]) for side in SIDES}
     print(f"(a) control API open without a key: {found}", file=sys.stderr)
@@ -294,9 +294,9 @@ def part_a(args: argparse.Namespace, work: Path) -> None:
     # a tree without the key (the old one, in compare.py) runs (b) alone; asked of the tree, not of
     # an import: the venv's editable finder would find the module in the checkout it was installed from
     if not (ROOT / "pipelines" / "control_key.py").is_file():
-        print("(a) skipped: this tree has no pipelines/control_key.py", file=sys.stderr)
+        print("(a) skipped: this tree has no pipelines/triton/control_key.py", file=sys.stderr)
         return
-    from pipelines.control_key import local_key  # new with the key: this tree has it (checked above)
+    from pipelines.triton.control_key import local_key  # new with the key: this tree has it (checked above)
 
     for variable in KEY_VARIABLES:
         os.environ.pop(variable, None)

@@ -34,7 +34,7 @@ from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
 from pipelines.promote.runner import Options, Promotion  # noqa: E402
 from pipelines.promote.status import model_status  # noqa: E402
-from pipelines.triton import TritonControl  # noqa: E402
+from pipelines.triton.control import TritonControl  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
 from registry.register import Candidate, register  # noqa: E402
 from registry.settings import Settings  # noqa: E402

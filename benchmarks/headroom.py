@@ -39,8 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines.promote.fanout import Change, Fleet  # noqa: E402
-from pipelines.promote.headroom import Footprint, Headroom, replica_versions  # noqa: E402
+from pipelines.fleet.fleet import Change, Fleet  # noqa: E402
+from pipelines.guards.headroom import Footprint, Headroom, replica_versions  # noqa: E402
 from pipelines.storage import open_store  # noqa: E402
 
 GIB = 2**30

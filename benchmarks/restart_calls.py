@@ -1,5 +1,5 @@
 """The restart watch's calls (issue 45, item 3): what detecting a replica that restarts during a
-staged roll-out (pipelines/promote/restarts.py) adds per replica per wave, counted on the stand-in
+staged roll-out (pipelines/fleet/restarts.py) adds per replica per wave, counted on the stand-in
 fleet (tests/standin_triton.py: each replica counts every gRPC call it gets, by method).
 
 Per fleet size (default 20 and 50 replicas; ``--sizes``), on one local store and a sqlite MLflow,
@@ -27,8 +27,8 @@ from pathlib import Path
 os.environ.setdefault("MLREG_CONTROL_KEY", "bench-" + os.urandom(8).hex())
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipelines.promote.policy import Policy, waves_of
-from pipelines.promote.restarts import RestartWatch
+from pipelines.core.policy import Policy, waves_of
+from pipelines.fleet.restarts import RestartWatch
 from registry.mlflow import MlflowRegistry
 from tests.integration.fleetstack import FleetStack, scorer
 from tests.integration.stacks import SCORER_CONFIG, stack_settings

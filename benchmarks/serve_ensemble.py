@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "model_repository_template"))
 from golden_inputs import ensemble_inputs  # noqa: E402
 
 from pipelines.devstack import local_triton  # noqa: E402
-from pipelines.triton import TritonControl  # noqa: E402
+from pipelines.triton.control import TritonControl  # noqa: E402
 from registry import template  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 

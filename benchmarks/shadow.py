@@ -63,12 +63,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MLREG_CONTROL_KEY", "mlreg-benchmark-shadow-" + os.urandom(8).hex())
 
+from pipelines.checks.capture import OFF, Shadow, purge  # noqa: E402
+from pipelines.checks.replay import ShadowResult  # noqa: E402
+from pipelines.checks.shadow import replay_step  # noqa: E402
+from pipelines.core.plan import Role, Step  # noqa: E402
 from pipelines.devstack import local_triton  # noqa: E402
-from pipelines.promote.capture import OFF, Shadow, purge  # noqa: E402
-from pipelines.promote.plan import Role, Step  # noqa: E402
-from pipelines.promote.replay import ShadowResult  # noqa: E402
-from pipelines.promote.shadow import replay_step  # noqa: E402
-from pipelines.triton import TritonControl  # noqa: E402
+from pipelines.triton.control import TritonControl  # noqa: E402
 
 # tests/integration's model and helpers, imported by name: a mypy run on this file would otherwise
 # follow them into mlreg/, whose ``from registry import`` it resolves to benchmarks/registry.py
@@ -391,7 +391,7 @@ def wait_captures(
 ) -> tuple[float, float]:
     """Seconds waited until ``least`` requests of ``version`` are captured (files counted cheaply,
     then read once to be sure), and what that reading of every trace file took."""
-    from pipelines.promote.capture import read_captures
+    from pipelines.checks.capture import read_captures
 
     began = time.monotonic()
 

@@ -1,5 +1,5 @@
 """The forgery check's cost (issue 44): reading 20,000 trace files with every file judged against
-Triton's format (``pipelines/promote/traces.py``), beside today's read -- the reading path as it
+Triton's format (``pipelines/checks/traces.py``), beside today's read -- the reading path as it
 was before issue 44 (``read_captures`` newest first, ``json.loads`` and ``parse_traces`` grouping
 records by trace id, no structure check), kept below as the baseline -- in one run.
 
@@ -37,9 +37,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines.promote import capture  # noqa: E402
-from pipelines.promote.capture import Captured, Captures, Reading, read_captures  # noqa: E402
-from pipelines.promote.traces import tensor_of  # noqa: E402
+from pipelines.checks import capture  # noqa: E402
+from pipelines.checks.capture import Captured, Captures, Reading, read_captures  # noqa: E402
+from pipelines.checks.traces import tensor_of  # noqa: E402
 
 FORGERY: Any = importlib.import_module("tests.unit.test_shadow_forgery")
 

@@ -76,7 +76,7 @@ def guard_switched_off(off: bool) -> Iterator[None]:
 
 
 def client(url: str, stop: threading.Event, latencies: list[float], failures: list[str]) -> None:
-    from pipelines.triton import TritonControl
+    from pipelines.triton.control import TritonControl
     from registry.errors import MlregError
 
     x = np.ones(4, np.float32)

@@ -45,9 +45,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines.control_key import KEY_ENV  # noqa: E402
 from pipelines.devstack import local_triton  # noqa: E402
-from pipelines.triton import TritonControl, control_api_open  # noqa: E402
+from pipelines.triton.control import TritonControl, control_api_open  # noqa: E402
+from pipelines.triton.control_key import KEY_ENV  # noqa: E402
 from registry.contracts.config import parse_config  # noqa: E402
 from registry.contracts.warmup import PEAK_NAME, peak_warmup  # noqa: E402
 from registry.errors import TritonError  # noqa: E402
@@ -299,7 +299,7 @@ def arguments() -> argparse.Namespace:
 def main() -> int:
     args = arguments()
     key = os.environ.get(KEY_ENV) or secrets.token_urlsafe(24)
-    os.environ[KEY_ENV] = key  # what TritonControl sends (pipelines/control_key.py)
+    os.environ[KEY_ENV] = key  # what TritonControl sends (pipelines/triton/control_key.py)
     work = Path(tempfile.mkdtemp(prefix="mlreg-bench-warmup-"))
     print(f"state under {work}", file=sys.stderr)
     server = Server(work / "repo", work / "state", key)

@@ -10,7 +10,7 @@
   metrics cannot be read (more than the policy's ``max_unavailable``; fewer are left out and named
   in the verdict's ``left_out``).
 
-The judging is ``pipelines.promote.analysis`` (the bake's own checks); this module resolves the
+The judging is ``pipelines.checks.bake`` (the bake's own checks); this module resolves the
 environment as every command does (``mlreg.ops.context.environment``: the local stack's replicas filled
 in) and serves.  It reads Triton's metrics and readiness only: no MLflow, no store, no control key.
 """
@@ -31,7 +31,7 @@ from registry.register import check_model_name
 from registry.settings import Settings, redact_data, redact_uri
 
 if TYPE_CHECKING:
-    from pipelines.promote.analysis import Analysis
+    from pipelines.checks.bake import Analysis
 
 log = logging.getLogger(__name__)
 ROUTE = re.compile(r"^/v1/analysis/(?P<env>[^/]+)/(?P<model>[^/]+)/?$")
@@ -44,7 +44,7 @@ def check(
 ) -> Analysis:
     """The bake's checks of ``model`` on ``env_name``'s replicas, now (``window`` seconds: what
     happens meanwhile)."""
-    from pipelines.promote.analysis import analyse, check_window  # lazy: numpy (~0.7 s), when judged
+    from pipelines.checks.bake import analyse, check_window  # lazy: numpy (~0.7 s), when judged
     from pipelines.promote.environments import resolve_targets  # lazy: as above
 
     check_model_name(model)
@@ -108,7 +108,7 @@ class AnalysisHandler(BaseHTTPRequestHandler):
         self._answer(env, model, urllib.parse.parse_qs(url.query))
 
     def _answer(self, env: str, model: str, query: dict[str, list[str]]) -> None:
-        from pipelines.promote.analysis import NotServed  # lazy: numpy (~0.7 s), when judged
+        from pipelines.checks.bake import NotServed  # lazy: numpy (~0.7 s), when judged
 
         try:
             version, window = _query(query)
@@ -136,7 +136,7 @@ class AnalysisHandler(BaseHTTPRequestHandler):
 
 
 def _query(query: dict[str, list[str]]) -> tuple[str | None, float]:
-    from pipelines.promote.analysis import check_window  # lazy: numpy (~0.7 s), when judged
+    from pipelines.checks.bake import check_window  # lazy: numpy (~0.7 s), when judged
 
     unknown = sorted(set(query) - {"version", "window"})
     if unknown:

@@ -2,7 +2,7 @@
 
 ``MlflowRegistry`` (registry.mlflow) implements all three; ``PlanRegistry`` (registry.export)
 implements them over a real registry read only, keeping what it would write in memory.  The
-promotion's ``Registry`` (pipelines.promote.ports) is the union of the three.  ``Registrar`` is
+promotion's ``Registry`` (pipelines.core.ports) is the union of the three.  ``Registrar`` is
 what ``register()`` and ``sign_registered()`` (registry.register) write a version through: a run,
 its logged model and the registered version.  Nothing here imports MLflow.
 """

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 for _key, _value in QUIET_TENSORFLOW.items():  # TensorFlow imported by tests stays quiet, as in the CLI
     os.environ.setdefault(_key, _value)
-# Every local stack a test starts locks its control API (pipelines/control_key.py) with this key, and
+# Every local stack a test starts locks its control API (pipelines/triton/control_key.py) with this key, and
 # every client the tests open (in process or a mlreg subprocess) sends it: one per worker process.
 # tests/integration/test_security.py starts a stack without it (the key generated into MLREG_HOME).
 os.environ.setdefault("MLREG_CONTROL_KEY", secrets.token_urlsafe(24))

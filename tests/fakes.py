@@ -1,4 +1,4 @@
-"""One fake per Protocol the promotion depends on (pipelines/promote/ports.py), shared by the tests.
+"""One fake per Protocol the promotion depends on (pipelines/core/ports.py), shared by the tests.
 
 ``FakeTarget`` (``ServingTarget``) is httpx's ``MockTransport(handler)``: the fake keeps a
 Triton's state (which versions of which model are READY, an ensemble's pins) and hands every
@@ -75,7 +75,7 @@ class FakeTarget:
     def _contract(self, model: str, config: str | None) -> tuple[list[str], dict[str, str]]:
         from google.protobuf import json_format
 
-        from pipelines.promote.plan import ensemble_pins, serving_versions
+        from pipelines.core.plan import ensemble_pins, serving_versions
         from registry.contracts.config import model_config_pb2
 
         if config is not None:
@@ -174,7 +174,7 @@ class FakeRegistry:
 
     def add(self, name: str, version: str, config: str, validation: str = "passed") -> None:
         """Register ``config`` (a python model's, or an ensemble's) as ``name`` ``version``."""
-        from pipelines.promote.plan import config_facts
+        from pipelines.core.plan import config_facts
         from registry.manifest import artifact_digest
 
         folder = self.root / name / version

@@ -15,7 +15,7 @@ does what mlreg relies on, as Triton 2.51 does it --
 - a load takes ``load_delay`` seconds; the versions it names are READY at its end and the others
   unloaded; a failed load leaves what served READY (as 2.51 does after a failed warmup);
 - the model-repository and statistics calls take only callers holding the control key, as a
-  Triton started with ``--grpc-restricted-protocol`` (pipelines/control_key.py);
+  Triton started with ``--grpc-restricted-protocol`` (pipelines/triton/control_key.py);
 - each READY version answers ``rate`` requests a second of simulated traffic (Triton's
   ``nv_inference_*`` counters grow from the moment it became READY, plus the real requests); the
   host memory gauges are refreshed every ``metrics_interval`` (Triton's ``--metrics-interval-ms``)
@@ -49,7 +49,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 
-from pipelines.control_key import GRPC_HEADER, REFUSED
+from pipelines.triton.control_key import GRPC_HEADER, REFUSED
 
 NOTHING_LISTENS = "failed to connect to all addresses; last error: UNKNOWN: Connection refused"
 CONTROL = frozenset({"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload", "ModelStatistics"})

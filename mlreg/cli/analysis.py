@@ -10,7 +10,7 @@ from mlreg.cli.common import JsonFlag, ModelName, positive_version, settings_of
 from mlreg.cli.output import Output
 
 if TYPE_CHECKING:
-    from pipelines.promote.analysis import Analysis
+    from pipelines.checks.bake import Analysis
 
 app = typer.Typer(
     help="The bake's checks of an environment's replicas, judged now: for an Argo Rollouts web metric "

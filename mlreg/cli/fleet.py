@@ -12,7 +12,7 @@ from mlreg.cli.output import Output
 from mlreg.cli.promote_render import batch_stage, failure_lines
 
 if TYPE_CHECKING:
-    from mlreg.fleet import PinResult, SyncResult
+    from mlreg.pins import PinResult, SyncResult
 
 app = typer.Typer(
     help="An environment's desired versions as a file in git (fleet/<env>.toml): pin them (the plan "
@@ -53,7 +53,7 @@ def pin_cmd(
 
     Example: mlreg fleet pin fleet/production.toml --from-alias staging (what staging serves)
     """
-    from mlreg.fleet import parse_pins, pin  # lazy: the registry and the promotion, when run
+    from mlreg.pins import parse_pins, pin  # lazy: the registry and the promotion, when run
 
     settings = settings_of(ctx)
     result = pin(settings, file, parse_pins(pins or []), env, from_alias)
@@ -109,7 +109,7 @@ def sync_cmd(
 
     Example: mlreg fleet sync fleet/production.toml --env production --json (the PostSync hook Job)
     """
-    from mlreg.fleet import sync  # lazy: the registry and the promotion, when run
+    from mlreg.pins import sync  # lazy: the registry and the promotion, when run
 
     settings = settings_of(ctx)
     out = Output(as_json)

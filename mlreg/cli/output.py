@@ -29,7 +29,7 @@ from mlreg.cli.sink import RUN, Output, render_table
 
 def rollout_line(rollout: Mapping[str, Any]) -> str:
     """``canary [a] ▸ bake 60 s ▸ wave 2 [b, c]`` for a plan's roll-out."""
-    from pipelines.promote.policy import Check  # lazy: the promotion package, only for a plan
+    from pipelines.core.policy import Check  # lazy: the promotion package, only for a plan
 
     parts = []
     waves = rollout["waves"]

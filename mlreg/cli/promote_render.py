@@ -13,7 +13,7 @@ from mlreg.cli.output import Output, rollout_line
 from registry.settings import redact_uri
 
 if TYPE_CHECKING:
-    from pipelines.promote.reports import PromotionResult
+    from pipelines.core.reports import PromotionResult
     from pipelines.promote.runner import OnStage
 
 
@@ -48,7 +48,7 @@ def promotion(out: Output, call: Callable[[], PromotionResult]) -> PromotionResu
     except Exception as exc:
         # a PromotionFailed exists only once its module is imported: a refusal before the
         # promotion package loads (an unknown model, from the registry alone) does not import it
-        reports = sys.modules.get("pipelines.promote.reports")
+        reports = sys.modules.get("pipelines.core.reports")
         if out.json and reports is not None and isinstance(exc, reports.PromotionFailed):
             out.document(exc.result.to_dict())
         raise

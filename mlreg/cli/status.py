@@ -43,7 +43,7 @@ def status_cmd(
         for url, why in report.unreachable.items():
             out.line(f"{url}: {why}")
     if not as_json:
-        from pipelines.promote.replicas import OPEN_CONTROL  # lazy: tritonclient, loaded by the status
+        from pipelines.fleet.replicas import OPEN_CONTROL  # lazy: tritonclient, loaded by the status
 
         for url in report.open_control:
             out.line("warning: " + OPEN_CONTROL.format(url=url))

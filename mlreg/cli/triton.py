@@ -38,8 +38,8 @@ def status_cmd(
 
     Example: mlreg triton status --url triton-0:8001 --url triton-1:8001
     """
-    from pipelines.control_key import control_key  # lazy: grpc ~60 ms, this command only
-    from pipelines.triton import server_report  # lazy: grpc ~60 ms, this command only
+    from pipelines.triton.control import server_report  # lazy: grpc ~60 ms, this command only
+    from pipelines.triton.control_key import control_key  # lazy: grpc ~60 ms, this command only
     from registry.errors import TritonError, UsageError  # lazy: with the lines above
 
     settings = settings_of(ctx, state=False)

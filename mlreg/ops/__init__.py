@@ -6,7 +6,7 @@ Each ``mlreg/ops/<verb>.py`` holds the work of one verb -- ``promote``, ``promot
 ``register``, ``sign``, ``k8s_annotations``, ``shadow``, ``init`` -- composing the registry (MLflow) with
 the pipelines (store, servers) and returning a typed result.  The callers only parse and call:
 the CLI (``mlreg/cli/*``), the MLflow deployments plugin (``mlreg/deployments.py``) and the
-GitOps helpers (``mlreg/fleet.py``, ``mlreg/analysis.py``).  :mod:`mlreg.ops.context` builds what
+GitOps helpers (``mlreg/pins.py``, ``mlreg/analysis.py``).  :mod:`mlreg.ops.context` builds what
 every verb starts from (the environment, its registry, its fleet and its store); the one lock
 policy is :mod:`pipelines.storage.locking` (a promotion's stages and the retention sweep use it
 too).

@@ -15,8 +15,8 @@ from registry.errors import UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
+    from pipelines.fleet.fleet import Fleet
     from pipelines.promote.environments import Environment
-    from pipelines.promote.fanout import Fleet
     from pipelines.storage.base import RepositoryStore
     from registry.mlflow import MlflowRegistry
 
@@ -74,9 +74,9 @@ def store_of(settings: Settings, store: str | None, env_name: str | None) -> Rep
 
 def fleet(settings: Settings, env: Environment, store: RepositoryStore | None = None) -> Fleet:
     """The environment's targets (the local stack's must be running) and its store."""
+    from pipelines.fleet.fleet import Fleet  # lazy: tritonclient (~0.5 s)
+    from pipelines.fleet.replicas import triton_connector  # lazy: tritonclient (~0.5 s)
     from pipelines.promote.environments import resolve_targets  # lazy: the promotion package
-    from pipelines.promote.fanout import Fleet  # lazy: tritonclient (~0.5 s)
-    from pipelines.promote.replicas import triton_connector  # lazy: tritonclient (~0.5 s)
     from pipelines.storage import open_store  # lazy: boto3 for an S3 store
 
     targets = resolve_targets(settings, env)

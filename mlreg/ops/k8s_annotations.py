@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from mlreg.ops.context import open_registry
+from pipelines.core.ports import Registry
 from pipelines.promote.environments import environment as configured
-from pipelines.promote.ports import Registry
 from registry.k8s_annotations import model_annotations
 from registry.settings import Settings
 

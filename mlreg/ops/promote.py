@@ -11,8 +11,8 @@ from registry.errors import UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.promote.ports import Registry
-    from pipelines.promote.reports import PromotionResult
+    from pipelines.core.ports import Registry
+    from pipelines.core.reports import PromotionResult
     from pipelines.promote.runner import OnStage
 
 SERVE_AS = ("auto", "native", "onnx")

@@ -21,7 +21,7 @@ from registry.register import check_model_name
 from registry.settings import Settings, redact_uri
 
 if TYPE_CHECKING:
-    from pipelines.promote.ports import Registry
+    from pipelines.core.ports import Registry
     from registry.export import PlannedVersion
 
 OnStage = Callable[[str, str, float, str], None]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def ensemble_users(store: RepositoryStore, name: str) -> list[str]:
     """The ensembles in ``store`` whose steps name ``name`` (platform "ensemble" read from each
     parsed config, in the store's order)."""
-    from pipelines.promote.plan import ensembles_pinning  # lazy: protobuf
+    from pipelines.core.plan import ensembles_pinning  # lazy: protobuf
 
     return list(ensembles_pinning(store, [name]))
 
@@ -69,10 +69,10 @@ def _unload_everywhere(
 ) -> None:
     """The config deleted, then ``name`` unloaded on every target; any exit before the end replays
     the undo log (the config back, each replica back to what it held) and says what it put back."""
+    from pipelines.core.plan import serving_versions  # lazy: protobuf
+    from pipelines.core.undo import UndoLog  # lazy: the promotion package
+    from pipelines.fleet.fleet import Change  # lazy: tritonclient (~0.5 s)
     from pipelines.promote.failure import signals_held  # lazy: the promotion package
-    from pipelines.promote.fanout import Change  # lazy: tritonclient (~0.5 s)
-    from pipelines.promote.plan import serving_versions  # lazy: protobuf
-    from pipelines.promote.undo import UndoLog  # lazy: the promotion package
 
     with fleet_of(settings, env, store) as fleet:
         undo = UndoLog(env.gpu)

@@ -11,7 +11,7 @@ from registry.errors import UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.promote.reports import PromotionResult
+    from pipelines.core.reports import PromotionResult
     from pipelines.promote.runner import OnStage
 
 

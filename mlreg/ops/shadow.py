@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlreg.ops.context import environment, open_registry
-from pipelines.promote.capture import Captures, Purged, Shadow, arm, disarm, purge
+from pipelines.checks.capture import Captures, Purged, Shadow, arm, disarm, purge
+from pipelines.checks.shadow import scrub_run
+from pipelines.fleet.replicas import triton_connector
 from pipelines.promote.environments import resolve_targets
-from pipelines.promote.replicas import triton_connector
-from pipelines.promote.shadow import scrub_run
 from registry.errors import MlregError, UsageError
 from registry.settings import Settings
 

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlreg.ops.store_verify import DIGEST_TAG
+from pipelines.core.plan import Role, Step, config_facts
 from pipelines.promote.integrity import apply_repair, check_stored, registered_signature
-from pipelines.promote.plan import Role, Step, config_facts
 from pipelines.storage.locking import model_lock
 from pipelines.storage.verify import SIGNATURE_FILE
 from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.promote.ports import Registry
+    from pipelines.core.ports import Registry
     from pipelines.storage.base import RepositoryStore
 
 

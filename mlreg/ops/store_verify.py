@@ -30,7 +30,7 @@ from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.promote.ports import Registry
+    from pipelines.core.ports import Registry
     from pipelines.storage.base import RepositoryStore
 
 DIGEST_TAG = "artifact_digest"

@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipelines.control_key import restriction_args
 from pipelines.devstack.processes import GroupStop, ManagedProcess, process_runs, stop_group
 from pipelines.devstack.processes import http_ok as http_ok  # re-exported for callers of the first launcher
 from pipelines.devstack.processes import tail as tail
+from pipelines.triton.control_key import restriction_args
 from registry.errors import MissingDependencyError, StackError
 from registry.settings import QUIET_TENSORFLOW
 
@@ -245,9 +245,9 @@ def server_command(
     trace_file: Path | None = None,
 ) -> list[str]:
     """``control_key``: the model-repository, trace and statistics endpoints answer only calls that
-    carry it (pipelines/control_key.py); None leaves them open (a test's own server).  ``trace_file``:
+    carry it (pipelines/triton/control_key.py); None leaves them open (a test's own server).  ``trace_file``:
     where Triton writes the requests mlreg captures (off until capture is switched on per model:
-    pipelines/promote/capture.py)."""
+    pipelines/checks/capture.py)."""
     grpc, http, metrics = ports
     return [
         str(install.server),

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from pipelines.control_key import HEADER
+from pipelines.triton.control_key import HEADER
 from registry.errors import StackError
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def group_alive(pgid: int) -> bool:
 
 def redacted(argv: list[str]) -> list[str]:
     """``argv`` fit for a log: the value of a ``<header>=<key>`` restriction (Triton's control
-    key, pipelines/control_key.py) replaced."""
+    key, pipelines/triton/control_key.py) replaced."""
     return [re.sub(rf"({re.escape(HEADER)}=)\S+", r"\1<redacted>", arg) for arg in argv]
 
 

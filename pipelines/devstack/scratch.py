@@ -1,7 +1,7 @@
 """Scratch tritonservers for the quality gate's dry runs (``--dry-run``, plan jobs).
 
 The promotion never starts a server itself: the application hands it ``scratch_servers(settings)``
-(a ``pipelines.promote.ports.ScratchServers``), and the gate enters it with the model repository it
+(a ``pipelines.core.ports.ScratchServers``), and the gate enters it with the model repository it
 assembled, talks to the URL it yields, and leaves it, which stops the server.
 """
 
@@ -12,9 +12,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines.control_key import ControlKey
+from pipelines.core.ports import ScratchServers
 from pipelines.devstack import local_triton
-from pipelines.promote.ports import ScratchServers
+from pipelines.triton.control_key import ControlKey
 from registry.settings import Settings
 
 

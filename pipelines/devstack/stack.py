@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.control_key import local_key
 from pipelines.devstack import local_s3, local_triton, processes
 from pipelines.devstack.local_mlflow import start_mlflow, stop_mlflow
 from pipelines.devstack.local_s3 import stop_s3
 from pipelines.devstack.local_triton import ServerInfo
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
+from pipelines.triton.control_key import local_key
 from registry.errors import MlregError, StackError
 from registry.settings import Settings
 
@@ -240,7 +240,8 @@ def stack_up(
             settings.stack_dir,
             settings.backends_source,
             ports=ports,
-            control_key=local_key(settings.home).value,  # its control API locked (pipelines/control_key.py)
+            # its control API locked (pipelines/triton/control_key.py)
+            control_key=local_key(settings.home).value,
         )
         local_triton.save_info(info, state_file(settings))
         with warnings.catch_warnings():  # the server is meant to outlive this process

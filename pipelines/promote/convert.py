@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.promote.plan import Step, desired_config
-from pipelines.promote.ports import Registry
+from pipelines.core.plan import Step, desired_config
+from pipelines.core.ports import Registry
 from registry.contracts.config import CONFIG_NAME, format_config, parse_config
 from registry.errors import MissingDependencyError, PromotionError
 from registry.manifest import artifact_digest

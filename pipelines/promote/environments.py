@@ -16,12 +16,12 @@ memory_margin = 1.2                          # a load needs footprint x margin f
 load_timeout = 120                           # seconds a load may take (default 10 x MLREG_TRITON_TIMEOUT)
 
 [environments.staging.shadow]                # capture requests, replay them to each candidate
-rate = 1000                                  # (pipelines/promote/capture.py; shadow = false: never)
+rate = 1000                                  # (pipelines/checks/capture.py; shadow = false: never)
 
 A ``[environments.local]`` section (or ``[environments.local.shadow]``...) without ``store`` extends
 the built-in ``local``: its store, the stack's replicas and key are kept.  A ``metrics`` table or
 ``metrics_port`` only says where Triton's metrics are read; a staged roll-out (a canary) needs a
-roll-out key (canary, waves, bake_seconds, ...: pipelines/promote/policy.py).
+roll-out key (canary, waves, bake_seconds, ...: pipelines/core/policy.py).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.control_key import ControlKey, control_key, local_key
-from pipelines.promote import discovery
-from pipelines.promote.capture import Shadow, parse_shadow, settle
-from pipelines.promote.perf import PERF_KEYS, PerfSettings, parse_perf
-from pipelines.promote.policy import KEYS as ROLLOUT_KEYS
-from pipelines.promote.policy import Policy, check_keys, parse_policy
+from pipelines.checks.capture import Shadow, parse_shadow, settle
+from pipelines.checks.perf import PERF_KEYS, PerfSettings, parse_perf
+from pipelines.core.policy import KEYS as ROLLOUT_KEYS
+from pipelines.core.policy import Policy, check_keys, parse_policy
+from pipelines.fleet import discovery
 from pipelines.storage import check_store_uri
+from pipelines.triton.control_key import ControlKey, control_key, local_key
 from registry.errors import PromotionError, UsageError
 from registry.settings import Settings
 from registry.signing import TRUST_KEYS, Trust, parse_trust
@@ -69,17 +69,19 @@ class Environment:
     alias: str
     gpu: bool
     local_stack: bool = False  # targets: the running local stack's, filled in by the application
-    policy: Policy | None = None  # fleet roll-out policy (pipelines/promote/policy.py)
-    discover: str = ""  # "dns:NAME:PORT": targets are NAME's addresses (pipelines/promote/discovery.py)
+    policy: Policy | None = None  # fleet roll-out policy (pipelines/core/policy.py)
+    discover: str = ""  # "dns:NAME:PORT": targets are NAME's addresses (pipelines/fleet/discovery.py)
     signatures: Trust | None = None  # signatures = "required" | "warn" + trusted keys (registry/signing.py)
     keep: int = KEEP  # versions per model where Triton reads (pipelines/promote/retention.py); 0: off
-    perf: PerfSettings = PerfSettings()  # the canary's performance check (pipelines/promote/perf.py)
+    perf: PerfSettings = PerfSettings()  # the canary's performance check (pipelines/checks/perf.py)
     metrics_urls: tuple[tuple[str, str], ...] = ()  # target -> Triton's metrics (the local stack's)
-    control_key: str = ""  # "env:VAR" or a key file: what unlocks its replicas (pipelines/control_key.py)
+    control_key: str = (
+        ""  # "env:VAR" or a key file: what unlocks its replicas (pipelines/triton/control_key.py)
+    )
     warmup: bool = True  # a peak-batch model_warmup in every config written to the store
     memory_margin: float = MEMORY_MARGIN  # free memory a load needs: footprint x margin
     load_timeout: float = 0.0  # seconds a load may take (0: 10 x the settings' Triton timeout)
-    shadow: Shadow | None = None  # capture and the shadow replay (pipelines/promote/capture.py)
+    shadow: Shadow | None = None  # capture and the shadow replay (pipelines/checks/capture.py)
     open_control: str = OPEN_CONTROL[0]  # "allow": a replica anyone can drive is noted, not refused
 
     def load_deadline(self, settings: Settings) -> float:
@@ -258,7 +260,7 @@ def _gpu(path: Path, name: str, raw: object) -> bool:
 
 
 def _open_control(path: Path, name: str, raw: dict[str, object]) -> str:
-    """``open_control``: one of OPEN_CONTROL (pipelines/promote/replicas.py refuses or notes)."""
+    """``open_control``: one of OPEN_CONTROL (pipelines/fleet/replicas.py refuses or notes)."""
     value = raw.get("open_control", OPEN_CONTROL[0])
     if value not in OPEN_CONTROL:
         raise UsageError(

@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from pipelines.promote.context import PromotionContext, Stage
-from pipelines.promote.fanout import CONFIRM_S, confirm_queued
+from pipelines.core.context import PromotionContext, Stage
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import FleetReport, PromotionFailed, Refusal
+from pipelines.fleet.fleet import CONFIRM_S, confirm_queued
 from pipelines.promote.integrity import verifier
-from pipelines.promote.plan import serving_versions
 from pipelines.promote.record import record_promotion
-from pipelines.promote.reports import FleetReport, PromotionFailed, Refusal
 from pipelines.storage.disk import disk_full_error, is_disk_full
 from registry.errors import INTERRUPT_EXIT_CODES, MlregError, PromotionError, Terminated
 from registry.settings import PROMOTIONS_EXPERIMENT

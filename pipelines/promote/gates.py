@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.promote.context import Gate, PromotionContext
-from pipelines.promote.quality import GateFailed, QualityReport, preflight
-from pipelines.promote.quality_canary import canary_gate
-from pipelines.promote.reports import QualityStageReport
+from pipelines.checks.golden import GateFailed, QualityReport, preflight
+from pipelines.core.context import Gate, PromotionContext
+from pipelines.core.reports import QualityStageReport
+from pipelines.promote.canary_gate import canary_gate
 from registry.errors import PromotionError
 
 

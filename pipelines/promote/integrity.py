@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.promote.plan import Step
-from pipelines.promote.ports import RegistryReader
-from pipelines.promote.undo import VerifyStored
+from pipelines.core.plan import Step
+from pipelines.core.ports import RegistryReader
+from pipelines.core.undo import VerifyStored
 from pipelines.storage import closed_world
 from pipelines.storage.base import RepositoryStore
 from pipelines.storage.verify import MANIFEST

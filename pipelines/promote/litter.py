@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
-from pipelines.promote.plan import ensemble_pins, ensembles_pinning, serving_versions
+from pipelines.core.plan import ensemble_pins, ensembles_pinning, serving_versions
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
 

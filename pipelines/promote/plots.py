@@ -1,6 +1,6 @@
 """The replicas' memory over a promotion, as a picture for its MLflow run (``memory.png``).
 
-Drawn from what the memory headroom guard reported (pipelines/promote/headroom.py ``to_dict``):
+Drawn from what the memory headroom guard reported (pipelines/guards/headroom.py ``to_dict``):
 its ``samples`` (each device's used and total bytes at each reading) and ``events`` (each load,
 refusal, failed load and leak), on its clock.  One line per replica and device, a marker at each
 reading, the device's total as a dashed line of the same colour, and a vertical line at each
@@ -125,7 +125,7 @@ def draw_events(axes: Any, events: Sequence[Mapping[str, Any]]) -> None:
 
 
 def shadow_plot(shadow: Mapping[str, Any], title: str, path: Path) -> Path | None:
-    """The shadow replay of one model (pipelines/promote/replay.py ``to_dict``) as the PNG
+    """The shadow replay of one model (pipelines/checks/replay.py ``to_dict``) as the PNG
     ``path``: per output, the serving version's and the candidate's distributions (top-1 classes,
     or values), and each request's latency on both, candidate against serving (None: nothing
     replayed, nothing drawn)."""

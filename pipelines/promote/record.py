@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.plan import Plan
+from pipelines.core.ports import Registry
+from pipelines.core.reports import PromotionResult
+from pipelines.fleet.fleet import checkpoint
+from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
 from pipelines.promote.environments import Environment
-from pipelines.promote.fanout import checkpoint
-from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
-from pipelines.promote.plan import Plan
 from pipelines.promote.plots import memory_plot, shadow_plot
-from pipelines.promote.ports import Registry
-from pipelines.promote.reports import PromotionResult
 from registry.errors import MlregError, PromotionError
 from registry.settings import redact_uri
 
@@ -84,7 +84,7 @@ def record_promotion(
     record_footprints(registry, result)
 
 
-# -- memory headroom (pipelines/promote/headroom.py): footprints measured, what the checks found --
+# -- memory headroom (pipelines/guards/headroom.py): footprints measured, what the checks found --
 
 
 def headroom_params(result: PromotionResult) -> dict[str, str]:
@@ -125,7 +125,7 @@ def record_footprints(registry: Registry, result: PromotionResult) -> None:
             log.warning("could not record the footprint of %s v%s: %s", model, version, redact_uri(str(exc)))
 
 
-# -- the shadow replay (pipelines/promote/replay.py) ------------------------------------------------
+# -- the shadow replay (pipelines/checks/replay.py) ------------------------------------------------
 
 
 def shadow_metrics(result: PromotionResult) -> dict[str, float]:

@@ -34,10 +34,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.promote.context import PromotionContext
-from pipelines.promote.fanout import checkpoint
+from pipelines.core.context import PromotionContext
+from pipelines.core.plan import Step, ensemble_pins, ensembles_pinning, serving_versions
+from pipelines.fleet.fleet import checkpoint
 from pipelines.promote.litter import remove_fenced_uploads
-from pipelines.promote.plan import Step, ensemble_pins, ensembles_pinning, serving_versions
 from pipelines.storage import locking
 from pipelines.storage.archive import archive_of, bring_back, complete, drop_archived, move_to_archive
 from pipelines.storage.base import RepositoryStore

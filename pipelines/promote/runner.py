@@ -16,7 +16,7 @@ undone (a promotion is never undone for its sake); both run only when there is s
 The runner only sequences, times and reports.  ``--dry-run`` stops before the first live stage.
 Any exit of a stage after ``resolve`` -- an ``MlregError``, any other exception, an interrupt --
 goes to ``on_error``, which replays the undo log (ensembles first, then members: see
-``pipelines/promote/undo.py``), records the promotion in MLflow, and raises ``PromotionFailed``
+``pipelines/core/undo.py``), records the promotion in MLflow, and raises ``PromotionFailed``
 saying what was put back; the MLflow alias moves only in ``record``, the last stage.
 
 Locks: a promotion holds the store lock of every model whose config it writes (the model, the
@@ -29,22 +29,20 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from pipelines.checks.shadow import capture_after
+from pipelines.core.context import Deployer, OnStage, Options, PromotionContext, Stage
+from pipelines.core.plan import Plan
+from pipelines.core.policy import check_fleet
+from pipelines.core.ports import Registry, ScratchServers, ServingTarget
+from pipelines.core.reports import PromotionFailed, PromotionResult, StageRecord
+from pipelines.fleet.fleet import Fleet
+from pipelines.fleet.replicas import Connect, reachable, triton_connector
+from pipelines.guards.headroom import Headroom, registry_footprints, replica_versions
 from pipelines.promote import retention
 from pipelines.promote.after import RETAIN_S, Progress, best_effort, bounded
-from pipelines.promote.context import Deployer, OnStage, Options, PromotionContext, Stage
-from pipelines.promote.deploy import AllAtOnce
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.failure import fail, message_of
-from pipelines.promote.fanout import Fleet
 from pipelines.promote.gates import choose_gate
-from pipelines.promote.headroom import Headroom, registry_footprints, replica_versions
-from pipelines.promote.plan import Plan
-from pipelines.promote.policy import check_fleet
-from pipelines.promote.ports import Registry, ScratchServers, ServingTarget
-from pipelines.promote.replicas import Connect, reachable, triton_connector
-from pipelines.promote.reports import PromotionFailed, PromotionResult, StageRecord
-from pipelines.promote.shadow import capture_after
-from pipelines.promote.staged import Staged
 from pipelines.promote.stages import (
     PROMOTIONS_EXPERIMENT,
     assemble,
@@ -56,8 +54,10 @@ from pipelines.promote.stages import (
     verify,
     wants_onnx,
 )
+from pipelines.rollout.all_at_once import AllAtOnce
+from pipelines.rollout.staged import Staged
 from pipelines.storage import open_store
-from pipelines.triton import RequestNonce
+from pipelines.triton.control import RequestNonce
 from registry.errors import Terminated
 from registry.settings import Settings
 

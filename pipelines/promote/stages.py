@@ -16,21 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.promote import checks, quality, retention
-from pipelines.promote.context import PromotionContext
-from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
-from pipelines.promote.deploy import check_serves_from_store
-from pipelines.promote.fanout import checkpoint, refuse_pending_loads
-from pipelines.promote.integrity import (
-    apply_repair,
-    check_signatures,
-    check_stored,
-    no_way_back_error,
-    publish_signature,
-    registered_differences,
-)
-from pipelines.promote.litter import forget_uploads, note_upload, remove_fenced_uploads
-from pipelines.promote.plan import (
+from pipelines.checks import golden as quality
+from pipelines.checks import offline
+from pipelines.core.context import PromotionContext
+from pipelines.core.plan import (
     Plan,
     Role,
     Step,
@@ -42,10 +31,8 @@ from pipelines.promote.plan import (
     serving_versions,
     swap_notes,
 )
-from pipelines.promote.ports import ServingTarget
-from pipelines.promote.record import RecordWrites, failed_record, record_promotion, repair_record
-from pipelines.promote.replicas import open_control_notes
-from pipelines.promote.reports import (
+from pipelines.core.ports import ServingTarget
+from pipelines.core.reports import (
     ConvertReport,
     NoopReport,
     RecordReport,
@@ -56,9 +43,24 @@ from pipelines.promote.reports import (
     ValidateReport,
     VerifyReport,
 )
-from pipelines.promote.restarts import not_ready_after_rollout
+from pipelines.fleet.fleet import checkpoint, refuse_pending_loads
+from pipelines.fleet.replicas import open_control_notes
+from pipelines.fleet.restarts import not_ready_after_rollout
+from pipelines.guards.warmup import WARMUP_BYTES, peak_bytes
+from pipelines.promote import retention
+from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
+from pipelines.promote.integrity import (
+    apply_repair,
+    check_signatures,
+    check_stored,
+    no_way_back_error,
+    publish_signature,
+    registered_differences,
+)
+from pipelines.promote.litter import forget_uploads, note_upload, remove_fenced_uploads
+from pipelines.promote.record import RecordWrites, failed_record, record_promotion, repair_record
 from pipelines.promote.stamps import hold_repair_locks, repair_ensemble_stamps, repair_lock_names
-from pipelines.promote.warmups import WARMUP_BYTES, peak_bytes
+from pipelines.rollout.all_at_once import check_serves_from_store
 from pipelines.storage import locking
 from registry.contracts.config import CONFIG_NAME, parse_config
 from registry.errors import MlregError, PromotionError, StorageError
@@ -326,13 +328,13 @@ def _renumber(ctx: PromotionContext, old: Step, new: Step) -> None:
 
 def validate(ctx: PromotionContext) -> ValidateReport:
     plan = ctx.plan
-    errors = checks.contract_errors(plan, ctx.store) + _repointed_errors(ctx)
+    errors = offline.contract_errors(plan, ctx.store) + _repointed_errors(ctx)
     if errors:
         raise PromotionError(
             "contract check failed:\n  " + "\n  ".join(errors),
             fix="fix the model or its config and register a new version",
         )
-    breaking = checks.breaking_changes(plan)
+    breaking = offline.breaking_changes(plan)
     if breaking and not ctx.options.allow_breaking:
         raise PromotionError(
             f"{plan.model} version {plan.version} breaks the contract of the serving version:\n  "

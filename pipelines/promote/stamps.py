@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 
-from pipelines.promote.plan import ensemble_pins, ensembles_pinning
-from pipelines.promote.ports import Registry
+from pipelines.core.plan import ensemble_pins, ensembles_pinning
+from pipelines.core.ports import Registry
 from pipelines.storage import locking
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME

@@ -24,17 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.plan import config_facts, ensemble_pins, serving_versions
+from pipelines.core.ports import Registry, ServingTarget
+from pipelines.fleet.fleet import Fleet, loading_versions, ready_versions
+from pipelines.fleet.replicas import Connect, hung_loads, open_control, triton_connector
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.promote.fanout import Fleet, loading_versions, ready_versions
 from pipelines.promote.integrity import (
     folder_problems,
     manifest_problems,
     signature_problems,
     unregistered_problems,
 )
-from pipelines.promote.plan import config_facts, ensemble_pins, serving_versions
-from pipelines.promote.ports import Registry, ServingTarget
-from pipelines.promote.replicas import Connect, hung_loads, open_control, triton_connector
 from pipelines.storage import open_store
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError, StorageError

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.control_key import ControlKey
 from pipelines.devstack import local_mlflow, local_s3, local_triton
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
+from pipelines.triton.control_key import ControlKey
 from registry.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.devstack import local_triton
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.settings import Settings
 from tests.conftest import TEMPLATE, once_per_run
 from tests.integration.nativestack import NativeStack, start_native_stack

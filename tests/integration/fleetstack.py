@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionResult
 from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 from tests.integration.stacks import ready_versions, refusal_state, register_model

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mlreg.ops.promote import promote
 from pipelines.devstack.stack import stack_down, stack_up
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.export import member_versions
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register

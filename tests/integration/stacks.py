@@ -31,17 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from mlreg.ops.context import environment
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionResult
 from pipelines.devstack import local_triton
 from pipelines.devstack.scratch import scratch_servers
 from pipelines.devstack.stack import stack_down, stack_up
-from pipelines.promote.fanout import PAUSE_VARIABLE, RESUME_VARIABLE
-from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionResult
+from pipelines.fleet.fleet import PAUSE_VARIABLE, RESUME_VARIABLE
+from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from pipelines.storage.base import LOCK_PREFIX, RepositoryStore
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import StorageError
 from registry.export import member_versions

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.promote.reports import PromotionFailed
+from pipelines.core.reports import PromotionFailed
 from registry.mlflow import MlflowRegistry
 from tests.integration.fleetstack import ENSEMBLE_CONFIG, FleetStack, scorer
 from tests.integration.stacks import SCORER_CONFIG, s3_repository, stack_settings, tritons, unloaded_on

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.devstack import local_triton
-from pipelines.triton import TritonControl, TritonError
+from pipelines.triton.control import TritonControl, TritonError
 from registry.contracts.validate import validate_path
 from registry.settings import Settings
 from tests.conformance.corpus import TRITON_VERSION, Case, load_cases, materialize

@@ -24,14 +24,14 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.context import environment
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionResult
 from pipelines.devstack.local_mlflow import MlflowServer, start_mlflow, stop_mlflow
 from pipelines.devstack.stack import stack_down, stack_up
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.errors import PromotionError, RegistryError
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register

@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
+from pipelines.core.plan import serving_versions
 from pipelines.devstack import local_s3
 from pipelines.promote.environments import environment
-from pipelines.promote.plan import serving_versions
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from pipelines.storage.base import lock_key

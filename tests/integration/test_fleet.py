@@ -24,16 +24,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipelines.core.plan import serving_versions
+from pipelines.core.policy import Policy, Verdict, judge
+from pipelines.core.reports import PromotionFailed
 from pipelines.devstack import local_triton, processes
-from pipelines.promote import fanout, staged
+from pipelines.fleet import fleet as fanout
 from pipelines.promote.environments import environment
-from pipelines.promote.metrics import DERIVED, Counters
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.policy import Policy, Verdict, judge
-from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.status import model_status
+from pipelines.rollout import staged
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
+from pipelines.triton.metrics import DERIVED, Counters
 from registry.contracts.config import config_json
 from registry.errors import PromotionError, UsageError
 from registry.mlflow import MlflowRegistry, sqlite

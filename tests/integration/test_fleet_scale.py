@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.control_key import ControlKey
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.policy import Policy, waves_of
-from pipelines.promote.reports import PromotionFailed
+from pipelines.core.plan import serving_versions
+from pipelines.core.policy import Policy, waves_of
+from pipelines.core.reports import PromotionFailed
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
+from pipelines.triton.control_key import ControlKey
 from registry.contracts.config import config_json
 from registry.errors import TritonError
 from registry.mlflow import MlflowRegistry
@@ -100,7 +100,7 @@ def test_a_version_rolls_out_over_50_replicas_with_one_load_each(fleet: ScaleSta
     watched = {url: len(waves(fleet)) - i for i, wave in enumerate(waves(fleet)) for url in wave}
     for url, counted in calls.items():
         # one swap, straight to the new version, and one unload without the key (refused): the
-        # probe that no replica takes anyone's model-control calls (pipelines/promote/replicas.py)
+        # probe that no replica takes anyone's model-control calls (pipelines/fleet/replicas.py)
         assert (counted["RepositoryModelLoad"], counted["RepositoryModelUnload"]) == (1, 1), (url, counted)
         assert sum(counted[m] for m in REPOSITORY_CALLS) <= 4 + watched[url], (url, counted)
         # with the other control calls (today a liveness check before the plan, readiness after

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines import control_key
+from pipelines.triton import control_key
 from tests.conftest import ROOT
 from tests.integration.infra import (
     COMPOSE_DIR,

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines.promote.plan import fetch_version
-from pipelines.triton import TritonControl
+from pipelines.core.plan import fetch_version
+from pipelines.triton.control import TritonControl
 from registry.contracts.config import load_config
 from registry.lineage import contract_of
 from registry.mlflow import MlflowRegistry

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from pipelines.devstack.stack import stack_down, stack_up
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.contracts.config import CONFIG_NAME
 from registry.mlflow import MlflowRegistry
 from registry.mlflow.environ import global_tracking_uri

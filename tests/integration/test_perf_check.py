@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 
 from mlreg.cli.report import render
+from pipelines.checks.perf import PerfSettings, measure
+from pipelines.core.plan import desired_config
+from pipelines.core.reports import PromotionFailed, PromotionResult, QualityStageReport
 from pipelines.promote.environments import environment
-from pipelines.promote.perf import PerfSettings, measure
-from pipelines.promote.plan import desired_config
-from pipelines.promote.reports import PromotionFailed, PromotionResult, QualityStageReport
 from pipelines.promote.runner import Options, Promotion
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.contracts.config import config_json
 from registry.mlflow import MlflowRegistry
 from tests.integration.fleetstack import ENSEMBLE_CONFIG, FleetStack, scorer

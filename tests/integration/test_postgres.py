@@ -340,7 +340,7 @@ def test_export_register_then_two_promotions_at_once_both_record(platform: Platf
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=MLFLOW_BUCKET).get("Contents", [])]
     assert sum(k.startswith("artifacts/") and k.endswith("/config.pbtxt") for k in keys) >= 2, keys[:5]
     # and Triton serves both from the S3 store
-    from pipelines.triton import TritonControl
+    from pipelines.triton.control import TritonControl
 
     with TritonControl(triton) as control:
         states = control.model_states()

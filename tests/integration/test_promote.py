@@ -22,13 +22,13 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.context import environment
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionFailed
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
 from pipelines.storage import open_store
 from pipelines.storage.base import lock_key
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.errors import MlregError, PromotionError
 from registry.mlflow import MlflowRegistry
 from registry.register import find_candidate, register
@@ -66,7 +66,7 @@ def stack(template_build: BuildResult, tmp_path_factory: pytest.TempPathFactory)
 def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) -> None:
     result = stack.promote(ENSEMBLE, "1")
     names = result.stage_names()
-    assert "quality" in names  # before or after the upload: see pipelines/promote/quality.py
+    assert "quality" in names  # before or after the upload: see pipelines/checks/golden.py
     assert [n for n in names if n != "quality"] == [
         "resolve",
         "validate",
@@ -727,7 +727,7 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_
     """Re-pointed ensembles keep their store folder (1): promoting the ensemble's registered v1,
     whose pins are the first deployment's, brings those member versions back -- it is not
     "already serves" because the folder matches."""
-    from pipelines.promote.plan import ensemble_pins
+    from pipelines.core.plan import ensemble_pins
 
     store = open_store(stack.settings.local_repository)
     member = _preprocess_version(stack, tmp_path / "member", f"{ONE_HOT}  # re-points the ensemble")

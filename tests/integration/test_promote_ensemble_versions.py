@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.core.plan import Role, serving_versions
+from pipelines.core.reports import PromotionResult
 from pipelines.promote.environments import environment
-from pipelines.promote.plan import Role, serving_versions
-from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 from tests.integration.stacks import mlreg_process, register_model, stack_settings, tritons

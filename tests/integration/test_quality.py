@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.promote.quality_canary import PRIVATE_SUFFIX
-from pipelines.promote.reports import PromotionResult, QualityStageReport
-from pipelines.triton import TritonControl
+from pipelines.core.reports import PromotionResult, QualityStageReport
+from pipelines.promote.canary_gate import PRIVATE_SUFFIX
+from pipelines.triton.control import TritonControl
 from registry.errors import PromotionError
 from registry.register import find_candidate, register
 from registry.template import BuildResult, exporter_path

@@ -387,7 +387,7 @@ def test_two_processes_creating_one_experiment_at_once_share_it(tmp_path: Path) 
     assert [e.experiment_id for e in named] == list(ids)  # one experiment, the id both use
 
 
-# -- what the promotion asks of the registry (pipelines/promote/ports.py Registry) -----------------
+# -- what the promotion asks of the registry (pipelines/core/ports.py Registry) -----------------
 
 
 def test_a_registration_leaves_the_process_environment_as_it_was(

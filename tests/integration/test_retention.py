@@ -23,14 +23,14 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.rollback import rollback
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionFailed, PromotionResult
 from pipelines.promote.environments import environment
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from pipelines.storage.archive import archive_of
 from pipelines.storage.base import RepositoryStore
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 from tests.cli import CliRunner

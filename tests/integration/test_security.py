@@ -27,13 +27,13 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from mlreg.cli.main import app
-from pipelines import control_key
-from pipelines import triton as triton_module
-from pipelines.control_key import ControlKey, local_key
+from pipelines.core.reports import PromotionFailed
 from pipelines.devstack.stack import running_server
-from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import open_store
-from pipelines.triton import PROBE_PREFIX, TritonControl
+from pipelines.triton import control as triton_module
+from pipelines.triton import control_key
+from pipelines.triton.control import PROBE_PREFIX, TritonControl
+from pipelines.triton.control_key import ControlKey, local_key
 from registry.contracts import rules
 from registry.errors import TritonError
 from tests.cli import CliRunner
@@ -124,7 +124,7 @@ def test_the_local_stacks_control_api_takes_only_the_key_in_mlreg_home(
         True,
     )
     slept: list[float] = []
-    monkeypatch.setattr("pipelines.triton.time.sleep", slept.append)  # counts the retries' waits
+    monkeypatch.setattr("pipelines.triton.control.time.sleep", slept.append)  # counts the retries' waits
     with TritonControl(secure.stack.url, key=ControlKey("not-the-key", "a test")) as wrong:
         with pytest.raises(TritonError) as error:
             wrong.load("scorer")

@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 
 from mlreg.ops.promote import promote
-from pipelines.promote.capture import Captures, Shadow, read_captures
+from pipelines.checks.capture import Captures, Shadow, read_captures
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionFailed, PromotionResult
 from pipelines.promote.environments import environment
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.mlflow import MlflowRegistry
 from tests.cli import CliRunner
 from tests.integration.stacks import (
@@ -428,8 +428,8 @@ def test_a_noisy_model_passes_thanks_to_its_floor_and_one_whose_noise_exceeds_th
 def run_with_tensors(shadows: Shadows) -> str:
     """A promotion run as record.py writes it where ``record_tensors`` was on (or before issue 44):
     report.json and shadow.json hold the first divergent request's values."""
+    from pipelines.checks.replay import ShadowResult
     from pipelines.promote.record import write_shadow
-    from pipelines.promote.replay import ShadowResult
 
     result = ShadowResult("classifier", "9", "1", ok=False, verdict="refused: 1", judged=60, diverged=1)
     result.first = [

@@ -24,11 +24,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from mlreg.cli.main import app
 from mlreg.ops.context import environment
 from mlreg.ops.status import status
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionResult
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.errors import PromotionError
 from registry.k8s_annotations import PREFIX
 from registry.mlflow import MlflowRegistry

@@ -12,7 +12,7 @@ import pytest
 
 from mlreg.cli.main import app
 from pipelines.devstack import local_triton, processes
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.settings import Settings
 from tests.cli import CliRunner
 from tests.conftest import failing_python_model

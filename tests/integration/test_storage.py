@@ -373,7 +373,7 @@ def test_triton_starts_on_a_fresh_s3_prefix_only_after_init(
     assert ensure_root(uri) is False  # not empty any more: left alone
     info, process = local_triton.start_server(uri, tmp_path / "state", standins, timeout=120)
     try:
-        from pipelines.triton import TritonControl
+        from pipelines.triton.control import TritonControl
 
         with TritonControl(info.grpc_url) as triton:
             assert triton.model_states() == {}

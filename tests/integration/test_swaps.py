@@ -36,16 +36,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionFailed, PromotionResult
 from pipelines.devstack import local_triton
+from pipelines.fleet.fleet import Change, Fleet
+from pipelines.fleet.replicas import triton_connector
 from pipelines.promote.environments import environment
-from pipelines.promote.fanout import Change, Fleet
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.replicas import triton_connector
-from pipelines.promote.reports import PromotionFailed, PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.promote.status import model_status
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.errors import MlregError, PromotionError
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings

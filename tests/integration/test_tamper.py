@@ -26,7 +26,7 @@ from mlreg.cli.main import app
 from mlreg.ops.context import environment
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.errors import PromotionError, StorageError
 from registry.mlflow import MlflowRegistry, sqlite
 from registry.register import find_candidate, register

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipelines.devstack import local_triton
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.errors import TritonError
 from registry.settings import Settings
 from tests.conftest import failing_python_model

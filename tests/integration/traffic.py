@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.errors import MlregError
 
 Request = Callable[[TritonControl, np.random.Generator], object]

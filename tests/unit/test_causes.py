@@ -4,9 +4,9 @@ provoked for real where it can be:
 - the registry: MLflow that does not answer vs a version it does not hold (``mlreg fleet``);
 - a metrics endpoint: off (nothing listens) vs one that answered HTTP 500, closed the connection,
   hung, or answered 200 with something that is not Triton's metrics -- a real HTTP server on
-  127.0.0.1 answering each way (``pipelines.promote.metrics.scrape``);
+  127.0.0.1 answering each way (``pipelines.triton.metrics.scrape``);
 - the quality gate: a candidate that never loaded (its ``initialize`` failed) vs one whose outputs
-  are wrong (``pipelines.promote.quality.gate_fix``);
+  are wrong (``pipelines.checks.golden.gate_fix``);
 - a lock's lease: an end in the past vs in the future, and a holder gone before its end
   (``pipelines.storage.lease``);
 - the verdict of ``mlreg analysis``: a version READY nowhere is not judged, a replica whose metrics
@@ -28,16 +28,19 @@ from typing import Any
 
 import pytest
 
-from mlreg import fleet
-from pipelines.promote import analysis, metrics, quality, quality_canary
+from mlreg import pins as fleet
+from pipelines.checks import bake
+from pipelines.checks import golden as quality
+from pipelines.checks.golden import GATE_FIX, GateFailed, QualityReport, gate_fix
+from pipelines.core.plan import serving_versions
+from pipelines.core.policy import Policy
+from pipelines.core.reports import PromotionFailed
+from pipelines.promote import canary_gate as quality_canary
 from pipelines.promote.environments import Environment
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.policy import Policy
-from pipelines.promote.quality import GATE_FIX, GateFailed, QualityReport, gate_fix
-from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.runner import Options, Promotion
-from pipelines.promote.staged import StagedRollout
+from pipelines.rollout.staged import StagedRollout
 from pipelines.storage.lease import Lease, LockInfo, when
+from pipelines.triton import metrics
 from registry.errors import MlregError, PromotionError, RegistryError, StorageError, TritonError, UsageError
 from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
@@ -314,10 +317,10 @@ def test_a_version_ready_nowhere_is_not_judged(endpoint: str) -> None:
         asked.append((target, model, version))
         return False
 
-    with pytest.raises(analysis.NotServed, match=r"m v2 is not READY on any replica .*a:8001: not READY"):
-        analysis.analyse(_env(endpoint, "ok", "ok"), (A, B), "m", ready=unavailable)
+    with pytest.raises(bake.NotServed, match=r"m v2 is not READY on any replica .*a:8001: not READY"):
+        bake.analyse(_env(endpoint, "ok", "ok"), (A, B), "m", ready=unavailable)
     assert sorted(asked) == [(A, "m", "2"), (B, "m", "2")]
-    found = analysis.analyse(_env(endpoint, "ok", "ok"), (A, B), "m", ready=lambda t, m, v: t == A)
+    found = bake.analyse(_env(endpoint, "ok", "ok"), (A, B), "m", ready=lambda t, m, v: t == A)
     assert (found.ok, found.ready_on, found.to_dict()["ready_on"]) == (True, [A], [A])
 
 
@@ -325,29 +328,29 @@ def test_a_replica_answering_garbage_fails_the_check_naming_it(endpoint: str) ->
     with pytest.raises(
         PromotionError, match=r"replica b:8001: .*/garbage does not answer Triton's metrics"
     ) as raised:
-        analysis.analyse(_env(endpoint, "ok", "garbage"), (A, B), "m", ready=lambda t, m, v: True)
+        bake.analyse(_env(endpoint, "ok", "garbage"), (A, B), "m", ready=lambda t, m, v: True)
     assert "Triton's own metrics" in str(raised.value.fix)
 
 
 def test_a_replica_answering_garbage_is_left_out_under_max_unavailable_and_named(endpoint: str) -> None:
-    found = analysis.analyse(_env(endpoint, "ok", "error", 1), (A, B), "m", ready=lambda t, m, v: True)
+    found = bake.analyse(_env(endpoint, "ok", "error", 1), (A, B), "m", ready=lambda t, m, v: True)
     doc = found.to_dict()
     assert list(doc["left_out"]) == [B]
     assert "answered HTTP 500" in doc["left_out"][B]
     assert f"left out under max_unavailable = 1: {B}" in doc["detail"]
     assert doc["requests"] == 40  # judged on the replica that could be read
     with pytest.raises(PromotionError, match="more than max_unavailable = 1"):  # two: one too many
-        analysis.analyse(_env(endpoint, "garbage", "error", 1), (A, B), "m", ready=lambda t, m, v: True)
+        bake.analyse(_env(endpoint, "garbage", "error", 1), (A, B), "m", ready=lambda t, m, v: True)
 
 
 def test_the_analysis_document_is_json(endpoint: str) -> None:
-    found = analysis.analyse(_env(endpoint, "ok", "ok"), (A, B), "m", ready=lambda t, m, v: True)
+    found = bake.analyse(_env(endpoint, "ok", "ok"), (A, B), "m", ready=lambda t, m, v: True)
     assert json.loads(json.dumps(found.to_dict()))["left_out"] == {}
 
 
 def test_a_missing_key_is_a_usage_error_not_a_crash() -> None:
     with pytest.raises(UsageError, match="window 301 s is outside"):
-        analysis.check_window(301)
+        bake.check_window(301)
 
 
 def test_a_canary_answering_garbage_fails_the_bake_naming_it(endpoint: str) -> None:
@@ -475,12 +478,12 @@ def test_a_version_is_judged_only_where_it_is_ready_and_read(endpoint: str) -> N
     that serves v2 counts (40 requests, not A's 40 on top)."""
     on_b = lambda t, m, v: t == B  # noqa: E731
     with pytest.raises(
-        analysis.NotServed,
+        bake.NotServed,
         match=r"m v2 is READY only on replicas whose metrics could not be read \(b:8001: .*HTTP 500",
     ):
-        analysis.analyse(_env(endpoint, "ok", "error", 1), (A, B), "m", ready=on_b)
-    found = analysis.analyse(_env(endpoint, "ok", "ok", 1), (A, B), "m", ready=on_b)
+        bake.analyse(_env(endpoint, "ok", "error", 1), (A, B), "m", ready=on_b)
+    found = bake.analyse(_env(endpoint, "ok", "ok", 1), (A, B), "m", ready=on_b)
     assert found.ready_on == [B]
     assert found.to_dict()["requests"] == 40  # B's own; before: 80 (A's leftovers summed in)
-    both = analysis.analyse(_env(endpoint, "ok", "ok", 1), (A, B), "m", ready=lambda t, m, v: True)
+    both = bake.analyse(_env(endpoint, "ok", "ok", 1), (A, B), "m", ready=lambda t, m, v: True)
     assert both.to_dict()["requests"] == 80

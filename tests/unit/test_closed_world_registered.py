@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from pipelines.core.plan import Role, Step, serving_versions
+from pipelines.core.reports import PromotionFailed
 from pipelines.promote import retention
 from pipelines.promote.integrity import unregistered_problems, verifier
-from pipelines.promote.plan import Role, Step, serving_versions
-from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import open_store
 from pipelines.storage.local import walk_model
 from pipelines.storage.manifest import MANIFEST, Manifest

@@ -300,7 +300,7 @@ def f():
     from pipelines.storage import (  # lazy: on the first line
         open_store,
     )
-    from pipelines.promote import (
+    from pipelines.core import (
         plan,
     )  # lazy: on the closing line
     from mlreg.ops import (

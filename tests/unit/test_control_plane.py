@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import control_key
-from pipelines.control_key import ControlKey, local_key
+from pipelines.fleet.replicas import open_control_notes
 from pipelines.promote.environments import load_environments
-from pipelines.promote.replicas import open_control_notes
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
-from pipelines.triton import TritonControl, control_api_open, probe_name
+from pipelines.triton import control_key
+from pipelines.triton.control import TritonControl, control_api_open, probe_name
+from pipelines.triton.control_key import ControlKey, local_key
 from registry.errors import PromotionError, UsageError
 from registry.settings import Settings
 from tests.standin_triton import StandinFleet

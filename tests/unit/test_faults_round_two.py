@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionFailed
 from pipelines.storage import open_store
 from tests.unit.worlds import MEMBER, World
 

@@ -22,9 +22,9 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.cli.output import report
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionFailed
 from pipelines.promote import stages
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import open_store
 from pipelines.storage.base import lock_key
 from pipelines.storage.local import LocalStore

@@ -1,5 +1,5 @@
 """The GitOps parts that need no server: the desired-versions file (``mlreg fleet``), the bake's
-verdict asked from outside a promotion (``pipelines.promote.analysis``) and its HTTP face
+verdict asked from outside a promotion (``pipelines.checks.bake``) and its HTTP face
 (``mlreg.analysis``), on fakes.  The real runs are tests/integration/test_gitops.py."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from mlreg import fleet
+from mlreg import pins
 from mlreg.analysis import AnalysisServer
-from pipelines.promote import analysis
+from pipelines.checks import bake
+from pipelines.core.policy import Check, Policy, judge
 from pipelines.promote.environments import Environment
-from pipelines.promote.metrics import Counters, Snapshot
-from pipelines.promote.policy import Check, Policy, judge
+from pipelines.triton.metrics import Counters, Snapshot
 from registry.errors import PromotionError, RegistryError, UsageError
 from tests.fakes import FakeRegistry
 
@@ -42,13 +42,13 @@ ensemble_scheduling {{ step [ {{ model_name: "{member}" model_version: {version}
 def test_a_fleet_file_round_trips_with_its_header_and_sorted_models(tmp_path: Path) -> None:
     path = tmp_path / "production.toml"
     path.write_text('# pinned by the plan job\n\nenvironment = "production"\n[models]\nz = 3\n"a.b" = "2"\n')
-    read = fleet.read_fleet(path)
+    read = pins.read_fleet(path)
     assert (read.environment, read.models, read.header) == (
         "production",
         {"z": "3", "a.b": "2"},
         ["# pinned by the plan job"],
     )
-    assert fleet.render(read) == (
+    assert pins.render(read) == (
         '# pinned by the plan job\n\nenvironment = "production"\n\n[models]\n"a.b" = 2\nz = 3\n'
     )
 
@@ -71,7 +71,7 @@ def test_a_fleet_file_that_does_not_mean_what_it_seems_is_refused_naming_the_key
     path = tmp_path / "fleet.toml"
     path.write_text(text)
     with pytest.raises(UsageError, match=re.escape(message)):
-        fleet.read_fleet(path)
+        pins.read_fleet(path)
 
 
 def registry_with(tmp_path: Path) -> FakeRegistry:
@@ -87,25 +87,25 @@ def registry_with(tmp_path: Path) -> FakeRegistry:
 def test_pin_writes_the_versions_named_or_an_alias_holds_and_only_registered_ones(tmp_path: Path) -> None:
     registry = registry_with(tmp_path)
     path = tmp_path / "fleet" / "production.toml"
-    result = fleet.pin(None, path, {}, "production", from_alias="staging", registry=registry)  # type: ignore[arg-type]
-    assert fleet.read_fleet(path).models == {"image_model": "2", "ens": "1"}
-    assert fleet.read_fleet(path).environment == "production"
+    result = pins.pin(None, path, {}, "production", from_alias="staging", registry=registry)  # type: ignore[arg-type]
+    assert pins.read_fleet(path).models == {"image_model": "2", "ens": "1"}
+    assert pins.read_fleet(path).environment == "production"
     assert result.to_dict()["changes"] == [
         {"model": "ens", "from": None, "to": "1"},
         {"model": "image_model", "from": None, "to": "2"},
     ]
-    again = fleet.pin(None, path, {"image_model": "2"}, registry=registry)  # type: ignore[arg-type]
+    again = pins.pin(None, path, {"image_model": "2"}, registry=registry)  # type: ignore[arg-type]
     assert (again.changes, again.written) == ([], False)
     with pytest.raises(RegistryError, match="pins version\\(s\\) MLflow does not hold: image_model v9"):
-        fleet.pin(None, path, fleet.parse_pins(["image_model=9"]), registry=registry)  # type: ignore[arg-type]
-    assert fleet.read_fleet(path).models["image_model"] == "2"  # nothing written
+        pins.pin(None, path, pins.parse_pins(["image_model=9"]), registry=registry)  # type: ignore[arg-type]
+    assert pins.read_fleet(path).models["image_model"] == "2"  # nothing written
     with pytest.raises(UsageError, match="ens v1 pins image_model v2, the file pins image_model = 3"):
-        fleet.pin(None, path, {"image_model": "3"}, registry=registry)  # type: ignore[arg-type]
-    assert fleet.read_fleet(path).models["image_model"] == "2"  # a file sync would refuse: not written
+        pins.pin(None, path, {"image_model": "3"}, registry=registry)  # type: ignore[arg-type]
+    assert pins.read_fleet(path).models["image_model"] == "2"  # a file sync would refuse: not written
     with pytest.raises(UsageError, match="is for environment 'production', not 'staging'"):
-        fleet.pin(None, path, {"image_model": "3"}, "staging", registry=registry)  # type: ignore[arg-type]
+        pins.pin(None, path, {"image_model": "3"}, "staging", registry=registry)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="'image_model' is not MODEL=VERSION"):
-        fleet.parse_pins(["image_model"])
+        pins.parse_pins(["image_model"])
 
 
 def test_sync_refuses_a_missing_version_and_an_ensemble_pinning_other_members_before_any_change(
@@ -115,23 +115,23 @@ def test_sync_refuses_a_missing_version_and_an_ensemble_pinning_other_members_be
     with pytest.raises(
         RegistryError, match=r"f\.toml pins version\(s\) MLflow does not hold: ens v4 .*; nope v1"
     ):
-        fleet._require_registered(registry, {"ens": "4", "nope": "1", "image_model": "1"}, "f.toml")
-    tags = fleet._require_registered(registry, {"ens": "1", "image_model": "3"}, "f.toml")
-    pinned = fleet.FleetFile(Path("f.toml"), "production", {"ens": "1", "image_model": "3"})
+        pins._require_registered(registry, {"ens": "4", "nope": "1", "image_model": "1"}, "f.toml")
+    tags = pins._require_registered(registry, {"ens": "1", "image_model": "3"}, "f.toml")
+    pinned = pins.FleetFile(Path("f.toml"), "production", {"ens": "1", "image_model": "3"})
     with pytest.raises(UsageError, match="ens v1 pins image_model v2, the file pins image_model = 3"):
-        fleet.refuse_unreachable_pins(pinned, fleet.registered_pins(registry, pinned.models, tags))
+        pins.refuse_unreachable_pins(pinned, pins.registered_pins(registry, pinned.models, tags))
     pinned.models["image_model"] = "2"
-    fleet.refuse_unreachable_pins(pinned, fleet.registered_pins(registry, pinned.models, tags))
+    pins.refuse_unreachable_pins(pinned, pins.registered_pins(registry, pinned.models, tags))
 
 
 def test_sync_exit_code_is_the_failed_promotions_else_drift_else_zero() -> None:
-    file = fleet.FleetFile(Path("f.toml"), "production", {"m": "2"})
+    file = pins.FleetFile(Path("f.toml"), "production", {"m": "2"})
     healthy = [{"model": "m", "pinned": "2", "alias": "2", "ok": True, "drift": []}]
-    assert fleet.SyncResult(file, "production", "production", False, [], health=healthy).exit_code == 0
+    assert pins.SyncResult(file, "production", "production", False, [], health=healthy).exit_code == 0
     drifting = [{**healthy[0], "ok": False, "drift": ["x serves v1"]}]
-    assert fleet.SyncResult(file, "production", "production", False, [], health=drifting).exit_code == 1
+    assert pins.SyncResult(file, "production", "production", False, [], health=drifting).exit_code == 1
     failed = {"promotions": [{"model": "m", "version": "2", "ok": False, "exit_code": 8}]}
-    result = fleet.SyncResult(file, "production", "production", False, [("m", "2")], failed, drifting)
+    result = pins.SyncResult(file, "production", "production", False, [("m", "2")], failed, drifting)
     assert (result.exit_code, result.ok, result.to_dict()["moved"]) == (
         8,
         False,
@@ -148,7 +148,7 @@ A, B = "a:8001", "b:8001"
 def _every_version_ready(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every version these tests judge is READY on every replica (the fake replicas have no
     readiness to ask; tests/unit/test_causes.py judges what does not serve)."""
-    monkeypatch.setattr(analysis, "version_ready", lambda target, model, version: True)
+    monkeypatch.setattr(bake, "version_ready", lambda target, model, version: True)
 
 
 def environment(policy: Policy | None = None) -> Environment:
@@ -175,7 +175,7 @@ def scraper(*rounds: dict[str, Snapshot]) -> Any:
 
 def test_one_version_serving_is_judged_on_the_checks_that_need_no_old_version() -> None:
     scrape, sleep = scraper({"a": {("m", "2"): counters(30)}, "b": {("m", "2"): counters(20)}})
-    found = analysis.analyse(environment(), (A, B), "m", scrape=scrape, sleep=sleep)
+    found = bake.analyse(environment(), (A, B), "m", scrape=scrape, sleep=sleep)
     doc = found.to_dict()
     assert (doc["ok"], doc["version"], doc["compared_with"], doc["requests"]) == (True, "2", [], 50)
     judged = {c["name"]: c["judged"] for c in doc["checks"]}
@@ -187,7 +187,7 @@ def test_the_newest_version_is_judged_against_the_others_with_the_environments_o
     policy = Policy(checks=(Check("requests", min=5), Check("latency_ratio", max=1.5)))
     old, new = counters(100, duration_ms=1.0), counters(10, duration_ms=4.0)
     scrape, sleep = scraper({"a": {("m", "1"): old, ("m", "2"): new}, "b": {("m", "1"): old}})
-    found = analysis.analyse(environment(policy), (A, B), "m", scrape=scrape, sleep=sleep)
+    found = bake.analyse(environment(policy), (A, B), "m", scrape=scrape, sleep=sleep)
     assert (found.ok, found.failed_check, found.version, found.compared_with) == (
         False,
         "latency_ratio",
@@ -202,36 +202,36 @@ def test_the_newest_version_is_judged_against_the_others_with_the_environments_o
         4.0,
         "latency_ratio <= 1.5",
     )
-    asked = analysis.analyse(environment(policy), (A, B), "m", version="1", scrape=scrape, sleep=sleep)
+    asked = bake.analyse(environment(policy), (A, B), "m", version="1", scrape=scrape, sleep=sleep)
     assert (asked.version, asked.compared_with) == ("1", ["2"])
 
 
 def test_a_window_judges_what_happened_in_it_and_a_counter_reset_fails_the_verdict() -> None:
     before = {"a": {("m", "2"): counters(100)}, "b": {("m", "2"): counters(100)}}
     scrape, sleep = scraper(before, before)
-    quiet = analysis.analyse(environment(), (A, B), "m", window=5, scrape=scrape, sleep=sleep)
+    quiet = bake.analyse(environment(), (A, B), "m", window=5, scrape=scrape, sleep=sleep)
     assert (quiet.ok, quiet.failed_check, quiet.new.requests) == (False, "requests", 0)
     reset = {"a": {("m", "2"): counters(3)}, "b": {("m", "2"): counters(150)}}
     scrape, sleep = scraper(before, reset)
-    restarted = analysis.analyse(environment(), (A, B), "m", window=5, scrape=scrape, sleep=sleep)
+    restarted = bake.analyse(environment(), (A, B), "m", window=5, scrape=scrape, sleep=sleep)
     assert (restarted.ok, restarted.failed_check) == (False, "counters")
     assert "went down from 100 to 3" in restarted.detail
 
 
 def test_nothing_to_judge_a_replica_unreadable_or_a_window_too_long_are_errors_not_verdicts() -> None:
     scrape, sleep = scraper({"a": {("m", "2"): counters(3)}, "b": {}})
-    with pytest.raises(analysis.NotServed, match="no replica of environment 'production' reports model 'x'"):
-        analysis.analyse(environment(), (A, B), "x", scrape=scrape, sleep=sleep)
-    with pytest.raises(analysis.NotServed, match="reports m version 7; they report 2"):
-        analysis.analyse(environment(), (A, B), "m", version="7", scrape=scrape, sleep=sleep)
+    with pytest.raises(bake.NotServed, match="no replica of environment 'production' reports model 'x'"):
+        bake.analyse(environment(), (A, B), "x", scrape=scrape, sleep=sleep)
+    with pytest.raises(bake.NotServed, match="reports m version 7; they report 2"):
+        bake.analyse(environment(), (A, B), "m", version="7", scrape=scrape, sleep=sleep)
     with pytest.raises(UsageError, match="window 301 s is outside 0..300 s"):
-        analysis.analyse(environment(), (A, B), "m", window=301, scrape=scrape, sleep=sleep)
+        bake.analyse(environment(), (A, B), "m", window=301, scrape=scrape, sleep=sleep)
 
     def down(url: str) -> Snapshot:
         raise PromotionError(f"cannot read Triton's metrics at {url}: refused", fix="start it")
 
     with pytest.raises(PromotionError, match="replica a:8001: cannot read Triton's metrics at http://a:8002"):
-        analysis.analyse(environment(), (A,), "m", scrape=down)
+        bake.analyse(environment(), (A,), "m", scrape=down)
 
 
 # --- its HTTP face ---------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def server() -> Iterator[AnalysisServer]:
             return Verdict({"ok": True, "detail": "judged on https://u:tok3n@a:8001"})
         served: dict[str, Snapshot] = {"a": {("m", "2"): counters(20)}, "b": {}}
         scrape, sleep = scraper(served, {"a": {("m", "2"): counters(20)}, "b": {}})
-        return analysis.analyse(environment(), (A, B), model, version, window, scrape, sleep)
+        return bake.analyse(environment(), (A, B), model, version, window, scrape, sleep)
 
     running = AnalysisServer(("127.0.0.1", 0), None, ["production"], judge_now)  # type: ignore[arg-type]
     thread = threading.Thread(target=running.serve_forever, args=(0.05,), daemon=True)
@@ -348,7 +348,7 @@ def test_sync_prints_each_failed_promotion_and_its_fix_on_stderr_with_credential
 ) -> None:
     from mlreg.cli.main import app
 
-    file = fleet.FleetFile(tmp_path / "f.toml", "production", {"m": "2"})
+    file = pins.FleetFile(tmp_path / "f.toml", "production", {"m": "2"})
     failed = {
         "promotions": [
             {
@@ -362,11 +362,11 @@ def test_sync_prints_each_failed_promotion_and_its_fix_on_stderr_with_credential
         ]
     }
 
-    def sync(*args: Any, on_stage: Any = None, **options: Any) -> fleet.SyncResult:
+    def sync(*args: Any, on_stage: Any = None, **options: Any) -> pins.SyncResult:
         args[4]("upload", "failed", 1.0, "to s3://AKIAKEY:SeCrEt@bucket/models")  # on_stage
-        return fleet.SyncResult(file, "production", "production", False, [("m", "2")], failed, [])
+        return pins.SyncResult(file, "production", "production", False, [("m", "2")], failed, [])
 
-    monkeypatch.setattr(fleet, "sync", sync)
+    monkeypatch.setattr(pins, "sync", sync)
     result = runner.invoke(app, ["fleet", "sync", str(file.path), "--json"])
     assert result.exit_code == 8, result.output
     assert "SeCrEt" not in result.output

@@ -1,4 +1,4 @@
-"""Memory headroom before every load, and a leaking replica fenced off (pipelines/promote/headroom.py).
+"""Memory headroom before every load, and a leaking replica fenced off (pipelines/guards/headroom.py).
 
 The promotions run in the unit world of tests/unit/worlds.py (a real local store, the fake
 registry and fake Tritons of tests/fakes.py).  Triton's memory gauges come from a stand-in metrics
@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
-from pipelines.promote import headroom, plots, record
-from pipelines.promote.fanout import Change
-from pipelines.promote.gauges import parse_gauges
-from pipelines.promote.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG, Footprint, Headroom
-from pipelines.promote.policy import Policy
-from pipelines.promote.reports import PromotionFailed, PromotionResult
+from pipelines.core.policy import Policy
+from pipelines.core.reports import PromotionFailed, PromotionResult
+from pipelines.fleet.fleet import Change
+from pipelines.guards import headroom
+from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG, Footprint, Headroom
+from pipelines.promote import plots, record
 from pipelines.promote.runner import Options, Promotion
+from pipelines.triton.gauges import parse_gauges
 from registry.errors import PromotionError, TritonError
 from tests.fakes import Call, FakeTarget
 from tests.unit.worlds import MEMBER, World

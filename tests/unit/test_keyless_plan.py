@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.promote.fanout import READY_BY_NAME_CAP, ready_by_name
+from pipelines.fleet.fleet import READY_BY_NAME_CAP, ready_by_name
 from pipelines.storage import open_store
 from registry.errors import TritonError
 
@@ -50,7 +50,7 @@ def test_a_locked_replica_is_read_by_readiness_on_the_stores_versions(tmp_path: 
 
 def test_the_keyless_read_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = open_store(_store(tmp_path, {"net": [str(v) for v in range(1, 40)]}))
-    monkeypatch.setattr("pipelines.promote.fanout.READY_BY_NAME_CAP", 10)
+    monkeypatch.setattr("pipelines.fleet.fleet.READY_BY_NAME_CAP", 10)
     replica = LockedReplica({("net", "3")})
     assert ready_by_name(replica, store) == {"net": {"3": "READY"}}  # type: ignore[arg-type]
     assert replica.asked == 10
@@ -59,7 +59,7 @@ def test_the_keyless_read_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_the_fleet_reads_a_locked_replica_by_readiness_and_keeps_other_errors(tmp_path: Path) -> None:
     """``Fleet.states_of`` falls back only on the key refusal; any other error still raises."""
-    from pipelines.promote.fanout import Fleet
+    from pipelines.fleet.fleet import Fleet
 
     store = open_store(_store(tmp_path, {"net": ["1", "2"]}))
     locked = LockedReplica({("net", "1")})

@@ -1,6 +1,6 @@
 """Issue 45 review, F2: the late load's line says what was done ("queued the load of v9 behind
 it"), never a prediction; a failed promotion then checks, within a bound, what the replica serves
-(pipelines/promote/fanout.confirm_queued) and says it -- or 'not confirmed' with the status command.
+(pipelines/fleet/fleet.confirm_queued) and says it -- or 'not confirmed' with the status command.
 
 Triton 2.51's queue of loads is a fake here (a fault the unit suite cannot provoke for real: a real
 server with an initialize that outlives load_timeout is tests/integration/test_swaps.py's test).
@@ -12,7 +12,7 @@ import json
 import threading
 from pathlib import Path
 
-from pipelines.promote.fanout import Change, Fleet, confirm_queued, ready_versions
+from pipelines.fleet.fleet import Change, Fleet, confirm_queued, ready_versions
 from pipelines.storage import open_store
 from registry.errors import TritonError
 from tests.fakes import Call, FakeTarget

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESOLVE = r"""
 import json
 from pathlib import Path
-from pipelines.promote.plan import member_version_of
+from pipelines.core.plan import member_version_of
 from registry.errors import MlregError
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings

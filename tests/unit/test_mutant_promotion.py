@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from pipelines.core.policy import Policy
+from pipelines.core.reports import PromotionFailed
 from pipelines.promote.environments import Environment
-from pipelines.promote.policy import Policy
-from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import locking
 from pipelines.storage.objects import lock_key
 from registry.errors import TritonError

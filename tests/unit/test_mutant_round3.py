@@ -25,12 +25,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pipelines.checks.capture import Shadow
+from pipelines.checks.replay import ShadowResult, replay
+from pipelines.checks.traces import Captured
+from pipelines.fleet.fleet import Change, Fleet, ready_versions
 from pipelines.promote import status
-from pipelines.promote.capture import Shadow
 from pipelines.promote.environments import Environment
-from pipelines.promote.fanout import Change, Fleet, ready_versions
-from pipelines.promote.replay import ShadowResult, replay
-from pipelines.promote.traces import Captured
 from pipelines.storage import open_store
 from registry.errors import TritonError
 from tests.fakes import Call, FakeTarget

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines.promote import capture
-from pipelines.promote.capture import Captured, Shadow
-from pipelines.promote.replay import ShadowResult, compare
+from pipelines.checks import capture
+from pipelines.checks.capture import Captured, Shadow
+from pipelines.checks.replay import ShadowResult, compare
 
 KINDS = {"Y": "regression"}
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from mlreg.cli.signals import sigterm_raises
-from pipelines.promote.reports import PromotionFailed
+from pipelines.core.reports import PromotionFailed
 from tests.fakes import Call, FakeTarget
 from tests.unit.worlds import MEMBER, World
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.control_key import HEADER
 from pipelines.devstack.local_triton import TritonInstall, free_port, server_command, triton_process
 from pipelines.devstack.processes import stop_process
+from pipelines.triton.control_key import HEADER
 
 STANDIN = """#!{python}
 import http.server, sys

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.triton import TritonControl
+from pipelines.triton.control import TritonControl
 from registry.errors import TritonError
 
 LOAD_CONFIG = json.dumps({"version_policy": {"specific": {"versions": ["2"]}}})

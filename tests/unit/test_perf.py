@@ -1,4 +1,4 @@
-"""The canary's performance check (pipelines/promote/perf.py): the verdict's rule, the interleaving,
+"""The canary's performance check (pipelines/checks/perf.py): the verdict's rule, the interleaving,
 the settings (issue 25).  No server: the latencies are given, the client is a recorder."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.checks.perf import PerfResult, PerfSettings, Side, judge, measure, spread_of
 from pipelines.promote.environments import environment
-from pipelines.promote.perf import PerfResult, PerfSettings, Side, judge, measure, spread_of
 from registry.errors import UsageError
 from registry.settings import Settings
 

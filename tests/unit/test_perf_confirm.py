@@ -1,11 +1,11 @@
 """A failed performance verdict is measured once more before it refuses anything
-(pipelines/promote/perf.py ``check``): the runs are given, no server."""
+(pipelines/checks/perf.py ``check``): the runs are given, no server."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipelines.promote.perf import PerfResult, PerfSettings, Side, check, judge
+from pipelines.checks.perf import PerfResult, PerfSettings, Side, check, judge
 
 STEADY = [20.0 + 0.1 * (i % 5) for i in range(40)]
 

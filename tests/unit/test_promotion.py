@@ -1,6 +1,6 @@
 """The promotion runner on small in-memory fakes: the plan, the deploy order, the rollback order.
 
-The registry and the serving targets are the fakes of the Protocols in pipelines/promote/ports.py
+The registry and the serving targets are the fakes of the Protocols in pipelines/core/ports.py
 (tests/fakes.py; the real ones are exercised by tests/integration/test_promote.py on a real Triton
 and MLflow); the store is a real local folder.  A fake target "loads" a model by reading the
 store's config, as Triton does, and every call is written to one shared event list (``Servers``,
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from pipelines.core.plan import Role, serving_versions
+from pipelines.core.policy import Policy
+from pipelines.core.reports import PromotionFailed
+from pipelines.fleet.fleet import Fleet
 from pipelines.promote.environments import Environment
-from pipelines.promote.fanout import Fleet
-from pipelines.promote.plan import Role, serving_versions
-from pipelines.promote.policy import Policy
-from pipelines.promote.reports import PromotionFailed
 from pipelines.storage import open_store
 from registry.errors import StorageError, Terminated
 from tests.unit.worlds import MEMBER, World
@@ -421,8 +421,8 @@ def test_a_repointed_ensemble_that_does_not_validate_stops_the_promotion_before_
 
 
 def test_status_counts_a_stopped_local_stack_and_a_missing_folder_as_drift(world: World) -> None:
+    from pipelines.core.plan import desired_config
     from pipelines.promote.environments import local_environment
-    from pipelines.promote.plan import desired_config
     from pipelines.promote.status import model_status
 
     env = local_environment(world.settings)

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 
 import pytest
 
-import pipelines.promote.fanout as fanout
+import pipelines.fleet.fleet as fanout
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionFailed
 from pipelines.promote.environments import environment
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed
 from pipelines.promote.status import model_status
 from pipelines.storage import open_store
 from registry.mlflow import MlflowRegistry

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.promote.fanout import Change, Fleet
-from pipelines.promote.plan import serving_versions
-from pipelines.promote.reports import PromotionFailed
-from pipelines.promote.restarts import RestartWatch
+from pipelines.core.plan import serving_versions
+from pipelines.core.reports import PromotionFailed
+from pipelines.fleet.fleet import Change, Fleet
+from pipelines.fleet.restarts import RestartWatch
 from pipelines.storage import open_store
 from registry.errors import PromotionError, TritonError
 from tests.fakes import FakeTarget

@@ -12,16 +12,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines.promote import discovery, metrics
+from pipelines.core.plan import Role, Step
+from pipelines.core.policy import Check, Policy, judge, parse_policy, waves_of
+from pipelines.core.undo import UndoLog
+from pipelines.fleet import discovery
+from pipelines.fleet.fleet import Change, Fleet
+from pipelines.fleet.replicas import reachable
 from pipelines.promote.environments import environment, resolve_targets
-from pipelines.promote.fanout import Change, Fleet
-from pipelines.promote.plan import Role, Step
-from pipelines.promote.policy import Check, Policy, judge, parse_policy, waves_of
-from pipelines.promote.probes import Probes, Target
-from pipelines.promote.replicas import reachable
-from pipelines.promote.staged import Move, StagedRollout, following_latest
-from pipelines.promote.undo import UndoLog
+from pipelines.rollout.probes import Probes, Target
+from pipelines.rollout.staged import Move, StagedRollout, following_latest
 from pipelines.storage import open_store
+from pipelines.triton import metrics
 from registry.errors import PromotionError, TritonError, UsageError
 from registry.settings import Settings
 from tests.fakes import Call, FakeTarget, Handler
@@ -397,8 +398,8 @@ def test_a_replica_whose_metrics_cannot_be_read_aborts_the_bake_naming_it(tmp_pa
 
 def test_a_plan_shows_its_roll_out_wave_by_wave() -> None:
     from mlreg.cli.output import rollout_line
+    from pipelines.core.plan import Plan
     from pipelines.promote.environments import Environment
-    from pipelines.promote.plan import Plan
 
     policy = Policy(
         canary=1,
@@ -493,7 +494,7 @@ def test_the_shipped_environments_have_no_unknown_key(tmp_path: Path, example: s
 def test_a_policy_the_fleet_cannot_follow_is_refused(
     policy: Policy, replicas: int, message: str, fix: str
 ) -> None:
-    from pipelines.promote.policy import check_fleet
+    from pipelines.core.policy import check_fleet
 
     with pytest.raises(UsageError, match=r"^mlreg.toml \[environments.p\]: " + message) as info:
         check_fleet(policy, replicas, "mlreg.toml [environments.p]")
@@ -503,7 +504,7 @@ def test_a_policy_the_fleet_cannot_follow_is_refused(
 
 
 def test_a_policy_the_fleet_can_follow_passes() -> None:
-    from pipelines.promote.policy import check_fleet
+    from pipelines.core.policy import check_fleet
 
     check_fleet(Policy(canary=1, max_unavailable=2), 2, "here")
     check_fleet(Policy(canary=50.0), 2, "here")
@@ -688,7 +689,7 @@ def test_queue_and_compute_counters_are_read_from_triton_metrics() -> None:
     ]
 
 
-# -- the bake's own requests (issue 35: pipelines/promote/probes.py) --------------------------------
+# -- the bake's own requests (issue 35: pipelines/rollout/probes.py) --------------------------------
 
 
 class Failing(FakeTarget):

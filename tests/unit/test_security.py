@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import control_key
-from pipelines.control_key import ControlKey, local_key
 from pipelines.devstack.processes import redacted
 from pipelines.promote.environments import load_environments
 from pipelines.storage import open_store
+from pipelines.triton import control_key
+from pipelines.triton.control_key import ControlKey, local_key
 from registry.contracts.validate import validate_path
 from registry.errors import UsageError
 from registry.settings import Settings

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from mlreg.cli.main import app
+from pipelines.core.plan import Plan
+from pipelines.core.reports import PromotionResult, StageRecord, UploadReport
 from pipelines.promote.environments import Environment
-from pipelines.promote.plan import Plan
 from pipelines.promote.record import record_promotion
-from pipelines.promote.reports import PromotionResult, StageRecord, UploadReport
 from pipelines.storage import check_store_uri, open_store
 from registry.errors import StorageError, UsageError
 from registry.settings import redact_data, redact_uri

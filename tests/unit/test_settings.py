@@ -15,9 +15,9 @@ from typing import Any, cast
 import pytest
 
 from mlreg.cli.main import app
-from pipelines.promote.context import PromotionContext
-from pipelines.promote.deploy import check_serves_from_store
+from pipelines.core.context import PromotionContext
 from pipelines.promote.environments import environment
+from pipelines.rollout.all_at_once import check_serves_from_store
 from pipelines.storage import MODEL_NAME_MAX, NAME_MAX, open_store
 from pipelines.storage.archive import move_to_archive
 from pipelines.storage.base import lock_key
@@ -223,7 +223,7 @@ class IndexClient:
 
 
 def _triton(said: str) -> Any:
-    from pipelines.triton import TritonControl
+    from pipelines.triton.control import TritonControl
 
     triton = TritonControl("127.0.0.1:1", timeout=1.0)
     triton._client = IndexClient(said)

@@ -17,8 +17,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from mlreg.cli.report import _shadow_lines
-from pipelines.promote import capture, metrics
-from pipelines.promote.capture import (
+from pipelines.checks import capture
+from pipelines.checks.capture import (
     Captured,
     Captures,
     Reading,
@@ -27,9 +27,10 @@ from pipelines.promote.capture import (
     parse_traces,
     read_captures,
 )
-from pipelines.promote.probes import with_probes
+from pipelines.checks.replay import ShadowResult, compare, kind_of, ks_statistic
 from pipelines.promote.record import write_shadow
-from pipelines.promote.replay import ShadowResult, compare, kind_of, ks_statistic
+from pipelines.rollout.probes import with_probes
+from pipelines.triton import metrics
 from registry.errors import UsageError
 
 # one request as Triton 2.51 writes it (trace level TIMESTAMPS + TENSORS; seen here, FACTS.md)
@@ -171,7 +172,7 @@ def test_s3_captures_go_through_the_store_a_vanished_file_is_skipped(monkeypatch
     captures = Captures("s3://127.0.0.1:9/bucket/traces")
     assert captures._s3 is not None
     monkeypatch.setattr(captures._s3._client, "get", lambda: fake)
-    monkeypatch.setattr("pipelines.promote.capture.Captures", lambda location: captures)
+    monkeypatch.setattr("pipelines.checks.capture.Captures", lambda location: captures)
     assert [f.name for f in captures.files()] == ["r0.json.1", "r0.json.2"]
     fake.gone.add("traces/r0.json.2")  # rotated away after the listing
     reading = read_captures("s3://127.0.0.1:9/bucket/traces", "m", "1", limit=10)
@@ -267,7 +268,7 @@ def test_the_ks_statistic_is_the_largest_gap_between_the_two_cdfs() -> None:
 
 
 def test_probes_are_taken_out_of_tritons_counts_and_their_own_kept() -> None:
-    from pipelines.promote.probes import Side
+    from pipelines.rollout.probes import Side
 
     counted = with_probes(metrics.Counters(120, 0, 120_000), Side(ok=18, failed=2))
     assert (counted.success, counted.failure, counted.probe_ok, counted.probe_failed) == (100, 0, 18, 2)

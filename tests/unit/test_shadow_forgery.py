@@ -21,12 +21,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines.promote import after
-from pipelines.promote.capture import Captures, Shadow, parse_shadow, purge, read_captures, settle
-from pipelines.promote.plan import Role, Step
-from pipelines.promote.replay import ShadowResult, compare
-from pipelines.promote.shadow import capture_after, replay_step
-from pipelines.promote.traces import (
+from pipelines.checks.capture import Captures, Shadow, parse_shadow, purge, read_captures, settle
+from pipelines.checks.replay import ShadowResult, compare
+from pipelines.checks.shadow import capture_after, replay_step
+from pipelines.checks.traces import (
     CHILDREN,
     DUPLICATE_KEY,
     FORGED,
@@ -35,7 +33,9 @@ from pipelines.promote.traces import (
     load_records,
     parse_trace,
 )
-from pipelines.triton import RequestNonce
+from pipelines.core.plan import Role, Step
+from pipelines.promote import after
+from pipelines.triton.control import RequestNonce
 from registry.errors import UsageError
 from registry.settings import Settings
 
@@ -272,7 +272,7 @@ def test_the_sample_spans_every_replica_not_the_newest_files(tmp_path: Path) -> 
 
 def test_tensors_reach_reports_only_where_the_environment_allows(tmp_path: Path) -> None:
     x = np.array([[0.25, 0.5, 0.75, 1.0]], np.float32)
-    from pipelines.promote.capture import Captured
+    from pipelines.checks.capture import Captured
 
     requests = [Captured("m", "1", "c1", {"X": x}, {"Y": np.array([[2.5]], np.float32)})]
     ours = [({"Y": np.array([[9.0]], np.float32)}, 1.0)]
@@ -462,7 +462,7 @@ def frozen_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         "AWS_DEFAULT_REGION": "us-east-1",
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr("pipelines.promote.capture.S3_PATIENCE", (0.5, 0))  # 10 s, 1 retry in production
+    monkeypatch.setattr("pipelines.checks.capture.S3_PATIENCE", (0.5, 0))  # 10 s, 1 retry in production
     try:
         yield f"s3://127.0.0.1:{server.getsockname()[1]}/bucket/traces"
     finally:
@@ -787,7 +787,7 @@ def test_each_promotion_makes_its_own_nonce_gives_it_to_its_triton_clients_and_r
     from dataclasses import replace
 
     from pipelines.promote.runner import Options, Promotion, _stamped
-    from pipelines.triton import TritonControl
+    from pipelines.triton.control import TritonControl
     from tests.unit.worlds import MEMBER, World
 
     world = World(tmp_path)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.promote.plan import ensemble_pins
-from pipelines.promote.reports import PromotionFailed
+from pipelines.core.plan import ensemble_pins
+from pipelines.core.reports import PromotionFailed
 from pipelines.promote.stamps import repair_ensemble_stamps
 from pipelines.storage import open_store
 from registry.errors import StorageError

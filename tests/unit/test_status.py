@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from pipelines.core.plan import desired_config
 from pipelines.promote import status
 from pipelines.promote.environments import Environment
-from pipelines.promote.plan import desired_config
 from pipelines.storage import open_store
 from tests.fakes import FakeRegistry
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from pipelines import triton as triton_module
-from pipelines.control_key import REFUSED
-from pipelines.triton import RETRY_DELAYS, TritonControl
+from pipelines.triton import control as triton_module
+from pipelines.triton.control import RETRY_DELAYS, TritonControl
+from pipelines.triton.control_key import REFUSED
 from registry.errors import TritonError
 
 DEAD = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused"  # noqa: E501 (grpc 1.85's words)

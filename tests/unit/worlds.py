@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.core.reports import PromotionResult
 from pipelines.promote.environments import Environment
-from pipelines.promote.reports import PromotionResult
 from pipelines.promote.runner import Options, Promotion
 from pipelines.storage import open_store
 from registry.errors import TritonError

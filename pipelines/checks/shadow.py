@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pipelines.promote.capture import Shadow, arm, prune_all, read_captures
-from pipelines.promote.plan import Step
-from pipelines.promote.replay import ShadowResult, inconclusive, kind_of, refused, replay, skipped
+from pipelines.checks.capture import Shadow, arm, prune_all, read_captures
+from pipelines.checks.replay import ShadowResult, inconclusive, kind_of, refused, replay, skipped
+from pipelines.core.plan import Step
 from registry.contracts.config import parse_config
 from registry.contracts.diff import diff_configs
 from registry.errors import ContractError, MlregError

@@ -2,7 +2,7 @@
 
 The registry's three ports (a reader, a writer, a run recorder) are :mod:`registry.ports`' (the
 registry's own code registers through them too); ``Registry`` is their union.  ``MlflowRegistry``
-(registry/) and ``TritonControl`` (pipelines/triton.py) are the real implementations; the unit
+(registry/) and ``TritonControl`` (pipelines/triton/control.py) are the real implementations; the unit
 tests drive the runner with small in-memory fakes of both.
 """
 
@@ -58,7 +58,7 @@ class ServingTarget(Protocol):
         ...
 
     def trace_settings(self, model: str, settings: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
-        """``model``'s trace settings after applying ``settings`` (capture: pipelines/promote/capture.py)."""
+        """``model``'s trace settings after applying ``settings`` (capture: pipelines/checks/capture.py)."""
         ...
 
     def close(self) -> None: ...

@@ -1,9 +1,9 @@
 """Memory headroom before every load, and a replica that leaked memory fenced off (issue 34).
 
-``Headroom`` is the fleet's ``LoadGuard`` (pipelines/promote/fanout.py): ``Fleet.move`` asks
+``Headroom`` is the fleet's ``LoadGuard`` (pipelines/fleet/fleet.py): ``Fleet.move`` asks
 ``before_load`` before it sends anything and tells ``after_load`` how the load went.  Every figure
 is read off Triton's own memory gauges, refreshed every ``--metrics-interval-ms`` (2000 by default:
-``METRICS_INTERVAL``).  pipelines/promote/gauges.py reads them, says where a model's memory goes
+``METRICS_INTERVAL``).  pipelines/triton/gauges.py reads them, says where a model's memory goes
 (``placement``) and how far a figure can be trusted; this module holds the guard's decisions
 (check, refuse, measure, fence off) and what it reports.
 
@@ -43,8 +43,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipelines.promote.fanout import Change, Fleet, ready_versions
-from pipelines.promote.gauges import (
+from pipelines.core.plan import config_facts
+from pipelines.core.ports import Registry
+from pipelines.fleet.fleet import Change, Fleet, ready_versions
+from pipelines.promote.canary_gate import PRIVATE_SUFFIX
+from pipelines.triton.gauges import (
     HOST_USED,
     Gauges,
     Placement,
@@ -54,9 +57,6 @@ from pipelines.promote.gauges import (
     placement,
     read_metrics,
 )
-from pipelines.promote.plan import config_facts
-from pipelines.promote.ports import Registry
-from pipelines.promote.quality_canary import PRIVATE_SUFFIX
 from registry.errors import MlregError, PromotionError
 
 REFUSED = "no-headroom"  # the refusal's status: a replica a fleet policy may skip (staged.py)

@@ -56,7 +56,7 @@ from registry.settings import Settings, redact_uri
 
 if TYPE_CHECKING:
     from mlreg.ops.promote_many import OnStage
-    from pipelines.promote.ports import Registry
+    from pipelines.core.ports import Registry
     from registry.mlflow.sqlite import VersionRecord
 
 KEYS = ("environment", "models")

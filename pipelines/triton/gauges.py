@@ -1,9 +1,9 @@
-"""Triton's memory gauges, read the way the headroom guard (pipelines/promote/headroom.py) needs them.
+"""Triton's memory gauges, read the way the headroom guard (pipelines/guards/headroom.py) needs them.
 
 Triton's metrics endpoint (Prometheus text) exports ``nv_gpu_memory_{total,used}_bytes`` per
 ``gpu_uuid`` and ``nv_cpu_memory_{total,used}_bytes`` (the whole host's RAM, not Triton's alone),
 refreshed every ``--metrics-interval-ms``.  ``parse_gauges`` reads them (labels as
-pipelines/promote/metrics.py reads the request counters' ``LABEL``), ``read_metrics`` fetches the text.
+pipelines/triton/metrics.py reads the request counters' ``LABEL``), ``read_metrics`` fetches the text.
 
 Where a model's memory goes (``placement``): host memory when every instance_group is KIND_CPU or
 the replica reports no GPU; else the replica's GPUs -- all of them, or as many as the config's
@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipelines.promote import metrics
+from pipelines.triton import metrics
 from registry.contracts.config import model_config_pb2, parse_config
 
 WAIT = 1.2  # a fresh figure is waited for this many intervals at most

@@ -20,17 +20,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from pipelines.promote import metrics
-from pipelines.promote.context import PromotionContext
-from pipelines.promote.fanout import Change, Fleet, Rollout, checkpoint
-from pipelines.promote.headroom import REFUSED
-from pipelines.promote.plan import Step, desired_config, follow_latest
-from pipelines.promote.policy import Policy, Verdict, judge, waves_of
-from pipelines.promote.probes import Probes, Target, with_probes
-from pipelines.promote.quality import golden_inputs, output_names
-from pipelines.promote.reports import FleetReport
-from pipelines.promote.restarts import RestartWatch
-from pipelines.promote.undo import UndoLog
+from pipelines.checks.golden import golden_inputs, output_names
+from pipelines.core.context import PromotionContext
+from pipelines.core.plan import Step, desired_config, follow_latest
+from pipelines.core.policy import Policy, Verdict, judge, waves_of
+from pipelines.core.reports import FleetReport
+from pipelines.core.undo import UndoLog
+from pipelines.fleet.fleet import Change, Fleet, Rollout, checkpoint
+from pipelines.fleet.restarts import RestartWatch
+from pipelines.guards.headroom import REFUSED
+from pipelines.rollout.probes import Probes, Target, with_probes
+from pipelines.triton import metrics
 from registry.errors import MlregError, PromotionError, TritonError
 
 Scrape = Callable[[str], metrics.Snapshot]

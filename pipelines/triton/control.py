@@ -2,7 +2,7 @@
 
 ``InferenceServerException`` is translated into ``TritonError`` here and nowhere
 else; UNAVAILABLE (server starting, restarting) is retried with backoff -- except Triton's refusal
-of a call without the control key (also UNAVAILABLE), which is final (pipelines/control_key.py),
+of a call without the control key (also UNAVAILABLE), which is final (pipelines/triton/control_key.py),
 and a refused connection (nothing listens at the address: a replica down, a wrong port), also
 final: retrying it would only wait (see ``NOTHING_LISTENS``).
 """
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from pipelines.control_key import REFUSED, ControlKey, control_key
+from pipelines.triton.control_key import REFUSED, ControlKey, control_key
 from registry.errors import TritonError
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class RequestNonce:
     """The secret that starts the id of every request one promotion sends (made when it starts:
     ``Promotion.run``), never a guessable prefix -- a client sending ``mlreg-<n>`` ids is an
     ordinary client to the shadow replay, which leaves out only the ids carrying this promotion's
-    nonce (pipelines/promote/capture.read_captures).  Never shown: not in ``repr``, logs or runs."""
+    nonce (pipelines/checks/capture.read_captures).  Never shown: not in ``repr``, logs or runs."""
 
     def __init__(self) -> None:
         self.prefix = f"mlreg-{secrets.token_hex(16)}-"
@@ -364,7 +364,7 @@ class TritonControl:
         )
         return {name: result.as_numpy(name) for name in outputs}
 
-    # -- trace (the shadow replay's capture: pipelines/promote/capture.py) ----------------------------
+    # -- trace (the shadow replay's capture: pipelines/checks/capture.py) ----------------------------
 
     def trace_settings(self, model: str, settings: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
         """``model``'s trace settings after applying ``settings`` (None: read them only)."""

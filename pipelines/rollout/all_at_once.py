@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.promote.context import PromotionContext
-from pipelines.promote.fanout import Change
-from pipelines.promote.plan import Role, Step, desired_config, follow_latest
-from pipelines.promote.reports import FleetReport
+from pipelines.core.context import PromotionContext
+from pipelines.core.plan import Role, Step, desired_config, follow_latest
+from pipelines.core.reports import FleetReport
+from pipelines.fleet.fleet import Change
 from registry.errors import PromotionError
 
 

@@ -56,7 +56,7 @@ class Counters:
     duration_us: float = 0.0  # end to end, per request summed
     queue_us: float = 0.0  # waiting in the scheduler's queue
     compute_us: float = 0.0  # the model's own inference time
-    # mlreg's own requests during a bake (pipelines/promote/probes.py), not Triton's: 2.51 does not
+    # mlreg's own requests during a bake (pipelines/rollout/probes.py), not Triton's: 2.51 does not
     # count a python model's error responses in nv_inference_request_failure
     probe_ok: float = 0.0
     probe_failed: float = 0.0

@@ -1,4 +1,4 @@
-"""Capture of production requests for the shadow replay (``pipelines/promote/replay.py``).
+"""Capture of production requests for the shadow replay (``pipelines/checks/replay.py``).
 
 Triton's trace extension records, per sampled request, its inputs (``TENSOR_QUEUE_INPUT``) and the
 serving version's outputs (``TENSOR_BACKEND_OUTPUT``) with model, version, request id and
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.promote.traces import (
+from pipelines.checks.traces import (
     DTYPES,
     MAX_TENSOR_BYTES,
     NOT_JSON,
@@ -105,7 +105,7 @@ class Shadow:
     min_captures: int = 0  # honest captures a verdict needs (0: min(MIN_CAPTURES, count))
     record_tensors: bool = False  # the first divergent requests' tensors into reports and MLflow
     stack: str = ""  # the local stack's state folder: its replicas' trace folders are the captures
-    # this promotion's own request ids start with this secret (pipelines/triton.RequestNonce): set
+    # this promotion's own request ids start with this secret (pipelines.triton.control.RequestNonce): set
     # when the promotion starts, never shown (repr) nor recorded
     own: str = field(default="", repr=False, compare=False)
 

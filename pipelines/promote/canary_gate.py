@@ -23,7 +23,7 @@ failure the runner's replay puts the canary back (the previous config as overrid
 unloaded where it is new) and removes the files this promotion uploaded; every config, other
 target and the MLflow alias stay untouched.
 
-The performance check (``pipelines/promote/perf.py``) runs last, once the answers passed: the
+The performance check (``pipelines/checks/perf.py``) runs last, once the answers passed: the
 candidate and the serving version answer the same golden requests, interleaved, on the canary; the
 figures (p50/p95, throughput, the candidate's load time, Triton's queue and compute time per
 request where the environment says where its metrics are) go into the report either way.
@@ -42,12 +42,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pipelines.promote import metrics
-from pipelines.promote.capture import Shadow
-from pipelines.promote.fanout import Change, Fleet, checkpoint
-from pipelines.promote.perf import PerfResult, PerfSettings, check, measure
-from pipelines.promote.plan import Plan, Step, desired_config
-from pipelines.promote.quality import (
+from pipelines.checks.capture import Shadow
+from pipelines.checks.golden import (
     Probe,
     QualityReport,
     check_model,
@@ -56,8 +52,12 @@ from pipelines.promote.quality import (
     serving_reference,
     warm_up,
 )
-from pipelines.promote.shadow import replay_step
-from pipelines.promote.undo import UndoLog
+from pipelines.checks.perf import PerfResult, PerfSettings, check, measure
+from pipelines.checks.shadow import replay_step
+from pipelines.core.plan import Plan, Step, desired_config
+from pipelines.core.undo import UndoLog
+from pipelines.fleet.fleet import Change, Fleet, checkpoint
+from pipelines.triton import metrics
 from registry.errors import MlregError, TritonError
 from registry.settings import Settings
 
@@ -160,7 +160,7 @@ def shadow_check(
     shadow: tuple[Shadow | None, bool],
     report: QualityReport,
 ) -> None:
-    """The shadow replay of one candidate (pipelines/promote/shadow.py); a refusal fails the gate."""
+    """The shadow replay of one candidate (pipelines/checks/shadow.py); a refusal fails the gate."""
     result, inputs = replay_step(step, probe.reference, candidate, serving, *shadow)
     report.shadow.append(result.to_dict())
     if inputs:

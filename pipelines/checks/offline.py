@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pipelines.promote.plan import Plan, serving_versions
+from pipelines.core.plan import Plan, serving_versions
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.checks import check_artifacts
 from registry.contracts.config import CONFIG_NAME, parse_config

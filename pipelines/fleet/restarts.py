@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from pipelines.promote.fanout import Change, Fleet, dropped, ready_versions, wait_back
-from pipelines.promote.plan import Step
-from pipelines.promote.ports import ServingTarget
+from pipelines.core.plan import Step
+from pipelines.core.ports import ServingTarget
+from pipelines.fleet.fleet import Change, Fleet, dropped, ready_versions, wait_back
 from registry.errors import MlregError, PromotionError
 
 

@@ -1,5 +1,5 @@
 """The shadow replay: the candidate answers the requests production really sent (captured by
-Triton's trace, ``pipelines/promote/capture.py``), compared with what the serving version answered
+Triton's trace, ``pipelines/checks/capture.py``), compared with what the serving version answered
 then, before the candidate takes any traffic.
 
 The serving version answers the same requests again: **the noise floor**.  A model that is not
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.promote.capture import Captured, Shadow
+from pipelines.checks.capture import Captured, Shadow
 from registry.contracts.config import data_type_name, parse_config
 from registry.errors import MlregError
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.promote import metrics
+from pipelines.triton import metrics
 from registry.errors import MlregError
 
 Inputs = Mapping[str, np.ndarray]

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pipelines.control_key import ControlKey, control_key
-from pipelines.promote.ports import ServingTarget
+from pipelines.core.ports import ServingTarget
 from pipelines.storage.base import RepositoryStore
+from pipelines.triton.control_key import ControlKey, control_key
 from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
 
@@ -33,7 +33,7 @@ def triton_connector(
     deadline = load_timeout or settings.triton_timeout * 10
 
     def connect(url: str) -> ServingTarget:
-        from pipelines.triton import TritonControl  # lazy: tritonclient's gRPC stack, ~0.3 s
+        from pipelines.triton.control import TritonControl  # lazy: tritonclient's gRPC stack, ~0.3 s
 
         return TritonControl(url, timeout=settings.triton_timeout, load_timeout=deadline, key=key)
 
@@ -42,7 +42,7 @@ def triton_connector(
 
 OPEN_CONTROL = (
     "{url} takes model-control calls from anyone: whoever reaches it can load, unload or re-point "
-    "a model (start it with the restriction flags of infra/: pipelines/control_key.py)"
+    "a model (start it with the restriction flags of infra/: pipelines/triton/control_key.py)"
 )
 ALLOWED_OPEN = (
     "{url} takes model-control calls from anyone (whoever reaches it can load, unload or re-point a "
@@ -54,7 +54,7 @@ def open_control(urls: Sequence[str], timeout: float) -> list[str]:
     """The replicas whose model-control API takes a call without the key (``control_api_open``'s
     unload of a fresh unguessable name, which loads nothing, all at once); one that does not answer
     is not listed (status says so)."""
-    from pipelines.triton import control_api_open  # lazy: tritonclient's gRPC stack, ~0.3 s
+    from pipelines.triton.control import control_api_open  # lazy: tritonclient's gRPC stack, ~0.3 s
 
     if not urls:
         return []
@@ -71,7 +71,7 @@ def open_control_notes(
     environment ``allowed`` it (open_control = "allow"): then one note per open replica, for every
     output and the promotion's run.  ``target``: the promotion's connections (a replica that is not
     a Triton, a test's stand-in object, cannot be probed and is not listed)."""
-    from pipelines.triton import TritonControl  # lazy: tritonclient's gRPC stack, ~0.3 s
+    from pipelines.triton.control import TritonControl  # lazy: tritonclient's gRPC stack, ~0.3 s
 
     tritons = [url for url in urls if isinstance(target(url), TritonControl)]
     opened = open_control(tritons, timeout)
@@ -81,7 +81,7 @@ def open_control_notes(
         f"environment '{env_name}': {', '.join(opened)} take(s) model-control calls from anyone "
         "(an unload without the control key was not refused): whoever reaches them can load, unload or "
         "re-point a model, so the promotion was refused before any change",
-        fix="restart them with the restriction flags (pipelines/control_key.py, infra/) and name the "
+        fix="restart them with the restriction flags (pipelines/triton/control_key.py, infra/) and name the "
         f"key in the environment's control_key; or, to accept the risk, write open_control = "
         f'"allow" in [environments.{env_name}] of mlreg.toml',
         status="open-control",

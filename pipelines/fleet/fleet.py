@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pipelines.promote.ports import ServingTarget
-from pipelines.promote.replicas import HUNG_LOADS, Connect, hung_loads, note_hung_load
+from pipelines.core.ports import ServingTarget
+from pipelines.fleet.replicas import HUNG_LOADS, Connect, hung_loads, note_hung_load
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import config_json
 from registry.errors import MlregError, PromotionError
@@ -70,7 +70,7 @@ class Change:
 
 
 class LoadGuard(Protocol):
-    """What checks a replica around each load (pipelines/promote/headroom.py): ``before_load``
+    """What checks a replica around each load (pipelines/guards/headroom.py): ``before_load``
     raises (an ``MlregError`` naming the replica and the fix) to refuse a load before anything is
     sent; ``after_load`` hears how it went (``error`` None: every wanted version READY) and returns
     why the replica must not be loaded again in this promotion ("" when it may)."""
@@ -154,7 +154,7 @@ class Fleet:
         self._open: dict[str, ServingTarget] = {}
         self.view: dict[str, States] = {}  # url -> what it holds, as last asked and moved since
         self.on_touch: OnTouch | None = None  # the undo log's before-state hook
-        self.guard: LoadGuard | None = None  # memory headroom and leaks (pipelines/promote/headroom.py)
+        self.guard: LoadGuard | None = None  # memory headroom and leaks (pipelines/guards/headroom.py)
         self.fenced: dict[str, str] = {}  # url -> why nothing loads there again in this promotion
         self.recreated: dict[tuple[str, str, str], None] = {}  # (url, model, version) a load re-created
         self.pending: dict[str, str] = {}  # url -> a restore queued behind a late load (the truth to say)

@@ -1,5 +1,5 @@
 """The fleet roll-out policy of an environment, and the pure rules over it: the waves a fleet
-moves in and the verdict of a bake.  No I/O here (``pipelines/promote/staged.py`` drives it).
+moves in and the verdict of a bake.  No I/O here (``pipelines/rollout/staged.py`` drives it).
 
 An environment of ``mlreg.toml`` may declare a policy:
 
@@ -42,7 +42,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pipelines.promote import metrics
+from pipelines.triton import metrics
 from registry.errors import UsageError
 
 KEYS = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from pipelines.promote.fanout import Rollout
-from pipelines.promote.plan import Plan
+from pipelines.core.plan import Plan
+from pipelines.fleet.fleet import Rollout
 from registry.errors import PromotionError
 from registry.settings import redact_data, redact_uri
 
@@ -16,7 +16,7 @@ class StageReport(Protocol):
 
 
 class LoadFindings(Protocol):
-    """What the fleet's load guard found (pipelines/promote/headroom.py ``Headroom``): per replica
+    """What the fleet's load guard found (pipelines/guards/headroom.py ``Headroom``): per replica
     the memory figures read, refusals, leaks, and the footprints it measured (to record)."""
 
     def to_dict(self) -> dict[str, Any]: ...
@@ -93,10 +93,10 @@ class ValidateReport:
 class QualityStageReport:
     checked: list[str]
     changes: dict[str, float]
-    perf: list[dict[str, Any]] = field(default_factory=list)  # pipelines/promote/perf.py, per model
+    perf: list[dict[str, Any]] = field(default_factory=list)  # pipelines/checks/perf.py, per model
     where: str = ""  # "the canary URL" / "a scratch tritonserver"
     previous: dict[str, str] = field(default_factory=dict)  # model -> the serving version compared
-    shadow: list[dict[str, Any]] = field(default_factory=list)  # pipelines/promote/replay.py, per model
+    shadow: list[dict[str, Any]] = field(default_factory=list)  # pipelines/checks/replay.py, per model
     generated: list[str] = field(default_factory=list)  # checked on inputs made from the config
 
     def detail(self) -> str:

@@ -4,7 +4,7 @@ serving version) and compared with the serving version's answers on the same inp
 
 Where it runs:
 
-- **on the canary** (a real promotion, :mod:`pipelines.promote.quality_canary`): after the upload,
+- **on the canary** (a real promotion, :mod:`pipelines.promote.canary_gate`): after the upload,
   before any other target loads and before any ensemble points at the candidate;
 - **on a scratch tritonserver** (``preflight``): ``--dry-run`` and plan jobs, where nothing may
   change on the servers.  Slower (a server start and every model loaded), but it needs no fleet.
@@ -32,11 +32,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pipelines.promote.capture import Shadow
-from pipelines.promote.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
-from pipelines.promote.ports import ScratchServers
-from pipelines.promote.reports import Refusal
-from pipelines.promote.shadow import replay_step
+from pipelines.checks.capture import Shadow
+from pipelines.checks.shadow import replay_step
+from pipelines.core.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
+from pipelines.core.ports import ScratchServers
+from pipelines.core.reports import Refusal
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME, data_type_name, parse_config
 from registry.errors import MlregError, PromotionError

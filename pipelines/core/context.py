@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pipelines.checks.golden import QualityReport
+from pipelines.core.plan import Plan
+from pipelines.core.ports import Registry, ScratchServers
+from pipelines.core.reports import FleetReport, PromotionResult, QualityStageReport, StageReport
+from pipelines.core.undo import UndoLog
+from pipelines.fleet.fleet import Fleet
 from pipelines.promote.convert import Converted
 from pipelines.promote.environments import Environment
-from pipelines.promote.fanout import Fleet
 from pipelines.promote.integrity import Repair
-from pipelines.promote.plan import Plan
-from pipelines.promote.ports import Registry, ScratchServers
-from pipelines.promote.quality import QualityReport
-from pipelines.promote.reports import FleetReport, PromotionResult, QualityStageReport, StageReport
-from pipelines.promote.undo import UndoLog
 from pipelines.storage.base import RepositoryStore
 from registry.settings import Settings
 
@@ -38,9 +38,9 @@ class Options:
     skip_quality: bool = False
     serve_as: str = "auto"
     on_stage: OnStage | None = None
-    skip_perf: bool = False  # the quality gate's performance check (pipelines/promote/perf.py)
+    skip_perf: bool = False  # the quality gate's performance check (pipelines/checks/perf.py)
     no_way_back: bool = False  # promote although the serving version could not be loaded again
-    skip_shadow: bool = False  # the quality gate's shadow replay (pipelines/promote/shadow.py)
+    skip_shadow: bool = False  # the quality gate's shadow replay (pipelines/checks/shadow.py)
     on_start: Callable[[str], None] | None = None  # told each stage's name as it starts (progress)
 
 
