@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.checks import runtime
 from pipelines.devstack import local_triton
 from pipelines.triton.control import TritonControl, TritonError
 from registry.contracts.validate import validate_path
@@ -101,3 +102,29 @@ def test_triton_and_mlreg_agree(server: Server, case: Case, tmp_path: Path) -> N
         assert case.names, f"{case.name}: a case mlreg rejects must name its tensor or field (names:)"
         lines = [f.line() for f in errors if f.origin == "mlreg" and case.message in f.line()]
         assert any(case.names in text for text in lines), [f.line() for f in errors]
+
+
+def test_the_runtime_gate_reads_this_servers_release_and_names_its_hazards(server: Server) -> None:
+    """The runtime gate (pipelines/checks/runtime.py) on the real 2.51 server: its ServerMetadata
+    read through the gate's reader, the version parsed, and the hazards named for an S3 store (the
+    SIGPIPE row, fixed in 2.70.0) and a local one (not that row)."""
+    replica = runtime.read_replica(server.control)
+    assert replica.version == (2, 51, 0)
+    assert replica.version_text == TRITON_VERSION
+    assert "model_repository" in replica.extensions
+    settings = runtime.RuntimeSettings(policy="refuse")
+    on_s3 = {
+        r.subject: r for r in runtime.hazard_records(replica, runtime.store_kind("s3://models/p"), settings)
+    }
+    local = {r.subject for r in runtime.hazard_records(replica, runtime.store_kind("/srv/models"), settings)}
+    sigpipe = on_s3["hazard s3-sigpipe"]
+    assert sigpipe.result == "fail"
+    assert sigpipe.refuses()
+    assert sigpipe.replica == server.control.url
+    assert sigpipe.line.startswith(
+        f"replica {server.control.url} runs Triton 2.51.0: a replica loading from S3"
+    )
+    assert sigpipe.threshold == "fixed in 2.70.0 (container 26.06)"
+    assert "hazard s3-sigpipe" not in local
+    assert set(on_s3) - local == {"hazard s3-sigpipe"}
+    assert {"hazard psirt-5687-python-backend-chain", "hazard load-file-overflow"} <= local

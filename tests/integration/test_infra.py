@@ -464,6 +464,7 @@ def test_compose_takes_every_credential_from_the_environment() -> None:
 def test_pinned_images_match_the_versions_mlreg_is_tested_with() -> None:
     import mlflow
 
+    from pipelines.checks.runtime_tables import CONTAINERS, HAZARDS
     from pipelines.promote.convert import TF_BACKEND_LAST
 
     services = compose()["services"]
@@ -478,8 +479,12 @@ def test_pinned_images_match_the_versions_mlreg_is_tested_with() -> None:
         for base in re.findall(r"^FROM (\S+)", path.read_text(), re.MULTILINE):
             image = re.sub(r"\$\{(\w+)\}", lambda m, known=args: known[m.group(1)], base)
             assert image_pinned(image), (path.name, image)
-    # container 25.02 = Triton 2.55, the last release with the TensorFlow backend
-    assert services["triton"]["image"] == "nvcr.io/nvidia/tritonserver:25.02-py3"
+    # container 26.07 = Triton 2.71.0, the first release past every hazard of the runtime gate's table
+    # (after 25.02 = 2.55, the last with the TensorFlow backend: SavedModels are served as ONNX)
+    assert services["triton"]["image"] == "nvcr.io/nvidia/tritonserver:26.07-py3"
+    release, _ = CONTAINERS[services["triton"]["image"].split(":")[1].removesuffix("-py3")]
+    assert release == (2, 71, 0)
+    assert [h.id for h in HAZARDS if release < h.fixed_in] == []
     assert TF_BACKEND_LAST == (2, 55)
     k8s_images = {c["image"] for o in OVERLAYS for _, spec in pod_specs(o) for c in containers(spec)}
     assert services["triton"]["image"] in k8s_images
