@@ -52,6 +52,7 @@ ENVIRONMENT_KEYS = (
     frozenset(
         {"store", "targets", "alias", "gpu", "discover", "keep", "control_key", "open_control"}
         | {"warmup", "memory_margin", "load_timeout", "shadow"}
+        | {"follows"}  # the MLflow alias `mlreg relay` makes this environment serve (mlreg/relay/config.py)
     )
     | TRUST_KEYS
     | PERF_KEYS
