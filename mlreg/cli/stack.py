@@ -20,14 +20,22 @@ SHOWN = (
     "log_path",
     "mlflow_url",
     "loaded",
+    "restored",
+    "not_restored",
     "replicas",
 )
 
 
 def _describe(out: Output, data: dict[str, object]) -> None:
     shown = {key: data[key] for key in SHOWN if key in data}
-    if isinstance(shown.get("loaded"), list):
-        shown["loaded"] = ", ".join(shown["loaded"]) or "(none)"  # type: ignore[arg-type]
+    for key in ("restored", "not_restored"):  # a start on a store that says nothing should serve
+        if not shown.get(key):
+            shown.pop(key, None)
+    for key in ("loaded", "restored"):
+        if isinstance(shown.get(key), list):
+            shown[key] = ", ".join(shown[key]) or "(none)"  # type: ignore[arg-type]
+    if isinstance(shown.get("not_restored"), list):  # each with why
+        shown["not_restored"] = "; ".join(shown["not_restored"])  # type: ignore[arg-type]
     servers = data.get("servers")
     if isinstance(servers, list) and len(servers) > 1:  # every replica's ports, not only replica 0's
         del shown["replicas"]
@@ -78,16 +86,25 @@ def up_cmd(
     """Start tritonserver (CPU, explicit model control) unless the project's one already runs.
 
     With no --repository and nothing built yet, the server starts on an empty repository,
-    ready for 'mlreg promote'.
+    ready for 'mlreg promote'.  A server it starts serves what the repository's configs say
+    should serve (what was promoted), each version verified against MLflow's digest first.
 
     Example: mlreg stack up --repository .mlreg/model_repository --load ensemble_multi_modal_model
     """
+    from mlreg.ops.store_push import registered_digest  # lazy: the registry, asked only to restore
     from pipelines.devstack.stack import stack_up  # lazy: ~90 ms (grpc, psutil), this command only
 
     settings = settings_of(ctx)
     with activity(quiet=as_json, settings=settings) as step:  # a line on a terminal only
         status = stack_up(
-            settings, repository=repository, load=load or (), s3=s3, ui=ui, replicas=replicas, step=step
+            settings,
+            repository=repository,
+            load=load or (),
+            s3=s3,
+            ui=ui,
+            replicas=replicas,
+            step=step,
+            registered=registered_digest(settings),  # what the store says should serve, verified
         )
     out = Output(as_json)
     if out.json:

@@ -15,6 +15,7 @@ from registry.errors import UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
+    from pipelines.devstack.local_triton import ServerInfo
     from pipelines.fleet.fleet import Fleet
     from pipelines.promote.environments import Environment
     from pipelines.storage.base import RepositoryStore
@@ -30,18 +31,29 @@ class Context:
 
 def environment(settings: Settings, name: str) -> Environment:
     """The environment ``name`` of the project; ``local`` targets every replica of the running
-    local stack (none while it is down: the promotion then says to start it)."""
+    local stack (none while it is down: the promotion then says to start it), and writes the
+    store the stack serves (``stack up --s3``: its S3 copy, not the project's folder)."""
     from pipelines.promote.environments import environment as configured  # lazy: tomllib + plan
 
     env = configured(settings, name)
     if not env.local_stack:
         return env
-    from pipelines.devstack.stack import running_servers  # lazy: only the local stack asks
+    from pipelines.devstack.stack import running_servers, served_store  # lazy: only the local stack asks
 
-    servers = running_servers(settings)  # `stack up --replicas N`
+    return on_the_stack(env, running_servers(settings), served_store(settings))
+
+
+def on_the_stack(env: Environment, servers: list[ServerInfo], store: str | None) -> Environment:
+    """The built-in ``local`` environment on the running stack: its replicas (``stack up
+    --replicas N``) as targets, the store it serves (``store``: its record; None while it is down,
+    the configured one kept) and each replica's recorded repository, which the promotion checks
+    against that store before any change (``Environment.served_from``)."""
     urls = tuple(info.grpc_url for info in servers)
     metrics = tuple((info.grpc_url, info.metrics_url) for info in servers)
-    return dataclasses.replace(env, targets=urls, metrics_urls=metrics)
+    recorded = tuple((info.grpc_url, info.repository) for info in servers)
+    return dataclasses.replace(
+        env, store=store or env.store, targets=urls, metrics_urls=metrics, served_from=recorded
+    )
 
 
 def open_registry(settings: Settings) -> MlflowRegistry:
@@ -62,13 +74,13 @@ def open_store(uri: str | None, settings: Settings | None = None) -> RepositoryS
 
 
 def store_of(settings: Settings, store: str | None, env_name: str | None) -> RepositoryStore:
-    """``--store URI``, else the store of ``--env``, else the local repository."""
-    from pipelines.promote.environments import environment as configured  # lazy: tomllib + plan
+    """``--store URI``, else the store of ``--env`` (``local``: the one its running stack serves),
+    else the local repository."""
     from pipelines.storage import open_store  # lazy: boto3 for an S3 store
 
     if store and env_name:
         raise UsageError("--store and --env name the store twice", fix="pass one of them")
-    uri = configured(settings, env_name).store if env_name else (store or settings.local_repository)
+    uri = environment(settings, env_name).store if env_name else (store or settings.local_repository)
     return open_store(uri, digest_cache=settings.digest_cache)
 
 
@@ -76,12 +88,15 @@ def fleet(settings: Settings, env: Environment, store: RepositoryStore | None = 
     """The environment's targets (the local stack's must be running) and its store."""
     from pipelines.fleet.fleet import Fleet  # lazy: tritonclient (~0.5 s)
     from pipelines.fleet.replicas import triton_connector  # lazy: tritonclient (~0.5 s)
+    from pipelines.ledger.recorder import for_fleet  # lazy: the ledger, where a fleet is made
     from pipelines.promote.environments import resolve_targets  # lazy: the promotion package
     from pipelines.storage import open_store  # lazy: boto3 for an S3 store
 
     targets = resolve_targets(settings, env)
     connect = triton_connector(settings, env.key(settings), env.load_deadline(settings))
-    return Fleet(store or open_store(env.store), targets, connect, env.load_deadline(settings))
+    fleet = Fleet(store or open_store(env.store), targets, connect, env.load_deadline(settings))
+    fleet.ledger = for_fleet(fleet.store, env.name, receipt_key=env.receipt_key)  # every call it sends
+    return fleet
 
 
-__all__ = ["Context", "context", "environment", "fleet", "store_of"]
+__all__ = ["Context", "context", "environment", "fleet", "on_the_stack", "store_of"]

@@ -1,11 +1,17 @@
 """The local stack: one tritonserver per project, its state kept in ``.mlreg/stack``.
 
 ``stack_up`` never starts a second server for the same project: when the recorded
-server is still alive it is reused (and asked to load the requested models).
+server is still alive it is reused (and asked to load the requested models).  A start that fails
+stops what it started (moto_server, tritonservers, the UI: each by the pid it recorded, proven
+ours), so no server is left running behind a stack that says it is not.  A server it starts
+serves what the store says should serve (pipelines/devstack/restore.py, verified loads only); the
+store is the one the stack records (``triton.json``'s ``repository``), which the built-in
+``local`` environment writes (``served_store``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
@@ -17,6 +23,7 @@ from pipelines.devstack import local_s3, local_triton, processes
 from pipelines.devstack.local_mlflow import start_mlflow, stop_mlflow
 from pipelines.devstack.local_s3 import stop_s3
 from pipelines.devstack.local_triton import ServerInfo
+from pipelines.devstack.restore import Registered, Restored, restore_served
 from pipelines.triton.control import TritonControl
 from pipelines.triton.control_key import local_key
 from registry.errors import MlregError, StackError
@@ -33,6 +40,7 @@ class StackStatus:
     loaded: list[str] = field(default_factory=list)
     mlflow_url: str = ""
     replicas: list[ServerInfo] = field(default_factory=list)  # `stack up --replicas N`: the others
+    restored: Restored | None = None  # what a start brought back from the store (restore.py)
 
     def to_dict(self) -> dict[str, object]:
         data: dict[str, object] = {"running": self.running}
@@ -46,6 +54,9 @@ class StackStatus:
             data["replicas"] = [r.grpc_url for r in self.replicas]
         if self.info is not None:
             data["servers"] = self.servers()
+        if self.restored is not None:
+            data["restored"] = self.restored.loaded
+            data["not_restored"] = self.restored.left
         return data
 
     def servers(self) -> list[dict[str, object]]:
@@ -99,8 +110,11 @@ def _running_replicas(settings: Settings) -> list[ServerInfo]:
     return found
 
 
-def start_replicas(settings: Settings, repository: str, replicas: int) -> list[ServerInfo]:
-    """Extra tritonservers on the same repository up to ``replicas`` in all (issue 12)."""
+def start_replicas(
+    settings: Settings, repository: str, replicas: int, undo: list[Callable[[], None]] | None = None
+) -> list[ServerInfo]:
+    """Extra tritonservers on the same repository up to ``replicas`` in all (issue 12); ``undo`` is
+    given the way to stop each one started."""
     started = running_servers(settings)[1:]
     for index in range(len(started) + 1, replicas):
         state = settings.stack_dir / f"replica-{index}"
@@ -108,6 +122,8 @@ def start_replicas(settings: Settings, repository: str, replicas: int) -> list[S
             repository, state, settings.backends_source, control_key=local_key(settings.home).value
         )
         local_triton.save_info(info, state / "triton.json")
+        if undo is not None:
+            undo.append(functools.partial(_stop_triton, info, state / "triton.json"))
         with warnings.catch_warnings():  # the server is meant to outlive this process
             warnings.simplefilter("ignore", ResourceWarning)
             del process
@@ -124,13 +140,24 @@ def running_s3(settings: Settings) -> dict[str, object] | None:
     return processes.running(s3_state_file(settings), "moto_server")
 
 
-def start_s3_repository(settings: Settings, source: Path) -> str:
-    """Start moto_server, push ``source`` into it; return the S3 URI Triton should read."""
-    from pipelines.storage import open_store  # lazy: store package ~0.15 s, S3 stacks only
-    from pipelines.storage.push import push_path  # lazy: store package ~0.15 s, S3 stacks only
-
+def use_stack_credentials() -> None:
+    """The local S3 server's credentials in this process's environment (where none are set):
+    boto3 and tritonserver read them from there."""
     for key, value in local_s3.CREDENTIALS.items():
         os.environ.setdefault(key, value)
+
+
+def start_s3_repository(
+    settings: Settings, source: Path, undo: list[Callable[[], None]] | None = None
+) -> str:
+    """Start moto_server and copy the repository ``source`` into it as it is stored (seed.py: a
+    promoted repository with its manifests, an empty one as nothing); return the S3 URI Triton
+    should read.  ``undo`` is given the way to stop this moto_server again; a failure here stops
+    it at once."""
+    from pipelines.devstack.seed import seed_store  # lazy: store package ~0.15 s, S3 stacks only
+    from pipelines.storage import open_store  # lazy: store package ~0.15 s, S3 stacks only
+
+    use_stack_credentials()
     server, process = local_s3.start_s3(settings.stack_dir / "moto.log")
     uri = server.store_uri("mlreg", "model_repository")
     processes.write_state(
@@ -139,9 +166,25 @@ def start_s3_repository(settings: Settings, source: Path) -> str:
     with warnings.catch_warnings():  # moto_server outlives this process, like tritonserver
         warnings.simplefilter("ignore", ResourceWarning)
         del process
-    local_s3.create_bucket(server.endpoint, "mlreg")
-    push_path(open_store(uri), source)
+    stop = functools.partial(_stop_s3, settings, server.pid)
+    try:
+        local_s3.create_bucket(server.endpoint, "mlreg")
+        source_store = open_store(source, digest_cache=settings.digest_cache)
+        seed_store(source_store, source, open_store(uri))
+    except BaseException:
+        stop()
+        raise
+    if undo is not None:
+        undo.append(stop)
     return uri
+
+
+def _stop_s3(settings: Settings, pid: int) -> None:
+    """The moto_server this command started (its pid, still running moto_server), and its record."""
+    stop_s3(pid)
+    recorded = running_s3(settings)
+    if recorded is None or recorded.get("pid") == pid:
+        s3_state_file(settings).unlink(missing_ok=True)
 
 
 def mlflow_state_file(settings: Settings) -> Path:
@@ -153,8 +196,9 @@ def running_mlflow(settings: Settings) -> dict[str, object] | None:
     return processes.running(mlflow_state_file(settings), "mlflow")
 
 
-def start_ui(settings: Settings) -> str:
-    """The MLflow UI on the project's embedded registry (started once); returns its URL."""
+def start_ui(settings: Settings, undo: list[Callable[[], None]] | None = None) -> str:
+    """The MLflow UI on the project's embedded registry (started once); returns its URL.  ``undo``
+    is given the way to stop it when this call started it."""
     running = running_mlflow(settings)
     if running is not None:
         return str(running["url"])
@@ -168,10 +212,18 @@ def start_ui(settings: Settings) -> str:
     processes.write_state(
         mlflow_state_file(settings), {"pid": server.pid, "marker": "mlflow", "url": server.url}
     )
+    if undo is not None:
+        undo.append(functools.partial(_stop_ui, settings, server.pid))
     with warnings.catch_warnings():  # the UI outlives this process, like tritonserver
         warnings.simplefilter("ignore", ResourceWarning)
         del process
     return server.url
+
+
+def _stop_ui(settings: Settings, pid: int) -> None:
+    """The MLflow UI this command started, and its record."""
+    stop_mlflow(pid)  # only while that pid still runs mlflow (its marker)
+    mlflow_state_file(settings).unlink(missing_ok=True)
 
 
 def _local_repository(settings: Settings, repository: str | Path | None) -> Path:
@@ -190,12 +242,14 @@ def _local_repository(settings: Settings, repository: str | Path | None) -> Path
     return path
 
 
-def _repository(settings: Settings, repository: str | Path | None, s3: bool) -> str:
-    """What Triton reads: a local folder, an S3 URI (``--s3``: the folder pushed to moto_server)."""
+def _repository(
+    settings: Settings, repository: str | Path | None, s3: bool, undo: list[Callable[[], None]]
+) -> str:
+    """What Triton reads: a local folder, an S3 URI (``--s3``: the folder copied to moto_server)."""
     if s3 and running_server(settings) is None:
         source = _local_repository(settings, repository)
         settings.stack_dir.mkdir(parents=True, exist_ok=True)
-        return start_s3_repository(settings, source)
+        return start_s3_repository(settings, source, undo)
     if s3:
         return str((running_s3(settings) or {}).get("uri", repository))
     if repository is not None and "://" in str(repository):
@@ -212,54 +266,154 @@ def stack_up(
     ui: bool = False,
     replicas: int = 1,
     step: Callable[[str], None] | None = None,
+    registered: Registered | None = None,
 ) -> StackStatus:
     """Start (or find) the local stack.  ``step`` is told what starts next, as it starts (the
-    CLI's progress line: starting a tritonserver and the MLflow UI takes seconds each)."""
+    CLI's progress line: starting a tritonserver and the MLflow UI takes seconds each).  A start
+    that fails stops what this call started, then raises.  ``registered`` (model, version ->
+    MLflow's ``artifact_digest``): each tritonserver this call starts is given what the store
+    says should serve, verified (restore.py); None: it serves nothing until asked."""
     tell = step or (lambda _: None)
+    undo: list[Callable[[], None]] = []
+    try:
+        status, fresh = _start(settings, repository, ports, s3, ui, replicas, tell, undo)
+    except BaseException:
+        _stop_started(undo)
+        raise
+    if registered is not None and fresh:
+        tell("loading what the store says should serve (verified)")
+        status.restored = restore(settings, fresh[0].repository, fresh, registered)
+    if load:
+        assert status.info is not None
+        tell(f"loading {', '.join(load)}")
+        load_models(status.info, list(load), settings, status)
+        for replica in status.replicas:
+            load_models(replica, list(load), settings, StackStatus(running=True, info=replica))
+    return status
+
+
+def _start(
+    settings: Settings,
+    repository: str | Path | None,
+    ports: tuple[int, int, int] | None,
+    s3: bool,
+    ui: bool,
+    replicas: int,
+    tell: Callable[[str], None],
+    undo: list[Callable[[], None]],
+) -> tuple[StackStatus, list[ServerInfo]]:
+    """The servers up (``undo``: how to stop each one this call started); the status and the
+    tritonservers started now."""
     info = running_server(settings)
     if info is not None and repository is None:  # `mlreg stack up` again: the running one
         repo = info.repository
     else:
         if s3 and info is None:
-            tell("pushing the repository to a local S3 server (moto_server)")
-        repo = _repository(settings, repository, s3)
+            tell("copying the repository to a local S3 server (moto_server)")
+        repo = _repository(settings, repository, s3, undo)
     already = info is not None
     if info is not None and info.repository != repo:
         raise StackError(
             f"the local stack already runs (pid {info.pid}) on another repository: {info.repository}",
             fix="run 'mlreg stack down' first, or omit --repository",
         )
+    fresh: list[ServerInfo] = []
     if info is None:
-        if repo.startswith("s3://"):  # Triton refuses an S3 prefix holding no object: mark its root
-            from pipelines.storage import ensure_root  # lazy: store package ~0.15 s, S3 stacks only
-
-            ensure_root(repo)
-        tell("starting tritonserver (waiting until it is ready)")
-        info, process = local_triton.start_server(
-            repo,
-            settings.stack_dir,
-            settings.backends_source,
-            ports=ports,
-            # its control API locked (pipelines/triton/control_key.py)
-            control_key=local_key(settings.home).value,
-        )
-        local_triton.save_info(info, state_file(settings))
-        with warnings.catch_warnings():  # the server is meant to outlive this process
-            warnings.simplefilter("ignore", ResourceWarning)
-            del process
+        info = _start_primary(settings, repo, ports, tell, undo)
+        fresh.append(info)
     status = StackStatus(running=True, info=info, already_running=already)
     if replicas > 1:
         tell(f"starting replicas 2 to {replicas} (each until it is ready)")
-    status.replicas = start_replicas(settings, repo, replicas) if replicas > 1 else []
+        before = {r.pid for r in running_servers(settings)}
+        status.replicas = start_replicas(settings, repo, replicas, undo)
+        fresh.extend(r for r in status.replicas if r.pid not in before)
     if ui:
         tell("starting the MLflow UI")
-        status.mlflow_url = start_ui(settings)
-    if load:
-        tell(f"loading {', '.join(load)}")
-        load_models(info, list(load), settings, status)
-        for replica in status.replicas:
-            load_models(replica, list(load), settings, StackStatus(running=True, info=replica))
-    return status
+        status.mlflow_url = start_ui(settings, undo)
+    return status, fresh
+
+
+def _start_primary(
+    settings: Settings,
+    repo: str,
+    ports: tuple[int, int, int] | None,
+    tell: Callable[[str], None],
+    undo: list[Callable[[], None]],
+) -> ServerInfo:
+    if repo.startswith("s3://"):  # Triton refuses an S3 prefix holding no object: mark its root
+        from pipelines.storage import ensure_root  # lazy: store package ~0.15 s, S3 stacks only
+
+        ensure_root(repo)
+    tell("starting tritonserver (waiting until it is ready)")
+    info, process = local_triton.start_server(
+        repo,
+        settings.stack_dir,
+        settings.backends_source,
+        ports=ports,
+        # its control API locked (pipelines/triton/control_key.py)
+        control_key=local_key(settings.home).value,
+    )
+    local_triton.save_info(info, state_file(settings))
+    undo.append(functools.partial(_stop_triton, info, state_file(settings)))
+    with warnings.catch_warnings():  # the server is meant to outlive this process
+        warnings.simplefilter("ignore", ResourceWarning)
+        del process
+    return info
+
+
+def _stop_triton(info: ServerInfo, record: Path) -> None:
+    """A tritonserver this command started: its group stopped (proven ours by program and start
+    time), its record removed."""
+    local_triton.stop_server(info.pid, info.shm_prefix, started_at=info.started_at)
+    record.unlink(missing_ok=True)
+
+
+def _stop_started(undo: list[Callable[[], None]]) -> None:
+    """Each server a failed start started, the last first; one that cannot be stopped is logged
+    (the start's own error is the one raised)."""
+    for stop in reversed(undo):
+        try:
+            stop()
+        except Exception as exc:  # the start's failure is what the user must read
+            log.warning("could not stop what the failed start started: %s", exc)
+
+
+def restore(
+    settings: Settings, repository: str, servers: list[ServerInfo], registered: Registered
+) -> Restored:
+    """What the store says should serve, loaded verified on ``servers`` (restore.py)."""
+    from pipelines.storage import open_store  # lazy: store package ~0.15 s
+
+    opened: dict[str, TritonControl] = {}
+
+    def connect(url: str) -> TritonControl:
+        if url not in opened:
+            opened[url] = TritonControl(
+                url,
+                timeout=settings.triton_timeout,
+                load_timeout=settings.triton_timeout * 10,
+                key=local_key(settings.home),
+            )
+        return opened[url]
+
+    store = open_store(repository, digest_cache=settings.digest_cache)
+    try:
+        urls = [server.grpc_url for server in servers]
+        return restore_served(store, urls, connect, registered, ready_timeout=settings.triton_timeout * 10)
+    finally:
+        for control in opened.values():
+            control.close()
+
+
+def served_store(settings: Settings) -> str | None:
+    """The store the running local stack serves (its record of ``--model-repository``): what the
+    built-in ``local`` environment writes; None while the stack is down."""
+    info = running_server(settings)
+    if info is None:
+        return None
+    if info.repository.startswith("s3://"):
+        use_stack_credentials()
+    return info.repository
 
 
 def load_models(info: ServerInfo, models: list[str], settings: Settings, status: StackStatus) -> None:

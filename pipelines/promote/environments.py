@@ -38,6 +38,7 @@ from pipelines.checks.perf import PERF_KEYS, PerfSettings, parse_perf
 from pipelines.core.policy import KEYS as ROLLOUT_KEYS
 from pipelines.core.policy import Policy, check_keys, parse_policy
 from pipelines.fleet import discovery
+from pipelines.ledger.receipts import RECEIPT_KEYS, parse_receipt_key
 from pipelines.storage import check_store_uri
 from pipelines.triton.control_key import ControlKey, control_key, local_key
 from registry.errors import PromotionError, UsageError
@@ -56,6 +57,7 @@ ENVIRONMENT_KEYS = (
     )
     | TRUST_KEYS
     | PERF_KEYS
+    | RECEIPT_KEYS
 )
 OPEN_CONTROL = ("refuse", "allow")  # open_control's values; the first is the default
 KEEP = 2  # retention's default: what serves and the one before it (an instant rollback)
@@ -84,6 +86,8 @@ class Environment:
     load_timeout: float = 0.0  # seconds a load may take (0: 10 x the settings' Triton timeout)
     shadow: Shadow | None = None  # capture and the shadow replay (pipelines/checks/capture.py)
     open_control: str = OPEN_CONTROL[0]  # "allow": a replica anyone can drive is noted, not refused
+    receipt_key: str = ""  # the EC private key (PEM path) load receipts are signed with (pipelines/ledger)
+    served_from: tuple[tuple[str, str], ...] = ()  # target -> the repository it was started on (its record)
 
     def load_deadline(self, settings: Settings) -> float:
         """Seconds one load may take before the promotion names it and stops waiting."""
@@ -179,6 +183,7 @@ def _extras(
         "keep": _keep(path, name, raw),
         "perf": parse_perf(where, raw),
         "signatures": parse_trust(where, raw, path.parent),
+        "receipt_key": parse_receipt_key(where, raw, path.parent),
         "warmup": _flag(path, name, raw, "warmup", True),
         "memory_margin": _number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
         "load_timeout": _number(path, name, raw, "load_timeout", 0.0, minimum=1.0),

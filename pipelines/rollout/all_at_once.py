@@ -8,6 +8,7 @@ per changed model, and one more per model to retire the old version.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipelines.core.context import PromotionContext
 from pipelines.core.plan import Role, Step, desired_config, follow_latest
@@ -43,6 +44,7 @@ def check_serves_from_store(ctx: PromotionContext) -> None:
     repository holding only this promotion's models cannot be told apart (a load from an empty
     one then fails: it has no such model), and the rollback never unloads what a target served
     before (``undo``)."""
+    _check_recorded(ctx)
     planned = {s.model for s in ctx.plan.steps}
     stored = set(ctx.store.list_models()) - planned
     for url in ctx.fleet.urls:
@@ -59,6 +61,32 @@ def check_serves_from_store(ctx: PromotionContext) -> None:
             fix=f"check environment '{ctx.env.name}' in mlreg.toml: its store must be the "
             "--model-repository its targets serve from",
         )
+
+
+def _check_recorded(ctx: PromotionContext) -> None:
+    """Where a target's own start is on record (the local stack's ``--model-repository``, in
+    ``.mlreg/stack/*/triton.json``: ``Environment.served_from``), it must be the environment's
+    store: the check that tells two copies of one repository apart (``stack up --s3`` serves an
+    S3 copy of a local folder holding the same models), which the index cannot.  Its limit: it is
+    the stack's record, not Triton's word (Triton's API does not name its repository)."""
+    recorded = dict(ctx.env.served_from)
+    for url in ctx.fleet.urls:
+        where = recorded.get(url)
+        if where is not None and not same_store(where, ctx.env.store):
+            raise PromotionError(
+                f"{url} does not serve from the store {ctx.store.uri}: it was started on {where} "
+                "(its --model-repository, as the local stack recorded it); the promotion would "
+                "write one store while Triton serves another",
+                fix="restart the stack on the environment's store ('mlreg stack down', then "
+                "'mlreg stack up'), or promote to the environment whose store it serves",
+            )
+
+
+def same_store(one: str, other: str) -> bool:
+    """Two store URIs name one store (local paths compared resolved)."""
+    if "://" in one or "://" in other:
+        return one.rstrip("/") == other.rstrip("/")
+    return Path(one).resolve() == Path(other).resolve()
 
 
 @dataclass(frozen=True)

@@ -107,11 +107,29 @@ def test_up_with_s3_serves_from_a_local_s3_server(
     runner: CliRunner,
     built_repository: Path,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import shutil
+    """A promoted project (issue 48 item 4): `stack up --s3` copies it -- each version's manifest
+    created there, never pushed as a file (before: "ens v1 was created by another writer") -- and
+    the new server serves what the store says should serve, each version verified against the
+    registry's digest (the registry of tests/unit/worlds.py, whose promotion wrote the store);
+    a model nobody promoted loads only on demand (-l)."""
+    from mlreg.ops import store_push
+    from pipelines.storage import open_store
+    from pipelines.storage.base import MANIFEST
+    from tests.unit.worlds import World
 
-    repo = tmp_path / "repo"
+    (tmp_path / "world").mkdir()
+    world = World(tmp_path / "world")
+    assert world.promote("ens", "1").ok
+    repo = world.store_root
     shutil.copytree(built_repository / "table_data_preprocess", repo / "table_data_preprocess")
+    tags = world.registry.tags
+    monkeypatch.setattr(
+        store_push,
+        "registered_digest",
+        lambda settings: lambda m, v: tags.get((m, v), {}).get("artifact_digest"),
+    )
     result = runner.invoke(
         app, ["stack", "up", "--s3", "-r", str(repo), "--no-ui", "-l", "table_data_preprocess", "--json"]
     )
@@ -120,7 +138,17 @@ def test_up_with_s3_serves_from_a_local_s3_server(
         info = json.loads(result.output)
         assert info["repository"].startswith("s3://127.0.0.1:")
         assert info["repository"].endswith("/mlreg/model_repository")
+        assert info["restored"] == ["net:1", "pre:1", "ens:1"]
+        assert info["not_restored"] == []
         assert info["loaded"] == ["table_data_preprocess"]
+        served = open_store(info["repository"])
+        for model in ("ens", "net", "pre"):
+            assert served.read(f"{model}/1/{MANIFEST}") == (repo / model / "1" / MANIFEST).read_bytes()
+        with TritonControl(info["grpc_url"]) as triton:
+            ready = {
+                m["name"]: m.get("version") for m in triton.repository_index() if m.get("state") == "READY"
+            }
+        assert ready == {"ens": "1", "net": "1", "pre": "1", "table_data_preprocess": "1"}
         moto_pid = json.loads((tmp_path / "home/stack/s3.json").read_text())["pid"]
         assert not processes.process_gone(moto_pid)
     finally:

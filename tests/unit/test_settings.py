@@ -258,7 +258,8 @@ def _context(store: Any, listed: dict[str, list[str]]) -> PromotionContext:
     fleet = SimpleNamespace(urls=list(listed), states_of=lambda url: {m: {"1": "READY"} for m in listed[url]})
     plan = SimpleNamespace(steps=[SimpleNamespace(model="m")])
     return cast(
-        PromotionContext, SimpleNamespace(plan=plan, store=store, fleet=fleet, env=SimpleNamespace(name="e"))
+        PromotionContext,
+        SimpleNamespace(plan=plan, store=store, fleet=fleet, env=SimpleNamespace(name="e", served_from=())),
     )
 
 

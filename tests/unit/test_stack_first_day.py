@@ -141,3 +141,82 @@ def test_a_restart_loads_nothing_mlflow_did_not_register(tmp_path: Path) -> None
     assert restored.loaded == []
     assert states == {}
     assert "net v1: v1 has no digest registered in MLflow" in restored.left
+
+
+def test_a_failed_s3_start_stops_the_moto_server_it_started(tmp_path: Path) -> None:
+    """An empty project (nothing promoted yet) is copied to S3 as nothing; then the stack's
+    tritonserver cannot start (its ports are taken): the moto_server this start started is stopped
+    and its record removed -- no server left running behind a stack that says it is not running."""
+    import socket
+
+    from pipelines.devstack import processes
+    from pipelines.devstack.stack import s3_state_file, stack_status, stack_up
+    from registry.errors import StackError
+    from registry.settings import Settings
+
+    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
+    started: list[int] = []
+    real_write = processes.write_state
+
+    def noting(path: Path, state: dict[str, object]) -> None:  # the moto_server's pid, as recorded
+        if path == s3_state_file(settings):
+            started.append(int(str(state["pid"])))
+        real_write(path, state)
+
+    try:
+        with socket.socket() as busy, pytest.MonkeyPatch.context() as patch:
+            busy.bind(("127.0.0.1", 0))
+            port = busy.getsockname()[1]
+            patch.setattr(processes, "write_state", noting)
+            with pytest.raises(StackError, match="already in use"):
+                stack_up(settings, s3=True, ports=(port, port, port))
+        (pid,) = started
+        assert processes.process_gone(pid)  # the moto_server it started is stopped
+    finally:  # what a broken stop left running (the test's own moto_server, by its recorded pid)
+        for left in started:
+            local_s3.stop_s3(left)
+    assert not s3_state_file(settings).exists()
+    assert not (settings.stack_dir / "triton.json").exists()
+    assert stack_status(settings).running is False
+
+
+def test_the_local_environment_writes_the_store_the_stack_serves(tmp_path: Path) -> None:
+    """`stack up --s3` (a real moto_server and tritonserver, an empty project): the built-in local
+    environment's store is the S3 store the stack serves, each replica's recorded repository with
+    it -- before, promotions wrote .mlreg/model_repository while Triton served the S3 copy."""
+    from mlreg.ops.context import environment, store_of
+    from pipelines.devstack.stack import stack_up, stop_stack
+    from registry.settings import Settings
+
+    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
+    try:
+        status = stack_up(settings, s3=True)
+        assert status.info is not None
+        served = status.info.repository
+        assert served.startswith("s3://127.0.0.1:")
+        env = environment(settings, "local")
+        assert env.store == served
+        assert env.served_from == ((status.info.grpc_url, served),)
+        assert store_of(settings, None, "local").uri == served
+        assert open_store(env.store).list_prefix("") == [".mlreg-root.json"]  # reachable: the stack's S3
+    finally:
+        stop_stack(settings)
+    assert environment(settings, "local").store == str(settings.local_repository)  # down: the folder
+
+
+def test_a_target_started_on_another_repository_refuses_before_any_change(tmp_path: Path) -> None:
+    """The stack's record says a target serves another repository than the environment's store:
+    the promotion refuses before anything is loaded, stored or recorded."""
+    import dataclasses
+
+    from registry.errors import PromotionError
+
+    world = World(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    world.env = dataclasses.replace(world.env, served_from=(("t1:8001", str(elsewhere)),))
+    with pytest.raises(PromotionError, match="t1:8001 does not serve from the store") as failed:
+        world.promote("ens", "1")
+    assert f"it was started on {elsewhere}" in failed.value.message
+    assert world.loads() == []
+    assert open_store(world.store_root).list_models() == []
+    assert world.registry.aliases("ens") == {}
