@@ -34,11 +34,14 @@ def promote(
     skip_shadow: bool = False,
     registry: Registry | None = None,
     on_start: Callable[[str], None] | None = None,
+    rollback: bool = False,
 ) -> PromotionResult:
     """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot).
     ``registry``: the one to read (and record in) instead of the settings' MLflow, e.g. the
     ``PlanRegistry`` of a plan over versions an ``export --dry-run`` did not register.
-    ``on_start``: told each stage's name as it starts (the CLI's progress line)."""
+    ``on_start``: told each stage's name as it starts (the CLI's progress line).  ``rollback``:
+    the version returned to served before (``mlreg rollback``): with clients quiet, its bake judges
+    mlreg's own probe requests."""
     if serve_as not in SERVE_AS:
         raise UsageError(f"unknown --serve-as '{serve_as}'", fix=f"use {', '.join(SERVE_AS)}")
     if not version.isdigit():
@@ -71,6 +74,7 @@ def promote(
         no_way_back=no_way_back,
         skip_shadow=skip_shadow,
         on_start=on_start,
+        rollback=rollback,
     )
     scratch = scratch_servers(settings, env.key(settings))
     return Promotion(settings, env, reader, options, scratch=scratch).run(model, version)

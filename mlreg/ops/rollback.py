@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from mlreg.ops.context import context
 from mlreg.ops.promote import promote
+from pipelines.ledger.recorder import operation
 from registry.errors import UsageError
 from registry.settings import Settings
 
@@ -30,17 +31,19 @@ def rollback(
     serving now (a UsageError when there is none)."""
     if to_version is None:
         to_version = rollback_version(settings, env_name, model)
-    return promote(
-        settings,
-        env_name,
-        model,
-        to_version,
-        dry_run=dry_run,
-        allow_breaking=True,
-        skip_quality=True,
-        on_stage=on_stage,
-        on_start=on_start,
-    )
+    with operation("rollback"):  # the ledger's events say which verb sent the calls
+        return promote(
+            settings,
+            env_name,
+            model,
+            to_version,
+            dry_run=dry_run,
+            allow_breaking=True,
+            skip_quality=True,
+            on_stage=on_stage,
+            on_start=on_start,
+            rollback=True,
+        )
 
 
 def rollback_version(settings: Settings, env_name: str, model: str) -> str:

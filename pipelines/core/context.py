@@ -42,6 +42,7 @@ class Options:
     no_way_back: bool = False  # promote although the serving version could not be loaded again
     skip_shadow: bool = False  # the quality gate's shadow replay (pipelines/checks/shadow.py)
     on_start: Callable[[str], None] | None = None  # told each stage's name as it starts (progress)
+    rollback: bool = False  # a return to a version that served: its bake may judge mlreg's own probes
 
 
 class Deployer(Protocol):

@@ -94,6 +94,9 @@ class StagedRollout:
         self.may_skip = 0  # how many more replicas max_unavailable lets this roll-out leave out
         self.undo: UndoLog | None = None  # the promotion's: puts a skipped replica back (release)
         self.probes: Probes | None = None  # mlreg's own requests during each bake (probes.py)
+        self.returning = False  # a rollback (Options.rollback): the version it returns to served before
+        self.notes: list[str] = []  # what a bake judged besides the clients' requests
+        self.tell: Callable[[str], None] = lambda text: None  # progress: each wave and bake as it starts
         self._skipping = threading.Lock()
         self.watch = RestartWatch(fleet)  # a replica that restarts mid-roll-out (restarts.py)
 
@@ -105,6 +108,7 @@ class StagedRollout:
         for index, wave in enumerate(waves):
             if index:  # the replicas moved in earlier waves still hold it (or restarted: moved again)
                 self.watch.check([u for u in self.moved if u not in self.skipped], moves)
+            self.tell(f"wave {index + 1} of {len(waves)} ({len(wave)} replica(s))")
             try:
                 self._wave(wave, moves)
             except MlregError as exc:
@@ -114,6 +118,7 @@ class StagedRollout:
                 ) from exc
             checkpoint(f"wave:{index + 1}")
             if index + 1 < len(waves) and bakes:
+                self.tell(f"baking after wave {index + 1} of {len(waves)} ({self.policy.bake_seconds:g} s)")
                 self._bake(moves, baseline, f"the bake after wave {index + 1} of {len(waves)}")
         self.watch.check([u for u in self.moved if u not in self.skipped], moves)  # after the last wave
         return list(self.results.values())
@@ -238,19 +243,50 @@ class StagedRollout:
         new = metrics.total([deltas[u] for u in self.moved], model, new_versions)
         old = metrics.total([deltas[u] for u in others], model, old_versions)
         if self.probes is not None:  # the probes' requests out of Triton's counts, their own in
-            new = with_probes(new, self.probes.counted(model, "new"))
+            new = self._new_side(model, new, new_versions)
             old = with_probes(old, self.probes.counted(model, "old"))
         if not old.requests:  # no untouched replica had traffic: the old version before the swap
             before = metrics.total([baseline[u] for u in self.moved], model, old_versions)
             old = replace(before, probe_ok=old.probe_ok, probe_failed=old.probe_failed)
         verdict = judge(old, new, self.policy)
         self.verdicts.append(verdict)
+        if not verdict.ok and self.returning:  # the version returned to: not a model to fix
+            back = ",".join(sorted(new_versions))
+            raise PromotionError(
+                f"{when} tripped on {model} v{back}, the version this rollback returns to "
+                f"({verdict.metric}): {verdict.detail}",
+                fix=f"{model} v{back} served before but did not bake well now: read why above (a "
+                f"replica, its inputs, the store's bytes); return to another version ('mlreg rollback "
+                f"{model} --to-version N', 'mlreg history {model}' lists them) or promote a fixed one; "
+                "the alias was not moved",
+            )
         if not verdict.ok:
             raise PromotionError(
                 f"{when} tripped on {model} v{','.join(sorted(new_versions))} ({verdict.metric}): "
                 f"{verdict.detail}",
                 fix="fix the model and register a new version; the alias was not moved",
             )
+
+    def _new_side(self, model: str, counted: metrics.Counters, versions: set[str]) -> metrics.Counters:
+        """The new version's counts without the probes' requests -- unless this is a rollback whose
+        clients were quiet (fewer requests than the bake's minimum): the version it returns to then
+        bakes on mlreg's own probe requests, as Triton counted them (their latency and failures)."""
+        assert self.probes is not None
+        side = self.probes.counted(model, "new")
+        clients = with_probes(counted, side)
+        probes = side.ok + side.failed
+        if not self.returning or not probes or clients.requests >= min_requests(self.policy):
+            return clients
+        self.notes.append(
+            f"{model} v{','.join(sorted(versions))}: clients sent {clients.requests:.0f} request(s) "
+            f"during the bake; this rollback's bake judged mlreg's own {probes} probe request(s) instead"
+        )
+        return replace(counted, probe_ok=side.ok, probe_failed=side.failed)
+
+
+def min_requests(policy: Policy) -> float:
+    """The fewest requests the policy's bake asks of the new version (0: none)."""
+    return max((c.min for c in policy.checks if c.metric == "requests" and c.min is not None), default=0.0)
 
 
 def _unavailable(exc: MlregError) -> bool:
@@ -297,7 +333,7 @@ class Staged:
                 self._write(ctx, move)
         rollout = self._rollout(ctx, moves)
         fleet.rollouts.extend(rollout.run(following_latest(repointed, moving, gpu) + moves))
-        ctx.result.notes.extend(rollout.watch.notes)
+        ctx.result.notes.extend(rollout.watch.notes + rollout.notes)
         _leave_out(ctx, rollout.skipped)
         for move in moves:
             self._write(ctx, move)
@@ -310,6 +346,10 @@ class Staged:
         rollout.may_skip = max(0, self.policy.max_unavailable - len(plan.skipped))
         rollout.undo = ctx.undo
         rollout.probes = self._probes(ctx, moves)
+        rollout.returning = ctx.options.rollback
+        told = ctx.options.on_start
+        if told is not None:  # the CLI's progress line, on a terminal only: each wave and bake
+            rollout.tell = lambda text: told(f"deploy: {text}")
         return rollout
 
     def _report(self, ctx: PromotionContext, steps: list[Step], rollout: StagedRollout) -> FleetReport:
