@@ -58,10 +58,11 @@ sys.path.insert(0, str(ROOT))
 
 from fleet import CONFIG, MODEL, new_version  # noqa: E402  (benchmarks/fleet.py's light python model)
 
+from pipelines.core.context import Options  # noqa: E402
 from pipelines.devstack import local_triton  # noqa: E402
 from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
-from pipelines.promote.runner import Options, Promotion  # noqa: E402
+from pipelines.promote.runner import Promotion  # noqa: E402
 from pipelines.storage import open_store  # noqa: E402
 from pipelines.storage.base import RepositoryStore  # noqa: E402
 from pipelines.triton.control import TritonControl  # noqa: E402

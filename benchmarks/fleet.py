@@ -29,10 +29,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.core.context import Options  # noqa: E402
 from pipelines.devstack import local_triton  # noqa: E402
 from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
-from pipelines.promote.runner import Options, Promotion  # noqa: E402
+from pipelines.promote.runner import Promotion  # noqa: E402
 from pipelines.promote.status import model_status  # noqa: E402
 from pipelines.triton.control import TritonControl  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402

@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from fleet import CONFIG, MODEL, new_version  # noqa: E402  (benchmarks/fleet.py's light python model)
 
+from pipelines.core.context import Options  # noqa: E402
 from pipelines.core.policy import Policy, waves_of  # noqa: E402
 from pipelines.core.ports import ServingTarget  # noqa: E402
 from pipelines.devstack import local_triton  # noqa: E402
@@ -74,7 +75,7 @@ from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.fleet.replicas import Connect, triton_connector  # noqa: E402
 from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
-from pipelines.promote.runner import Options, Promotion  # noqa: E402
+from pipelines.promote.runner import Promotion  # noqa: E402
 from pipelines.triton.control import TritonControl  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
 from registry.settings import Settings  # noqa: E402

@@ -31,10 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipelines.checks.perf import PerfSettings, check, measure  # noqa: E402
+from pipelines.core.context import Options  # noqa: E402
 from pipelines.core.plan import desired_config  # noqa: E402
 from pipelines.devstack import local_triton  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
-from pipelines.promote.runner import Options, Promotion  # noqa: E402
+from pipelines.promote.runner import Promotion  # noqa: E402
 from pipelines.triton.control import TritonControl  # noqa: E402
 from registry.contracts.config import config_json  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402

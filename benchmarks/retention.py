@@ -33,10 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.core.context import Options  # noqa: E402
 from pipelines.core.reports import PromotionResult  # noqa: E402
 from pipelines.devstack import local_s3, local_triton  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
-from pipelines.promote.runner import Options, Promotion  # noqa: E402
+from pipelines.promote.runner import Promotion  # noqa: E402
 from pipelines.storage import ensure_root, open_store  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
 from registry.register import Candidate, register  # noqa: E402

@@ -310,8 +310,9 @@ def serving_off(url: str) -> None:
 
 
 def promotion_cost(root: Path, rounds: int) -> dict[str, Any]:
+    from pipelines.core.context import Options
     from pipelines.promote.environments import environment
-    from pipelines.promote.runner import Options, Promotion
+    from pipelines.promote.runner import Promotion
     from registry.mlflow import MlflowRegistry
 
     register_model = STACKS.register_model

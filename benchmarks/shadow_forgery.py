@@ -38,8 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipelines.checks import capture  # noqa: E402
-from pipelines.checks.capture import Captured, Captures, Reading, read_captures  # noqa: E402
-from pipelines.checks.traces import tensor_of  # noqa: E402
+from pipelines.checks.capture import Captures, read_captures  # noqa: E402
+from pipelines.checks.traces import (  # noqa: E402
+    Captured,
+    Reading,
+    tensor_of,
+)
 
 FORGERY: Any = importlib.import_module("tests.unit.test_shadow_forgery")
 

@@ -91,9 +91,10 @@ def client(url: str, stop: threading.Event, latencies: list[float], failures: li
 
 
 def run(variant: str, swaps: int, work: Path) -> dict[str, Any]:
+    from pipelines.core.context import Options
     from pipelines.devstack import local_triton
     from pipelines.promote.environments import environment
-    from pipelines.promote.runner import Options, Promotion
+    from pipelines.promote.runner import Promotion
     from registry.mlflow import MlflowRegistry
     from registry.register import Candidate, register
     from registry.settings import Settings

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlreg.cli.common import JsonFlag, ModelName, positive_version, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 
 if TYPE_CHECKING:
     from pipelines.checks.bake import Analysis

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from mlreg.cli.output import RUN
+from mlreg.cli.sink import RUN
 from registry.errors import SettingsError, UsageError
 from registry.settings import Settings, env_flag
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from mlreg.cli.common import JsonFlag, settings_of
-from mlreg.cli.output import Output
 from mlreg.cli.promote_render import batch_stage, failure_lines
+from mlreg.cli.sink import Output
 
 if TYPE_CHECKING:
     from mlreg.pins import PinResult, SyncResult

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mlreg.cli.common import JsonFlag
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 
 
 def init_cmd(

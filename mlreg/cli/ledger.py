@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 from registry.errors import UsageError
 
 app = typer.Typer(

@@ -26,8 +26,8 @@ from mlreg.cli import (
     triton,
 )
 from mlreg.cli.common import AppState
+from mlreg.cli.failures import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup, silence_stdout
 from mlreg.cli.init import init_cmd
-from mlreg.cli.output import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup, silence_stdout
 from mlreg.cli.validate import diff_cmd, validate_cmd
 from registry import __version__
 from registry.errors import EXIT_CODES

@@ -15,16 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mlreg.cli.failures import (
-    INTERNAL_ERROR_EXIT,
-    INTERRUPTED_EXIT,
-    MlregGroup,
-    closed_pipe,
-    error_document,
-    report,
-    silence_stdout,
-)
-from mlreg.cli.sink import RUN, Output, render_table
+from mlreg.cli.sink import Output
 
 
 def rollout_line(rollout: Mapping[str, Any]) -> str:
@@ -41,16 +32,4 @@ def rollout_line(rollout: Mapping[str, Any]) -> str:
     return " ▸ ".join(parts) + f" (max_parallel {rollout['max_parallel']}; bake checks: {checks or 'none'})"
 
 
-__all__ = [
-    "INTERNAL_ERROR_EXIT",
-    "INTERRUPTED_EXIT",
-    "RUN",
-    "MlregGroup",
-    "Output",
-    "closed_pipe",
-    "error_document",
-    "render_table",
-    "report",
-    "rollout_line",
-    "silence_stdout",
-]
+__all__ = ["Output", "rollout_line"]

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, positive_version, settings_of
-from mlreg.cli.output import Output
 from mlreg.cli.progress import activity
 from mlreg.cli.promote_render import batch_stage, failure_lines, promotion, render, stage_lines
 from mlreg.cli.report import plain, render_batch
+from mlreg.cli.sink import Output
 from mlreg.cli.status import history_cmd, status_cmd
 from registry.errors import UsageError
 

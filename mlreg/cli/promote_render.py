@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mlreg.cli.output import Output, rollout_line
+from mlreg.cli.output import rollout_line
+from mlreg.cli.sink import Output
 from registry.settings import redact_uri
 
 if TYPE_CHECKING:
+    from pipelines.core.context import OnStage
     from pipelines.core.reports import PromotionResult
-    from pipelines.promote.runner import OnStage
 
 
 def _stage_text(stage: str, status: str, seconds: float, detail: str) -> str:

@@ -23,7 +23,7 @@ from mlreg.cli.common import (
     VersionArg,
     settings_of,
 )
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 from mlreg.cli.versions import alias_app as alias_app  # re-exported: commands of main
 from mlreg.cli.versions import show_cmd as show_cmd
 from mlreg.cli.versions import versions_cmd as versions_cmd

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from mlreg.cli.common import JsonFlag, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 
 app = typer.Typer(
     help='Follow MLflow aliases: an environment with follows = "champion" in mlreg.toml serves what '

@@ -21,12 +21,11 @@ from mlreg.cli.markdown import (
     _diff_lines,
     _error_lines,
     _plan_lines,
-    _shadow_lines,
     _stage_lines,
     cell,
     table,
 )
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 from registry.errors import UsageError
 
 
@@ -197,4 +196,4 @@ def report_cmd(
     Output().line("\n".join(lines if markdown else plain(lines)))
 
 
-__all__ = ["_shadow_lines", "cell", "plain", "render", "render_batch", "report_cmd", "table"]
+__all__ = ["plain", "render", "render_batch", "report_cmd"]

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 
 app = typer.Typer(
     help="Capture of the requests production sends (Triton's trace), which every promotion's quality "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from mlreg.cli.common import EnvName, JsonFlag, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 from registry.errors import UsageError
 
 if TYPE_CHECKING:

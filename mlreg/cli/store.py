@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from mlreg.cli.common import JsonFlag, StoreUri, settings_of
-from mlreg.cli.output import Output
 from mlreg.cli.progress import byte_progress, waiting
+from mlreg.cli.sink import Output
 from mlreg.cli.store_check import repair_cmd, verify_cmd
 from mlreg.cli.store_gc import gc_cmd
 

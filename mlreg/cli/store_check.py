@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from mlreg.cli.common import JsonFlag, StoreUri, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 
 if TYPE_CHECKING:
     from mlreg.ops.store_verify import StoreVerifyReport

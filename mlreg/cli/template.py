@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mlreg.cli.common import JsonFlag, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 
 app = typer.Typer(
     help="The model repository template (the seed's multimodal ensemble).", no_args_is_help=True

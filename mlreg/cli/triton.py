@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from mlreg.cli.common import JsonFlag, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 
 app = typer.Typer(help="Inspect Triton servers through the model-control API.", no_args_is_help=True)
 

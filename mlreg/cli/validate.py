@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlreg.cli.common import JsonFlag
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig

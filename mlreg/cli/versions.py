@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from mlreg.cli.common import JsonFlag, ModelName, ModelVersion, VersionArg, settings_of
-from mlreg.cli.output import Output
+from mlreg.cli.sink import Output
 from mlreg.ops.context import open_registry
 
 alias_app = typer.Typer(help="List, set or remove a registered model's aliases.", no_args_is_help=True)

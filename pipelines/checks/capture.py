@@ -53,14 +53,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.checks.traces import (
-    DTYPES,
-    MAX_TENSOR_BYTES,
     NOT_JSON,
     Captured,
     Reading,
     load_records,
     parse_trace,
-    tensor_of,
 )
 from registry.errors import MlregError, StorageError, UsageError
 
@@ -84,7 +81,6 @@ S3_PATIENCE = (10.0, 1)  # each S3 request on the captures: read timeout (s), re
 # what Triton writes for ``--trace-config triton,file=<x>.json`` armed with log_frequency 1
 TRACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.json\.[0-9]{1,12}")
 STACK_TRACES = "traces"  # the local stack's trace folder in each replica's state folder
-__all__ = ["DTYPES", "MAX_TENSOR_BYTES", "Captured", "Reading", "tensor_of"]
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.checks.capture import Captured, Shadow
+from pipelines.checks.capture import Shadow
+from pipelines.checks.traces import Captured
 from registry.contracts.config import data_type_name, parse_config
 from registry.errors import MlregError
 

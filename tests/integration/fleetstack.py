@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionResult
 from pipelines.devstack import local_triton
 from pipelines.promote.environments import environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl
 from registry.mlflow import MlflowRegistry

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mlreg.ops.context import environment
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionResult
 from pipelines.devstack import local_triton
@@ -38,7 +39,7 @@ from pipelines.devstack.scratch import scratch_servers
 from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.fleet.fleet import PAUSE_VARIABLE, RESUME_VARIABLE
 from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.storage.base import LOCK_PREFIX, RepositoryStore
 from pipelines.triton.control import TritonControl

@@ -28,10 +28,11 @@ from typing import Any
 
 import pytest
 
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.devstack import local_s3
 from pipelines.promote.environments import environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.storage.base import lock_key
 from pipelines.storage.s3 import S3Store

@@ -25,10 +25,11 @@ import pytest
 
 from mlreg.cli.report import render
 from pipelines.checks.perf import PerfSettings, measure
+from pipelines.core.context import Options
 from pipelines.core.plan import desired_config
 from pipelines.core.reports import PromotionFailed, PromotionResult, QualityStageReport
 from pipelines.promote.environments import environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.triton.control import TritonControl
 from registry.contracts.config import config_json
 from registry.mlflow import MlflowRegistry

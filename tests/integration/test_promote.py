@@ -22,9 +22,10 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.context import environment
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.promote.status import model_status
 from pipelines.storage import open_store
 from pipelines.storage.base import lock_key

@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.core.context import Options
 from pipelines.core.plan import Role, serving_versions
 from pipelines.core.reports import PromotionResult
 from pipelines.promote.environments import environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl
 from registry.mlflow import MlflowRegistry

@@ -23,10 +23,11 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.rollback import rollback
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed, PromotionResult
 from pipelines.promote.environments import environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.storage.archive import archive_of
 from pipelines.storage.base import RepositoryStore

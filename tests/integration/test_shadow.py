@@ -29,10 +29,11 @@ import pytest
 
 from mlreg.ops.promote import promote
 from pipelines.checks.capture import Captures, Shadow, read_captures
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed, PromotionResult
 from pipelines.promote.environments import environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl
 from registry.mlflow import MlflowRegistry

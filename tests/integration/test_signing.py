@@ -24,9 +24,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from mlreg.cli.main import app
 from mlreg.ops.context import environment
 from mlreg.ops.status import status
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionResult
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl
 from registry.errors import PromotionError

@@ -36,13 +36,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed, PromotionResult
 from pipelines.devstack import local_triton
 from pipelines.fleet.fleet import Change, Fleet
 from pipelines.fleet.replicas import triton_connector
 from pipelines.promote.environments import environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.promote.status import model_status
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl

@@ -24,7 +24,8 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.context import environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.core.context import Options
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl
 from registry.errors import PromotionError, StorageError

@@ -32,12 +32,13 @@ from mlreg import pins as fleet
 from pipelines.checks import bake
 from pipelines.checks import golden as quality
 from pipelines.checks.golden import GATE_FIX, GateFailed, QualityReport, gate_fix
+from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.policy import Policy
 from pipelines.core.reports import PromotionFailed
 from pipelines.promote import canary_gate as quality_canary
 from pipelines.promote.environments import Environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.rollout.staged import StagedRollout
 from pipelines.storage.lease import Lease, LockInfo, when
 from pipelines.triton import metrics

@@ -201,7 +201,7 @@ def test_a_closed_pipe_is_reported_with_its_own_exit_code(tmp_path: Path) -> Non
 
 
 def test_tables_are_rich_tables_with_whole_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    from mlreg.cli.output import render_table
+    from mlreg.cli.sink import render_table
 
     render_table(
         ["MODEL", "VERSION"],

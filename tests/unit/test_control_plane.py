@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.core.context import Options
 from pipelines.fleet.replicas import open_control_notes
 from pipelines.promote.environments import load_environments
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.triton import control_key
 from pipelines.triton.control import TritonControl, control_api_open, probe_name

@@ -144,7 +144,7 @@ def test_a_console_block_is_commands_and_the_output_each_prints() -> None:
 
 
 def test_the_exit_code_table_is_the_codes_the_cli_exits_with() -> None:
-    from mlreg.cli.output import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT
+    from mlreg.cli.failures import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT
     from registry.errors import EXIT_CODES
 
     text = (SITE / "operations.md").read_text(encoding="utf-8")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from mlreg.cli.failures import report
 from mlreg.cli.main import app
-from mlreg.cli.output import report
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed
 from pipelines.promote import stages

@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
+from pipelines.core.context import Options
 from pipelines.core.policy import Policy
 from pipelines.core.reports import PromotionFailed, PromotionResult
 from pipelines.fleet.fleet import Change
 from pipelines.guards import headroom
 from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG, Footprint, Headroom
 from pipelines.promote import plots, record
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.triton.gauges import parse_gauges
 from registry.errors import PromotionError, TritonError
 from tests.fakes import Call, FakeTarget

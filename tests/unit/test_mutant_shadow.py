@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from pipelines.checks import capture
-from pipelines.checks.capture import Captured, Shadow
+from pipelines.checks.capture import Shadow
 from pipelines.checks.replay import ShadowResult, compare
+from pipelines.checks.traces import Captured
 
 KINDS = {"Y": "regression"}
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipelines.core.context import Options
 from pipelines.core.plan import Role, ensemble_pins, ensembles_pinning, follow_latest, serving_versions
 from pipelines.core.reports import PromotionResult
 from pipelines.promote.environments import Environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from tests.unit.worlds import ENSEMBLE, MEMBER, Servers, World
 

@@ -193,7 +193,7 @@ def test_a_promotion_record_holds_no_secret(tmp_path: Path) -> None:
 
 def test_an_error_raised_with_a_secret_is_printed_redacted(project: Path) -> None:
     """The output sink masks whatever an error carries (here a UsageError naming a URI)."""
-    from mlreg.cli.output import error_document
+    from mlreg.cli.failures import error_document
 
     error = UsageError(f"cannot read {SECRET_URIS[0]}", fix=f"check {SECRET_URIS[2]}")
     document = error_document(error, 2)

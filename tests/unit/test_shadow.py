@@ -16,18 +16,11 @@ import numpy as np
 import pytest
 from botocore.exceptions import ClientError
 
-from mlreg.cli.report import _shadow_lines
+from mlreg.cli.markdown import _shadow_lines
 from pipelines.checks import capture
-from pipelines.checks.capture import (
-    Captured,
-    Captures,
-    Reading,
-    Shadow,
-    parse_shadow,
-    parse_traces,
-    read_captures,
-)
+from pipelines.checks.capture import Captures, Shadow, parse_shadow, parse_traces, read_captures
 from pipelines.checks.replay import ShadowResult, compare, kind_of, ks_statistic
+from pipelines.checks.traces import Captured, Reading
 from pipelines.promote.record import write_shadow
 from pipelines.rollout.probes import with_probes
 from pipelines.triton import metrics

@@ -272,7 +272,7 @@ def test_the_sample_spans_every_replica_not_the_newest_files(tmp_path: Path) -> 
 
 def test_tensors_reach_reports_only_where_the_environment_allows(tmp_path: Path) -> None:
     x = np.array([[0.25, 0.5, 0.75, 1.0]], np.float32)
-    from pipelines.checks.capture import Captured
+    from pipelines.checks.traces import Captured
 
     requests = [Captured("m", "1", "c1", {"X": x}, {"Y": np.array([[2.5]], np.float32)})]
     ours = [({"Y": np.array([[9.0]], np.float32)}, 1.0)]
@@ -786,7 +786,8 @@ def test_each_promotion_makes_its_own_nonce_gives_it_to_its_triton_clients_and_r
     leaves them out), and in no result."""
     from dataclasses import replace
 
-    from pipelines.promote.runner import Options, Promotion, _stamped
+    from pipelines.core.context import Options
+    from pipelines.promote.runner import Promotion, _stamped
     from pipelines.triton.control import TritonControl
     from tests.unit.worlds import MEMBER, World
 

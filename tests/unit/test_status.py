@@ -187,7 +187,7 @@ def test_labels_show_the_folder_only_where_it_differs() -> None:
 def test_the_status_table_shows_versions_with_folders_in_brackets(
     world: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mlreg.cli.output import Output
+    from mlreg.cli.sink import Output
     from mlreg.cli.status import status_table
 
     status_table(Output(), [rows(world)["net"], rows(world)["ens"]])
@@ -264,7 +264,7 @@ def test_a_frozen_store_leaves_what_each_replica_serves_and_says_why(frozen: Sim
 def test_the_status_table_of_a_frozen_store_lists_each_replica(
     frozen: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mlreg.cli.output import Output
+    from mlreg.cli.sink import Output
     from mlreg.cli.status import status_table
 
     found = status.environment_status(TIMEOUTS, frozen.env, frozen.registry, ["net"])

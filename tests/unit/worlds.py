@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.core.context import Options
 from pipelines.core.reports import PromotionResult
 from pipelines.promote.environments import Environment
-from pipelines.promote.runner import Options, Promotion
+from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from registry.errors import TritonError
 from registry.settings import Settings
