@@ -153,7 +153,10 @@ def run(relay: subprocess.Popen[bytes], base: str, args: argparse.Namespace) -> 
 
     def sample() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], process.memory_info().rss)
+            try:
+                peak[0] = max(peak[0], process.memory_info().rss)
+            except psutil.Error:
+                return
             stop.wait(0.1)
 
     threading.Thread(target=sample, daemon=True).start()

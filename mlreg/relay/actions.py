@@ -71,7 +71,8 @@ class Promoter:
             return Outcome("refused", exc.message)
         if result.noop:
             return Outcome("noop", "already served", result.run_id)
-        return Outcome("done" if result.ok else "refused", result.error, result.run_id)
+        note = f"promoted, MLflow run {result.run_id}" if result.ok else result.error
+        return Outcome("done" if result.ok else "refused", note, result.run_id)
 
 
 def serving_of(rows: Sequence[Mapping[str, object]]) -> str:

@@ -118,7 +118,7 @@ class Relay:
         served = deployer.serving(job.env, job.model)
         if served == job.version:
             return "noop", "already served"
-        if self._dispatched_recently(job):
+        if self._in_flight(store, job, served):
             return "noop", "dispatched already; its run has not served it yet"
         try:
             outcome = deployer.deploy(job.env, job.model, job.version)
@@ -128,9 +128,15 @@ class Relay:
             record.write(store, job.env, job.model, job.version, served, self.clock())
         return outcome.state, outcome.note
 
-    def _dispatched_recently(self, job: Job) -> bool:
-        last = self.queue.last_final(job.env, job.model, job.version, ("dispatched",))
-        return last is not None and last["at"] > self.clock() - self.config.dispatch_grace
+    def _in_flight(self, store: RepositoryStore, job: Job, served: str) -> bool:
+        """The relay's last deployment was this version, from what serves now, within the grace: a
+        dispatched run that has not served it yet (a promotion in-process serves before it returns)."""
+        last = record.read(store, job.env, job.model)
+        return (
+            last.deployed == job.version
+            and last.previous == served
+            and last.at > self.clock() - self.config.dispatch_grace
+        )
 
     # -- reconcile -------------------------------------------------------------------------------
 

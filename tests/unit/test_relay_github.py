@@ -207,3 +207,20 @@ def test_the_secret_is_named_never_shown(tmp_path: Path, monkeypatch: pytest.Mon
     assert load(settings).secret() == b"s3cr3t-value"
     (tmp_path / "hook.key").write_text("from-a-file\n")
     assert load(_toml(tmp_path, '[relay]\nsecret = "hook.key"\n')).secret() == b"from-a-file"
+
+
+def test_a_version_dispatched_before_is_dispatched_again_once_something_else_served_since(
+    github: str, registry_state: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAY_TEST_GITHUB_TOKEN", TOKEN)
+    settings = home_with_registry(registry_state("a_v1_production"), tmp_path / "home", 3)
+    clock, standin = Clock(), StandIn(served={MODEL: "1"})
+    relay = _relay(settings, tmp_path, github, "dispatch", standin, clock)
+    db = settings.home / "mlflow.db"
+    for version in ("2", "3", "2"):  # each run serves before the next move (the CI promotion)
+        set_alias(db, MODEL, "champion", version)
+        relay.receive(*delivery(MODEL, "champion", version, clock.now))
+        assert [state for _, state in relay.drain()] == ["dispatched"], version
+        standin.served[MODEL] = version
+        clock.now += 1.0  # well within the grace
+    assert [sent["body"]["inputs"]["version"] for sent in GitHubStandIn.seen] == ["2", "3", "2"]
