@@ -162,6 +162,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
 
     def _promote(self, name: str, model_uri: str, flavor: str | None, config: dict[str, Any] | None) -> dict:
         from mlreg.ops.promote import promote  # lazy: the verbs import the promotion package
+        from pipelines.ledger.recorder import operation  # lazy: with the promotion
         from registry.nvidia_flavors import check_flavor, deployable  # lazy: NVIDIA's flavors only here
 
         check_name(name)
@@ -170,7 +171,8 @@ class MlregDeploymentClient(BaseDeploymentClient):
         settings, env, registry = self._context(config)
         version = self._version(registry, name, model_uri)
         found = deployable(registry, name, version, flavor)  # NVIDIA's onnx/triton: an mlreg version
-        result = promote(settings, env.name, name, found.version, **options)
+        with operation("deployments"):  # the ledger's events say which verb sent the calls
+            result = promote(settings, env.name, name, found.version, **options)
         return {
             "name": name,
             "flavor": found.flavor,

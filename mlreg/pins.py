@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlreg.ops.context import context, open_registry
 from mlreg.ops.promote_many import promote_many
+from pipelines.ledger.recorder import operation
 from registry.errors import MlregError, RegistryError, UsageError
 from registry.register import check_model_name
 from registry.settings import Settings, redact_uri
@@ -350,7 +351,8 @@ def sync(
     result = SyncResult(fleet, name, ctx.env.alias, dry_run, moved, health=before)
     if not moved:
         return result
-    batch = promote_many(settings, name, moved, dry_run, on_stage, ensembles_first=True, **options)
+    with operation("sync"):  # the ledger's events say which verb sent the calls
+        batch = promote_many(settings, name, moved, dry_run, on_stage, ensembles_first=True, **options)
     result.batch = batch.to_dict()
     if not dry_run and not result.failed:
         result.health = _health(settings, ctx, fleet)

@@ -291,10 +291,12 @@ class FakeRegistry:
         return f"run-{len(self.runs)}"
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
-        self.runs[-1]["params"] = params
+        self.runs[-1].setdefault("params", {}).update(params)
 
     def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
-        pass
+        """Each file's bytes kept in the run (``artifacts``: name -> bytes)."""
+        kept = self.runs[-1].setdefault("artifacts", {})
+        kept.update({f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()})
 
     def finish_run(self, run_id: str, ok: bool) -> None:
         self.runs[-1]["ok"] = ok

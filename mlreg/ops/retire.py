@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from mlreg.ops.context import context
 from mlreg.ops.context import fleet as fleet_of
+from pipelines.ledger.recorder import operation
 from pipelines.storage.locking import model_lock
 from registry.errors import MlregError, PromotionError, StorageError
 from registry.settings import Settings
@@ -54,7 +55,8 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
         )
     with model_lock(store, name, settings):
         if config is not None:  # None: unloaded by a retire that stopped before its folder was gone
-            _unload_everywhere(settings, env, store, name, config)
+            with operation("retire"):  # the ledger's events say which verb sent the calls
+                _unload_everywhere(settings, env, store, name, config)
         unfinished = clear_folder(store, name)
     with contextlib.suppress(MlregError):  # the servers are done; the registry's record is best effort
         if env.alias in ctx.registry.aliases(name):

@@ -23,13 +23,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pipelines.core.ports import ServingTarget
 from pipelines.fleet.replicas import HUNG_LOADS, Connect, hung_loads, note_hung_load
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import config_json
 from registry.errors import MlregError, PromotionError
+
+if TYPE_CHECKING:
+    from pipelines.ledger.recorder import Recorder
 
 States = dict[str, dict[str, str]]  # model -> version -> state, as Triton's repository index says
 OnTouch = Callable[[str, str, tuple[str, ...]], None]  # url, model, READY versions before the move
@@ -136,6 +139,8 @@ def ready_by_name(target: ServingTarget, store: RepositoryStore) -> States:
 
 class Fleet:
     """The servers of one environment, and the store whose configs they load."""
+
+    ledger: Recorder | None = None  # told every load, unload and config update sent (pipelines/ledger)
 
     def __init__(
         self,
@@ -331,7 +336,7 @@ class Fleet:
             if member:  # an ensemble's load waits for its member's (measured on 2.51): queued too
                 self.view.pop(url, None)
                 return self._queue_ensemble(url, change, member, loading_versions(states, member))
-            self._send(url, change)
+            self._send(url, change, undo=True)
         except MlregError as exc:
             why = exc.message if exc.message.startswith(url) else f"{url}: {exc.message}"
             if dropped(exc):
@@ -369,6 +374,7 @@ class Fleet:
             done = target.queue_load(change.model, config_json(change.config, change.model), QUEUE_WAIT_S)
         except MlregError as exc:
             return f"{url}: {change.model} could not be queued behind {member}'s load: {exc.message}"
+        self._told(url, change, (), True, "ok" if done else "queued")
         if not done:
             key = f"{url} {change.model}"
             self.pending[key] = (
@@ -398,6 +404,7 @@ class Fleet:
                 f"{url}: {change.model} v{late} is still LOADING and the load of v{held} could not be "
                 f"queued behind it ({exc.message}): when it ends v{late} may serve; restart that replica"
             )
+        self._told(url, change, (), True, "ok" if done else "queued")
         if done:
             for version in change.versions:
                 target.wait_ready(change.model, version, timeout=self.load_timeout)
@@ -409,13 +416,33 @@ class Fleet:
         self.queued[url] = Queued(url, change.model, tuple(loading), tuple(change.versions))
         return ""
 
-    def _send(self, url: str, change: Change) -> None:
+    def _send(self, url: str, change: Change, undo: bool = False) -> None:
+        before = tuple(ready_versions(self.view.get(url, {}), change.model))  # () when not known
         try:
             self._load(url, change)
-        except BaseException:
+        except BaseException as exc:
             self._moved(url, change, ok=False)
+            self._told(url, change, before, undo, "failed", getattr(exc, "message", type(exc).__name__))
             raise
         self._moved(url, change, ok=True)
+        self._told(url, change, before, undo, "ok")
+
+    def _told(
+        self, url: str, change: Change, before: tuple[str, ...], undo: bool, result: str, detail: str = ""
+    ) -> None:
+        """The deployment ledger told of one call sent to ``url`` (it never raises)."""
+        if self.ledger is not None:
+            unload = change.config is None
+            self.ledger.sent(
+                url,
+                change.model,
+                change.versions,
+                before,
+                unload=unload,
+                result=result,
+                detail=detail,
+                undo=undo,
+            )
 
     def _load(self, url: str, change: Change) -> None:
         target = self.target(url)

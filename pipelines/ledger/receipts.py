@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from registry.errors import StorageError
+from registry.errors import StorageError, UsageError
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -30,6 +30,7 @@ PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 VERIFIER = "https://github.com/mlreg/mlreg#promotion"
 VERIFIED_LEVEL = "MLREG_MANIFEST_VERIFIED"  # a custom level (never SLSA_*): bytes = manifest (= signature)
 MAX_PAYLOAD = 16 * 1024
+RECEIPT_KEYS = frozenset({"receipt_key"})  # an environment's key of mlreg.toml read here
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -166,4 +167,31 @@ def _statement_of(payload: bytes) -> dict[str, Any]:
     return data
 
 
-__all__ = ["PAYLOAD_TYPE", "PREDICATE_TYPE", "ReceiptSigner", "pae", "statement", "verify_receipt"]
+def parse_receipt_key(where: str, raw: dict[str, object], base: Path) -> str:
+    """An environment's ``receipt_key = "keys/receipts.pem"`` (relative to mlreg.toml's folder): the
+    EC private key (PEM) its load receipts are signed with; "" when absent.  Only its path is kept
+    and checked here (a file): it is read when a promotion starts, never echoed."""
+    spec = raw.get("receipt_key", "")
+    if not spec:
+        return ""
+    path = base / Path(spec).expanduser() if isinstance(spec, str) else None
+    if path is None or not path.is_file():
+        raise UsageError(
+            f"{where}: receipt_key must be the path of the receipts' EC private key (PEM), "
+            "and it names no file",
+            fix="make one (openssl ecparam -name prime256v1 -genkey -noout -out keys/receipts.pem) and write "
+            'receipt_key = "keys/receipts.pem", relative to mlreg.toml',
+        )
+    return str(path)
+
+
+__all__ = [
+    "RECEIPT_KEYS",
+    "parse_receipt_key",
+    "PAYLOAD_TYPE",
+    "PREDICATE_TYPE",
+    "ReceiptSigner",
+    "pae",
+    "statement",
+    "verify_receipt",
+]

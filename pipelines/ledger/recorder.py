@@ -191,7 +191,7 @@ def for_fleet(
     *,
     operation: str = "",
     promotion: str = "",
-    receipt_key: Path | None = None,
+    receipt_key: str | Path | None = None,
 ) -> Recorder | None:
     """The recorder a ``Fleet`` on ``store`` is given (None where the store keeps no ledger: said
     in the log).  ``operation``: default the one :func:`operation` set (else ``promote``);
@@ -203,10 +203,10 @@ def for_fleet(
         log.warning("%s: no deployment ledger: %s", redact_uri(store.uri), exc.message)
         return None
     signer = None
-    if receipt_key is not None:
+    if receipt_key:
         from pipelines.ledger.receipts import ReceiptSigner  # lazy: cryptography, ~0.1 s, receipts only
 
-        signer = ReceiptSigner(receipt_key)
+        signer = ReceiptSigner(Path(receipt_key))
     return Recorder(
         book,
         store,

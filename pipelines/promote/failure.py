@@ -23,6 +23,7 @@ from pipelines.core.context import PromotionContext, Stage
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import FleetReport, PromotionFailed, Refusal
 from pipelines.fleet.fleet import CONFIRM_S, confirm_queued
+from pipelines.ledger.mirror import mirror
 from pipelines.promote.integrity import verifier
 from pipelines.promote.record import record_promotion
 from pipelines.storage.disk import disk_full_error, is_disk_full
@@ -93,6 +94,7 @@ def _record(ctx: PromotionContext) -> None:
     and the locks released)."""
     try:
         record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT)
+        ctx.result.notes.extend(mirror(ctx.registry, ctx.result.run_id, ctx.fleet.ledger))  # ledger.jsonl
     except OSError as exc:
         ctx.result.notes.append(f"the attempt was not recorded in MLflow ({exc.strerror or exc})")
 

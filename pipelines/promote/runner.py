@@ -38,6 +38,7 @@ from pipelines.core.reports import PromotionFailed, PromotionResult, StageRecord
 from pipelines.fleet.fleet import Fleet
 from pipelines.fleet.replicas import Connect, reachable, triton_connector
 from pipelines.guards.headroom import Headroom, registry_footprints, replica_versions
+from pipelines.ledger import recorder as ledger_recorder
 from pipelines.promote import retention
 from pipelines.promote.after import RETAIN_S, Progress, best_effort, bounded
 from pipelines.promote.environments import Environment, resolve_targets
@@ -189,6 +190,7 @@ class Promotion:
         load_timeout = env.load_deadline(self.settings)
         connect = _stamped(self.connect, nonce)
         fleet = Fleet(store, targets, connect, load_timeout, policy.max_parallel if policy else 1)
+        fleet.ledger = ledger_recorder.for_fleet(store, env.name, receipt_key=env.receipt_key)
         if policy is not None:  # the live check's connections are the promotion's
             check_fleet(policy, len(targets), f"environment '{env.name}'")
             targets, skipped = reachable(targets, fleet.target, policy.max_unavailable, keep_open=True)

@@ -47,6 +47,7 @@ from pipelines.fleet.fleet import checkpoint, refuse_pending_loads
 from pipelines.fleet.replicas import open_control_notes
 from pipelines.fleet.restarts import not_ready_after_rollout
 from pipelines.guards.warmup import WARMUP_BYTES, peak_bytes
+from pipelines.ledger.mirror import mirror
 from pipelines.promote import retention
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
 from pipelines.promote.integrity import (
@@ -557,6 +558,7 @@ def record(ctx: PromotionContext) -> RecordReport:
         if model in writes.aliases
     )
     record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT, writes)
+    ctx.result.notes.extend(mirror(ctx.registry, ctx.result.run_id, ctx.fleet.ledger))  # ledger.jsonl
     uploads = [(e.model, v) for e in ctx.undo.entries.values() for v in e.uploaded]
     ctx.result.notes.extend(forget_uploads(ctx.store, uploads))  # finished: no litter
     return RecordReport(ctx.env.alias, plan.model, plan.version, ctx.result.run_id)
