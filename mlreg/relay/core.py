@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,7 +32,7 @@ from mlreg.relay import record
 from mlreg.relay.actions import Deployer, Outcome
 from mlreg.relay.config import RelayConfig
 from mlreg.relay.queue import Job, Queue
-from mlreg.relay.wire import Refused, verify
+from mlreg.relay.wire import Delivery, Refused, verify
 from registry.errors import MlregError, StorageError
 
 if TYPE_CHECKING:
@@ -69,27 +70,37 @@ class Relay:
         now = self.clock()
         try:
             delivery = verify(headers, body, self.secret, now, self.config.window)
-            if not self.queue.first_delivery(delivery.delivery_id, now, 2 * self.config.window):
-                raise Refused(409, f"delivery {delivery.delivery_id} was received before (a replay)")
+            queued, ignored = self._accept(delivery, now)
         except Refused as refused:
             log.warning("relay: delivery refused (%d): %s", refused.status, refused.reason)
             return refused.status, {"refused": refused.reason}
-        event = delivery.event
-        if event is None:
-            return 202, {"ignored": f"event {delivery.kind} is not followed"}
-        envs = self.config.environments_following(event.alias)
-        if not envs or (self.config.models and event.model not in self.config.models):
-            why = f"nobody follows alias '{event.alias}' of model '{event.model}'"
-            log.info("relay: %s: ignored", why)
-            self.queue.note_event(
-                delivery.delivery_id, event.model, event.alias, event.version, now, f"ignored: {why}"
-            )
-            return 202, {"ignored": why}
-        queued = {env: self.queue.enqueue(env, event.model, event.version, "event", now) for env in envs}
-        outcome = ", ".join(f"{env}: {state}" for env, state in queued.items())
-        self.queue.note_event(delivery.delivery_id, event.model, event.alias, event.version, now, outcome)
+        except sqlite3.OperationalError as exc:  # the queue's file stayed locked past its wait
+            log.warning("relay: queue busy (%s): answered 503, nothing recorded; MLflow sends it again", exc)
+            return 503, {"retry": "the relay's queue is busy"}
+        if ignored:
+            log.info("relay: %s: ignored", ignored)
+            return 202, {"ignored": ignored}
         self.wake.set()
         return 202, {"queued": queued}
+
+    def _accept(self, delivery: Delivery, now: float) -> tuple[dict[str, str], str]:
+        """(queued per environment, why it is ignored); Refused 409 for a delivery id seen before."""
+        event = delivery.event
+        if event is None:
+            ignored = f"event {delivery.kind} is not followed"
+            envs: list[str] = []
+            fields = ("", "", "")
+        else:
+            envs = self.config.environments_following(event.alias)
+            if self.config.models and event.model not in self.config.models:
+                envs = []
+            ignored = "" if envs else f"nobody follows alias '{event.alias}' of model '{event.model}'"
+            fields = (event.model, event.alias, event.version)
+        keep = 2 * self.config.window
+        queued = self.queue.accept(delivery.delivery_id, fields, envs, now, keep, ignored)
+        if queued is None:
+            raise Refused(409, f"delivery {delivery.delivery_id} was received before (a replay)")
+        return queued, ignored
 
     # -- act -------------------------------------------------------------------------------------
 

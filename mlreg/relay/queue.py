@@ -55,16 +55,16 @@ class Job:
 class Queue:
     """The queue in ``path`` (created with its folder, mode 0700)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, busy_s: float = BUSY_MS / 1000) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.path = path
+        self.path, self.busy_s = path, busy_s
         self._local = threading.local()
         self._conn().executescript(SCHEMA)  # its own transaction (CREATE ... IF NOT EXISTS)
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=BUSY_MS / 1000, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=self.busy_s, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # a 202 is answered once the row is on disk
             self._local.conn = conn
@@ -92,20 +92,34 @@ class Queue:
     def first_delivery(self, delivery_id: str, now: float, keep: float) -> bool:
         """Record ``delivery_id``; False when it was seen before (a replay)."""
         with self._tx() as conn:
-            conn.execute("DELETE FROM deliveries WHERE received < ?", (now - keep,))
-            found = conn.execute("INSERT OR IGNORE INTO deliveries VALUES (?, ?)", (delivery_id, now))
-            return found.rowcount == 1
+            return _first(conn, delivery_id, now, keep)
+
+    def accept(
+        self,
+        delivery: str,
+        event: tuple[str, str, str],
+        envs: list[str],
+        now: float,
+        keep: float,
+        ignored: str = "",
+    ) -> dict[str, str] | None:
+        """One delivery in one transaction: its id recorded, a job per environment queued and the
+        event noted -- or nothing at all: a replay (None), or the file busy past its wait (sqlite's
+        error: MLflow's retry of the same delivery then finds its id unrecorded)."""
+        model, alias, version = event
+        with self._tx() as conn:
+            if not _first(conn, delivery, now, keep):
+                return None
+            queued = {env: _enqueue(conn, env, model, version, "event", now) for env in envs}
+            outcome = ", ".join(f"{env}: {state}" for env, state in queued.items())
+            _note(conn, (delivery, model, alias, version), now, f"ignored: {ignored}" if ignored else outcome)
+            return queued
 
     def note_event(
         self, delivery: str, model: str, alias: str, version: str, now: float, outcome: str
     ) -> None:
         with self._tx() as conn:
-            conn.execute(
-                "INSERT INTO events (delivery, model, alias, version, received, outcome)"
-                " VALUES (?,?,?,?,?,?)",
-                (delivery, model, alias, version, now, outcome[:300]),
-            )
-            conn.execute("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (KEEP_EVENTS,))
+            _note(conn, (delivery, model, alias, version), now, outcome)
 
     # -- jobs ------------------------------------------------------------------------------------
 
@@ -113,23 +127,7 @@ class Queue:
         """``queued``, ``duplicate`` (that version is pending already) or ``replaced`` (another
         version was pending for the environment and model: this one takes its place)."""
         with self._tx() as conn:
-            row = conn.execute(
-                "SELECT seq, version FROM jobs WHERE env = ? AND model = ? AND state = 'pending'",
-                (env, model),
-            ).fetchone()
-            if row is not None and row[1] == version:
-                return "duplicate"
-            if row is not None:
-                conn.execute(
-                    "UPDATE jobs SET state = 'superseded', updated = ?, note = ? WHERE seq = ?",
-                    (now, f"the alias moved on to {version}", row[0]),
-                )
-            conn.execute(
-                "INSERT INTO jobs (env, model, version, source, state, created, updated)"
-                " VALUES (?,?,?,?,'pending',?,?)",
-                (env, model, version, source, now, now),
-            )
-            return "queued" if row is None else "replaced"
+            return _enqueue(conn, env, model, version, source, now)
 
     def pending(self, limit: int = 100) -> list[Job]:
         rows = self._conn().execute(
@@ -217,6 +215,39 @@ class Queue:
     def read_mark(self, name: str) -> tuple[str, float] | None:
         row = self._conn().execute("SELECT value, at FROM marks WHERE name = ?", (name,)).fetchone()
         return None if row is None else (str(row[0]), float(row[1]))
+
+
+def _first(conn: sqlite3.Connection, delivery_id: str, now: float, keep: float) -> bool:
+    conn.execute("DELETE FROM deliveries WHERE received < ?", (now - keep,))
+    found = conn.execute("INSERT OR IGNORE INTO deliveries VALUES (?, ?)", (delivery_id, now))
+    return found.rowcount == 1
+
+
+def _note(conn: sqlite3.Connection, event: tuple[str, str, str, str], now: float, outcome: str) -> None:
+    conn.execute(
+        "INSERT INTO events (delivery, model, alias, version, received, outcome) VALUES (?,?,?,?,?,?)",
+        (*event, now, outcome[:300]),
+    )
+    conn.execute("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (KEEP_EVENTS,))
+
+
+def _enqueue(conn: sqlite3.Connection, env: str, model: str, version: str, source: str, now: float) -> str:
+    row = conn.execute(
+        "SELECT seq, version FROM jobs WHERE env = ? AND model = ? AND state = 'pending'", (env, model)
+    ).fetchone()
+    if row is not None and row[1] == version:
+        return "duplicate"
+    if row is not None:
+        conn.execute(
+            "UPDATE jobs SET state = 'superseded', updated = ?, note = ? WHERE seq = ?",
+            (now, f"the alias moved on to {version}", row[0]),
+        )
+    conn.execute(
+        "INSERT INTO jobs (env, model, version, source, state, created, updated)"
+        " VALUES (?,?,?,?,'pending',?,?)",
+        (env, model, version, source, now, now),
+    )
+    return "queued" if row is None else "replaced"
 
 
 def now() -> float:

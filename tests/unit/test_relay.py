@@ -5,6 +5,7 @@ alias nobody follows is ignored; a move is deployed once and its rollback target
 from __future__ import annotations
 
 import json
+import sqlite3
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -174,3 +175,21 @@ def test_a_second_queue_on_one_file_sees_the_same_jobs(tmp_path: Path) -> None:
     assert [(job.version, job.source) for job in one.pending()] == [("3", "event")]
     assert one.first_delivery("d", 1.0, 600.0)
     assert not two.first_delivery("d", 2.0, 600.0)
+
+
+def test_a_busy_queue_answers_503_and_records_nothing_so_the_retry_is_taken(world) -> None:  # type: ignore[no-untyped-def]
+    settings, relay, standin, clock, _ = world
+    set_alias(settings.home / "mlflow.db", MODEL, "champion", "2")
+    relay.queue = Queue(relay.queue.path, busy_s=0.2)
+    headers, body = delivery(MODEL, "champion", "2", clock.now)
+    holder = sqlite3.connect(relay.queue.path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another writer holds the queue's file
+    try:
+        assert relay.receive(headers, body)[0] == 503
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert relay.queue.pending() == []
+    assert relay.receive(headers, body) == (202, {"queued": {"production": "queued"}})  # MLflow's retry
+    relay.drain()
+    assert standin.deploys == [("production", MODEL, "2")]
