@@ -138,13 +138,17 @@ def down_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     the process group after a bound) and its shared memory."""
     from pipelines.devstack.stack import stop_stack  # lazy: ~90 ms (grpc, psutil), this command only
 
-    stopped = stop_stack(settings_of(ctx))
+    kept: list[str] = []  # `stack up --s3`: what its S3 server held, copied back before it stops
+    stopped = stop_stack(settings_of(ctx), kept)
     pids = [replica.info.pid for replica in stopped]
     out = Output(as_json)
-    document = {"stopped": bool(stopped), "pid": pids[0] if pids else None, "pids": pids}
+    document: dict[str, object] = {"stopped": bool(stopped), "pid": pids[0] if pids else None, "pids": pids}
+    document |= {"copied_back": kept} if kept else {}
 
     def human() -> None:
         for line in [r.describe() for r in stopped] or ["the local stack was not running"]:
+            out.line(line)
+        for line in kept:
             out.line(line)
 
     out.result(document | {"replicas": [replica.to_dict() for replica in stopped]}, human)

@@ -85,4 +85,44 @@ def _copy_model(
     return versions
 
 
-__all__ = ["Seeded", "seed_store"]
+def copy_back(source: RepositoryStore, target: RepositoryStore) -> list[str]:
+    """At ``stack down``, what the stack's S3 server holds back into the project's own store folder
+    it was copied from (moto_server keeps its objects in memory only: what was promoted there would
+    be gone, and the next start would serve nothing of it).  Each version the folder lacks is
+    copied, its manifest created last; each config that differs is written (under the model's
+    lock, as a promotion writes it); a version the folder holds with another manifest is left as
+    the folder holds it, and named.  One line per change."""
+    lines: list[str] = []
+    for model in source.list_models():
+        config = source.read_config(model)
+        if config is None:
+            continue
+        check_part(model, "model name")
+        with target.lock(model, wait=0):
+            for version in source.list_versions(model):
+                lines.extend(_version_back(source, target, model, version))
+            if target.read_config(model) != config:
+                target.write_config(model, config)
+                lines.append(f"{model}: its config (what serves)")
+    return lines
+
+
+def _version_back(source: RepositoryStore, target: RepositoryStore, model: str, version: str) -> list[str]:
+    key = f"{model}/{version}/{MANIFEST}"
+    manifest = source.read(key)
+    held = target.read(key)
+    if manifest is None or held == manifest:
+        return []
+    if held is not None:
+        return [f"{model} v{version}: left as the folder holds it (another manifest there)"]
+    for name in source.list_prefix(f"{model}/{version}/"):
+        data = source.read(name) if _copied(name) else None
+        if data is not None:
+            target.write(name, data)
+    if not target.create(key, manifest):
+        return [f"{model} v{version}: left as the folder holds it (its manifest appeared meanwhile)"]
+    target.guard_bytecode(model, version)
+    return [f"{model} v{version}"]
+
+
+__all__ = ["Seeded", "copy_back", "seed_store"]

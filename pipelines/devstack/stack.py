@@ -160,9 +160,8 @@ def start_s3_repository(
     use_stack_credentials()
     server, process = local_s3.start_s3(settings.stack_dir / "moto.log")
     uri = server.store_uri("mlreg", "model_repository")
-    processes.write_state(
-        s3_state_file(settings), {"pid": server.pid, "marker": "moto_server", "port": server.port, "uri": uri}
-    )
+    state = {"pid": server.pid, "marker": "moto_server", "port": server.port, "uri": uri}
+    processes.write_state(s3_state_file(settings), state | {"source": str(source)})
     with warnings.catch_warnings():  # moto_server outlives this process, like tritonserver
         warnings.simplefilter("ignore", ResourceWarning)
         del process
@@ -493,11 +492,12 @@ class StoppedReplica:
         }
 
 
-def stop_stack(settings: Settings) -> list[StoppedReplica]:
+def stop_stack(settings: Settings, kept: list[str] | None = None) -> list[StoppedReplica]:
     """Stop the project's servers -- the primary and every replica, each with its whole process
     group (python stubs included: they ignore SIGTERM and outlive their tritonserver, which may
     have died or been killed first) -- and the UI and S3 server it started; return what was
-    stopped, replica by replica (none when nothing ran)."""
+    stopped, replica by replica (none when nothing ran).  ``kept``: told what the S3 server held
+    that was copied back to the project's repository folder before it stopped (``keep_s3``)."""
     records = [("replica-0", state_file(settings))] + [
         (path.parent.name, path)
         for path in sorted(settings.stack_dir.glob("replica-*/triton.json"), key=lambda p: p.parent.name)
@@ -518,6 +518,29 @@ def stop_stack(settings: Settings) -> list[StoppedReplica]:
         mlflow_state_file(settings).unlink(missing_ok=True)
     s3 = running_s3(settings)
     if s3 is not None:
+        copied = keep_s3(settings, s3)
+        if kept is not None:
+            kept.extend(copied)
         stop_s3(int(s3["pid"]))  # type: ignore[call-overload]
         s3_state_file(settings).unlink(missing_ok=True)
     return stopped
+
+
+def keep_s3(settings: Settings, s3: dict[str, object]) -> list[str]:
+    """Before the stack's moto_server stops (its objects live in memory only): what it holds,
+    back into the project's own repository folder when that is what it was copied from
+    (seed.copy_back; a folder given with --repository is the user's, never written).  What was
+    copied, one line each; a store that cannot be read or written is one line, never a failed
+    stop."""
+    from pipelines.devstack.seed import copy_back  # lazy: store package ~0.15 s, S3 stacks only
+    from pipelines.storage import open_store  # lazy: store package ~0.15 s, S3 stacks only
+
+    source = str(s3.get("source") or "")
+    if not source or Path(source).resolve() != settings.local_repository.resolve():
+        return []
+    use_stack_credentials()
+    try:
+        lines = copy_back(open_store(str(s3["uri"])), open_store(source, digest_cache=settings.digest_cache))
+    except MlregError as exc:
+        return [f"not copied back to {source}: {exc.message}"]
+    return [f"copied back to {source}: {line}" for line in lines]

@@ -220,3 +220,38 @@ def test_a_target_started_on_another_repository_refuses_before_any_change(tmp_pa
     assert world.loads() == []
     assert open_store(world.store_root).list_models() == []
     assert world.registry.aliases("ens") == {}
+
+
+def test_what_the_s3_server_held_is_copied_back_to_the_projects_folder(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`stack down` of an --s3 stack: moto_server keeps its objects in memory only, so what was
+    promoted there goes back to the project's folder it was copied from -- the next start (S3 or
+    not) then serves it again (its desired state is the folder's)."""
+    from pipelines.devstack.seed import copy_back
+
+    world = _promoted(tmp_path)
+    served = _bucket(request)
+    seed_store(open_store(world.store_root), world.store_root, served)  # the S3 copy after promotions
+    folder = tmp_path / "project"
+    folder.mkdir()
+    lines = copy_back(served, open_store(folder))
+    assert lines == [
+        "ens v1",
+        "ens: its config (what serves)",
+        "net v1",
+        "net: its config (what serves)",
+        "pre v1",
+        "pre: its config (what serves)",
+    ]
+    back = open_store(folder)
+    for model in ("ens", "net", "pre"):
+        assert back.read(f"{model}/1/{MANIFEST}") == served.read(f"{model}/1/{MANIFEST}")
+        assert back.read_config(model) == served.read_config(model)
+        back.verify_version(model, "1", world.registry.tags[(model, "1")]["artifact_digest"])
+    assert [(d.model, d.versions) for d in desired_state(back)] == [
+        ("net", ("1",)),
+        ("pre", ("1",)),
+        ("ens", ("1",)),
+    ]
+    assert copy_back(served, back) == []  # nothing new: nothing written
