@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -436,7 +437,10 @@ def assemble(ctx: PromotionContext) -> UploadReport:
             ctx.undo.uploaded(step, step.version)
             note_upload(ctx.store, step.model, step.version)  # whose upload, if it is never finished
             if not retention.restored(ctx.store, step):  # archived: a server-side copy, verified
-                sent += ctx.store.put_version(step.model, step.version, step.folder / step.version).bytes_sent
+                folder = step.folder / step.version
+                sent += ctx.store.put_version(
+                    step.model, step.version, folder, _uploading(ctx, step)
+                ).bytes_sent
             uploaded.append(_verify_bytes(ctx, step))
             publish_signature(ctx.store, step, ctx.plan.workdir)  # beside the manifest, when checked
     for step in ctx.plan.steps:  # what the loads read next, verified (validate, above): no cache in it
@@ -445,6 +449,22 @@ def assemble(ctx: PromotionContext) -> UploadReport:
                 ctx.store.drop_bytecode(step.model, version)
     checkpoint("uploaded")
     return UploadReport(sent, ctx.store.uri, uploaded)
+
+
+def _uploading(ctx: PromotionContext, step: Step) -> Callable[[int], None] | None:
+    """The upload's progress for the CLI's line (``Options.on_start``, on a terminal only): the
+    model, its version and the bytes sent so far; None without a listener."""
+    told = ctx.options.on_start
+    if told is None:
+        return None
+    sent = [0]
+    told(f"assemble: uploading {step.model} v{step.version}")
+
+    def progress(count: int) -> None:
+        sent[0] += count
+        told(f"assemble: uploading {step.model} v{step.version} ({sent[0] / 1e6:.1f} MB sent)")
+
+    return progress
 
 
 def _register_converted(ctx: PromotionContext, converted: Converted) -> None:

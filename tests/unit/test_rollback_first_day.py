@@ -150,3 +150,18 @@ def test_a_staged_roll_out_tells_each_wave_and_bake_as_it_starts(tmp_path: Path)
         "baking after wave 1 of 2 (1 s)",
         "wave 2 of 2 (3 replica(s))",
     ]
+
+
+def test_a_promotion_tells_its_upload_as_it_goes(tmp_path: Path) -> None:
+    """Progress (issue 48 item 3): the assemble stage tells the CLI's line each upload and the
+    bytes sent so far; without a listener (--json, off a terminal) it tells nothing."""
+    told: list[str] = []
+    world = World(tmp_path)
+    assert world.promote("ens", "1", on_start=told.append).ok
+    uploads = [t for t in told if t.startswith("assemble: uploading")]
+    for model in ("pre", "net"):
+        assert f"assemble: uploading {model} v1" in uploads
+        assert any(
+            t.startswith(f"assemble: uploading {model} v1 (") and t.endswith("MB sent)") for t in uploads
+        )
+    assert told[0] == "resolve"  # the stages' own names still come first
