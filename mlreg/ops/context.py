@@ -51,8 +51,11 @@ def on_the_stack(env: Environment, servers: list[ServerInfo], store: str | None)
     urls = tuple(info.grpc_url for info in servers)
     metrics = tuple((info.grpc_url, info.metrics_url) for info in servers)
     recorded = tuple((info.grpc_url, info.repository) for info in servers)
+    policy = env.policy  # a roll-out's bake reads each replica's own metrics port, not the default 8002
+    if policy is not None and not policy.metrics:
+        policy = dataclasses.replace(policy, metrics=metrics)
     return dataclasses.replace(
-        env, store=store or env.store, targets=urls, metrics_urls=metrics, served_from=recorded
+        env, store=store or env.store, targets=urls, metrics_urls=metrics, served_from=recorded, policy=policy
     )
 
 
