@@ -93,8 +93,8 @@ class Ledger:
     # -- appending ---------------------------------------------------------------------------------
 
     def append(self, **fields: Any) -> Event:
-        """Append one event (``fields``: every field of :class:`Event` but the chain's and
-        ``time``); returns it sealed.  StorageError when the chain cannot be extended: its last
+        """Append one event (``fields``: every field of :class:`Event` but the chain's; ``time``
+        optional: default now); returns it sealed.  StorageError when the chain cannot be extended: its last
         event was removed or edited, or other writers kept winning for ``APPEND_WAIT_S``."""
         with self._lock:
             head = self._head if self._head is not None else self._find_head()
@@ -249,8 +249,7 @@ def _next(head: Event | None, fields: dict[str, Any]) -> Event:
         prev=_hash(head),
         prev_time=head.time if head else "",
         prev_replica=head.replica if head else "",
-        time=now(),
-        **fields,
+        **({"time": now()} | fields),
     ).sealed()
 
 

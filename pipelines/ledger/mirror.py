@@ -32,6 +32,7 @@ def mirror(registry: RunLog, run_id: str | None, recorder: Recorder | None) -> l
     every call the ledger could not record, and why the run did not take the copy (none: done)."""
     if recorder is None:
         return []
+    recorder.flush()
     notes = list(recorder.problems)
     if not run_id:
         return notes

@@ -380,3 +380,30 @@ def test_a_recorder_whose_ledger_cannot_be_written_notes_it_and_never_raises(tmp
     assert len(recorder.problems) == 1
     assert "the m call to r0:8001 is not in the ledger" in recorder.problems[0]
     assert recorder.events == []
+
+
+def test_a_background_recorder_appends_every_call_in_the_order_each_replica_sent_it(tmp_path: Path) -> None:
+    from pipelines.ledger import Recorder
+
+    store = open_store(tmp_path / "repo")
+    recorder = Recorder(ledger_of(store), store, "local", background=True)
+    start = threading.Barrier(8)
+
+    def replica(index: int) -> None:
+        start.wait(timeout=10)
+        for version in range(1, 21):
+            assert recorder.sent(f"r{index}:8001", "m", (str(version),), ()) is None  # returns at once
+
+    threads = [threading.Thread(target=replica, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    recorder.flush()
+    assert recorder.problems == []
+    events = chain_of(ledger_of(store))
+    assert_one_chain(events, 160)
+    for index in range(8):
+        mine = [e for e in events if e.replica == f"r{index}:8001"]
+        assert [e.version for e in mine] == [str(v) for v in range(1, 21)]
+        assert [e.time for e in mine] == sorted(e.time for e in mine)
