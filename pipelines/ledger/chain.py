@@ -101,7 +101,8 @@ class Ledger:
             deadline = time.monotonic() + APPEND_WAIT_S
             while True:
                 event = _next(head, fields)
-                if self.objects.create(self.key(event.seq), encode(event)):
+                data = _readable(event)
+                if self.objects.create(self.key(event.seq), data):
                     self._head = event
                     self._advance_pointer(event)
                     return event
@@ -251,6 +252,20 @@ def _next(head: Event | None, fields: dict[str, Any]) -> Event:
         prev_replica=head.replica if head else "",
         **({"time": now()} | fields),
     ).sealed()
+
+
+def _readable(event: Event) -> bytes:
+    """The event's bytes, once they read back as the event (what verify will ask of them): an
+    event no reader would take is never written."""
+    data = encode(event)
+    try:
+        decode(data)
+    except Unreadable as exc:
+        raise StorageError(
+            f"an event of {event.model} on {event.replica} is not one the ledger takes: {exc}",
+            fix="report this as a bug",
+        ) from None
+    return data
 
 
 def _hash(event: Event | None) -> str:

@@ -163,7 +163,7 @@ class Recorder:
             receipt = self._receipt(model, version, facts[version])
         return {
             "kind": kind,
-            "replica": url[:1024],
+            "replica": printable(url),
             "model": model,
             "version": version,
             "versions": named,
@@ -173,7 +173,7 @@ class Recorder:
             "promotion": self.promotion,
             "env": self.env,
             "result": result,
-            "detail": " ".join(detail.split())[:1024],
+            "detail": printable(" ".join(detail.split())),
             "receipt": receipt,
         }
 
@@ -192,7 +192,7 @@ class Recorder:
             self._facts[key] = (
                 manifest.digest if manifest is not None else "",
                 hashlib.sha256(signature).hexdigest() if signature is not None else "",
-                signer[:1024],
+                printable(signer),
             )
         return self._facts[key]
 
@@ -220,6 +220,12 @@ class Recorder:
         """The events appended, one a line (as stored): the promotion's ``ledger.jsonl``."""
         with self._lock:
             return b"".join(encode(e) for e in sorted(self.events, key=lambda e: e.seq))
+
+
+def printable(text: str, limit: int = 1024) -> str:
+    """``text`` as a ledger field takes it: printable characters only (others become '?'), at most
+    ``limit`` of them (a replica's address, a signer, a failure's reason are not ours)."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
 
 
 OPERATION: contextvars.ContextVar[str] = contextvars.ContextVar("mlreg_ledger_operation", default="promote")

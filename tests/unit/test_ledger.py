@@ -407,3 +407,24 @@ def test_a_background_recorder_appends_every_call_in_the_order_each_replica_sent
         mine = [e for e in events if e.replica == f"r{index}:8001"]
         assert [e.version for e in mine] == [str(v) for v in range(1, 21)]
         assert [e.time for e in mine] == sorted(e.time for e in mine)
+
+
+def test_what_a_replica_or_a_failure_said_is_recorded_printable_and_verifies(tmp_path: Path) -> None:
+    from pipelines.ledger import Recorder
+
+    store = open_store(tmp_path / "repo")
+    recorder = Recorder(ledger_of(store), store, "local")
+    said = 'failed to load\x00 "\x1b[31m' + "x" * 5000
+    event = recorder.sent("r0:8001\x07", "m", ("1",), (), result="failed", detail=said)
+    assert event is not None
+    assert event.replica == "r0:8001?"
+    assert event.detail.startswith('failed to load? "?[31mxxx')
+    assert len(event.detail) == 1024
+    assert chain_of(ledger_of(store)) == [event]
+
+
+def test_an_event_no_reader_would_take_is_never_written(tmp_path: Path) -> None:
+    ledger = ledger_of(open_store(tmp_path / "repo"))
+    with pytest.raises(StorageError, match="is not one the ledger takes: field 'model' is not a model name"):
+        ledger.append(**fields(model="../escape"))
+    assert ledger.seqs() == []
