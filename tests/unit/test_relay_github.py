@@ -224,3 +224,10 @@ def test_a_version_dispatched_before_is_dispatched_again_once_something_else_ser
         standin.served[MODEL] = version
         clock.now += 1.0  # well within the grace
     assert [sent["body"]["inputs"]["version"] for sent in GitHubStandIn.seen] == ["2", "3", "2"]
+    set_alias(db, MODEL, "champion", "3")
+    relay.reconcile()
+    assert [state for _, state in relay.drain()] == ["dispatched"]  # 3 from 2: sent
+    standin.served[MODEL] = "1"  # before its run served 3, someone promoted 1 by hand
+    relay.reconcile()
+    assert [state for _, state in relay.drain()] == ["dispatched"]  # what it left from is gone: again
+    assert [sent["body"]["inputs"]["version"] for sent in GitHubStandIn.seen][3:] == ["3", "3"]
