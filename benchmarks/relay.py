@@ -13,8 +13,11 @@ Figures (one a line, ``<label>  <number> <unit>``):
 - event to promotion start: from the POST of a delivery to the dispatch reaching the stand-in,
   median and max over ``--moves`` moves (target <= 2 s);
 - the relay's memory: the process's peak RSS while it runs, sampled every 0.1 s (target <= 150 MB);
+  then a second relay's once it ran the in-process promotion path (``mlreg promote``'s verb imports
+  MLflow, tritonclient and the engine), on an environment whose one replica does not answer;
 - ``--events`` deliveries at ``--rate`` a minute from 4 threads, a fifth of them replays of an
-  earlier delivery id: how many new ones were not answered 202 and how many replays were not
+  earlier delivery id, each sent again on 429/5xx as MLflow does (3 retries, 1-2-4 s apart): how many new
+  ones were not answered 202 and how many replays were not
   answered 409 (target 0 and 0), and the answer's median and p99 (those deliveries name versions the
   alias does not hold: each is queued, then found superseded -- the receiving path is what is loaded).
 
@@ -55,6 +58,7 @@ SECRET = "bench-relay-secret"
 MODEL, VERSIONS = "bench", 12
 DISPATCHES: dict[str, float] = {}  # version -> when the first dispatch of it arrived
 DB: Path = Path()
+RETRIES, RETRIED = 3, (429, 500, 502, 503, 504)  # MLflow 3.17's delivery retries (urllib3 Retry)
 
 
 class GitHubStandIn(BaseHTTPRequestHandler):
@@ -99,14 +103,21 @@ def deliver(url: str, version: str, delivery_id: str = "") -> tuple[int, float, 
         "X-MLflow-Signature": sign(SECRET.encode(), ident, stamp, body),
     }
     started = time.perf_counter()
-    try:
-        with urllib.request.urlopen(
-            urllib.request.Request(url, body, headers, method="POST"), timeout=10
-        ) as answer:
-            status = answer.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
+    for attempt in range(1 + RETRIES):  # as MLflow sends: the same delivery again on 429/5xx
+        try:
+            request = urllib.request.Request(url, body, headers, method="POST")
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                status = answer.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        if status not in RETRIED:
+            break
+        time.sleep(2**attempt)
     return status, time.perf_counter() - started, ident
+
+
+def answers_of(answers: list[tuple[str, int, float]]) -> list[tuple[str, int]]:
+    return [(kind, code) for kind, code, _ in answers]
 
 
 def main() -> None:
@@ -139,6 +150,50 @@ def main() -> None:
             relay.terminate()
             relay.wait(30)
             github.shutdown()
+        promote_path_rss(project, env, exe)
+
+
+def promote_path_rss(project: Path, env: dict[str, str], exe: str) -> None:
+    """The relay's memory once it has run the in-process path (``mlreg promote``'s verb: MLflow,
+    tritonclient, the engine imported), on an environment whose one replica does not answer."""
+    (project / "mlreg.toml").write_text(
+        f'[environments.production]\nstore = "{project / "store"}"\ntargets = ["127.0.0.1:{free_port()}"]\n'
+        'follows = "champion"\n\n[relay]\nsecret = "env:MLREG_RELAY_SECRET"\ninterval = 600\n'
+    )
+    port = free_port()
+    queue = project / ".mlreg" / "relay" / "queue.db"
+    set_alias(DB, "production", "1")
+    set_alias(DB, "champion", "3")  # before the start: its reconcile and the event agree
+    relay = subprocess.Popen([exe, "relay", "serve", "--port", str(port)], cwd=project, env=env)
+    process, peak = psutil.Process(relay.pid), 0
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        with sqlite3.connect(queue) as conn:
+            before = conn.execute("SELECT MAX(seq) FROM jobs").fetchone()[0] or 0
+        assert deliver(f"http://127.0.0.1:{port}/webhook", "3")[0] == 202
+        state, note = "", ""
+        while time.monotonic() < deadline and state in ("", "pending"):
+            peak = max(peak, process.memory_info().rss)
+            with sqlite3.connect(queue) as conn:
+                row = conn.execute(
+                    "SELECT state, note FROM jobs WHERE seq > ? AND version = '3' AND state != 'superseded'",
+                    (before,),
+                ).fetchone()
+            state, note = (row[0], row[1]) if row else ("", "")
+            time.sleep(0.1)
+        peak = max(peak, process.memory_info().rss)
+        print(
+            f"relay_peak_rss_promote_path  {peak / 2**20:.1f} MB (the promotion ended {state}: {note[:160]})"
+        )
+    finally:
+        relay.terminate()
+        relay.wait(60)
 
 
 def run(relay: subprocess.Popen[bytes], base: str, args: argparse.Namespace) -> None:
@@ -215,6 +270,11 @@ def load(base: str, args: argparse.Namespace, current: str) -> None:
         f"load_deliveries  {len(answers)} of {args.events} in {elapsed:.1f} s "
         f"({len(answers) / elapsed * 60:.0f}/min)"
     )
+    counts = {
+        (kind, code): sum(1 for a in answers if a[:2] == (kind, code))
+        for kind, code in set(answers_of(answers))
+    }
+    print("load_statuses  " + ", ".join(f"{kind} {code}: {n}" for (kind, code), n in sorted(counts.items())))
     print(f"load_new_not_202  {sum(1 for a in new if a[1] != 202)} of {len(new)}")
     print(f"load_replays_not_409  {sum(1 for a in replays if a[1] != 409)} of {len(replays)}")
     print(f"load_answer_median  {statistics.median(times) * 1000:.1f} ms")
