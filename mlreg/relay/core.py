@@ -116,6 +116,8 @@ class Relay:
         except StorageError as exc:  # the lock is held (another relay acts) or the store is down
             self.queue.finish(job, "pending", f"busy: {exc.message}", self.clock())
             return "busy"
+        except MlregError as exc:  # what serves could not be read, the record not written: the next
+            state, note = "failed", exc.message  # reconcile queues the version again
         self.queue.finish(job, state, note, self.clock())
         log.info("relay: %s %s v%s: %s %s", job.env, job.model, job.version, state, note)
         return state
@@ -136,7 +138,13 @@ class Relay:
         except MlregError as exc:
             outcome = Outcome("failed", exc.message)
         if outcome.state in ("done", "dispatched"):
-            record.write(store, job.env, job.model, job.version, served, self.clock())
+            try:
+                record.write(store, job.env, job.model, job.version, served, self.clock())
+            except MlregError as exc:  # deployed all the same: said, never retried as if it were not
+                return (
+                    outcome.state,
+                    f"{outcome.note}; its record (rollback target {served}) NOT written: {exc.message}",
+                )
         return outcome.state, outcome.note
 
     def _in_flight(self, store: RepositoryStore, job: Job, served: str) -> bool:
