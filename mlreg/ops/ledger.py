@@ -86,7 +86,8 @@ def _check_receipts(events: list[Event], pem: bytes, result: Verified) -> None:
         try:
             statement = verify_receipt(event.receipt, pem)
         except (MlregError, ValueError) as exc:
-            result.bad_receipts.append(f"{event.where()}: its receipt does not verify: {exc}")
+            why = exc.message if isinstance(exc, MlregError) else str(exc)
+            result.bad_receipts.append(f"{event.where()}: its receipt does not verify: {why}")
             continue
         subject = statement.get("subject") or [{}]
         digest = (subject[0].get("digest") or {}).get("sha256") if isinstance(subject[0], dict) else None

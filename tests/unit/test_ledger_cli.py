@@ -114,3 +114,42 @@ def test_history_refuses_a_replica_without_a_time_and_an_unknown_replica(project
     bad = runner.invoke(app, ["history", "--replica", "t0:8001", "--at", "yesterday", "--env", "staging"])
     assert bad.exit_code != 0
     assert "'yesterday' is not an ISO 8601 time" in bad.output
+
+
+def test_verify_checks_every_receipt_against_the_public_key_and_names_one_another_key_signed(
+    project: Path,
+) -> None:
+    from pipelines.ledger import Recorder
+    from pipelines.ledger.receipts import ReceiptSigner
+    from tests.unit.test_ledger_history import _receipt_keys
+
+    source = project / "src" / "scorer"
+    (source / "1").mkdir(parents=True)
+    (source / "config.pbtxt").write_text('name: "scorer"\nbackend: "python"\nmax_batch_size: 0\n')
+    (source / "1" / "model.py").write_text("X = 1\n")
+    store = open_store(project / "repo")
+    store.put_version("scorer", "1", source / "1")
+    (project / "ours").mkdir()
+    (project / "theirs").mkdir()
+    ours, public = _receipt_keys(project / "ours")
+    theirs, _ = _receipt_keys(project / "theirs")
+    (project / "receipts.pub").write_bytes(public)
+    good = Recorder(ledger_of(store), store, "staging", signer=ReceiptSigner(ours))
+    good.sent("t0:8001", "scorer", ("1",), ())
+    result = runner.invoke(app, ["ledger", "verify", "-e", "staging", "--receipt-key", "receipts.pub"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().endswith("1 events, 1 receipts verified: verifies")
+    other = Recorder(ledger_of(store), store, "staging", signer=ReceiptSigner(theirs))
+    forged = other.sent("t1:8001", "scorer", ("1",), ())
+    assert forged is not None
+    result = runner.invoke(
+        app, ["ledger", "verify", "-e", "staging", "--receipt-key", "receipts.pub", "--json"]
+    )
+    assert result.exit_code == 1
+    document = json.loads(result.output)
+    assert document["findings"] == []  # the chain itself is whole
+    assert document["receipts_verified"] == 1
+    assert document["bad_receipts"] == [
+        f"{forged.where()}: its receipt does not verify: the receipt's signature does not verify with the "
+        "receipt key"
+    ]

@@ -122,3 +122,56 @@ def test_a_ledger_that_cannot_be_written_never_fails_the_promotion(tmp_path: Pat
     assert result.ok
     assert truth(world)["t0:8001"] == {"ens": ("1",), "net": ("1",), "pre": ("1",)}
     assert (tmp_path / LEDGER).read_text() == "a file where the ledger's folder would be"
+
+
+def _receipt_keys(tmp_path: Path) -> tuple[Path, bytes]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = tmp_path / "receipts.pem"
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return path, public
+
+
+def test_an_environment_with_a_receipt_key_gets_a_verifiable_receipt_for_each_load(tmp_path: Path) -> None:
+    import dataclasses
+
+    from pipelines.ledger.receipts import verify_receipt
+
+    world = World(tmp_path)
+    key, public = _receipt_keys(tmp_path)
+    world.env = dataclasses.replace(world.env, receipt_key=str(key))
+    world.promote("ens", "1")
+    events = ledger_of(open_store(world.store_root)).read_all()[0]
+    loads = [e for e in events if e.kind == "load" and e.result == "ok"]
+    assert len(loads) == 6  # pre, net, ens on two replicas
+    for event in loads:
+        assert event.receipt is not None
+        statement = verify_receipt(event.receipt, public)
+        assert statement["subject"][0]["name"] == f"{event.model}/{event.version}"
+        assert statement["subject"][0]["digest"]["sha256"] == event.digests[event.version]
+        assert statement["predicate"]["policy"] == {"uri": "mlreg:environment/test"}
+
+
+def test_a_receipt_key_that_names_no_file_is_refused_where_the_environment_is_read(tmp_path: Path) -> None:
+    from pipelines.promote.environments import load_environments
+    from registry.errors import UsageError
+    from registry.settings import Settings
+
+    (tmp_path / "mlreg.toml").write_text(
+        '[environments.prod]\nstore = "s3://b/p"\ntargets = ["t0:8001"]\nreceipt_key = "keys/missing.pem"\n'
+    )
+    settings = Settings.from_env(env={"MLREG_HOME": str(tmp_path / ".mlreg")})
+    with pytest.raises(UsageError, match="receipt_key must be the path of the receipts' EC private key"):
+        load_environments(settings)
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "missing.pem").write_text("-")
+    assert load_environments(settings)["prod"].receipt_key == str(tmp_path / "keys" / "missing.pem")
