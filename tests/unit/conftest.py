@@ -10,14 +10,16 @@ makes beside the run, through the embedded registry's reader (registry.mlflow.sq
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -167,6 +169,53 @@ keep("a_v1_production")
 """
 REGISTRY_STATES = ("empty", "a_v1", "a_v1_production")
 REGISTRY_FIXTURES = {"registry_home", "registry_state"}
+
+# The CLI with MLflow imported, for the few unit tests whose command writes through MLflow (register):
+# one interpreter, started as soon as the tests are collected, imports MLflow and the CLI beside the
+# run (~1.5-3 s, no test waits on it); each ``mlreg_cli`` call is a child forked from it -- a fresh
+# process with the imports done, nothing run before it -- whose MLREG_HOME, cwd and output are its own.
+CLI_SERVER = """
+import json, os, sys, time
+import mlflow, mlflow.tracking  # noqa: F401 -- paid once, before any request
+from mlflow.store.model_registry import sqlalchemy_store  # noqa: F401
+from mlflow.store.tracking import sqlalchemy_store as tracking_store  # noqa: F401
+from typer.testing import CliRunner
+from mlreg.cli.main import app
+import registry.mlflow  # noqa: F401
+print("ready", flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.environ.update(request["set"])
+        for name in request["unset"]:
+            os.environ.pop(name, None)
+        os.chdir(request["cwd"])
+        try:
+            runs = [CliRunner().invoke(app, argv) for argv in request["argvs"]]
+            found = [{"exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr} for r in runs]
+            with open(request["out"], "w") as out:
+                json.dump(found, out)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    deadline, status = time.monotonic() + 300, None
+    while status is None and time.monotonic() < deadline:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        status = code if done else time.sleep(0.005)
+    if status is None:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    print(json.dumps("timeout" if status is None else status), flush=True)
+"""
+CLI_FIXTURE = "mlreg_cli"
+CliRuns = Callable[..., list[dict[str, Any]]]  # the ``mlreg_cli`` fixture
 NOT_MLFLOW = (
     "MLflow's import alone takes 1.5 s: a unit test reads the embedded registry through "
     "registry.mlflow.sqlite, from registry_home or registry_state (made by MLflow, beside the run); "
@@ -187,6 +236,7 @@ SCRATCH = "scratch"
 Finished = Callable[[str], subprocess.CompletedProcess[str]]  # the ``background`` fixture
 BACKGROUND = pytest.StashKey[dict[str, subprocess.Popen[str]]]()
 BACKGROUND_ROOT = pytest.StashKey[Path]()
+CLI_READY = pytest.StashKey[bool]()
 
 
 def _needs_registry(item: pytest.Item) -> bool:
@@ -194,8 +244,10 @@ def _needs_registry(item: pytest.Item) -> bool:
 
 
 def _runs_last(item: pytest.Item) -> bool:
-    """Waits on a process started at collection (a registry, a background check): run it last."""
-    return _needs_registry(item) or "background" in getattr(item, "fixturenames", ())
+    """Waits on a process started at collection (a registry, a background check, the CLI with
+    MLflow imported): run it last."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return _needs_registry(item) or bool({"background", CLI_FIXTURE} & fixtures)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -210,6 +262,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     started = session.config.stash[BACKGROUND] = {}
     if any(_needs_registry(item) for item in session.items):
         started["registries"] = _start([sys.executable, "-c", CREATE_REGISTRIES, str(root / "registries")])
+    if any(CLI_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        started[CLI_FIXTURE] = subprocess.Popen(
+            [sys.executable, "-c", CLI_SERVER],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     modules = {item.module for item in session.items if isinstance(item, pytest.Function)}
     for module in sorted(modules, key=lambda m: m.__name__):
         for name, command in getattr(module, "BACKGROUND", {}).items():
@@ -226,7 +286,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for process in config.stash.get(BACKGROUND, {}).values():
         if process.returncode is None:
             process.kill()
-            process.communicate()
+            process.communicate(timeout=30)
     if BACKGROUND_ROOT in config.stash:
         shutil.rmtree(config.stash[BACKGROUND_ROOT], ignore_errors=True)
     _leave_tmpfs(config)
@@ -282,3 +342,38 @@ def registry_home(registry_state: Callable[[str], Path], tmp_path: Path) -> Path
     home.mkdir(exist_ok=True)
     shutil.copy2(registry_state("empty") / "mlflow.db", home / "mlflow.db")
     return home
+
+
+def _answer(process: subprocess.Popen[str], seconds: float) -> str:
+    """The server's next line, waited for at most ``seconds``."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], seconds)
+    assert ready, f"the CLI server (pid {process.pid}) did not answer within {seconds:.0f} s"
+    return process.stdout.readline()
+
+
+@pytest.fixture
+def mlreg_cli(request: pytest.FixtureRequest, tmp_path: Path) -> CliRuns:
+    """``(home, *argvs)`` -> each argv run through the CLI (CliRunner) with MLREG_HOME=home and no
+    MLFLOW_TRACKING_URI, all in one child process of CLI_SERVER (MLflow imported there, never in
+    this process): each run's ``exit_code``, ``stdout`` and ``stderr``."""
+    process = request.config.stash[BACKGROUND][CLI_FIXTURE]
+    if not request.config.stash.get(CLI_READY, False):
+        line = _answer(process, 300)
+        assert line == "ready\n", f"the CLI server did not start: {line!r} (exit {process.poll()})"
+        request.config.stash[CLI_READY] = True
+
+    def runs(home: Path, *argvs: list[str]) -> list[dict[str, Any]]:
+        assert process.stdin is not None
+        out = tmp_path / f"cli-{len(list(tmp_path.glob('cli-*.json')))}.json"
+        log = out.with_suffix(".log")
+        asked = {"set": {"MLREG_HOME": str(home)}, "unset": ["MLFLOW_TRACKING_URI"], "cwd": str(ROOT)}
+        process.stdin.write(json.dumps({**asked, "argvs": argvs, "out": str(out), "log": str(log)}) + "\n")
+        process.stdin.flush()
+        status = json.loads(_answer(process, 330))
+        assert status == 0, f"the CLI child ended with {status}: {log.read_text()}"
+        assert out.is_file(), f"the CLI child wrote no answer: {log.read_text()}"
+        found: list[dict[str, Any]] = json.loads(out.read_text())
+        return found
+
+    return runs

@@ -5,25 +5,22 @@ from ``stack up``/``stack status``, history results that read one way, and the w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from mlreg.ops.history import result_of
+from pipelines.checks.capture import Shadow
+from pipelines.checks.replay import ShadowResult, judge
+from pipelines.core.reports import QualityStageReport
 from pipelines.devstack.processes import process_runs
-from pipelines.promote.capture import Shadow
-from pipelines.promote.replay import ShadowResult, judge
-from pipelines.promote.reports import QualityStageReport
 from registry.mlflow import sqlite
-from tests.unit.conftest import Background, Finished
+from tests.unit.conftest import Background, CliRuns, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 MLREG = str(Path(sys.executable).parent / "mlreg")  # the console script: completion keys on its name
@@ -68,33 +65,6 @@ def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
 
 # -- item 2: register exits non-zero for a version that failed validation --------------------------
 
-RUNS = """
-import json, sys
-from typer.testing import CliRunner
-from mlreg.cli.main import app
-runs = [CliRunner().invoke(app, argv) for argv in json.loads(sys.argv[1])]
-print(json.dumps([{"exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr} for r in runs]))
-"""
-
-
-def mlreg_runs(home: Path, *argvs: list[str]) -> list[dict[str, Any]]:
-    """Each ``argv`` through the CLI in one fresh interpreter (MLflow's import paid once; a unit
-    test never imports it itself)."""
-    env = {**os.environ, "MLREG_HOME": str(home)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", RUNS, json.dumps(argvs)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    runs: list[dict[str, Any]] = json.loads(proc.stdout.splitlines()[-1])
-    return runs
-
 
 def _broken_scorer(root: Path, other: str) -> Path:
     """A python model whose model.py is missing (its version folder holds ``other.py``)."""
@@ -106,11 +76,11 @@ def _broken_scorer(root: Path, other: str) -> Path:
 
 
 def test_register_of_a_version_that_fails_validation_records_it_and_exits_3(
-    tmp_path: Path, registry_home: Path
+    tmp_path: Path, registry_home: Path, mlreg_cli: CliRuns
 ) -> None:
     first = _broken_scorer(tmp_path / "a", "x = 1\n")
     second = _broken_scorer(tmp_path / "b", "x = 2\n")
-    failed, meant = mlreg_runs(
+    failed, meant = mlreg_cli(
         registry_home,
         ["register", "scorer", str(first), "--json"],
         ["register", "scorer", str(second), "--allow-invalid"],

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -21,12 +17,13 @@ from typer.testing import CliRunner
 
 from mlreg.cli.main import app
 from mlreg.ops.init import SETTINGS_FILE
+from pipelines.checks.golden import golden_inputs, has_golden_inputs
 from pipelines.promote.environments import load_environments
-from pipelines.promote.quality import golden_inputs, has_golden_inputs
 from registry.contracts.config import data_type_name, load_config, parse_config
 from registry.mlflow import sqlite
 from registry.settings import Settings
 from tests.unit import standins
+from tests.unit.conftest import CliRuns
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_MODEL = """
@@ -226,42 +223,14 @@ def test_a_source_init_cannot_read_is_a_usage_error(
     assert not (tmp_path / "p").exists()
 
 
-REGISTER = """
-import json, sys
-from typer.testing import CliRunner
-from mlreg.cli.main import app
-runs = [CliRunner().invoke(app, argv) for argv in json.loads(sys.argv[1])]
-print(json.dumps([{"exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr} for r in runs]))
-"""
-
-
-def mlreg_runs(home: Path, *argvs: list[str]) -> list[dict[str, Any]]:
-    """Each ``argv`` run through the CLI in one fresh interpreter (MLflow's import, ~1.5 s, is
-    paid once; unit tests never import it themselves): the exit code and output of each."""
-    env = {**os.environ, "MLREG_HOME": str(home)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", REGISTER, json.dumps(argvs)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    runs: list[dict[str, Any]] = json.loads(proc.stdout.splitlines()[-1])
-    return runs
-
-
 def test_init_then_validate_then_register_on_the_embedded_registry(
-    runner: CliRunner, tmp_path: Path, registry_home: Path
+    runner: CliRunner, tmp_path: Path, registry_home: Path, mlreg_cli: CliRuns
 ) -> None:
     source = onnx_classifier(tmp_path / "classifier.onnx")
     project = tmp_path / "project"
     assert runner.invoke(app, ["init", str(project), "--from", str(source)]).exit_code == 0
     assert runner.invoke(app, ["validate", str(project / "models")]).exit_code == 0
-    [registered] = mlreg_runs(registry_home, ["register", "classifier", str(project / "models/classifier")])
+    [registered] = mlreg_cli(registry_home, ["register", "classifier", str(project / "models/classifier")])
     assert registered["exit_code"] == 0, registered
     assert "classifier: registered version 1 (validation passed)" in registered["stdout"]
     record = sqlite.registered_model(f"sqlite:///{registry_home / 'mlflow.db'}", "classifier")
