@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from mlreg import fleet
+from mlreg import pins as fleet
 from registry.errors import RegistryError, UsageError
 from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
@@ -32,7 +31,7 @@ RACER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from mlreg import fleet
+    from mlreg import pins as fleet
     from tests.fakes import FakeRegistry
 
     path, me, go, root = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
@@ -51,78 +50,92 @@ RACER = textwrap.dedent(
 )
 
 
-def _racers(tmp_path: Path, path: Path, lock: bool) -> list[subprocess.CompletedProcess[str]]:
-    go = tmp_path / "go"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    script = RACER if lock else RACER.replace("fleet.pin(", "unlocked_pin(fleet, ")
-    if not lock:  # the old path (read, modify, write; no lock): the positive control
-        script = (
-            "def unlocked_pin(fleet, settings, path, pins, env, registry):\n"
-            "    found = fleet.read_fleet(path, missing_ok=True)\n"
-            "    found.environment = env\n"
-            "    found.models.update(pins)\n"
-            "    fleet._require_registered(registry, found.models, str(path))  # as the old pin did\n"
-            "    found.digest = fleet._digest(path.read_bytes()) if path.exists() else ''\n"
-            "    path.parent.mkdir(parents=True, exist_ok=True)\n"
-            "    partial = path.with_name('.' + path.name + '.' + str(__import__('os').getpid()))\n"
-            "    partial.write_text(fleet.render(found))\n"
-            "    __import__('os').replace(partial, path)\n"
-        ) + script
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                script,
-                str(path),
-                me,
-                str(go),
-                str(tmp_path / f"reg-{me}"),
-                str(MODELS_EACH),
-            ],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for me in ("a", "b")
-    ]
-    deadline = time.monotonic() + 60  # both set up (imports, registries): both wait on ``go`` now
-    while time.monotonic() < deadline and not all((tmp_path / f"ready-{me}").exists() for me in ("a", "b")):
-        time.sleep(0.01)
-    go.touch()
-    done = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return done
+UNLOCKED_PIN = (  # the old path (read, modify, write; no lock): the positive control
+    "def unlocked_pin(fleet, settings, path, pins, env, registry):\n"
+    "    found = fleet.read_fleet(path, missing_ok=True)\n"
+    "    found.environment = env\n"
+    "    found.models.update(pins)\n"
+    "    fleet._require_registered(registry, found.models, str(path))  # as the old pin did\n"
+    "    found.digest = fleet._digest(path.read_bytes()) if path.exists() else ''\n"
+    "    path.parent.mkdir(parents=True, exist_ok=True)\n"
+    "    partial = path.with_name('.' + path.name + '.' + str(__import__('os').getpid()))\n"
+    "    partial.write_text(fleet.render(found))\n"
+    "    __import__('os').replace(partial, path)\n"
+) + RACER.replace("fleet.pin(", "unlocked_pin(fleet, ")
+# The race, run beside the suite (tests/unit/conftest.py ``background``: two interpreters' imports
+# and set-up are most of its cost): in its scratch folder, per attempt, the two racers started,
+# both set up (imports, registries), then ``go``; each attempt's exit codes, errors, the file's
+# text and what its folder holds after.  The unlocked control tries up to three times (a race:
+# lost in nearly every run) and stops at the first lost pin.
+RACE = textwrap.dedent(
+    """
+    import json, subprocess, sys, time, tomllib
+    from pathlib import Path
+
+    racer, lock, attempts, each = sys.argv[1], sys.argv[2] == "lock", int(sys.argv[3]), sys.argv[4]
+    runs = []
+    for attempt in range(attempts):
+        folder = Path(f"race-{attempt}").resolve()
+        folder.mkdir()
+        path = folder / "fleet" / "production.toml"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", racer, str(path), me, str(folder / "go"), str(folder / f"reg-{me}")]
+                + [each],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for me in ("a", "b")
+        ]
+        deadline = time.monotonic() + 60  # both set up (imports, registries): both wait on go now
+        while time.monotonic() < deadline and not all((folder / f"ready-{me}").exists() for me in "ab"):
+            time.sleep(0.01)
+        (folder / "go").touch()
+        codes, errors = [], []
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            codes.append(proc.returncode)
+            errors.append(err[-2000:])
+        text = path.read_text() if path.exists() else ""
+        left = sorted(p.name for p in path.parent.iterdir()) if path.parent.exists() else []
+        runs.append({"codes": codes, "errors": errors, "text": text, "left": left})
+        if lock or len(tomllib.loads(text).get("models", {})) < 2 * int(each):
+            break
+    print(json.dumps(runs))
+    """
+)
 
 
-def test_two_pin_processes_on_one_file_lose_no_update(tmp_path: Path) -> None:
-    path = tmp_path / "fleet" / "production.toml"
-    done = _racers(tmp_path, path, lock=True)
-    assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
-    pinned = fleet.read_fleet(path)
+def _race(background: Finished, name: str, tmp_path: Path) -> list[tuple[dict[str, Any], fleet.FleetFile]]:
+    """Each attempt of the race ``name`` (BACKGROUND), and the file it left as ``fleet`` reads it."""
+    done = background(name)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = []
+    for attempt, run in enumerate(json.loads(done.stdout.strip().splitlines()[-1])):
+        path = tmp_path / f"run-{attempt}" / "production.toml"
+        path.parent.mkdir()
+        path.write_text(run["text"])
+        found.append((run, fleet.read_fleet(path)))
+    return found
+
+
+def test_two_pin_processes_on_one_file_lose_no_update(tmp_path: Path, background: Finished) -> None:
+    [(run, pinned)] = _race(background, "race", tmp_path)
+    assert run["codes"] == [0, 0], run["errors"]
     wanted = {f"{who}_{i}": "1" for who in ("a", "b") for i in range(MODELS_EACH)}
     assert pinned.models == wanted  # every pin of both processes is in the file
     assert pinned.environment == "production"
-    assert sorted(p.name for p in path.parent.iterdir()) == ["production.toml"]  # no lock or temp file left
+    assert run["left"] == ["production.toml"]  # no lock or temp file left
 
 
-def test_the_old_unlocked_path_loses_updates_in_the_same_race(tmp_path: Path) -> None:
+def test_the_old_unlocked_path_loses_updates_in_the_same_race(tmp_path: Path, background: Finished) -> None:
     """The positive control: the same two processes through the old read-modify-write (no lock)
     lose pins -- what the test above would catch."""
     lost = 0
-    for attempt in range(3):  # a race: lost in (nearly) every run; three tries make it sure
-        path = tmp_path / f"run-{attempt}" / "production.toml"
-        folder = tmp_path / f"race-{attempt}"
-        folder.mkdir()
-        done = _racers(folder, path, lock=False)
-        assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
-        lost += 2 * MODELS_EACH - len(fleet.read_fleet(path).models)
-        if lost:
-            break
+    for run, pinned in _race(background, "unlocked race", tmp_path):  # at most three attempts
+        assert run["codes"] == [0, 0], run["errors"]
+        lost += 2 * MODELS_EACH - len(pinned.models)
     assert lost > 0
 
 
@@ -171,7 +184,7 @@ JUDGE = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from mlreg import fleet
+    from mlreg import pins as fleet
     from registry.errors import MlregError
     from registry.mlflow import MlflowRegistry
     from registry.settings import Settings
@@ -227,6 +240,12 @@ JUDGE = textwrap.dedent(
 )
 BACKGROUND = {
     "registered pins": Background([sys.executable, "-c", JUDGE, SCORER, SCORING], cwd=SCRATCH, env=ENV),
+    "race": Background(
+        [sys.executable, "-c", RACE, RACER, "lock", "1", str(MODELS_EACH)], cwd=SCRATCH, env=ENV
+    ),
+    "unlocked race": Background(
+        [sys.executable, "-c", RACE, UNLOCKED_PIN, "nolock", "3", str(MODELS_EACH)], cwd=SCRATCH, env=ENV
+    ),
 }
 
 
