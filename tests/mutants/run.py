@@ -7,25 +7,29 @@ temporary folder (``.venv``, ``.git`` and ``.mlreg`` left out), each mutant is a
 tests run there with that folder first on ``sys.path`` -- the project's ``.venv`` holds an editable
 install of the working tree, so a guard plugin (``_mutant_guard``) checks that ``registry``,
 ``pipelines``, ``mlreg`` and the mutated module itself are imported from the copy -- and the copy is
-deleted at the end.
+deleted at the end.  ``--jobs N`` (default: the machine's cores, at most 4) runs N mutants at once,
+each in a copy of its own (a mutant is applied to one copy while others run theirs: no two mutants
+ever share a tree), and the baseline's test files split over them.
 
 First the named tests run once on the unmutated copy (a test that fails there would "kill" every
 mutant).  A mutant whose search text is not found exactly once in its file is *stale* and fails the
 run, as does one that survives (its tests pass) or errors (pytest could not run them).
 
-    python tests/mutants/run.py [--only ID ...] [--list] [--keep]
+    python tests/mutants/run.py [--only ID ...] [--list] [--keep] [--jobs N]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +40,9 @@ LIST = Path(__file__).resolve().with_name("mutants.toml")
 HERE = LIST.parent
 LEFT_OUT = (".venv", ".git", ".mlreg")  # never copied: the environment, history, local state
 PER_MUTANT_S = 300  # one mutant's tests; a hang is an error, never a kill
+# Mutants run at once, each in its own copy: a mutant's pytest is mostly one process's imports and
+# set-up, so two of them keep two cores busy where one left the other idle.
+JOBS = min(os.cpu_count() or 1, 4)
 GUARD = '''
 """Loaded by tests/mutants/run.py: the modules under test must be the copy's, not the editable
 install's (the working tree another process may be editing)."""
@@ -203,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=[], help="mutant ids to run (default: all)")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--keep", action="store_true", help="keep the copy (its path is printed)")
+    parser.add_argument("--jobs", type=int, default=JOBS, help=f"mutants run at once (default {JOBS})")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     mutants = load()
     if args.only:
         unknown = set(args.only) - {m.id for m in mutants}
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="mlreg-mutants-"))
     try:
-        return _run(mutants, work, start)
+        return _run(mutants, work, start, args.jobs)
     finally:
         if args.keep:
             print(f"the copy is kept in {work}")
@@ -225,21 +235,46 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(mutants: list[Mutant], work: Path, start: float) -> int:
-    tree, guard = work / "tree", work / "guard"
+def baseline(trees: list[Path], guard: Path, live: list[Mutant]) -> tuple[int, str, list[str]]:
+    """The named tests on the unmutated copies, their test files split over the copies (a module's
+    tests stay together): the worst exit code, the output of the runs that did not pass, what failed."""
+    tests = sorted({t for m in live for t in m.tests})
+    modules = " ".join(sorted({m.module for m in live}))
+    files = sorted({t.split("::", 1)[0] for t in tests})
+    shares = [
+        [t for t in tests if files.index(t.split("::", 1)[0]) % len(trees) == k] for k in range(len(trees))
+    ]
+    shares = [share for share in shares if share]
+    if not shares:
+        return 0, "", []
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+        runs = list(
+            pool.map(
+                lambda k: pytest(trees[k], guard, shares[k], modules, stop_first=False), range(len(shares))
+            )
+        )
+    codes = [rc for rc, _, _ in runs]
+    rc = next((c for c in codes if c not in (0, 1)), max(codes))
+    output = "\n".join(out for code, out, _ in runs if code != 0)
+    seconds = time.monotonic() - start
+    print(f"baseline: the {len(tests)} named tests on the unmutated copies: rc {rc} in {seconds:.1f} s")
+    return rc, output, [f for code, out, _ in runs for f in failures(out)]
+
+
+def _run(mutants: list[Mutant], work: Path, start: float, jobs: int = 1) -> int:
+    guard = work / "guard"
     guard.mkdir()
     (guard / "_mutant_guard.py").write_text(GUARD)
-    copy_tree(ROOT, tree)
+    trees = [work / ("tree" if k == 0 else f"tree-{k}") for k in range(max(1, jobs))]
+    for tree in trees:
+        copy_tree(ROOT, tree)
     for mutant in mutants:
-        why = stale(mutant, tree)
+        why = stale(mutant, trees[0])
         if why:
             mutant.outcome, mutant.detail = "STALE", [why]
     live = [m for m in mutants if not m.outcome]
-    tests = sorted({t for m in live for t in m.tests})
-    modules = " ".join(sorted({m.module for m in live}))
-    rc, output, seconds = pytest(tree, guard, tests, modules, stop_first=False)
-    broken = failures(output)
-    print(f"baseline: the {len(tests)} named tests on the unmutated copy: rc {rc} in {seconds:.1f} s")
+    rc, output, broken = baseline(trees, guard, live)
     if rc not in (0, 1) or (rc == 1 and not broken):
         print("\n".join(output.splitlines()[-40:]))
         print("the named tests could not run on the unmutated copy: nothing was judged")
@@ -249,9 +284,20 @@ def _run(mutants: list[Mutant], work: Path, start: float) -> int:
         if failing:  # a test failing without the mutant would "kill" it: not judged
             mutant.outcome, mutant.detail = "BASELINE-FAILS", [f"fails unmutated: {f}" for f in failing]
     live = [m for m in live if not m.outcome]
-    for mutant in live:
-        run_one(mutant, tree, guard)
+    free: queue.Queue[Path] = queue.Queue()
+    for tree in trees:
+        free.put(tree)
+
+    def judge(mutant: Mutant) -> None:
+        tree = free.get()  # a copy no other mutant holds now
+        try:
+            run_one(mutant, tree, guard)
+        finally:
+            free.put(tree)
         print(f"  {mutant.id}: {mutant.outcome} ({mutant.seconds:.1f} s)", flush=True)
+
+    with ThreadPoolExecutor(max_workers=len(trees)) as pool:
+        list(pool.map(judge, live))
     print()
     print(table(mutants))
     bad = [m for m in mutants if m.outcome != "killed"]
