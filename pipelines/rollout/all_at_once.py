@@ -7,6 +7,7 @@ per changed model, and one more per model to retire the old version.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,9 @@ def check_serves_from_store(ctx: PromotionContext) -> None:
     a marker would have to be written by every existing store first; an empty store and a
     repository holding only this promotion's models cannot be told apart (a load from an empty
     one then fails: it has no such model), and the rollback never unloads what a target served
-    before (``undo``)."""
-    _check_recorded(ctx)
+    before (``undo``).  Then each target's recorded repository (``_check_recorded``) and, on the
+    local stack only, a marker folder read back through its index (``_check_marker``): what tells
+    two copies of one repository apart."""
     planned = {s.model for s in ctx.plan.steps}
     stored = set(ctx.store.list_models()) - planned
     for url in ctx.fleet.urls:
@@ -61,6 +63,8 @@ def check_serves_from_store(ctx: PromotionContext) -> None:
             fix=f"check environment '{ctx.env.name}' in mlreg.toml: its store must be the "
             "--model-repository its targets serve from",
         )
+    _check_recorded(ctx)  # read-only checks first; the marker writes (and removes) one object
+    _check_marker(ctx)
 
 
 def _check_recorded(ctx: PromotionContext) -> None:
@@ -80,6 +84,38 @@ def _check_recorded(ctx: PromotionContext) -> None:
                 fix="restart the stack on the environment's store ('mlreg stack down', then "
                 "'mlreg stack up'), or promote to the environment whose store it serves",
             )
+
+
+MARKER = "mlreg-serves-from-"  # + 16 hex: the folder _check_marker writes at the store's root
+
+
+def _check_marker(ctx: PromotionContext) -> None:
+    """The local stack (mlreg's own servers): a folder written at the environment's store's root
+    and read back through each target's repository index -- Triton lists every folder of the
+    repository it serves from (seen on 2.51, loaded or not, config or none) -- then removed.  A
+    target that does not list it does not read this store, whatever any record says.  Limits: not
+    on a dry run (a plan only reads) nor for a fleet (a replica restarting with --load-model=* in
+    that moment would try to load the folder); it proves where Triton looks, not which bytes it
+    loaded (the versions are verified against MLflow's digest right before each load)."""
+    if not ctx.env.local_stack or ctx.options.dry_run:
+        return
+    name = f"{MARKER}{secrets.token_hex(8)}"
+    key = f"{name}/README"
+    ctx.store.write(
+        key, b"written by an mlreg promotion to see which store its targets read; removed at once\n"
+    )
+    try:
+        missing = [url for url in ctx.fleet.urls if name not in ctx.fleet.target(url).model_states()]
+    finally:
+        ctx.store.delete(key)
+    if missing:
+        raise PromotionError(
+            f"{', '.join(missing)} does not serve from the store {ctx.store.uri}: the folder {name}/ "
+            "written there is not in its repository index (Triton lists every folder of the repository "
+            "it serves from); nothing was promoted",
+            fix="restart the local stack on the environment's store ('mlreg stack down', then 'mlreg "
+            "stack up'); 'mlreg stack status' names the repository it serves",
+        )
 
 
 def same_store(one: str, other: str) -> bool:

@@ -259,7 +259,12 @@ def _context(store: Any, listed: dict[str, list[str]]) -> PromotionContext:
     plan = SimpleNamespace(steps=[SimpleNamespace(model="m")])
     return cast(
         PromotionContext,
-        SimpleNamespace(plan=plan, store=store, fleet=fleet, env=SimpleNamespace(name="e", served_from=())),
+        SimpleNamespace(
+            plan=plan,
+            store=store,
+            fleet=fleet,
+            env=SimpleNamespace(name="e", served_from=(), local_stack=False),
+        ),
     )
 
 

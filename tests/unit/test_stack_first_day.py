@@ -7,8 +7,10 @@ configs), the session's real moto_server, the in-process stand-in Triton of test
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -255,3 +257,73 @@ def test_what_the_s3_server_held_is_copied_back_to_the_projects_folder(
         ("ens", ("1",)),
     ]
     assert copy_back(served, back) == []  # nothing new: nothing written
+
+
+def _local_world(tmp_path: Path, served: Path) -> tuple[World, StandinFleet]:
+    """The promotion's World on the built-in local environment, its one target a stand-in Triton
+    serving the folder ``served`` (it lists that folder's folders, as Triton 2.51 does)."""
+    import dataclasses
+
+    world = World(tmp_path)
+    key = os.environ["MLREG_CONTROL_KEY"]  # tests/conftest.py: what every client of the tests sends
+    fleet = StandinFleet(served, 1, load_delay=0.01, key=key)
+    fleet.__enter__()
+    world.env = dataclasses.replace(world.env, targets=tuple(fleet.urls), local_stack=True)
+    return world, fleet
+
+
+def _promote_on(world: World, model: str) -> Any:
+    """``model`` v1 promoted by the promotion's runner on the world's environment, its targets
+    reached for real (pipelines.triton.control.TritonControl: the stand-in speaks Triton's gRPC)."""
+    from pipelines.promote.runner import Options, Promotion
+
+    def connect(url: str) -> TritonControl:
+        return TritonControl(url, timeout=5, load_timeout=10)
+
+    promotion = Promotion(
+        world.settings, world.env, world.registry, Options(skip_quality=True), connect=connect
+    )
+    return promotion.run(model, "1")
+
+
+def test_a_local_target_reading_a_copy_of_the_store_refuses_before_any_change(tmp_path: Path) -> None:
+    """The reported surprise without any record to go by: the target serves a copy of the store
+    (same models), so the repository index cannot tell them apart -- the folder written to the
+    environment's store is not in its index, and the promotion refuses before any change."""
+    import shutil
+
+    from registry.errors import PromotionError
+
+    (tmp_path / "first").mkdir()
+    seeded = World(tmp_path / "first")
+    assert seeded.promote("ens", "1").ok
+    copy = tmp_path / "copy"
+    shutil.copytree(seeded.store_root, copy)  # the S3 copy `stack up --s3` served
+    (tmp_path / "second").mkdir()
+    world, fleet = _local_world(tmp_path / "second", copy)
+    shutil.rmtree(world.store_root)
+    shutil.copytree(seeded.store_root, world.store_root)  # the folder the local environment wrote
+    world.registry.tags = seeded.registry.tags
+    before = sorted(world.store_root.rglob("*"))
+    try:
+        with pytest.raises(PromotionError, match="does not serve from the store") as failed:
+            _promote_on(world, "pre")
+        states = fleet.replica(fleet.urls[0]).states()
+    finally:
+        fleet.close()
+    assert "is not in its repository index" in failed.value.message
+    assert states == {}  # nothing loaded
+    assert sorted(world.store_root.rglob("*")) == before  # the marker removed, nothing else written
+    assert world.registry.aliases("pre") == {}
+
+
+def test_a_local_target_reading_the_store_finds_the_marker_and_it_is_removed(tmp_path: Path) -> None:
+    world, fleet = _local_world(tmp_path, tmp_path / "store")
+    try:
+        result = _promote_on(world, "ens")
+        states = fleet.replica(fleet.urls[0]).states()
+    finally:
+        fleet.close()
+    assert result.ok
+    assert states["ens"] == {"1": "READY"}
+    assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith("mlreg-serves-from-")]
