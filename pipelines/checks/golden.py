@@ -32,8 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pipelines.checks.capture import Shadow
-from pipelines.checks.shadow import replay_step
+from pipelines.core.check import Judging, Phase, Place, Trial, Verdict, run_checks
 from pipelines.core.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
 from pipelines.core.ports import ScratchServers
 from pipelines.core.reports import Refusal
@@ -75,12 +74,16 @@ class QualityReport:
     not_loaded: list[str] = field(default_factory=list)  # candidates whose load failed: never judged
     load_fix: str = ""  # a load that did not run or still runs: its error's own fix (its cause)
     generated: list[str] = field(default_factory=list)  # models sent inputs made from the config
+    verdicts: list[Verdict] = field(default_factory=list)  # every check's, per candidate (core/check.py)
+    observed: list[str] = field(default_factory=list)  # what observed checks would have refused
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "where": self.where,
             "checked": self.checked,
             "failures": self.failures,
+            "verdicts": [v.to_dict() for v in self.verdicts],
+            "observed": self.observed,
             "changes": self.changes,
             "compared_with": self.previous,
             "perf": self.perf,
@@ -245,12 +248,11 @@ def preflight(
     scratch: ScratchServers,
     connect: Callable[[str], Answers],
     live: Answers | None = None,
-    shadow: tuple[Shadow | None, bool] = (None, False),
+    judging: Judging | None = None,
 ) -> QualityReport:
-    """The gate on a scratch tritonserver (``scratch``: started on a folder, stopped after).
-    ``live``: a server of the environment that answers for the serving version where it cannot sit
-    beside the candidate (a runtime change).  ``shadow``: the environment's capture (replayed where
-    the scratch server or ``live`` can answer for the serving version), and whether to skip it."""
+    """The gate on a scratch tritonserver (``scratch``: started on a folder, stopped after): the
+    registered checks of ``judging`` on each candidate.  ``live``: a server of the environment that
+    answers for the serving version where it cannot sit beside the candidate (a runtime change)."""
     report = QualityReport()
     warm_up()
     with tempfile.TemporaryDirectory(prefix="mlreg-preflight-") as tmp:
@@ -261,24 +263,32 @@ def preflight(
             try:
                 for model in models:
                     triton.load(model)
-                for model in models:
-                    step = plan.step(model)
-                    reference = serving_reference(step)
-                    source: Answers | None = triton if (root / model / reference).is_dir() else None
-                    if reference and source is None and step.runtime_changes:
-                        source = live
-                    probe = Probe(step.model, step.version, reference if source else "", source)
-                    check_model(triton, settings, step.config_text, probe, report)
-                    if source is not None and not report.failures and step.folder is not None:
-                        result, _ = replay_step(
-                            step, reference, (triton.infer, step.model), source.infer, *shadow
-                        )
-                        report.shadow.append(result.to_dict())
-                        if not result.ok:
-                            report.failures.append(f"{step.model}: shadow replay {result.line()}")
+                trials = [_scratch_trial(plan.step(m), root, triton, live, settings, report) for m in models]
+                run_checks(judging or Judging(()), trials, report)
             finally:
                 triton.close()
     return report
+
+
+def _scratch_trial(
+    step: Step, root: Path, triton: Answers, live: Answers | None, settings: Settings, report: QualityReport
+) -> Trial:
+    """One candidate on the scratch server, compared with the serving version where the scratch
+    server (beside it) or ``live`` (a runtime change) answers for it."""
+    reference = serving_reference(step)
+    source: Answers | None = triton if (root / step.model / reference).is_dir() else None
+    if reference and source is None and step.runtime_changes:
+        source = live
+    return Trial(
+        step,
+        settings,
+        report,
+        loaded_as=step.model,
+        reference=reference if source else "",
+        candidate=triton,
+        serving=source,
+        where="scratch",
+    )
 
 
 # -- the checks ------------------------------------------------------------------------------------
@@ -446,3 +456,52 @@ def _judge_change(
             f"declared tolerance {spec['tolerance']}"
         )
     return ranges
+
+
+# -- the seam (pipelines/core/check.py): this check as the gates run it ---------------------------
+
+
+@dataclass(frozen=True)
+class GoldenCheck:
+    """The golden inputs' answers judged (great_expectations, the change against the serving
+    version): one verdict per candidate, its findings the report's failure lines."""
+
+    name: str = "golden"
+    phase: Phase = "gate"
+    where: frozenset[str] = frozenset({"canary", "scratch"})
+    owns: frozenset[str] = frozenset()
+    aliases: tuple[str, ...] = ()
+
+    def parse(self, place: Place, raw: Mapping[str, Any]) -> None:
+        return None  # no settings: the template's golden_inputs.py says what to send and expect
+
+    def judge(self, trial: Trial) -> list[Verdict]:
+        step, report = trial.step, trial.report
+        measured = "the outputs on the golden inputs (shape, finite, ranges; change against serving)"
+        if trial.skip:
+            return [Verdict(self.name, "skipped", trial.subject, measured, why=trial.skip)]
+        before = len(report.failures)
+        private = trial.loaded_as if trial.loaded_as != step.model else ""
+        probe = Probe(step.model, step.version, trial.reference, trial.serving, private)
+        check_model(trial.candidate, trial.settings, step.config_text, probe, report)
+        found = tuple(report.failures[before:])
+        del report.failures[before:]  # the gate writes what refuses (an observed check's never)
+        return [
+            Verdict(
+                self.name,
+                "fail" if found else "pass",
+                trial.subject,
+                measured + (f" v{trial.reference}" if report.previous.get(step.model) else ""),
+                window=f"before traffic, on {report.where}",
+                replicas=(trial.replica,) if trial.replica else (),
+                sample=len(report.outputs.get(step.model, {})),
+                value=float(len(found)),
+                threshold=0.0,
+                why="; ".join(found),
+                fix=GATE_FIX if found else "",
+                findings=found,
+            )
+        ]
+
+
+CHECK = GoldenCheck()

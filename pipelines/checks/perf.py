@@ -27,17 +27,25 @@ An environment's section of ``mlreg.toml`` may tune it (defaults shown)::
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 import statistics
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from registry.errors import UsageError
+from pipelines.checks.golden import golden_inputs, output_names
+from pipelines.core.check import Phase, Place, Trial, Verdict
+from pipelines.triton import metrics
+from registry.errors import MlregError, UsageError
+
+log = logging.getLogger(__name__)
 
 PERF_KEYS = frozenset({"perf_concurrency", "perf_requests", "perf_seconds"})
 BLOCKS = 4  # the serving version's requests, cut in this many blocks for its spread
@@ -257,3 +265,119 @@ def check(run: Callable[[], PerfResult]) -> PerfResult:
         else f"ok on a second run (first: {first.verdict})"
     )
     return second
+
+
+# -- the seam (pipelines/core/check.py): the check as the canary gate runs it -----------------------
+
+
+@dataclass(frozen=True)
+class PerfCheck:
+    """The candidate's latency against the serving version's, interleaved on the canary."""
+
+    name: str = "perf"
+    phase: Phase = "gate"
+    where: frozenset[str] = frozenset({"canary"})
+    owns: frozenset[str] = PERF_KEYS
+    aliases: tuple[str, ...] = ("--skip-perf",)
+
+    def parse(self, place: Place, raw: Mapping[str, Any]) -> PerfSettings:
+        return parse_perf(place.where, raw)
+
+    def judge(self, trial: Trial) -> list[Verdict]:
+        if trial.skip:  # recorded as skipped; the report's perf list stays empty, as before
+            return [Verdict(self.name, "skipped", trial.subject, MEASURED, why=trial.skip)]
+        settings = trial.setting if isinstance(trial.setting, PerfSettings) else PerfSettings()
+        result = perf_check(trial, settings)
+        if trial.load_seconds is not None:
+            result.triton = {**_load_time(trial.metrics_url, trial, trial.load_seconds), **result.triton}
+        trial.report.perf.append({**result.to_dict(), "line": result.line()})
+        return [verdict(self.name, result, trial)]
+
+
+MEASURED = "p95 latency ratio candidate / serving, interleaved on the same server (mlreg's clock)"
+
+
+def verdict(name: str, result: PerfResult, trial: Trial) -> Verdict:
+    line = f"{trial.step.model}: performance check failed: {result.line()}"
+    judged = result.serving is not None and not result.verdict.startswith("recorded")
+    sample = len(result.candidate.latencies) + (len(result.serving.latencies) if result.serving else 0)
+    return Verdict(
+        name,
+        ("pass" if result.ok else "fail") if judged else "skipped",
+        trial.subject,
+        MEASURED,
+        window=f"before traffic, {result.seconds:.1f} s on {trial.report.where}",
+        replicas=(trial.replica,) if trial.replica else (),
+        sample=sample,
+        value=result.ratio if judged else None,
+        threshold=result.threshold if judged else None,
+        noise_floor=result.spread if judged and not math.isnan(result.spread) else None,
+        why=(line if not result.ok else result.verdict),
+        fix="" if result.ok else "find what made the candidate slower (or promote with --skip perf)",
+        findings=() if result.ok else (line,),
+    )
+
+
+def perf_check(trial: Trial, perf: PerfSettings) -> PerfResult:
+    """The candidate against the serving version it was compared with (none: recorded only), on
+    the golden inputs; Triton's own queue and compute time per request where its metrics are known."""
+
+    step, report = trial.step, trial.report
+    assert trial.connect is not None, "the performance check runs where new connections can be made"
+    connect = trial.connect
+    inputs = golden_inputs(trial.settings, step.model, step.config_text)
+    names = output_names(step.config_text)
+    serving = report.previous.get(step.model, "")  # the version that answered the same inputs
+    before = _scrape(trial.metrics_url)
+    loaded_as = trial.loaded_as or step.model
+    result = check(
+        lambda: measure(connect, step.model, (loaded_as, step.version), serving, inputs, names, perf)
+    )
+    after = _scrape(trial.metrics_url)
+    if not serving and trial.reference:  # e.g. an allowed breaking change: the old one cannot answer
+        result.verdict = f"recorded, not judged: serving v{trial.reference} did not answer the same inputs"
+    if before is not None and after is not None:
+        window = metrics.window(before, after)
+        for side, name, version in (("candidate", loaded_as, step.version), ("serving", step.model, serving)):
+            counters = window.get((name, version))
+            if version and counters is not None and counters.requests:
+                result.triton[side] = {
+                    "queue_us_per_request": round(counters.mean_queue_us, 1),
+                    "compute_us_per_request": round(counters.mean_compute_us, 1),
+                }
+    return result
+
+
+def _scrape(url: str) -> metrics.Snapshot | None:
+    if not url:
+        return None
+    try:
+        return metrics.scrape(url)
+    except MlregError as exc:  # the figures are a report, not a verdict
+        log.warning("no Triton counters for the performance check: %s", exc.message)
+        return None
+
+
+LOAD_DURATION = re.compile(r"^nv_model_load_duration_secs\{([^}]*)\}\s+(\S+)", re.MULTILINE)
+
+
+def _load_time(metrics_url: str, trial: Trial, measured: float) -> dict[str, Any]:
+    """The candidate's load time: Triton's ``nv_model_load_duration_secs`` where the server exports
+    it (newer releases; 2.51 does not), else the wall time mlreg measured around the load."""
+    if metrics_url:
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=5) as response:
+                text = response.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        for labels, value in LOAD_DURATION.findall(text):
+            found = dict(metrics.LABEL.findall(labels))
+            if (
+                found.get("model") == (trial.loaded_as or trial.step.model)
+                and found.get("version") == trial.step.version
+            ):
+                return {"load_seconds": float(value), "load_seconds_from": "nv_model_load_duration_secs"}
+    return {"load_seconds": round(measured, 3), "load_seconds_from": "mlreg's wall time around the load"}
+
+
+CHECK = PerfCheck()

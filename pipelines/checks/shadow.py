@@ -22,13 +22,15 @@ import logging
 import re
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from pipelines.checks.capture import Shadow, arm, prune_all, read_captures
+from pipelines.checks.capture import Shadow, arm, parse_shadow, prune_all, read_captures, settle
 from pipelines.checks.replay import ShadowResult, inconclusive, kind_of, refused, replay, skipped
+from pipelines.core.check import Phase, Place, Result, Trial, Verdict
 from pipelines.core.plan import Step
 from registry.contracts.config import parse_config
 from registry.contracts.diff import diff_configs
@@ -184,3 +186,84 @@ def _scrub(shadows: list[Any]) -> bool:
             changed = changed or kept != shown
             tensors[name] = kept
     return changed
+
+
+# -- the seam (pipelines/core/check.py): the replay as the gates run it ----------------------------
+
+
+@dataclass(frozen=True)
+class ShadowCheck:
+    """The captured requests replayed to the candidate and the serving version (``replay_step``);
+    its settings are the environment's ``[shadow]`` table (capture, read by ``capture.parse_shadow``)."""
+
+    name: str = "shadow"
+    phase: Phase = "gate"
+    where: frozenset[str] = frozenset({"canary", "scratch"})
+    owns: frozenset[str] = frozenset({"shadow"})
+    aliases: tuple[str, ...] = ("--skip-shadow",)
+
+    def parse(self, place: Place, raw: Mapping[str, Any]) -> Shadow | None:
+        shadow = parse_shadow(place.where, raw.get("shadow"), place.folder)
+        return settle(place.where, shadow, place.store, place.settings)
+
+    def judge(self, trial: Trial) -> list[Verdict]:
+        step, report = trial.step, trial.report
+        if trial.serving is None or step.folder is None:
+            return []  # nothing answers for the serving version here (a scratch server's runtime change)
+        candidate = (trial.candidate.infer, trial.loaded_as or step.model)
+        skip = bool(trial.skip)
+        result, inputs = replay_step(
+            step, trial.reference, candidate, trial.serving.infer, trial.setting, skip
+        )
+        report.shadow.append(result.to_dict())
+        if inputs:
+            report.captured[step.model] = inputs
+        return [verdict(self.name, result, trial, trial.setting)]
+
+
+def outcome(result: ShadowResult) -> Result:
+    """The replay's result in the verdict's terms (an inconclusive replay refuses: fails closed)."""
+    if result.ok:
+        return "skipped" if result.verdict.startswith("skipped") else "pass"
+    return "inconclusive" if result.verdict.startswith("inconclusive") else "fail"
+
+
+def measured(result: ShadowResult, shadow: Shadow | None) -> str:
+    if shadow is None:
+        return "answers to captured requests"
+    return (
+        f"answers to captured requests diverging from serving v{result.serving} beyond tolerance "
+        f"{shadow.tolerance:g} (captures under {shadow.where()})"
+    )
+
+
+def verdict(name: str, result: ShadowResult, trial: Trial, shadow: Shadow | None) -> Verdict:
+    """The replay's result as a verdict: divergent requests above the noise floor (``value``)
+    against the allowance (``threshold``: max_divergence of the judged requests + the noise margin)."""
+    found = outcome(result)
+    judged = bool(result.judged) and found != "inconclusive"
+    line = f"{result.model}: shadow replay {result.line()}"
+    return Verdict(
+        name,
+        found,
+        trial.subject,
+        measured(result, shadow),
+        window=f"before traffic, on {trial.report.where}",
+        replicas=(trial.replica,) if trial.replica else (),
+        sample=result.judged if judged else result.distinct,
+        value=float(result.diverged - result.floor) if judged else None,
+        threshold=result.allowed if judged else None,
+        noise_floor=float(result.floor) if judged else None,
+        why=result.verdict.removeprefix("skipped: ") if found == "skipped" else line,
+        fix="" if result.ok else REFUSED_FIX,
+        findings=() if result.ok else (line,),
+    )
+
+
+REFUSED_FIX = (
+    "fix the model (its answers to production's requests differ from the serving version's), or "
+    "promote with --skip shadow (the report names it)"
+)
+
+
+CHECK = ShadowCheck()

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Protocol
 
 from pipelines.checks.golden import QualityReport
+from pipelines.core.environment import Environment
 from pipelines.core.plan import Plan
 from pipelines.core.ports import Registry, ScratchServers
 from pipelines.core.reports import FleetReport, PromotionResult, QualityStageReport, StageReport
 from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Fleet
 from pipelines.promote.convert import Converted
-from pipelines.promote.environments import Environment
 from pipelines.promote.integrity import Repair
 from pipelines.storage.base import RepositoryStore
 from registry.settings import Settings
@@ -33,16 +33,27 @@ OnStage = Callable[[str, str, float, str], None]  # stage, status, seconds, deta
 
 @dataclass
 class Options:
+    """How a promotion runs, built by the CLI and passed down as one object.  ``skip``: the names of
+    the registered checks not to run (``--skip NAME``; ``"quality"``: the whole gate before traffic,
+    pipelines/promote/registered.py); ``skip_quality``, ``skip_perf`` and ``skip_shadow`` are the
+    older flags' names for ``skip`` of "quality", "perf" and "shadow", kept equal to it."""
+
     dry_run: bool = False
     allow_breaking: bool = False
-    skip_quality: bool = False
+    skip_quality: bool = False  # alias: "quality" in skip
     serve_as: str = "auto"
     on_stage: OnStage | None = None
-    skip_perf: bool = False  # the quality gate's performance check (pipelines/checks/perf.py)
+    skip_perf: bool = False  # alias: "perf" in skip
     no_way_back: bool = False  # promote although the serving version could not be loaded again
-    skip_shadow: bool = False  # the quality gate's shadow replay (pipelines/checks/shadow.py)
+    skip_shadow: bool = False  # alias: "shadow" in skip
     on_start: Callable[[str], None] | None = None  # told each stage's name as it starts (progress)
     rollback: bool = False  # a return to a version that served: its bake may judge mlreg's own probes
+    skip: frozenset[str] = frozenset()  # registered check names not to run (--skip NAME[,NAME])
+
+    def __post_init__(self) -> None:
+        aliases = {"quality": self.skip_quality, "perf": self.skip_perf, "shadow": self.skip_shadow}
+        self.skip = frozenset(self.skip) | {name for name, on in aliases.items() if on}
+        self.skip_quality, self.skip_perf, self.skip_shadow = (n in self.skip for n in aliases)
 
 
 class Deployer(Protocol):

@@ -14,10 +14,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.environment import Environment
 from pipelines.core.policy import waves_of
 from pipelines.core.ports import Registry
 from pipelines.guards.warmup import PYTHON_WARMUP, peak_sample, recreating_fields
-from pipelines.promote.environments import Environment
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME, format_config, model_config_pb2, parse_config
 from registry.errors import MlregError, PromotionError

@@ -98,6 +98,8 @@ class QualityStageReport:
     previous: dict[str, str] = field(default_factory=dict)  # model -> the serving version compared
     shadow: list[dict[str, Any]] = field(default_factory=list)  # pipelines/checks/replay.py, per model
     generated: list[str] = field(default_factory=list)  # checked on inputs made from the config
+    verdicts: list[dict[str, Any]] = field(default_factory=list)  # every check's (pipelines/core/check.py)
+    observed: list[str] = field(default_factory=list)  # what observed checks would have refused
 
     def detail(self) -> str:
         changes = ", ".join(f"{k} max|Δ| {v:.3g}" for k, v in self.changes.items())
@@ -108,6 +110,7 @@ class QualityStageReport:
             + (f"; against serving: {changes}" if changes else "")
             + (f"; {shadow}" if shadow else "")
             + (f"; {perf}" if perf else "")
+            + "".join(f"; {line}" for line in self.observed)
         )
 
     def _inputs_line(self) -> str:
@@ -202,6 +205,7 @@ class PromotionResult:
     notes: list[str] = field(default_factory=list)  # what a failure left: the store's configs, locks
     headroom: LoadFindings | None = None  # memory headroom and leaks around each load (the runner's)
     shadow: list[dict[str, Any]] = field(default_factory=list)  # the gate's shadow replay, per model
+    verdicts: list[dict[str, Any]] = field(default_factory=list)  # the gate's checks' (core/check.py)
 
     @property
     def failed_stage(self) -> str:
@@ -243,6 +247,7 @@ class PromotionResult:
             "stages": [s.to_dict() for s in self.stages],
             "headroom": self.headroom.to_dict() if self.headroom is not None else None,
             "shadow": self.shadow,
+            "verdicts": self.verdicts,
         }
 
 

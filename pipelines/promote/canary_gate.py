@@ -36,28 +36,15 @@ and a failure there rolls the promotion back.
 from __future__ import annotations
 
 import logging
-import re
 import time
-import urllib.request
+from functools import partial
 from pathlib import Path
-from typing import Any
 
-from pipelines.checks.capture import Shadow
-from pipelines.checks.golden import (
-    Probe,
-    QualityReport,
-    check_model,
-    golden_inputs,
-    output_names,
-    serving_reference,
-    warm_up,
-)
-from pipelines.checks.perf import PerfResult, PerfSettings, check, measure
-from pipelines.checks.shadow import replay_step
+from pipelines.checks.golden import QualityReport, serving_reference, warm_up
+from pipelines.core.check import Judging, Trial, run_checks
 from pipelines.core.plan import Plan, Step, desired_config
 from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Change, Fleet, checkpoint
-from pipelines.triton import metrics
 from registry.errors import MlregError, TritonError
 from registry.settings import Settings
 
@@ -104,13 +91,11 @@ def canary_gate(
     fleet: Fleet,
     undo: UndoLog,
     gpu: bool,
-    perf: PerfSettings | None = None,
+    judging: Judging,
     metrics_url: str = "",
-    shadow: tuple[Shadow | None, bool] = (None, False),
 ) -> QualityReport:
-    """The candidates on the canary: loaded, their answers judged, then (``shadow``: the
-    environment's capture, and whether to skip) the requests production sent replayed, then
-    (``perf``) their speed."""
+    """The candidates on the canary: loaded, then judged by the registered checks of ``judging``
+    (golden outputs, shadow replay, perf, ...: pipelines/promote/registered.py)."""
     url = plan.targets[0]
     report = QualityReport(where=f"the canary {url}")
     steps = gated_steps(plan)
@@ -118,55 +103,40 @@ def canary_gate(
         return report
     warm_up()  # great_expectations imports while the candidates load (the checks wait for it)
     canary = fleet.target(url)
-    probes: list[tuple[Step, Probe]] = []
-    loads: dict[str, float] = {}
+    trials: list[Trial] = []
     try:
         for step in steps:
             reference = serving_reference(step)
             name = f"{step.model}{PRIVATE_SUFFIX}" if step.runtime_changes else ""
-            probe = Probe(step.model, step.version, reference, canary if reference else None, name)
-            probes.append((step, probe))
             began = time.perf_counter()
             try:
                 fleet.move(url, candidate(step, name, gpu))
             except MlregError as exc:
                 load_failed(report, step.model, step.version, exc)
                 raise
-            loads[step.model] = time.perf_counter() - began
+            trials.append(
+                Trial(
+                    step,
+                    settings,
+                    report,
+                    loaded_as=name or step.model,
+                    reference=reference,
+                    candidate=canary,
+                    serving=canary if reference else None,
+                    where="canary",
+                    replica=url,
+                    connect=partial(fleet.connect, url),
+                    metrics_url=metrics_url,
+                    load_seconds=time.perf_counter() - began,
+                )
+            )
             checkpoint(f"gate:{step.model}")  # the candidate loaded on the canary, not yet judged
-        for step, probe in probes:
-            check_model(canary, settings, step.config_text, probe, report)
-        for step, probe in probes if not report.failures else ():  # before any traffic meets them
-            shadow_check(step, probe, (canary.infer, probe.loaded_as), canary.infer, shadow, report)
-        if perf is not None and not report.failures:
-            for step, probe in probes:
-                result = perf_check(fleet, url, settings, step, probe, report, perf, metrics_url)
-                result.triton = {**_load_time(metrics_url, probe, loads[step.model]), **result.triton}
-                report.perf.append({**result.to_dict(), "line": result.line()})
-                if not result.ok:
-                    report.failures.append(f"{step.model}: performance check failed: {result.line()}")
+        run_checks(judging, trials, report)
     except MlregError as exc:
         report.failures.append(exc.message)
     if not report.failures:
-        _release(fleet, undo, url, probes)
+        _release(fleet, undo, url, trials)
     return report
-
-
-def shadow_check(
-    step: Step,
-    probe: Probe,
-    candidate: tuple[Any, str],
-    serving: Any,
-    shadow: tuple[Shadow | None, bool],
-    report: QualityReport,
-) -> None:
-    """The shadow replay of one candidate (pipelines/checks/shadow.py); a refusal fails the gate."""
-    result, inputs = replay_step(step, probe.reference, candidate, serving, *shadow)
-    report.shadow.append(result.to_dict())
-    if inputs:
-        report.captured[step.model] = inputs
-    if not result.ok:
-        report.failures.append(f"{step.model}: shadow replay {result.line()}")
 
 
 def candidate(step: Step, private_name: str, gpu: bool) -> Change:
@@ -189,85 +159,11 @@ def _files(folder: Path, version: str) -> dict[str, bytes]:
     }
 
 
-def _release(fleet: Fleet, undo: UndoLog, url: str, probes: list[tuple[Step, Probe]]) -> None:
+def _release(fleet: Fleet, undo: UndoLog, url: str, trials: list[Trial]) -> None:
     """A passed gate: the private models go; the candidates loaded in place stay for ``deploy``."""
-    for _, probe in probes:
-        if probe.name:
-            failure = fleet.restore(url, Change(probe.name, None))
+    for trial in trials:
+        if trial.loaded_as != trial.step.model:
+            failure = fleet.restore(url, Change(trial.loaded_as, None))
             if failure:  # harmless: nothing routes to it; a restart drops it
-                log.warning("could not unload %s: %s", probe.name, failure)
-            undo.forget(probe.name)
-
-
-def perf_check(
-    fleet: Fleet,
-    url: str,
-    settings: Settings,
-    step: Step,
-    probe: Probe,
-    report: QualityReport,
-    perf: PerfSettings,
-    metrics_url: str,
-) -> PerfResult:
-    """The candidate against the serving version it was compared with (none: recorded only), on
-    the golden inputs; Triton's own queue and compute time per request where its metrics are known."""
-    inputs = golden_inputs(settings, step.model, step.config_text)
-    names = output_names(step.config_text)
-    serving = report.previous.get(step.model, "")  # the version that answered the same inputs
-    before = _scrape(metrics_url)
-    result = check(
-        lambda: measure(
-            lambda: fleet.connect(url),
-            step.model,
-            (probe.loaded_as, step.version),
-            serving,
-            inputs,
-            names,
-            perf,
-        )
-    )
-    after = _scrape(metrics_url)
-    if not serving and probe.reference:  # e.g. an allowed breaking change: the old one cannot answer
-        result.verdict = f"recorded, not judged: serving v{probe.reference} did not answer the same inputs"
-    if before is not None and after is not None:
-        window = metrics.window(before, after)
-        for side, name, version in (
-            ("candidate", probe.loaded_as, step.version),
-            ("serving", step.model, serving),
-        ):
-            counters = window.get((name, version))
-            if version and counters is not None and counters.requests:
-                result.triton[side] = {
-                    "queue_us_per_request": round(counters.mean_queue_us, 1),
-                    "compute_us_per_request": round(counters.mean_compute_us, 1),
-                }
-    return result
-
-
-def _scrape(url: str) -> metrics.Snapshot | None:
-    if not url:
-        return None
-    try:
-        return metrics.scrape(url)
-    except MlregError as exc:  # the figures are a report, not a verdict
-        log.warning("no Triton counters for the performance check: %s", exc.message)
-        return None
-
-
-LOAD_DURATION = re.compile(r"^nv_model_load_duration_secs\{([^}]*)\}\s+(\S+)", re.MULTILINE)
-
-
-def _load_time(metrics_url: str, probe: Probe, measured: float) -> dict[str, Any]:
-    """The candidate's load time: Triton's ``nv_model_load_duration_secs`` where the server exports
-    it (newer releases; 2.51 does not), else the wall time mlreg measured around the load."""
-    if metrics_url:
-        try:
-            with urllib.request.urlopen(metrics_url, timeout=5) as response:
-                text = response.read().decode("utf-8", "replace")
-        except OSError:
-            text = ""
-        for labels, value in LOAD_DURATION.findall(text):
-            found = dict(metrics.LABEL.findall(labels))
-            if found.get("model") == probe.loaded_as and found.get("version") == probe.version:
-                return {"load_seconds": float(value), "load_seconds_from": "nv_model_load_duration_secs"}
-    return {"load_seconds": round(measured, 3), "load_seconds_from": "mlreg's wall time around the load"}
+                log.warning("could not unload %s: %s", trial.loaded_as, failure)
+            undo.forget(trial.loaded_as)

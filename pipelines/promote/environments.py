@@ -29,21 +29,20 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.checks.capture import Shadow, parse_shadow, settle
-from pipelines.checks.perf import PERF_KEYS, PerfSettings, parse_perf
+from pipelines.core.check import Place
+from pipelines.core.environment import FIELDS, KEEP, MEMORY_MARGIN, OPEN_CONTROL, Environment
 from pipelines.core.policy import KEYS as ROLLOUT_KEYS
 from pipelines.core.policy import Policy, check_keys, parse_policy
 from pipelines.fleet import discovery
 from pipelines.ledger.receipts import RECEIPT_KEYS, parse_receipt_key
+from pipelines.promote.registered import observe_list, owned_keys, parse_settings
 from pipelines.storage import check_store_uri
-from pipelines.triton.control_key import ControlKey, control_key, local_key
 from registry.errors import PromotionError, UsageError
 from registry.settings import Settings
-from registry.signing import TRUST_KEYS, Trust, parse_trust
+from registry.signing import TRUST_KEYS, parse_trust
 from registry.template import gpu_available
 
 LOCAL = "local"
@@ -52,58 +51,13 @@ LOCAL = "local"
 ENVIRONMENT_KEYS = (
     frozenset(
         {"store", "targets", "alias", "gpu", "discover", "keep", "control_key", "open_control"}
-        | {"warmup", "memory_margin", "load_timeout", "shadow"}
+        | {"warmup", "memory_margin", "load_timeout", "observe"}
         | {"follows"}  # the MLflow alias `mlreg relay` makes this environment serve (mlreg/relay/config.py)
     )
     | TRUST_KEYS
-    | PERF_KEYS
     | RECEIPT_KEYS
+    | owned_keys()  # the registered checks' and guards' own keys (pipelines/promote/registered.py)
 )
-OPEN_CONTROL = ("refuse", "allow")  # open_control's values; the first is the default
-KEEP = 2  # retention's default: what serves and the one before it (an instant rollback)
-MEMORY_MARGIN = 1.2  # a load needs its recorded footprint x this free on the replica
-
-
-@dataclass(frozen=True)
-class Environment:
-    name: str
-    store: str
-    targets: tuple[str, ...]
-    alias: str
-    gpu: bool
-    local_stack: bool = False  # targets: the running local stack's, filled in by the application
-    policy: Policy | None = None  # fleet roll-out policy (pipelines/core/policy.py)
-    discover: str = ""  # "dns:NAME:PORT": targets are NAME's addresses (pipelines/fleet/discovery.py)
-    signatures: Trust | None = None  # signatures = "required" | "warn" + trusted keys (registry/signing.py)
-    keep: int = KEEP  # versions per model where Triton reads (pipelines/promote/retention.py); 0: off
-    perf: PerfSettings = PerfSettings()  # the canary's performance check (pipelines/checks/perf.py)
-    metrics_urls: tuple[tuple[str, str], ...] = ()  # target -> Triton's metrics (the local stack's)
-    control_key: str = (
-        ""  # "env:VAR" or a key file: what unlocks its replicas (pipelines/triton/control_key.py)
-    )
-    warmup: bool = True  # a peak-batch model_warmup in every config written to the store
-    memory_margin: float = MEMORY_MARGIN  # free memory a load needs: footprint x margin
-    load_timeout: float = 0.0  # seconds a load may take (0: 10 x the settings' Triton timeout)
-    shadow: Shadow | None = None  # capture and the shadow replay (pipelines/checks/capture.py)
-    open_control: str = OPEN_CONTROL[0]  # "allow": a replica anyone can drive is noted, not refused
-    receipt_key: str = ""  # the EC private key (PEM path) load receipts are signed with (pipelines/ledger)
-    served_from: tuple[tuple[str, str], ...] = ()  # target -> the repository it was started on (its record)
-
-    def load_deadline(self, settings: Settings) -> float:
-        """Seconds one load may take before the promotion names it and stops waiting."""
-        return self.load_timeout or settings.triton_timeout * 10
-
-    def key(self, settings: Settings) -> ControlKey | None:
-        """What this environment's replicas' control API takes (None: they are expected open)."""
-        if self.local_stack:
-            return local_key(settings.home)
-        return control_key(settings.home, self.control_key)
-
-    def metrics_url(self, target: str) -> str:
-        """Where ``target``'s Triton metrics are read ("" when the environment does not say)."""
-        if self.policy is not None:
-            return self.policy.metrics_url(target)
-        return dict(self.metrics_urls).get(target, "")
 
 
 def settings_file(settings: Settings) -> Path:
@@ -181,13 +135,13 @@ def _extras(
     return {
         "policy": _policy(where, raw),
         "keep": _keep(path, name, raw),
-        "perf": parse_perf(where, raw),
         "signatures": parse_trust(where, raw, path.parent),
         "receipt_key": parse_receipt_key(where, raw, path.parent),
         "warmup": _flag(path, name, raw, "warmup", True),
         "memory_margin": _number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
         "load_timeout": _number(path, name, raw, "load_timeout", 0.0, minimum=1.0),
-        "shadow": _shadow(path, name, raw, settings, store),
+        **_checks(Place(where, path.parent, settings, store), raw),
+        "observe": observe_list(where, raw.get("observe")),
         "open_control": _open_control(path, name, raw),
         "metrics_urls": _metrics_only(where, raw, targets),
     }
@@ -219,11 +173,13 @@ def _metrics_only(
     return tuple(sorted(urls.items()))
 
 
-def _shadow(path: Path, name: str, raw: dict[str, object], settings: Settings, store: str) -> Shadow | None:
-    """The capture settings, where they can be read (``capture.settle``: refused otherwise)."""
-    where = f"{path} [environments.{name}]"
-    shadow = parse_shadow(where, raw.get("shadow"), path.parent)
-    return settle(where, shadow, store, settings)
+def _checks(place: Place, raw: dict[str, object]) -> dict[str, Any]:
+    """Each registered check's settings, parsed by the check: those named as an environment field
+    (``shadow``, ``perf``) go there, the others into ``checks`` by name."""
+    parsed = parse_settings(place, raw)
+    fields = {name: value for name, value in parsed.items() if name in FIELDS}
+    others = tuple(sorted((n, v) for n, v in parsed.items() if n not in FIELDS and v is not None))
+    return {**fields, "checks": others}
 
 
 def _targets(path: Path, name: str, raw: object) -> tuple[str, ...]:

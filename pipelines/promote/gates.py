@@ -11,15 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipelines.checks.golden import GateFailed, QualityReport, preflight
+from pipelines.core.check import Judging
 from pipelines.core.context import Gate, PromotionContext
 from pipelines.core.reports import QualityStageReport
 from pipelines.promote.canary_gate import canary_gate
+from pipelines.promote.registered import GATE, gate_checks
 from registry.errors import PromotionError
+
+
+def judging(ctx: PromotionContext, where: str) -> Judging:
+    """The registered checks a gate runs (``where``: "canary" or "scratch"), what ``--skip`` and
+    the environment's ``observe`` name, and each check's settings from the environment."""
+    return Judging(tuple(gate_checks(where)), ctx.options.skip, frozenset(ctx.env.observe), ctx.env.setting)
 
 
 def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
     ctx.checked = report
     ctx.result.shadow = report.shadow  # in every report, refused or not
+    ctx.result.verdicts = [v.to_dict() for v in report.verdicts]
     if report.failures:
         raise GateFailed(report)
     return QualityStageReport(
@@ -30,6 +39,8 @@ def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
         dict(report.previous),
         report.shadow,
         list(report.generated),
+        [v.to_dict() for v in report.verdicts],
+        list(report.observed),
     )
 
 
@@ -39,12 +50,9 @@ class CanaryGate:
     live: bool = True
 
     def run(self, ctx: PromotionContext) -> QualityStageReport:
-        perf = None if ctx.options.skip_perf else ctx.env.perf
         url = ctx.plan.targets[0]
-        shadow = (ctx.env.shadow, ctx.options.skip_shadow)
-        report = canary_gate(
-            ctx.plan, ctx.settings, ctx.fleet, ctx.undo, ctx.env.gpu, perf, ctx.env.metrics_url(url), shadow
-        )
+        checks, metrics_url = judging(ctx, "canary"), ctx.env.metrics_url(url)
+        report = canary_gate(ctx.plan, ctx.settings, ctx.fleet, ctx.undo, ctx.env.gpu, checks, metrics_url)
         return _passed(ctx, report)
 
 
@@ -61,13 +69,13 @@ class ScratchGate:
             )
         plan = ctx.plan
         live = ctx.fleet.target(plan.targets[0]) if plan.targets else None
-        shadow = (ctx.env.shadow, ctx.options.skip_shadow)
-        report = preflight(plan, ctx.store, ctx.settings, ctx.scratch, ctx.fleet.connect, live, shadow)
+        checks = judging(ctx, "scratch")
+        report = preflight(plan, ctx.store, ctx.settings, ctx.scratch, ctx.fleet.connect, live, checks)
         return _passed(ctx, report)
 
 
 def choose_gate(ctx: PromotionContext) -> Gate | None:
-    if ctx.options.skip_quality:
+    if GATE in ctx.options.skip:
         return None
     if ctx.options.dry_run:
         return ScratchGate()

@@ -1,0 +1,91 @@
+"""The one place checks and load guards are registered (issue 47's seam, ``pipelines/core/check.py``).
+
+Adding a check is its own module under ``pipelines/checks/`` defining ``CHECK`` (a ``Check``) and one
+line in ``CHECKS`` below; a load guard likewise under ``pipelines/guards/`` and ``GUARDS``.  The order
+of ``CHECKS`` is the order the gates run them in (each only while no enforced check refused).  The
+engine reads these lists, never a feature's name: the settings loader parses each one's keys with its
+``parse``, the gates run each ``Check`` of their phase, ``--skip NAME`` and ``observe = [NAME]`` name
+them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pipelines.checks import golden, perf, shadow
+from pipelines.core.check import Check, Guard, Place
+from registry.errors import UsageError
+
+CHECKS: tuple[Check, ...] = (
+    golden.CHECK,
+    shadow.CHECK,
+    perf.CHECK,
+)
+GUARDS: tuple[Guard, ...] = ()
+GATE = "quality"  # --skip quality (--skip-quality): the whole gate before traffic, every check in it
+GATE_ALIAS = "--skip-quality"
+
+
+def registered() -> tuple[Check | Guard, ...]:
+    return (*CHECKS, *GUARDS)
+
+
+def names() -> tuple[str, ...]:
+    """Every name ``--skip`` and ``observe`` take."""
+    return (GATE, *(c.name for c in registered()))
+
+
+def gate_checks(where: str) -> list[Check]:
+    """The checks a gate runs (``where``: "canary" or "scratch"), in their registered order."""
+    return [c for c in CHECKS if c.phase == "gate" and where in c.where]
+
+
+def owned_keys() -> frozenset[str]:
+    """The keys of an environment section the registered checks and guards read."""
+    return frozenset().union(*(c.owns for c in registered()))
+
+
+def parse_settings(place: Place, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Each registered check's and guard's settings, parsed by itself, by name."""
+    return {c.name: c.parse(place, raw) for c in registered()}
+
+
+def _unknown(kind: str, name: str, where: str) -> UsageError:
+    close = difflib.get_close_matches(name, names(), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return UsageError(
+        f"{where}: unknown {kind} '{name}'{hint}",
+        fix=f"name one of the registered checks: {', '.join(names())}",
+    )
+
+
+def check_names(given: Iterable[str], kind: str = "check", where: str = "--skip") -> frozenset[str]:
+    """``given`` (the names of ``--skip NAME[,NAME]`` or of ``observe``), each a registered name:
+    an unknown one is refused, naming the registered ones."""
+    found = set()
+    for name in given:
+        name = name.strip()
+        if name not in names():
+            raise _unknown(kind, name, where)
+        found.add(name)
+    return frozenset(found)
+
+
+def observe_list(where: str, raw: object) -> tuple[str, ...]:
+    """An environment's ``observe = ["shadow", "perf"]``: registered check names, each once."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
+        raise UsageError(
+            f"{where}: observe must be a list of check names, not {raw!r}",
+            fix=f'e.g. observe = ["shadow"] (registered: {", ".join(names())})',
+        )
+    found = check_names(raw, "check in observe", where)
+    if GATE in found:
+        raise UsageError(
+            f"{where}: observe names checks, not the whole gate ('{GATE}')",
+            fix=f"list the checks to observe: {', '.join(n for n in names() if n != GATE)}",
+        )
+    return tuple(sorted(found))
