@@ -50,6 +50,15 @@ def promote_cmd(
         "converted to ONNX (tf2onnx, parity-checked, registered) for onnx, "
         "or for auto when a target's Triton has no TensorFlow backend.",
     ),
+    skip: str = typer.Option(
+        "",
+        "--skip",
+        metavar="NAME[,NAME]",
+        help="Skip these registered checks (golden, shadow, perf, ...; quality: the whole gate before "
+        "traffic); the report names each one skipped. An unknown name is refused, listing the "
+        "registered ones. --skip-quality, --skip-perf and --skip-shadow are the same as --skip quality, "
+        "perf, shadow.",
+    ),
     skip_quality: bool = typer.Option(False, "--skip-quality", help="Skip the pre-flight quality gate."),
     skip_perf: bool = typer.Option(
         False,
@@ -81,14 +90,10 @@ def promote_cmd(
     """
     from mlreg.ops.promote import promote  # lazy: the verb imports the promotion package
 
+    aliases = {"quality": skip_quality, "perf": skip_perf, "shadow": skip_shadow}  # the older flags
+    names = [n.strip() for n in skip.split(",") if n.strip()] + [n for n, on in aliases.items() if on]
     options: dict[str, Any] = dict(
-        dry_run=dry_run,
-        allow_breaking=allow_breaking,
-        skip_quality=skip_quality,
-        serve_as=serve_as,
-        skip_perf=skip_perf,
-        no_way_back=no_way_back,
-        skip_shadow=skip_shadow,
+        dry_run=dry_run, allow_breaking=allow_breaking, serve_as=serve_as, no_way_back=no_way_back, skip=names
     )
     if from_alias or from_file:  # several versions, members first
         if version:

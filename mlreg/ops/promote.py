@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -35,15 +35,21 @@ def promote(
     registry: Registry | None = None,
     on_start: Callable[[str], None] | None = None,
     rollback: bool = False,
+    skip: Iterable[str] = (),
 ) -> PromotionResult:
     """Promote ``model`` ``version`` to the environment (a PromotionFailed when it cannot).
     ``registry``: the one to read (and record in) instead of the settings' MLflow, e.g. the
     ``PlanRegistry`` of a plan over versions an ``export --dry-run`` did not register.
     ``on_start``: told each stage's name as it starts (the CLI's progress line).  ``rollback``:
     the version returned to served before (``mlreg rollback``): with clients quiet, its bake judges
-    mlreg's own probe requests."""
+    mlreg's own probe requests.  ``skip``: the registered checks not to run (``--skip NAME``; an
+    unknown name is refused); ``skip_quality``, ``skip_perf``, ``skip_shadow``: the older names of
+    ``skip`` "quality", "perf", "shadow"."""
     if serve_as not in SERVE_AS:
         raise UsageError(f"unknown --serve-as '{serve_as}'", fix=f"use {', '.join(SERVE_AS)}")
+    from pipelines.promote.registered import check_names  # lazy: the registered checks (numpy)
+
+    skipped = check_names(skip)
     if not version.isdigit():
         raise UsageError(f"version '{version}' is not a number", fix="pass --version N (1, 2, 3, ...)")
     from pipelines.storage.objects import check_part  # lazy: the store's name rule
@@ -75,6 +81,7 @@ def promote(
         skip_shadow=skip_shadow,
         on_start=on_start,
         rollback=rollback,
+        skip=skipped,
     )
     scratch = scratch_servers(settings, env.key(settings))
     return Promotion(settings, env, reader, options, scratch=scratch).run(model, version)
