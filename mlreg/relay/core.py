@@ -62,6 +62,7 @@ class Relay:
     secret: bytes
     clock: Callable[[], float] = time.time
     wake: threading.Event = field(default_factory=threading.Event)
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     # -- receive ---------------------------------------------------------------------------------
 
@@ -105,8 +106,14 @@ class Relay:
     # -- act -------------------------------------------------------------------------------------
 
     def drain(self) -> list[tuple[Job, str]]:
-        """Act on every pending job once; (job, what happened) each."""
-        return [(job, self.act(job)) for job in self.queue.pending(DRAIN_BATCH)]
+        """Act on every pending job once; (job, what happened) each.  Once ``stopping`` is set no
+        new job starts (the one under way finishes: a promotion is never cut off by the relay)."""
+        done = []
+        for job in self.queue.pending(DRAIN_BATCH):
+            if self.stopping.is_set():
+                break
+            done.append((job, self.act(job)))
+        return done
 
     def act(self, job: Job) -> str:
         store = self.store_for(job.env)

@@ -31,7 +31,9 @@ log = logging.getLogger("mlreg.relay")
 HOST = "127.0.0.1"
 PORT = 8086
 IDLE_WAKE_S = 1.0  # the worker looks at the queue at least this often (a job left busy)
-STOP_WAIT_S = 30.0
+# SIGTERM waits for the job under way: an in-process promotion restores what it changed on its own
+# exits, not on a thread killed under it (infra/k8s/base/relay.yaml gives the pod longer than this)
+STOP_WAIT_S = 900.0
 
 
 class RegistryAliases:
@@ -197,6 +199,7 @@ def serve(relay: Relay, host: str = HOST, port: int = PORT) -> None:
         server.run()
     finally:
         stop.set()
+        relay.stopping.set()
         relay.wake.set()
         deadline = time.monotonic() + STOP_WAIT_S
         for thread in threads:

@@ -193,3 +193,13 @@ def test_a_busy_queue_answers_503_and_records_nothing_so_the_retry_is_taken(worl
     assert relay.receive(headers, body) == (202, {"queued": {"production": "queued"}})  # MLflow's retry
     relay.drain()
     assert standin.deploys == [("production", MODEL, "2")]
+
+
+def test_a_stopping_relay_starts_no_new_job(world) -> None:  # type: ignore[no-untyped-def]
+    settings, relay, standin, clock, _ = world
+    set_alias(settings.home / "mlflow.db", MODEL, "champion", "2")
+    relay.receive(*delivery(MODEL, "champion", "2", clock.now))
+    relay.stopping.set()  # SIGTERM: the job under way finishes, no other starts
+    assert relay.drain() == []
+    assert [(job.version, job.attempts) for job in relay.queue.pending()] == [("2", 0)]  # for the next start
+    assert standin.deploys == []
