@@ -2,7 +2,7 @@
 own probe requests, and its messages speak of the version it returns to; a version that arrived
 as an ensemble's member is a way back.
 
-The staged roll-out of pipelines/rollout/staged.py on tests/unit/test_rollout.py's rig: fake
+The staged roll-out of pipelines/rollout/staged.py on tests/unit/staged_rig.py's rig: fake
 replicas behind a real Fleet and undo log on a local store; the probes are the real ``Probes``
 sending to those replicas, and the scrape counts what Triton would: the probes' requests (the
 clients send none)."""
@@ -19,7 +19,7 @@ from pipelines.promote.status import rollback_target
 from pipelines.rollout.probes import Probes, Target
 from pipelines.triton import metrics
 from registry.errors import PromotionError
-from tests.unit.test_rollout import CONFIG, OLD_CONFIG, URLS, Rig, _move
+from tests.unit.staged_rig import CONFIG, OLD_CONFIG, URLS, Rig, _move
 from tests.unit.worlds import MEMBER, World
 
 RATE = 40.0  # probe requests a second to each side; the bake lasts 1 s: at most 40
