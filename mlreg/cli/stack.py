@@ -66,8 +66,9 @@ def up_cmd(
         bool,
         typer.Option(
             "--s3",
-            help="Serve from a local S3 server (moto_server): the "
-            "repository is pushed there and Triton reads s3://127.0.0.1:PORT/...",
+            help="Serve from a local S3 server (moto_server): the repository is copied there as "
+            "stored, Triton reads s3://127.0.0.1:PORT/..., the local environment writes there, and "
+            "'stack down' copies it back to .mlreg/model_repository (moto keeps it in memory only).",
         ),
     ] = False,
     ui: Annotated[
