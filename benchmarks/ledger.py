@@ -3,12 +3,13 @@
 (a) ms per event appended on a local store (a folder on this machine's disk, not a tmpfs): N events
     by one writer, with and without a load receipt (ECDSA P-256); then the ms per event of reading
     the whole ledger back and verifying it.  Target: <= 5 ms per event.
-(b) a 200-replica promotion on the stand-in Triton fleet (tests/standin_triton.py, in this process,
-    loopback gRPC), each replica loading in ``--load-delay`` s, the real promotion
-    (pipelines/promote/runner.py: canary 1, then every other replica at once, max_parallel 200,
-    bake 0, quality skipped) with the registry of tests/fakes.py -- once with the ledger (every load
-    appended by the Fleet's recorder), once without (the recorder factory patched to give none),
-    alternating, a new version each round.  Target: with <= 1.05 x without (medians).
+(b) a 200-replica promotion on the stand-in Triton fleet (tests/standin_triton.py, in a process of
+    its own as replicas are other machines; loopback gRPC), each replica loading in ``--load-delay``
+    s, the real promotion (pipelines/promote/runner.py: canary 1, then every other replica at once,
+    max_parallel 200, bake 0, quality skipped) with the registry of tests/fakes.py -- once with the
+    ledger (every load appended by the Fleet's recorder), once without (the recorder factory patched
+    to give none), alternating, a new version each round.  Target: with <= 1.05 x without (medians;
+    the per-round ratios are printed too: on a busy machine they spread widely).
 
 Figures on stdout, one a line: ``<label>  <number> <unit>``; per-round values on stderr.
 
@@ -19,6 +20,7 @@ Figures on stdout, one a line: ``<label>  <number> <unit>``; per-round values on
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import secrets
 import statistics
 import subprocess
@@ -152,13 +154,48 @@ class Timed:
         return sums
 
 
-def fleet_promotion(size: int, load_delay: float, rounds: int) -> None:
+def serve_standins(store: str, size: int, load_delay: float, key: str, pipe: Any) -> None:
+    """The stand-in fleet in a process of its own (as replicas are other machines: their CPU is
+    not the promotion's): its URLs sent, then what each replica serves of a model on request."""
     from tests.standin_triton import StandinFleet
 
+    with StandinFleet(Path(store), size, load_delay=load_delay, key=key) as fleet:
+        pipe.send(fleet.urls)
+        while (model := pipe.recv()) is not None:
+            pipe.send([r.ready(model) for r in fleet.replicas])
+
+
+class Standins:
+    """The child process's fleet, seen from the promotion's process."""
+
+    def __init__(self, store: Path, size: int, load_delay: float, key: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.pipe, child = context.Pipe()
+        self.process = context.Process(target=serve_standins, args=(str(store), size, load_delay, key, child))
+
+    def __enter__(self) -> Standins:
+        self.process.start()
+        if not self.pipe.poll(120):
+            raise SystemExit("the stand-in fleet did not start within 120 s")
+        self.urls: list[str] = self.pipe.recv()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pipe.send(None)
+        self.process.join(timeout=60)
+
+    def ready(self, model: str) -> list[list[str]]:
+        self.pipe.send(model)
+        if not self.pipe.poll(60):
+            raise SystemExit("the stand-in fleet did not answer within 60 s")
+        return list(self.pipe.recv())
+
+
+def fleet_promotion(size: int, load_delay: float, rounds: int) -> None:
     root = Path(tempfile.mkdtemp(prefix=f"mlreg-bench-ledger-fleet-{size}-"))
     (root / "store").mkdir()
     key = secrets.token_urlsafe(16)
-    with StandinFleet(root / "store", size, load_delay=load_delay, key=key) as fleet, Timed() as timed:
+    with Standins(root / "store", size, load_delay, key) as fleet, Timed() as timed:
         promote = promoter(root, fleet, key)
         promote(1, True)  # the first deployment: not measured
         timed.taken()
@@ -230,7 +267,7 @@ def promoter(root: Path, fleet: Any, key: str) -> Callable[[int, bool], float]:
             wall = time.perf_counter() - began
         finally:
             ledger_recorder.for_fleet = factory
-        if not result.ok or any(r.ready("bench") != [str(version)] for r in fleet.replicas):
+        if not result.ok or any(held != [str(version)] for held in fleet.ready("bench")):
             raise SystemExit(f"v{version}: not every replica serves it ({result.error})")
         return wall
 

@@ -39,6 +39,7 @@ from pipelines.ledger.events import (
     Event,
     Unreadable,
     canonical,
+    check_event,
     decode,
     encode,
     now,
@@ -55,7 +56,8 @@ LEDGER = ".mlreg-ledger"  # beside the store, as ARCHIVE is
 MAX_EVENTS = 1_000_000  # events one verify or query reads
 APPEND_WAIT_S = 30.0  # how long an append keeps trying behind other writers
 SEQ_DIGITS = 12
-POINTER_BYTES = 8192  # head.json, padded with spaces: a replica name is at most 1024 characters
+POINTER_BYTES = 1024  # head.json, padded with spaces (its replica cut to POINTER_REPLICA characters)
+POINTER_REPLICA = 128
 assert ARCHIVE != LEDGER
 
 
@@ -177,20 +179,19 @@ class Ledger:
         """``head.json`` moved to ``event`` unless it already names a later one.  Not a
         compare-and-swap: of two writers racing, the pointer may name the one before the last for a
         moment -- it never names an event that is not there, and the next append moves it on."""
-        found = self.objects.read_versioned(self.head_key)
-        if found is not None:
-            try:
-                if int(parse_pointer(found[0])["seq"]) >= event.seq:
-                    return
-            except Unreadable:
-                pass  # an unreadable pointer is replaced; verify names the events themselves
-        data = pointer_bytes(event)
         from pipelines.storage.local import LocalObjects  # lazy: ~7 ms an S3 store never pays
 
-        if isinstance(self.objects, LocalObjects):
-            overwrite(self.objects.root / self.head_key, data)
+        local = self.objects.root / self.head_key if isinstance(self.objects, LocalObjects) else None
+        try:  # a local pointer read without its lock: a torn read is unreadable, then rewritten
+            found = _read_file(local) if local is not None else self.objects.read(self.head_key)
+            if found is not None and int(parse_pointer(found)["seq"]) >= event.seq:
+                return
+        except Unreadable:
+            pass  # an unreadable pointer is replaced; verify names the events themselves
+        if local is not None:
+            overwrite(local, pointer_bytes(event))
         else:
-            self.objects.write(self.head_key, data)
+            self.objects.write(self.head_key, pointer_bytes(event))
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -257,15 +258,14 @@ def _next(head: Event | None, fields: dict[str, Any]) -> Event:
 def _readable(event: Event) -> bytes:
     """The event's bytes, once they read back as the event (what verify will ask of them): an
     event no reader would take is never written."""
-    data = encode(event)
     try:
-        decode(data)
+        check_event(event)
     except Unreadable as exc:
         raise StorageError(
             f"an event of {event.model} on {event.replica} is not one the ledger takes: {exc}",
             fix="report this as a bug",
         ) from None
-    return data
+    return encode(event)
 
 
 def _hash(event: Event | None) -> str:
@@ -280,8 +280,16 @@ def _changed(uri: str, seq: int, why: str) -> StorageError:
 
 
 def pointer_bytes(event: Event) -> bytes:
-    data = canonical({"seq": event.seq, "hash": event.hash, "time": event.time, "replica": event.replica})
+    replica = event.replica[:POINTER_REPLICA]
+    data = canonical({"seq": event.seq, "hash": event.hash, "time": event.time, "replica": replica})
     return data + b" " * (POINTER_BYTES - len(data))  # one size: overwritten in place (``overwrite``)
+
+
+def _read_file(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def overwrite(path: Path, data: bytes) -> None:
@@ -294,6 +302,8 @@ def overwrite(path: Path, data: bytes) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.pwrite(fd, data, 0)
+        if os.fstat(fd).st_size > len(data):  # a longer pointer of another size: its tail goes
+            os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
 

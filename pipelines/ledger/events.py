@@ -162,6 +162,12 @@ def decode(data: bytes) -> Event:
     return event
 
 
+def check_event(event: Event) -> None:
+    """:class:`Unreadable` unless ``event`` holds only what :func:`decode` takes back (checked on
+    the fields themselves: its bytes are its canonical encoding by construction)."""
+    _check_fields({**event.body(), "hash": event.hash})
+
+
 def _check_fields(raw: dict[str, Any]) -> None:
     _check(raw["v"] == SCHEMA and type(raw["v"]) is int, "v", f"schema {SCHEMA}")
     _check(type(raw["seq"]) is int and 0 < raw["seq"] < 10**12, "seq", "a positive whole number")
@@ -247,6 +253,7 @@ __all__ = [
     "RESULTS",
     "Event",
     "Unreadable",
+    "check_event",
     "decode",
     "digest",
     "encode",
