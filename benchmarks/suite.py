@@ -10,11 +10,15 @@ Two figures, each for two commits of this repository (``--old``, default the com
 - ``full``: what CI does on a clean clone, ``bash .ci/run`` (a fresh .venv: install, lint,
   mypy, the whole suite), wall time and pytest's own time, and the 25 slowest tests.
   Target: <= 15 min.  ~20 min per tree: ``--full new`` runs only the new one.
+  Its JUnit XML summed per test module (setup and teardown included) prints the 15 slowest;
+  ``--update-seconds`` writes the new tree's sums to tests/module_seconds.json, the table the
+  suite's pytest-xdist scheduler hands modules out by, longest first (tests/conftest.py).
 
     .venv/bin/python benchmarks/suite.py                    # unit, 3 rounds
     .venv/bin/python benchmarks/suite.py --full both        # + a clean clone of each, in turn
     .venv/bin/python benchmarks/suite.py --old f1adb88 --full new --rounds 1
     .venv/bin/python benchmarks/suite.py --old 77d4639 --rounds 3   # issue 46's round, before/after
+    .venv/bin/python benchmarks/suite.py --full new --rounds 0 --update-seconds  # CI's module table
 
 Each clean-clone run is started through ``setsid`` with SIGINT at its default (a suite started as
 a shell's background job inherits SIGINT ignored; one test interrupts a promotion with it).  The
@@ -24,6 +28,7 @@ logs stay under the printed folder.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -32,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,11 +85,41 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def module_seconds(junit: Path, tree: Path) -> dict[str, float]:
+    """Each test module's seconds in a run's JUnit XML (every test's time: setup, call and
+    teardown), slowest first: the module named by the classname's longest prefix that is a file
+    of ``tree`` (a test class in a module adds a part)."""
+    sums: dict[str, float] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        parts = str(case.get("classname", "")).split(".")
+        prefixes = ("/".join(parts[:n]) + ".py" for n in range(len(parts), 0, -1))
+        module = next((m for m in prefixes if (tree / m).is_file()), "/".join(parts) + ".py")
+        sums[module] = sums.get(module, 0.0) + float(case.get("time") or 0)
+    return {m: round(t, 1) for m, t in sorted(sums.items(), key=lambda item: -item[1])}
+
+
+def write_module_seconds(seconds: dict[str, float], rev: str, load: str) -> Path:
+    """tests/module_seconds.json of this checkout: what the scheduler reads (tests/conftest.py)."""
+    target = ROOT / "tests" / "module_seconds.json"
+    about = (
+        "Seconds each test module took in a clean-clone `bash .ci/run` (CI's two pytest-xdist "
+        "workers): the order tests/conftest.py hands modules out in, longest first. Written by "
+        "benchmarks/suite.py --full new --update-seconds."
+    )
+    document = {"about": about, "commit": rev, "load": load, "seconds": seconds}
+    target.write_text(json.dumps(document, indent=1) + "\n")
+    return target
+
+
 def full_run(tree: Path, log: Path) -> dict[str, object]:
+    junit = log.with_suffix(".xml")
+    # the run's JUnit XML beside its log (PYTEST_ADDOPTS: CI's command line stays as it is)
+    addopts = f"{os.environ.get('PYTEST_ADDOPTS', '')} --junitxml={junit}".strip()
     start = time.monotonic()
     with log.open("w") as out:
         done = subprocess.run(
             ["bash", ".ci/run"],
+            env={**os.environ, "PYTEST_ADDOPTS": addopts},
             cwd=tree,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -100,6 +136,7 @@ def full_run(tree: Path, log: Path) -> dict[str, object]:
         "pytest": summary[-1][0] if summary else "(no pytest summary)",
         "pytest_seconds": float(summary[-1][1]) if summary else float("nan"),
         "slowest": slowest,
+        "modules": module_seconds(junit, tree) if junit.is_file() else {},
     }
 
 
@@ -111,6 +148,11 @@ def main() -> None:
     parser.add_argument("--new", default="HEAD", help="commit measured against it (default HEAD)")
     parser.add_argument("--rounds", type=int, default=3, help="unit rounds, old and new alternated")
     parser.add_argument("--full", choices=["none", "new", "both"], default="none", help="clean-clone runs")
+    parser.add_argument(
+        "--update-seconds",
+        action="store_true",
+        help="write the new tree's clean-clone module seconds to tests/module_seconds.json",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlreg-suite-"))
     trees = {"old": checkout(args.old, work / "old"), "new": checkout(args.new, work / "new")}
@@ -147,6 +189,15 @@ def main() -> None:
         )
         for line in result["slowest"]:  # type: ignore[attr-defined]
             print(f"  {line}")
+        modules: dict[str, float] = result["modules"]  # type: ignore[assignment]
+        print(f"  the 15 slowest modules (of {len(modules)}; {sum(modules.values()):.0f} s in all):")
+        for module, seconds in list(modules.items())[:15]:
+            print(f"  {seconds:7.1f} s  {module}")
+        if name == "new" and args.update_seconds and result["exit"] == 0 and modules:
+            load = ", ".join(f"{a:.1f}" for a in os.getloadavg())
+            head = ["git", "-C", str(trees[name]), "rev-parse", "--short", "HEAD"]
+            rev = subprocess.run(head, capture_output=True, text=True, check=True).stdout.strip()
+            print(f"  written: {write_module_seconds(modules, rev, load)}")
     sys.stdout.flush()
 
 

@@ -68,23 +68,52 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 # Modules sharing one session stack run on one worker: test_browser.py looks at the MLflow UI of
 # test_mlflow_native.py's stack (built once per process: ~40 s more on another worker); test_wheel.py
-# serves the wheel of test_release.py's act run (tests/act/release.py; another worker would wait).
+# serves the wheel of test_release.py's act run (tests/act/release.py; another worker would wait);
+# test_serving.py and test_store_cli.py use the session's tritonserver with the whole ensemble
+# loaded (tests/integration/conftest.py ``triton``: ~20 s to start, once per worker).
 SAME_WORKER = {
+    "tests/integration/test_serving.py": "tests/integration/test_store_cli.py",
     "tests/integration/test_browser.py": "tests/integration/test_mlflow_native.py",
     "tests/integration/test_relay.py": "tests/integration/test_mlflow_native.py",  # its stack, its Triton
     "tests/integration/test_wheel.py": "tests/integration/test_release.py",
 }
-# Handed out last: the unit modules, many and each a few seconds, fill the end of the run, where one
-# worker would otherwise wait for the other's last integration module (pytest-xdist hands modules out
-# by their number of tests, most first: the unit modules came first, and a few integration modules of
-# one or two tests and a minute each came last).
-LAST = "tests/unit/"
+# The order modules are handed out in: the longest first (a greedy longest-first schedule: the
+# critical path is the worker that ends last, and a long module handed out late decides it), by the
+# seconds each took in a clean-clone run on CI's two workers (MODULE_SECONDS, refreshed by
+# ``benchmarks/suite.py --full new --update-seconds``).  A module the table does not know yet (a new
+# one) is estimated from its number of tests.  pytest-xdist's own order (most tests first) put the
+# unit modules first and integration modules of one test and a minute or more last.
+MODULE_SECONDS = ROOT / "tests" / "module_seconds.json"
+NEW_TEST_SECONDS = {"tests/integration/": 10.0, "tests/unit/": 0.3}
+
+
+def expected_seconds(scope: str, tests: int, table: dict[str, float]) -> float:
+    """What the work unit ``scope`` (a module, or a SAME_WORKER group under its module) is expected
+    to take: its modules' seconds in ``table``, else ``tests`` times a new test's seconds."""
+    members = [scope, *(module for module, group in SAME_WORKER.items() if group == scope)]
+    known = [table[module] for module in members if module in table]
+    if known:
+        return sum(known)
+    per_test = next((s for prefix, s in NEW_TEST_SECONDS.items() if scope.startswith(prefix)), 1.0)
+    return tests * per_test
+
+
+def module_seconds() -> dict[str, float]:
+    """MODULE_SECONDS' table (module -> seconds); empty when it is missing or unreadable (the
+    order then follows the number of tests)."""
+    try:
+        table = json.loads(MODULE_SECONDS.read_text())["seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {str(k): float(v) for k, v in table.items() if isinstance(v, int | float)}
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``, with the modules of SAME_WORKER grouped as one and those under LAST
-    handed out after the others."""
+    """``--dist loadfile``, with the modules of SAME_WORKER grouped as one, handed out longest first
+    (``expected_seconds``), and a worker given its next module only once it is on its current
+    one's last test (pytest-xdist: its last two), so a long module goes to the worker that frees
+    first."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -99,9 +128,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _assign_work_unit(self, node: Any) -> None:
             if not self.ordered:  # the queue is complete before the first module is handed out
                 self.ordered = True
-                for scope in [s for s in self.workqueue if s.startswith(LAST)]:
+                table = module_seconds()
+                order = sorted(
+                    self.workqueue,
+                    key=lambda scope: -expected_seconds(scope, len(self.workqueue[scope]), table),
+                )
+                for scope in order:
                     self.workqueue.move_to_end(scope)
             super()._assign_work_unit(node)
+
+        def _reschedule(self, node: Any) -> None:
+            # pytest-xdist's own, with 1 where it has 2: a worker holds its last test until it
+            # knows the next (the module's teardown depends on it), so 1 is the least that runs
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
 
     return ModuleGroups(config, log)
 
