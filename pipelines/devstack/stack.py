@@ -536,8 +536,13 @@ def keep_s3(settings: Settings, s3: dict[str, object]) -> list[str]:
     from pipelines.storage import open_store  # lazy: store package ~0.15 s, S3 stacks only
 
     source = str(s3.get("source") or "")
-    if not source or Path(source).resolve() != settings.local_repository.resolve():
+    if not source:
         return []
+    if Path(source).resolve() != settings.local_repository.resolve():
+        return [
+            f"not copied back to {source} (a --repository folder is yours, never written): what was "
+            "promoted on this stack's S3 server goes with it"
+        ]
     use_stack_credentials()
     try:
         lines = copy_back(open_store(str(s3["uri"])), open_store(source, digest_cache=settings.digest_cache))

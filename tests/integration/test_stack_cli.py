@@ -130,6 +130,7 @@ def test_up_with_s3_serves_from_a_local_s3_server(
         "registered_digest",
         lambda settings: lambda m, v: tags.get((m, v), {}).get("artifact_digest"),
     )
+    before = sorted(repo.rglob("*"))
     result = runner.invoke(
         app, ["stack", "up", "--s3", "-r", str(repo), "--no-ui", "-l", "table_data_preprocess", "--json"]
     )
@@ -155,6 +156,9 @@ def test_up_with_s3_serves_from_a_local_s3_server(
         down = runner.invoke(app, ["stack", "down"])
     assert down.exit_code == 0
     assert processes.process_gone(moto_pid)
+    # a --repository folder is the user's: never written back (only .mlreg/model_repository is)
+    assert f"not copied back to {repo} (a --repository folder is yours, never written)" in down.output
+    assert sorted(repo.rglob("*")) == before
 
 
 def test_up_with_nothing_built_serves_an_empty_repository_ready_for_promote(
