@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.core.environment import Environment
 from pipelines.core.policy import Check, Policy, judge
-from pipelines.promote.environments import Environment
 from pipelines.triton import metrics
 from registry.errors import MlregError, PromotionError, UsageError
 from registry.settings import redact_uri

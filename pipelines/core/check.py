@@ -32,6 +32,9 @@ RESULTS: tuple[Result, ...] = ("pass", "fail", "inconclusive", "skipped")
 Phase = Literal["gate", "bake", "load"]  # before traffic (canary/scratch), during traffic, before a load
 PHASES: tuple[Phase, ...] = ("gate", "bake", "load")
 REFUSING: frozenset[str] = frozenset({"fail", "inconclusive"})  # a check that cannot judge fails closed
+PRIVATE_SUFFIX = (
+    "__mlreg_quality"  # a candidate loaded alone on the canary is <model><suffix> (runtime change)
+)
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,15 @@ class Guard(Protocol):
     def aliases(self) -> tuple[str, ...]: ...
 
     def parse(self, place: Place, raw: Mapping[str, Any]) -> Any: ...
+
+
+class Checked(Protocol):
+    """What a passed gate leaves for the stages after it: each candidate's answers to the golden
+    inputs (``verify`` compares the servers with them) and the captured requests (the bake's probes
+    send them again)."""
+
+    outputs: dict[str, dict[str, Any]]
+    captured: dict[str, list[dict[str, Any]]]
 
 
 class Record(Protocol):

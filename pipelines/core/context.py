@@ -16,15 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from pipelines.checks.golden import QualityReport
+from pipelines.core.check import Checked
 from pipelines.core.environment import Environment
 from pipelines.core.plan import Plan
 from pipelines.core.ports import Registry, ScratchServers
-from pipelines.core.reports import FleetReport, PromotionResult, QualityStageReport, StageReport
+from pipelines.core.reports import (
+    Converted,
+    FleetReport,
+    PromotionResult,
+    QualityStageReport,
+    Repair,
+    StageReport,
+)
 from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Fleet
-from pipelines.promote.convert import Converted
-from pipelines.promote.integrity import Repair
 from pipelines.storage.base import RepositoryStore
 from registry.settings import Settings
 
@@ -96,7 +101,7 @@ class PromotionContext:
     locks: ExitStack = field(default_factory=ExitStack)
     deployer: Deployer | None = None  # chosen by resolve
     gate: Gate | None = None  # chosen by resolve (None: --skip-quality)
-    checked: QualityReport | None = None  # the gate's outputs: verify compares the servers with them
+    checked: Checked | None = None  # the gate's outputs: verify compares the servers with them
     noop: bool = False  # resolve found the version serving exactly as asked
     converted: Converted | None = None  # convert's ONNX version, registered by assemble
     repairs: list[Repair] = field(default_factory=list)  # corrupt stored versions assemble restores

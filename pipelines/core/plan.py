@@ -17,7 +17,7 @@ from typing import Any
 from pipelines.core.environment import Environment
 from pipelines.core.policy import waves_of
 from pipelines.core.ports import Registry
-from pipelines.guards.warmup import PYTHON_WARMUP, peak_sample, recreating_fields
+from pipelines.core.warmup import PYTHON_WARMUP, peak_sample, recreating_fields
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME, format_config, model_config_pb2, parse_config
 from registry.errors import MlregError, PromotionError

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
-from pipelines.core.plan import Plan
+from pipelines.core.plan import Plan, Step
 from pipelines.fleet.fleet import Rollout
 from registry.errors import PromotionError
 from registry.settings import redact_data, redact_uri
@@ -266,3 +267,28 @@ class PromotionFailed(PromotionError):
     def __init__(self, message: str, *, fix: str, result: PromotionResult) -> None:
         super().__init__(message, fix=fix, result=result)  # context["result"]: for older callers
         self.result = result
+
+
+@dataclass
+class Converted:
+    """A SavedModel step converted to ONNX, numbered but not registered yet (a dry run registers
+    nothing): ``register_converted`` is the live half."""
+
+    step: Step  # the ONNX version as the plan carries it
+    source_version: str
+    parity: dict[str, float]
+    export_info: dict[str, Any]
+    registered: bool  # an identical ONNX version is registered already (its number is used)
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A stored version to rewrite from the registry's copy in ``folder`` (config + <version>/)."""
+
+    model: str
+    version: str
+    folder: Path
+    problem: str  # what the store's copy got wrong
+
+    def detail(self) -> str:
+        return f"{self.model}/{self.version} restored from the registry ({self.problem})"

@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pipelines.core.litter import forget_uploads
 from pipelines.core.plan import Step, desired_config, ensemble_pins, follow_latest
 from pipelines.fleet.fleet import Change, Fleet, ready_versions
-from pipelines.promote.litter import forget_uploads
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
 

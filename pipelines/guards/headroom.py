@@ -43,10 +43,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pipelines.core.check import PRIVATE_SUFFIX
 from pipelines.core.plan import config_facts
 from pipelines.core.ports import Registry
 from pipelines.fleet.fleet import Change, Fleet, ready_versions
-from pipelines.promote.canary_gate import PRIVATE_SUFFIX
 from pipelines.triton.gauges import (
     HOST_USED,
     Gauges,

@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 
 from pipelines.checks.golden import QualityReport, serving_reference, warm_up
-from pipelines.core.check import Judging, Trial, run_checks
+from pipelines.core.check import PRIVATE_SUFFIX, Judging, Trial, run_checks
 from pipelines.core.plan import Plan, Step, desired_config
 from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Change, Fleet, checkpoint
@@ -49,7 +49,6 @@ from registry.errors import MlregError, TritonError
 from registry.settings import Settings
 
 log = logging.getLogger(__name__)
-PRIVATE_SUFFIX = "__mlreg_quality"
 SKIPPED_FILES = (".mlreg-manifest.json",)
 # The statuses of a load Triton ran and refused (its initialize, files or config failed): an
 # allow-list.  Anything else -- a load still running past its deadline ('load-deadline'), a replica

@@ -14,14 +14,14 @@ import json
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from pipelines.core.plan import Step, desired_config
 from pipelines.core.ports import Registry
+from pipelines.core.reports import Converted
 from registry.contracts.config import CONFIG_NAME, format_config, parse_config
 from registry.errors import MissingDependencyError, PromotionError
 from registry.manifest import artifact_digest
@@ -56,18 +56,6 @@ def needs_onnx(server_version: str) -> bool:
     except ValueError:
         return False
     return (major, minor) > TF_BACKEND_LAST
-
-
-@dataclass
-class Converted:
-    """A SavedModel step converted to ONNX, numbered but not registered yet (a dry run registers
-    nothing): ``register_converted`` is the live half."""
-
-    step: Step  # the ONNX version as the plan carries it
-    source_version: str
-    parity: dict[str, float]
-    export_info: dict[str, Any]
-    registered: bool  # an identical ONNX version is registered already (its number is used)
 
 
 def convert_step(step: Step, golden: dict[str, np.ndarray], gpu: bool, registry: Registry) -> Converted:

@@ -23,12 +23,12 @@ import json
 import logging
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipelines.core.plan import Step
 from pipelines.core.ports import RegistryReader
+from pipelines.core.reports import Repair
 from pipelines.core.undo import VerifyStored
 from pipelines.storage import closed_world
 from pipelines.storage.base import RepositoryStore
@@ -50,19 +50,6 @@ from registry.signing import (
 from registry.signing import verify as verify_signature
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Repair:
-    """A stored version to rewrite from the registry's copy in ``folder`` (config + <version>/)."""
-
-    model: str
-    version: str
-    folder: Path
-    problem: str  # what the store's copy got wrong
-
-    def detail(self) -> str:
-        return f"{self.model}/{self.version} restored from the registry ({self.problem})"
 
 
 def check_stored(

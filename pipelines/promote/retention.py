@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.core.context import PromotionContext
+from pipelines.core.litter import remove_fenced_uploads
 from pipelines.core.plan import Step, ensemble_pins, ensembles_pinning, serving_versions
 from pipelines.fleet.fleet import checkpoint
-from pipelines.promote.litter import remove_fenced_uploads
 from pipelines.storage import locking
 from pipelines.storage.archive import archive_of, bring_back, complete, drop_archived, move_to_archive
 from pipelines.storage.base import RepositoryStore

@@ -20,6 +20,7 @@ import numpy as np
 from pipelines.checks import golden as quality
 from pipelines.checks import offline
 from pipelines.core.context import PromotionContext
+from pipelines.core.litter import forget_uploads, note_upload, remove_fenced_uploads
 from pipelines.core.plan import (
     Plan,
     Role,
@@ -44,10 +45,10 @@ from pipelines.core.reports import (
     ValidateReport,
     VerifyReport,
 )
+from pipelines.core.warmup import WARMUP_BYTES, peak_bytes
 from pipelines.fleet.fleet import checkpoint, refuse_pending_loads
 from pipelines.fleet.replicas import open_control_notes
 from pipelines.fleet.restarts import not_ready_after_rollout
-from pipelines.guards.warmup import WARMUP_BYTES, peak_bytes
 from pipelines.ledger.mirror import mirror
 from pipelines.promote import retention
 from pipelines.promote.convert import Converted, convert_step, needs_onnx, register_converted
@@ -59,7 +60,6 @@ from pipelines.promote.integrity import (
     publish_signature,
     registered_differences,
 )
-from pipelines.promote.litter import forget_uploads, note_upload, remove_fenced_uploads
 from pipelines.promote.record import RecordWrites, failed_record, record_promotion, repair_record
 from pipelines.promote.stamps import hold_repair_locks, repair_ensemble_stamps, repair_lock_names
 from pipelines.rollout.all_at_once import check_serves_from_store

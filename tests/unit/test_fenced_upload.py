@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.promote.litter import forget_uploads, marker_key, note_upload, remove_fenced_uploads
+from pipelines.core.litter import forget_uploads, marker_key, note_upload, remove_fenced_uploads
 from pipelines.storage.lease import Lease
 from pipelines.storage.local import LocalStore
 from registry.errors import TritonError

@@ -369,13 +369,9 @@ def test_no_two_first_party_modules_import_each_other() -> None:
 # deployer runs the headroom guard...): the seams of the same issue (a Check protocol, guards
 # registered, the Fleet's undo log) break it. Until then this is that cycle, exactly, at two name
 # parts: a package joining it, a second cycle, or a package leaving it (then take it off here) fails.
-PENDING_PACKAGE_CYCLE = (
-    "pipelines.checks",
+PENDING_PACKAGE_CYCLE = (  # core's undo log and context still name the Fleet (issue 47 item 3)
     "pipelines.core",
     "pipelines.fleet",
-    "pipelines.guards",
-    "pipelines.promote",
-    "pipelines.rollout",
 )
 
 

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipelines.checks import traces
 from pipelines.checks.traces import CHILDREN, FORGED, Reading, load_records, parse_trace, tensor_of
-from pipelines.promote.litter import MAX_MARKER_BYTES, marker_key, remove_fenced_uploads
+from pipelines.core.litter import MAX_MARKER_BYTES, marker_key, remove_fenced_uploads
 from pipelines.storage import RepositoryStore, lock_key, open_store
 from pipelines.storage.closed_world import folder_entries
 from pipelines.storage.local import LocalStore

@@ -521,7 +521,7 @@ def test_validate_looks_for_the_file_in_the_models_warmup_folder(tmp_path: Path)
 
 
 def test_a_promotion_derives_the_warmup_only_where_zeros_are_a_sample_and_says_why_not() -> None:
-    from pipelines.guards.warmup import PYTHON_WARMUP, WARMUP_BYTES, peak_sample
+    from pipelines.core.warmup import PYTHON_WARMUP, WARMUP_BYTES, peak_sample
 
     outcome = {name: peak_sample(text) for name, text in TEMPLATES.items()}
     warmed = {name for name, (text, _) in outcome.items() if text != TEMPLATES[name]}
@@ -545,7 +545,7 @@ def test_a_promotion_derives_the_warmup_only_where_zeros_are_a_sample_and_says_w
 
 def test_a_re_creating_config_change_is_any_field_beyond_version_policy_and_instance_group() -> None:
     from pipelines.core.plan import desired_config
-    from pipelines.guards.warmup import peak_sample, recreating_fields
+    from pipelines.core.warmup import peak_sample, recreating_fields
 
     base = TEMPLATES["table_data_model"]
     one, two = desired_config(base, ["1"], gpu=False), desired_config(base, ["1", "2"], gpu=False)
