@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.core.check import Verdict
 from pipelines.core.environment import Environment
 from pipelines.core.policy import Check, Policy, judge
 from pipelines.triton import metrics
@@ -109,7 +110,34 @@ class Analysis:
             "replicas": [redact_uri(r) for r in self.replicas],
             "ready_on": [redact_uri(r) for r in self.ready_on],
             "left_out": {redact_uri(r): why for r, why in self.left_out.items()},
+            "verdicts": [v.to_dict() for v in self.verdicts()],
         }
+
+    def verdicts(self) -> list[Verdict]:
+        """Each of the bake's checks as a verdict (pipelines/core/check.py): its value from Triton's
+        counters against its limit, over the window, on the replicas read; one that cannot be
+        judged now (no old version's requests to compare with) is skipped, as the bake passes it over."""
+        return [self._verdict(c) for c in self.checks]
+
+    def _verdict(self, check: CheckResult) -> Verdict:
+        judged = check.value is not None
+        return Verdict(
+            f"bake.{check.name}",
+            ("pass" if check.ok else "fail") if judged else "skipped",
+            f"{self.model} v{self.version}",
+            f"{check.name} from Triton's counters (/metrics) of v{self.version}"
+            + (f" against v{', v'.join(self.compared_with)}" if self.compared_with else ""),
+            window=f"{self.window_s:g} s" if self.window_s else "the counters since each version's load",
+            replicas=tuple(redact_uri(r) for r in self.replicas if r not in self.left_out),
+            sample=int(self.new.requests),
+            value=check.value,
+            threshold=check.max if check.max is not None else check.min,
+            why=check.detail,
+            fix=""
+            if check.ok or not judged
+            else "the version judged should not take more traffic: roll it back",
+            findings=() if check.ok else (f"{check.name}: {check.detail}",),
+        )
 
 
 def check_window(window: float) -> float:

@@ -204,3 +204,30 @@ def test_an_environment_holds_a_checks_settings_by_its_name() -> None:
     env = Environment("e", "/s", (), "e", False, checks=(("runtime", {"policy": "refuse"}),))
     assert env.setting("runtime") == {"policy": "refuse"}
     assert env.setting("shadow") is None
+
+
+def test_each_bake_check_is_a_verdict_with_its_value_limit_window_and_sample() -> None:
+    from pipelines.checks.bake import Analysis, CheckResult
+    from pipelines.triton.metrics import Counters
+
+    checks = [
+        CheckResult("failure_ratio", 0.2, None, 0.01, "<= 0.01", False, "failure_ratio 0.2 > 0.01"),
+        CheckResult("latency_ratio", None, None, 2.0, "<= 2", True, "no old requests to compare"),
+        CheckResult("requests", 40.0, 10.0, None, ">= 10", True, "40 requests"),
+    ]
+    found = Analysis("prod", "m", "2", ["1"], ["a:8001", "b:8001"], 30.0, False, "failure_ratio", "", checks)
+    found.new = Counters(success=32, failure=8)
+    found.left_out = {"b:8001": "HTTP 500"}
+    failed, passed_over, met = found.verdicts()
+    assert (failed.name, failed.result, failed.value, failed.threshold) == (
+        "bake.failure_ratio",
+        "fail",
+        0.2,
+        0.01,
+    )
+    assert (failed.sample, failed.window, failed.replicas) == (40, "30 s", ("a:8001",))
+    assert failed.refuses
+    assert failed.fix
+    assert (passed_over.result, passed_over.value) == ("skipped", None)
+    assert (met.result, met.threshold) == ("pass", 10.0)
+    assert found.to_dict()["verdicts"][0]["name"] == "bake.failure_ratio"
