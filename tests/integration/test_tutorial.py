@@ -7,12 +7,15 @@ drifts from what works fails the test; the state each step leaves is asserted to
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import onnx
 import pytest
 
 from docs import tutorial_blocks
@@ -21,6 +24,8 @@ from registry.mlflow import sqlite
 pytestmark = pytest.mark.integration
 
 OWN_MODEL = tutorial_blocks.TUTORIALS / "your-own-model.md"
+# the page's scaler (src/scaler/model.py): (raw - MEAN) / SCALE
+MEAN, SCALE = (5.8, 3.0, 3.8, 1.2), (0.8, 0.4, 1.8, 0.8)
 
 
 def clean_env() -> dict[str, str]:
@@ -30,9 +35,9 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run_page(page: Path, folder: Path, env: dict[str, str]) -> dict[str, str]:
-    """Every step of ``page`` in ``folder``; the output of each console command, by command."""
-    said: dict[str, str] = {}
+def run_page(page: Path, folder: Path, env: dict[str, str]) -> list[tuple[str, str]]:
+    """Every step of ``page`` in ``folder``, in order; each command with what it printed."""
+    said: list[tuple[str, str]] = []
     for step in tutorial_blocks.steps(page):
         argv = ["bash", "-e", "-o", "pipefail", "-c", step.command]
         run = subprocess.run(
@@ -42,8 +47,18 @@ def run_page(page: Path, folder: Path, env: dict[str, str]) -> dict[str, str]:
         assert run.returncode == 0, f"{page.name}: exit {run.returncode} from:\n{step.command}\n{output}"
         missing = step.missing(output)
         assert not missing, f"{page.name}: `{step.command}` did not print {missing}; it printed:\n{output}"
-        said[step.command] = output
+        said.append((step.command, output))
     return said
+
+
+def printed(said: list[tuple[str, str]], command: str) -> list[str]:
+    """What each run of ``command`` printed, in order."""
+    return [output for run, output in said if run == command]
+
+
+def scores(raw: list[float], activation: Callable[[float], float]) -> list[float]:
+    """What the page's ensemble answers: the scaler's standardisation, then the classifier."""
+    return [activation((x - m) / s) for x, m, s in zip(raw, MEAN, SCALE, strict=True)]
 
 
 def test_every_tutorial_page_is_run_here() -> None:
@@ -62,21 +77,41 @@ def test_the_your_own_model_tutorial_runs_as_written(tmp_path: Path) -> None:
             ["mlreg", "stack", "down"], cwd=project, env=env, capture_output=True, timeout=120, check=False
         )
     registry = f"sqlite:///{project / '.mlreg' / 'mlflow.db'}"
-    for model in ("classifier", "scaler", "iris"):
-        record = sqlite.registered_model(registry, model)
-        assert record is not None, model
-        assert [(v, tags["validation"]) for v, _, tags in record.versions] == [("1", "passed")], model
-        assert record.aliases == {"local": "1"}, model  # the promotion moved each model's alias
-    store, folders = project / ".mlreg" / "model_repository", project / "models"
-    for file in ("classifier/1/model.onnx", "scaler/1/model.py"):  # what serves is what was registered
-        assert (store / file).read_bytes() == (folders / file).read_bytes(), file
-    assert "model_version: 1" in (store / "iris" / "config.pbtxt").read_text()  # the pins it serves
-    promoted = said["MLREG_TEMPLATE_DIR=models mlreg promote iris --version 1"]
+    classifier, scaler, iris = (
+        sqlite.registered_model(registry, m) for m in ("classifier", "scaler", "iris")
+    )
+    assert classifier is not None
+    assert scaler is not None
+    assert iris is not None
+    assert [(v, tags["validation"]) for v, _, tags in classifier.versions] == [
+        ("1", "passed"),
+        ("2", "passed"),
+    ]
+    assert classifier.aliases == {"local": "2"}  # v2 went out through the canary
+    assert [(v, tags["validation"]) for v, _, tags in scaler.versions] == [("1", "passed")]
+    assert scaler.aliases == {"local": "1"}
+    assert (iris.versions[0][0], iris.versions[0][2]["validation"]) == ("1", "passed")
+    assert "local" in iris.aliases
+    local = project / ".mlreg" / "model_repository"  # the one-server part's store: the registered bytes
+    assert [node.op_type for node in onnx.load(local / "classifier/1/model.onnx").graph.node] == ["Relu"]
+    assert (local / "scaler/1/model.py").read_bytes() == (project / "models/scaler/1/model.py").read_bytes()
+    (promoted,) = printed(said, "MLREG_TEMPLATE_DIR=models mlreg promote iris --version 1")
     gated = re.search(r"golden inputs passed on ([\w, ]+)", promoted)  # the page's golden inputs, sent
     assert gated is not None, promoted
     assert set(gated.group(1).replace(",", " ").split()) == {"scaler", "classifier"}
-    predicted = said["mlflow deployments predict -t mlreg --name iris --input-path request.json"]
-    assert json.loads(predicted.strip().splitlines()[-1]) == {"outputs": {"scores": [[0.0, 1.25, 0.0, 0.0]]}}
+    (canary,) = printed(said, "MLREG_TEMPLATE_DIR=models mlreg promote classifier --version 2")
+    assert "against serving: classifier" in canary  # the gate compared v2 with v1 on the canary
+    answers = [
+        json.loads(output.strip().splitlines()[-1])["outputs"]["scores"][0]
+        for output in printed(
+            said, "mlflow deployments predict -t mlreg --name iris --input-path request.json"
+        )
+    ]
+    raw = [5.1, 3.5, 1.4, 0.2]
+    assert answers[0] == pytest.approx(scores(raw, lambda x: max(x, 0.0)), rel=1e-5)  # v1 on one server: relu
+    assert answers[1] == pytest.approx(
+        scores(raw, lambda x: 1 / (1 + math.exp(-x))), rel=1e-5
+    )  # v2 on the fleet
     status = subprocess.run(
         ["mlreg", "stack", "status", "--json"],
         cwd=project,
