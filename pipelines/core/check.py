@@ -181,10 +181,14 @@ class Check(Protocol):
 
 class Guard(Protocol):
     """Something that must hold before a load onto a replica (memory headroom, the peak-batch
-    warmup request): registered as checks are, with ``phase`` "load"."""
+    warmup request): registered as checks are (``GUARDS``); ``field``: the ``Environment`` field its
+    parsed setting fills ("": held by its name, ``Environment.setting(name)``)."""
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def field(self) -> str: ...
 
     @property
     def owns(self) -> frozenset[str]: ...

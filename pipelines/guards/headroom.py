@@ -43,7 +43,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipelines.core.check import PRIVATE_SUFFIX
+from pipelines.core.check import PRIVATE_SUFFIX, Place
+from pipelines.core.environment import MEMORY_MARGIN
 from pipelines.core.plan import config_facts
 from pipelines.core.ports import Registry
 from pipelines.fleet.fleet import Change, Fleet, ready_versions
@@ -57,7 +58,7 @@ from pipelines.triton.gauges import (
     placement,
     read_metrics,
 )
-from registry.errors import MlregError, PromotionError
+from registry.errors import MlregError, PromotionError, UsageError
 
 REFUSED = "no-headroom"  # the refusal's status: a replica a fleet policy may skip (staged.py)
 FOOTPRINT_TAG = "memory_footprint_bytes"  # version tags: what a version adds where it loads
@@ -483,3 +484,29 @@ class Headroom:
         with self._lock:
             if note not in self._notes:
                 self._notes.append(note)
+
+
+# -- the seam (pipelines/core/check.py): this guard as the settings loader reads it ---------------
+
+
+@dataclass(frozen=True)
+class HeadroomGuard:
+    """Memory headroom before each load; its setting: ``memory_margin`` (a load needs the version's
+    measured footprint x margin free on the replica)."""
+
+    name: str = "headroom"
+    field: str = "memory_margin"
+    owns: frozenset[str] = frozenset({"memory_margin"})
+    aliases: tuple[str, ...] = ()
+
+    def parse(self, place: Place, raw: Mapping[str, Any]) -> float:
+        value = raw.get("memory_margin", MEMORY_MARGIN)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 1.0 <= value < float("inf"):
+            raise UsageError(
+                f"{place.where}: memory_margin must be a number of at least 1, not {value!r}",
+                fix=f"write memory_margin = {MEMORY_MARGIN:g} (a number, no quotes) in that section",
+            )
+        return float(value)
+
+
+GUARD = HeadroomGuard()

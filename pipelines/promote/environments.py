@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.check import Place
-from pipelines.core.environment import FIELDS, KEEP, MEMORY_MARGIN, OPEN_CONTROL, Environment
+from pipelines.core.environment import FIELDS, KEEP, OPEN_CONTROL, Environment
 from pipelines.core.policy import KEYS as ROLLOUT_KEYS
 from pipelines.core.policy import Policy, check_keys, parse_policy
 from pipelines.fleet import discovery
@@ -51,7 +51,7 @@ LOCAL = "local"
 ENVIRONMENT_KEYS = (
     frozenset(
         {"store", "targets", "alias", "gpu", "discover", "keep", "control_key", "open_control"}
-        | {"warmup", "memory_margin", "load_timeout", "observe"}
+        | {"load_timeout", "observe"}
         | {"follows"}  # the MLflow alias `mlreg relay` makes this environment serve (mlreg/relay/config.py)
     )
     | TRUST_KEYS
@@ -137,8 +137,6 @@ def _extras(
         "keep": _keep(path, name, raw),
         "signatures": parse_trust(where, raw, path.parent),
         "receipt_key": parse_receipt_key(where, raw, path.parent),
-        "warmup": _flag(path, name, raw, "warmup", True),
-        "memory_margin": _number(path, name, raw, "memory_margin", MEMORY_MARGIN, minimum=1.0),
         "load_timeout": _number(path, name, raw, "load_timeout", 0.0, minimum=1.0),
         **_checks(Place(where, path.parent, settings, store), raw),
         "observe": observe_list(where, raw.get("observe")),
@@ -174,8 +172,8 @@ def _metrics_only(
 
 
 def _checks(place: Place, raw: dict[str, object]) -> dict[str, Any]:
-    """Each registered check's settings, parsed by the check: those named as an environment field
-    (``shadow``, ``perf``) go there, the others into ``checks`` by name."""
+    """Each registered check's and guard's settings, parsed by itself: those named as an environment
+    field (``shadow``, ``perf``, ``warmup``, ``memory_margin``) go there, the others into ``checks``."""
     parsed = parse_settings(place, raw)
     fields = {name: value for name, value in parsed.items() if name in FIELDS}
     others = tuple(sorted((n, v) for n, v in parsed.items() if n not in FIELDS and v is not None))
@@ -231,16 +229,6 @@ def _open_control(path: Path, name: str, raw: dict[str, object]) -> str:
             'promotion), or write open_control = "allow" to promote to it with a note',
         )
     return str(value)
-
-
-def _flag(path: Path, name: str, raw: dict[str, object], key: str, default: bool) -> bool:
-    value = raw.get(key, default)
-    if not isinstance(value, bool):
-        raise UsageError(
-            f"{path}: environment '{name}': {key} must be true or false (a TOML boolean), not {value!r}",
-            fix=f"write {key} = {str(default).lower()} (without quotes) in [environments.{name}]",
-        )
-    return value
 
 
 def _number(path: Path, name: str, raw: dict[str, object], key: str, default: float, minimum: float) -> float:

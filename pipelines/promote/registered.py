@@ -16,6 +16,7 @@ from typing import Any
 
 from pipelines.checks import golden, perf, shadow
 from pipelines.core.check import Check, Guard, Place
+from pipelines.guards import headroom, warmup
 from registry.errors import UsageError
 
 CHECKS: tuple[Check, ...] = (
@@ -23,7 +24,10 @@ CHECKS: tuple[Check, ...] = (
     shadow.CHECK,
     perf.CHECK,
 )
-GUARDS: tuple[Guard, ...] = ()
+GUARDS: tuple[Guard, ...] = (
+    headroom.GUARD,
+    warmup.GUARD,
+)
 GATE = "quality"  # --skip quality (--skip-quality): the whole gate before traffic, every check in it
 GATE_ALIAS = "--skip-quality"
 
@@ -33,8 +37,9 @@ def registered() -> tuple[Check | Guard, ...]:
 
 
 def names() -> tuple[str, ...]:
-    """Every name ``--skip`` and ``observe`` take."""
-    return (GATE, *(c.name for c in registered()))
+    """Every name ``--skip`` and ``observe`` take: the gate and its checks (a load guard is not
+    skipped: it keeps a replica up)."""
+    return (GATE, *(c.name for c in CHECKS))
 
 
 def gate_checks(where: str) -> list[Check]:
@@ -48,8 +53,11 @@ def owned_keys() -> frozenset[str]:
 
 
 def parse_settings(place: Place, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Each registered check's and guard's settings, parsed by itself, by name."""
-    return {c.name: c.parse(place, raw) for c in registered()}
+    """Each registered check's and guard's settings, parsed by itself, by name (a guard's by the
+    ``Environment`` field it fills)."""
+    return {c.name: c.parse(place, raw) for c in CHECKS} | {
+        g.field or g.name: g.parse(place, raw) for g in GUARDS
+    }
 
 
 def _unknown(kind: str, name: str, where: str) -> UsageError:

@@ -231,3 +231,23 @@ def test_each_bake_check_is_a_verdict_with_its_value_limit_window_and_sample() -
     assert (passed_over.result, passed_over.value) == ("skipped", None)
     assert (met.result, met.threshold) == ("pass", 10.0)
     assert found.to_dict()["verdicts"][0]["name"] == "bake.failure_ratio"
+
+
+def test_each_load_guard_parses_its_own_setting_into_the_environment(tmp_path: Path) -> None:
+    toml = tmp_path / "mlreg.toml"
+    section = f'[environments.prod]\nstore = "{tmp_path / "store"}"\ntargets = ["t0:8001"]\n'
+    toml.write_text(section + "memory_margin = 1.5\nwarmup = false\n")
+    env = load_environments(_settings(tmp_path))["prod"]
+    assert (env.memory_margin, env.warmup) == (1.5, False)
+    assert [g.name for g in registered.GUARDS] == ["headroom", "warmup"]
+    for bad, said in (
+        ("memory_margin = 0.5", "memory_margin must be a number of at least 1"),
+        ('warmup = "no"', "warmup must be true or false"),
+    ):
+        toml.write_text(section + bad + "\n")
+        with pytest.raises(UsageError, match=said):
+            load_environments(_settings(tmp_path))
+    with pytest.raises(
+        UsageError, match="unknown check 'headroom'"
+    ):  # a guard keeps a replica up: never skipped
+        registered.check_names(["headroom"])
