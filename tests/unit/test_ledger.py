@@ -428,3 +428,23 @@ def test_an_event_no_reader_would_take_is_never_written(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="is not one the ledger takes: field 'model' is not a model name"):
         ledger.append(**fields(model="../escape"))
     assert ledger.seqs() == []
+
+
+def test_the_verb_that_asked_names_the_operation_of_the_fleets_made_under_it(tmp_path: Path) -> None:
+    from pipelines.ledger.recorder import for_fleet, operation
+
+    store = open_store(tmp_path / "repo")
+    with operation("sync"):
+        synced = for_fleet(store, "prod")
+        with operation("rollback"):
+            rolled = for_fleet(store, "prod")
+    plain = for_fleet(store, "prod")
+    assert synced is not None
+    assert rolled is not None
+    assert plain is not None
+    assert (synced.operation, rolled.operation, plain.operation) == ("sync", "rollback", "promote")
+    assert synced.background
+    assert synced.promotion != plain.promotion
+    assert synced.sent("r0:8001", "m", ("1",), (), undo=True) is None  # in the background
+    synced.flush()
+    assert [(e.operation, e.promotion) for e in chain_of(ledger_of(store))] == [("undo", synced.promotion)]
