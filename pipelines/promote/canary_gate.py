@@ -43,7 +43,6 @@ from pathlib import Path
 from pipelines.checks.golden import QualityReport, serving_reference, warm_up
 from pipelines.core.check import PRIVATE_SUFFIX, Judging, Trial, run_checks
 from pipelines.core.plan import Plan, Step, desired_config
-from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Change, Fleet, checkpoint
 from registry.errors import MlregError, TritonError
 from registry.settings import Settings
@@ -88,7 +87,6 @@ def canary_gate(
     plan: Plan,
     settings: Settings,
     fleet: Fleet,
-    undo: UndoLog,
     gpu: bool,
     judging: Judging,
     metrics_url: str = "",
@@ -121,7 +119,7 @@ def canary_gate(
                     loaded_as=name or step.model,
                     reference=reference,
                     candidate=canary,
-                    serving=canary if reference else None,
+                    serving=canary,  # the serving versions answer there (the replay says when none does)
                     where="canary",
                     replica=url,
                     connect=partial(fleet.connect, url),
@@ -134,7 +132,7 @@ def canary_gate(
     except MlregError as exc:
         report.failures.append(exc.message)
     if not report.failures:
-        _release(fleet, undo, url, trials)
+        _release(fleet, url, trials)
     return report
 
 
@@ -158,11 +156,11 @@ def _files(folder: Path, version: str) -> dict[str, bytes]:
     }
 
 
-def _release(fleet: Fleet, undo: UndoLog, url: str, trials: list[Trial]) -> None:
-    """A passed gate: the private models go; the candidates loaded in place stay for ``deploy``."""
+def _release(fleet: Fleet, url: str, trials: list[Trial]) -> None:
+    """A passed gate: the private models go (no longer the undo log's); the candidates loaded in
+    place stay for ``deploy``."""
     for trial in trials:
         if trial.loaded_as != trial.step.model:
-            failure = fleet.restore(url, Change(trial.loaded_as, None))
+            failure = fleet.discard(url, trial.loaded_as)
             if failure:  # harmless: nothing routes to it; a restart drops it
                 log.warning("could not unload %s: %s", trial.loaded_as, failure)
-            undo.forget(trial.loaded_as)

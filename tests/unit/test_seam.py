@@ -251,3 +251,13 @@ def test_each_load_guard_parses_its_own_setting_into_the_environment(tmp_path: P
         UsageError, match="unknown check 'headroom'"
     ):  # a guard keeps a replica up: never skipped
         registered.check_names(["headroom"])
+
+
+def test_a_first_deployment_records_its_replay_as_skipped_never_silently(tmp_path: Path) -> None:
+    report = QualityReport(where="the canary t0:8001")
+    trial = replace(_trial(report), reference="")  # nothing serves m yet: the canary still answers
+    settings = Shadow(captures=str(tmp_path / "traces"))
+    run_checks(Judging((shadow.CHECK,), setting=lambda name: settings), [trial], report)
+    [said] = report.verdicts
+    assert (said.result, said.why) == ("skipped", "nothing serves this model yet")
+    assert [s["verdict"] for s in report.shadow] == ["skipped: nothing serves this model yet"]
