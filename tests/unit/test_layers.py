@@ -375,6 +375,131 @@ PENDING_PACKAGE_CYCLE = (  # core's undo log and context still name the Fleet (i
 )
 
 
+# issue 47: no package imports a feature it does not own. Each package of the promotion (and the
+# pipelines packages beside it) -> the other pipelines packages it may import. The floor first: triton
+# (one server) and storage import no other; core (the shared vocabulary) imports no feature (checks,
+# guards, rollout, fleet, promote, ledger); a feature imports the floor and the parts it drives;
+# promote (the engine) plugs them all together. A new package needs a row (test_every_package_has_a_row).
+OWNS = {
+    "pipelines.triton": set(),
+    "pipelines.storage": set(),
+    "pipelines.core": {"pipelines.storage", "pipelines.triton"},
+    "pipelines.ledger": {"pipelines.storage"},  # its chain of events is stored objects
+    "pipelines.checks": {"pipelines.core", "pipelines.storage", "pipelines.triton"},
+    # a load guard reads the replicas it keeps up (the fleet's view, headroom's Change)
+    "pipelines.guards": {"pipelines.core", "pipelines.storage", "pipelines.triton", "pipelines.fleet"},
+    # the fleet tells the ledger each call it sent (the ledger's Recorder: an observer it is handed)
+    "pipelines.fleet": {"pipelines.core", "pipelines.storage", "pipelines.triton", "pipelines.ledger"},
+    # a deployer moves the fleet, runs the load guards and asks the golden inputs for its probes
+    "pipelines.rollout": {
+        "pipelines.core",
+        "pipelines.storage",
+        "pipelines.triton",
+        "pipelines.fleet",
+        "pipelines.guards",
+        "pipelines.checks",
+    },
+    "pipelines.promote": {
+        "pipelines.core",
+        "pipelines.storage",
+        "pipelines.triton",
+        "pipelines.fleet",
+        "pipelines.guards",
+        "pipelines.checks",
+        "pipelines.rollout",
+        "pipelines.ledger",
+    },
+    # the local development stack starts servers and seeds a store; it runs no promotion
+    "pipelines.devstack": {"pipelines.core", "pipelines.storage", "pipelines.triton"},
+}
+FEATURES = ("checks", "guards", "rollout", "fleet", "promote", "ledger")
+# (package, the package it still imports that it may not) -- exactly what PENDING_PACKAGE_CYCLE
+# pins: core's undo log, context and reports name the Fleet (issue 47 item 3)
+PENDING_FEATURE_IMPORTS = {("pipelines.core", "pipelines.fleet")}
+
+
+def package_of_module(module: str) -> str:
+    """The pipelines package ``module`` belongs to (its first two name parts)."""
+    return ".".join(module.split(".")[:2])
+
+
+def feature_breaches(package: str, modules: Mapping[str, Path] = MODULES, root: Path = ROOT) -> list[str]:
+    """Every import by a module of ``package`` (one of OWNS) of a pipelines package OWNS does
+    not give it, TYPE_CHECKING and functions included, as "file:line imports module"."""
+    wrong = set()
+    for module in (m for m in sorted(modules) if _under(m, package)):
+        path = modules[module]
+        where = path.relative_to(root) if path.is_relative_to(root) else path
+        for line, name in module_imports(module, walked(path), modules):
+            other = package_of_module(name)
+            if (
+                _under(name, "pipelines")
+                and other not in {package, "pipelines"}
+                and other not in OWNS[package]
+            ):
+                wrong.add(f"{where}:{line} imports {name}")
+    return sorted(wrong)
+
+
+@pytest.mark.parametrize("package", sorted(OWNS))
+def test_no_package_imports_a_feature_it_does_not_own(package: str) -> None:
+    pending = {other for owner, other in PENDING_FEATURE_IMPORTS if owner == package}
+    wrong = feature_breaches(package)
+    unexpected = [line for line in wrong if package_of_module(line.rpartition(" imports ")[2]) not in pending]
+    assert unexpected == [], (
+        f"{package} may import only {sorted(OWNS[package])} of pipelines' packages:\n" + "\n".join(unexpected)
+    )
+    still = {package_of_module(line.rpartition(" imports ")[2]) for line in wrong}
+    assert pending <= still, (
+        f"{package} no longer imports {sorted(pending - still)}: take it off PENDING_FEATURE_IMPORTS"
+    )
+
+
+def test_core_imports_no_feature_but_what_is_pending() -> None:
+    """core's row gives it no feature; what it still imports is pending, and it is the cycle
+    test_no_two_first_party_packages_import_each_other pins, nothing else."""
+    assert not any(f"pipelines.{feature}" in OWNS["pipelines.core"] for feature in FEATURES)
+    assert PENDING_FEATURE_IMPORTS == {PENDING_PACKAGE_CYCLE}
+
+
+def test_every_package_has_a_row() -> None:
+    packages = {package_of_module(m) for m in MODULES if m.startswith("pipelines.")} - {"pipelines"}
+    assert packages == set(OWNS), "give each pipelines package its row in OWNS (and drop a gone one's)"
+
+
+def test_the_package_rule_flags_a_module_importing_a_feature_it_does_not_own(tmp_path: Path) -> None:
+    """The positive control: synthetic modules of core (a check, under TYPE_CHECKING; the rollout,
+    in a function; the ledger relatively) and of triton (the store) are flagged at those lines;
+    what the table gives them (core: storage, triton) is not."""
+    modules = _synthetic(
+        tmp_path,
+        {
+            "pipelines/core/sneaky.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from pipelines.checks.golden import G\n"
+                "def f():\n    import pipelines.rollout.staged\nfrom ..ledger import chain\n"
+                "from pipelines.storage.base import RepositoryStore\nfrom pipelines.triton import control\n"
+                "from . import plan\n"
+            ),
+            "pipelines/core/plan.py": "import os\n",
+            "pipelines/checks/golden.py": "import os\n",
+            "pipelines/rollout/staged.py": "import os\n",
+            "pipelines/ledger/chain.py": "import os\n",
+            "pipelines/storage/base.py": "import os\n",
+            "pipelines/triton/control.py": "from pipelines.storage import base\n",
+        },
+    )
+    assert feature_breaches("pipelines.core", modules, tmp_path) == [
+        "pipelines/core/sneaky.py:3 imports pipelines.checks.golden",
+        "pipelines/core/sneaky.py:5 imports pipelines.rollout.staged",
+        "pipelines/core/sneaky.py:6 imports pipelines.ledger.chain",
+    ]
+    assert feature_breaches("pipelines.triton", modules, tmp_path) == [
+        "pipelines/triton/control.py:1 imports pipelines.storage.base"
+    ]
+    assert feature_breaches("pipelines.checks", modules, tmp_path) == []
+
+
 @pytest.mark.parametrize("depth", range(1, DEPTH))
 def test_no_two_first_party_packages_import_each_other(depth: int) -> None:
     found = cycles(package_graph(import_graph(), depth))
