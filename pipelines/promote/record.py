@@ -63,13 +63,16 @@ def record_promotion(
             {f"{s.stage}_seconds": s.seconds for s in result.stages}
             | perf_metrics(result)
             | footprint_metrics(result)
-            | shadow_metrics(result),
+            | shadow_metrics(result)
+            | verdict_metrics(result.verdicts),
         )
         with tempfile.TemporaryDirectory() as tmp:
             report = result.to_dict()  # URIs redacted: the plot's labels too
             (Path(tmp) / "report.json").write_text(json.dumps(report, indent=1, default=str))
             plot_memory(report.get("headroom") or {}, memory_title(plan), Path(tmp) / "memory.png")
             write_shadow(report.get("shadow") or [], Path(tmp))
+            if report.get("verdicts"):  # every check's record, refused or not (pipelines/core/check.py)
+                (Path(tmp) / "verdict.json").write_text(json.dumps(report["verdicts"], indent=1, default=str))
             registry.log_artifacts(run_id, Path(tmp))
         registry.finish_run(run_id, ok=not result.error)
         result.run_id = run_id
@@ -126,6 +129,23 @@ def record_footprints(registry: Registry, result: PromotionResult) -> None:
 
 
 # -- the shadow replay (pipelines/checks/replay.py) ------------------------------------------------
+
+
+VERDICT_FIGURES = ("value", "threshold", "sample", "noise_floor")
+
+
+def verdict_metrics(verdicts: list[dict[str, Any]]) -> dict[str, float]:
+    """One metric per measured value of each check's verdict (``verdict_<check>_<model>_value``,
+    ``..._threshold``, ``..._sample``, ``..._noise_floor``), so MLflow charts them."""
+    found: dict[str, float] = {}
+    for verdict in verdicts:
+        model = str(verdict.get("subject") or "").split(" ")[0]
+        prefix = "_".join(p for p in ("verdict", str(verdict.get("name", "")), model) if p)
+        for figure in VERDICT_FIGURES:
+            value = verdict.get(figure)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                found[f"{prefix}_{figure}"] = float(value)
+    return found
 
 
 def shadow_metrics(result: PromotionResult) -> dict[str, float]:

@@ -261,3 +261,29 @@ def test_a_first_deployment_records_its_replay_as_skipped_never_silently(tmp_pat
     [said] = report.verdicts
     assert (said.result, said.why) == ("skipped", "nothing serves this model yet")
     assert [s["verdict"] for s in report.shadow] == ["skipped: nothing serves this model yet"]
+
+
+def test_the_verdicts_go_into_the_run_as_verdict_json_and_one_metric_per_figure(tmp_path: Path) -> None:
+    import json
+
+    from pipelines.promote.record import record_promotion, verdict_metrics
+    from tests.unit.worlds import World
+
+    world = World(tmp_path)
+    result = world.promote("pre", "1")
+    refused = Verdict(
+        "shadow", "fail", "pre v1", sample=60, value=60.0, threshold=3.5, noise_floor=0.0, fix="x"
+    )
+    result.verdicts = [refused.to_dict(), Verdict("perf", "skipped", "pre v1", why="--skip-perf").to_dict()]
+    record_promotion(world.registry, result, world.env, "promotions")
+    kept = json.loads(world.registry.runs[-1]["artifacts"]["verdict.json"])
+    assert [(v["name"], v["result"], v["value"], v["threshold"]) for v in kept] == [
+        ("shadow", "fail", 60.0, 3.5),
+        ("perf", "skipped", None, None),
+    ]
+    assert verdict_metrics(result.verdicts) == {
+        "verdict_shadow_pre_value": 60.0,
+        "verdict_shadow_pre_threshold": 3.5,
+        "verdict_shadow_pre_sample": 60.0,
+        "verdict_shadow_pre_noise_floor": 0.0,
+    }
