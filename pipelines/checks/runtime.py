@@ -18,19 +18,27 @@ Three questions, each answered with one ``CheckRecord`` per finding:
 
 Policy per environment (``RuntimeSettings``, ``[environments.X.runtime]``): ``policy = "refuse"``
 refuses a promotion on every failing hazard record whose severity is at least ``refuse_at``
-(default ``high``), and on what it cannot judge (``inconclusive``: a version string it cannot read,
-a release whose ONNX Runtime the tables do not hold -- never a pass); below ``refuse_at``, for a
-hazard id listed in ``accept``, or with ``policy = "note"`` the record is kept with
-``enforced = False`` ("observed: would have refused").  The default is
-``note``: the only tritonserver a development machine has (the nvidia-pytriton wheel's 2.51) carries
-thirteen of the table's hazards on any store and frontend, so a refusing default would refuse every
-local and test promotion; a production environment sets ``policy = "refuse"`` (infra/README.md).
-A model its replica cannot load (an ONNX opset or IR version past its ONNX Runtime, a SavedModel
-with no TensorFlow backend) refuses under either policy: the load would fail anyway.
+(default ``high``), on a model its replica cannot load (an ONNX opset or IR version past its ONNX
+Runtime, a SavedModel with no TensorFlow backend), and on what it cannot judge (``inconclusive``: a
+version string it cannot read, a release whose ONNX Runtime the tables do not hold -- never a
+pass); below ``refuse_at``, for a hazard id listed in ``accept``, or with ``policy = "note"`` the
+record is kept with ``enforced = False`` ("observed: would have refused").  The default is
+``note``: the only tritonserver a development machine has (the nvidia-pytriton wheel's 2.51, whose
+onnxruntime backend here is a stand-in running the venv's onnxruntime) carries thirteen of the
+table's hazards on any store and frontend, so a refusing default would refuse every local and test
+promotion; a production environment sets ``policy = "refuse"`` (infra/README.md).
+
+In the promotion (``CHECK``, registered in pipelines/promote/registered.py through issue 47's
+seam): the seam runs checks in the quality gate, per candidate, once the candidate is loaded on the
+canary -- so there the gate judges the canary's release (each replica of the fleet is assumed to
+run the canary's image) before any traffic and before any other replica, not before the canary's
+own load; ``judge`` (this module) judges every replica and model with nothing loaded, for a caller
+that runs before the first load.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +58,7 @@ from pipelines.checks.runtime_tables import (
     first_container_from,
     release_text,
 )
+from pipelines.core.check import Phase, Place, Trial, Verdict
 from registry.errors import PromotionError, UsageError
 
 NAME = "runtime"
@@ -61,6 +70,7 @@ VERSION_RE = re.compile(r"(\d{1,3})\.(\d{1,4})\.(\d{1,4})(?:dev)?")
 MAX_VERSION_CHARS = 64  # ServerMetadata is the replica's word: bounded before it is read
 MAX_FIELDS = 100_000  # protobuf fields read per message of an untrusted model file
 ML_DOMAIN = "ai.onnx.ml"
+UNKNOWN_STORE = "unknown"  # the environment's store was not given: every store's rows apply
 
 
 # -- the record --------------------------------------------------------------------------------
@@ -102,6 +112,7 @@ class RuntimeSettings:
 
     policy: str = POLICIES[0]
     refuse_at: str = "high"
+    store: str = UNKNOWN_STORE  # the environment's store kind, filled in where it is parsed (CHECK)
     frontends: frozenset[str] = DEFAULT_FRONTENDS
     accept: frozenset[str] = frozenset()  # hazard ids this environment knowingly runs with
 
@@ -414,6 +425,7 @@ def onnx_record(replica: ReplicaRuntime, model: str, path: Path, settings: Runti
             result="fail",
             line=f"{path}: not a readable ONNX model ({exc})",
             fix="re-export the model and check the file is complete",
+            enforced=settings.policy == "refuse",
         )
     measured = f"IR {found.ir}, opsets " + ", ".join(
         f"{d or 'ai.onnx'} {v}" for d, v in sorted(found.opsets.items())
@@ -458,6 +470,7 @@ def onnx_record(replica: ReplicaRuntime, model: str, path: Path, settings: Runti
         result="fail",
         line=f"{model}: model {'; '.join(over)}: {where} supports up to {threshold.split(' (')[0]}",
         fix=f"re-export {model} at opset <= {limits.opset}, IR <= {limits.ir}; or {_upgrade_for_onnx(found)}",
+        enforced=settings.policy == "refuse",
     )
 
 
@@ -502,6 +515,7 @@ def saved_model_record(
             line=f"{model} is a SavedModel ({measured}); Triton {replica.version_text} has no TensorFlow "
             f"backend (the last is in {release_text(TF_BACKEND_LAST)})",
             fix="promote it with --serve-as onnx (or auto): mlreg converts it to ONNX and checks the answers",
+            enforced=settings.policy == "refuse",
         )
     return _record(
         subject,
@@ -598,3 +612,93 @@ def judge(
             elif model.kind == "savedmodel":
                 records.append(saved_model_record(replica, model.name, model.path, settings))
     return records
+
+
+# -- the promotion's check (issue 47's seam: pipelines/core/check.py) ---------------------------------
+
+
+def to_verdict(record: CheckRecord, window: str = "") -> Verdict:
+    """A record in the seam's shape: a noted failure is an observed one ("would have refused")."""
+    would_refuse = record.result in ("fail", "inconclusive")
+    return Verdict(
+        NAME,
+        record.result,  # type: ignore[arg-type]  # one of RESULTS, as the seam's Result
+        record.subject,
+        measured=f"{record.measured}; {record.source}; threshold: {record.threshold}",
+        window=window,
+        replicas=(record.replica,) if record.replica else (),
+        why=record.line,
+        fix=record.fix,
+        observed=would_refuse and not record.enforced,
+        findings=(record.line,) if would_refuse else (),
+    )
+
+
+def _hazards_judged(report: Any, url: str) -> bool:
+    """Whether an earlier candidate's trial already judged this replica's release (once per replica)."""
+    return any(
+        v.name == NAME and url in v.replicas and v.subject.startswith(("hazard", "hazards"))
+        for v in getattr(report, "verdicts", ())
+    )
+
+
+@dataclass(frozen=True)
+class RuntimeCheck:
+    """The runtime gate as a registered ``Check``: ``[environments.X.runtime]`` parsed here; in the
+    canary gate, the canary's release (once per promotion) and each candidate's model file."""
+
+    name: str = NAME
+    phase: Phase = "gate"
+    where: frozenset[str] = frozenset({"canary"})  # a scratch server is not the fleet's release
+    owns: frozenset[str] = frozenset({"runtime"})
+    aliases: tuple[str, ...] = ()
+
+    def parse(self, place: Place, raw: Mapping[str, Any]) -> RuntimeSettings:
+        parsed = parse_runtime(raw.get("runtime", {}), f"{place.where} runtime")
+        return dataclasses.replace(parsed, store=store_kind(place.store))
+
+    def judge(self, trial: Trial) -> list[Verdict]:
+        if trial.skip:
+            return [Verdict(NAME, "skipped", trial.subject, why=f"skipped ({trial.skip})")]
+        settings = trial.setting if isinstance(trial.setting, RuntimeSettings) else RuntimeSettings()
+        replica = read_replica(trial.candidate)
+        records: list[CheckRecord] = []
+        if not _hazards_judged(trial.report, replica.url):
+            records += hazard_records(replica, settings.store, settings)
+        window = f"the {trial.where}, its candidate loaded, before traffic"
+        verdicts = _hazard_verdicts([r for r in records if r.subject.startswith("hazard ")], window)
+        verdicts += [to_verdict(r, window) for r in records if not r.subject.startswith("hazard ")]
+        for model in model_files([trial.step]):
+            judge_one = onnx_record if model.kind == "onnx" else saved_model_record
+            verdicts.append(to_verdict(judge_one(replica, model.name, model.path, settings), window))
+        return verdicts
+
+
+def _hazard_verdicts(found: list[CheckRecord], window: str) -> list[Verdict]:
+    """A replica's hazards as at most two verdicts (those that refuse, those noted), each naming
+    every hazard in ``findings`` and the release past all of them in ``fix``: one line, not fifteen."""
+    verdicts = []
+    by_id = {h.id: h for h in HAZARDS}
+    for enforced in (True, False):
+        group = [r for r in found if r.enforced is enforced]
+        if not group:
+            continue
+        fixed = max(by_id[r.subject.removeprefix("hazard ")].fixed_in for r in group)
+        first = group[0]
+        ids = ", ".join(r.subject.removeprefix("hazard ") for r in group)
+        release = first.measured.split(" (")[0]
+        summary = f"replica {first.replica} runs {release}: {len(group)} known hazard(s) ({ids})"
+        record = dataclasses.replace(
+            first,
+            subject="hazards",
+            threshold=f"past every known hazard: {release_text(fixed)}",
+            line=f"{summary}; the last fixed in {release_text(fixed)}",
+            fix=_upgrade(fixed),
+        )
+        verdicts.append(
+            dataclasses.replace(to_verdict(record, window), findings=tuple(r.line for r in group))
+        )
+    return verdicts
+
+
+CHECK = RuntimeCheck()

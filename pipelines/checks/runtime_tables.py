@@ -45,7 +45,7 @@ class Hazard:
     def affects(self, version: Release, store: str, frontends: frozenset[str]) -> bool:
         return (
             version < self.fixed_in
-            and (not self.stores or store in self.stores)
+            and (not self.stores or store in self.stores or store == "unknown")
             and (not self.frontends or bool(self.frontends & frontends))
         )
 

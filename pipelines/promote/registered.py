@@ -14,12 +14,13 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipelines.checks import golden, perf, shadow
+from pipelines.checks import golden, perf, runtime, shadow
 from pipelines.core.check import Check, Guard, Place
 from pipelines.guards import headroom, warmup
 from registry.errors import UsageError
 
 CHECKS: tuple[Check, ...] = (
+    runtime.CHECK,
     golden.CHECK,
     shadow.CHECK,
     perf.CHECK,

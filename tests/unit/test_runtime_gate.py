@@ -231,7 +231,10 @@ def test_parse_runtime_defaults_values_and_refusals() -> None:
         where,
     )
     assert parsed == RuntimeSettings(
-        "note", "critical", frozenset({"grpc", "sagemaker"}), frozenset({"s3-sigpipe"})
+        policy="note",
+        refuse_at="critical",
+        frontends=frozenset({"grpc", "sagemaker"}),
+        accept=frozenset({"s3-sigpipe"}),
     )
     bad: list[tuple[dict[str, object], str]] = [
         ({"polcy": "note"}, "unknown runtime key(s) polcy"),
@@ -286,7 +289,7 @@ def test_the_reader_agrees_with_onnx_and_skips_the_weights(tmp_path: Path) -> No
 def test_an_onnx_opset_beyond_the_replicas_onnx_runtime_is_refused_before_any_load(tmp_path: Path) -> None:
     path = onnx_model(tmp_path / "model.onnx", opset=23, ir=10)
     server = StandIn("2.55.0")  # container 25.02, ONNX Runtime 1.20.1: IR <= 10, opset <= 21
-    record = runtime.onnx_record(runtime.read_replica(server), "net", path, RuntimeSettings())
+    record = runtime.onnx_record(runtime.read_replica(server), "net", path, REFUSE)
     assert record.result == "fail"
     assert record.refuses()
     assert record.line == (
@@ -384,7 +387,7 @@ def test_a_saved_model_on_a_release_without_the_tensorflow_backend_is_refused(tm
     folder = saved_model(tmp_path / "1" / "model.savedmodel", "2.17.0")
     assert runtime.read_tf_versions(folder) == ["2.17.0"]
     record = runtime.saved_model_record(
-        runtime.read_replica(StandIn("2.56.0")), "image_model", folder, RuntimeSettings()
+        runtime.read_replica(StandIn("2.56.0")), "image_model", folder, REFUSE
     )
     assert record.result == "fail"
     assert record.refuses()
@@ -422,7 +425,7 @@ def test_judge_reads_each_replica_once_and_judges_every_model_on_each(tmp_path: 
     assert old.loads == new.loads == []
 
 
-def test_the_default_policy_notes_every_hazard_and_still_refuses_a_model_the_replica_cannot_load(
+def test_the_default_policy_records_every_finding_and_refuses_none(
     tmp_path: Path,
 ) -> None:
     replica = runtime.read_replica(StandIn("2.51.0"))
@@ -435,7 +438,9 @@ def test_the_default_policy_notes_every_hazard_and_still_refuses_a_model_the_rep
     beyond = runtime.onnx_record(
         replica, "net", onnx_model(tmp_path / "m.onnx", opset=22, ir=10), RuntimeSettings()
     )
-    assert beyond.refuses()
+    assert beyond.result == "fail"
+    assert not beyond.refuses()  # noted; the same file refuses under policy = "refuse":
+    assert runtime.onnx_record(replica, "net", tmp_path / "m.onnx", REFUSE).refuses()
     assert beyond.line.startswith(
         "net: model opset 22 > 21: ONNX Runtime 1.19.2 of Triton 2.51.0 (container 24.10)"
     )
@@ -459,3 +464,94 @@ def test_model_files_are_the_onnx_and_savedmodels_of_the_steps(tmp_path: Path) -
         runtime.ModelFile("net2/3", "onnx", tmp_path / "3" / "m.onnx"),
         runtime.ModelFile("image/3", "savedmodel", tmp_path / "3" / "model.savedmodel"),
     ]
+
+
+# -- through issue 47's seam ------------------------------------------------------------------------
+
+
+def test_the_check_is_registered_first_and_parses_its_table_through_the_seam(tmp_path: Path) -> None:
+    from pipelines.core.check import Place
+    from pipelines.promote.registered import CHECKS, gate_checks, owned_keys, parse_settings
+    from registry.settings import Settings
+
+    assert CHECKS[0] is runtime.CHECK
+    assert runtime.CHECK in gate_checks("canary")
+    assert runtime.CHECK not in gate_checks("scratch")  # a scratch server is not the fleet's release
+    assert "runtime" in owned_keys()
+    place = Place("mlreg.toml [environments.prod]", tmp_path, Settings.from_env(), "s3://models/prod")
+    parsed = parse_settings(place, {"runtime": {"policy": "refuse", "frontends": ["grpc"]}})["runtime"]
+    assert parsed == RuntimeSettings(policy="refuse", store="s3", frontends=frozenset({"grpc"}))
+    assert parse_settings(place, {})["runtime"] == RuntimeSettings(store="s3")
+    with pytest.raises(UsageError, match=r"mlreg.toml \[environments.prod\] runtime: unknown runtime key"):
+        parse_settings(place, {"runtime": {"polcy": "refuse"}})
+
+
+def _trial(tmp_path: Path, server: StandIn, setting: object, report: object, version: str = "3") -> Any:
+    from types import SimpleNamespace
+
+    from pipelines.core.check import Trial
+    from registry.settings import Settings
+
+    onnx_model(tmp_path / version / "model.onnx", opset=22, ir=10)  # past ONNX Runtime 1.19.2 (2.51)
+    step = SimpleNamespace(
+        model="net", version=version, folder=tmp_path, config_text='name: "net"\nplatform: "onnxruntime_onnx"'
+    )
+    return Trial(
+        step,
+        Settings.from_env(),
+        report,
+        candidate=server,
+        where="canary",
+        replica=server.url,
+        setting=setting,
+    )  # type: ignore[arg-type]
+
+
+def test_the_check_judges_the_canarys_release_once_and_each_candidate(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    (tmp_path / "3").mkdir()
+    (tmp_path / "4").mkdir()
+    server = StandIn("2.51.0")
+    report = SimpleNamespace(verdicts=[], failures=[], observed=[])
+    first = runtime.CHECK.judge(_trial(tmp_path, server, RuntimeSettings(store="s3"), report))
+    report.verdicts.extend(first)
+    second = runtime.CHECK.judge(_trial(tmp_path, server, RuntimeSettings(store="s3"), report, version="4"))
+    assert [v.subject for v in second] == ["model net/4 ONNX"]  # the release judged once per replica
+    by = {v.subject: v for v in first}
+    hazards = by["hazards"]  # one verdict for the replica's 15 hazards, each line in its findings
+    assert hazards.result == "fail"
+    assert hazards.observed  # the default policy notes: "observed: would have refused"
+    assert not hazards.refuses
+    assert hazards.replicas == (URL,)
+    assert len(hazards.findings) == 15
+    assert any(
+        f.startswith(f"replica {URL} runs Triton 2.51.0: a replica loading from S3") for f in hazards.findings
+    )
+    assert hazards.why.startswith(f"replica {URL} runs Triton 2.51.0: 15 known hazard(s) (s3-sigpipe, ")
+    assert hazards.why.endswith("the last fixed in 2.71.0 (container 26.07)")
+    assert hazards.fix.startswith("upgrade the replicas to Triton >= 2.71.0 (container 26.07")
+    assert "observed: would have refused" in hazards.line()
+    onnx_verdict = by["model net/3 ONNX"]
+    assert onnx_verdict.result == "fail"
+    assert "opset 22 > 21: ONNX Runtime 1.19.2 of Triton 2.51.0" in onnx_verdict.why
+    refused = runtime.CHECK.judge(
+        _trial(tmp_path, server, RuntimeSettings("refuse", store="s3"), SimpleNamespace(verdicts=[]))
+    )
+    refusing = {v.subject: v for v in refused if v.refuses}
+    assert set(refusing) == {"hazards", "model net/3 ONNX"}
+    assert len(refusing["hazards"].findings) == 14  # high and critical; the medium HTTP overflow noted:
+    (noted,) = [v for v in refused if v.subject == "hazards" and v.observed]
+    assert noted.findings[0].startswith(f"replica {URL} runs Triton 2.51.0: an HTTP load whose base64")
+    assert refusing["model net/3 ONNX"].findings == (refusing["model net/3 ONNX"].why,)
+    assert server.loads == []
+
+
+def test_a_skipped_check_is_recorded_skipped(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    (tmp_path / "3").mkdir()
+    trial = _trial(tmp_path, StandIn("2.51.0"), RuntimeSettings(), SimpleNamespace(verdicts=[]))
+    trial.skip = "--skip runtime"
+    (verdict,) = runtime.CHECK.judge(trial)
+    assert (verdict.result, verdict.why) == ("skipped", "skipped (--skip runtime)")
