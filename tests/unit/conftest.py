@@ -237,6 +237,7 @@ Finished = Callable[[str], subprocess.CompletedProcess[str]]  # the ``background
 BACKGROUND = pytest.StashKey[dict[str, subprocess.Popen[str]]]()
 BACKGROUND_ROOT = pytest.StashKey[Path]()
 CLI_READY = pytest.StashKey[bool]()
+DEFERRED = pytest.StashKey[dict[str, list[pytest.Item]]]()  # an xdist worker's modules not started
 
 
 def _needs_registry(item: pytest.Item) -> bool:
@@ -256,13 +257,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start, beside the run, what the selected tests will wait on (see CREATE_REGISTRIES and
-    ``background``)."""
+    ``background``).  A pytest-xdist worker collects every test but runs only the modules it is
+    handed: it starts a module's needs when that module's first test is set up (each started once
+    per worker), so two workers never both pay what only one of them runs."""
     root = Path(tempfile.mkdtemp(prefix="mlreg-unit-background-"))
     session.config.stash[BACKGROUND_ROOT] = root
-    started = session.config.stash[BACKGROUND] = {}
-    if any(_needs_registry(item) for item in session.items):
+    session.config.stash[BACKGROUND] = {}
+    if hasattr(session.config, "workerinput"):
+        by_module: dict[str, list[pytest.Item]] = {}
+        for item in session.items:
+            by_module.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        session.config.stash[DEFERRED] = by_module
+        return
+    _start_needs(session.config, session.items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On a pytest-xdist worker: the needs of ``item``'s module, started with its first test."""
+    deferred = item.config.stash.get(DEFERRED, None)
+    if deferred is not None:
+        _start_needs(item.config, deferred.pop(item.nodeid.split("::", 1)[0], []))
+
+
+def _start_needs(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start what ``items`` will wait on that is not started yet: the registries, the CLI server,
+    their modules' BACKGROUND commands."""
+    root, started = config.stash[BACKGROUND_ROOT], config.stash[BACKGROUND]
+    if "registries" not in started and any(_needs_registry(item) for item in items):
         started["registries"] = _start([sys.executable, "-c", CREATE_REGISTRIES, str(root / "registries")])
-    if any(CLI_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+    if CLI_FIXTURE not in started and any(CLI_FIXTURE in getattr(item, "fixturenames", ()) for item in items):
         started[CLI_FIXTURE] = subprocess.Popen(
             [sys.executable, "-c", CLI_SERVER],
             cwd=ROOT,
@@ -270,9 +294,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             stdout=subprocess.PIPE,
             text=True,
         )
-    modules = {item.module for item in session.items if isinstance(item, pytest.Function)}
+    modules = {item.module for item in items if isinstance(item, pytest.Function)}
     for module in sorted(modules, key=lambda m: m.__name__):
         for name, command in getattr(module, "BACKGROUND", {}).items():
+            if f"{module.__name__}:{name}" in started:
+                continue
             cwd = ROOT if command.cwd is None else Path(tempfile.mkdtemp(dir=root, prefix=f"{name}-"))
             env = {**os.environ, **command.env} if command.env else None
             started[f"{module.__name__}:{name}"] = _start(command.argv, cwd, env)
