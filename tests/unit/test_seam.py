@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipelines.checks import perf, shadow
@@ -18,11 +19,25 @@ from pipelines.checks.golden import QualityReport
 from pipelines.core.check import Judging, Place, Trial, Verdict, run_checks, skip_reason
 from pipelines.core.context import Options
 from pipelines.core.environment import Environment
+from pipelines.core.plan import Role, Step
 from pipelines.promote import registered
 from pipelines.promote.environments import load_environments
 from registry.errors import UsageError
 from registry.settings import Settings
-from tests.unit.test_shadow_forgery import _model, _step, write_honest
+from tests.unit.trace_files import CONFIG, write_honest
+
+
+def _step() -> Step:
+    return Step("m", "2", Role.MODEL, None, CONFIG, CONFIG, ["1"])
+
+
+def _model(scale: float) -> Any:
+    def infer(
+        model: str, inputs: dict[str, np.ndarray], names: list[str], version: str = ""
+    ) -> dict[str, np.ndarray]:
+        return {"Y": (inputs["X"].sum(axis=1, keepdims=True) * scale).astype(np.float32)}
+
+    return infer
 
 
 class Server:
@@ -277,7 +292,8 @@ def test_the_verdicts_go_into_the_run_as_verdict_json_and_one_metric_per_figure(
     result.verdicts = [refused.to_dict(), Verdict("perf", "skipped", "pre v1", why="--skip-perf").to_dict()]
     record_promotion(world.registry, result, world.env, "promotions")
     kept = json.loads(world.registry.runs[-1]["artifacts"]["verdict.json"])
-    assert [(v["name"], v["result"], v["value"], v["threshold"]) for v in kept] == [
+    ours = [v for v in kept if v["name"] in {"shadow", "perf"}]  # the guards' own are added beside them
+    assert [(v["name"], v["result"], v["value"], v["threshold"]) for v in ours] == [
         ("shadow", "fail", 60.0, 3.5),
         ("perf", "skipped", None, None),
     ]
