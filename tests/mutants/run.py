@@ -40,6 +40,7 @@ LIST = Path(__file__).resolve().with_name("mutants.toml")
 HERE = LIST.parent
 LEFT_OUT = (".venv", ".git", ".mlreg")  # never copied: the environment, history, local state
 PER_MUTANT_S = 300  # one mutant's tests; a hang is an error, never a kill
+BASELINE_S = 1800  # one copy's share of every named test, unmutated (each test bounded as above)
 # Mutants run at once, each in its own copy: a mutant's pytest is mostly one process's imports and
 # set-up, so two of them keep two cores busy where one left the other idle.
 JOBS = min(os.cpu_count() or 1, 4)
@@ -136,8 +137,12 @@ def stale(mutant: Mutant, tree: Path) -> str:
 
 
 def pytest(
-    tree: Path, guard: Path, tests: list[str], module: str = "", stop_first: bool = True
+    tree: Path, guard: Path, tests: list[str], module: str = "", stop_first: bool = True, total: float = 0
 ) -> tuple[int, str, float]:
+    """Run ``tests`` in ``tree``: (exit code, output, seconds); -1 when the run got no answer within
+    ``total`` seconds (default PER_MUTANT_S + 60: one mutant's tests; every test is bounded by
+    PER_MUTANT_S too)."""
+    total = total or PER_MUTANT_S + 60
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tree), str(guard), os.environ.get("PYTHONPATH", "")]),
@@ -152,11 +157,9 @@ def pytest(
     argv += [f"--timeout={PER_MUTANT_S}"]
     start = time.monotonic()
     try:
-        done = subprocess.run(
-            argv, cwd=tree, env=env, capture_output=True, text=True, timeout=PER_MUTANT_S + 60
-        )
+        done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=total)
     except subprocess.TimeoutExpired as exc:
-        return -1, f"no answer in {PER_MUTANT_S + 60} s: {exc}", time.monotonic() - start
+        return -1, f"no answer in {total:.0f} s: {exc}", time.monotonic() - start
     return done.returncode, done.stdout + done.stderr, time.monotonic() - start
 
 
@@ -251,7 +254,7 @@ def baseline(trees: list[Path], guard: Path, live: list[Mutant]) -> tuple[int, s
     with ThreadPoolExecutor(max_workers=len(shares)) as pool:
         runs = list(
             pool.map(
-                lambda k: pytest(trees[k], guard, shares[k], modules, stop_first=False), range(len(shares))
+                lambda k: pytest(trees[k], guard, shares[k], modules, False, BASELINE_S), range(len(shares))
             )
         )
     codes = [rc for rc, _, _ in runs]
