@@ -39,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.core.undo import UndoLog  # noqa: E402
 from pipelines.fleet.fleet import Change, Fleet  # noqa: E402
 from pipelines.guards.headroom import Footprint, Headroom, replica_versions  # noqa: E402
 from pipelines.storage import open_store  # noqa: E402
@@ -162,7 +163,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         for round_ in range(args.rounds):
             for mode in ("without", "with") if round_ % 2 == 0 else ("with", "without"):
-                fleet = Fleet(store, urls, replicas.__getitem__, load_timeout=10)
+                fleet = Fleet(
+                    store, urls, replicas.__getitem__, load_timeout=10, undo=UndoLog(False, store.session)
+                )
                 if mode == "with":
                     fleet.guard = guard = Headroom(
                         metrics.url, known=recorded, held=replica_versions(fleet), interval=args.interval
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 moves[mode].extend(swap(fleet, version - 1, version))
                 if mode == "with":
                     checks.extend(c["seconds"] for c in guard.checks)
-        fleet = Fleet(store, urls, replicas.__getitem__, load_timeout=10)
+        fleet = Fleet(store, urls, replicas.__getitem__, load_timeout=10, undo=UndoLog(False, store.session))
         fleet.guard = guard = Headroom(metrics.url, held=replica_versions(fleet), interval=args.interval)
         version += 1
         measured = swap(fleet, version - 2, version - 1, version)  # one version more: 1 GiB per GPU

@@ -16,7 +16,7 @@ from registry.settings import Settings
 
 if TYPE_CHECKING:
     from pipelines.devstack.local_triton import ServerInfo
-    from pipelines.fleet.fleet import Fleet
+    from pipelines.fleet.fleet import Fleet, UndoNotes
     from pipelines.promote.environments import Environment
     from pipelines.storage.base import RepositoryStore
     from registry.mlflow import MlflowRegistry
@@ -87,8 +87,11 @@ def store_of(settings: Settings, store: str | None, env_name: str | None) -> Rep
     return open_store(uri, digest_cache=settings.digest_cache)
 
 
-def fleet(settings: Settings, env: Environment, store: RepositoryStore | None = None) -> Fleet:
-    """The environment's targets (the local stack's must be running) and its store."""
+def fleet(
+    settings: Settings, env: Environment, store: RepositoryStore | None = None, undo: UndoNotes | None = None
+) -> Fleet:
+    """The environment's targets (the local stack's must be running) and its store; ``undo``: the
+    log its changes are noted in (None: a read-only fleet, which refuses every change)."""
     from pipelines.fleet.fleet import Fleet  # lazy: tritonclient (~0.5 s)
     from pipelines.fleet.replicas import triton_connector  # lazy: tritonclient (~0.5 s)
     from pipelines.ledger.recorder import for_fleet  # lazy: the ledger, where a fleet is made
@@ -97,9 +100,9 @@ def fleet(settings: Settings, env: Environment, store: RepositoryStore | None = 
 
     targets = resolve_targets(settings, env)
     connect = triton_connector(settings, env.key(settings), env.load_deadline(settings))
-    fleet = Fleet(store or open_store(env.store), targets, connect, env.load_deadline(settings))
-    fleet.ledger = for_fleet(fleet.store, env.name, receipt_key=env.receipt_key)  # every call it sends
-    return fleet
+    store = store or open_store(env.store)
+    ledger = for_fleet(store, env.name, receipt_key=env.receipt_key)  # every call it sends
+    return Fleet(store, targets, connect, env.load_deadline(settings), undo=undo, ledger=ledger)
 
 
 __all__ = ["Context", "context", "environment", "fleet", "on_the_stack", "store_of"]

@@ -76,11 +76,9 @@ def _unload_everywhere(
     from pipelines.fleet.fleet import Change  # lazy: tritonclient (~0.5 s)
     from pipelines.promote.failure import signals_held  # lazy: the promotion package
 
-    with fleet_of(settings, env, store) as fleet:
-        undo = UndoLog(env.gpu)
-        undo.track(name, config, serving_versions(config))
-        fleet.on_touch = undo.touched  # each replica's before-state, at its first touch
-        undo.wrote_config_of(name)
+    undo = UndoLog(env.gpu, store.session)  # each replica's before-state and the config's write
+    undo.track(name, config, serving_versions(config))
+    with fleet_of(settings, env, store, undo) as fleet:
         try:
             fleet.apply(Change(name, None))
         except BaseException as exc:

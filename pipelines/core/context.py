@@ -107,9 +107,10 @@ class PromotionContext:
     repairs: list[Repair] = field(default_factory=list)  # corrupt stored versions assemble restores
 
     def __post_init__(self) -> None:
-        self.undo = UndoLog(self.env.gpu)
+        if not isinstance(self.fleet.undo, UndoLog):  # the fleet notes every move in its log first
+            raise TypeError("a promotion's Fleet is built with its UndoLog: Fleet(..., undo=UndoLog(...))")
+        self.undo = self.fleet.undo
         self.undo.plan(self.plan.steps)
-        self.fleet.on_touch = self.undo.touched  # every move notes the replica's before-state first
         self.result = PromotionResult(self.plan)
         self._tmp = tempfile.TemporaryDirectory(prefix="mlreg-promote-")
         self.locks.callback(self._tmp.cleanup)

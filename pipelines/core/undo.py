@@ -23,6 +23,10 @@ never leaves an ensemble pinned to a member version that is gone:
 5. the version folders this promotion uploaded, new to the store, removed;
 6. the versions archived by this promotion brought back where Triton reads.
 
+"Did anything change?" has one answer, ``UndoLog.changed``: the log knows the store session's
+change journal (``journal``), so a store write noted here counts only once the store took it (a
+request refused before it reached the store changed nothing: no rollback then).
+
 A model whose earlier bytes no longer verify (``verify``) is never loaded again: it is left as it
 serves now (store and replicas, its uploaded folder kept so the store's config never names a
 folder that is gone), and so is every ensemble pinning it; the report names it.
@@ -44,6 +48,12 @@ from registry.errors import MlregError
 
 VerifyStored = Callable[[str, str], str]  # (model, version) -> "" when its stored bytes verify, else why
 Unarchive = Callable[[str, str], None]  # (model, version) back from the archive (raises MlregError)
+
+
+class Journal(Protocol):
+    """The store session's change journal (pipelines/storage/session.py ``StoreSession``)."""
+
+    def changed_under(self, prefix: str) -> bool: ...
 
 
 class RegistryWrites(Protocol):
@@ -96,8 +106,12 @@ class UndoReport:
 
 
 class UndoLog:
-    def __init__(self, gpu: bool) -> None:
+    """``journal``: the store session whose writes this log notes (None: every noted store write
+    counts as made)."""
+
+    def __init__(self, gpu: bool, journal: Journal | None = None) -> None:
         self.gpu = gpu
+        self.journal = journal
         self.entries: dict[str, Entry] = {}
         self.steps: dict[str, Step] = {}  # the plan's steps by model (what a new entry starts from)
         self.registry: RegistryWrites | None = None
@@ -155,9 +169,24 @@ class UndoLog:
 
     @property
     def empty(self) -> bool:
+        """Nothing noted (a noted change may still not have happened: ``changed`` tells)."""
         return not (self.archived or (self.registry is not None and self.registry.changed)) and not any(
             e.store or e.replicas or e.uploaded for e in self.entries.values()
         )
+
+    @property
+    def changed(self) -> bool:
+        """Whether a change noted here happened (or may have): a replica was sent one, the store
+        took a write or delete under a noted model (its journal says), a version was archived, or
+        the registry was written -- the one answer to "is there anything to put back?"."""
+        if self.archived or (self.registry is not None and self.registry.changed):
+            return True
+        if self.empty:
+            return False
+        return any(e.replicas or self._stored(e.model) for e in self.entries.values())
+
+    def _stored(self, model: str) -> bool:
+        return True if self.journal is None else self.journal.changed_under(f"{model}/")
 
     @property
     def replicas(self) -> list[str]:

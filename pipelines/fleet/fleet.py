@@ -9,9 +9,16 @@ canary, the others follow one by one, or ``parallel`` at a time; the first failu
 
 The fleet is asked once per promotion what each server holds (the view, taken by ``refresh`` in
 ``resolve`` under the locks) and keeps the view up to date with its own moves; only ``verify`` and
-the wait loops ask again.  ``move`` tells ``on_touch(url, model, ready)`` what the server held
-before its first change of ``model`` -- the undo log's before-state, whoever moves it (deployer,
-staged roll-out, gate, retire); ``restore`` (the undo itself) tells nobody.
+the wait loops ask again; after a load the view keeps the versions the replica kept serving (the
+ones the loaded config still lists) beside the ones waited for.
+
+A Fleet that changes anything is given its undo log (``undo``, a constructor argument): ``move``
+tells it what the server held before its first change of ``model`` (``touched``) -- whoever moves
+it (deployer, staged roll-out, gate, retire) -- and every store config ``apply`` or
+``write_config`` writes is noted in it before the write.  A Fleet without one (a read-only user:
+status, a probe) refuses every change (``NoUndoLog``): a forgotten log is an error, never a change
+that cannot be undone.  ``restore`` (the undo itself) tells nobody.  Deployers and gates ask the
+fleet (``release``, ``discard``); they never edit the log.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from pipelines.core.plan import serving_versions
 from pipelines.core.ports import ServingTarget
 from pipelines.fleet.replicas import HUNG_LOADS, Connect, hung_loads, note_hung_load
 from pipelines.storage.base import RepositoryStore
@@ -35,7 +43,6 @@ if TYPE_CHECKING:
     from pipelines.ledger.recorder import Recorder
 
 States = dict[str, dict[str, str]]  # model -> version -> state, as Triton's repository index says
-OnTouch = Callable[[str, str, tuple[str, ...]], None]  # url, model, READY versions before the move
 QUEUE_WAIT_S = 2.0  # how long a restore queued behind a late load is waited for before it is left queued
 CONFIRM_S = 5.0  # how long a failed promotion checks what a replica with a queued restore serves
 RESTART_WAIT_S = (
@@ -55,6 +62,31 @@ def checkpoint(point: str) -> None:
         deadline = time.monotonic() + 3600
         while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
             time.sleep(0.1 if resume else 3600)
+
+
+class UndoNotes(Protocol):
+    """What a Fleet tells its undo log (pipelines/core/undo.py ``UndoLog``), and the two things it
+    asks of it."""
+
+    def touched(self, url: str, model: str, ready: tuple[str, ...]) -> None:
+        """The replica's before-state: ``ready`` at ``url`` before this operation's first change."""
+        ...
+
+    def wrote_config_of(self, model: str) -> None:
+        """The store's config of ``model`` is about to be written (or deleted)."""
+        ...
+
+    def release(self, url: str, fleet: Fleet) -> str:
+        """``url`` put back to its before-state and no longer the log's to put back ("" or why not)."""
+        ...
+
+    def forget(self, model: str) -> None:
+        """``model`` (a private name, unloaded again) no longer the log's to put back."""
+        ...
+
+
+class NoUndoLog(PromotionError):
+    """A change asked of a Fleet built without an undo log: refused before anything is sent."""
 
 
 @dataclass(frozen=True)
@@ -138,9 +170,9 @@ def ready_by_name(target: ServingTarget, store: RepositoryStore) -> States:
 
 
 class Fleet:
-    """The servers of one environment, and the store whose configs they load."""
-
-    ledger: Recorder | None = None  # told every load, unload and config update sent (pipelines/ledger)
+    """The servers of one environment, and the store whose configs they load.  ``undo``: the log
+    every change is noted in first (None: a read-only fleet, which refuses every change);
+    ``ledger``: told every load, unload and config update sent (pipelines/ledger)."""
 
     def __init__(
         self,
@@ -149,6 +181,9 @@ class Fleet:
         connect: Connect,
         load_timeout: float,
         parallel: int = 1,
+        *,
+        undo: UndoNotes | None = None,
+        ledger: Recorder | None = None,
     ) -> None:
         self.store = store
         self.urls = tuple(urls)
@@ -158,7 +193,9 @@ class Fleet:
         self.rollouts: list[Rollout] = []
         self._open: dict[str, ServingTarget] = {}
         self.view: dict[str, States] = {}  # url -> what it holds, as last asked and moved since
-        self.on_touch: OnTouch | None = None  # the undo log's before-state hook
+        self.undo = undo
+        self.ledger = ledger
+        self.restored: dict[str, float] = {}  # url -> when (time.time()) its last restore finished
         self.guard: LoadGuard | None = None  # memory headroom and leaks (pipelines/guards/headroom.py)
         self.fenced: dict[str, str] = {}  # url -> why nothing loads there again in this promotion
         self.recreated: dict[tuple[str, str, str], None] = {}  # (url, model, version) a load re-created
@@ -188,7 +225,9 @@ class Fleet:
 
     def move(self, url: str, change: Change, rollout: Rollout | None = None) -> None:
         """``change`` on the server at ``url``: loaded and every wanted version READY (or raises).
-        Never once the promotion lost the model's lock (the store's fence: its lease proven first)."""
+        Never once the promotion lost the model's lock (the store's fence: its lease proven first),
+        never without an undo log (``NoUndoLog``)."""
+        self._log(f"load {change.describe()} on {url}")
         self.store.fence(change.model)
         began = time.perf_counter()
         try:
@@ -204,11 +243,10 @@ class Fleet:
             rollout.targets.append(TargetResult(url, True, time.perf_counter() - began))
 
     def _before_send(self, url: str, change: Change) -> tuple[list[str], dict[str, int]]:
-        """What ``url`` holds READY told to ``on_touch``; the wanted versions it keeps serving, and
+        """What ``url`` holds READY told to the undo log; the wanted versions it keeps serving, and
         the requests each has answered (to tell a version the load re-created)."""
         ready = self.ready(url, change.model)
-        if self.on_touch is not None:
-            self.on_touch(url, change.model, tuple(ready))
+        self._log(f"load {change.describe()} on {url}").touched(url, change.model, tuple(ready))
         kept = [v for v in change.versions if v in ready] if change.config is not None else []
         return kept, self._served(url, change.model) if kept else {}
 
@@ -277,6 +315,36 @@ class Fleet:
         if why:
             self.fenced.setdefault(url, why)
 
+    # -- the undo log: told first, asked by the deployers and gates --------------------------------
+
+    def _log(self, what: str) -> UndoNotes:
+        """The undo log, or ``NoUndoLog`` naming the change refused (nothing sent, nothing written)."""
+        if self.undo is None:
+            raise NoUndoLog(
+                f"refused to {what}: this fleet has no undo log, so the change could not be put back",
+                fix="build the Fleet with undo=UndoLog(...) (pipelines/core/undo.py); a read-only "
+                "user never moves a server",
+            )
+        return self.undo
+
+    def write_config(self, model: str, text: str) -> None:
+        """The store's config of ``model`` written, noted in the undo log first."""
+        self._log(f"write {model}'s config").wrote_config_of(model)
+        self.store.write_config(model, text)
+
+    def release(self, url: str) -> str:
+        """``url`` left out of the operation as it served: put back to its before-state by the
+        undo log, which then no longer puts it back ("" or why not)."""
+        return self._log(f"release {url}").release(url, self)
+
+    def discard(self, url: str, model: str) -> str:
+        """``model`` (a private name this operation loaded) unloaded at ``url`` and no longer the
+        undo log's to put back ("" or why it could not be unloaded)."""
+        log = self._log(f"discard {model} on {url}")
+        failure = self.restore(url, Change(model, None))
+        log.forget(model)
+        return failure
+
     # -- the view: asked once, kept up to date by the moves ----------------------------------------
 
     def states_of(self, url: str) -> States:
@@ -316,7 +384,7 @@ class Fleet:
         if change.config is None:
             held.pop(change.model, None)
         else:
-            held[change.model] = {v: "READY" for v in change.versions}
+            held[change.model] = {v: "READY" for v in kept_after(held, change)}
 
     def restore(self, url: str, change: Change) -> str:
         """Put the server at ``url`` back to ``change`` (an earlier state); returns "" or why not.
@@ -425,6 +493,8 @@ class Fleet:
             self._told(url, change, before, undo, "failed", getattr(exc, "message", type(exc).__name__))
             raise
         self._moved(url, change, ok=True)
+        if undo:  # an aborted promotion's time to safe (pipelines/promote/verdicts.py)
+            self.restored[url] = time.time()
         self._told(url, change, before, undo, "ok")
 
     def _told(
@@ -481,8 +551,9 @@ class Fleet:
         return True
 
     def apply(self, change: Change) -> Rollout:
-        """Write ``change``'s config to the store once (None: delete it), then move every target,
-        canary first (each move tells ``on_touch`` first: the undo log)."""
+        """Write ``change``'s config to the store once (None: delete it; noted in the undo log
+        first), then move every target, canary first (each move tells the undo log first)."""
+        self._log(f"write {change.model}'s config").wrote_config_of(change.model)
         rollout = Rollout(change.model, list(change.versions) if change.config is not None else [])
         self.rollouts.append(rollout)
         if change.config is None:
@@ -640,6 +711,15 @@ def wait_back(target: ServingTarget, wait: float, interval: float = 0.25) -> boo
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def kept_after(states: States, change: Change) -> list[str]:
+    """What a replica holds READY of ``change.model`` after its load of ``change`` (a config): the
+    versions it held that the config still lists (Triton keeps serving them; none when the config
+    lists none: it names no specific versions) beside the ones waited for, less the retired."""
+    listed = set(serving_versions(change.config))
+    kept = {v for v in ready_versions(states, change.model) if v in listed} | set(change.versions)
+    return sorted(kept - set(change.retired), key=int)
 
 
 def ready_versions(states: dict[str, dict[str, str]], model: str) -> list[str]:

@@ -47,7 +47,7 @@ from pipelines.core.check import PRIVATE_SUFFIX, Place
 from pipelines.core.environment import MEMORY_MARGIN
 from pipelines.core.plan import config_facts
 from pipelines.core.ports import Registry
-from pipelines.fleet.fleet import Change, Fleet, ready_versions
+from pipelines.fleet.fleet import Change, Fleet
 from pipelines.triton.gauges import (
     HOST_USED,
     Gauges,
@@ -107,17 +107,10 @@ def registry_footprints(registry: Registry) -> Known:
 
 
 def replica_versions(fleet: Fleet) -> Held:
-    """``held`` asked of the replica itself: the fleet's view keeps only the versions a move
-    waited for (after the canary gate's load of the candidate alone, the serving version it kept
-    is missing from it), and a version counted as new would be measured or counted twice."""
-
-    def held(url: str, model: str) -> list[str]:
-        try:
-            return ready_versions(fleet.target(url).model_states(), model)
-        except MlregError:
-            return fleet.ready(url, model)
-
-    return held
+    """``held``: the fleet's view, which keeps what a load kept serving beside what it waited for
+    (after the canary gate's load of the candidate, the serving version it kept is in it), so no
+    version is counted as new -- measured or counted twice -- because the view forgot it."""
+    return fleet.ready
 
 
 @dataclass(frozen=True)

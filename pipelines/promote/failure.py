@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from pipelines.fleet.fleet import CONFIRM_S, confirm_queued
 from pipelines.ledger.mirror import mirror
 from pipelines.promote.integrity import verifier
 from pipelines.promote.record import record_promotion
+from pipelines.promote.verdicts import time_to_safe
 from pipelines.storage.disk import disk_full_error, is_disk_full
 from registry.errors import INTERRUPT_EXIT_CODES, MlregError, PromotionError, Terminated
 from registry.settings import PROMOTIONS_EXPERIMENT
@@ -49,11 +51,12 @@ def known(exc: BaseException) -> BaseException:
 
 
 def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
+    detected = time.time()  # the failing check decided and raised: the time to safe starts here
     exc = known(exc)
     result = ctx.result
     signal_name = _signal_of(exc)
     result.error = f"interrupted ({signal_name})" if signal_name else message_of(exc)
-    touched, changed = ctx.undo.replicas, not ctx.undo.empty and _changed(ctx)
+    touched, changed = ctx.undo.replicas, ctx.undo.changed
     sent = _sent(ctx)
     with signals_held():
         lost = _taken_over(ctx) if changed else []
@@ -67,6 +70,7 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
                 result.rollback_error = message_of(failure)
                 result.rollback = "failed"
             confirm_queued(ctx.fleet, CONFIRM_S, f"mlreg status --env {ctx.env.name}")  # checked, bounded
+            result.time_to_safe = time_to_safe(detected, touched, ctx.fleet.restored)
             result.notes.extend(ctx.fleet.pending.values())  # restores queued behind a late load
             result.notes.extend(
                 f"{url} dropped during the promotion and came back (a restart): waited for, then put back"
@@ -167,17 +171,6 @@ def _failure(ctx: PromotionContext, exc: BaseException, touched: list[str]) -> P
 def _alias_note(stage: str | None) -> str:
     """Before ``record`` no alias moved; in ``record`` the rollback's report says what went back."""
     return "" if stage == "record" else "; the MLflow alias was not moved"
-
-
-def _changed(ctx: PromotionContext) -> bool:
-    """Whether a change noted in the undo log happened (or may have): a replica was sent one, the
-    store took a write or delete under a noted model (a request refused before it reached the store
-    changed nothing: no rollback then, and none that fails for the same outage), a version was
-    archived, or the registry was written."""
-    undo = ctx.undo
-    if undo.archived or (undo.registry is not None and undo.registry.changed):
-        return True
-    return any(e.replicas or ctx.store.changed_under(f"{e.model}/") for e in undo.entries.values())
 
 
 def _store_now(ctx: PromotionContext) -> list[str]:

@@ -52,7 +52,7 @@ class CanaryGate:
     def run(self, ctx: PromotionContext) -> QualityStageReport:
         url = ctx.plan.targets[0]
         checks, metrics_url = judging(ctx, "canary"), ctx.env.metrics_url(url)
-        report = canary_gate(ctx.plan, ctx.settings, ctx.fleet, ctx.undo, ctx.env.gpu, checks, metrics_url)
+        report = canary_gate(ctx.plan, ctx.settings, ctx.fleet, ctx.env.gpu, checks, metrics_url)
         return _passed(ctx, report)
 
 

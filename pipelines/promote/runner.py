@@ -35,6 +35,7 @@ from pipelines.core.plan import Plan
 from pipelines.core.policy import check_fleet
 from pipelines.core.ports import Registry, ScratchServers, ServingTarget
 from pipelines.core.reports import PromotionFailed, PromotionResult, StageRecord
+from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Fleet
 from pipelines.fleet.replicas import Connect, reachable, triton_connector
 from pipelines.guards.headroom import Headroom, registry_footprints, replica_versions
@@ -189,8 +190,15 @@ class Promotion:
         store = open_store(env.store, digest_cache=self.settings.digest_cache)
         load_timeout = env.load_deadline(self.settings)
         connect = _stamped(self.connect, nonce)
-        fleet = Fleet(store, targets, connect, load_timeout, policy.max_parallel if policy else 1)
-        fleet.ledger = ledger_recorder.for_fleet(store, env.name, receipt_key=env.receipt_key)
+        fleet = Fleet(
+            store,
+            targets,
+            connect,
+            load_timeout,
+            policy.max_parallel if policy else 1,
+            undo=UndoLog(env.gpu, store.session),  # every move and store config noted in it first
+            ledger=ledger_recorder.for_fleet(store, env.name, receipt_key=env.receipt_key),
+        )
         if policy is not None:  # the live check's connections are the promotion's
             check_fleet(policy, len(targets), f"environment '{env.name}'")
             targets, skipped = reachable(targets, fleet.target, policy.max_unavailable, keep_open=True)

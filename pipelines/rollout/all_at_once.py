@@ -27,9 +27,8 @@ def apply(
     retired: tuple[str, ...] = (),
 ) -> None:
     """``step.model``'s config written to the store and loaded on every target, noted in the undo
-    log before the write (each load tells it through ``Fleet.move``); ``retired`` versions waited
-    for until unloaded."""
-    ctx.undo.wrote_config(step)
+    log before the write by ``Fleet.apply`` (each load tells it through ``Fleet.move``);
+    ``retired`` versions waited for until unloaded."""
     ctx.fleet.apply(Change(step.model, text, tuple(versions), override=override, retired=retired))
 
 

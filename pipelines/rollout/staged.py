@@ -25,7 +25,6 @@ from pipelines.core.context import PromotionContext
 from pipelines.core.plan import Step, desired_config, follow_latest
 from pipelines.core.policy import Policy, Verdict, judge, waves_of
 from pipelines.core.reports import FleetReport
-from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Change, Fleet, Rollout, checkpoint
 from pipelines.fleet.restarts import RestartWatch
 from pipelines.guards.headroom import REFUSED
@@ -92,7 +91,6 @@ class StagedRollout:
         self.verdicts: list[Verdict] = []
         self.skipped: dict[str, str] = {}  # url -> why: refused before its first load, left out
         self.may_skip = 0  # how many more replicas max_unavailable lets this roll-out leave out
-        self.undo: UndoLog | None = None  # the promotion's: puts a skipped replica back (release)
         self.probes: Probes | None = None  # mlreg's own requests during each bake (probes.py)
         self.returning = False  # a rollback (Options.rollback): the version it returns to served before
         self.notes: list[str] = []  # what a bake judged besides the clients' requests
@@ -153,7 +151,7 @@ class StagedRollout:
         """A skipped replica back to what it served before this promotion touched it (the undo
         log's before-state: the ensembles told to follow the latest member pinned again, the member
         whose load failed sent its earlier config), and no longer the undo log's to put back."""
-        why = self.undo.release(url, self.fleet) if self.undo is not None else ""
+        why = self.fleet.release(url)
         if why:
             raise PromotionError(f"{url} could not be left out as it served: {why}")
 
@@ -310,7 +308,6 @@ def _leave_out(ctx: PromotionContext, skipped: dict[str, str]) -> None:
 def _pin_new(ctx: PromotionContext, repointed: list[Step]) -> None:
     """Each re-pointed ensemble, once its members moved everywhere, pinned to their new versions."""
     for step in repointed:
-        ctx.undo.wrote_config(step)
         text = desired_config(step.config_text, [step.version], ctx.env.gpu)
         ctx.fleet.apply(Change(step.model, text, (step.version,)))
 
@@ -344,9 +341,9 @@ class Staged:
         plan = ctx.plan
         rollout = StagedRollout(plan.targets, ctx.fleet, self.policy, self.scrape, self.sleep)
         rollout.may_skip = max(0, self.policy.max_unavailable - len(plan.skipped))
-        rollout.undo = ctx.undo
         rollout.probes = self._probes(ctx, moves)
         rollout.returning = ctx.options.rollback
+        rollout.verdicts = ctx.result.bakes  # every bake's judgement, kept on any exit (promote/verdicts.py)
         told = ctx.options.on_start
         if told is not None:  # the CLI's progress line, on a terminal only: each wave and bake
             rollout.tell = lambda text: told(f"deploy: {text}")
@@ -385,8 +382,7 @@ class Staged:
 
     @staticmethod
     def _write(ctx: PromotionContext, move: Move) -> None:
-        ctx.undo.wrote_config(move.step)
-        ctx.store.write_config(move.change.model, move.change.config or "")
+        ctx.fleet.write_config(move.change.model, move.change.config or "")  # noted in the undo log first
 
     def finalize(self, ctx: PromotionContext) -> FleetReport:
         """Each replica swapped straight to the new version in its wave: nothing left to retire."""

@@ -36,15 +36,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mlreg.ops.status import model_status
 from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed, PromotionResult
+from pipelines.core.undo import UndoLog
 from pipelines.devstack import local_triton
 from pipelines.fleet.fleet import Change, Fleet
 from pipelines.fleet.replicas import triton_connector
 from pipelines.promote.environments import environment
 from pipelines.promote.runner import Promotion
-from pipelines.promote.status import model_status
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl
 from registry.errors import MlregError, PromotionError
@@ -207,7 +208,9 @@ def test_consecutive_swaps_never_re_create_the_serving_version_and_a_changed_ove
     store = open_store(swaps.store)
     # a bare Fleet loads only what this run checked against MLflow's digest (issue 44)
     store.verify_version("scorer", serving, swaps.registry.version_tags("scorer", serving)["artifact_digest"])
-    fleet = Fleet(store, swaps.urls[:1], triton_connector(swaps.settings), 60)
+    fleet = Fleet(
+        store, swaps.urls[:1], triton_connector(swaps.settings), 60, undo=UndoLog(False, store.session)
+    )
     with fleet:
         starts = swaps.starts(0, "scorer")
         fleet.move(swaps.urls[0], Change("scorer", changed, (serving,)))

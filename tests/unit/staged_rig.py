@@ -85,11 +85,9 @@ class Rig:
         for model in ("m", "e", "n"):  # a real Fleet loads only versions the store verifies
             for version in ("1", "2"):
                 store.put_version(model, version, source)
-        self.fleet = Fleet(store, URLS, _opener(self.replicas), 10, policy.max_parallel)
-        self.undo = UndoLog(gpu=False)
-        self.fleet.on_touch = self.undo.touched  # as the promotion's context wires them
+        self.undo = UndoLog(gpu=False, journal=store.session)
+        self.fleet = Fleet(store, URLS, _opener(self.replicas), 10, policy.max_parallel, undo=self.undo)
         self.staged = StagedRollout(URLS, self.fleet, policy, **kwargs)
-        self.staged.undo = self.undo  # as Staged._rollout wires it
         # these moves' versions need not match their configs (see _fleet): the restart watch, which
         # reads what each replica holds against them, would take that for a restart (test_restart.py)
         self.staged.watch.check = lambda urls, moves: None  # type: ignore[method-assign]

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from pipelines.core.plan import serving_versions
+from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Change, Fleet
 from pipelines.promote.integrity import folder_problems
 from pipelines.storage import RepositoryStore, open_store
@@ -315,7 +316,8 @@ def _calls_of_a_refused_move(store: RepositoryStore) -> list[str]:
     with a StorageError; the calls the replica heard."""
     sent: list[str] = []
     replica = FakeTarget("r0:8001", lambda target, call: sent.append(call.method), ready=lambda *_: True)
-    with Fleet(store, ["r0:8001"], lambda url: replica, 10) as fleet, pytest.raises(StorageError):
+    undo = UndoLog(gpu=False, journal=store.session)
+    with Fleet(store, ["r0:8001"], lambda url: replica, 10, undo=undo) as fleet, pytest.raises(StorageError):
         fleet.move("r0:8001", Change(MODEL, CONFIG, (VERSION,)))
     return sent
 
@@ -420,7 +422,7 @@ def test_store_verify_and_status_name_every_unexpected_entry(tmp_path: Path) -> 
 
 
 def test_status_rows_carry_the_entries_as_drift(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipelines.promote import status
+    from mlreg.ops import status
     from pipelines.promote.environments import Environment
     from tests.fakes import FakeRegistry
 
