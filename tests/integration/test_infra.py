@@ -531,6 +531,10 @@ def test_k8s_environments_discover_the_headless_service_and_serve_the_overlay_st
         assert env["alias"] == overlay
     envs = load_with_mlreg(K8S / "mlreg.toml", tmp_path)
     assert {name: envs[name].store for name in OVERLAYS} == {n: e["store"] for n, e in data.items()}
+    # the runtime gate refuses a known-bad Triton in staging and production; dev notes it
+    policies = {name: envs[name].setting("runtime").policy for name in OVERLAYS}
+    assert policies == {"dev": "note", "staging": "refuse", "production": "refuse"}
+    assert {envs[name].setting("runtime").store for name in OVERLAYS} == {"s3"}
 
 
 def test_compose_environment_targets_the_published_ports(tmp_path: Path) -> None:
@@ -545,6 +549,8 @@ def test_compose_environment_targets_the_published_ports(tmp_path: Path) -> None
     assert f"{target}:8001" in services["triton"]["ports"]
     envs = load_with_mlreg(COMPOSE_DIR / "mlreg.toml", tmp_path)
     assert envs["production"].targets == ("127.0.0.1:8001",)
+    runtime = envs["production"].setting("runtime")  # the runtime gate: a known-bad Triton refused
+    assert (runtime.policy, runtime.store, runtime.frontends) == ("refuse", "s3", {"grpc", "http"})
 
 
 def load_with_mlreg(toml: Path, tmp_path: Path) -> dict[str, Any]:
