@@ -8,7 +8,7 @@
 (b) requests to the 3 replicas (one client thread each) during 3-replica promotions (bake 2 s on
     Triton's metrics, canary 1 then waves [50, 100]) repeated until >= 10,000 requests were sent
     during them: failed requests (target 0), p99 latency during vs before.
-(c) `mlreg status --env` (pipelines.promote.status.model_status) over 4 replicas, parallel probes,
+(c) `mlreg status --env` (mlreg.ops.status.model_status) over 4 replicas, parallel probes,
     beside a serial loop of the same probes.  Target: < 1 s.
 
     .venv/bin/python benchmarks/fleet.py
@@ -29,12 +29,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mlreg.ops.status import model_status  # noqa: E402
 from pipelines.core.context import Options  # noqa: E402
 from pipelines.devstack import local_triton  # noqa: E402
 from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
 from pipelines.promote.runner import Promotion  # noqa: E402
-from pipelines.promote.status import model_status  # noqa: E402
 from pipelines.triton.control import TritonControl  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
 from registry.register import Candidate, register  # noqa: E402

@@ -558,7 +558,7 @@ def refuse_unreachable_pins(fleet: FleetFile, pinned: Mapping[str, Mapping[str, 
 
 def _health(settings: Settings, ctx: Any, fleet: FleetFile) -> list[dict[str, Any]]:
     """Per pinned model: the alias and what serves, from ``mlreg status``'s rows."""
-    from pipelines.promote.status import environment_status  # lazy: numpy and the promotion package
+    from mlreg.ops.status import environment_status  # lazy: numpy and the promotion package
 
     rows = {
         row.model: row for row in environment_status(settings, ctx.env, ctx.registry, list(fleet.models)).rows

@@ -12,7 +12,7 @@ from mlreg.cli.sink import Output
 from registry.errors import UsageError
 
 if TYPE_CHECKING:
-    from pipelines.promote.status import ModelRow
+    from mlreg.ops.status_rows import ModelRow
 
 
 def status_cmd(

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipelines.promote import status
+from mlreg.ops import status_views
 from registry.errors import StorageError
 from registry.settings import Settings
 
@@ -25,9 +25,8 @@ if TYPE_CHECKING:
 
 def deadline() -> str:
     """How soon a read of a remote store gives up (status's bounds, read when asked)."""
-    return (
-        f"gives up on a request after {1 + status.STORE_RETRIES} tries of {status.STORE_READ_TIMEOUT_S:g} s"
-    )
+    tries, seconds = 1 + status_views.STORE_RETRIES, status_views.STORE_READ_TIMEOUT_S
+    return f"gives up on a request after {tries} tries of {seconds:g} s"
 
 
 @dataclass
@@ -55,7 +54,7 @@ class StoreListing:
 def open_listed(uri: str | None, settings: Settings | None = None) -> RepositoryStore:
     """The store at ``uri`` (default: the local repository), with short S3 timeouts."""
     settings = settings or Settings.from_env()
-    return status.status_store(uri or settings.local_repository, digest_cache=settings.digest_cache)
+    return status_views.status_store(uri or settings.local_repository, digest_cache=settings.digest_cache)
 
 
 @contextmanager

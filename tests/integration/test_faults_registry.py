@@ -24,13 +24,13 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.context import environment
+from mlreg.ops.status import model_status
 from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionResult
 from pipelines.devstack.local_mlflow import MlflowServer, start_mlflow, stop_mlflow
 from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.promote.runner import Promotion
-from pipelines.promote.status import model_status
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl
 from registry.errors import PromotionError, RegistryError

@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mlreg.ops.status import model_status
 from pipelines.core.plan import serving_versions
 from pipelines.core.policy import Policy, Verdict, judge
 from pipelines.core.reports import PromotionFailed
 from pipelines.devstack import local_triton, processes
 from pipelines.fleet import fleet as fanout
 from pipelines.promote.environments import environment
-from pipelines.promote.status import model_status
 from pipelines.rollout import staged
 from pipelines.storage import open_store
 from pipelines.triton.control import TritonControl

@@ -22,11 +22,11 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.context import environment
+from mlreg.ops.status import model_status
 from pipelines.core.context import Options
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed
 from pipelines.promote.runner import Promotion
-from pipelines.promote.status import model_status
 from pipelines.storage import open_store
 from pipelines.storage.base import lock_key
 from pipelines.triton.control import TritonControl
@@ -414,9 +414,9 @@ def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
 
 
 def test_rollback_returns_to_the_previous_promotion(stack: Stack) -> None:
-    from pipelines.promote.status import history
-
-    promoted = [h["to"] for h in history(stack.registry, "image_model", "local") if h["result"] == "promoted"]
+    promoted = [
+        h["to"] for h in stack.registry.promotions("image_model", "local") if h["result"] == "promoted"
+    ]
     current, previous = promoted[0], promoted[1]
     assert stack.serving("image_model") == [current]
     with _cli(stack, "rollback", "image_model", "--json") as proc:

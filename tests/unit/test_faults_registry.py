@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from mlreg.cli.main import app
+from mlreg.ops.status_replicas import served_models
+from mlreg.ops.status_rows import _missing_detail
 from pipelines.core.context import Options
 from pipelines.core.ports import Registry
 from pipelines.core.undo import UndoLog
@@ -29,7 +31,6 @@ from pipelines.fleet.fleet import Fleet
 from pipelines.promote.environments import Environment
 from pipelines.promote.record import RecordWrites, failed_record, repair_record
 from pipelines.promote.runner import Promotion
-from pipelines.promote.status import _missing_detail, served_models
 from pipelines.storage import open_store
 from registry.disk import disk_full_error, is_disk_full
 from registry.errors import RegistryError

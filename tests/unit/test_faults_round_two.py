@@ -254,9 +254,9 @@ def test_store_ls_on_a_store_that_never_answers_says_it_waits_and_ends_in_one_er
     error naming the store and the fix (exit 5, no traceback).  The bounds are shortened here."""
 
     from mlreg.cli import progress
-    from pipelines.promote import status
+    from mlreg.ops import status_views
 
-    monkeypatch.setattr(status, "STORE_READ_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(status_views, "STORE_READ_TIMEOUT_S", 0.3)
     monkeypatch.setattr(progress, "WAIT_FIRST_S", 0.2)
     for name, value in {
         "AWS_ACCESS_KEY_ID": "k",

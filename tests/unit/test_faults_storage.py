@@ -505,7 +505,7 @@ def test_a_truncated_manifest_of_the_serving_version_is_listed_flagged_and_repai
     "corrupt manifest" and goes on; ``status`` flags it; a promotion of a new version restores it
     from the registry (its way back) and goes ahead; a promotion of the serving version repairs it
     too (it is no no-op: its bytes cannot be verified), where both refused before."""
-    from pipelines.promote import status
+    from mlreg.ops import status, status_replicas
 
     world = _world(tmp_path)
     for version in "23":
@@ -528,7 +528,7 @@ def test_a_truncated_manifest_of_the_serving_version_is_listed_flagged_and_repai
         {"t0:8001": ["2"], "t1:8001": ["2"]},
         "2",
     )
-    monkeypatch.setattr(status, "triton_connector", lambda settings, key=None: world.fleet.connect)
+    monkeypatch.setattr(status_replicas, "triton_connector", lambda settings, key=None: world.fleet.connect)
     [net] = status.model_status(world.settings, world.env, world.registry, ["net"])
     assert any(
         line.startswith("v2: its manifest net/2/.mlreg-manifest.json is unreadable (40 bytes")

@@ -25,11 +25,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from mlreg.ops import status, status_replicas
 from pipelines.checks.capture import Shadow
 from pipelines.checks.replay import ShadowResult, replay
 from pipelines.checks.traces import Captured
 from pipelines.fleet.fleet import Change, Fleet, ready_versions
-from pipelines.promote import status
 from pipelines.promote.environments import Environment
 from pipelines.storage import open_store
 from registry.errors import TritonError
@@ -160,7 +160,9 @@ def test_a_replica_whose_index_blocks_on_the_store_is_read_from_its_readiness(
 ) -> None:
     target = IndexBlockedTarget(URL)
     target.states = {"net": {"2": "READY"}}
-    monkeypatch.setattr(status, "triton_connector", lambda settings, key=None: {URL: target}.__getitem__)
+    monkeypatch.setattr(
+        status_replicas, "triton_connector", lambda settings, key=None: {URL: target}.__getitem__
+    )
     settings = SimpleNamespace(triton_timeout=1.0, home=tmp_path / ".mlreg")
     env = Environment("s3", "s3://frozen/models", (URL,), "production", gpu=False)
     live, _ = status.probe_targets(settings, env, open_store(tmp_path / "store"), (), lambda: {"net": {"2"}})  # type: ignore[arg-type]

@@ -421,9 +421,9 @@ def test_a_repointed_ensemble_that_does_not_validate_stops_the_promotion_before_
 
 
 def test_status_counts_a_stopped_local_stack_and_a_missing_folder_as_drift(world: World) -> None:
+    from mlreg.ops.status import model_status
     from pipelines.core.plan import desired_config
     from pipelines.promote.environments import local_environment
-    from pipelines.promote.status import model_status
 
     env = local_environment(world.settings)
     store = open_store(env.store)

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 import pytest
 
 import pipelines.fleet.fleet as fanout
+from mlreg.ops.status import model_status
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed
 from pipelines.promote.environments import environment
-from pipelines.promote.status import model_status
 from pipelines.storage import open_store
 from registry.mlflow import MlflowRegistry
 from tests.integration.fleetstack import FleetStack, scorer

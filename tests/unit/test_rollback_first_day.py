@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlreg.ops.rollback import rollback_target
 from pipelines.core.policy import Policy
-from pipelines.promote.status import rollback_target
 from pipelines.rollout.probes import Probes, Target
 from pipelines.triton import metrics
 from registry.errors import PromotionError

@@ -16,8 +16,8 @@ import pytest
 from mlreg.cli.main import app
 from mlreg.ops import rollback as rollback_op
 from mlreg.ops.context import Context
+from mlreg.ops.rollback import rollback_target
 from pipelines.promote.environments import Environment
-from pipelines.promote.status import rollback_target
 from registry.errors import UsageError
 from tests.cli import CliRunner
 from tests.fakes import FakeRegistry

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from mlreg.ops import status, status_replicas, status_rows, status_views
 from pipelines.core.plan import desired_config
-from pipelines.promote import status
 from pipelines.promote.environments import Environment
 from pipelines.storage import open_store
 from tests.fakes import FakeRegistry
@@ -147,7 +147,11 @@ def test_an_unreachable_target_keeps_its_reason_in_both_numberings(world: Simple
     ens = rows(world)["ens"]
     assert ens["serving"] == ens["serving_folders"] == {URL: "unreachable: connection refused"}
     assert ens["drift"] == [f"{URL} unreachable: connection refused"]
-    assert ens.serving == ens.serving_folders == {URL: status.Unreachable("unreachable: connection refused")}
+    assert (
+        ens.serving
+        == ens.serving_folders
+        == {URL: status_rows.Unreachable("unreachable: connection refused")}
+    )
     assert ens.serving_labels() == {URL: "unreachable: connection refused"}
 
 
@@ -179,9 +183,9 @@ def test_a_row_is_typed_and_its_document_keeps_the_json_fields_in_order(world: S
 
 
 def test_labels_show_the_folder_only_where_it_differs() -> None:
-    assert status.labels(["2"], ["1"]) == "2 [1]"
-    assert status.labels(["2", "3"], ["2", "3"]) == "2,3"
-    assert status.labels([], []) == ""
+    assert status_rows.labels(["2"], ["1"]) == "2 [1]"
+    assert status_rows.labels(["2", "3"], ["2", "3"]) == "2,3"
+    assert status_rows.labels([], []) == ""
 
 
 def test_the_status_table_shows_versions_with_folders_in_brackets(
@@ -238,7 +242,7 @@ def frozen(world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> SimpleNam
     monkeypatch.setattr(status, "probe_targets", PROBE_TARGETS)  # the real one, over the fakes
     world.store = FrozenStore()
     monkeypatch.setattr(status, "status_store", lambda uri: world.store)
-    monkeypatch.setattr(status, "triton_connector", lambda settings, key=None: targets.__getitem__)
+    monkeypatch.setattr(status_replicas, "triton_connector", lambda settings, key=None: targets.__getitem__)
     world.env = Environment("s3", FrozenStore.uri, (URL, URL2), "local", gpu=False)
     return world
 
@@ -277,8 +281,8 @@ def test_the_status_table_of_a_frozen_store_lists_each_replica(
 def test_status_gives_up_on_an_s3_store_within_seconds() -> None:
     store = status.status_store("s3://127.0.0.1:9/models/repo")
     config = store.client.meta.config  # type: ignore[attr-defined]
-    assert (config.connect_timeout, config.read_timeout) == (5, status.STORE_READ_TIMEOUT_S)
-    assert config.retries["total_max_attempts"] == 1 + status.STORE_RETRIES == 2  # not 4 x 60 s
+    assert (config.connect_timeout, config.read_timeout) == (5, status_views.STORE_READ_TIMEOUT_S)
+    assert config.retries["total_max_attempts"] == 1 + status_views.STORE_RETRIES == 2  # not 4 x 60 s
 
 
 # -- a store that lost a model's folder: Triton still serves it (issue 38, item 9) -------------------
@@ -320,7 +324,7 @@ def lost(world: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> SimpleNames
     shutil.rmtree(Path(world.env.store) / "ens")
     targets = {url: LostFolderTarget(url, {"ens"}) for url in (URL, URL2)}
     monkeypatch.setattr(status, "probe_targets", PROBE_TARGETS)  # the real one, over the targets
-    monkeypatch.setattr(status, "triton_connector", lambda settings, key=None: targets.__getitem__)
+    monkeypatch.setattr(status_replicas, "triton_connector", lambda settings, key=None: targets.__getitem__)
     world.env = Environment("local", world.env.store, (URL, URL2), "local", gpu=False)
     return world
 

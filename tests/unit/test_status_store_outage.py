@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.promote import status
+from mlreg.ops import status, status_replicas, status_rows, status_views
 from pipelines.promote.environments import Environment
 from registry.settings import Settings
 from tests.fakes import FakeRegistry
@@ -82,7 +82,7 @@ def test_a_frozen_store_reads_each_replica_from_its_readiness_within_seconds(
 ) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.setattr(status, "STORE_READ_TIMEOUT_S", STORE_PATIENCE_S)
+    monkeypatch.setattr(status_views, "STORE_READ_TIMEOUT_S", STORE_PATIENCE_S)
     down = _dead_port()
     env = Environment("prod", frozen_s3, (*fleet.urls, down), "production", gpu=False)
     first, second = fleet.urls
@@ -98,8 +98,8 @@ def test_a_frozen_store_reads_each_replica_from_its_readiness_within_seconds(
     assert rows["scorer"].serving_folders[second] == ["1", "2"]
     assert rows["ens"].serving_folders == {first: ["1"], second: ["1"], down: rows["ens"].serving[down]}
     for row in rows.values():  # nothing that answered is called unreachable; the dead one still is
-        assert isinstance(row.serving[down], status.Unreachable)
-        assert not any(isinstance(row.serving[url], status.Unreachable) for url in fleet.urls)
+        assert isinstance(row.serving[down], status_rows.Unreachable)
+        assert not any(isinstance(row.serving[url], status_rows.Unreachable) for url in fleet.urls)
         assert row.read_by_readiness == [first, second]
         assert row.to_dict()["read_by_readiness"] == [first, second]
         assert not any("Deadline Exceeded" in line for line in row.drift)
@@ -121,8 +121,8 @@ def test_an_index_that_blocks_under_a_store_that_answers_names_the_blocked_index
     """The store answers status but the index blocks all the same: its deadline is seconds, and
     the replica -- whose other control calls now wait behind it, as on the real server -- is named
     for that, not for a bare "Deadline Exceeded"."""
-    assert status.INDEX_TIMEOUT_S == 5.0  # status's own bound (README: "given 5 s in status")
-    monkeypatch.setattr(status, "INDEX_TIMEOUT_S", INDEX_PATIENCE_S)
+    assert status_replicas.INDEX_TIMEOUT_S == 5.0  # status's own bound (README: "given 5 s in status")
+    monkeypatch.setattr(status_replicas, "INDEX_TIMEOUT_S", INDEX_PATIENCE_S)
     store = tmp_path / "store"
     env = Environment("prod", str(store), tuple(fleet.urls), "production", gpu=False)
 
@@ -132,10 +132,10 @@ def test_an_index_that_blocks_under_a_store_that_answers_names_the_blocked_index
 
     # the index's deadline, liveness's (each INDEX_TIMEOUT_S), and the open-control probe's (its own
     # 5 s; before: 30 s each)
-    assert took < 2 * status.INDEX_TIMEOUT_S + 5.0 + 3, took
+    assert took < 2 * status_replicas.INDEX_TIMEOUT_S + 5.0 + 3, took
     (row,) = found.rows
-    blocked = status.INDEX_BLOCKED.format(seconds=status.INDEX_TIMEOUT_S, uri=store)
-    assert row.serving == dict.fromkeys(fleet.urls, status.Unreachable(blocked))
+    blocked = status_replicas.INDEX_BLOCKED.format(seconds=status_replicas.INDEX_TIMEOUT_S, uri=store)
+    assert row.serving == dict.fromkeys(fleet.urls, status_rows.Unreachable(blocked))
     assert (found.store_error, found.readiness) == ("", "")  # the store answered: not blamed
     assert all(replica.calls["RepositoryIndex"] == 1 for replica in fleet.replicas)
 
@@ -173,17 +173,20 @@ def test_a_replica_stuck_behind_a_blocked_index_is_named_though_no_model_is_know
     with why, and the other read from its readiness."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.setattr(status, "STORE_READ_TIMEOUT_S", STORE_PATIENCE_S)
-    monkeypatch.setattr(status, "INDEX_TIMEOUT_S", INDEX_PATIENCE_S)
+    monkeypatch.setattr(status_views, "STORE_READ_TIMEOUT_S", STORE_PATIENCE_S)
+    monkeypatch.setattr(status_replicas, "INDEX_TIMEOUT_S", INDEX_PATIENCE_S)
     stuck, free = fleet.replicas
     stuck.index_blocked = True
     env = Environment("prod", frozen_s3, tuple(fleet.urls), "production", gpu=False)
 
     found = status.environment_status(_settings(tmp_path), env, FakeRegistry())
 
-    blocked = status.INDEX_BLOCKED.format(seconds=status.INDEX_TIMEOUT_S, uri=frozen_s3)
+    blocked = status_replicas.INDEX_BLOCKED.format(seconds=status_replicas.INDEX_TIMEOUT_S, uri=frozen_s3)
     assert found.unreachable == {stuck.grpc_url: blocked}
     rows = {row.model: row for row in found.rows}  # found by the free replica's statistics
-    assert rows["scorer"].serving == {stuck.grpc_url: status.Unreachable(blocked), free.grpc_url: ["1", "2"]}
+    assert rows["scorer"].serving == {
+        stuck.grpc_url: status_rows.Unreachable(blocked),
+        free.grpc_url: ["1", "2"],
+    }
     assert rows["scorer"].read_by_readiness == [free.grpc_url]
     assert stuck.calls["RepositoryIndex"] == free.calls["RepositoryIndex"] == 0
