@@ -62,7 +62,7 @@ from pipelines.checks.traces import (
 from registry.errors import MlregError, StorageError, UsageError
 
 if TYPE_CHECKING:
-    from pipelines.storage.s3 import S3Store
+    from pipelines.storage.objects import ObjectStore
     from registry.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -338,14 +338,11 @@ class Captures:
 
     def __init__(self, location: str) -> None:
         self.location = location
-        self._s3: S3Store | None = None
+        self._s3: ObjectStore | None = None
         if location.startswith("s3://"):
             from pipelines.storage import open_store  # lazy: store package ~0.15 s, s3:// only
-            from pipelines.storage.s3 import S3Store  # lazy: loaded by open_store just above
 
-            store = open_store(location, patience=S3_PATIENCE)  # a frozen prefix: bounded
-            assert isinstance(store, S3Store)  # an s3:// URI opens one
-            self._s3 = store
+            self._s3 = open_store(location, patience=S3_PATIENCE)  # a frozen prefix: bounded
 
     def files(self) -> list[TraceFile]:
         """Every trace file, oldest first (then by name: ``trace.json.9`` before ``trace.json.10``);

@@ -193,6 +193,19 @@ class LocalObjects(ObjectStore):
             return []
         return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
 
+    def listing(self, prefix: str = "") -> list[tuple[str, int, float]]:
+        """Every regular file under ``prefix`` (links not followed): key, size and mtime."""
+        base = self._path(prefix) if prefix else self.root
+        found = []
+        for path in sorted(base.rglob("*")) if base.is_dir() else []:
+            try:
+                stat = path.lstat()
+            except FileNotFoundError:
+                continue  # removed while listed
+            if path.is_file() and not path.is_symlink():
+                found.append((path.relative_to(self.root).as_posix(), stat.st_size, stat.st_mtime))
+        return found
+
     def children(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir():

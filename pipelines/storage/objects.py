@@ -87,6 +87,11 @@ class ObjectStore(ABC):
         """Immediate folder names under ``prefix``."""
 
     @abstractmethod
+    def listing(self, prefix: str = "") -> list[tuple[str, int, float]]:
+        """(key, size, modification time in epoch seconds) of every object under ``prefix``, in one
+        listing (what is not a repository's, e.g. the trace files a shadow replay reads)."""
+
+    @abstractmethod
     def put_file(self, key: str, path: Path, sha256: str, progress: Progress | None) -> None:
         """Upload one file (streaming), then verify it is stored (size, digest where known)."""
 
