@@ -91,7 +91,9 @@ def module_seconds(junit: Path, tree: Path) -> dict[str, float]:
     of ``tree`` (a test class in a module adds a part)."""
     sums: dict[str, float] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        parts = str(case.get("classname", "")).split(".")
+        if not case.get("classname"):  # a run's own error (an interrupt, a collection error)
+            continue
+        parts = str(case.get("classname")).split(".")
         prefixes = ("/".join(parts[:n]) + ".py" for n in range(len(parts), 0, -1))
         module = next((m for m in prefixes if (tree / m).is_file()), "/".join(parts) + ".py")
         sums[module] = sums.get(module, 0.0) + float(case.get("time") or 0)
