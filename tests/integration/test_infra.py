@@ -172,7 +172,7 @@ def test_strict_validation_rejects_a_misspelt_field(tmp_path: Path) -> None:
         [venv_tool("kubernetes-validate"), "--strict", "--quiet", str(manifest)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # as strict_validation's
         check=False,
     )
     assert out.returncode != 0
