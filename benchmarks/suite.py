@@ -6,7 +6,9 @@ Two figures, each for two commits of this repository (``--old``, default the com
 - ``unit``: ``pytest tests/unit`` wall time and pytest's own figure, old and new alternated for
   ``--rounds`` rounds on this checkout's virtualenv (each tree imports its own code: cwd and
   PYTHONPATH = the tree); the new tree also with ``MLREG_TEST_TMPFS=0`` (its throwaway files on
-  the disk, not /dev/shm).  Target: < 8 s (issue 46: <= 10 s on an idle machine).
+  the disk, not /dev/shm), and on ``--workers`` pytest-xdist workers (default 2: ``make unit``).
+  Target: < 8 s (issue 46: <= 10 s on an idle machine).  Print the machine's load with the
+  figures (``uptime``): on a shared machine they grow with it.
 - ``full``: what CI does on a clean clone, ``bash .ci/run`` (a fresh .venv: install, lint,
   mypy, the whole suite), wall time and pytest's own time, and the 25 slowest tests.
   Target: <= 15 min.  ~20 min per tree: ``--full new`` runs only the new one.
@@ -50,15 +52,17 @@ def checkout(rev: str, dest: Path) -> Path:
     return dest
 
 
-def unit_seconds(tree: Path, log: Path, tmpfs: bool = True) -> tuple[float, float]:
-    """``pytest tests/unit`` in ``tree``: wall seconds and pytest's own figure ("passed in").  A
-    run with failures still counts (its figure is what the suite cost) and is said; the log keeps
-    the 10 slowest tests (``slowest``)."""
+def unit_seconds(tree: Path, log: Path, tmpfs: bool = True, workers: int = 0) -> tuple[float, float]:
+    """``pytest tests/unit`` in ``tree`` (``workers`` > 0: on that many pytest-xdist workers, as
+    ``make unit`` runs it): wall seconds and pytest's own figure ("passed in").  A run with failures
+    still counts (its figure is what the suite cost) and is said; the log keeps the 10 slowest
+    tests (``slowest``)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "MLREG_TEST_TMPFS": "1" if tmpfs else "0"}
     env.pop("MLREG_HOME", None)
+    xdist = ["-n", str(workers), "--dist", "loadfile"] if workers else []  # as the Makefile's
     start = time.monotonic()
     done = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider"]
+        [str(ROOT / ".venv" / "bin" / "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider", *xdist]
         + ["-o", "addopts=--strict-markers", "--durations=10"],
         cwd=tree,
         env=env,
@@ -79,6 +83,11 @@ def unit_seconds(tree: Path, log: Path, tmpfs: bool = True) -> tuple[float, floa
 def slowest(log: Path) -> list[str]:
     """The slowest tests a unit run's log lists (``--durations=10``)."""
     return re.findall(r"^(\d+\.\d+s (?:call|setup|teardown)\s+\S+)$", log.read_text(), re.M)
+
+
+def _load() -> str:
+    """The machine's load average (1, 5, 15 min): the figures beside it grow with it."""
+    return ", ".join(f"{a:.1f}" for a in os.getloadavg())
 
 
 def _default_sigint() -> None:
@@ -155,25 +164,35 @@ def main() -> None:
         action="store_true",
         help="write the new tree's clean-clone module seconds to tests/module_seconds.json",
     )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="the new tree also on N pytest-xdist workers (0: not)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlreg-suite-"))
     trees = {"old": checkout(args.old, work / "old"), "new": checkout(args.new, work / "new")}
-    print(f"old = {args.old}, new = {args.new}; logs under {work}", flush=True)
+    print(f"old = {args.old}, new = {args.new}; logs under {work}; load {_load()}", flush=True)
     if args.rounds:
         # the new tree twice: as it runs (throwaway files on /dev/shm when there is room) and with
         # MLREG_TEST_TMPFS=0 (pytest's default basetemp), so the tmpfs's share is measured too
         runs = {
-            "old": (trees["old"], True),
-            "new": (trees["new"], True),
-            "new, no tmpfs": (trees["new"], False),
+            "old": (trees["old"], True, 0),
+            "new": (trees["new"], True, 0),
+            "new, no tmpfs": (trees["new"], False, 0),
         }
+        if args.workers:  # the new tree as `make unit` runs it (pytest-xdist)
+            runs[f"new, -n {args.workers}"] = (trees["new"], True, args.workers)
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
         for round_ in range(args.rounds):
-            for name, (tree, tmpfs) in runs.items():
+            for name, (tree, tmpfs, workers) in runs.items():
                 log = work / f"unit-{name.replace(', ', '-').replace(' ', '-')}-{round_}.log"
-                times[name].append(unit_seconds(tree, log, tmpfs))
+                times[name].append(unit_seconds(tree, log, tmpfs, workers))
+                print(
+                    f"  {name}, round {round_ + 1}: {times[name][-1][0]:.1f} s (load {_load()})", flush=True
+                )
         old = statistics.median(w for w, _ in times["old"])
-        print(f"pytest tests/unit, median of {args.rounds} rounds (wall; pytest's own figure):")
+        print(
+            f"pytest tests/unit, median of {args.rounds} rounds (wall; pytest's own figure); load {_load()}:"
+        )
         for name, measured in times.items():
             wall = statistics.median(w for w, _ in measured)
             reported = statistics.median(r for _, r in measured)
