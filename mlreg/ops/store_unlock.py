@@ -37,7 +37,7 @@ def store_unlock(
 ) -> UnlockReport:
     """Remove ``model``'s lock from ``--store`` or ``--env``'s store (default: the local one)."""
     target = store_of(settings, store, env_name)
-    held = target.unlock(model, force)
+    held = target.session.unlock(model, force)
     return UnlockReport(target.uri, model, held, bool(force))
 
 

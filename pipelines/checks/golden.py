@@ -225,7 +225,7 @@ def _scratch_step(step: Step, store: RepositoryStore, target: Path) -> None:
         and not step.runtime_changes
         and store.read_manifest(step.model, old)
     ):
-        store.get_version(step.model, old, target / old, digest)
+        store.versions.get_version(step.model, old, target / old, digest)
         (target / CONFIG_NAME).write_text(desired_config(step.config_text, [old, step.version], gpu=False))
 
 
@@ -238,7 +238,7 @@ def _scratch_member(store: RepositoryStore, target: Path, member: str, pinned: s
     version = pinned if int(pinned) > 0 else (serving_versions(text) or ["1"])[-1]
     target.mkdir()
     (target / CONFIG_NAME).write_text(text)
-    store.get_version(member, version, target / version)
+    store.versions.get_version(member, version, target / version, None)
 
 
 def preflight(

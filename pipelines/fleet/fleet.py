@@ -228,7 +228,7 @@ class Fleet:
         Never once the promotion lost the model's lock (the store's fence: its lease proven first),
         never without an undo log (``NoUndoLog``)."""
         self._log(f"load {change.describe()} on {url}")
-        self.store.fence(change.model)
+        self.store.session.fence(change.model)
         began = time.perf_counter()
         try:
             self._admit(url, change)

@@ -176,7 +176,7 @@ def _alias_note(stage: str | None) -> str:
 def _store_now(ctx: PromotionContext) -> list[str]:
     """What the store's config of each model this promotion wrote lists now (read again)."""
     lines = []
-    for model, written in sorted(ctx.store.written_configs.items()):
+    for model, written in sorted(ctx.store.session.written_configs.items()):
         try:
             text = ctx.store.read_config(model)
         except MlregError as exc:

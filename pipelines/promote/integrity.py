@@ -59,7 +59,7 @@ def check_stored(
     the registry's copy is; else PromotionError naming what is wrong in both."""
     if not digest:  # a manifest anyone can write proves nothing: only MLflow's digest does
         why = "MLflow records no artifact_digest for it (never registered by mlreg, or not at all)"
-        store.distrust(step.model, version, why)
+        store.versions.distrust(step.model, version, why)
         raise PromotionError(
             f"{step.model} v{version} in {store.uri} cannot be verified: {why}, so whatever its "
             "manifest says, nobody registered its bytes",
@@ -425,7 +425,7 @@ def manifest_problems(store: RepositoryStore, model: str, versions: Iterable[str
     found = []
     for version in versions:
         try:
-            _, why = store.load_manifest(model, version)
+            _, why = store.versions.load_manifest(model, version)
         except StorageError:
             break
         if why:

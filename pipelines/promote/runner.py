@@ -240,7 +240,7 @@ class Promotion:
         began = time.perf_counter()
         try:
             if stage.live:  # the locks' leases renewed; a lock lost (lease ran out) stops it here
-                ctx.store.renew_leases()
+                ctx.store.session.renew_leases()
             report = stage.run(ctx)
         except BaseException as exc:
             self._tell(

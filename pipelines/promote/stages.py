@@ -446,7 +446,7 @@ def assemble(ctx: PromotionContext) -> UploadReport:
     for step in ctx.plan.steps:  # what the loads read next, verified (validate, above): no cache in it
         if not step.is_ensemble:
             for version in sorted({step.version, *serving_versions(step.config_text)}, key=int):
-                ctx.store.drop_bytecode(step.model, version)
+                ctx.store.versions.drop_bytecode(step.model, version)
     checkpoint("uploaded")
     return UploadReport(sent, ctx.store.uri, uploaded)
 

@@ -84,7 +84,9 @@ __all__ = [
 class RepositoryStore(ObjectStore):
     """A Triton model repository in some storage: the object primitives (subclasses implement
     them) and, per store object, one :class:`StoreSession` (locks, leases, the change journal)
-    and its :class:`Versions` (manifests, uploads, verification).  The methods below delegate."""
+    and its :class:`Versions` (manifests, uploads, verification): public parts a caller takes
+    (``store.session.fence``, ``store.versions.get_version``...).  The methods below that still
+    delegate to them are the ones not yet moved to their callers (issue 47 item 4)."""
 
     def __init__(self, holder: StoreSession | None = None) -> None:
         self.session = StoreSession(self, holder)
@@ -126,16 +128,6 @@ class RepositoryStore(ObjectStore):
         manifest): either way the version has no usable manifest and counts as incomplete -- a
         promotion sends it again from the registry, ``check_version`` names a corrupt manifest."""
         return self.versions.load_manifest(model, version)[0]
-
-    def load_manifest(self, model: str, version: str) -> tuple[Manifest | None, str]:
-        """The version's manifest, or why the one stored cannot be read ("": none is stored)."""
-        return self.versions.load_manifest(model, version)
-
-    def get_version(self, model: str, version: str, dest: Path, expected_digest: str | None = None) -> Path:
-        """Download ``<model>/<version>/`` into ``dest`` (the manifest left out); return dest.  The
-        stored bytes are verified first (against ``expected_digest`` too, when given): StorageError
-        naming the file when they do not match -- nothing unverified leaves the store."""
-        return self.versions.get_version(model, version, dest, expected_digest)
 
     def check_version(
         self,
@@ -197,19 +189,6 @@ class RepositoryStore(ObjectStore):
         MLflow earlier in this run ("" when it did not): such a version is never loaded again."""
         return self.versions.distrusted.get((model, version), "")
 
-    def distrust(self, model: str, version: str, why: str) -> None:
-        """Note that ``model``/``version`` cannot be held to MLflow's digest (``why``): like a version
-        that did not verify, it is never named in a load config of this run (:meth:`refused`)."""
-        self.versions.distrusted[(model, version)] = why
-        self.versions.pinned.pop((model, version), None)
-
-    def drop_bytecode(self, model: str, version: str) -> list[str]:
-        """Remove the Python bytecode caches (``__pycache__/*.pyc``) of ``<model>/<version>/``: no
-        manifest covers them, and Python runs a valid one in place of the verified ``model.py``.
-        Removed right before a load, so what Triton reads is exactly what was hashed. Returns the
-        keys removed."""
-        return self.versions.drop_bytecode(model, version)
-
     def delete_version(self, model: str, version: str) -> None:
         """The files, then the manifest (an interrupted delete is incomplete)."""
         self.versions.delete_version(model, version)
@@ -259,27 +238,10 @@ class RepositoryStore(ObjectStore):
         """Every lock at the root, with its holder and its lease (the store's clock)."""
         return self.session.locks()
 
-    def unlock(self, model: str, force: str = "") -> LockInfo:
-        """Remove ``model``'s lock once its holder's lease ran out, or with ``force`` naming its
-        holder (``lease.remove_lock``); StorageError while the lease is alive."""
-        return self.session.unlock(model, force)
-
     def write_config(self, model: str, text: str) -> None:
         """Written only while this process still holds ``model``'s lock, when it took it: the lease
         is renewed first (compare-and-swap on the lock object), and a lost lock aborts the write."""
         self.session.write_config(model, text)
-
-    def renew_leases(self) -> None:
-        """Renew every lease this store holds now; StorageError when one was lost."""
-        self.session.renew_leases()
-
-    def fence(self, model: str, key: str = "") -> None:
-        """Before a write or delete of ``key`` under ``model`` (its archive's copy included): a
-        StorageError naming who holds the lock now when this store held ``model``'s lock and lost
-        it, or its lease is past its end (another holder's, or soon: nothing of it is changed from
-        here, a rollback included).  A held lease is proven again first (a compare-and-swap
-        renewal) when its last proof is older than a few seconds (lease.RECHECK_S)."""
-        self.session.fence(model, key)
 
     def fenced(self, proven_only: bool = False) -> list[str]:
         """One line per model whose lock this store held and lost ("lock of scorer lost: now held
@@ -291,30 +253,9 @@ class RepositoryStore(ObjectStore):
         about (no one else can hold those before their end)."""
         return self.session.fenced(proven_only)
 
-    def changed_under(self, prefix: str) -> bool:
-        """Whether this store object changed anything under ``prefix`` (nothing: no rollback)."""
-        return self.session.changed_under(prefix)
-
-    @property
-    def written_configs(self) -> dict[str, str]:
-        """The last config this store object wrote for each model (what a store that cannot be
-        read now lists, as far as this process knows)."""
-        return self.session.written_configs
-
     @property
     def leases(self) -> dict[str, Lease]:
         return self.session.leases
-
-    @property
-    def lost_leases(self) -> dict[str, Lease]:
-        """Leases this store lost and released: its writes under those models stay refused until
-        it takes the lock again."""
-        return self.session.lost_leases
-
-    @property
-    def changed_keys(self) -> set[str]:
-        """Keys this store object wrote or deleted (or may have: the request reached the store)."""
-        return self.session.changed_keys
 
     @property
     def lock_notes(self) -> list[str]:

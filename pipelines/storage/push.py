@@ -82,7 +82,7 @@ def refuse_rewrites(
     is stored without a valid manifest and the folder is not what MLflow registered for it."""
     model = check_part(folder.name, "model name")
     for version in version_folders(folder, versions):
-        stored, why = store.load_manifest(model, version)
+        stored, why = store.versions.load_manifest(model, version)
         if stored is None:
             if why or store.list_prefix(f"{model}/{version}/"):  # stored, with no valid manifest
                 _refuse_unregistered(store, folder, version, registered, why)
@@ -137,7 +137,7 @@ def push_model(
     with store.lock(model, ttl=lease, wait=0):
         refuse_rewrites(store, folder, versions, registered)  # again under the lock, then send
         for version in version_folders(folder, versions):
-            if store.load_manifest(model, version)[1]:  # unreadable, and these are the registered bytes
+            if store.versions.load_manifest(model, version)[1]:  # unreadable; these are the registered bytes
                 store.delete(f"{model}/{version}/{MANIFEST}")  # written again from them by the upload
         results = [
             store.put_version(model, v, folder / v, progress, write_once=True)

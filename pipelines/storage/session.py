@@ -60,8 +60,11 @@ class StoreSession:
     # -- fencing -----------------------------------------------------------------------------------
 
     def fence(self, model: str, key: str = "") -> None:
-        """Before a write or delete of ``key`` under ``model``: StorageError once the holder's lease
-        of ``model`` is lost or past its end (see ``RepositoryStore.fence``)."""
+        """Before a write or delete of ``key`` under ``model`` (its archive's copy included): a
+        StorageError naming who holds the lock now when this session's holder held ``model``'s lock
+        and lost it, or its lease is past its end (another holder's, or soon: nothing of it is
+        changed from here, a rollback included).  A held lease is proven again first (a
+        compare-and-swap renewal) when its last proof is older than a few seconds (lease.RECHECK_S)."""
         lease = self.holder.leases.get(model) or self.holder.lost_leases.get(model)
         if lease is not None:
             lease.check(key)

@@ -280,7 +280,7 @@ def bytecode_cache(key: str) -> bool:
     uploaded, never registered, so not "unexpected" either -- but never trusted: Python imports a
     valid cache in place of ``model.py`` (a timestamp .pyc carrying its mtime and size, or an
     unchecked-hash one), so every one is removed right before Triton reads the folder
-    (``RepositoryStore.drop_bytecode``, ``verify_version(drop_bytecode=True)``)."""
+    (``Versions.drop_bytecode``, ``verify_version(drop_bytecode=True)``)."""
     parts = key.split("/")
     return "__pycache__" in parts[:-1] and parts[-1].endswith(".pyc")
 

@@ -75,6 +75,12 @@ class Versions:
 
     # -- reading and checking ------------------------------------------------------------------------
 
+    def distrust(self, model: str, version: str, why: str) -> None:
+        """Note that ``model``/``version`` cannot be held to MLflow's digest (``why``): like a version
+        that did not verify, it is never named in a load config of this run."""
+        self.distrusted[(model, version)] = why
+        self.pinned.pop((model, version), None)
+
     def load_manifest(self, model: str, version: str) -> tuple[Manifest | None, str]:
         return parse_manifest(self.store.read(f"{model}/{version}/{MANIFEST}"))
 

@@ -364,5 +364,5 @@ def test_a_planted_bytecode_cache_on_s3_is_removed_before_a_load(s3_server: Any,
     store.write(planted, _unchecked_hash_pyc(EVIL_MODEL))
     assert store.verify_version("scorer", "1").bytecode == [planted]  # a check reads only
     assert planted in store.list_prefix("scorer/1/")
-    assert store.drop_bytecode("scorer", "1") == [planted]  # what a promotion does before its loads
+    assert store.versions.drop_bytecode("scorer", "1") == [planted]  # what a promotion does before its loads
     assert store.list_prefix("scorer/1/") == ["scorer/1/.mlreg-manifest.json", "scorer/1/model.py"]

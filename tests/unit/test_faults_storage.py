@@ -64,11 +64,11 @@ def test_a_live_lease_refuses_with_dates_and_unlock_waits_for_it(tmp_path: Path)
             with other.lock("m"):
                 pass
         with pytest.raises(StorageError, match="its lease is alive"):
-            other.unlock("m")
+            other.session.unlock("m")
         assert [lock.model for lock in other.locks()] == ["m"]
         old = time.time() - 120  # the holder stopped renewing (frozen): its lease runs out
         os.utime(tmp_path / lock_key("m"), (old, old))
-        assert other.unlock("m").owner == "holder@elsewhere:1"
+        assert other.session.unlock("m").owner == "holder@elsewhere:1"
         assert other.locks() == []
     assert not (tmp_path / lock_key("m")).exists()
 
@@ -84,7 +84,7 @@ def test_a_lost_lock_stops_the_next_config_write_and_is_not_released(tmp_path: P
         with pytest.raises(StorageError, match=r"the lock of model 'm' was lost: it is held by intruder"):
             store.write_config("m", "v3\n")
         with pytest.raises(StorageError, match="was lost"):
-            store.renew_leases()
+            store.session.renew_leases()
     assert store.read_config("m") == "v2\n"
     assert json.loads((tmp_path / lock_key("m")).read_bytes())["owner"] == "intruder@elsewhere:1"
     assert store.lock_notes == []
@@ -186,7 +186,7 @@ def test_open_store_keeps_leases_per_store(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
     with store.lock("a", ttl=60), store.lock("b", ttl=60):
         assert sorted(store.leases) == ["a", "b"]
-        store.renew_leases()
+        store.session.renew_leases()
     assert store.leases == {}
 
 

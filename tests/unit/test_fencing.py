@@ -139,7 +139,7 @@ def test_fenced_names_the_new_holder_and_stays_fenced_after_the_release(repo: Pa
         assert mine.fenced() == [line]  # known lost: the store is not asked again
         assert (repo / lock_key("scorer")).read_bytes() == lock_before
         with pytest.raises(StorageError, match="held by other@elsewhere:2"):
-            mine.renew_leases()
+            mine.session.renew_leases()
         assert other.fenced() == []
     assert mine.fenced() == [line]  # released, still lost: its writes stay refused
     with pytest.raises(StorageError, match="was lost"):
