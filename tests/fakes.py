@@ -292,6 +292,7 @@ class FakeRegistry:
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
         self.runs[-1].setdefault("params", {}).update(params)
+        self.runs[-1].setdefault("metrics", {}).update(metrics)
 
     def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
         """Each file's bytes kept in the run (``artifacts``: name -> bytes)."""

@@ -37,16 +37,19 @@ def _human(out: Output, analysis: Analysis) -> None:
     out.line(f"READY on: {', '.join(analysis.ready_on)}")
     for replica, why in analysis.left_out.items():  # counted against max_unavailable, never silent
         out.line(f"left out: {replica}: {why}")
-    out.table(
-        ["CHECK", "VALUE", "THRESHOLD", "OK"],
+    out.table(  # each check as the promotion's verdict records it (pipelines/core/check.py)
+        ["CHECK", "MEASURED", "VALUE", "THRESHOLD", "SAMPLE", "RESULT", "FIX"],
         [
             [
-                c.name,
-                "not judged" if c.value is None else f"{c.value:g}",
-                c.threshold,
-                "yes" if c.ok else "NO",
+                v.name,
+                v.measured,
+                "-" if v.value is None else f"{v.value:g}",
+                "-" if v.threshold is None else f"{v.threshold:g}",
+                "-" if v.sample is None else str(v.sample),
+                v.result,
+                v.fix or v.why,
             ]
-            for c in analysis.checks
+            for v in analysis.verdicts()
         ],
     )
 

@@ -17,6 +17,7 @@ from pipelines.fleet.fleet import checkpoint
 from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
 from pipelines.promote.environments import Environment
 from pipelines.promote.plots import memory_plot, shadow_plot
+from pipelines.promote.verdicts import complete
 from registry.errors import MlregError, PromotionError
 from registry.settings import redact_uri
 
@@ -35,6 +36,7 @@ def record_promotion(
     the deployment of every model it moved (``writes.deployed``: members brought along and
     re-pointed ensembles too), each tag noted in ``writes`` first so that an exit puts it back."""
     plan = result.plan
+    complete(result)  # every check's and guard's verdict, on every exit (pipelines/promote/verdicts.py)
     try:
         previous = ",".join(plan.step(plan.model).previous_versions) or "none"
     except StopIteration:
@@ -71,8 +73,8 @@ def record_promotion(
             (Path(tmp) / "report.json").write_text(json.dumps(report, indent=1, default=str))
             plot_memory(report.get("headroom") or {}, memory_title(plan), Path(tmp) / "memory.png")
             write_shadow(report.get("shadow") or [], Path(tmp))
-            if report.get("verdicts"):  # every check's record, refused or not (pipelines/core/check.py)
-                (Path(tmp) / "verdict.json").write_text(json.dumps(report["verdicts"], indent=1, default=str))
+            # every check's record, refused or not (pipelines/core/check.py), on every exit: [] too
+            (Path(tmp) / "verdict.json").write_text(json.dumps(report["verdicts"], indent=1, default=str))
             registry.log_artifacts(run_id, Path(tmp))
         registry.finish_run(run_id, ok=not result.error)
         result.run_id = run_id
