@@ -62,6 +62,7 @@ from pipelines.promote.integrity import (
 )
 from pipelines.promote.record import RecordWrites, failed_record, record_promotion, repair_record
 from pipelines.promote.stamps import hold_repair_locks, repair_ensemble_stamps, repair_lock_names
+from pipelines.promote.verdicts import peak_verdict
 from pipelines.rollout.all_at_once import check_serves_from_store
 from pipelines.storage import locking
 from registry.contracts.config import CONFIG_NAME, parse_config
@@ -521,11 +522,13 @@ def _peak(ctx: PromotionContext, triton: ServingTarget, step: Step, inputs: dict
     try:
         triton.infer(step.model, batch, quality.output_names(step.config_text), version=step.version)
     except MlregError as exc:
+        peak_verdict(ctx.result, triton.url, step.model, step.version, peak, exc.message)
         raise PromotionError(
             f"{triton.url}: {step.model} v{step.version} fails at its peak batch of {peak}: {exc.message}",
             fix=f"fix the model for batches up to max_batch_size {peak} (or lower max_batch_size in its "
             "config.pbtxt), register it again and promote; the serving version is back",
         ) from exc
+    peak_verdict(ctx.result, triton.url, step.model, step.version, peak, "")
 
 
 def _smoke(ctx: PromotionContext, triton: ServingTarget, step: Step) -> None:
