@@ -236,8 +236,9 @@ def fleet_promotion(size: int, load_delay: float, rounds: int) -> None:
 def promoter(root: Path, fleet: Any, key: str) -> Callable[[int, bool], float]:
     """A promotion of a new version of ``bench`` to every stand-in, with or without the ledger:
     its wall time (every replica checked to serve it)."""
+    from pipelines.core.context import Options
     from pipelines.promote.environments import environment
-    from pipelines.promote.runner import Options, Promotion
+    from pipelines.promote.runner import Promotion
     from pipelines.triton.control import TritonControl
     from pipelines.triton.control_key import ControlKey
     from registry.settings import Settings

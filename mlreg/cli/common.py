@@ -7,7 +7,7 @@ takes ``ctx: typer.Context`` and asks
 
 - ``settings_of(ctx)`` for the ``Settings`` the root callback built once (a ``SettingsError``
   about the environment surfaces here, so ``mlreg X --help`` works whatever the environment), and
-- ``Output(as_json)`` (``mlreg.cli.output``) for where its results go.
+- ``Output(as_json)`` (``mlreg.cli.sink``) for where its results go.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The one output sink of the ``mlreg`` command, and where its failures are reported.
+"""A promotion's roll-out drawn on one line (the plan's and the report's renderers share it).
 
-Commands never format text themselves: they hand results to an ``Output``
-(:mod:`mlreg.cli.sink`), which prints either one JSON document (``--json``) or what people read.
-Every failure, from a bad option to a closed pipe, is reported in one place
-(:mod:`mlreg.cli.failures`: ``report``, called by ``MlregGroup.main``).  This module gathers both
-under the one name commands import, and draws a promotion's roll-out on one line.
+Commands never format text themselves: they hand results to an ``Output`` (:mod:`mlreg.cli.sink`),
+which prints either one JSON document (``--json``) or what people read; every failure is reported
+in one place (:mod:`mlreg.cli.failures`).
 
 Importing this module stays cheap (``mlreg --help`` loads it): ``rich`` is imported only when a
 table is drawn.
@@ -14,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-from mlreg.cli.sink import Output
 
 
 def rollout_line(rollout: Mapping[str, Any]) -> str:
@@ -32,4 +28,4 @@ def rollout_line(rollout: Mapping[str, Any]) -> str:
     return " ▸ ".join(parts) + f" (max_parallel {rollout['max_parallel']}; bake checks: {checks or 'none'})"
 
 
-__all__ = ["Output", "rollout_line"]
+__all__ = ["rollout_line"]

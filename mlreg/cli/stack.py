@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from mlreg.cli.common import JsonFlag, settings_of
-from mlreg.cli.output import Output
 from mlreg.cli.progress import activity
+from mlreg.cli.sink import Output
 
 app = typer.Typer(help="Start, inspect and stop the local Triton stack.", no_args_is_help=True)
 SHOWN = (

@@ -11,9 +11,9 @@ from registry.errors import UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
+    from pipelines.core.context import OnStage
     from pipelines.core.ports import Registry
     from pipelines.core.reports import PromotionResult
-    from pipelines.promote.runner import OnStage
 
 SERVE_AS = ("auto", "native", "onnx")
 
@@ -67,8 +67,9 @@ def promote(
         reader = open_registry(settings)
     else:
         env, reader = environment(settings, env_name), registry
+    from pipelines.core.context import Options  # lazy: the promotion package
     from pipelines.devstack.scratch import scratch_servers  # lazy: the promotion's servers
-    from pipelines.promote.runner import Options, Promotion  # lazy: tritonclient, numpy
+    from pipelines.promote.runner import Promotion  # lazy: tritonclient, numpy
 
     options = Options(
         dry_run,

@@ -16,8 +16,8 @@ from registry.errors import UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
+    from pipelines.core.context import OnStage
     from pipelines.core.reports import PromotionResult
-    from pipelines.promote.runner import OnStage
 
 
 def rollback(

@@ -30,11 +30,11 @@ import time
 from dataclasses import replace
 
 from pipelines.checks.shadow import capture_after
-from pipelines.core.context import Deployer, OnStage, Options, PromotionContext, Stage
+from pipelines.core.context import Deployer, Options, PromotionContext, Stage
 from pipelines.core.plan import Plan
 from pipelines.core.policy import check_fleet
 from pipelines.core.ports import Registry, ScratchServers, ServingTarget
-from pipelines.core.reports import PromotionFailed, PromotionResult, StageRecord
+from pipelines.core.reports import PromotionResult, StageRecord
 from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Fleet
 from pipelines.fleet.replicas import Connect, reachable, triton_connector
@@ -46,7 +46,6 @@ from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.failure import fail, message_of
 from pipelines.promote.gates import choose_gate
 from pipelines.promote.stages import (
-    PROMOTIONS_EXPERIMENT,
     assemble,
     convert,
     record,
@@ -63,15 +62,7 @@ from pipelines.triton.control import RequestNonce
 from registry.errors import Terminated
 from registry.settings import Settings
 
-__all__ = [
-    "PROMOTIONS_EXPERIMENT",
-    "OnStage",
-    "Options",
-    "Promotion",
-    "PromotionFailed",
-    "PromotionResult",
-    "Stage",
-]
+__all__ = ["Promotion"]
 
 
 def choose_deployer(env: Environment) -> Deployer:

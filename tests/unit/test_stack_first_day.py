@@ -275,7 +275,8 @@ def _local_world(tmp_path: Path, served: Path) -> tuple[World, StandinFleet]:
 def _promote_on(world: World, model: str) -> Any:
     """``model`` v1 promoted by the promotion's runner on the world's environment, its targets
     reached for real (pipelines.triton.control.TritonControl: the stand-in speaks Triton's gRPC)."""
-    from pipelines.promote.runner import Options, Promotion
+    from pipelines.core.context import Options
+    from pipelines.promote.runner import Promotion
 
     def connect(url: str) -> TritonControl:
         return TritonControl(url, timeout=5, load_timeout=10)
