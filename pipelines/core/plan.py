@@ -16,7 +16,7 @@ from typing import Any
 
 from pipelines.core.environment import Environment
 from pipelines.core.policy import waves_of
-from pipelines.core.ports import Registry
+from pipelines.core.ports import RegistryReader
 from pipelines.core.warmup import PYTHON_WARMUP, peak_sample, recreating_fields
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME, format_config, model_config_pb2, parse_config
@@ -184,7 +184,9 @@ def desired_config(text: str, versions: list[str], gpu: bool, pins: dict[str, st
     return format_config(config)
 
 
-def fetch_version(registry: Registry, model: str, version: str, workdir: Path) -> tuple[Path, dict[str, str]]:
+def fetch_version(
+    registry: RegistryReader, model: str, version: str, workdir: Path
+) -> tuple[Path, dict[str, str]]:
     """A registered version as a Triton model folder ``workdir/<model>``, and its tags; a version
     that failed validation when it was registered is refused."""
     folder = workdir / model
@@ -224,7 +226,7 @@ def follow_latest(text: str, versions: list[str], gpu: bool, members: Iterable[s
 
 
 def build_plan(
-    registry: Registry,
+    registry: RegistryReader,
     store: RepositoryStore,
     env: Environment,
     targets: tuple[str, ...],
@@ -270,7 +272,9 @@ def build_plan(
     return plan
 
 
-def member_version_of(registry: Registry, ensemble: str, member: str, pinned: str) -> tuple[str, list[str]]:
+def member_version_of(
+    registry: RegistryReader, ensemble: str, member: str, pinned: str
+) -> tuple[str, list[str]]:
     """The version of ``member`` that ``ensemble`` pins: the pinned number, or for -1 (latest) the
     newest registered version that did not fail validation (one that did is never promoted:
     ``fetch_version``), with the plan's note saying which and what it passed over."""
@@ -299,7 +303,7 @@ def member_version_of(registry: Registry, ensemble: str, member: str, pinned: st
 
 
 def _step(
-    registry: Registry,
+    registry: RegistryReader,
     store: RepositoryStore,
     env: Environment,
     model: str,
@@ -328,7 +332,7 @@ def _step(
     )
 
 
-def _digest_of(registry: Registry, model: str, version: str) -> str:
+def _digest_of(registry: RegistryReader, model: str, version: str) -> str:
     """The artifact digest MLflow records for a version ("" when it has none, or no such version)."""
     try:
         return registry.version_tags(model, version).get("artifact_digest", "")

@@ -46,7 +46,7 @@ from typing import Any
 from pipelines.core.check import PRIVATE_SUFFIX, Place
 from pipelines.core.environment import MEMORY_MARGIN
 from pipelines.core.plan import config_facts
-from pipelines.core.ports import Registry
+from pipelines.core.ports import RegistryReader
 from pipelines.fleet.fleet import Change, Fleet
 from pipelines.triton.gauges import (
     HOST_USED,
@@ -94,7 +94,7 @@ def footprint_of(model: str, version: str, tags: Mapping[str, str]) -> Footprint
     return Footprint(model, version, int(size), kind)
 
 
-def registry_footprints(registry: Registry) -> Known:
+def registry_footprints(registry: RegistryReader) -> Known:
     """``known`` from the registry's version tags; a registry that does not answer: unknown."""
 
     def known(model: str, version: str) -> Footprint | None:

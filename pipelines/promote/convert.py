@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.core.plan import Step, desired_config
-from pipelines.core.ports import Registry
+from pipelines.core.ports import RegistryReader, RegistryWriter
 from pipelines.core.reports import Converted
 from registry.contracts.config import CONFIG_NAME, format_config, parse_config
 from registry.errors import MissingDependencyError, PromotionError
@@ -58,7 +58,7 @@ def needs_onnx(server_version: str) -> bool:
     return (major, minor) > TF_BACKEND_LAST
 
 
-def convert_step(step: Step, golden: dict[str, np.ndarray], gpu: bool, registry: Registry) -> Converted:
+def convert_step(step: Step, golden: dict[str, np.ndarray], gpu: bool, registry: RegistryReader) -> Converted:
     """Convert ``step``'s SavedModel to a local ONNX version folder; check parity on the golden inputs."""
     if importlib.util.find_spec("tf2onnx") is None:
         raise MissingDependencyError("tf2onnx", "export", "Serving a SavedModel as ONNX")
@@ -105,7 +105,7 @@ def convert_step(step: Step, golden: dict[str, np.ndarray], gpu: bool, registry:
     return Converted(converted, step.version, parity, info, existing is not None)
 
 
-def register_converted(registry: Registry, converted: Converted) -> str:
+def register_converted(registry: RegistryWriter, converted: Converted) -> str:
     """Register the ONNX version (an identical one is reused); returns the number it got."""
     step = converted.step
     assert step.folder is not None
@@ -143,14 +143,14 @@ def _tf2onnx(step: Step, saved_model: Path, onnx_path: Path) -> None:
         )
 
 
-def _registered_with(registry: Registry, model: str, digest: str) -> str | None:
+def _registered_with(registry: RegistryReader, model: str, digest: str) -> str | None:
     for version in registry.versions(model):
         if (getattr(version, "tags", None) or {}).get("artifact_digest") == digest:
             return str(version.version)
     return None
 
 
-def _next_version(registry: Registry, model: str) -> str:
+def _next_version(registry: RegistryReader, model: str) -> str:
     return str(max((int(v.version) for v in registry.versions(model)), default=0) + 1)
 
 

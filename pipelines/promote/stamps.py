@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from pipelines.core.plan import ensemble_pins, ensembles_pinning
-from pipelines.core.ports import Registry
+from pipelines.core.ports import Registry, RegistryReader, RegistryWriter
 from pipelines.storage import locking
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME
@@ -91,13 +91,13 @@ def _repair_one(registry: Registry, name: str, served: dict[str, str], tag: str,
     return []  # no stamped version pins what serves: no proof which stamp is a failed attempt's
 
 
-def _registered_pins(registry: Registry, name: str, version: str, workdir: Path) -> dict[str, str]:
+def _registered_pins(registry: RegistryReader, name: str, version: str, workdir: Path) -> dict[str, str]:
     folder = workdir / f"stamps-{name}-{version}"
     folder.mkdir(parents=True, exist_ok=True)
     registry.fetch_version(name, version, folder)
     return ensemble_pins((folder / CONFIG_NAME).read_text())
 
 
-def _removed(registry: Registry, name: str, version: str, tag: str, stamp: str) -> str:
+def _removed(registry: RegistryWriter, name: str, version: str, tag: str, stamp: str) -> str:
     registry.delete_version_tag(name, version, tag)
     return f"tag {tag} of {name} v{version} (a failed attempt's, {stamp}: it never served) removed"
