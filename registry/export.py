@@ -279,7 +279,9 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
     def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
         return ""
 
-    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
+    def start_run(
+        self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
+    ) -> str:
         return ""  # no run: a plan's report links to none
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
@@ -289,6 +291,17 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
         return None
 
     def finish_run(self, run_id: str, ok: bool) -> None:
+        return None
+
+    def link_promotion(
+        self,
+        run_id: str,
+        experiment: str,
+        env: str,
+        outcome: str,
+        versions: list[tuple[str, str]],
+        error: str = "",
+    ) -> None:
         return None
 
     def discard_run(self, run_id: str) -> None:

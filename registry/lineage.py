@@ -113,8 +113,11 @@ def describe(lineage: Lineage, contract: dict[str, Any], findings: list[str]) ->
     ]
     members = "".join(f"\n- `{m}` version {v}" for m, v in sorted(lineage.members.items()))
     problems = "".join(f"\n- {line}" for line in findings) or "\n- none"
+    passed = lineage.validation == "passed"
+    failed = [] if passed else ["⛔ **FAILED VALIDATION: this version cannot be promoted.**", ""]
     return "\n".join(
         [
+            *failed,
             f"**{lineage.model}** — {lineage.platform}, max_batch_size {contract['max_batch_size']}",
             "",
             "| | tensor | type | shape |",
@@ -132,7 +135,10 @@ def describe(lineage: Lineage, contract: dict[str, Any], findings: list[str]) ->
             "",
             f"**Validation: {lineage.validation}**{problems}",
             "",
-            f"Promote with `mlreg promote {lineage.model} --version <this version>`.",
+            f"Promote with `mlreg promote {lineage.model} --version <this version>`."
+            if passed
+            else "Not promotable: fix the problems above and register a new version "
+            f"(`mlreg validate` names them; `mlreg show {lineage.model}` lists the versions).",
         ]
     )
 

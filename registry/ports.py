@@ -97,13 +97,30 @@ class RunRecorder(Protocol):
 
     def experiment_id(self, name: str = ...) -> str: ...
 
-    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str: ...
+    def start_run(
+        self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
+    ) -> str:
+        """A new run (``start_time``: when what it records began, epoch seconds; None: now)."""
+        ...
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None: ...
 
     def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
 
     def finish_run(self, run_id: str, ok: bool) -> None: ...
+
+    def link_promotion(
+        self,
+        run_id: str,
+        experiment: str,
+        env: str,
+        outcome: str,
+        versions: list[tuple[str, str]],
+        error: str = "",
+    ) -> None:
+        """The promotion run and the versions it moved or tried, linked both ways in the UI
+        (``registry.mlflow.story``)."""
+        ...
 
 
 class Signatory(Protocol):

@@ -285,9 +285,11 @@ class FakeRegistry:
             shutil.copy2(source, dest / path)
         return dest / path
 
-    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
+    def start_run(
+        self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
+    ) -> str:
         self._call("start_run")
-        self.runs.append({"name": name, "tags": tags})
+        self.runs.append({"name": name, "tags": tags, "start_time": start_time})
         return f"run-{len(self.runs)}"
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
@@ -301,6 +303,18 @@ class FakeRegistry:
 
     def finish_run(self, run_id: str, ok: bool) -> None:
         self.runs[-1]["ok"] = ok
+
+    def link_promotion(
+        self,
+        run_id: str,
+        experiment: str,
+        env: str,
+        outcome: str,
+        versions: list[tuple[str, str]],
+        error: str = "",
+    ) -> None:
+        self._call("link_promotion")
+        self.runs[-1]["linked"] = {"env": env, "outcome": outcome, "versions": list(versions)}
 
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
         return [dict(run["tags"]) for run in reversed(self.runs) if run["tags"].get("model") == name]

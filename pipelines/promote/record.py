@@ -52,6 +52,7 @@ def record_promotion(
                 "result": result.outcome,
                 "user": getpass.getuser(),
             },
+            start_time=result.started,  # the run lasts as long as the promotion, not its record
         )
         registry.log(
             run_id,
@@ -78,6 +79,9 @@ def record_promotion(
             registry.log_artifacts(run_id, Path(tmp))
         registry.finish_run(run_id, ok=not result.error)
         result.run_id = run_id
+        registry.link_promotion(  # the run and the versions link each other in the UI (story.py)
+            run_id, experiment, env.name, result.outcome, story_versions(result, writes), result.error
+        )
         if not result.error:  # version tags, run link, the model's environments
             deployed = writes.deployed if writes is not None else [(plan.model, plan.version)]
             for model, version in deployed:
@@ -87,6 +91,20 @@ def record_promotion(
     except MlregError as exc:
         log.warning("could not record the promotion in MLflow: %s", redact_uri(str(exc)))
     record_footprints(registry, result)
+
+
+def story_versions(result: PromotionResult, writes: RecordWrites | None) -> list[tuple[str, str]]:
+    """The versions a promotion run links: the promoted model's version first, then every other
+    version it moved (``writes.deployed``: members and re-pointed ensembles as registered) or, when
+    it did not record them, every model it tried to move at its planned version."""
+    plan = result.plan
+    moved = (
+        writes.deployed
+        if writes is not None and writes.deployed
+        else [(s.model, s.version) for s in plan.steps]
+    )
+    first = (plan.model, plan.version)
+    return [first] + [pair for pair in dict.fromkeys(moved) if pair != first]
 
 
 # -- memory headroom (pipelines/guards/headroom.py): footprints measured, what the checks found --

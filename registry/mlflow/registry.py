@@ -24,6 +24,7 @@ from registry.mlflow.connection import MlflowConnection
 from registry.mlflow.deployed import MlflowDeployments
 from registry.mlflow.model import EXPORTS_EXPERIMENT, PROMOTIONS_EXPERIMENT, LoggedTritonModel
 from registry.mlflow.runs import MlflowRuns
+from registry.mlflow.story import MlflowStory
 from registry.mlflow.versions import MlflowVersions
 from registry.register import Candidate, register
 from registry.settings import Settings
@@ -84,8 +85,10 @@ class MlflowRegistry:
     def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
         return self.runs.experiment_id(name)
 
-    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
-        return self.runs.start_run(experiment, name, tags)
+    def start_run(
+        self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
+    ) -> str:
+        return self.runs.start_run(experiment, name, tags, start_time)
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
         self.runs.log(run_id, params, metrics)
@@ -95,6 +98,19 @@ class MlflowRegistry:
 
     def finish_run(self, run_id: str, ok: bool) -> None:
         self.runs.finish_run(run_id, ok)
+
+    def link_promotion(
+        self,
+        run_id: str,
+        experiment: str,
+        env: str,
+        outcome: str,
+        versions: list[tuple[str, str]],
+        error: str = "",
+    ) -> None:
+        MlflowStory(self.connection, self.models, self.runs).link_promotion(
+            run_id, experiment, env, outcome, versions, error
+        )
 
     def discard_run(self, run_id: str) -> None:
         self.runs.discard_run(run_id)

@@ -64,10 +64,14 @@ class MlflowRuns:
         self._experiments[name] = str(created)
         return self._experiments[name]
 
-    def start_run(self, experiment: str, name: str, tags: dict[str, str]) -> str:
+    def start_run(
+        self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
+    ) -> str:
         exp_id = self.experiment_id(experiment)
+        began = None if start_time is None else int(start_time * 1000)  # MLflow's milliseconds
         run = self.connection.call(
-            "run creation", lambda: self._client.create_run(exp_id, run_name=name, tags=tags)
+            "run creation",
+            lambda: self._client.create_run(exp_id, start_time=began, run_name=name, tags=tags),
         )
         return str(run.info.run_id)
 
