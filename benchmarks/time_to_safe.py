@@ -5,8 +5,9 @@ Per fleet size (``--sizes``, default 3,200): that many stand-in replicas (tests/
 in this process, loopback; each load takes ``--load-delay`` s) on one local store, under
 benchmarks/fleet_scale.py's policy (canary = 1, waves = [10, 50, 100], bake_seconds = 1,
 max_parallel = N).  A first version is deployed; then each round promotes a new version whose
-traffic fails on one replica of the last wave (``failing``: the stand-in answers it with errors),
-so the last bake trips after every replica moved and the undo puts all of them back.  Each
+requests fail on one replica of the last wave (``failing``: the stand-in answers them with errors),
+so the promotion fails after every replica moved (``verify``'s request to that replica: no bake
+follows the last wave) and the undo puts all of them back.  Each
 promotion is an ``mlreg promote --json`` process (benchmarks/fleet_scale.py ``mlreg_promote``);
 the figures are read from its --json document's ``time_to_safe`` (pipelines/promote/verdicts.py:
 detection -> each replica's restore finished) and checked against the fleet: every replica must

@@ -26,6 +26,7 @@ from mlreg.cli.markdown import (
     table,
 )
 from mlreg.cli.sink import Output
+from mlreg.cli.verdict_lines import verdict_lines
 from registry.errors import UsageError
 
 
@@ -81,7 +82,7 @@ def render_batch(doc: Doc) -> list[str]:
             continue
         report = entry.get("report") or {}
         lines += [f"### {cell(entry['model'])} v{cell(entry['version'])}", ""]
-        lines += _plan_lines(report) + _stage_lines(report)
+        lines += _plan_lines(report) + _stage_lines(report) + verdict_lines(report)
         lines += _diff_lines(entry.get("contract_diff") or []) if "contract_diff" in entry else []
         lines += _error_lines(entry)
     return lines

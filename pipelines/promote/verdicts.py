@@ -115,20 +115,29 @@ def headroom_verdicts(result: PromotionResult) -> list[Verdict]:
         return []
     found = result.headroom.to_dict()
     rows = [r for r in found.get("checks") or [] if isinstance(r, Mapping)]
-    margin = found.get("margin")
-    refused = [str(m) for m in found.get("refused") or []]
+    passed = [r for r in rows if r.get("ok")]
     verdicts = [
-        _headroom_pass(model, [r for r in rows if r.get("model") == model and r.get("ok")])
-        for model in sorted({str(r.get("model")) for r in rows if r.get("ok")})
+        _headroom_pass(model, [r for r in passed if r.get("model") == model])
+        for model in sorted({str(r.get("model")) for r in passed})
     ]
+    verdicts += _headroom_refusals(rows, found, result.plan.skipped)
+    if not rows and found.get("notes"):
+        verdicts.append(Verdict(HEADROOM, "skipped", why=str(found["notes"][0])))
+    return verdicts
+
+
+def _headroom_refusals(
+    rows: list[Mapping[str, Any]], found: Mapping[str, Any], skipped: Mapping[str, str]
+) -> list[Verdict]:
+    """One verdict per (replica, model) the guard refused (a load over several devices: its first)."""
+    refused = [str(m) for m in found.get("refused") or []]
     seen: set[tuple[str, str]] = set()
+    verdicts = []
     for row in (r for r in rows if not r.get("ok")):
         key = (str(row.get("replica")), str(row.get("model")))
         if key not in seen:
             seen.add(key)
-            verdicts.append(_headroom_refusal(row, margin, refused, result.plan.skipped))
-    if not rows and found.get("notes"):
-        verdicts.append(Verdict(HEADROOM, "skipped", why=str(found["notes"][0])))
+            verdicts.append(_headroom_refusal(row, found.get("margin"), refused, skipped))
     return verdicts
 
 

@@ -30,9 +30,10 @@ import numpy as np
 import pytest
 
 from mlreg.cli import promote_render, report
-from mlreg.cli.markdown import cell, figure
+from mlreg.cli.markdown import cell
 from mlreg.cli.signals import sigterm_raises
 from mlreg.cli.sink import Output
+from mlreg.cli.verdict_lines import figure
 from pipelines.checks.perf import PerfSettings
 from pipelines.checks.runtime import RuntimeSettings
 from pipelines.core.check import Verdict
@@ -51,7 +52,6 @@ from registry.errors import TritonError
 from tests.fakes import Call, FakeTarget
 from tests.unit.worlds import MEMBER, World
 
-FIGURES = ("result", "value", "threshold", "sample", "fix", "refuses")
 REPLICAS = tuple(f"t{i}:8001" for i in range(4))
 BATCHING = MEMBER.replace("max_batch_size: 0", "max_batch_size: 4")
 
