@@ -725,9 +725,9 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
 def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_a_noop(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """Re-pointed ensembles keep their store folder (1): promoting the ensemble's registered v1,
-    whose pins are the first deployment's, brings those member versions back -- it is not
-    "already serves" because the folder matches."""
+    """A member's promotion re-points the ensemble into its own folder (the registered version's
+    number: one number); promoting the ensemble's registered v1, whose pins are the first
+    deployment's, brings v1's folder and those member versions back."""
     from pipelines.core.plan import ensemble_pins
 
     store = open_store(stack.settings.local_repository)
@@ -737,7 +737,8 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_
     stack.registry.fetch_version(ENSEMBLE, "1", tmp_path / "registered")
     registered = ensemble_pins((tmp_path / "registered" / "config.pbtxt").read_text())
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") != registered  # members moved since
-    assert stack.desired(ENSEMBLE) == ["1"]  # the same folder
+    newest = str(max(int(v.version) for v in stack.registry.versions(ENSEMBLE)))
+    assert stack.desired(ENSEMBLE) == [newest]  # the re-pointed version, in the folder of its number
     result = stack.promote(ENSEMBLE, "1", skip_quality=True)
     assert result.stage_names()[0] != "noop"
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") == registered
