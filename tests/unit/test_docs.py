@@ -186,7 +186,12 @@ def _policy_keys() -> frozenset[str]:
 def test_the_ui_page_shows_real_screenshots_that_exist() -> None:
     text = (SITE / "mlflow-ui.md").read_text(encoding="utf-8")
     images = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", text)
-    assert images == ["assets/screenshots/image_model.png", "assets/screenshots/image_model-v2.png"]
+    assert images == [
+        "assets/screenshots/image_model.png",
+        "assets/screenshots/image_model-v2.png",
+        "assets/screenshots/promotion-run.png",  # issue 48 item 6: the promotion run
+        "assets/screenshots/refused-run.png",  # ... and a refused one
+    ]
     for image in images:
         data = (SITE / image).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n", image
