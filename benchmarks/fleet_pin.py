@@ -10,7 +10,7 @@ of its two versions (the file changes every time), once through each path, in al
   temporary file and ``os.replace`` it: no lock, no compare-and-swap;
 - **lock**: the old path inside ``fleet.locked`` with the compare-and-swap of ``write_fleet``
   (the lock's own cost);
-- **new**: ``mlreg.pins.pin`` as it ships: the lock, the compare-and-swap, and the ensemble's pins
+- **new**: ``mlreg.ops.fleet_pins.pin`` as it ships: the lock, the compare-and-swap, and the ensemble's pins
   read from its registered config (the embedded registry's ``config.pbtxt`` read where it lies; from
   a tracking server, every one a pin reads fetched into one temporary folder).
 
@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlreg import pins as fleet  # noqa: E402
+from mlreg.ops import fleet_pins as fleet  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 

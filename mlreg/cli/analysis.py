@@ -76,7 +76,7 @@ def check_cmd(
 
     Example: mlreg analysis check image_model --env staging --window 30
     """
-    from mlreg.analysis import check  # lazy: the registry and the promotion, when run
+    from mlreg.ops.analysis import check  # lazy: the registry and the promotion, when run
 
     settings = settings_of(ctx, state=False)
     analysis = check(settings, env, model, version, window)
@@ -108,7 +108,7 @@ def serve_cmd(
 
     Example: curl http://127.0.0.1:8090/v1/analysis/production/image_model
     """
-    from mlreg.analysis import start  # lazy: as above
+    from mlreg.ops.analysis import start  # lazy: as above
 
     settings = settings_of(ctx, state=False)
     server = start(settings, env, host, port)

@@ -12,7 +12,7 @@ from mlreg.cli.promote_render import batch_stage, failure_lines
 from mlreg.cli.sink import Output
 
 if TYPE_CHECKING:
-    from mlreg.pins import PinResult, SyncResult
+    from mlreg.ops.fleet_pins import PinResult, SyncResult
 
 app = typer.Typer(
     help="An environment's desired versions as a file in git (fleet/<env>.toml): pin them (the plan "
@@ -53,7 +53,7 @@ def pin_cmd(
 
     Example: mlreg fleet pin fleet/production.toml --from-alias staging (what staging serves)
     """
-    from mlreg.pins import parse_pins, pin  # lazy: the registry and the promotion, when run
+    from mlreg.ops.fleet_pins import parse_pins, pin  # lazy: the registry and the promotion, when run
 
     settings = settings_of(ctx)
     result = pin(settings, file, parse_pins(pins or []), env, from_alias)
@@ -109,7 +109,7 @@ def sync_cmd(
 
     Example: mlreg fleet sync fleet/production.toml --env production --json (the PostSync hook Job)
     """
-    from mlreg.pins import sync  # lazy: the registry and the promotion, when run
+    from mlreg.ops.fleet_pins import sync  # lazy: the registry and the promotion, when run
 
     settings = settings_of(ctx)
     out = Output(as_json)

@@ -24,6 +24,7 @@ from mlreg.cli import (
     store,
     template,
     triton,
+    versions,
 )
 from mlreg.cli.common import AppState
 from mlreg.cli.failures import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup, silence_stdout
@@ -69,9 +70,9 @@ app.command("export")(registry.export_cmd)
 app.command("register")(registry.register_cmd)
 app.command("sign")(registry.sign_cmd)
 app.command("k8s-annotations")(registry.k8s_annotations_cmd)
-app.command("versions")(registry.versions_cmd)
-app.command("show")(registry.show_cmd)
-app.add_typer(registry.alias_app, name="alias")
+app.command("versions")(versions.versions_cmd)
+app.command("show")(versions.show_cmd)
+app.add_typer(versions.alias_app, name="alias")
 app.command("promote")(promote.promote_cmd)
 app.command("rollback")(promote.rollback_cmd)
 app.command("status")(promote.status_cmd)

@@ -24,9 +24,6 @@ from mlreg.cli.common import (
     settings_of,
 )
 from mlreg.cli.sink import Output
-from mlreg.cli.versions import alias_app as alias_app  # re-exported: commands of main
-from mlreg.cli.versions import show_cmd as show_cmd
-from mlreg.cli.versions import versions_cmd as versions_cmd
 
 if TYPE_CHECKING:
     from mlreg.ops.register import RegisterReport

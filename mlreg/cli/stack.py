@@ -92,20 +92,12 @@ def up_cmd(
 
     Example: mlreg stack up --repository .mlreg/model_repository --load ensemble_multi_modal_model
     """
-    from mlreg.ops.store_push import registered_digest  # lazy: the registry, asked only to restore
-    from pipelines.devstack.stack import stack_up  # lazy: ~90 ms (grpc, psutil), this command only
+    from mlreg.ops.stack import stack_up  # lazy: ~90 ms (grpc, psutil), this command only
 
     settings = settings_of(ctx)
     with activity(quiet=as_json, settings=settings) as step:  # a line on a terminal only
         status = stack_up(
-            settings,
-            repository=repository,
-            load=load or (),
-            s3=s3,
-            ui=ui,
-            replicas=replicas,
-            step=step,
-            registered=registered_digest(settings),  # what the store says should serve, verified
+            settings, repository=repository, load=load or (), s3=s3, ui=ui, replicas=replicas, step=step
         )
     out = Output(as_json)
     if out.json:
@@ -118,7 +110,7 @@ def up_cmd(
 @app.command("status")
 def status_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Show the local stack: URLs, pid, repository and loaded models (exit 1 when not running)."""
-    from pipelines.devstack.stack import stack_status  # lazy: ~90 ms (grpc, psutil), this command only
+    from mlreg.ops.stack import stack_status  # lazy: ~90 ms (grpc, psutil), this command only
 
     status = stack_status(settings_of(ctx))
     out = Output(as_json)
@@ -137,19 +129,15 @@ def status_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 def down_cmd(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Stop the local stack: each replica's tritonserver and python stubs (SIGTERM, then SIGKILL to
     the process group after a bound) and its shared memory."""
-    from pipelines.devstack.stack import stop_stack  # lazy: ~90 ms (grpc, psutil), this command only
+    from mlreg.ops.stack import stack_down  # lazy: ~90 ms (grpc, psutil), this command only
 
-    kept: list[str] = []  # `stack up --s3`: what its S3 server held, copied back before it stops
-    stopped = stop_stack(settings_of(ctx), kept)
-    pids = [replica.info.pid for replica in stopped]
+    stopped = stack_down(settings_of(ctx))
     out = Output(as_json)
-    document: dict[str, object] = {"stopped": bool(stopped), "pid": pids[0] if pids else None, "pids": pids}
-    document |= {"copied_back": kept} if kept else {}
 
     def human() -> None:
-        for line in [r.describe() for r in stopped] or ["the local stack was not running"]:
+        for line in [r.describe() for r in stopped.replicas] or ["the local stack was not running"]:
             out.line(line)
-        for line in kept:
+        for line in stopped.copied_back:
             out.line(line)
 
-    out.result(document | {"replicas": [replica.to_dict() for replica in stopped]}, human)
+    out.result(stopped.to_dict(), human)

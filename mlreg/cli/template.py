@@ -36,29 +36,23 @@ def build_cmd(
 
     Example: mlreg template build .mlreg/model_repository --force
     """
-    from registry import template  # lazy: the template builder loads only when this command runs
+    from mlreg.ops.template import build_template  # lazy: the template builder, when this command runs
 
     settings = settings_of(ctx, state=False)
     out = Output(as_json)
-    result = template.build(
-        settings.template_dir,
-        out_dir.resolve(),
-        models=model or None,
+    document = build_template(
+        settings,
+        out_dir,
+        model,
         seed=seed,
         device=device,
         force=force,
         on_model=lambda name: out.note(f"  {name}"),
     )
-    document = {
-        "out": str(result.out),
-        "models": result.models,
-        "exported": result.exported,
-        "cpu_rewritten": result.cpu_rewritten,
-    }
 
     def human() -> None:
-        out.line(f"built {len(result.models)} models into {result.out}")
-        if result.cpu_rewritten:
-            out.line(f"KIND_GPU -> KIND_CPU (no GPU here): {', '.join(result.cpu_rewritten)}")
+        out.line(f"built {len(document['models'])} models into {document['out']}")
+        if document["cpu_rewritten"]:
+            out.line(f"KIND_GPU -> KIND_CPU (no GPU here): {', '.join(document['cpu_rewritten'])}")
 
     out.result(document, human)

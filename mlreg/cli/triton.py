@@ -38,24 +38,10 @@ def status_cmd(
 
     Example: mlreg triton status --url triton-0:8001 --url triton-1:8001
     """
-    from pipelines.triton.control import server_report  # lazy: grpc ~60 ms, this command only
-    from pipelines.triton.control_key import control_key  # lazy: grpc ~60 ms, this command only
-    from registry.errors import TritonError, UsageError  # lazy: with the lines above
+    from mlreg.ops.triton import triton_status  # lazy: grpc ~60 ms, this command only
+    from registry.errors import TritonError  # lazy: with the line above
 
-    settings = settings_of(ctx, state=False)
-    urls = list(url or [])
-    if not urls:
-        from pipelines.devstack.stack import running_server  # lazy: ~90 ms, only without a URL
-
-        info = running_server(settings)
-        if info is None:
-            raise UsageError(
-                "no --url given and the local stack is not running",
-                fix="pass --url host:port or start it with 'mlreg stack up'",
-            )
-        urls = [info.grpc_url]
-    key = control_key(settings.home)
-    reports = [server_report(u, timeout=settings.triton_timeout, key=key) for u in urls]
+    reports = triton_status(settings_of(ctx, state=False), list(url or []))
     out = Output(as_json)
     out.result({"servers": reports}, lambda: _human(out, reports))
     if any("error" in r for r in reports):

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from mlreg.cli.common import JsonFlag
 from mlreg.cli.sink import Output
-
-if TYPE_CHECKING:
-    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 
 def validate_cmd(
@@ -31,12 +28,9 @@ def validate_cmd(
 
     Example: mlreg validate model_repository_template
     """
-    from registry.contracts.validate import validate_path  # lazy: ~9 ms, this command only
-    from registry.errors import UsageError  # lazy: with the line above
+    from mlreg.ops.validate import validate  # lazy: ~9 ms (the contracts), this command only
 
-    if not path.exists():
-        raise UsageError(f"'{path}' does not exist", fix="pass a model repository or model folder")
-    report = validate_path(path, gpus=gpus)
+    report = validate(path, gpus=gpus)
     out = Output(as_json)
 
     def human() -> None:
@@ -47,19 +41,6 @@ def validate_cmd(
     out.result(report.to_dict(), human)
     if report.errors:
         raise typer.Exit(1)
-
-
-def _config_of(path: Path) -> ModelConfig:
-    from registry.contracts.config import CONFIG_NAME, load_config  # lazy: ~9 ms, this command only
-    from registry.errors import UsageError  # lazy: with the line above
-
-    file = path / CONFIG_NAME if path.is_dir() else path
-    if not file.is_file():
-        raise UsageError(
-            f"'{path}' is neither a config.pbtxt nor a model folder holding one",
-            fix="pass two model folders (or two config.pbtxt files)",
-        )
-    return load_config(file)
 
 
 def diff_cmd(
@@ -77,11 +58,9 @@ def diff_cmd(
 
     Example: mlreg diff serving/image_model candidate/image_model -r serving
     """
-    from registry.contracts.diff import diff_model  # lazy: ~9 ms, this command only
-    from registry.contracts.repository import read_repository  # lazy: with the line above
+    from mlreg.ops.validate import diff  # lazy: ~9 ms (the contracts), this command only
 
-    repo = read_repository(repository) if repository else None
-    result = diff_model(_config_of(old), _config_of(new), repo)
+    result = diff(old, new, repository)
     out = Output(as_json)
 
     def human() -> None:

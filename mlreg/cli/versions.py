@@ -8,7 +8,6 @@ import typer
 
 from mlreg.cli.common import JsonFlag, ModelName, ModelVersion, VersionArg, settings_of
 from mlreg.cli.sink import Output
-from mlreg.ops.context import open_registry
 
 alias_app = typer.Typer(help="List, set or remove a registered model's aliases.", no_args_is_help=True)
 
@@ -18,12 +17,9 @@ def versions_cmd(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False
 
     Exit 4 when MODEL is not a registered model.
     """
-    from registry.mlflow.queries import list_versions  # lazy: MLflow (~1 s), when run
+    from mlreg.ops.versions import versions  # lazy: MLflow (~1 s), when run
 
-    settings = settings_of(ctx)
-    rows = list_versions(settings, model)
-    if not rows:
-        open_registry(settings).require_model(model)
+    rows = versions(settings_of(ctx), model)
     out = Output(as_json)
     if out.json:
         out.document({"model": model, "versions": rows})
@@ -69,10 +65,9 @@ def _show_human(out: Output, model: str, data: dict[str, Any]) -> None:
 
 def show_cmd(ctx: typer.Context, model: ModelName, version: ModelVersion, as_json: JsonFlag = False) -> None:
     """Show one version: lineage, contract and files."""
-    from registry.mlflow.queries import show_version  # lazy: MLflow (~1 s), when run
+    from mlreg.ops.versions import show  # lazy: MLflow (~1 s), when run
 
-    data = show_version(settings_of(ctx), model, version)
-    data.setdefault("signed_by", "")
+    data = show(settings_of(ctx), model, version)
     out = Output(as_json)
     out.result(data, lambda: _show_human(out, model, data))
 
@@ -80,13 +75,13 @@ def show_cmd(ctx: typer.Context, model: ModelName, version: ModelVersion, as_jso
 @alias_app.command("ls")
 def alias_ls(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False) -> None:
     """List MODEL's aliases and the versions they name.  Example: mlreg alias ls image_model"""
-    from registry.mlflow.reads import open_reads  # lazy: the embedded registry's file, no MLflow
+    from mlreg.ops.versions import aliases  # lazy: the embedded registry's file, no MLflow
 
-    aliases = open_reads(settings_of(ctx)).require_model(model)
+    found = aliases(settings_of(ctx), model)
     out = Output(as_json)
-    rows = [[alias, version] for alias, version in sorted(aliases.items())]
+    rows = [[alias, version] for alias, version in found.items()]
     out.result(
-        {"model": model, "aliases": dict(sorted(aliases.items()))},
+        {"model": model, "aliases": found},
         lambda: out.table(["ALIAS", "VERSION"], rows, right={"VERSION"})
         if rows
         else out.line(f"{model}: no aliases"),
@@ -96,12 +91,16 @@ def alias_ls(ctx: typer.Context, model: ModelName, as_json: JsonFlag = False) ->
 @alias_app.command("set")
 def alias_set(ctx: typer.Context, model: ModelName, alias: str, version: VersionArg) -> None:
     """Point ALIAS of MODEL at VERSION.  Example: mlreg alias set image_model staging 2"""
-    open_registry(settings_of(ctx)).set_alias(model, alias, version)
+    from mlreg.ops.versions import set_alias  # lazy: MLflow (~1 s), when run
+
+    set_alias(settings_of(ctx), model, alias, version)
     Output().line(f"{model}@{alias} -> version {version}")
 
 
 @alias_app.command("rm")
 def alias_rm(ctx: typer.Context, model: ModelName, alias: str) -> None:
     """Remove ALIAS from MODEL.  Example: mlreg alias rm image_model staging"""
-    open_registry(settings_of(ctx)).delete_alias(model, alias)
+    from mlreg.ops.versions import remove_alias  # lazy: MLflow (~1 s), when run
+
+    remove_alias(settings_of(ctx), model, alias)
     Output().line(f"{model}@{alias} removed")

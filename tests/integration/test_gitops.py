@@ -304,7 +304,7 @@ def _selects(expressions: list[dict[str, Any]], labels: dict[str, str]) -> bool:
 
 
 def test_the_web_metric_asks_the_analysis_service_on_the_route_mlreg_serves() -> None:
-    from mlreg.analysis import ROUTE
+    from mlreg.ops.analysis import ROUTE
 
     [template] = [d for n, d in engine_documents() if n == "rollouts/analysistemplate.yaml"]
     [metric] = template["spec"]["metrics"]
@@ -474,7 +474,7 @@ def test_a_pinned_version_mlflow_does_not_hold_exits_4_naming_it_and_changes_not
 def test_a_file_whose_ensemble_pins_other_member_versions_is_refused_before_any_change(
     stack: LocalStack,
 ) -> None:
-    from mlreg.pins import sync
+    from mlreg.ops.fleet_pins import sync
     from registry.errors import UsageError
 
     second = {"model.py": scorer("v2")}
@@ -514,8 +514,8 @@ def get(url: str) -> tuple[int, dict[str, Any]]:
 
 
 def test_the_analysis_server_answers_the_bake_checks_the_rollouts_metric_judges(stack: LocalStack) -> None:
-    from mlreg.analysis import start
     from mlreg.cli.main import app
+    from mlreg.ops.analysis import start
     from pipelines.core.policy import Policy
     from pipelines.triton.control import TritonControl
     from tests.cli import CliRunner

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from mlreg import pins as fleet
+from mlreg.ops import fleet_pins as fleet
 from pipelines.checks import bake
 from pipelines.checks import golden as quality
 from pipelines.checks.golden import GATE_FIX, GateFailed, QualityReport, gate_fix

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mlreg import pins as fleet
+from mlreg.ops import fleet_pins as fleet
 from registry.errors import RegistryError, UsageError
 from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
@@ -31,7 +31,7 @@ RACER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from mlreg import pins as fleet
+    from mlreg.ops import fleet_pins as fleet
     from tests.fakes import FakeRegistry
 
     path, me, go, root = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
@@ -184,7 +184,7 @@ JUDGE = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from mlreg import pins as fleet
+    from mlreg.ops import fleet_pins as fleet
     from registry.errors import MlregError
     from registry.mlflow import MlflowRegistry
     from registry.settings import Settings

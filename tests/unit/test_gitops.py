@@ -1,6 +1,6 @@
 """The GitOps parts that need no server: the desired-versions file (``mlreg fleet``), the bake's
 verdict asked from outside a promotion (``pipelines.checks.bake``) and its HTTP face
-(``mlreg.analysis``), on fakes.  The real runs are tests/integration/test_gitops.py."""
+(``mlreg.ops.analysis``), on fakes.  The real runs are tests/integration/test_gitops.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from mlreg import pins
-from mlreg.analysis import AnalysisServer
+from mlreg.ops import fleet_pins as pins
+from mlreg.ops.analysis import AnalysisServer
 from pipelines.checks import bake
 from pipelines.core.policy import Check, Policy, judge
 from pipelines.promote.environments import Environment
