@@ -40,8 +40,11 @@ test: install system-deps
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -f docs/mkdocs.yml  # docs/build/site; the CLI reference made from the commands
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL)
 
+# The unit suite on the same two pytest-xdist workers (a module per worker at a time; what a module's
+# tests wait on starts with its first test, once per worker: tests/unit/conftest.py).
+# PYTEST_WORKERS=0: one process (then every background process starts at collection).
 unit: install
-	$(VENV)/bin/pytest tests/unit
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) tests/unit
 
 integration: install
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) tests/integration
