@@ -18,6 +18,7 @@ written into a message, a log line or the queue.
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,20 @@ if TYPE_CHECKING:
 
 DISPATCH_TIMEOUT_S = 10.0
 RETRIED = (StorageError, TritonError, StackError)  # a part not answering, a lock held: try again later
+# the characters a token may hold (GitHub's tokens are [A-Za-z0-9_]; a JWT adds "." and "-"): an
+# allow-list checked before the header is built -- http.client's own refusal quotes the value
+TOKEN = re.compile(r"^[A-Za-z0-9_.~+/=-]{1,4096}$")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A dispatch is answered 204 where it is sent: a redirect is answered as it came, never
+    followed (urllib would send the Authorization header on to whatever host it names)."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,8 @@ def dispatch_inputs(target: Target, env: str, model: str, version: str) -> dict[
 def dispatch(target: Target, inputs: dict[str, str], token: bytes) -> tuple[int, str]:
     """POST the dispatch; (HTTP status, a bounded reason without the token) -- 0 when unreachable."""
     url = f"{target.api.rstrip('/')}/repos/{target.repository}/actions/workflows/{target.workflow}/dispatches"
+    if not TOKEN.match(token.decode(errors="replace")):
+        return 0, "the token holds characters no GitHub token has (nothing sent; the token is not shown)"
     body = json.dumps({"ref": target.ref, "inputs": inputs}).encode()
     request = urllib.request.Request(url, data=body, method="POST")
     request.add_header("Accept", "application/vnd.github+json")
@@ -130,12 +147,12 @@ def dispatch(target: Target, inputs: dict[str, str], token: bytes) -> tuple[int,
     request.add_header("Content-Type", "application/json")
     request.add_header("Authorization", f"Bearer {token.decode(errors='replace')}")
     try:
-        with urllib.request.urlopen(request, timeout=DISPATCH_TIMEOUT_S) as answer:
+        with _OPENER.open(request, timeout=DISPATCH_TIMEOUT_S) as answer:
             return int(answer.status), ""
     except urllib.error.HTTPError as exc:
         text = exc.read(512).decode(errors="replace")
         return exc.code, _without(text, token)
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         return 0, _without(str(exc), token)[:300]
 
 

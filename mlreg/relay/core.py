@@ -32,7 +32,7 @@ from mlreg.relay import record
 from mlreg.relay.actions import Deployer, Outcome
 from mlreg.relay.config import RelayConfig
 from mlreg.relay.queue import Job, Queue
-from mlreg.relay.wire import Delivery, Refused, verify
+from mlreg.relay.wire import DIGITS, NAME, Delivery, Refused, verify
 from registry.errors import MlregError, StorageError
 
 if TYPE_CHECKING:
@@ -41,6 +41,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlreg.relay")
 DRAIN_BATCH = 100
+MAX_HOLDERS = 10_000  # models one alias names, read from the registry's database per reconcile
+CLOCK_SKEW_S = 60.0  # a record's time may be this far ahead of the relay's clock (another writer's)
+
+
+def named(model: str, version: str) -> bool:
+    """A model name the store can hold and a version number: what a registry's database or the
+    queue's file hands back is checked against the rules a webhook's event is (an allow-list)."""
+    return (
+        isinstance(model, str)
+        and NAME.match(model) is not None
+        and model not in {".", ".."}
+        and isinstance(version, str)
+        and DIGITS.match(version) is not None
+    )
 
 
 class Aliases(Protocol):
@@ -116,6 +130,13 @@ class Relay:
         return done
 
     def act(self, job: Job) -> str:
+        if job.env not in self.config.follows or not named(job.model, job.version):
+            state = "refused"  # a row the relay did not write (the queue's file is input too)
+            self.queue.finish(
+                job, state, "not a job the relay queues: environment, model or version", self.clock()
+            )
+            log.warning("relay: a queued job names an environment, model or version no event could: refused")
+            return state
         store = self.store_for(job.env)
         try:
             with record.lock(store, job.env, job.model, self.settings):
@@ -158,10 +179,11 @@ class Relay:
         """The relay's last deployment was this version, from what serves now, within the grace: a
         dispatched run that has not served it yet (a promotion in-process serves before it returns)."""
         last = record.read(store, job.env, job.model)
+        now = self.clock()
         return (
             last.deployed == job.version
             and last.previous == served
-            and last.at > self.clock() - self.config.dispatch_grace
+            and now - self.config.dispatch_grace < last.at <= now + CLOCK_SKEW_S
         )
 
     # -- reconcile -------------------------------------------------------------------------------
@@ -183,9 +205,17 @@ class Relay:
 
     def _reconcile_env(self, env: str, alias: str, now: float, summary: dict[str, Any]) -> None:
         holders = self.aliases.holders(alias)
+        if len(holders) > MAX_HOLDERS:
+            summary["errors"].append(
+                f"{env}: alias '{alias}' names {len(holders)} models, over {MAX_HOLDERS}"
+            )
+            return
         deployer = self.deployer_for(env)
         for model, version in sorted(holders.items()):
             if self.config.models and model not in self.config.models:
+                continue
+            if not named(model, version):  # written straight into the database: not a name we store
+                summary["errors"].append(f"{env}: alias '{alias}' names a model or version that is no name")
                 continue
             if self.queue.last_final(env, model, version, ("refused",)) is not None:
                 continue  # refused as the CLI would: not again until the alias moves

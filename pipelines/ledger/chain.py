@@ -58,6 +58,7 @@ APPEND_WAIT_S = 30.0  # how long an append keeps trying behind other writers
 SEQ_DIGITS = 12
 POINTER_BYTES = 1024  # head.json, padded with spaces (its replica cut to POINTER_REPLICA characters)
 POINTER_REPLICA = 128
+MAX_GAP_FINDINGS = 1000  # removed positions named one by one in a gap; past it, one finding for the rest
 assert ARCHIVE != LEDGER
 
 
@@ -242,7 +243,8 @@ class Ledger:
             Finding(0, "", "", f"'{k}' is not an event of the ledger (an object added beside them)")
             for k in odd
         ]
-        return [e for _, e in sorted(found.items()) if isinstance(e, Event)], findings
+        # an event at a position it does not claim answers no question (it is named as reordered)
+        return [e for s, e in sorted(found.items()) if isinstance(e, Event) and e.seq == s], findings
 
 
 def _next(head: Event | None, fields: dict[str, Any]) -> Event:
@@ -286,10 +288,18 @@ def pointer_bytes(event: Event) -> bytes:
 
 
 def _read_file(path: Path) -> bytes | None:
+    """The pointer's bytes, bounded, never through a link (a link is not the pointer mlreg wrote:
+    Unreadable, and ``overwrite`` refuses it)."""
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise Unreadable(f"it cannot be opened as a file ({exc.strerror})") from None
+    try:
+        return os.read(fd, POINTER_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def overwrite(path: Path, data: bytes) -> None:
@@ -298,7 +308,13 @@ def overwrite(path: Path, data: bytes) -> None:
     rename nor a truncate: on ext4 both flush the file's data first (auto_da_alloc), ~4 ms each
     here, most of an event's cost; every pointer has the same size, so nothing is left over."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a link: a head.json linked elsewhere would have mlreg write over that file
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise StorageError(
+            f"{path}: cannot write the ledger's head pointer: {exc.strerror} (a link is never followed)",
+            fix=f"look at {path}: mlreg writes a plain file there; a link was put in by someone else",
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.pwrite(fd, data, 0)
@@ -327,10 +343,29 @@ def verify_chain(found: dict[int, Event | str], pointer: dict[str, Any] | str | 
     are not one), and a last event removed or edited behind ``pointer`` (head.json)."""
     findings: list[Finding] = []
     last = max(found, default=0)
-    for position in range(1, last + 1):
-        findings.extend(_position(found, position))
+    position = 1
+    while position <= last:  # bounded by len(found): a gap is skipped past, not walked (a planted
+        findings.extend(_position(found, position))  # event may claim any 12-digit position)
+        if position + 1 not in found and position + 1 <= last:
+            position = _gap(found, position + 1, findings)
+        else:
+            position += 1
     findings.extend(_tail(found, last, pointer))
     return findings
+
+
+def _gap(found: dict[int, Event | str], start: int, findings: list[Finding]) -> int:
+    """The removed positions from ``start`` to the next one found, each named up to
+    ``MAX_GAP_FINDINGS``, the rest in one finding; returns that next position."""
+    end = min(p for p in found if p > start)
+    named = min(end, start + MAX_GAP_FINDINGS)
+    for position in range(start, named):
+        findings.extend(_position(found, position))
+    if named < end:
+        findings.append(
+            Finding(named, "", "", f"removed: positions {named} to {end - 1} (no event at any of them)")
+        )
+    return end
 
 
 def _position(found: dict[int, Event | str], position: int) -> list[Finding]:
