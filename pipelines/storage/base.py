@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Self
 
 from pipelines.storage.lease import Lease, LockInfo
 from pipelines.storage.manifest import MANIFEST, DigestCache, Manifest, Stamp, file_stamp
@@ -54,7 +55,6 @@ from pipelines.storage.objects import (
 from pipelines.storage.session import LEASE_S, StoreSession, default_owner
 from pipelines.storage.verify import Verification, root_marker
 from pipelines.storage.versions import UploadResult, Versions, local_files
-from registry.errors import StorageError
 
 __all__ = [
     "ARCHIVE",
@@ -99,10 +99,17 @@ class RepositoryStore(ObjectStore):
     def unsent_change(self, key: str) -> None:
         self.session.unsent_change(key)
 
+    def beside(self, folder: str) -> Self:
+        """The repository at ``<parent>/<folder>/<name>`` (``ObjectStore.beside``): its own session
+        and versions, fenced by this store's leases (a model's lock lost, its copies there are not
+        changed either)."""
+        other = super().beside(folder)
+        RepositoryStore.__init__(other, self.session.holder)
+        return other
+
     def archive(self) -> RepositoryStore:
-        """The archive beside this store (:mod:`pipelines.storage.archive`), sharing its digest cache
-        and fenced by this store's leases."""
-        raise StorageError(f"{self.uri}: this store has no archive", fix="set keep = 0 for its environment")
+        """The archive beside this store (:mod:`pipelines.storage.archive`): ``beside(ARCHIVE)``."""
+        return self.beside(ARCHIVE)
 
     # -- repository operations ---------------------------------------------------------------
 

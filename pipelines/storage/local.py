@@ -20,7 +20,6 @@ from pipelines.storage.closed_world import is_version_folder
 from pipelines.storage.disk import disk_full_error, is_disk_full, where_full
 from pipelines.storage.manifest import DigestCache, Stamp, file_stamp
 from pipelines.storage.objects import (
-    ARCHIVE,
     CHUNK,
     LOCK_PREFIX,
     TEMP_PREFIX,
@@ -193,6 +192,11 @@ class LocalObjects(ObjectStore):
             return []
         return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
 
+    def relocate(self, folder: str) -> None:
+        """``<parent>/<folder>/<name>/``: beside the folder Triton reads, on its file system."""
+        self.root = self.root.parent / folder / self.root.name
+        self.uri = str(self.root)
+
     def listing(self, prefix: str = "") -> list[tuple[str, int, float]]:
         """Every regular file under ``prefix`` (links not followed): key, size and mtime."""
         base = self._path(prefix) if prefix else self.root
@@ -352,13 +356,6 @@ class LocalStore(LocalObjects, RepositoryStore):
     def __init__(self, root: Path, holder: StoreSession | None = None) -> None:
         LocalObjects.__init__(self, root)
         RepositoryStore.__init__(self, holder)
-
-    def archive(self) -> RepositoryStore:
-        """``<parent>/.mlreg-archive/<name>/``: beside the folder Triton reads, on its file system."""
-        # fenced by this store's leases: a model's lock lost, its archived copies are not changed either
-        archive = LocalStore(self.root.parent / ARCHIVE / self.root.name, self.session.holder)
-        archive.digests = self.digests
-        return archive
 
 
 def walk_model(base: Path, model: str) -> tuple[dict[str, Stamp], list[tuple[str, str]]]:

@@ -10,10 +10,12 @@ archive's, are here too (see :mod:`pipelines.storage.base` for the layout).
 
 from __future__ import annotations
 
+import copy
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 from pipelines.storage.manifest import DigestCache, Stamp
 from registry.errors import StorageError
@@ -85,6 +87,18 @@ class ObjectStore(ABC):
     @abstractmethod
     def children(self, prefix: str) -> list[str]:
         """Immediate folder names under ``prefix``."""
+
+    def beside(self, folder: str) -> Self:
+        """The objects at ``<parent>/<folder>/<this store's name>``: beside these (in the same bucket,
+        on the same file system), through the same connection and digest cache; a StorageError
+        where there is no place beside them (a store at a bucket's root)."""
+        other = copy.copy(self)
+        other.relocate(folder)
+        return other
+
+    @abstractmethod
+    def relocate(self, folder: str) -> None:
+        """Point this (fresh) copy at ``<parent>/<folder>/<name>`` (``beside`` only)."""
 
     @abstractmethod
     def listing(self, prefix: str = "") -> list[tuple[str, int, float]]:

@@ -25,7 +25,6 @@ from typing import Any
 from pipelines.storage.base import RepositoryStore
 from pipelines.storage.manifest import DigestCache, Stamp
 from pipelines.storage.objects import (
-    ARCHIVE,
     CHUNK,
     CONFIG,
     LOCK_PREFIX,
@@ -209,6 +208,23 @@ class S3Objects(ObjectStore):
         self.digests = DigestCache(None)
         self._versioning: bool | None = None
         self._client = _Client(endpoint_url, region, read_timeout, retries)
+
+    def relocate(self, folder: str) -> None:
+        """``s3://bucket/<parent>/<folder>/<name>/``: beside the prefix Triton reads, in the same
+        bucket (a move is a server-side copy), through the same client.  A store at the bucket's
+        root has no place beside it."""
+        if not self.prefix:
+            raise StorageError(
+                f"{self.uri}: a store at the root of bucket '{self.bucket}' has no place for an archive "
+                "(Triton lists every folder at its root as a model)",
+                fix="serve the repository from a prefix (s3://bucket/prefix), or set keep = 0 for its "
+                "environment in mlreg.toml",
+            )
+        parent, _, name = self.prefix.rpartition("/")
+        prefix = f"{parent}/{folder}/{name}" if parent else f"{folder}/{name}"
+        base = self.uri.rstrip("/")
+        root = base[: -len(self.prefix)] if base.endswith(self.prefix) else f"s3://{self.bucket}/"
+        self.prefix, self.uri = prefix, root + prefix
 
     @property
     def client(self) -> Any:
@@ -523,28 +539,6 @@ class S3Store(S3Objects, RepositoryStore):
     def _last_modified(self, key: str) -> Any:
         head = self._head("inspect", key)
         return None if head is None else head["LastModified"]
-
-    def archive(self) -> RepositoryStore:
-        """``s3://bucket/<parent>/.mlreg-archive/<name>/``: beside the prefix Triton reads, in the same
-        bucket (a move is a server-side copy); the same client.  A store at the bucket's root has
-        no place beside it.  Fenced by this store's leases: a model's lock lost, its archived
-        copies are not changed either."""
-        if not self.prefix:
-            raise StorageError(
-                f"{self.uri}: a store at the root of bucket '{self.bucket}' has no place for an archive "
-                "(Triton lists every folder at its root as a model)",
-                fix="serve the repository from a prefix (s3://bucket/prefix), or set keep = 0 for its "
-                "environment in mlreg.toml",
-            )
-        parent, _, name = self.prefix.rpartition("/")
-        prefix = f"{parent}/{ARCHIVE}/{name}" if parent else f"{ARCHIVE}/{name}"
-        base = self.uri.rstrip("/")
-        root = base[: -len(self.prefix)] if base.endswith(self.prefix) else f"s3://{self.bucket}/"
-        archive = S3Store(
-            self.bucket, prefix, self.endpoint_url, uri=root + prefix, holder=self.session.holder
-        )
-        archive._client, archive._versioning, archive.digests = self._client, self._versioning, self.digests
-        return archive
 
 
 def _server_now(response: dict[str, Any]) -> float | None:
