@@ -60,11 +60,6 @@ def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
     return value.strip().lower() in TRUE_WORDS
 
 
-def quiet_child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) for a child that may import TensorFlow: no start-up lines."""
-    return {**(os.environ if env is None else env), **QUIET_TENSORFLOW}
-
-
 def find_project_root(start: Path) -> Path:
     """The nearest folder at or above ``start`` holding a project marker, else ``start``."""
     for folder in (start, *start.parents):

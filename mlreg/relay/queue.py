@@ -115,12 +115,6 @@ class Queue:
             _note(conn, (delivery, model, alias, version), now, f"ignored: {ignored}" if ignored else outcome)
             return queued
 
-    def note_event(
-        self, delivery: str, model: str, alias: str, version: str, now: float, outcome: str
-    ) -> None:
-        with self._tx() as conn:
-            _note(conn, (delivery, model, alias, version), now, outcome)
-
     # -- jobs ------------------------------------------------------------------------------------
 
     def enqueue(self, env: str, model: str, version: str, source: str, now: float) -> str:

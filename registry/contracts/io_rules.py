@@ -11,14 +11,6 @@ from registry.contracts.config import model_config_pb2 as schema
 from registry.contracts.findings import Finding, error, shape_text, warning
 from registry.contracts.repository import ModelEntry
 
-BATCH_INPUT_KINDS = {
-    "BATCH_ELEMENT_COUNT",
-    "BATCH_ACCUMULATED_ELEMENT_COUNT",
-    "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
-    "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
-    "BATCH_ITEM_SHAPE",
-    "BATCH_ITEM_SHAPE_FLATTEN",
-}
 TENSORRT = "tensorrt_plan"
 
 
