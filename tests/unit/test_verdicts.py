@@ -34,6 +34,7 @@ from mlreg.cli.markdown import cell
 from mlreg.cli.signals import sigterm_raises
 from mlreg.cli.sink import Output
 from mlreg.cli.verdict_lines import figure
+from pipelines.checks.capture import Shadow
 from pipelines.checks.perf import PerfSettings
 from pipelines.checks.runtime import RuntimeSettings
 from pipelines.core.check import Verdict
@@ -50,6 +51,8 @@ from pipelines.rollout.staged import Staged
 from pipelines.triton import metrics
 from registry.errors import TritonError
 from tests.fakes import Call, FakeTarget
+from tests.unit.trace_files import CONFIG as TRACED
+from tests.unit.trace_files import write_honest
 from tests.unit.worlds import MEMBER, World
 
 REPLICAS = tuple(f"t{i}:8001" for i in range(4))
@@ -186,11 +189,44 @@ def test_runtime_failure_is_recorded_in_json_and_the_run(
     assert kept == document["verdicts"]
     assert "2.51.0" in found["why"]
     assert "Triton >=" in found["fix"]
-    assert found["replicas"] == [] or found["replicas"] == ["t0:8001"]
+    assert found["replicas"] == ["t0:8001", "t1:8001"]  # the preflight: every replica, before any load
     assert document["reason"] == verdicts_line(found)
     # what the runtime gate measures is a version, not a number: no value, threshold or sample
     assert (found["value"], found["threshold"], found["sample"]) == (None, None, None)
-    assert [v["result"] for v in document["verdicts"] if v["name"] == "golden"] == ["skipped"]
+    assert [v["name"] for v in document["verdicts"] if v["name"] == "golden"] == []  # no gate ran
+
+
+def test_shadow_failure_is_recorded_in_json_and_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``m`` answers sum(x) in production (80 captured requests); its v2 answers 5 x that."""
+    world = World(tmp_path)
+    world.registry.add("m", "1", TRACED)
+    world.promote("m", "1")
+    world.registry.add("m", "2", TRACED)
+    write_honest(tmp_path / "traces", 80)
+    world.env = dataclasses.replace(world.env, shadow=Shadow(captures=str(tmp_path / "traces"), count=500))
+    for url in world.env.targets:
+        target = world.fleet.connect(url)
+        infer = target.infer
+
+        def scaled(model: str, inputs: Any, outputs: list[str], version: str = "", _i: Any = infer) -> Any:
+            if not model.startswith("m"):
+                return _i(model, inputs, outputs, version)
+            scale = 5.0 if version == "2" else 1.0
+            return {"Y": (np.asarray(inputs["X"]).sum(axis=1, keepdims=True) * scale).astype(np.float32)}
+
+        target.infer = scaled  # type: ignore[method-assign]
+    _, document, run = _refused(world, capsys, model="m")
+    found = _record("shadow", document, run)
+    assert (found["value"], found["sample"], found["noise_floor"]) == (
+        80.0,
+        80,
+        0.0,
+    )  # every request diverged
+    assert found["threshold"] == pytest.approx(0.4)  # max_divergence 0.5 % of 80 requests above the floor
+    assert "diverged from serving v1 on 80 of 80" in found["why"]
+    assert document["outcome"] == "refused"
 
 
 # -- the bake's checks --------------------------------------------------------------------------
