@@ -93,44 +93,11 @@ class TritonControl:
                 status = str(exc.status() or "")
                 message = exc.message() or ""
                 if REFUSED in message:
-                    raise self._refused(what, model) from None
+                    raise refused(self.url, self.key, what, model) from None
                 if status in RETRY_STATUSES and delays and NOTHING_LISTENS not in message.lower():
                     time.sleep(delays.pop(0))
                     continue
-                raise self._translate(what, exc, model) from exc
-
-    def _refused(self, what: str, model: str | None) -> TritonError:
-        """Triton refused the call for want of the right key: final, never retried, no key shown."""
-        if self.key is None:
-            fix = (
-                "set MLREG_CONTROL_KEY (or MLREG_CONTROL_KEY_FILE, or the environment's control_key in "
-                "mlreg.toml) to the replica's control key"
-            )
-        else:
-            fix = f"{self.key} is not this replica's: set the replica's key there"
-        return TritonError(
-            f"replica {self.url} refused the {what} call: not authorised",
-            fix=fix,
-            status="unauthorised",
-            model=model,
-            url=self.url,
-        )
-
-    def _translate(self, what: str, exc: Any, model: str | None) -> TritonError:
-        status = str(exc.status() or "")
-        message = exc.message() or str(exc)
-        where = f"{self.url}" + (f" model '{model}'" if model else "")
-        if status == "StatusCode.UNAVAILABLE":
-            fix = "check that tritonserver runs and listens there ('mlreg stack status')"
-        elif status == "StatusCode.DEADLINE_EXCEEDED":
-            fix = "the server did not answer in time; read its log, or raise MLREG_TRITON_TIMEOUT"
-        elif "failed to poll from model repository" in message or "failed to load" in message:
-            fix = "run 'mlreg validate' on the repository and read the server log for the reason"
-        else:
-            fix = "read the server log for details"
-        return TritonError(
-            f"{what} failed on {where}: {message}", fix=fix, status=status, model=model, url=self.url
-        )
+                raise translated(self.url, what, exc, model) from exc
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -375,6 +342,41 @@ class TritonControl:
             call = partial(self._client.update_trace_settings, model, dict(settings), **options)
         found = self._call("trace settings", call, model=model)
         return {k: list(v.get("value", [])) for k, v in (found.get("settings") or {}).items()}
+
+
+def refused(url: str, key: ControlKey | None, what: str, model: str | None) -> TritonError:
+    """Triton refused the call for want of the right key: final, never retried, no key shown."""
+    if key is None:
+        fix = (
+            "set MLREG_CONTROL_KEY (or MLREG_CONTROL_KEY_FILE, or the environment's control_key in "
+            "mlreg.toml) to the replica's control key"
+        )
+    else:
+        fix = f"{key} is not this replica's: set the replica's key there"
+    return TritonError(
+        f"replica {url} refused the {what} call: not authorised",
+        fix=fix,
+        status="unauthorised",
+        model=model,
+        url=url,
+    )
+
+
+def translated(url: str, what: str, exc: Any, model: str | None) -> TritonError:
+    """``InferenceServerException`` ``exc`` of call ``what`` to ``url`` as a TritonError with a fix:
+    the one translation point of Triton's errors."""
+    status = str(exc.status() or "")
+    message = exc.message() or str(exc)
+    where = f"{url}" + (f" model '{model}'" if model else "")
+    if status == "StatusCode.UNAVAILABLE":
+        fix = "check that tritonserver runs and listens there ('mlreg stack status')"
+    elif status == "StatusCode.DEADLINE_EXCEEDED":
+        fix = "the server did not answer in time; read its log, or raise MLREG_TRITON_TIMEOUT"
+    elif "failed to poll from model repository" in message or "failed to load" in message:
+        fix = "run 'mlreg validate' on the repository and read the server log for the reason"
+    else:
+        fix = "read the server log for details"
+    return TritonError(f"{what} failed on {where}: {message}", fix=fix, status=status, model=model, url=url)
 
 
 def server_report(url: str, timeout: float = 10.0, key: ControlKey | None = None) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 - Cyclomatic complexity, counted as radon counts it (``radon.complexity``: boolean operators and
   comprehension branches too, which ruff's mccabe leaves out), at most 15 for every function,
   method and closure of ``mlreg``, ``registry`` and ``pipelines``.
-- No module of ``mlreg/cli/`` over 200 lines; no class over 300 lines in ``pipelines/storage/``
-  or ``registry/mlflow/``.
+- No module of ``mlreg/cli/`` over 200 lines; no class over 300 lines anywhere in ``mlreg``,
+  ``registry`` and ``pipelines`` (the two still over it are pinned in ``PENDING_LONG_CLASSES``,
+  which fails once one fits).
 - A function-local import says why it is local: one of a first-party module carries a
   ``# lazy: <why>`` comment on its line (for an import written over several lines, the line of
   its closing parenthesis will do); one of a heavy third-party module (``HEAVY``) carries a
@@ -31,7 +32,10 @@ MAX_COMPLEXITY = 15
 MAX_CLI_MODULE_LINES = 200
 CLI = ("mlreg/cli",)
 MAX_CLASS_LINES = 300
-ADAPTERS = ("pipelines/storage", "registry/mlflow")
+# classes still over MAX_CLASS_LINES (issue 47 item 6), each exactly as the rule finds it but for its
+# length: a class joining them fails, and one that fits again must be taken off (the test says so).
+# Both belong to the engine's item-3 work (the undo log inside Fleet, headroom reading the fleet's view).
+PENDING_LONG_CLASSES = {"pipelines/fleet/fleet.py Fleet", "pipelines/guards/headroom.py Headroom"}
 # third-party modules (and their submodules) whose import costs enough to be put off: a
 # function-local import of one names the time it saves
 HEAVY = (
@@ -186,9 +190,19 @@ def test_no_cli_module_is_over_200_lines() -> None:
     assert found == [], f"modules of {', '.join(CLI)} over {MAX_CLI_MODULE_LINES} lines:\n" + "\n".join(found)
 
 
-def test_no_adapter_class_is_over_300_lines() -> None:
-    found = long_classes(python_files(ROOT, ADAPTERS))
-    assert found == [], f"classes in {', '.join(ADAPTERS)} over {MAX_CLASS_LINES} lines:\n" + "\n".join(found)
+def test_no_class_is_over_300_lines() -> None:
+    found = long_classes(python_files(ROOT, FIRST_PARTY))
+    named = {f"{line.split(':')[0]} {line.split()[1]}" for line in found}
+    unexpected = [
+        line for line in found if f"{line.split(':')[0]} {line.split()[1]}" not in PENDING_LONG_CLASSES
+    ]
+    assert unexpected == [], (
+        f"classes over {MAX_CLASS_LINES} lines (split them; do not raise the limit):\n"
+        + "\n".join(unexpected)
+    )
+    assert PENDING_LONG_CLASSES <= named, (
+        f"{sorted(PENDING_LONG_CLASSES - named)} fit now: take them off PENDING_LONG_CLASSES"
+    )
 
 
 def test_the_size_rules_flag_a_long_module_and_a_long_class(tmp_path: Path) -> None:
