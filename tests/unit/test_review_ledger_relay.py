@@ -244,3 +244,27 @@ def test_a_record_within_the_grace_still_holds_a_dispatch_back(world) -> None:  
     jobs = relay.queue.recent_jobs()
     assert [(j["version"], j["state"]) for j in jobs] == [("2", "noop")]
     assert "dispatched already" in jobs[0]["note"]
+
+
+def test_an_event_file_replaced_by_a_link_is_named_never_read_through(tmp_path: Path) -> None:
+    ledger = _ledger_with_events(tmp_path, 3)
+    events = Path(ledger.objects.root) / "events"  # type: ignore[attr-defined]
+    second, third = events / f"{2:012d}.json", events / f"{3:012d}.json"
+    elsewhere = tmp_path / "kept-elsewhere.json"
+    elsewhere.write_bytes(second.read_bytes())  # the very bytes: read through the link, all verifies
+    second.unlink()
+    second.symlink_to(elsewhere)
+    third.unlink()
+    third.symlink_to("/dev/zero")  # read whole, it never ends
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: result.update(found=ledger.read_all()), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "a linked event was read without bound"
+    events_read, findings = result["found"]
+    assert [e.seq for e in events_read] == [1]
+    named = [(f.position, f.what) for f in findings]
+    assert any(p == 2 and "link" in w for p, w in named), named
+    assert any(p == 3 for p, _ in named), named  # a link to a device: not listed, or no regular file
+    assert second.is_symlink()  # named, left as found
+    assert third.is_symlink()
