@@ -166,17 +166,9 @@ class LocalObjects(ObjectStore):
         if not folder.is_dir() or folder.is_symlink():
             return []
         try:  # an unlistable folder or a guard that cannot be written: a StorageError, no traceback
-            return [self._guard(parent) for parent in sorted(_source_folders(folder)) if _unguarded(parent)]
+            return [_guard(self, parent) for parent in sorted(_source_folders(folder)) if _unguarded(parent)]
         except OSError as exc:
             raise _unguardable(self.uri, model, version, exc) from exc
-
-    def _guard(self, parent: Path) -> str:
-        guard = parent / BYTECODE_GUARD
-        key = guard.relative_to(self.root).as_posix()
-        if guard.is_symlink() or guard.exists():
-            self.delete(key)  # a cache folder the stub wrote before the guard, or anything else
-        self.write(key, b"")
-        return key
 
     def model_entries(self, model: str) -> tuple[dict[str, Stamp], list[tuple[str, str]]]:
         """One walk of ``<model>/`` (links never followed): :func:`walk_model`."""
@@ -198,17 +190,7 @@ class LocalObjects(ObjectStore):
         self.uri = str(self.root)
 
     def listing(self, prefix: str = "") -> list[tuple[str, int, float]]:
-        """Every regular file under ``prefix`` (links not followed): key, size and mtime."""
-        base = self._path(prefix) if prefix else self.root
-        found = []
-        for path in sorted(base.rglob("*")) if base.is_dir() else []:
-            try:
-                stat = path.lstat()
-            except FileNotFoundError:
-                continue  # removed while listed
-            if path.is_file() and not path.is_symlink():
-                found.append((path.relative_to(self.root).as_posix(), stat.st_size, stat.st_mtime))
-        return found
+        return file_listing(self.root, prefix)
 
     def children(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
@@ -356,6 +338,30 @@ class LocalStore(LocalObjects, RepositoryStore):
     def __init__(self, root: Path, holder: StoreSession | None = None) -> None:
         LocalObjects.__init__(self, root)
         RepositoryStore.__init__(self, holder)
+
+
+def _guard(objects: LocalObjects, parent: Path) -> str:
+    """The bytecode guard written in ``parent`` (its key)."""
+    guard = parent / BYTECODE_GUARD
+    key = guard.relative_to(objects.root).as_posix()
+    if guard.is_symlink() or guard.exists():
+        objects.delete(key)  # a cache folder the stub wrote before the guard, or anything else
+    objects.write(key, b"")
+    return key
+
+
+def file_listing(root: Path, prefix: str) -> list[tuple[str, int, float]]:
+    """Every regular file under ``root``/``prefix`` (links not followed): key, size and mtime."""
+    base = root / prefix if prefix else root
+    found = []
+    for path in sorted(base.rglob("*")) if base.is_dir() else []:
+        try:
+            stat = path.lstat()
+        except FileNotFoundError:
+            continue  # removed while listed
+        if path.is_file() and not path.is_symlink():
+            found.append((path.relative_to(root).as_posix(), stat.st_size, stat.st_mtime))
+    return found
 
 
 def walk_model(base: Path, model: str) -> tuple[dict[str, Stamp], list[tuple[str, str]]]:

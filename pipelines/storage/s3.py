@@ -210,21 +210,8 @@ class S3Objects(ObjectStore):
         self._client = _Client(endpoint_url, region, read_timeout, retries)
 
     def relocate(self, folder: str) -> None:
-        """``s3://bucket/<parent>/<folder>/<name>/``: beside the prefix Triton reads, in the same
-        bucket (a move is a server-side copy), through the same client.  A store at the bucket's
-        root has no place beside it."""
-        if not self.prefix:
-            raise StorageError(
-                f"{self.uri}: a store at the root of bucket '{self.bucket}' has no place for an archive "
-                "(Triton lists every folder at its root as a model)",
-                fix="serve the repository from a prefix (s3://bucket/prefix), or set keep = 0 for its "
-                "environment in mlreg.toml",
-            )
-        parent, _, name = self.prefix.rpartition("/")
-        prefix = f"{parent}/{folder}/{name}" if parent else f"{folder}/{name}"
-        base = self.uri.rstrip("/")
-        root = base[: -len(self.prefix)] if base.endswith(self.prefix) else f"s3://{self.bucket}/"
-        self.prefix, self.uri = prefix, root + prefix
+        """Beside the prefix Triton reads, in the same bucket (``beside_prefix``)."""
+        self.prefix, self.uri = beside_prefix(self.bucket, self.prefix, self.uri, folder)
 
     @property
     def client(self) -> Any:
@@ -450,7 +437,7 @@ class S3Objects(ObjectStore):
                 )
         except StorageError:
             if size >= MULTIPART_CHUNK:
-                self._abort_uploads(key)  # parts of an interrupted multipart upload are billed
+                abort_uploads(self, key)  # parts of an interrupted multipart upload are billed
             raise
         with _translating(self, "verify", key):
             head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -481,27 +468,7 @@ class S3Objects(ObjectStore):
     def before_upload(self, prefix: str) -> None:
         """Abort the multipart uploads an earlier, interrupted upload under ``prefix`` left behind
         (S3 keeps, and bills, their parts until aborted): the caller holds the model's lock."""
-        self._abort_uploads(prefix, quiet=False)
-
-    def _abort_uploads(self, prefix: str, quiet: bool = True) -> list[str]:
-        """Abort every incomplete multipart upload of a key starting with ``prefix``; best effort
-        when ``quiet`` (after a failure the store may be unreachable: the next upload retries)."""
-        aborted: list[str] = []
-        try:
-            with _translating(self, "abort the incomplete uploads under", prefix):
-                found = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self._key(prefix))
-                for upload in found.get("Uploads", []):
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                    )
-                    aborted.append(self._rel(upload["Key"]))
-        except StorageError as exc:
-            if not quiet:
-                raise
-            log.info("incomplete uploads under %s not aborted now: %s", prefix, exc.__cause__ or exc)
-        if aborted:
-            log.info("aborted incomplete multipart uploads: %s", ", ".join(aborted))
-        return aborted
+        abort_uploads(self, prefix, quiet=False)
 
 
 class S3Store(S3Objects, RepositoryStore):
@@ -539,6 +506,44 @@ class S3Store(S3Objects, RepositoryStore):
     def _last_modified(self, key: str) -> Any:
         head = self._head("inspect", key)
         return None if head is None else head["LastModified"]
+
+
+def abort_uploads(objects: S3Objects, prefix: str, quiet: bool = True) -> list[str]:
+    """Abort every incomplete multipart upload of a key starting with ``prefix``; best effort
+    when ``quiet`` (after a failure the store may be unreachable: the next upload retries)."""
+    aborted: list[str] = []
+    try:
+        with _translating(objects, "abort the incomplete uploads under", prefix):
+            found = objects.client.list_multipart_uploads(Bucket=objects.bucket, Prefix=objects._key(prefix))
+            for upload in found.get("Uploads", []):
+                objects.client.abort_multipart_upload(
+                    Bucket=objects.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+                aborted.append(objects._rel(upload["Key"]))
+    except StorageError as exc:
+        if not quiet:
+            raise
+        log.info("incomplete uploads under %s not aborted now: %s", prefix, exc.__cause__ or exc)
+    if aborted:
+        log.info("aborted incomplete multipart uploads: %s", ", ".join(aborted))
+    return aborted
+
+
+def beside_prefix(bucket: str, prefix: str, uri: str, folder: str) -> tuple[str, str]:
+    """(prefix, uri) of ``s3://bucket/<parent>/<folder>/<name>/``, beside ``prefix`` in the same
+    bucket (a move is a server-side copy).  A store at the bucket's root has no place beside it."""
+    if not prefix:
+        raise StorageError(
+            f"{uri}: a store at the root of bucket '{bucket}' has no place for an archive "
+            "(Triton lists every folder at its root as a model)",
+            fix="serve the repository from a prefix (s3://bucket/prefix), or set keep = 0 for its "
+            "environment in mlreg.toml",
+        )
+    parent, _, name = prefix.rpartition("/")
+    moved = f"{parent}/{folder}/{name}" if parent else f"{folder}/{name}"
+    base = uri.rstrip("/")
+    root = base[: -len(prefix)] if base.endswith(prefix) else f"s3://{bucket}/"
+    return moved, root + moved
 
 
 def _server_now(response: dict[str, Any]) -> float | None:
