@@ -46,18 +46,14 @@ def run_description(
 ) -> str:
     """The run page's markdown: the outcome, the versions (linked), the verdict and the report."""
     head = versions[0] if versions else ("?", "?")
-    lines = [
-        f"**{_outcome(outcome)}**: promotion of {head[0]} v{head[1]} to `{env}`",
-        "",
-        "**Versions**",
-        "",
-        *[f"- [{m} v{v}]({version_link(m, v)})" for m, v in versions],
-        "",
-        f"**Verdict**: [verdict.json]({run_link(experiment_id, run_id, 'verdict.json')}) "
+    lines = [  # the outcome, the verdict and why first: the UI shows a description's first lines
+        f"**{_outcome(outcome)}**: promotion of {head[0]} v{head[1]} to `{env}` — "
+        f"[verdict.json]({run_link(experiment_id, run_id, 'verdict.json')}) "
         f"· [report.json]({run_link(experiment_id, run_id, 'report.json')})",
     ]
     if error:
         lines += ["", f"Why: {_one_line(error, 600)}"]
+    lines += ["", "**Versions**", "", *[f"- [{m} v{v}]({version_link(m, v)})" for m, v in versions]]
     return "\n".join(lines)
 
 
