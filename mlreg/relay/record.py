@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mlreg.relay.wire import DIGITS
 from registry.errors import StorageError
 
 if TYPE_CHECKING:
@@ -73,7 +74,12 @@ def _parse(env: str, model: str, raw: bytes) -> Deployed:
         doc = json.loads(raw[: MAX_BYTES + 1].decode()) if len(raw) <= MAX_BYTES else None
     except (UnicodeDecodeError, json.JSONDecodeError):
         doc = None
-    if not isinstance(doc, dict) or doc.get("environment") != env or doc.get("model") != model:
+    if (
+        not isinstance(doc, dict)
+        or doc.get("environment") != env
+        or doc.get("model") != model
+        or not all(_version(doc.get(name, "")) for name in ("deployed", "previous"))
+    ):
         raise StorageError(
             f"the relay's record {key(env, model)} is not one the relay wrote",
             fix="remove it (the relay writes it again at its next deployment)",
@@ -84,10 +90,25 @@ def _parse(env: str, model: str, raw: bytes) -> Deployed:
     return Deployed(
         env,
         model,
-        str(doc.get("deployed", "")),
-        str(doc.get("previous", "")),
+        doc.get("deployed", ""),
+        doc.get("previous", ""),
         float(at) if isinstance(at, int | float) else 0.0,
-        [h for h in history if isinstance(h, dict)][:KEEP],
+        [h for h in history if _entry(h)][:KEEP],
+    )
+
+
+def _version(value: object) -> bool:
+    """ "" or a version number: what the relay writes (an allow-list; a record is shown and compared)."""
+    return isinstance(value, str) and (value == "" or DIGITS.match(value) is not None)
+
+
+def _entry(entry: object) -> bool:
+    return (
+        isinstance(entry, dict)
+        and set(entry) == {"version", "previous", "at"}
+        and _version(entry["version"])
+        and _version(entry["previous"])
+        and isinstance(entry["at"], int | float)
     )
 
 

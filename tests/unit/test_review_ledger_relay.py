@@ -268,3 +268,24 @@ def test_an_event_file_replaced_by_a_link_is_named_never_read_through(tmp_path: 
     assert any(p == 3 for p, _ in named), named  # a link to a device: not listed, or no regular file
     assert second.is_symlink()  # named, left as found
     assert third.is_symlink()
+
+
+@pytest.mark.parametrize("field", ["deployed", "previous"])
+def test_a_record_planted_with_a_version_that_is_no_number_is_refused_not_shown(
+    tmp_path: Path, field: str
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    doc = record.Deployed("production", MODEL, "2", "1", 1.0).to_dict() | {field: "\x1b]0;owned\x07 9"}
+    store.write(record.key("production", MODEL), json.dumps(doc).encode())
+    with pytest.raises(StorageError, match="not one the relay wrote"):
+        record.read(store, "production", MODEL)
+
+
+def test_a_record_s_history_keeps_only_entries_the_relay_writes(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    mine = {"version": "2", "previous": "1", "at": 5.0}
+    doc = record.Deployed("production", MODEL, "2", "1", 5.0).to_dict() | {
+        "history": [{"version": "../x", "previous": "1", "at": 1.0}, mine, {"version": "3"}]
+    }
+    store.write(record.key("production", MODEL), json.dumps(doc).encode())
+    assert record.read(store, "production", MODEL).history == [mine]
