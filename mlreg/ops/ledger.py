@@ -94,6 +94,9 @@ def _check_receipts(events: list[Event], pem: bytes, result: Verified) -> None:
         if digest != event.digests.get(event.version):
             result.bad_receipts.append(f"{event.where()}: its receipt names another manifest digest")
             continue
+        if subject[0].get("name") != f"{event.model}/{event.version}":  # a receipt moved onto another model
+            result.bad_receipts.append(f"{event.where()}: its receipt is for another model or version")
+            continue
         result.receipts += 1
 
 

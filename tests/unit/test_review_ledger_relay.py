@@ -289,3 +289,44 @@ def test_a_record_s_history_keeps_only_entries_the_relay_writes(tmp_path: Path) 
     }
     store.write(record.key("production", MODEL), json.dumps(doc).encode())
     assert record.read(store, "production", MODEL).history == [mine]
+
+
+def test_a_receipt_moved_onto_an_event_of_another_model_with_the_same_digest_is_refused(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    from mlreg.ops.ledger import Verified, _check_receipts
+    from pipelines.ledger.receipts import ReceiptSigner, statement
+    from tests.unit.test_ledger import fields
+
+    key = tmp_path / "receipts.pem"
+    subprocess.run(
+        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)], check=True
+    )
+    public = subprocess.run(
+        ["openssl", "ec", "-in", str(key), "-pubout"], check=True, capture_output=True
+    ).stdout
+    digest = f"{3:064x}"
+    signed = ReceiptSigner(key).sign(
+        statement(
+            model="a",
+            version="3",
+            manifest_digest=digest,
+            signature_digest="",
+            resource="s3://x/a/3",
+            policy="p",
+            verified_at="2026-12-06T00:00:00Z",
+            passed=True,
+            verifier_version="0",
+        )
+    )
+    store = open_store(str(tmp_path / "store"))
+    ledger = ledger_of(store)
+    honest = ledger.append(**fields(model="a", versions=("3",), receipt=signed))
+    forged = ledger.append(**fields(model="b", versions=("3",), receipt=signed))  # b's digest set to a's
+    result = Verified("local", "x", 2, [])
+    _check_receipts([honest, forged], public, result)
+    assert result.receipts == 1  # the honest one
+    assert len(result.bad_receipts) == 1
+    assert "another model" in result.bad_receipts[0]
