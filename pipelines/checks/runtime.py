@@ -29,11 +29,10 @@ table's hazards on any store and frontend, so a refusing default would refuse ev
 promotion; a production environment sets ``policy = "refuse"`` (infra/README.md).
 
 In the promotion (``CHECK``, registered in pipelines/promote/registered.py through issue 47's
-seam): the seam runs checks in the quality gate, per candidate, once the candidate is loaded on the
-canary -- so there the gate judges the canary's release (each replica of the fleet is assumed to
-run the canary's image) before any traffic and before any other replica, not before the canary's
-own load; ``judge`` (this module) judges every replica and model with nothing loaded, for a caller
-that runs before the first load.
+seam, phase "preflight"): the engine's preflight stage (pipelines/promote/preflight.py) runs it once
+per promotion, after ``convert`` (a SavedModel served as ONNX is judged as the ONNX it became) and
+before the upload and any load (a dry run's scratch server's too): every target's release, once per
+distinct release, and every model file of the plan's steps against it; a refusal changes nothing.
 """
 
 from __future__ import annotations
@@ -644,12 +643,15 @@ def _hazards_judged(report: Any, url: str) -> bool:
 
 @dataclass(frozen=True)
 class RuntimeCheck:
-    """The runtime gate as a registered ``Check``: ``[environments.X.runtime]`` parsed here; in the
-    canary gate, the canary's release (once per promotion) and each candidate's model file."""
+    """The runtime gate as a registered ``Check``: ``[environments.X.runtime]`` parsed here; run
+    ONCE per promotion by the preflight (pipelines/promote/preflight.py), before any load: every
+    target's release (``trial.targets``; replicas of one release and extensions judged together)
+    and each model file of the plan's steps (``trial.steps``) against it.  Given one candidate's
+    trial instead (``trial.candidate``, no targets), that one server and the trial's step."""
 
     name: str = NAME
-    phase: Phase = "gate"
-    where: frozenset[str] = frozenset({"canary"})  # a scratch server is not the fleet's release
+    phase: Phase = "preflight"
+    where: frozenset[str] = frozenset()  # in no gate: the preflight judges every target, once
     owns: frozenset[str] = frozenset({"runtime"})
     aliases: tuple[str, ...] = ()
 
@@ -661,20 +663,39 @@ class RuntimeCheck:
         if trial.skip:
             return [Verdict(NAME, "skipped", trial.subject, why=f"skipped ({trial.skip})")]
         settings = trial.setting if isinstance(trial.setting, RuntimeSettings) else RuntimeSettings()
-        replica = read_replica(trial.candidate)
-        records: list[CheckRecord] = []
-        if not _hazards_judged(trial.report, replica.url):
-            records += hazard_records(replica, settings.store, settings)
-        window = f"the {trial.where}, its candidate loaded, before traffic"
-        verdicts = _hazard_verdicts([r for r in records if r.subject.startswith("hazard ")], window)
-        verdicts += [to_verdict(r, window) for r in records if not r.subject.startswith("hazard ")]
-        for model in model_files([trial.step]):
-            judge_one = onnx_record if model.kind == "onnx" else saved_model_record
-            verdicts.append(to_verdict(judge_one(replica, model.name, model.path, settings), window))
+        if trial.store:
+            settings = dataclasses.replace(settings, store=store_kind(trial.store))
+        preflight = trial.where == "preflight"
+        targets = trial.targets if preflight else (trial.candidate,)
+        releases: dict[tuple[str, tuple[str, ...]], list[ReplicaRuntime]] = {}
+        for target in targets:  # each replica's metadata read once; an unreachable one's error propagates
+            replica = read_replica(target)
+            releases.setdefault((replica.version_text, replica.extensions), []).append(replica)
+        window = "before any load (preflight)" if preflight else f"the {trial.where}, before traffic"
+        files = model_files(trial.steps if preflight else (trial.step,))
+        verdicts: list[Verdict] = []
+        for same in releases.values():
+            verdicts += _release_verdicts(same, files, settings, trial.report, window)
         return verdicts
 
 
-def _hazard_verdicts(found: list[CheckRecord], window: str) -> list[Verdict]:
+def _release_verdicts(
+    same: list[ReplicaRuntime], files: list[ModelFile], settings: RuntimeSettings, report: Any, window: str
+) -> list[Verdict]:
+    """The replicas of one release: its hazards (once per promotion), each model file against it."""
+    replica, urls = same[0], tuple(r.url for r in same)
+    records = (
+        [] if _hazards_judged(report, replica.url) else hazard_records(replica, settings.store, settings)
+    )
+    verdicts = _hazard_verdicts([r for r in records if r.subject.startswith("hazard ")], window, urls)
+    verdicts += [to_verdict(r, window) for r in records if not r.subject.startswith("hazard ")]
+    for model in files:
+        judge_one = onnx_record if model.kind == "onnx" else saved_model_record
+        verdicts.append(to_verdict(judge_one(replica, model.name, model.path, settings), window))
+    return [dataclasses.replace(v, replicas=urls) for v in verdicts]
+
+
+def _hazard_verdicts(found: list[CheckRecord], window: str, urls: tuple[str, ...] = ()) -> list[Verdict]:
     """A replica's hazards as at most two verdicts (those that refuse, those noted), each naming
     every hazard in ``findings`` and the release past all of them in ``fix``: one line, not fifteen."""
     verdicts = []
@@ -687,7 +708,9 @@ def _hazard_verdicts(found: list[CheckRecord], window: str) -> list[Verdict]:
         first = group[0]
         ids = ", ".join(r.subject.removeprefix("hazard ") for r in group)
         release = first.measured.split(" (")[0]
-        summary = f"replica {first.replica} runs {release}: {len(group)} known hazard(s) ({ids})"
+        who = f"replica {first.replica}" if len(urls) < 2 else f"{len(urls)} replicas ({', '.join(urls[:3])}"
+        who += "" if len(urls) < 2 else (", ...)" if len(urls) > 3 else ")")
+        summary = f"{who} runs {release}: {len(group)} known hazard(s) ({ids})"
         record = dataclasses.replace(
             first,
             subject="hazards",

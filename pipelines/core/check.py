@@ -7,9 +7,15 @@ defines one object satisfying the Protocol, and is registered by one line in
 
 - the settings loader (``pipelines/promote/environments.py``) lets the keys each one ``owns`` through
   and parses them with its own ``parse`` (its result is ``Environment.setting(name)``);
+- the preflight (``pipelines/promote/preflight.py``, a stage after ``convert`` and ``validate``,
+  before the upload and any load -- a dry run's scratch server's included) runs every registered
+  ``Check`` whose ``phase`` is ``"preflight"`` ONCE per promotion, on one ``Trial`` holding every
+  target (``targets``: each replica's connection, read for its metadata only), the environment's
+  ``store`` and the plan's ``steps`` (converted ones included); nothing is loaded when it judges;
 - the gates (canary, scratch server) run every registered ``Check`` whose ``phase`` is ``"gate"``,
   in the registry's order, for each candidate (a ``Trial``); ``--skip NAME`` and an environment's
-  ``observe = [NAME, ...]`` name checks by their ``name``.
+  ``observe = [NAME, ...]`` name checks by their ``name`` (``--skip quality`` skips the gate, not
+  the preflight).
 
 A verdict that ``refuses`` stops the promotion; an *observed* check's verdict is recorded exactly as
 an enforced one's, marked ``observed``, and never refuses ("observed: would have refused").
@@ -29,8 +35,9 @@ from registry.settings import Settings
 
 Result = Literal["pass", "fail", "inconclusive", "skipped"]
 RESULTS: tuple[Result, ...] = ("pass", "fail", "inconclusive", "skipped")
-Phase = Literal["gate", "bake", "load"]  # before traffic (canary/scratch), during traffic, before a load
-PHASES: tuple[Phase, ...] = ("gate", "bake", "load")
+# once before any load (every target), before traffic (canary/scratch), during traffic, before a load
+Phase = Literal["preflight", "gate", "bake", "load"]
+PHASES: tuple[Phase, ...] = ("preflight", "gate", "bake", "load")
 REFUSING: frozenset[str] = frozenset({"fail", "inconclusive"})  # a check that cannot judge fails closed
 PRIVATE_SUFFIX = (
     "__mlreg_quality"  # a candidate loaded alone on the canary is <model><suffix> (runtime change)
@@ -142,6 +149,11 @@ class Trial:
     load_seconds: float | None = None
     skip: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # the preflight's (phase "preflight", once per promotion, nothing loaded): every target's
+    # connection (its metadata read, nothing sent to load), the environment's store, the plan's steps
+    targets: tuple[Any, ...] = ()
+    store: str = ""
+    steps: tuple[Step, ...] = ()
 
     @property
     def subject(self) -> str:
@@ -149,7 +161,8 @@ class Trial:
 
 
 class Check(Protocol):
-    """Something that judges a candidate before (``phase`` "gate") or during ("bake") traffic.
+    """Something that judges a promotion before any load (``phase`` "preflight": once, every
+    target), a candidate before traffic ("gate") or during it ("bake").
 
     ``name``: its registered name (``--skip NAME``, ``observe = [NAME]``, the verdict's name);
     ``aliases``: older flag names that skip it (``--skip-perf``); ``where``: the gates it runs in

@@ -28,7 +28,7 @@ def judging(ctx: PromotionContext, where: str) -> Judging:
 def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
     ctx.checked = report
     ctx.result.shadow = report.shadow  # in every report, refused or not
-    ctx.result.verdicts = [v.to_dict() for v in report.verdicts]
+    ctx.result.verdicts.extend(v.to_dict() for v in report.verdicts)  # after the preflight's
     if report.failures:
         raise GateFailed(report)
     return QualityStageReport(

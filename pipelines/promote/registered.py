@@ -2,10 +2,10 @@
 
 Adding a check is its own module under ``pipelines/checks/`` defining ``CHECK`` (a ``Check``) and one
 line in ``CHECKS`` below; a load guard likewise under ``pipelines/guards/`` and ``GUARDS``.  The order
-of ``CHECKS`` is the order the gates run them in (each only while no enforced check refused).  The
-engine reads these lists, never a feature's name: the settings loader parses each one's keys with its
-``parse``, the gates run each ``Check`` of their phase, ``--skip NAME`` and ``observe = [NAME]`` name
-them.
+of ``CHECKS`` is the order the preflight and the gates run them in (each only while no enforced check
+refused).  The engine reads these lists, never a feature's name: the settings loader parses each one's
+keys with its ``parse``, the preflight (once, before any load) and the gates run each ``Check`` of
+their phase, ``--skip NAME`` and ``observe = [NAME]`` name them.
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ def names() -> tuple[str, ...]:
 def gate_checks(where: str) -> list[Check]:
     """The checks a gate runs (``where``: "canary" or "scratch"), in their registered order."""
     return [c for c in CHECKS if c.phase == "gate" and where in c.where]
+
+
+def preflight_checks() -> list[Check]:
+    """The checks the preflight runs once per promotion, before any load, in their registered order."""
+    return [c for c in CHECKS if c.phase == "preflight"]
 
 
 def owned_keys() -> frozenset[str]:

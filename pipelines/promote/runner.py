@@ -5,8 +5,8 @@ do; the strategies are then chosen (``choose_deployer``: all at once, or staged 
 environment's policy; ``choose_gate``: on the canary, on a scratch server, or none) and the stage
 list names them:
 
-    resolve ▸ [convert] ▸ validate ▸ [quality: scratch] ▸ assemble ▸ [archive] ▸ [quality: canary] ▸
-    deploy ▸ verify ▸ finalize ▸ record ▸ [retain]        (a no-op: resolve ▸ repair)
+    resolve ▸ [convert] ▸ validate ▸ preflight ▸ [quality: scratch] ▸ assemble ▸ [archive] ▸
+    [quality: canary] ▸ deploy ▸ verify ▸ finalize ▸ record ▸ [retain]        (a no-op: resolve ▸ repair)
 
 Retention (``pipelines/promote/retention.py``): ``archive`` moves the versions beyond the
 environment's window out of Triton's prefix before the load; ``retain`` finishes what is left once
@@ -45,6 +45,7 @@ from pipelines.promote.after import RETAIN_S, Progress, best_effort, bounded
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.failure import fail, message_of
 from pipelines.promote.gates import choose_gate
+from pipelines.promote.preflight import preflight
 from pipelines.promote.stages import (
     assemble,
     convert,
@@ -77,6 +78,7 @@ def pipeline(ctx: PromotionContext) -> list[Stage]:
     gate, deployer = ctx.gate, ctx.deployer
     stages = [Stage("convert", convert)] if wants_onnx(ctx) else []
     stages.append(Stage("validate", validate))
+    stages.append(Stage("preflight", preflight))  # once, before any load (a dry run's too): it only reads
     if gate is not None and not gate.live:
         stages.append(Stage("quality", gate.run, by=gate.name))
     stages.append(Stage("assemble", assemble, live=True))

@@ -109,7 +109,7 @@ def test_a_plan_registers_nothing_and_plans_the_version_it_would_register(stack:
     [promotion] = batch["promotions"]
     assert (promotion["model"], promotion["version"], promotion["ok"]) == (MODEL, "2", True)
     assert promotion["registered"] is False
-    assert [s["stage"] for s in promotion["report"]["stages"]] == ["resolve", "validate"]
+    assert [s["stage"] for s in promotion["report"]["stages"]] == ["resolve", "validate", "preflight"]
     [step] = promotion["report"]["plan"]["steps"]
     assert (step["model"], step["version"], step["from"], step["upload"]) == (MODEL, "2", ["1"], True)
     assert stack.state() == before  # nothing uploaded, loaded, registered or recorded

@@ -71,6 +71,7 @@ def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) ->
     assert [n for n in names if n != "quality"] == [
         "resolve",
         "validate",
+        "preflight",
         "assemble",
         "deploy",
         "verify",
@@ -589,7 +590,11 @@ def test_cli_promote_dry_run_plans_and_changes_nothing(stack: Stack) -> None:
     code, out, err = _mlreg(stack, *args, "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert [s["stage"] for s in doc["stages"]] == ["resolve", "validate"]  # stops before "assemble"
+    assert [s["stage"] for s in doc["stages"]] == [
+        "resolve",
+        "validate",
+        "preflight",
+    ]  # stops before "assemble"
     assert doc["plan"]["steps"][0]["model"] == "image_model"
     assert doc["plan"]["steps"][0]["version"] == "1"
     code, out, err = _mlreg(stack, *args)

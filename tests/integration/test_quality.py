@@ -26,7 +26,17 @@ from tests.integration.stacks import ENSEMBLE, MEMBERS, LocalStack, golden, loca
 pytestmark = pytest.mark.integration
 
 MODELS = MEMBERS
-LIVE_STAGES = ["resolve", "validate", "assemble", "quality", "deploy", "verify", "finalize", "record"]
+LIVE_STAGES = [
+    "resolve",
+    "validate",
+    "preflight",
+    "assemble",
+    "quality",
+    "deploy",
+    "verify",
+    "finalize",
+    "record",
+]
 
 
 Stack = LocalStack
@@ -134,7 +144,15 @@ def test_a_savedmodel_served_as_onnx_passes_the_gate(stack: Stack) -> None:
     onnx_version = result.plan.version
     assert onnx_version != saved
     # image_model has more versions in the store than the window now: archive runs before the load
-    assert result.stage_names() == ["resolve", "convert", "validate", "assemble", "archive", *LIVE_STAGES[3:]]
+    assert result.stage_names() == [
+        "resolve",
+        "convert",
+        "validate",
+        "preflight",
+        "assemble",
+        "archive",
+        *LIVE_STAGES[4:],
+    ]
     gate = _gate(result)
     # the ONNX candidate answered alone, compared with the SavedModel serving version's answers
     assert gate.previous == {"image_model": serving[-1]}

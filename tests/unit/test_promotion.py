@@ -49,7 +49,7 @@ def test_the_plan_of_a_first_deployment_brings_the_members_first_and_changes_not
     assert all(s.upload for s in result.plan.steps)
     assert result.plan.step("ens").is_ensemble
     assert not result.plan.step("pre").is_ensemble
-    assert result.stage_names() == ["resolve", "validate"]  # stops before the first live stage
+    assert result.stage_names() == ["resolve", "validate", "preflight"]  # stops before the first live stage
     assert world.events == []
     assert sorted(p.name for p in world.store_root.iterdir()) == []  # no upload, no config, no lock
 
@@ -62,6 +62,7 @@ def test_the_first_deployment_loads_members_then_the_ensemble_canary_first_and_m
     assert result.stage_names() == [
         "resolve",
         "validate",
+        "preflight",
         "assemble",
         "deploy",
         "verify",
@@ -122,7 +123,15 @@ def test_a_failure_after_the_repoint_restores_ensembles_first_then_members(deplo
     with pytest.raises(PromotionFailed, match="net/OUT answered non-finite values; every touched") as info:
         world.promote("net", "2")
     result = info.value.result
-    assert result.stage_names() == ["resolve", "validate", "assemble", "deploy", "verify", "rollback"]
+    assert result.stage_names() == [
+        "resolve",
+        "validate",
+        "preflight",
+        "assemble",
+        "deploy",
+        "verify",
+        "rollback",
+    ]
     assert result.rolled_back
     assert "non-finite" in result.error
     assert "rolled back, the previous versions serve" in info.value.message

@@ -471,12 +471,12 @@ def test_model_files_are_the_onnx_and_savedmodels_of_the_steps(tmp_path: Path) -
 
 def test_the_check_is_registered_first_and_parses_its_table_through_the_seam(tmp_path: Path) -> None:
     from pipelines.core.check import Place
-    from pipelines.promote.registered import CHECKS, gate_checks, owned_keys, parse_settings
+    from pipelines.promote.registered import CHECKS, gate_checks, owned_keys, parse_settings, preflight_checks
     from registry.settings import Settings
 
     assert CHECKS[0] is runtime.CHECK
-    assert runtime.CHECK in gate_checks("canary")
-    assert runtime.CHECK not in gate_checks("scratch")  # a scratch server is not the fleet's release
+    assert preflight_checks() == [runtime.CHECK]  # once per promotion, before any load
+    assert runtime.CHECK not in gate_checks("canary") + gate_checks("scratch")  # one judgement
     assert "runtime" in owned_keys()
     place = Place("mlreg.toml [environments.prod]", tmp_path, Settings.from_env(), "s3://models/prod")
     parsed = parse_settings(place, {"runtime": {"policy": "refuse", "frontends": ["grpc"]}})["runtime"]
