@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipelines.core.check import Verdict
 from pipelines.core.plan import Plan, Step
 from pipelines.fleet.fleet import Rollout
 from registry.errors import PromotionError
@@ -207,13 +208,27 @@ class PromotionResult:
     notes: list[str] = field(default_factory=list)  # what a failure left: the store's configs, locks
     headroom: LoadFindings | None = None  # memory headroom and leaks around each load (the runner's)
     shadow: list[dict[str, Any]] = field(default_factory=list)  # the gate's shadow replay, per model
-    verdicts: list[dict[str, Any]] = field(default_factory=list)  # the gate's checks' (core/check.py)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)  # every check's and guard's (core/check.py)
+    bakes: list[Any] = field(default_factory=list)  # the staged bakes' judgements (policy.Verdict)
+    adapted: list[dict[str, Any]] = field(default_factory=list)  # in verdicts: promote/verdicts.py's
+    time_to_safe: dict[str, Any] | None = None  # an aborted promotion: detection -> every replica back
     started: float = field(default_factory=time.time)  # when the promotion began: its MLflow run's start
 
     @property
     def failed_stage(self) -> str:
         """The stage that failed ("" when none did, or a lost lock stopped it between stages)."""
         return next((s.stage for s in self.stages if s.status == "failed" and s.stage != "rollback"), "")
+
+    @property
+    def reason(self) -> str:
+        """The promotion's one-line reason: the first enforced check's or guard's verdict that
+        refused (its ``line``), else the error's first line ("" when it promoted)."""
+        if not self.error:
+            return ""
+        for found in self.verdicts:  # the undo's time to safe judges no candidate: never the reason
+            if found.get("refuses") and found.get("name") != "time_to_safe":
+                return verdict_line(found)
+        return self.error.splitlines()[0]
 
     @property
     def noop(self) -> bool:
@@ -251,7 +266,21 @@ class PromotionResult:
             "headroom": self.headroom.to_dict() if self.headroom is not None else None,
             "shadow": self.shadow,
             "verdicts": self.verdicts,
+            "reason": self.reason,
+            "time_to_safe": self.time_to_safe,
         }
+
+
+def verdict_line(found: dict[str, Any]) -> str:
+    """A verdict's one line (``Verdict.line``) from its ``to_dict`` form."""
+    names = {f.name for f in fields(Verdict)}
+    given = {k: v for k, v in found.items() if k in names}
+    given["replicas"] = tuple(given.get("replicas") or ())
+    given["findings"] = tuple(given.get("findings") or ())
+    try:
+        return Verdict(**given).line()
+    except (TypeError, ValueError):  # not a verdict's fields: its name and result, as given
+        return f"{found.get('name', '?')}: {found.get('result', '?')}"
 
 
 class Refusal(PromotionError):
