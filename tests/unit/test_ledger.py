@@ -296,21 +296,22 @@ def _keys(bucket: str) -> list[str]:
 
 
 def test_on_s3_the_ledger_sits_beside_the_prefix_and_two_writers_never_fork_it(s3_bucket: str) -> None:
+    """Two writers, each a step behind the other, on S3: every append first loses its conditional
+    create to the other writer's event (412 to ``If-None-Match: *``), reads the winner and appends
+    after it.  The race is provoked in turn, not by threads: moto's check of ``If-None-Match`` and
+    its put are two steps (moto/s3/responses.py: ``get_object`` then ``put_object``), so two
+    threads can both "create" one key on moto, which AWS never lets happen -- the threaded and
+    multi-process races run on the local store, whose create is one atomic ``link``."""
     store = open_store(f"s3://{s3_bucket}/models/staging", region="us-east-1")
-    start = threading.Barrier(2)
-
-    def writer(index: int) -> None:
-        ledger = ledger_of(store)
-        start.wait(timeout=10)
-        for _ in range(10):
-            ledger.append(**fields(replica=f"s{index}:8001"))
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    first, second = ledger_of(store), ledger_of(store)
+    first.append(**fields(replica="s0:8001"))
+    for _ in range(9):
+        second.append(**fields(replica="s1:8001"))  # knows none, or an old head: loses, then follows
+        first.append(**fields(replica="s0:8001"))  # its head is one behind: loses, then follows
+    second.append(**fields(replica="s1:8001"))
     assert_one_chain(chain_of(ledger_of(store)), 20)
+    replicas = [event.replica for event in chain_of(ledger_of(store))]
+    assert replicas.count("s0:8001") == replicas.count("s1:8001") == 10
     keys = _keys(s3_bucket)
     assert all(k.startswith("models/.mlreg-ledger/staging/") for k in keys), keys
     assert "models/.mlreg-ledger/staging/head.json" in keys
