@@ -92,7 +92,13 @@ def test_a_promotion_tells_each_stage_as_it_starts(tmp_path: Path) -> None:
         on_start=started.append,
         on_stage=lambda stage, status, seconds, detail: ended.append(stage),
     )
-    assert started[0] == "resolve"
-    assert started == ended  # each stage told before it ran, and ran
+    # the listener is told each stage's name as it starts, and within a stage what it does now
+    # ("assemble: uploading ens v1", "deploy: wave 2 of 3"): every such line names the stage it is in
+    stages = [line for line in started if ":" not in line]
+    within = [line for line in started if ":" in line]
+    assert stages[0] == "resolve"
+    assert stages == ended  # each stage told before it ran, and ran
+    assert all(line.split(":", 1)[0] in stages for line in within), within
+    assert any(line.startswith("assemble: uploading ") for line in within), within
     assert "deploy" in started
     assert "record" in started
