@@ -26,6 +26,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from pipelines.devstack import local_mlflow, local_s3, local_triton
 from pipelines.triton.control import TritonControl
 from pipelines.triton.control_key import ControlKey
 from registry.settings import Settings
+from registry.template import BuildResult
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -267,12 +269,19 @@ def _project(repo: Path, toml: str) -> None:
 
 
 @contextmanager
-def workflow_stack(root: Path, s3: local_s3.S3Server | None = None) -> Iterator[WorkflowStack]:
+def workflow_stack(
+    root: Path, s3: local_s3.S3Server | None = None, build: BuildResult | None = None
+) -> Iterator[WorkflowStack]:
     """The stack, with the template exported and ensemble v1 serving in staging and production.
     ``s3``: a running S3 server to use (a bucket of the stack's own is made there); else one is
-    started for the stack.  The tritonservers' control API is locked to a key of the stack's own,
-    as production replicas are (a promotion refuses a replica anyone can drive): the workflows'
-    promotion jobs get it as the secret ``MLREG_CONTROL_KEY``."""
+    started for the stack.  ``build``: the test session's template build, registered as ``mlreg
+    export`` registers it (tests/integration/stacks.py) instead of a second export (a TensorFlow
+    export: most of the stack's set-up); None: ``mlreg export`` in the project.  Either way the
+    workflows' own ``mlreg export --changed`` re-exports the whole template and must find every
+    unchanged model's bytes registered already.  MLflow and both tritonservers start at once.
+    The tritonservers' control API is locked to a key of the stack's own, as production replicas
+    are (a promotion refuses a replica anyone can drive): the workflows' promotion jobs get it
+    as the secret ``MLREG_CONTROL_KEY``."""
     for key, value in local_s3.CREDENTIALS.items():
         os.environ.setdefault(key, value)
     (root / "home").mkdir(parents=True, exist_ok=True)
@@ -284,27 +293,61 @@ def workflow_stack(root: Path, s3: local_s3.S3Server | None = None) -> Iterator[
             stop.callback(local_s3.stop_s3, s3.pid, s3_process)
         local_s3.create_bucket(s3.endpoint, bucket)
         _placeholders(s3, bucket, ("staging", "production"))
-        mlflow, mlflow_process = local_mlflow.start_mlflow(
+        mlflow, targets = _start_servers(stop, root, s3, bucket, key)
+        stack = WorkflowStack(root, root / "repo", mlflow.url, targets, bucket, key)
+        _project(stack.repo, _toml(s3, bucket, targets))
+        if build is None:
+            stack.mlreg("export")
+        else:
+            _register_build(stack, build)
+        for env in targets:
+            stack.mlreg("promote", ENSEMBLE, "--version", "1", "--env", env, "--skip-quality")
+        shutil.rmtree(stack.repo / ".mlreg", ignore_errors=True)  # act copies the work tree
+        yield stack
+
+
+def _start_servers(
+    stop: ExitStack, root: Path, s3: local_s3.S3Server, bucket: str, key: str
+) -> tuple[local_mlflow.MlflowServer, dict[str, str]]:
+    """MLflow and one tritonserver per environment, started at once (each start waits for its own
+    server; one after the other they added up); every one that started is stopped on exit, also
+    when another failed to start (its error is raised after)."""
+    standins = Settings.from_env().backends_source
+    envs = ("staging", "production")
+    with ThreadPoolExecutor(1 + len(envs)) as pool:
+        mlflow_start = pool.submit(
+            local_mlflow.start_mlflow,
             f"sqlite:///{root / 'mlflow.db'}",
             root / "mlflow-artifacts",
             root / "logs" / "mlflow.log",
             serve_artifacts=True,
         )
-        stop.callback(local_mlflow.stop_mlflow, mlflow.pid, mlflow_process)
-        targets = {}
-        servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes] | None]] = []
-        stop.callback(local_triton.stop_all, servers)  # whichever started, all at once
-        for env in ("staging", "production"):
-            standins = Settings.from_env().backends_source
-            info, process = local_triton.start_server(
-                s3.store_uri(bucket, env), root / f"triton-{env}", standins, control_key=key
+        triton_starts = {
+            env: pool.submit(
+                local_triton.start_server,
+                s3.store_uri(bucket, env),
+                root / f"triton-{env}",
+                standins,
+                control_key=key,
             )
-            servers.append((info, process))
-            targets[env] = info.grpc_url
-        stack = WorkflowStack(root, root / "repo", mlflow.url, targets, bucket, key)
-        _project(stack.repo, _toml(s3, bucket, targets))
-        stack.mlreg("export")
-        for env in targets:
-            stack.mlreg("promote", ENSEMBLE, "--version", "1", "--env", env, "--skip-quality")
-        shutil.rmtree(stack.repo / ".mlreg", ignore_errors=True)  # act copies the work tree
-        yield stack
+            for env in envs
+        }
+    if mlflow_start.exception() is None:
+        server, process = mlflow_start.result()
+        stop.callback(local_mlflow.stop_mlflow, server.pid, process)
+    servers: list[tuple[local_triton.ServerInfo, subprocess.Popen[bytes] | None]] = [
+        start.result() for start in triton_starts.values() if start.exception() is None
+    ]
+    stop.callback(local_triton.stop_all, servers)  # whichever started, all at once
+    mlflow, _ = mlflow_start.result()  # a failed start raises here, the started ones stopped on exit
+    return mlflow, {env: start.result()[0].grpc_url for env, start in triton_starts.items()}
+
+
+def _register_build(stack: WorkflowStack, build: BuildResult) -> None:
+    """The session's build registered in the stack's MLflow as ``mlreg export`` registers it."""
+    from registry.mlflow import MlflowRegistry
+    from tests.integration.stacks import register_template
+
+    env = {"MLFLOW_TRACKING_URI": stack.mlflow_url, "MLREG_HOME": str(stack.root / "register-home")}
+    settings = Settings.from_env(env=env, cwd=stack.repo)
+    register_template(MlflowRegistry(settings), build, stack.root / "exports")

@@ -30,9 +30,12 @@ INJECTION = 'x"; touch PWNED; echo "'
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[WorkflowStack]:
-    """The session's S3 server (a bucket of the stack's own); MLflow and Triton the stack's own."""
-    with workflow_stack(tmp_path_factory.mktemp("workflows"), s3=s3_server) as running:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: Any, template_build: Any
+) -> Iterator[WorkflowStack]:
+    """The session's S3 server (a bucket of the stack's own); MLflow and Triton the stack's own; the
+    session's template build registered (the run's one export) instead of a second export."""
+    with workflow_stack(tmp_path_factory.mktemp("workflows"), s3=s3_server, build=template_build) as running:
         yield running
 
 
