@@ -40,11 +40,10 @@ test: install system-deps
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -f docs/mkdocs.yml  # docs/build/site; the CLI reference made from the commands
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL)
 
-# The unit suite on the same two pytest-xdist workers (a module per worker at a time; what a module's
-# tests wait on starts with its first test, once per worker: tests/unit/conftest.py).
-# PYTEST_WORKERS=0: one process (then every background process starts at collection).
+# One process: `pytest -n 2 --dist loadfile tests/unit` on a clone of 09:52 (load ~25) ended with 68
+# failed and 63 errors not seen in one process (8 failed): not the default until that is understood.
 unit: install
-	$(VENV)/bin/pytest $(PYTEST_PARALLEL) tests/unit
+	$(VENV)/bin/pytest tests/unit
 
 integration: install
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) tests/integration
