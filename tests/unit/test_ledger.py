@@ -21,26 +21,7 @@ from pipelines.ledger.events import GENESIS, Event, Unreadable, decode, encode
 from pipelines.storage import open_store
 from pipelines.storage.base import RepositoryStore
 from registry.errors import StorageError
-
-
-def fields(
-    replica: str = "r0:8001", model: str = "m", versions: tuple[str, ...] = ("1",), **more: Any
-) -> dict[str, Any]:
-    return {
-        "kind": "load",
-        "replica": replica,
-        "model": model,
-        "version": versions[-1] if versions else "",
-        "versions": versions,
-        "digests": {v: f"{int(v):064x}" for v in versions},
-        "signer": "",
-        "operation": "promote",
-        "promotion": "p-1",
-        "env": "local",
-        "result": "ok",
-        "detail": "",
-        "receipt": None,
-    } | more
+from tests.unit.ledger_fixtures import fields
 
 
 def chain_of(ledger: Ledger) -> list[Event]:

@@ -14,7 +14,7 @@ from pipelines.ledger import LEDGER, ledger_of
 from pipelines.ledger.events import Event
 from pipelines.storage import open_store
 from tests.cli import CliRunner
-from tests.unit.test_ledger import fields
+from tests.unit.ledger_fixtures import fields
 
 runner = CliRunner()
 
@@ -121,7 +121,7 @@ def test_verify_checks_every_receipt_against_the_public_key_and_names_one_anothe
 ) -> None:
     from pipelines.ledger import Recorder
     from pipelines.ledger.receipts import ReceiptSigner
-    from tests.unit.test_ledger_history import _receipt_keys
+    from tests.unit.ledger_fixtures import receipt_keys
 
     source = project / "src" / "scorer"
     (source / "1").mkdir(parents=True)
@@ -131,8 +131,8 @@ def test_verify_checks_every_receipt_against_the_public_key_and_names_one_anothe
     store.put_version("scorer", "1", source / "1")
     (project / "ours").mkdir()
     (project / "theirs").mkdir()
-    ours, public = _receipt_keys(project / "ours")
-    theirs, _ = _receipt_keys(project / "theirs")
+    ours, public = receipt_keys(project / "ours")
+    theirs, _ = receipt_keys(project / "theirs")
     (project / "receipts.pub").write_bytes(public)
     good = Recorder(ledger_of(store), store, "staging", signer=ReceiptSigner(ours))
     good.sent("t0:8001", "scorer", ("1",), ())

@@ -20,6 +20,7 @@ from pipelines.ledger.query import served_at
 from pipelines.ledger.recorder import operation
 from pipelines.storage import open_store
 from registry.errors import MlregError
+from tests.unit.ledger_fixtures import receipt_keys
 from tests.unit.worlds import MEMBER, World
 
 Truth = dict[str, dict[str, tuple[str, ...]]]  # url -> model -> READY versions
@@ -124,30 +125,13 @@ def test_a_ledger_that_cannot_be_written_never_fails_the_promotion(tmp_path: Pat
     assert (tmp_path / LEDGER).read_text() == "a file where the ledger's folder would be"
 
 
-def _receipt_keys(tmp_path: Path) -> tuple[Path, bytes]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    path = tmp_path / "receipts.pem"
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return path, public
-
-
 def test_an_environment_with_a_receipt_key_gets_a_verifiable_receipt_for_each_load(tmp_path: Path) -> None:
     import dataclasses
 
     from pipelines.ledger.receipts import verify_receipt
 
     world = World(tmp_path)
-    key, public = _receipt_keys(tmp_path)
+    key, public = receipt_keys(tmp_path)
     world.env = dataclasses.replace(world.env, receipt_key=str(key))
     world.promote("ens", "1")
     events = ledger_of(open_store(world.store_root)).read_all()[0]

@@ -117,7 +117,7 @@ def test_a_token_with_a_character_no_header_takes_is_never_quoted_in_the_answer(
 def _ledger_with_events(tmp_path: Path, count: int):  # type: ignore[no-untyped-def]
     store = open_store(str(tmp_path / "store"))
     ledger = ledger_of(store)
-    from tests.unit.test_ledger import fields
+    from tests.unit.ledger_fixtures import fields
 
     for _ in range(count):
         ledger.append(**fields())
@@ -161,7 +161,7 @@ def test_a_head_pointer_linked_to_another_file_is_never_written_through(tmp_path
     victim.write_bytes(b"not mlreg's\n")
     head.unlink()
     head.symlink_to(victim)
-    from tests.unit.test_ledger import fields
+    from tests.unit.ledger_fixtures import fields
 
     with pytest.raises(StorageError, match="link"):
         ledger.append(**fields())
@@ -298,7 +298,7 @@ def test_a_receipt_moved_onto_an_event_of_another_model_with_the_same_digest_is_
 
     from mlreg.ops.ledger import Verified, _check_receipts
     from pipelines.ledger.receipts import ReceiptSigner, statement
-    from tests.unit.test_ledger import fields
+    from tests.unit.ledger_fixtures import fields
 
     key = tmp_path / "receipts.pem"
     subprocess.run(
