@@ -125,11 +125,12 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
     [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
     assert row["drift"] == []  # the re-pointed ensemble was registered with the pins it serves
     assert row["pins"]["image_model"] == "2"
-    # one numbering: registered as a new version, it serves from its Triton folder 1
+    # one number (issue 48): registered as a new version, it serves from the Triton folder of that
+    # number -- the version a client asks Triton for is the version MLflow shows
     re_pointed = row["alias"]
     assert re_pointed != "1"
-    assert (row["desired"], row["desired_folders"]) == ([re_pointed], ["1"])
-    assert (row["serving"], row["serving_folders"]) == ({stack.url: [re_pointed]}, {stack.url: ["1"]})
+    assert (row["desired"], row["desired_folders"]) == ([re_pointed], [re_pointed])
+    assert (row["serving"], row["serving_folders"]) == ({stack.url: [re_pointed]}, {stack.url: [re_pointed]})
     store = open_store(stack.settings.local_repository)
     serving = store.read_config(ENSEMBLE)
     pinned = 'model_name: "image_model"\n    model_version: 2'
