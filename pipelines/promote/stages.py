@@ -4,19 +4,6 @@ Planning (before the first live stage: a dry run stops there): ``resolve``, ``co
 ``validate`` and the scratch-server gate.  Live (they write the store, the servers or the
 registry, and note every change in ``ctx.undo`` first): ``assemble``, the canary gate, the
 deployer's ``deploy`` and ``finalize``, ``verify`` and ``record``.
-
-One number (issue 48, item 5): the version a client asks Triton for is the version MLflow shows.
-A member's promotion re-points every ensemble over it; ``assemble`` registers each re-pointed
-config first (``register_repointed``: validated in ``validate``, an identical config reuses its
-version), and the ensemble then moves to the Triton folder of that number -- fetched from the
-registry like any version (``config.pbtxt`` + an empty version folder), uploaded, verified and
-swapped in like any version.  The plan (and a dry run) still names the folder that serves; from
-``assemble`` on, the step is the registered version.  An abort removes the uploaded folder; the
-registered version stays (valid, never served: the report says so).  Migration of a store made
-before (an ensemble served from a folder whose number is not its registered version): the next
-promotion that touches the ensemble moves it to its own number -- a member's promotion re-points
-it, and ``mlreg promote ENSEMBLE --version N`` is no longer a no-op while folder != N; once they
-agree it is (idempotent), and the old folder serves until the swap (nothing served is lost).
 """
 
 from __future__ import annotations
@@ -43,7 +30,6 @@ from pipelines.core.plan import (
     desired_config,
     ensemble_pins,
     ensembles_pinning,
-    fetch_version,
     serving_versions,
     swap_notes,
 )
@@ -198,13 +184,13 @@ def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
 
 
 def _sole_folder(ctx: PromotionContext, model: str, version: str, config: str | None) -> str | None:
-    """The one folder the store's ``config`` serves, when it is complete and is ``version`` (an
-    ensemble too: one served from a folder numbered otherwise is migrated by promoting it)."""
+    """The one folder the store's ``config`` serves, when it is complete and is ``version`` (or
+    ``model`` is an ensemble, which a re-pointed version serves from its old folder)."""
     folders = config_facts(config).versions if config is not None else ()
     if config is None or len(folders) != 1:
         return None
     [folder] = folders
-    if folder != version:  # an ensemble served from another folder moves to its own (one number)
+    if folder != version and not config_facts(config).is_ensemble:
         return None
     return folder if ctx.store.read_manifest(model, folder) is not None else None
 
@@ -445,7 +431,6 @@ def assemble(ctx: PromotionContext) -> UploadReport:
     then every new version folder uploaded and verified."""
     if ctx.converted is not None and not ctx.converted.registered:
         _register_converted(ctx, ctx.converted)
-    register_repointed(ctx)  # before any upload: each re-pointed ensemble at its registered number
     repaired = [apply_repair(ctx.store, repair) for repair in ctx.repairs]  # the registered bytes back
     sent, uploaded = 0, repaired
     for step in ctx.plan.steps:
@@ -481,50 +466,6 @@ def _uploading(ctx: PromotionContext, step: Step) -> Callable[[int], None] | Non
         told(f"assemble: uploading {step.model} v{step.version} ({sent[0] / 1e6:.1f} MB sent)")
 
     return progress
-
-
-def register_repointed(ctx: PromotionContext) -> None:
-    """Each re-pointed ensemble of the plan registered (an identical config reuses its version) and
-    renumbered: from here on its step is that registered version, fetched from the registry as
-    any version is, uploaded to its own folder when the store lacks it (module docstring)."""
-    plan = ctx.plan
-    assert plan.workdir is not None
-    for index, step in enumerate(plan.steps):
-        if step.role is not Role.ENSEMBLE or _registered_as_folder(ctx, step):
-            continue
-        folder = repointed_folder(ctx, step)
-        pins = ensemble_pins(step.config_text)
-        version = ctx.registry.register_version(
-            step.model, folder / "1", folder / "config.pbtxt", members=pins
-        )
-        fetched, tags = fetch_version(
-            ctx.registry, step.model, version, plan.workdir / f"registered-{step.model}"
-        )
-        plan.steps[index] = replace(
-            step,
-            version=version,
-            folder=fetched,
-            config_text=desired_config(step.config_text, [version], ctx.env.gpu),
-            upload=ctx.store.read_manifest(step.model, version) is None,
-            digest=tags.get("artifact_digest", ""),
-        )
-        if version not in step.previous_versions:
-            was = ", ".join(step.previous_versions) or "none"
-            ctx.result.notes.append(
-                f"{step.model} re-pointed: registered as v{version}, for Triton folder {version} "
-                f"(folder {was} before)"
-            )
-
-
-def _registered_as_folder(ctx: PromotionContext, step: Step) -> bool:
-    """The ensemble's config is already the registered version its folder is numbered as (a
-    repair re-loading the store's config where a target lost it): nothing to register or move."""
-    assert ctx.plan.workdir is not None
-    try:
-        fetched, _ = fetch_version(ctx.registry, step.model, step.version, ctx.plan.workdir / "as-folder")
-    except (MlregError, LookupError, OSError):  # no such registered version: register it
-        return False
-    return ensemble_pins((fetched / CONFIG_NAME).read_text()) == ensemble_pins(step.config_text)
 
 
 def _register_converted(ctx: PromotionContext, converted: Converted) -> None:
@@ -618,7 +559,13 @@ def record(ctx: PromotionContext) -> RecordReport:
     try:
         versions: list[tuple[str, str]] = []
         for step in plan.steps:
-            version = step.version  # a re-pointed ensemble's: registered by assemble (one number)
+            version = step.version
+            if step.role is Role.ENSEMBLE:
+                folder = repointed_folder(ctx, step)
+                pins = ensemble_pins(step.config_text)
+                version = ctx.registry.register_version(
+                    step.model, folder / "1", folder / "config.pbtxt", members=pins
+                )
             writes.tag_version(step.model, version, stamp)
             versions.append((step.model, version))
         checkpoint("record:aliases")

@@ -125,12 +125,11 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
     [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
     assert row["drift"] == []  # the re-pointed ensemble was registered with the pins it serves
     assert row["pins"]["image_model"] == "2"
-    # one number (issue 48): registered as a new version, it serves from the Triton folder of that
-    # number -- the version a client asks Triton for is the version MLflow shows
+    # one numbering: registered as a new version, it serves from its Triton folder 1
     re_pointed = row["alias"]
     assert re_pointed != "1"
-    assert (row["desired"], row["desired_folders"]) == ([re_pointed], [re_pointed])
-    assert (row["serving"], row["serving_folders"]) == ({stack.url: [re_pointed]}, {stack.url: [re_pointed]})
+    assert (row["desired"], row["desired_folders"]) == ([re_pointed], ["1"])
+    assert (row["serving"], row["serving_folders"]) == ({stack.url: [re_pointed]}, {stack.url: ["1"]})
     store = open_store(stack.settings.local_repository)
     serving = store.read_config(ENSEMBLE)
     pinned = 'model_name: "image_model"\n    model_version: 2'
@@ -731,9 +730,9 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
 def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_a_noop(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """A member's promotion re-points the ensemble into its own folder (the registered version's
-    number: one number); promoting the ensemble's registered v1, whose pins are the first
-    deployment's, brings v1's folder and those member versions back."""
+    """Re-pointed ensembles keep their store folder (1): promoting the ensemble's registered v1,
+    whose pins are the first deployment's, brings those member versions back -- it is not
+    "already serves" because the folder matches."""
     from pipelines.core.plan import ensemble_pins
 
     store = open_store(stack.settings.local_repository)
@@ -743,8 +742,7 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_
     stack.registry.fetch_version(ENSEMBLE, "1", tmp_path / "registered")
     registered = ensemble_pins((tmp_path / "registered" / "config.pbtxt").read_text())
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") != registered  # members moved since
-    newest = str(max(int(v.version) for v in stack.registry.versions(ENSEMBLE)))
-    assert stack.desired(ENSEMBLE) == [newest]  # the re-pointed version, in the folder of its number
+    assert stack.desired(ENSEMBLE) == ["1"]  # the same folder
     result = stack.promote(ENSEMBLE, "1", skip_quality=True)
     assert result.stage_names()[0] != "noop"
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") == registered

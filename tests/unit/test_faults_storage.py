@@ -401,7 +401,7 @@ def test_a_store_full_at_the_uploaded_checkpoint_rolls_back_without_restoring_an
     assert code == PromotionFailed.exit_code, err
     assert (
         f"failed: disk full at {root}: cannot write 'net/config.pbtxt' (No space left on device); "
-        "rolled back, the previous versions serve (restored ens/2 removed, net/2 removed)" in err
+        "rolled back, the previous versions serve (restored net/2 removed)" in err
     )
     assert "failed too" not in err
     assert f"fix: free space at {root}" in err
@@ -434,7 +434,7 @@ def test_an_archive_on_another_file_system_is_moved_by_a_checked_copy_both_ways(
     world.promote("net", "2")
     moved = world.promote("net", "3")  # keep 2: net v1 leaves before the load
     [stage] = [s for s in moved.stages if s.stage == "archive"]
-    assert stage.detail.startswith("keep 2: archived ens v1, net v1 (")  # ens re-pointed: folders 2, 3
+    assert stage.detail.startswith("keep 2: archived net v1 (")
     assert "not archived" not in " ".join(s.detail for s in moved.stages)
     store, copy = world.fleet.store, world.fleet.store.archive()
     assert (store.list_versions("net"), copy.list_versions("net")) == (["2", "3"], ["1"])
@@ -455,7 +455,7 @@ def test_an_archive_on_another_file_system_is_moved_by_a_checked_copy_both_ways(
     world.fleet.nan_answers.clear()
     back = world.promote("net", "1")  # from the archive, verified; v2 leaves for it
     [stage] = [s for s in back.stages if s.stage == "archive"]
-    assert stage.detail.startswith("keep 2: archived ens v2, net v2 (")
+    assert stage.detail.startswith("keep 2: archived net v2 (")
     _settled(world, "1")
     assert (store.list_versions("net"), copy.list_versions("net")) == (["1", "3"], ["2"])
     assert copy.verify_version("net", "2", full=True).status == "verified"
@@ -518,13 +518,7 @@ def test_a_truncated_manifest_of_the_serving_version_is_listed_flagged_and_repai
     assert listing.exit_code == 0, listing.output
     rows = [line.split(None, 2) for line in listing.stdout.splitlines()[1:]]
     assert ["net", "2", "corrupt manifest  0"] in rows  # no file can be counted
-    assert {(r[0], r[1]) for r in rows} == {
-        ("ens", "1"),
-        ("ens", "2"),
-        ("pre", "1"),
-        ("net", "1"),
-        ("net", "2"),
-    }
+    assert {(r[0], r[1]) for r in rows} == {("ens", "1"), ("pre", "1"), ("net", "1"), ("net", "2")}
     listed = CliRunner().invoke(app, ["store", "ls", "--store", root, "--json"])
     [row] = [r for r in json.loads(listed.stdout)["versions"] if (r["model"], r["version"]) == ("net", "2")]
     assert row["state"] == "corrupt manifest"
