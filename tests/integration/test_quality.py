@@ -125,7 +125,7 @@ def test_a_dry_run_served_as_onnx_converts_and_gates_but_registers_nothing(stack
     versions = len(stack.registry.versions("image_model"))
     before = stack.snapshot()
     result = stack.promotion(serve_as="onnx", dry_run=True).run("image_model", saved)
-    assert result.stage_names() == ["resolve", "convert", "validate", "quality"]  # planning only
+    assert result.stage_names() == ["resolve", "convert", "validate", "preflight", "quality"]  # planning only
     convert = next(s for s in result.stages if s.stage == "convert")
     onnx_version = result.plan.version
     assert f"-> v{onnx_version} (ONNX)" in convert.detail
