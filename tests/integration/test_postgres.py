@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 
 from pipelines.devstack import local_s3
 from pipelines.devstack.local_triton import free_port, http_ok
@@ -165,6 +166,9 @@ def mlflow_command(db: Postgres, port: int) -> tuple[list[str], dict[str, str]]:
             "MINIO_ROOT_USER": "unused",
             "MLFLOW_WORKERS": "1",  # compose's knob: one worker on this 2-core machine
             "MINIO_ROOT_PASSWORD": "unused",
+            # .env.example's placeholder is no Fernet key: MLflow refuses to start on it, as an operator's
+            # server would until they generate one (its comment says how)
+            "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": Fernet.generate_key().decode(),
         }
     )["services"]["mlflow"]
     command = list(service["command"])
