@@ -692,7 +692,7 @@ def _release_verdicts(
     for model in files:
         judge_one = onnx_record if model.kind == "onnx" else saved_model_record
         verdicts.append(to_verdict(judge_one(replica, model.name, model.path, settings), window))
-    return [dataclasses.replace(v, replicas=urls) for v in verdicts]
+    return [dataclasses.replace(v, replicas=urls, sample=len(urls)) for v in verdicts]  # replicas judged
 
 
 def _hazard_verdicts(found: list[CheckRecord], window: str, urls: tuple[str, ...] = ()) -> list[Verdict]:
@@ -718,8 +718,15 @@ def _hazard_verdicts(found: list[CheckRecord], window: str, urls: tuple[str, ...
             line=f"{summary}; the last fixed in {release_text(fixed)}",
             fix=_upgrade(fixed),
         )
-        verdicts.append(
-            dataclasses.replace(to_verdict(record, window), findings=tuple(r.line for r in group))
+        made = to_verdict(record, window)
+        verdicts.append(  # the figures: the release's known hazards (value), none allowed (threshold)
+            dataclasses.replace(
+                made,
+                measured=f"known hazards (count) of {made.measured}",
+                value=float(len(group)),
+                threshold=0.0,
+                findings=tuple(r.line for r in group),
+            )
         )
     return verdicts
 

@@ -156,15 +156,16 @@ VERDICT_FIGURES = ("value", "threshold", "sample", "noise_floor")
 
 def verdict_metrics(verdicts: list[dict[str, Any]]) -> dict[str, float]:
     """One metric per measured value of each check's verdict (``verdict_<check>_<model>_value``,
-    ``..._threshold``, ``..._sample``, ``..._noise_floor``), so MLflow charts them."""
+    ``..._threshold``, ``..._sample``, ``..._noise_floor``), so MLflow charts them; where records
+    share a name (a check's enforced and noted findings), a refusing record's figures, else the first's."""
     found: dict[str, float] = {}
-    for verdict in verdicts:
+    for verdict in sorted(verdicts, key=lambda v: not v.get("refuses")):
         model = str(verdict.get("subject") or "").split(" ")[0]
         prefix = "_".join(p for p in ("verdict", str(verdict.get("name", "")), model) if p)
         for figure in VERDICT_FIGURES:
             value = verdict.get(figure)
             if isinstance(value, int | float) and not isinstance(value, bool):
-                found[f"{prefix}_{figure}"] = float(value)
+                found.setdefault(f"{prefix}_{figure}", float(value))
     return found
 
 

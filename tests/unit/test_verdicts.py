@@ -191,8 +191,9 @@ def test_runtime_failure_is_recorded_in_json_and_the_run(
     assert "Triton >=" in found["fix"]
     assert found["replicas"] == ["t0:8001", "t1:8001"]  # the preflight: every replica, before any load
     assert document["reason"] == verdicts_line(found)
-    # what the runtime gate measures is a version, not a number: no value, threshold or sample
-    assert (found["value"], found["threshold"], found["sample"]) == (None, None, None)
+    # the release's known hazards counted (one finding each), none allowed; both replicas judged
+    assert (found["value"], found["threshold"], found["sample"]) == (float(len(found["findings"])), 0.0, 2)
+    assert found["value"] >= 1
     assert [v["name"] for v in document["verdicts"] if v["name"] == "golden"] == []  # no gate ran
 
 
