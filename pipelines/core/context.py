@@ -5,6 +5,11 @@ plan, the gate's outputs) and notes every change it makes in ``ctx.undo`` before
 strategies are chosen once, when the plan is built (``resolve``): the ``Deployer`` (all at once, or
 staged under the environment's policy) and the ``Gate`` (on the canary, on a scratch server, or
 none).
+
+The context names no feature: its servers are any ``Servers`` (ports.py) -- in a promotion the
+environment's ``Fleet`` (pipelines/fleet), built with the context's undo log.  It is generic in
+their type: ``PromotionContext[Fleet]`` is a promotion's, and code above core that annotates it so
+reads ``ctx.fleet`` as the Fleet (the bare ``PromotionContext`` leaves it untyped).
 """
 
 from __future__ import annotations
@@ -14,12 +19,12 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from pipelines.core.check import Checked
 from pipelines.core.environment import Environment
 from pipelines.core.plan import Plan
-from pipelines.core.ports import Registry, ScratchServers
+from pipelines.core.ports import Registry, ScratchServers, Servers
 from pipelines.core.reports import (
     Converted,
     FleetReport,
@@ -29,11 +34,11 @@ from pipelines.core.reports import (
     StageReport,
 )
 from pipelines.core.undo import UndoLog
-from pipelines.fleet.fleet import Fleet
 from pipelines.storage.base import RepositoryStore
 from registry.settings import Settings
 
 OnStage = Callable[[str, str, float, str], None]  # stage, status, seconds, detail
+FleetT = TypeVar("FleetT", bound=Servers)  # the environment's servers (pipelines/fleet ``Fleet``)
 
 
 @dataclass
@@ -87,13 +92,13 @@ class Gate(Protocol):
 
 
 @dataclass
-class PromotionContext:
+class PromotionContext(Generic[FleetT]):
     settings: Settings
     env: Environment
     registry: Registry
     options: Options
     store: RepositoryStore
-    fleet: Fleet
+    fleet: FleetT
     plan: Plan
     scratch: ScratchServers | None = None
     undo: UndoLog = field(init=False)
@@ -107,9 +112,10 @@ class PromotionContext:
     repairs: list[Repair] = field(default_factory=list)  # corrupt stored versions assemble restores
 
     def __post_init__(self) -> None:
-        if not isinstance(self.fleet.undo, UndoLog):  # the fleet notes every move in its log first
+        undo = self.fleet.undo
+        if not isinstance(undo, UndoLog):  # the fleet notes every move in its log first
             raise TypeError("a promotion's Fleet is built with its UndoLog: Fleet(..., undo=UndoLog(...))")
-        self.undo = self.fleet.undo
+        self.undo = undo
         self.undo.plan(self.plan.steps)
         self.result = PromotionResult(self.plan)
         self._tmp = tempfile.TemporaryDirectory(prefix="mlreg-promote-")

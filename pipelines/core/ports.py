@@ -3,7 +3,9 @@
 The registry's three ports (a reader, a writer, a run recorder) are :mod:`registry.ports`' (the
 registry's own code registers through them too); ``Registry`` is their union.  ``MlflowRegistry``
 (registry/) and ``TritonControl`` (pipelines/triton/control.py) are the real implementations; the unit
-tests drive the runner with small in-memory fakes of both.
+tests drive the runner with small in-memory fakes of both.  ``Servers`` and ``Replicas`` are what the
+shared vocabulary asks of an environment's servers (pipelines/fleet ``Fleet`` is both), so that the
+context and the undo log name no feature.
 """
 
 from __future__ import annotations
@@ -15,9 +17,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pipelines.core.changes import Change
 from registry.ports import RegistryReader, RegistryWriter, RunRecorder
 
-__all__ = ["Registry", "RegistryReader", "RegistryWriter", "RunRecorder", "ScratchServers", "ServingTarget"]
+__all__ = [
+    "Registry",
+    "RegistryReader",
+    "RegistryWriter",
+    "Replicas",
+    "RunRecorder",
+    "ScratchServers",
+    "Servers",
+    "ServingTarget",
+]
 
 
 class Registry(RegistryReader, RegistryWriter, RunRecorder, Protocol):
@@ -69,3 +81,26 @@ class ServingTarget(Protocol):
 # model-control mode; leaving it stops the server.  The application provides it
 # (pipelines/devstack); the promotion never starts a server itself.
 ScratchServers = Callable[[Path], AbstractContextManager[str]]
+
+
+class Replicas(Protocol):
+    """What the undo log (undo.py) asks of the servers it puts back (pipelines/fleet ``Fleet``):
+    each replica put back to an earlier ``Change`` ("" or why not), as many at once as the
+    roll-out moved (``parallel``), and a replica asked what it holds now."""
+
+    @property
+    def parallel(self) -> int: ...
+
+    def restore(self, url: str, change: Change) -> str: ...
+
+    def target(self, url: str) -> ServingTarget: ...
+
+
+class Servers(Protocol):
+    """What a promotion's context (context.py) asks of its servers (pipelines/fleet ``Fleet``): the
+    undo log every change is noted in first (None: a read-only fleet), and to close them."""
+
+    @property
+    def undo(self) -> object: ...
+
+    def close(self) -> None: ...

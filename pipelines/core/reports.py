@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipelines.core.changes import Rollout
 from pipelines.core.check import Verdict
 from pipelines.core.plan import Plan, Step
-from pipelines.fleet.fleet import Rollout
 from registry.errors import PromotionError
 from registry.settings import redact_data, redact_uri
 

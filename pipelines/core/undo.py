@@ -40,9 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pipelines.core.changes import Change, ready_versions
 from pipelines.core.litter import forget_uploads
 from pipelines.core.plan import Step, desired_config, ensemble_pins, follow_latest
-from pipelines.fleet.fleet import Change, Fleet, ready_versions
+from pipelines.core.ports import Replicas
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
 
@@ -196,7 +197,7 @@ class UndoLog:
             seen.extend(url for url in entry.replicas if url not in seen)
         return seen
 
-    def release(self, url: str, fleet: Fleet) -> str:
+    def release(self, url: str, fleet: Replicas) -> str:
         """The replica at ``url`` left out of the roll-out as it served: every model this promotion
         changed there put back to what it held at the first touch (members first, then ensembles,
         newest first; one new to the replica unloaded), and ``url`` forgotten, so the replay does
@@ -215,7 +216,9 @@ class UndoLog:
 
     # -- the replay --------------------------------------------------------------------------------
 
-    def replay(self, fleet: Fleet, store: RepositoryStore, verify: VerifyStored | None = None) -> UndoReport:
+    def replay(
+        self, fleet: Replicas, store: RepositoryStore, verify: VerifyStored | None = None
+    ) -> UndoReport:
         """Put everything back (see the module's docstring for the order)."""
         report = UndoReport()
         self._registry_back(report)
@@ -236,7 +239,7 @@ class UndoLog:
         members: list[Entry],
         ensembles: list[Entry],
         kept: set[str],
-        fleet: Fleet,
+        fleet: Replicas,
         store: RepositoryStore,
         report: UndoReport,
     ) -> None:
@@ -287,7 +290,7 @@ class UndoLog:
                     break
         return kept
 
-    def _follow(self, entry: Entry, moving: set[str], fleet: Fleet, report: UndoReport) -> None:
+    def _follow(self, entry: Entry, moving: set[str], fleet: Replicas, report: UndoReport) -> None:
         """An ensemble first follows the latest loaded version of the members moving back; where
         it was new to a replica, it is unloaded there before its members go."""
         following = moving & set(ensemble_pins(entry.previous or ""))
@@ -300,7 +303,7 @@ class UndoLog:
                 text = follow_latest(entry.previous, list(held), self.gpu, following)
                 _note(report, fleet.restore(url, Change(entry.model, text, held)), "")
 
-    def _put_back(self, entry: Entry, fleet: Fleet, store: RepositoryStore, report: UndoReport) -> None:
+    def _put_back(self, entry: Entry, fleet: Replicas, store: RepositoryStore, report: UndoReport) -> None:
         # the config noted before the first write: nothing is written back where it still is -- a
         # write that failed before it changed the file (a full disk) left nothing to restore
         written = entry.store and not _unchanged(store, entry)
@@ -334,7 +337,7 @@ def _note(report: UndoReport, failure: str, done: str) -> None:
         report.restored.append(done)
 
 
-def _keep(report: UndoReport, fleet: Fleet, url: str, model: str, before: tuple[str, ...]) -> None:
+def _keep(report: UndoReport, fleet: Replicas, url: str, model: str, before: tuple[str, ...]) -> None:
     """``model`` new to the store but served at ``url`` before this promotion (from another
     repository): left loaded; the report says whether it still serves what it served."""
     try:

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from pipelines.core.changes import Change, ready_versions
 from pipelines.core.plan import Step
 from pipelines.core.ports import ServingTarget
-from pipelines.fleet.fleet import Change, Fleet, dropped, ready_versions, wait_back
+from pipelines.fleet.fleet import Fleet
+from pipelines.fleet.putback import dropped, wait_back
 from registry.errors import MlregError, PromotionError
 
 

@@ -1,6 +1,6 @@
 """Memory headroom before every load, and a replica that leaked memory fenced off (issue 34).
 
-``Headroom`` is the fleet's ``LoadGuard`` (pipelines/fleet/fleet.py): ``Fleet.move`` asks
+``Headroom`` is the fleet's ``LoadGuard`` (pipelines/fleet/admission.py): ``Fleet.move`` asks
 ``before_load`` before it sends anything and tells ``after_load`` how the load went.  Every figure
 is read off Triton's own memory gauges, refreshed every ``--metrics-interval-ms`` (2000 by default:
 ``METRICS_INTERVAL``).  pipelines/triton/gauges.py reads them, says where a model's memory goes
@@ -27,10 +27,11 @@ is read off Triton's own memory gauges, refreshed every ``--metrics-interval-ms`
 - **No metrics** (no URL, an endpoint that does not answer, no memory gauge): nothing is checked
   there, and a note says so -- never a silent pass.
 
-What it found (``to_dict``) goes into the promotion's result; ``footprints()`` is what the record
-stage writes to the registry.  Every reading is kept as a ``Sample`` (the newest ``SAMPLES``), and
-each load, refusal and leak as an ``Event``, on one clock (seconds since the guard was made): the
-record stage draws them (pipelines/promote/plots.py).  Cost: one scrape per replica per load (one
+What it found (``findings``: headroom_findings.py ``Findings``; ``to_dict``) goes into the
+promotion's result; ``footprints()`` is what the record stage writes to the registry.  Every
+reading is kept as a ``Sample`` (the newest ``SAMPLES``), and each load, refusal and leak as an
+``Event``, on one clock (seconds since the guard was made): the record stage draws them
+(pipelines/promote/plots.py).  Cost: one scrape per replica per load (one
 made less than an interval ago is reused); the registry is asked once per version.
 """
 
@@ -38,16 +39,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from pipelines.core.changes import Change
 from pipelines.core.check import PRIVATE_SUFFIX, Place
 from pipelines.core.environment import MEMORY_MARGIN
 from pipelines.core.plan import config_facts
 from pipelines.core.ports import RegistryReader
-from pipelines.fleet.fleet import Change, Fleet
+from pipelines.fleet.fleet import Fleet
+from pipelines.guards.headroom_findings import SAMPLES, Event, Findings, Footprint
 from pipelines.triton.gauges import (
     HOST_USED,
     Gauges,
@@ -68,22 +70,11 @@ METRICS_INTERVAL = 2.0  # seconds: Triton's --metrics-interval-ms default (2000)
 LEAK_FLOOR = {"gpu": 64 * 2**20, "host": 256 * 2**20}
 LEAK_SHARE = 0.10  # ... or this share of the footprint (an allocator's slack), whichever is larger
 MIB = 2**20
-SAMPLES = 2000  # readings (and events) kept for the record's plot; the oldest are dropped
 NO_METRICS = "no metrics URL for it (mlreg.toml names them with the roll-out keys metrics_port or metrics)"
 
 Known = Callable[[str, str], "Footprint | None"]  # (model, version) -> its recorded footprint
 Held = Callable[[str, str], Sequence[str]]  # (url, model) -> the versions READY there
 Recreates = Callable[[Change], bool] | Collection[str]  # a change that re-creates the serving versions
-
-
-@dataclass(frozen=True)
-class Footprint:
-    model: str
-    version: str
-    bytes: int
-    kind: str  # "gpu" (summed over the GPUs) | "host"
-    replica: str = ""  # where this promotion measured it ("": recorded before)
-    note: str = ""
 
 
 def footprint_of(model: str, version: str, tags: Mapping[str, str]) -> Footprint | None:
@@ -111,18 +102,6 @@ def replica_versions(fleet: Fleet) -> Held:
     (after the canary gate's load of the candidate, the serving version it kept is in it), so no
     version is counted as new -- measured or counted twice -- because the view forgot it."""
     return fleet.ready
-
-
-@dataclass(frozen=True)
-class Event:
-    """A load sent, refused, failed or leaking, on the samples' clock."""
-
-    seconds: float
-    replica: str
-    what: str  # "load of net v2", "refused net v2", "failed load of net v2", "leak of 512 MiB ..."
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"seconds": round(self.seconds, 3)}
 
 
 def label(model: str, versions: Sequence[str]) -> str:
@@ -180,10 +159,6 @@ class Headroom:
     interval: float = 0.0  # seconds between the gauges' refreshes (0: METRICS_INTERVAL)
     read: Read = read_metrics
     sleep: Callable[[float], None] = time.sleep
-    checks: list[dict[str, Any]] = field(default_factory=list)  # per replica, load and device
-    refused: list[str] = field(default_factory=list)
-    leaks: list[dict[str, Any]] = field(default_factory=list)
-    measured: list[Footprint] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.interval = self.interval or METRICS_INTERVAL
@@ -191,12 +166,20 @@ class Headroom:
         self._footprints: dict[tuple[str, str], Footprint | None] = {}
         self._measuring: dict[tuple[str, str], str] = {}  # (model, version) -> the replica measuring
         self._loads: dict[tuple[str, str], _Load] = {}  # (url, model as loaded) -> the load under way
-        self._unchecked: dict[str, list[str]] = {}  # why -> the replicas not checked for it
-        self._notes: list[str] = []
+        clock = time.monotonic()  # the samples' and the events' zero
+        self.findings = Findings(clock)
         self._readings = Readings(
-            self.metrics_url, self.read, self.interval, self.sleep, skip=self._skip, kept=SAMPLES
+            self.metrics_url,
+            self.read,
+            self.interval,
+            self.sleep,
+            skip=self.findings.skip,
+            kept=SAMPLES,
+            start=clock,
         )
-        self._events: deque[Event] = deque(maxlen=SAMPLES)
+        # what it found, as the findings hold them (the same lists)
+        self.checks, self.refused = self.findings.checks, self.findings.refused
+        self.leaks, self.measured = self.findings.leaks, self.findings.measured
 
     # -- LoadGuard --------------------------------------------------------------------------------
 
@@ -204,7 +187,7 @@ class Headroom:
         if change.config is None or config_facts(change.config).is_ensemble:
             return  # an ensemble holds no memory of its own
         if not self.metrics_url(url):
-            self._skip(url, NO_METRICS)
+            self.findings.skip(url, NO_METRICS)
             return
         if self._readings.dead(url):
             return  # its metrics could not be read: noted once
@@ -217,11 +200,11 @@ class Headroom:
             return
         where = placement(change.config, gauges)
         if where.kind == "host" and gauges.host is None:
-            self._skip(url, f"it exports no {HOST_USED}")
+            self.findings.skip(url, f"it exports no {HOST_USED}")
             return
         ask = _Ask(url, change.model, new, serving, where, began)
         load = self._check(ask, gauges)
-        self._event(url, f"load of {ask.label}")
+        self.findings.event(url, f"load of {ask.label}")
         with self._lock:
             self._loads[(url, change.model)] = load
 
@@ -232,7 +215,7 @@ class Headroom:
         if load is None:
             return ""
         if error is not None:
-            self._event(url, f"failed load of {load.ask.label}")
+            self.findings.event(url, f"failed load of {load.ask.label}")
             return self._leaked(load)
         if load.measure:
             self._measure(load)
@@ -240,47 +223,29 @@ class Headroom:
             self._readings.loaded(url, load.pending)
         return ""
 
-    # -- what a promotion reports -----------------------------------------------------------------
+    # -- what a promotion reports (the findings, and the gauge samples) -------------------------
 
     def footprints(self) -> list[tuple[str, str, int, str]]:
         """(model, version, bytes, kind) of every footprint this promotion measured."""
-        return [(f.model, f.version, f.bytes, f.kind) for f in self.measured]
+        return self.findings.footprints()
 
     @property
     def notes(self) -> list[str]:
-        with self._lock:
-            unchecked = [
-                f"memory headroom was not checked at {', '.join(urls)}: {why}"
-                for why, urls in self._unchecked.items()
-            ]
-            return unchecked + self._notes
+        return self.findings.notes
 
     def summary(self) -> str:
-        return (
-            f"{len(self.checks)} check(s), {len(self.refused)} refused, {len(self.leaks)} leak(s), "
-            f"{len(self.measured)} footprint(s) measured, {len(self.notes)} note(s)"
-        )
+        return self.findings.summary()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "margin": self.margin,
-            "interval_seconds": self.interval,
-            "checks": [dict(c) for c in self.checks],
-            "refused": list(self.refused),
-            "leaks": [dict(leak) for leak in self.leaks],
-            "footprints": [asdict(f) for f in self.measured],
-            "notes": self.notes,
-            "samples": [s.to_dict() for s in self.samples()],
-            "events": [e.to_dict() for e in self.events()],
-        }
+        settings = {"margin": self.margin, "interval_seconds": self.interval}
+        return settings | self.findings.to_dict([s.to_dict() for s in self.samples()])
 
     def samples(self) -> list[Sample]:
         """Every gauge reading kept, oldest first (the newest ``SAMPLES``)."""
         return self._readings.samples()
 
     def events(self) -> list[Event]:
-        with self._lock:
-            return list(self._events)
+        return self.findings.events()
 
     # -- before the load --------------------------------------------------------------------------
 
@@ -300,7 +265,7 @@ class Headroom:
         sizes = {v: self._footprint(ask, v) for v in ask.new + ask.serving}
         measure = self._claim(ask, [v for v in ask.new if sizes[v] is None])
         for version in (v for v in ask.serving if sizes[v] is None):
-            self._note(
+            self.findings.note(
                 f"{ask.name} v{version} is re-created at {ask.url} with no footprint recorded: not counted"
             )
         known = sum(sizes[v] or 0.0 for v in ask.new)
@@ -347,9 +312,7 @@ class Headroom:
             f"{free / MIB:,.0f} MiB free, {needed / MIB:,.0f} MiB needed "
             f"({needed / self.margin / MIB:,.0f} MiB footprint x memory_margin {self.margin:g}){named}"
         )
-        with self._lock:
-            self.refused.append(message)
-        self._event(ask.url, f"refused {ask.label}")
+        self.findings.refusal(ask.url, message, ask.label)
         raise PromotionError(
             message,
             fix=f"unload a model {ask.url} does not need, lower memory_margin in mlreg.toml (now "
@@ -380,8 +343,7 @@ class Headroom:
             }
             for device in ask.where.devices
         ]
-        with self._lock:
-            self.checks.extend(rows)
+        self.findings.checked(rows)
 
     def _footprint(self, ask: _Ask, version: str) -> float | None:
         """A version's footprint in bytes (None: unknown here); the registry asked once."""
@@ -393,7 +355,7 @@ class Headroom:
             with self._lock:
                 found = self._footprints.setdefault(key, found)
         if found is not None and found.kind != ask.where.kind:
-            self._note(
+            self.findings.note(
                 f"{ask.name} v{version}: its footprint was measured in {found.kind} memory and "
                 f"{ask.url} places it in {ask.where.kind} memory: not counted there"
             )
@@ -410,9 +372,11 @@ class Headroom:
             with self._lock:
                 mine = self._measuring.setdefault((ask.name, versions), ask.url) == ask.url
             if mine:
-                self._skip(ask.url, f"{ask.name} v{versions} has no footprint recorded yet (measured there)")
+                self.findings.skip(
+                    ask.url, f"{ask.name} v{versions} has no footprint recorded yet (measured there)"
+                )
                 return versions
-        self._skip(ask.url, f"{ask.name} v{versions} has no footprint recorded yet")
+        self.findings.skip(ask.url, f"{ask.name} v{versions} has no footprint recorded yet")
         return ""
 
     # -- after the load ---------------------------------------------------------------------------
@@ -432,11 +396,11 @@ class Headroom:
                 f"{ask.source} moved by {delta / MIB:+,.0f} MiB around the load at {ask.url} (other work "
                 "there, or nothing allocated): recorded as 0"
             )
-            self._note(f"{ask.name} v{version}: {note}")
+            self.findings.note(f"{ask.name} v{version}: {note}")
         found = Footprint(ask.name, version, max(0, int(delta)), ask.where.kind, ask.url, note)
         with self._lock:
             self._footprints[(ask.name, version)] = found
-            self.measured.append(found)
+        self.findings.footprint(found)
 
     def _leaked(self, load: _Load) -> str:
         """After a failed load: "" when used memory came back, else why the replica is fenced off."""
@@ -458,25 +422,8 @@ class Headroom:
             "leaked_bytes": int(leaked),
             "bound_bytes": int(bound),
         }
-        with self._lock:
-            self.leaks.append(leak)
-        self._event(ask.url, f"leak of {leaked / MIB:,.0f} MiB after {ask.label}")
+        self.findings.leak(ask.url, leak, f"leak of {leaked / MIB:,.0f} MiB after {ask.label}")
         return f"leaked {leaked / MIB:,.0f} MiB after the failed load of {ask.label}; restart it"
-
-    def _event(self, url: str, what: str) -> None:
-        with self._lock:
-            self._events.append(Event(time.monotonic() - self._readings.start, url, what))
-
-    def _skip(self, url: str, why: str) -> None:
-        with self._lock:
-            urls = self._unchecked.setdefault(why, [])
-            if url not in urls:
-                urls.append(url)
-
-    def _note(self, note: str) -> None:
-        with self._lock:
-            if note not in self._notes:
-                self._notes.append(note)
 
 
 # -- the seam (pipelines/core/check.py): this guard as the settings loader reads it ---------------

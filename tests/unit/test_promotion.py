@@ -17,7 +17,7 @@ import pytest
 from pipelines.core.plan import Role, serving_versions
 from pipelines.core.policy import Policy
 from pipelines.core.reports import PromotionFailed
-from pipelines.fleet.fleet import Fleet
+from pipelines.fleet.sender import Sender
 from pipelines.promote.environments import Environment
 from pipelines.storage import open_store
 from registry.errors import StorageError, Terminated
@@ -527,13 +527,13 @@ def test_a_plain_swap_asks_each_target_what_it_holds_twice_resolve_and_verify(
 
         target.model_states = counted  # type: ignore[method-assign]
     waits: list[str] = []
-    unloaded = Fleet._unloaded
+    unloaded = Sender._unloaded
 
-    def waited(self: Fleet, target: Any, model: str, versions: tuple[str, ...]) -> bool:
+    def waited(self: Sender, target: Any, model: str, versions: tuple[str, ...]) -> bool:
         waits.append(target.url)
         return unloaded(self, target, model, versions)
 
-    monkeypatch.setattr(Fleet, "_unloaded", waited)
+    monkeypatch.setattr(Sender, "_unloaded", waited)
     assert world.promote("net", "2").ok
     assert waits  # the retire waited on each target: one poll each (the fake unloads at once)
     for url in ("t0:8001", "t1:8001"):
