@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.unit.conftest import SCRATCH, Background, Finished
-from tests.unit.verdict_kinds import BAKES, CAPTURED, FREE, GIB, KINDS
+from tests.unit.verdict_kinds import BAKES, CAPTURED, FREE, GIB, KINDS, OBSERVED
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKGROUND = {
@@ -38,7 +38,7 @@ def recorded(background: Finished) -> dict[str, Any]:
     done = background("kinds")
     assert done.returncode == 0, done.stderr[-3000:]
     found = dict(json.loads(done.stdout.strip().splitlines()[-1]))
-    assert sorted(found) == sorted(KINDS)
+    assert sorted(found) == sorted([*KINDS, OBSERVED])
     return found
 
 
@@ -127,3 +127,29 @@ def test_a_runtime_failure_is_read_back_from_the_mlflow_run(recorded: dict[str, 
     assert found["replicas"] == ["t0:8001", "t1:8001"]
     assert "Triton >=" in found["fix"]
     assert run["metrics"]["verdict_runtime_hazards_value"] == found["value"]
+
+
+def test_an_observed_shadow_replay_is_recorded_in_the_run_with_the_enforced_figures(
+    recorded: dict[str, Any],
+) -> None:
+    """The shadow kind's candidate and captures, in an environment with ``observe = ["shadow"]``:
+    promoted, and its run holds the record "observed: would have refused" with the figures the
+    enforcing environment's run holds, as metrics too."""
+    enforced, _, enforced_run = _record("shadow", recorded)
+    assert "crash" not in recorded[OBSERVED], recorded[OBSERVED].get("crash")
+    document, run = recorded[OBSERVED]["document"], recorded[OBSERVED]["run"]
+    assert (document["outcome"], document["reason"], run["status"]) == ("promoted", "", "FINISHED")
+    assert run["tags"]["result"] == "promoted"
+    assert list(recorded[OBSERVED]["serving"].values()) == [{"2": "READY"}] * 2  # both replicas serve v2
+    assert recorded[OBSERVED]["alias"] == "2"  # the environment's alias moved
+    [noted] = [v for v in run["verdict.json"] if v["name"] == "shadow"]
+    assert run["verdict.json"] == document["verdicts"]
+    assert (noted["result"], noted["observed"], noted["refuses"]) == ("fail", True, False)
+    assert noted["note"] == "observed: would have refused"
+    marks = ("observed", "refuses", "note")
+    assert {k: v for k, v in noted.items() if k not in marks} == {
+        k: v for k, v in enforced.items() if k not in marks
+    }
+    for figure in (*FIGURES, "noise_floor"):
+        key = f"verdict_shadow_m_{figure}"
+        assert run["metrics"][key] == enforced_run["metrics"][key] == pytest.approx(noted[figure])

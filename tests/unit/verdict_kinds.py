@@ -14,7 +14,9 @@ a script, beside the suite (tests/unit/test_verdicts_mlflow.py ``BACKGROUND``)::
 
 prints one JSON object: per kind, the ``--json`` document ``mlreg promote --json`` printed and the
 run as MLflow's own client (``MlflowClient``) reads it back -- status, tags, every
-``verdict_*`` metric, and ``verdict.json`` downloaded from the run's artifacts.
+``verdict_*`` metric, and ``verdict.json`` downloaded from the run's artifacts; and the same for
+the shadow kind's candidate and captures promoted in an environment observing shadow (``OBSERVED``:
+promoted, its record "observed: would have refused").
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ BAKES = {
     "probe_failure_ratio": ((10, 0, 1000, 0), 0.01),
 }
 KINDS = ("golden", "perf", "shadow", *(f"bake.{c}" for c in BAKES), "headroom", "peak_batch", "runtime")
+OBSERVED = "shadow observed"  # the shadow kind again, in an environment with observe = ["shadow"]
 
 
 class RunsInMlflow(FakeRegistry):
@@ -164,14 +167,20 @@ def perf(tmp: Path) -> Case:
     return Case(world)
 
 
-def shadow(tmp: Path) -> Case:
-    """``m`` answers sum(x) in production (80 captured requests); its v2 answers 5 x that."""
+def shadow(tmp: Path, observe: tuple[str, ...] = ()) -> Case:
+    """``m`` answers sum(x) in production (80 captured requests, in the ``shadow`` kind's folder:
+    an environment ``observe`` -ing shadow replays the very captures the enforcing one did); its v2
+    answers 5 x that."""
     world = World(tmp)
     world.registry.add("m", "1", TRACED)
     world.promote("m", "1")
     world.registry.add("m", "2", TRACED)
-    write_honest(tmp / "traces", CAPTURED)
-    world.env = dataclasses.replace(world.env, shadow=Shadow(captures=str(tmp / "traces"), count=500))
+    captures = tmp.parent / "shadow" / "traces"
+    if not captures.exists():
+        write_honest(captures, CAPTURED)
+    world.env = dataclasses.replace(
+        world.env, shadow=Shadow(captures=str(captures), count=500), observe=observe
+    )
 
     def scaled(infer: Any) -> Callable[..., Any]:
         def answer(model: str, inputs: Any, outputs: list[str], version: str = "") -> Any:
@@ -305,27 +314,39 @@ def runtime(tmp: Path) -> Case:
 # -- the promotion, and its run read back through MLflow's client ---------------------------------
 
 
-def refuse(case: Case, mlflow: Any) -> dict[str, Any]:
-    """``case`` promoted as ``mlreg promote --json`` does it, its run recorded in ``mlflow``: the
-    document printed, the error, and the run as MLflow's client reads it back."""
+def promote(case: Case, mlflow: Any, refused: bool = True) -> dict[str, Any]:
+    """``case`` promoted as ``mlreg promote --json`` does it (``refused``: as it must end), its run
+    recorded in ``mlflow``: the document printed, the error, and the run as MLflow's client reads
+    it back."""
     registry = RunsInMlflow(case.world, mlflow)
     promotion = Promotion(
         case.world.settings, case.world.env, registry, case.options, connect=case.world.fleet.connect
     )
-    printed = io.StringIO()
+    printed, out, error = io.StringIO(), Output(True), ""
     chosen = runner.choose_deployer
     if case.deployer is not None:
         runner.choose_deployer = lambda env: case.deployer  # type: ignore[assignment,return-value]
     try:
         with contextlib.redirect_stdout(printed):
-            promote_render.promotion(Output(True), lambda: promotion.run(case.model, "2"))
+            result = promote_render.promotion(out, lambda: promotion.run(case.model, "2"))
+            promote_render.render(out, result, case.world.env.alias)
     except PromotionFailed as exc:
         error, run_id = exc.message, exc.result.run_id
     else:
-        raise AssertionError(f"{case.model} v2 was promoted: nothing refused it")
+        run_id = result.run_id
     finally:
         runner.choose_deployer = chosen
-    return {"document": json.loads(printed.getvalue()), "error": error, "run": read_run(mlflow, run_id)}
+    if bool(error) is not refused:
+        must = "refused" if refused else "promoted"
+        raise AssertionError(f"{case.model} v2: {error or 'promoted'}, where it must be {must}")
+    serving = {url: t.model_states().get(case.model) for url, t in case.world.fleet.targets.items()}
+    return {
+        "document": json.loads(printed.getvalue()),
+        "error": error,
+        "run": read_run(mlflow, run_id),
+        "serving": serving,  # each replica's versions of the model after the promotion
+        "alias": case.world.registry.aliases(case.model).get(case.world.env.alias),
+    }
 
 
 def read_run(mlflow: Any, run_id: str) -> dict[str, Any]:
@@ -369,9 +390,14 @@ def main() -> None:
             folder = Path.cwd() / kind
             folder.mkdir()
             try:
-                found[kind] = refuse(makers[kind](folder), mlflow)
+                found[kind] = promote(makers[kind](folder), mlflow)
             except Exception:  # one kind's failure is reported with its traceback; the others still run
                 found[kind] = {"crash": traceback.format_exc()}
+        try:  # the shadow kind's candidate and captures, in an environment observing shadow: promoted
+            (Path.cwd() / OBSERVED).mkdir()
+            found[OBSERVED] = promote(shadow(Path.cwd() / OBSERVED, ("shadow",)), mlflow, refused=False)
+        except Exception:
+            found[OBSERVED] = {"crash": traceback.format_exc()}
     sys.stdout.write(json.dumps(found, default=str) + "\n")
 
 
