@@ -109,7 +109,7 @@ def history_cmd(
                 [
                     time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(h["when"] / 1000)),
                     h["environment"],
-                    h["from"],
+                    h["from"] or "-",  # a member's arrival: its ensemble's run names no member "from"
                     h["to"],
                     h["result"],
                     h["user"],

@@ -45,6 +45,15 @@ class RegistryReads(Protocol):
         """The text of the file ``path`` among run ``run_id``'s artifacts."""
         ...
 
+    def versions(self, name: str) -> list[VersionRecord]:
+        """Every version of ``name`` with its tags ([] for none)."""
+        ...
+
+    def promotion(self, run_id: str) -> dict[str, Any] | None:
+        """Run ``run_id`` as a row of ``promotions`` plus its ``model``; None when it is no active
+        run of the promotions experiment."""
+        ...
+
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
         """The promotions of ``name`` (in ``env``), newest first (``MlflowRuns.promotions``' rows)."""
         ...
@@ -60,7 +69,16 @@ class ClientReads:
         return self.registry.require_model(name)
 
     def version(self, name: str, version: str) -> VersionRecord:
-        mv = self.registry.version(name, version)
+        return self._record(self.registry.version(name, version))
+
+    def versions(self, name: str) -> list[VersionRecord]:
+        return [self._record(mv) for mv in self.registry.versions(name)]
+
+    def promotion(self, run_id: str) -> dict[str, Any] | None:
+        return self.registry.runs.promotion(run_id)
+
+    @staticmethod
+    def _record(mv: Any) -> VersionRecord:
         return VersionRecord(
             str(mv.name),
             str(mv.version),
@@ -123,6 +141,14 @@ class EmbeddedReads:
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
         found = sqlite.promotions(self.uri, PROMOTIONS_EXPERIMENT, name, env, self.wait)
         return self.client.promotions(name, env) if found is None else found
+
+    def versions(self, name: str) -> list[VersionRecord]:
+        found = sqlite.model_versions(self.uri, name, self.wait)
+        return self.client.versions(name) if found is None else found
+
+    def promotion(self, run_id: str) -> dict[str, Any] | None:
+        found = sqlite.promotion_run(self.uri, PROMOTIONS_EXPERIMENT, run_id, self.wait)
+        return self.client.promotion(run_id) if found is None else (found or None)
 
 
 def open_reads(settings: Settings, adapter: Callable[[], MlflowRegistry] | None = None) -> RegistryReads:

@@ -268,6 +268,20 @@ class MlflowRuns:
             shutil.move(got, target)
         return target
 
+    def promotion(self, run_id: str) -> dict[str, Any] | None:
+        """One promotion run as a row of ``promotions`` plus its ``model``; None when ``run_id`` is
+        no active run of the promotions experiment (a version tag naming it is not trusted)."""
+        try:
+            run = self.connection.call("history", lambda: self._client.get_run(run_id))
+        except RegistryError as exc:
+            if exc.context.get("code") != sqlite.NOT_FOUND:
+                raise  # MLflow down is said as such, never read as "no such run"
+            return None
+        exp = self.experiment_id(PROMOTIONS_EXPERIMENT)
+        if run.info.experiment_id != exp or run.info.lifecycle_stage != "active":
+            return None
+        return self._row(run) | {"model": run.data.tags.get("mlreg_model")}
+
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
         """The promotions of ``name`` (in ``env``; None: everywhere), newest first, from the runs
         of the promotions experiment: when (epoch ms), environment, from, to, result, user, run_id."""
@@ -279,15 +293,16 @@ class MlflowRuns:
                 [exp], filter_string=query, order_by=["attributes.start_time DESC"], max_results=500
             ),
         )
-        return [
-            {
-                "when": run.info.start_time,
-                "environment": run.data.tags.get("environment"),
-                "from": run.data.params.get("from_version"),
-                "to": run.data.params.get("to_version"),
-                "result": run.data.tags.get("result"),
-                "user": run.data.tags.get("user"),
-                "run_id": run.info.run_id,
-            }
-            for run in runs
-        ]
+        return [self._row(run) for run in runs]
+
+    @staticmethod
+    def _row(run: Any) -> dict[str, Any]:
+        return {
+            "when": run.info.start_time,
+            "environment": run.data.tags.get("environment"),
+            "from": run.data.params.get("from_version"),
+            "to": run.data.params.get("to_version"),
+            "result": run.data.tags.get("result"),
+            "user": run.data.tags.get("user"),
+            "run_id": run.info.run_id,
+        }

@@ -330,6 +330,32 @@ def promotions(
         return None
 
 
+def promotion_run(
+    tracking_uri: str, experiment: str, run_id: str, wait: float = LOCK_WAIT
+) -> dict[str, Any] | None:
+    """Run ``run_id`` as a row of ``promotions`` plus its ``model`` (``MlflowRuns.promotion``);
+    {} when it is no active run of ``experiment``; None when the file is not there or does not
+    read as expected."""
+    db = database(tracking_uri)
+    if db is None:
+        return None
+    try:
+        with _read_only(db, wait) as conn:
+            found = conn.execute(
+                "SELECT r.start_time FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id"
+                " WHERE r.run_uuid = ? AND r.lifecycle_stage = 'active' AND e.name = ?",
+                (run_id, experiment),
+            ).fetchone()
+            if found is None:
+                return {}
+            model = conn.execute(
+                "SELECT value FROM tags WHERE run_uuid = ? AND key = 'mlreg_model'", (run_id,)
+            ).fetchone()
+            return _promotion(conn, run_id, found[0]) | {"model": model[0] if model else None}
+    except sqlite3.Error:
+        return None
+
+
 def _promotion(conn: sqlite3.Connection, run_id: str, start: Any) -> dict[str, Any]:
     found = {
         table: dict(conn.execute(f"SELECT key, value FROM {table} WHERE run_uuid = ?", (run_id,)).fetchall())

@@ -55,6 +55,16 @@ for env, before, result in (("local", "none", "promoted"), ("staging", "none", "
     runs.append(run)
     time.sleep(0.02)  # distinct start times: the order is MLflow's, not a tie-break
 registry.runs._client.delete_run(runs[1])  # a deleted run is in no history
+# image_preprocess v1 went live as a member of an ensemble's promotion (no run of its own); its other
+# promotion_run_ tags name a deleted run, another model's run in another environment and no run at all
+ensemble = registry.start_run(PROMOTIONS_EXPERIMENT, "an_ensemble-v3-local",
+                              {"mlreg_model": "an_ensemble", "mlreg_version": "3", "environment": "local",
+                               "result": "promoted", "user": "h7"})
+registry.log(ensemble, {"from_version": "2", "to_version": "3"}, {"deploy_seconds": 1.0})
+registry.finish_run(ensemble, True)
+for env, run_id in (("local", ensemble), ("staging", runs[1]), ("production", runs[0]), ("dev", "../x")):
+    registry.set_version_tag("image_preprocess", "1", f"promotion_run_{env}", run_id)
+from mlreg.ops.history import arrivals
 client = ClientReads(registry)
 version = client.version("table_data_preprocess", "1")
 queries.open_reads = lambda settings, adapter=None: client  # show_version through MLflow's client
@@ -66,6 +76,8 @@ print(json.dumps({
     "local": client.promotions("table_data_preprocess", "local"),
     "staging": client.promotions("table_data_preprocess", "staging"),
     "none": client.promotions("image_preprocess"),
+    "arrivals": arrivals(client, "image_preprocess", None, set()),
+    "ensemble": ensemble,
     "config": client.artifact_text(version.run_id, "config.pbtxt"),
     "manifest": client.artifact_text(version.run_id, "manifest.json"),
     "show": queries.show_version(settings, "table_data_preprocess", "1"),
@@ -190,6 +202,30 @@ def test_history_reads_the_runs_from_the_file(made: dict[str, Any]) -> None:
     missing = CliRunner().invoke(app, ["history", MODEL + "s"], env=env)
     assert missing.exit_code == 4
     assert f"did you mean '{MODEL}'" in missing.stderr
+    assert _mlflow_untouched()
+
+
+def test_a_member_s_arrival_through_its_ensemble_is_in_its_history(made: dict[str, Any]) -> None:
+    """image_preprocess v1 has no promotion run of its own: it went live with an_ensemble v3.  Its
+    other promotion_run_ tags (a deleted run, another model's run in another environment, no run
+    id at all) are not trusted into rows; the file answers what MLflow's client answers."""
+    arrived = {
+        "environment": "local",
+        "from": None,
+        "to": "1",
+        "result": "arrived with an_ensemble v3",
+        "through": {"model": "an_ensemble", "version": "3"},
+        "user": "h7",
+        "run_id": made["ensemble"],
+        "model": "an_ensemble",
+    }
+    assert [{k: v for k, v in row.items() if k != "when"} for row in made["arrivals"]] == [arrived]
+    result = CliRunner().invoke(app, ["history", OTHER, "--json"], env=_env(made))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["promotions"] == made["arrivals"]
+    table = CliRunner().invoke(app, ["history", OTHER, "--env", "local"], env=_env(made))
+    assert table.exit_code == 0, table.output
+    assert "arrived with an_ensemble v3" in table.stdout
     assert _mlflow_untouched()
 
 
