@@ -173,7 +173,9 @@ def test_an_equal_candidate_passes_five_of_five_on_a_busy_machine_then_promotes(
     assert "Performance check on the canary" in markdown
     row = next(line for line in markdown.splitlines() if line.startswith("| scorer | v3: p50 "))
     assert f"v1: p50 {perf['serving']['p50_ms']:.1f} ms" in row
-    assert row.rstrip(" |").endswith("ok")
+    # on a loaded machine the check may measure twice (a first run over its limit, then a pass)
+    verdict_cell = row.rstrip(" |").rsplit("|", 1)[1].strip()
+    assert re.fullmatch(r"ok( on a second run \(first: slower by [\d.]+ ms at p95\))?", verdict_cell), row
     for url in pair.urls:
         assert pair.ready(url, "scorer") == ["3"], url
     assert pair.registry.aliases("scorer")["perf"] == "3"
