@@ -337,11 +337,17 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
         *,
         members: dict[str, str] | None = None,
         export_info: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> str:
         """A version the promotion derives (an ONNX conversion, a re-pointed ensemble): planned."""
         candidate = Candidate(name, version_dir, config_path)
-        registered = register(self, candidate, members=members, export_info=export_info)
+        registered = register(self, candidate, members=members, export_info=export_info, version_tags=tags)
         return registered.version
+
+    def delete_version(self, name: str, version: str) -> None:
+        """A planned version forgotten; a registered one is never touched (read-only)."""
+        if self.planned.pop((name, version), None) is None:
+            raise RegistryError(f"{READ_ONLY}: delete {name} v{version}", fix="drop --dry-run")
 
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         planned = self.planned.get((name, version))

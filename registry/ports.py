@@ -74,9 +74,17 @@ class RegistryWriter(Protocol):
         *,
         members: dict[str, str] | None = None,
         export_info: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> str:
         """Register a version mlreg derived (a re-pointed ensemble, an ONNX conversion): validated,
-        manifest and digest recorded like any other; an identical one is reused. Returns its number."""
+        manifest and digest recorded like any other; an identical one is reused. ``tags`` are set
+        on a version created now, in the same call that creates it (never on one reused: they
+        prove who made it). Returns its number."""
+        ...
+
+    def delete_version(self, name: str, version: str) -> None:
+        """Delete a version (and the run that registered it): only for one the caller proved it
+        made (``pipelines/core/undo.py``: a promotion's re-pointed ensemble, on its way back)."""
         ...
 
     def set_alias(self, name: str, alias: str, version: str) -> None: ...

@@ -202,10 +202,12 @@ def register(
     export_info: dict[str, Any] | None = None,
     members: dict[str, str] | None = None,
     signer: SigningKey | None = None,
+    version_tags: dict[str, str] | None = None,
 ) -> RegisterResult:
     """Register ``candidate``; with ``signer``, signed over the manifest's digests (no file read
     again), the signature logged beside manifest.json.  Identical bytes already registered return
-    that version (signed now when it was not and ``signer`` is given)."""
+    that version (signed now when it was not and ``signer`` is given).  ``version_tags`` go on a
+    version created now, with its lineage tags (a version reused is left as it is)."""
     config = load_config(candidate.config_path)
     manifest = manifest_of(candidate.version_dir)
     config_sha = sha256_file(candidate.config_path)
@@ -242,6 +244,7 @@ def register(
             description,
             export_info or {},
             bundle,
+            version_tags or {},
         )
     except BaseException as exc:
         registry.discard_run(run_id)
@@ -327,6 +330,7 @@ def _record(
     description: str,
     export_info: dict[str, Any],
     bundle: bytes | None = None,
+    version_tags: dict[str, str] | None = None,
 ) -> str:
     tensors = len(contract["inputs"]) + len(contract["outputs"])
     params = {"platform": lineage.platform, "framework": lineage.framework, **export_info}
@@ -369,7 +373,7 @@ def _record(
         candidate.name,
         f"models:/{model_id}",
         run_id,
-        {**tags, "mlflow_model": "triton"},
+        {**tags, "mlflow_model": "triton", **(version_tags or {})},
         description,
         model_id,
     )

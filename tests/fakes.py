@@ -167,6 +167,7 @@ class FakeRegistry:
         self.runs: list[dict[str, Any]] = []
         self.down = False
         self.fail_on: set[str] = set()
+        self.deleted: dict[str, int] = {}  # model -> the highest version number deleted
 
     def _call(self, method: str, name: str = "") -> None:
         if self.down or method in self.fail_on or f"{method} {name}" in self.fail_on:
@@ -208,12 +209,23 @@ class FakeRegistry:
         *,
         members: dict[str, str] | None = None,
         export_info: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> str:
         self._call("register_version", name)
-        version = str(1 + max(int(v) for (m, v) in self.tags if m == name))
+        # MLflow's counter: a deleted version's number is never given again
+        version = str(1 + max([int(v) for (m, v) in self.tags if m == name] + [self.deleted.get(name, 0)]))
         self.add(name, version, config_path.read_text())
+        self.tags[(name, version)].update(tags or {})  # set as the version is created
         self.events.append(("register", name, version, tuple(sorted((members or {}).items()))))
         return version
+
+    def delete_version(self, name: str, version: str) -> None:
+        self._call("delete_version", name)
+        if self.tags.pop((name, version), None) is None:
+            raise RegistryError(f"{name} v{version} is not a registered version")
+        shutil.rmtree(self.root / name / version)
+        self.deleted[name] = max(self.deleted.get(name, 0), int(version))
+        self.events.append(("delete", name, version))
 
     def experiment_id(self, name: str = "x") -> str:
         return "0"

@@ -21,7 +21,13 @@ never leaves an ensemble pinned to a member version that is gone:
    unloaded);
 4. the ensembles, the same way;
 5. the version folders this promotion uploaded, new to the store, removed;
-6. the versions archived by this promotion brought back where Triton reads.
+6. the versions archived by this promotion brought back where Triton reads;
+7. the MLflow versions this promotion registered (a re-pointed ensemble's, issue 48 item 5)
+   deleted, each once proven its own: found by its ``OWNER_TAG``, which names this promotion's id
+   and is set in the call that creates the version (a version reused, registered by anyone else,
+   never carries it); no alias names it; the store's config does not list it and no replica holds
+   it (asked again, after the steps above).  A version that fails a proof is kept, and the report
+   says why; one that cannot be asked about is named as not deleted.
 
 "Did anything change?" has one answer, ``UndoLog.changed``: the log knows the store session's
 change journal (``journal``), so a store write noted here counts only once the store took it (a
@@ -38,15 +44,16 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipelines.core.changes import Change, ready_versions
 from pipelines.core.litter import forget_uploads
-from pipelines.core.plan import Step, desired_config, ensemble_pins, follow_latest
+from pipelines.core.plan import Step, desired_config, ensemble_pins, follow_latest, serving_versions
 from pipelines.core.ports import Replicas
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
 
+OWNER_TAG = "mlreg_registered_by"  # a version a promotion registered: that promotion's id
 VerifyStored = Callable[[str, str], str]  # (model, version) -> "" when its stored bytes verify, else why
 Unarchive = Callable[[str, str], None]  # (model, version) back from the archive (raises MlregError)
 
@@ -64,6 +71,25 @@ class RegistryWrites(Protocol):
     def changed(self) -> bool: ...
 
     def put_back(self) -> tuple[list[str], list[str]]: ...
+
+
+class Registrar(Protocol):
+    """What deleting a version this promotion registered needs of the registry (``Registry``)."""
+
+    def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]: ...
+
+    def aliases(self, name: str) -> dict[str, str]: ...
+
+    def delete_version(self, name: str, version: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Registering:
+    """A version of ``model`` this promotion registers, tagged ``OWNER_TAG`` = ``promotion_id``."""
+
+    model: str
+    promotion_id: str
+    registry: Registrar
 
 
 @dataclass
@@ -118,6 +144,7 @@ class UndoLog:
         self.registry: RegistryWrites | None = None
         self.archived: list[tuple[str, str]] = []  # (model, version) moved out of Triton's prefix
         self.unarchive: Unarchive | None = None
+        self.registrations: list[Registering] = []  # MLflow versions this promotion registers
         self._mutex = threading.Lock()  # a staged wave touches replicas from several threads
 
     # -- what the writers note ---------------------------------------------------------------------
@@ -168,9 +195,18 @@ class UndoLog:
     def forget(self, model: str) -> None:
         self.entries.pop(model, None)
 
+    def registering(self, model: str, promotion_id: str, registry: Registrar) -> None:
+        """A version of ``model`` about to be registered with ``OWNER_TAG`` = ``promotion_id``:
+        noted before the call, so an exit during it still finds what it made (step 7)."""
+        noted = Registering(model, promotion_id, registry)
+        if noted not in self.registrations:
+            self.registrations.append(noted)
+
     @property
     def empty(self) -> bool:
         """Nothing noted (a noted change may still not have happened: ``changed`` tells)."""
+        if self.registrations:
+            return False
         return not (self.archived or (self.registry is not None and self.registry.changed)) and not any(
             e.store or e.replicas or e.uploaded for e in self.entries.values()
         )
@@ -180,7 +216,7 @@ class UndoLog:
         """Whether a change noted here happened (or may have): a replica was sent one, the store
         took a write or delete under a noted model (its journal says), a version was archived, or
         the registry was written -- the one answer to "is there anything to put back?"."""
-        if self.archived or (self.registry is not None and self.registry.changed):
+        if self.archived or self.registrations or (self.registry is not None and self.registry.changed):
             return True
         if self.empty:
             return False
@@ -221,6 +257,7 @@ class UndoLog:
     ) -> UndoReport:
         """Put everything back (see the module's docstring for the order)."""
         report = UndoReport()
+        touched = self.replicas  # before the put-back forgets any (step 7 asks them)
         self._registry_back(report)
         newest_first = list(reversed(self.entries.values()))
         ensembles = [e for e in newest_first if e.ensemble]
@@ -231,6 +268,7 @@ class UndoLog:
             if entry.model not in kept:  # else the store's config still names them: the folders stay
                 _remove_uploads(entry, store, report)
         self._archive_back(report)
+        self._registered_back(fleet, store, report, touched)
         self.entries.clear()
         return report
 
@@ -273,6 +311,42 @@ class UndoLog:
                 continue
             report.restored.append(f"{model}/{version} back from the archive")
         self.archived.clear()
+
+    def _registered_back(
+        self, fleet: Replicas, store: RepositoryStore, report: UndoReport, touched: list[str]
+    ) -> None:
+        """Step 7: each version this promotion registered deleted, once proven its own (nothing
+        serves it: the store's config, and every replica this promotion sent a change to)."""
+        for noted in self.registrations:
+            try:
+                found = noted.registry.find_by_tag(noted.model, OWNER_TAG, noted.promotion_id)
+            except MlregError as exc:
+                report.failed.append(
+                    f"MLflow: the versions of {noted.model} this promotion registered cannot be looked "
+                    f"up, so none was deleted ({exc.message})"
+                )
+                continue
+            for version in sorted((str(v.version) for v in found), key=int):
+                tags = dict(next(v for v in found if str(v.version) == version).tags or {})
+                if tags.get(OWNER_TAG) != noted.promotion_id:  # the search's word is not the proof
+                    continue
+                kept, unknown = _in_use(noted, version, fleet, store, touched)
+                if kept:  # in use: kept, and said so; not known to be unused: kept, named as left over
+                    where = report.failed if unknown else report.restored
+                    where.append(
+                        f"{noted.model} v{version}, registered by this promotion, kept in MLflow ({kept})"
+                    )
+                    continue
+                try:
+                    noted.registry.delete_version(noted.model, version)
+                except MlregError as exc:
+                    report.failed.append(
+                        f"MLflow: {noted.model} v{version}, registered by this promotion and served "
+                        f"nowhere, was not deleted ({exc.message})"
+                    )
+                    continue
+                report.restored.append(f"{noted.model} v{version} (registered by this promotion) deleted")
+        self.registrations.clear()
 
     def _unverified(self, members: list[Entry], verify: VerifyStored | None, report: UndoReport) -> set[str]:
         """The members whose way back would load bytes that no longer verify."""
@@ -327,6 +401,32 @@ class UndoLog:
             _note(report, failure, "")
         if written or entry.replicas:
             report.restored.append(entry.describe)
+
+
+def _in_use(
+    noted: Registering, version: str, fleet: Replicas, store: RepositoryStore, touched: list[str]
+) -> tuple[str, bool]:
+    """Why ``version`` of ``noted.model`` must stay in MLflow -- an alias names it, the store's
+    config lists it, a replica of ``touched`` holds it -- and whether that is only not known
+    (something cannot be asked); ("", False) when nothing uses it."""
+    model = noted.model
+    try:
+        named = sorted(a for a, v in noted.registry.aliases(model).items() if v == version)
+        listed = version in serving_versions(store.read_config(model) or "")
+    except MlregError as exc:
+        return f"whether anything uses it cannot be told: {exc.message}", True
+    if named:
+        return f"alias '{', '.join(named)}' names it", False
+    if listed:
+        return f"the store's config of {model} lists it", False
+    for url in touched:
+        try:
+            state = fleet.target(url).model_states().get(model, {}).get(version)
+        except MlregError as exc:
+            return f"{url} cannot be asked whether it holds it: {exc.message}", True
+        if state in ("READY", "LOADING"):
+            return f"{url} holds it", False
+    return "", False
 
 
 def _note(report: UndoReport, failure: str, done: str) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.plan import Plan
+from pipelines.core.plan import Plan, Role
 from pipelines.core.ports import Registry
 from pipelines.core.reports import PromotionResult
 from pipelines.fleet.fleet import checkpoint
@@ -96,13 +96,11 @@ def record_promotion(
 def story_versions(result: PromotionResult, writes: RecordWrites | None) -> list[tuple[str, str]]:
     """The versions a promotion run links: the promoted model's version first, then every other
     version it moved (``writes.deployed``: members and re-pointed ensembles as registered) or, when
-    it did not record them, every model it tried to move at its planned version."""
+    it did not record them, every model it tried to move at its planned version (an ensemble it
+    would have re-pointed is left out: its planned number is the version that serves, not one tried)."""
     plan = result.plan
-    moved = (
-        writes.deployed
-        if writes is not None and writes.deployed
-        else [(s.model, s.version) for s in plan.steps]
-    )
+    tried = [(s.model, s.version) for s in plan.steps if s.role is not Role.ENSEMBLE]
+    moved = writes.deployed if writes is not None and writes.deployed else tried
     first = (plan.model, plan.version)
     return [first] + [pair for pair in dict.fromkeys(moved) if pair != first]
 

@@ -49,6 +49,7 @@ from pipelines.promote.preflight import preflight
 from pipelines.promote.stages import (
     assemble,
     convert,
+    numbered,
     record,
     repair,
     resolve,
@@ -87,7 +88,8 @@ def pipeline(ctx: PromotionContext) -> list[Stage]:
         stages.append(Stage("quality", gate.run, live=True, by=gate.name))
     return [
         *stages,
-        Stage("deploy", deployer.deploy, live=True, by=deployer.name),
+        # deploy: each re-pointed ensemble registered and in the folder of its number, then the roll-out
+        Stage("deploy", numbered(deployer.deploy), live=True, by=deployer.name),
         Stage("verify", verify, live=True),
         Stage("finalize", deployer.finalize, live=True, by=deployer.name),
         Stage("record", record, live=True),

@@ -4,6 +4,25 @@ Planning (before the first live stage: a dry run stops there): ``resolve``, ``co
 ``validate`` and the scratch-server gate.  Live (they write the store, the servers or the
 registry, and note every change in ``ctx.undo`` first): ``assemble``, the canary gate, the
 deployer's ``deploy`` and ``finalize``, ``verify`` and ``record``.
+
+One number (issue 48, item 5): the version a client asks Triton for is the version MLflow shows.
+A member's promotion re-points every ensemble over it.  Each re-pointed config is validated in
+``validate`` and registered by ``deploy`` before its roll-out (``numbered``/``number_repointed``):
+after every stage that can refuse without loading the ensemble -- the preflight, the quality gate
+with its perf and shadow checks -- so a refused promotion never writes MLflow, and before anything
+loads the ensemble.  The ensemble then moves to the Triton folder of that number, fetched from the
+registry like any version (``config.pbtxt`` + an empty version folder), uploaded, verified and
+swapped in like any version; an identical config reuses its version.  The plan (and a dry run)
+names the folder that serves; from ``deploy`` on, the step is the registered version.  An exit
+after the registration (an abort, a signal, a failed load or record) deletes the versions this
+promotion made through the undo log (``pipelines/core/undo.py``), once each is proven its own: its
+``OWNER_TAG`` names this promotion's id, set in the call that created it (a version reused, made
+by anyone else, never carries it), no alias names it and nothing serves it.  Migration of a store
+made before (an ensemble served from a folder whose number is not its registered version): the
+next promotion that touches the ensemble moves it to its own number -- a member's promotion
+re-points it, and ``mlreg promote ENSEMBLE --version N`` is no longer a no-op while folder != N;
+once they agree it is (idempotent), and the old folder serves until the swap (nothing served is
+lost).
 """
 
 from __future__ import annotations
@@ -11,9 +30,11 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,6 +51,7 @@ from pipelines.core.plan import (
     desired_config,
     ensemble_pins,
     ensembles_pinning,
+    fetch_version,
     serving_versions,
     swap_notes,
 )
@@ -45,6 +67,7 @@ from pipelines.core.reports import (
     ValidateReport,
     VerifyReport,
 )
+from pipelines.core.undo import OWNER_TAG
 from pipelines.core.warmup import WARMUP_BYTES, peak_bytes
 from pipelines.fleet.fleet import checkpoint, refuse_pending_loads
 from pipelines.fleet.replicas import open_control_notes
@@ -184,13 +207,13 @@ def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
 
 
 def _sole_folder(ctx: PromotionContext, model: str, version: str, config: str | None) -> str | None:
-    """The one folder the store's ``config`` serves, when it is complete and is ``version`` (or
-    ``model`` is an ensemble, which a re-pointed version serves from its old folder)."""
+    """The one folder the store's ``config`` serves, when it is complete and is ``version`` (an
+    ensemble too: one served from a folder numbered otherwise is migrated by promoting it)."""
     folders = config_facts(config).versions if config is not None else ()
     if config is None or len(folders) != 1:
         return None
     [folder] = folders
-    if folder != version and not config_facts(config).is_ensemble:
+    if folder != version:  # an ensemble served from another folder moves to its own (one number)
         return None
     return folder if ctx.store.read_manifest(model, folder) is not None else None
 
@@ -428,22 +451,17 @@ def _verify_bytes(ctx: PromotionContext, step: Step) -> str:
 
 def assemble(ctx: PromotionContext) -> UploadReport:
     """A converted version registered (the registry's number may differ from the planned one),
-    then every new version folder uploaded and verified."""
+    then every new version folder uploaded and verified (a re-pointed ensemble's: by ``deploy``,
+    once it has its number)."""
     if ctx.converted is not None and not ctx.converted.registered:
         _register_converted(ctx, ctx.converted)
     repaired = [apply_repair(ctx.store, repair) for repair in ctx.repairs]  # the registered bytes back
     sent, uploaded = 0, repaired
     for step in ctx.plan.steps:
         if step.upload and step.folder is not None:
-            ctx.undo.uploaded(step, step.version)
-            note_upload(ctx.store, step.model, step.version)  # whose upload, if it is never finished
-            if not retention.restored(ctx.store, step):  # archived: a server-side copy, verified
-                folder = step.folder / step.version
-                sent += ctx.store.put_version(
-                    step.model, step.version, folder, _uploading(ctx, step)
-                ).bytes_sent
-            uploaded.append(_verify_bytes(ctx, step))
-            publish_signature(ctx.store, step, ctx.plan.workdir)  # beside the manifest, when checked
+            count, name = _put(ctx, step)
+            sent += count
+            uploaded.append(name)
     for step in ctx.plan.steps:  # what the loads read next, verified (validate, above): no cache in it
         if not step.is_ensemble:
             for version in sorted({step.version, *serving_versions(step.config_text)}, key=int):
@@ -452,20 +470,109 @@ def assemble(ctx: PromotionContext) -> UploadReport:
     return UploadReport(sent, ctx.store.uri, uploaded)
 
 
-def _uploading(ctx: PromotionContext, step: Step) -> Callable[[int], None] | None:
+def _put(ctx: PromotionContext, step: Step, stage: str = "assemble") -> tuple[int, str]:
+    """``step``'s version folder uploaded (noted in the undo log first) by ``stage``, verified and
+    its signature published: the bytes sent and what was verified."""
+    assert step.folder is not None
+    sent = 0
+    ctx.undo.uploaded(step, step.version)
+    note_upload(ctx.store, step.model, step.version)  # whose upload, if it is never finished
+    if not retention.restored(ctx.store, step):  # archived: a server-side copy, verified
+        folder = step.folder / step.version
+        sent = ctx.store.put_version(
+            step.model, step.version, folder, _uploading(ctx, step, stage)
+        ).bytes_sent
+    verified = _verify_bytes(ctx, step)
+    publish_signature(ctx.store, step, ctx.plan.workdir)  # beside the manifest, when checked
+    return sent, verified
+
+
+def _uploading(ctx: PromotionContext, step: Step, stage: str) -> Callable[[int], None] | None:
     """The upload's progress for the CLI's line (``Options.on_start``, on a terminal only): the
-    model, its version and the bytes sent so far; None without a listener."""
+    stage, the model, its version and the bytes sent so far; None without a listener."""
     told = ctx.options.on_start
     if told is None:
         return None
     sent = [0]
-    told(f"assemble: uploading {step.model} v{step.version}")
+    told(f"{stage}: uploading {step.model} v{step.version}")
 
     def progress(count: int) -> None:
         sent[0] += count
-        told(f"assemble: uploading {step.model} v{step.version} ({sent[0] / 1e6:.1f} MB sent)")
+        told(f"{stage}: uploading {step.model} v{step.version} ({sent[0] / 1e6:.1f} MB sent)")
 
     return progress
+
+
+Report = TypeVar("Report")
+
+
+def numbered(deploy: Callable[[PromotionContext], Report]) -> Callable[[PromotionContext], Report]:
+    """The ``deploy`` stage: each re-pointed ensemble registered and in its own folder first
+    (``number_repointed``), then the deployer's roll-out."""
+
+    def run(ctx: PromotionContext) -> Report:
+        number_repointed(ctx)
+        return deploy(ctx)
+
+    return run
+
+
+def number_repointed(ctx: PromotionContext) -> None:
+    """Each re-pointed ensemble of the plan registered (an identical config reuses its version) and
+    renumbered: from here on its step is that registered version, fetched from the registry as
+    any version is, uploaded to its own folder and verified when the store lacks it.  After every
+    gate (a refusal never writes MLflow), before the ensemble's first load (module docstring).
+    Each registration is noted in the undo log before the call, with the id its version carries
+    (``OWNER_TAG``): an exit from here on deletes what this promotion made, and only that."""
+    plan = ctx.plan
+    assert plan.workdir is not None
+    promotion_id = ""
+    for index, step in enumerate(plan.steps):
+        if step.role is not Role.ENSEMBLE or _registered_as_folder(ctx, step):
+            continue
+        promotion_id = promotion_id or uuid.uuid4().hex
+        folder = repointed_folder(ctx, step)
+        ctx.undo.registering(step.model, promotion_id, ctx.registry)  # noted first: a signal mid-call too
+        version = ctx.registry.register_version(
+            step.model,
+            folder / "1",
+            folder / "config.pbtxt",
+            members=ensemble_pins(step.config_text),
+            tags={OWNER_TAG: promotion_id},
+        )
+        fetched, tags = fetch_version(
+            ctx.registry, step.model, version, plan.workdir / f"registered-{step.model}"
+        )
+        numbered_step = plan.steps[index] = replace(
+            step,
+            version=version,
+            folder=fetched,
+            config_text=desired_config(step.config_text, [version], ctx.env.gpu),
+            upload=ctx.store.read_manifest(step.model, version) is None,
+            digest=tags.get("artifact_digest", ""),
+        )
+        ctx.undo.plan(plan.steps)
+        if numbered_step.upload:
+            _put(ctx, numbered_step, "deploy")
+        made = "registered as" if tags.get(OWNER_TAG) == promotion_id else "the same config as registered"
+        if version not in step.previous_versions:
+            was = ", ".join(step.previous_versions) or "none"
+            ctx.result.notes.append(
+                f"{step.model} re-pointed: {made} v{version}, served from Triton folder {version} "
+                f"(folder {was} before)"
+            )
+    checkpoint("numbered")
+
+
+def _registered_as_folder(ctx: PromotionContext, step: Step) -> bool:
+    """The ensemble's config is already the registered version its folder is numbered as (a
+    repair re-loading the store's config where a target lost it): nothing to register or move."""
+    assert ctx.plan.workdir is not None
+    try:
+        fetched, _ = fetch_version(ctx.registry, step.model, step.version, ctx.plan.workdir / "as-folder")
+    except (MlregError, LookupError, OSError):  # no such registered version: register it
+        return False
+    return ensemble_pins((fetched / CONFIG_NAME).read_text()) == ensemble_pins(step.config_text)
 
 
 def _register_converted(ctx: PromotionContext, converted: Converted) -> None:
@@ -549,7 +656,8 @@ def _smoke(ctx: PromotionContext, triton: ServingTarget, step: Step) -> None:
 
 
 def record(ctx: PromotionContext) -> RecordReport:
-    """Every other MLflow write (ensemble versions, tags), then the aliases, all of them last;
+    """Every other MLflow write (the tags; a re-pointed ensemble's version was registered by
+    ``deploy``), then the aliases, all of them last;
     on a failure the aliases already moved and the tags go back (``record.RecordWrites``) and the
     error says exactly what moved; then the promotion's run."""
     plan = ctx.plan
@@ -559,13 +667,7 @@ def record(ctx: PromotionContext) -> RecordReport:
     try:
         versions: list[tuple[str, str]] = []
         for step in plan.steps:
-            version = step.version
-            if step.role is Role.ENSEMBLE:
-                folder = repointed_folder(ctx, step)
-                pins = ensemble_pins(step.config_text)
-                version = ctx.registry.register_version(
-                    step.model, folder / "1", folder / "config.pbtxt", members=pins
-                )
+            version = step.version  # a re-pointed ensemble's: registered by deploy (one number)
             writes.tag_version(step.model, version, stamp)
             versions.append((step.model, version))
         checkpoint("record:aliases")

@@ -155,7 +155,7 @@ class AllAtOnce:
             if other.role is Role.ENSEMBLE and other.previous_config is not None:
                 versions = other.previous_versions or [other.version]
                 text = follow_latest(other.previous_config, versions, ctx.env.gpu, [step.model])
-                apply(ctx, other, text, [other.version])
+                apply(ctx, other, text, versions)  # its old folder(s): re-numbered only when pinned
 
     def finalize(self, ctx: PromotionContext) -> FleetReport:
         """Only the new versions serve now: the old versions unload (waited for, as loads wait

@@ -199,9 +199,18 @@ class MlflowRegistry:
         *,
         members: dict[str, str] | None = None,
         export_info: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> str:
         candidate = Candidate(name, version_dir, config_path)
-        return register(self, candidate, members=members, export_info=export_info).version
+        return register(self, candidate, members=members, export_info=export_info, version_tags=tags).version
+
+    def delete_version(self, name: str, version: str) -> None:
+        """The version deleted, then the run that registered it (its artifacts and logged model:
+        ``discard_run``, best effort) -- only for a version the caller proved it made."""
+        run_id = str(self.models.version(name, version).run_id or "")
+        self.models.delete_version(name, version)
+        if run_id:
+            self.runs.discard_run(run_id)
 
     # -- where versions serve ------------------------------------------------------------------------
 

@@ -182,6 +182,9 @@ class MlflowVersions:
     def delete_version_tag(self, name: str, version: str, key: str) -> None:
         self.connection.call("tag removal", lambda: self._client.delete_model_version_tag(name, version, key))
 
+    def delete_version(self, name: str, version: str) -> None:
+        self.connection.call("version deletion", lambda: self._client.delete_model_version(name, version))
+
     def update_version_description(self, name: str, version: str, description: str) -> None:
         self.connection.call(
             "version update",

@@ -273,9 +273,14 @@ def test_a_replica_started_after_the_promotion_serves_the_promoted_versions(flee
     )
     started = process.start()
     url = f"127.0.0.1:{ports[0]}"
+    # the ensemble re-pointed at scorer v2 is served from the folder MLflow numbered it (issue 48,
+    # one number): the version the fleet's first replica serves, whatever its number
+    serving = fleet.ready(fleet.urls[0], "scoring")
+    assert len(serving) == 1
     try:
         with TritonControl(url) as triton:
-            triton.wait_ready("scoring", "1", timeout=60)
+            triton.wait_ready("scoring", serving[0], timeout=60)
+        assert fleet.ready(url, "scoring") == serving
         assert fleet.ready(url, "scorer") == fleet.ready(fleet.urls[0], "scorer") == ["2"]
         assert fleet.pinned(url) == 2
     finally:
@@ -380,8 +385,12 @@ def test_a_rerun_repairs_an_ensemble_left_on_the_latest_member_or_missing_on_a_r
     result = fleet.promote("scorer", "5")
     assert result.stage_names()[0] != "noop"
     assert [(s.model, s.reload) for s in result.plan.steps if not s.noop] == [("scoring", True)]
+    # the ensemble pinned at scorer v5 is served from the folder MLflow numbered it (issue 48, one
+    # number): the version the store's config serves, on every replica
+    served = sorted(serving_versions(store.read_config("scoring") or ""), key=int)
+    assert len(served) == 1
     for url in fleet.urls:
-        assert fleet.ready(url, "scoring") == ["1"], url
+        assert fleet.ready(url, "scoring") == served, url
         assert fleet.pinned(url) == 5, url
         assert fleet.ready(url, "scorer") == ["5"], url
     assert fleet.promote("scorer", "5").stage_names() == ["noop", "repair"]
@@ -625,12 +634,14 @@ def test_a_rerun_through_the_serving_ensemble_repairs_the_alias_its_member_was_l
 ) -> None:
     """Item 6 of issue 38: what MLflow going down at ``alias-moved:scorer`` leaves -- scorer's alias
     on a version that never served, every replica and the store as before -- and the rerun through
-    the ensemble that serves (re-pointed: a registered version in Triton folder 1): `mlreg promote
-    scoring --version N` says it already serves and moves scorer's alias back; status is clean."""
+    the ensemble that serves (re-pointed: a registered version, in the Triton folder of its
+    number): `mlreg promote scoring --version N` says it already serves and moves scorer's alias
+    back; status is clean."""
     store = open_store(fleet.store)
     [serving] = serving_versions(store.read_config("scorer"))
     ensemble = fleet.registry.aliases("scoring")["fleet"]
-    assert (serving_versions(store.read_config("scoring")), ensemble != "1") == (["1"], True)
+    # one number (issue 48): the re-pointed ensemble serves from the folder MLflow numbered it
+    assert (serving_versions(store.read_config("scoring")), ensemble != "1") == ([ensemble], True)
     before = fleet.state()
     failed = max({str(v.version) for v in fleet.registry.versions("scorer")} - {serving}, key=int)
     fleet.registry.set_alias("scorer", "fleet", failed)  # moved by the record stage, never put back
@@ -654,7 +665,7 @@ def test_status_says_what_serves_an_ensemble_whose_store_folder_was_deleted(
     fleet: FleetStack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Item 9 of issue 38: the store's ``scoring/`` deleted while scoring answers on every replica:
-    status exits 1 saying what Triton still serves (the registered version, folder 1) instead of
+    status exits 1 saying what Triton still serves (the registered version, its own folder) instead of
     "nothing serves it"; promoting that version again puts the folder back and status is clean."""
     store = open_store(fleet.store)
     [serving] = serving_versions(store.read_config("scorer"))
@@ -672,8 +683,9 @@ def test_status_says_what_serves_an_ensemble_whose_store_folder_was_deleted(
     assert status.exit_code == 1, status.output
     row = next(line.split() for line in status.output.splitlines() if line.startswith("scoring "))
     assert row[:3] == ["scoring", ensemble, "-"]
-    assert " ".join(row[3:]) == "; ".join(f"{url}: {ensemble} [1]" for url in fleet.urls)
-    assert f"the store lost its folder; Triton still serves v{ensemble} [1]" in status.output
+    # one number (issue 48): Triton's folder is the registered version, so no "[folder]" label
+    assert " ".join(row[3:]) == "; ".join(f"{url}: {ensemble}" for url in fleet.urls)
+    assert f"the store lost its folder; Triton still serves v{ensemble} (promote" in status.output
     assert "nothing serves it" not in status.output
 
     _environment_with(fleet, fleet.urls, "")  # the canary, then the rest: no bake without traffic

@@ -204,7 +204,7 @@ def test_get_and_list_report_what_the_environment_serves(
     assert "environment: local" in got.stdout
     listed = {d["name"]: d for d in get_deploy_client("mlreg").list_deployments()}
     assert listed["image_model"]["desired"] == ["2"]
-    # the re-pointed ensemble is a registered version of its own, served from Triton folder 1
+    # the re-pointed ensemble is a registered version of its own, served from the Triton folder of its number
     assert listed[ENSEMBLE]["serving"] == {in_project.grpc_url: [listed[ENSEMBLE]["version"]]}
     assert all(d["drift"] == [] for d in listed.values())
 

@@ -46,6 +46,7 @@ from tests.integration.stacks import (
     local_stack,
     mlreg_process,
     paused_mlreg,
+    registry_tags,
     unloaded_on,
 )
 from tests.integration.traffic import Traffic
@@ -125,11 +126,12 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
     [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
     assert row["drift"] == []  # the re-pointed ensemble was registered with the pins it serves
     assert row["pins"]["image_model"] == "2"
-    # one numbering: registered as a new version, it serves from its Triton folder 1
+    # one number (issue 48): registered as a new version, it serves from the Triton folder of that
+    # number -- the version a client asks Triton for is the version MLflow shows
     re_pointed = row["alias"]
     assert re_pointed != "1"
-    assert (row["desired"], row["desired_folders"]) == ([re_pointed], ["1"])
-    assert (row["serving"], row["serving_folders"]) == ({stack.url: [re_pointed]}, {stack.url: ["1"]})
+    assert (row["desired"], row["desired_folders"]) == ([re_pointed], [re_pointed])
+    assert (row["serving"], row["serving_folders"]) == ({stack.url: [re_pointed]}, {stack.url: [re_pointed]})
     store = open_store(stack.settings.local_repository)
     serving = store.read_config(ENSEMBLE)
     pinned = 'model_name: "image_model"\n    model_version: 2'
@@ -213,11 +215,17 @@ def test_the_quality_gate_judges_outputs_against_declared_ranges_and_the_serving
 
 
 def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Path) -> None:
+    """... and the ensemble version ``deploy`` registered for the re-pointed config before the
+    load (one number, issue 48 item 5) is deleted from MLflow: its versions are as before."""
     version = _failing_version(stack, tmp_path)  # same bytes: the version registered above
+    ensembles = registry_tags(stack.registry)[ENSEMBLE]
     with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as info:
         stack.promote("table_data_preprocess", version, skip_quality=True)
     result = info.value.result
     assert result.stage_names()[-2:] == ["deploy", "rollback"]
+    assert registry_tags(stack.registry)[ENSEMBLE] == ensembles  # the version it registered, deleted
+    assert f"{ENSEMBLE} v" in info.value.message
+    assert "(registered by this promotion) deleted" in info.value.message
     assert stack.serving("table_data_preprocess") == ["1"]
     assert stack.desired("table_data_preprocess") == ["1"]
     assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
@@ -730,9 +738,9 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
 def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_a_noop(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """Re-pointed ensembles keep their store folder (1): promoting the ensemble's registered v1,
-    whose pins are the first deployment's, brings those member versions back -- it is not
-    "already serves" because the folder matches."""
+    """A member's promotion re-points the ensemble into its own folder (the registered version's
+    number: one number); promoting the ensemble's registered v1, whose pins are the first
+    deployment's, brings v1's folder and those member versions back."""
     from pipelines.core.plan import ensemble_pins
 
     store = open_store(stack.settings.local_repository)
@@ -742,7 +750,8 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_
     stack.registry.fetch_version(ENSEMBLE, "1", tmp_path / "registered")
     registered = ensemble_pins((tmp_path / "registered" / "config.pbtxt").read_text())
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") != registered  # members moved since
-    assert stack.desired(ENSEMBLE) == ["1"]  # the same folder
+    newest = str(max(int(v.version) for v in stack.registry.versions(ENSEMBLE)))
+    assert stack.desired(ENSEMBLE) == [newest]  # the re-pointed version, in the folder of its number
     result = stack.promote(ENSEMBLE, "1", skip_quality=True)
     assert result.stage_names()[0] != "noop"
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") == registered

@@ -120,11 +120,11 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(world: Wor
 
     assert [(s.model, s.version, s.role) for s in result.plan.steps] == [
         ("net", "3", Role.MODEL),
-        ("ens", "2", Role.ENSEMBLE),
+        ("ens", "3", Role.ENSEMBLE),  # registered as ens v3, served from folder 3 (one number)
     ]
     np.testing.assert_allclose(world.ensemble_output("production"), [3.0, 6.0])
     np.testing.assert_allclose(world.ensemble_output("staging"), [2.0, 4.0])
-    assert serving_versions(production.read_config("ens")) == ["2"]
     registered = world.registry.aliases("ens")["production"]
     assert registered == "3"
+    assert serving_versions(production.read_config("ens")) == [registered]
     assert world.registry.version("ens", registered).tags["validation"] == "passed"

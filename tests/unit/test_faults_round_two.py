@@ -51,15 +51,16 @@ def _mlflow_down_after_the_alias_of(world: World, model: str) -> None:
 
 @pytest.fixture
 def repointed(tmp_path: Path) -> World:
-    """ens v1 (pre v1, net v1) promoted, then net v2: ens re-pointed, registered as ens v2, still
-    served from its Triton folder 1; net v3 registered."""
+    """ens v1 (pre v1, net v1) promoted, then net v2: ens re-pointed, registered as ens v2 and
+    served from its Triton folder 2 (one number); net v3 registered."""
     world = World(tmp_path)
     world.promote("ens", "1")
     for version in ("2", "3"):
         world.registry.add("net", version, MEMBER.format(name="net", src="MID", dst="OUT"))
     world.promote("net", "2")
     assert world.registry.alias_map == {"pre": {"test": "1"}, "net": {"test": "2"}, "ens": {"test": "2"}}
-    assert sorted(p.name for p in (world.store_root / "ens").iterdir()) == ["1", "config.pbtxt"]
+    assert sorted(p.name for p in (world.store_root / "ens").iterdir()) == ["1", "2", "config.pbtxt"]
+    assert serving_versions(world.config("ens")) == ["2"]
     return world
 
 

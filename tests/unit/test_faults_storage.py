@@ -379,10 +379,11 @@ def test_a_store_full_at_the_uploaded_checkpoint_rolls_back_without_restoring_an
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Item 7: the store (a 1 MB tmpfs) filled to its last byte at ``uploaded``: the deploy's config
-    write fails before it changes the file.  The undo log finds the config as noted before the
-    write, so it restores nothing there and reports no failure: "rolled back", the uploaded
-    folder removed, net v1 serving, the alias unmoved.  Space back: the rerun promotes."""
+    """Item 7: the store (a 1 MB tmpfs) filled to its last byte at ``numbered`` (the re-pointed ens
+    registered and uploaded): the deploy's config write fails before it changes the file.  The
+    undo log finds the config as noted before the write, so it restores nothing there and reports
+    no failure: "rolled back", the uploaded folders removed, the ens version this promotion
+    registered deleted, net v1 serving, the alias unmoved.  Space back: the rerun promotes."""
     monkeypatch.delenv("MLREG_DEBUG", raising=False)
     world = _world(tmp_path, tmpfs, "1m")
     _register(world, "2")
@@ -391,7 +392,7 @@ def test_a_store_full_at_the_uploaded_checkpoint_rolls_back_without_restoring_an
     loads = world.fleet.loads
 
     def full_at(point: str) -> None:
-        if point == "uploaded":
+        if point == "numbered":  # deploy: ens re-pointed, registered as v2 and uploaded; no config yet
             _fill(root)
 
     monkeypatch.setattr(stages, "checkpoint", full_at)
@@ -401,13 +402,15 @@ def test_a_store_full_at_the_uploaded_checkpoint_rolls_back_without_restoring_an
     assert code == PromotionFailed.exit_code, err
     assert (
         f"failed: disk full at {root}: cannot write 'net/config.pbtxt' (No space left on device); "
-        "rolled back, the previous versions serve (restored net/2 removed)" in err
+        "rolled back, the previous versions serve (restored ens/2 removed, net/2 removed, "
+        "ens v2 (registered by this promotion) deleted)" in err
     )
     assert "failed too" not in err
     assert f"fix: free space at {root}" in err
     result = failed.value.result
     assert (result.failed_stage, result.rollback, result.rollback_error) == ("deploy", "succeeded", "")
     assert (_files(root), _serving(world), world.registry.aliases("net")) == before
+    assert ("ens", "2") not in world.registry.tags  # the version it registered, deleted
     assert world.fleet.loads == loads  # no replica was sent anything
     assert world.fleet.store.locks() == []
     assert world.registry.runs[-1]["tags"]["result"] == "rolled back"
@@ -435,6 +438,9 @@ def test_an_archive_on_another_file_system_is_moved_by_a_checked_copy_both_ways(
     moved = world.promote("net", "3")  # keep 2: net v1 leaves before the load
     [stage] = [s for s in moved.stages if s.stage == "archive"]
     assert stage.detail.startswith("keep 2: archived net v1 (")
+    # ens re-pointed: registered as v3 by deploy, folders 1, 2, 3 -- retain moves v1 once it serves
+    [stage] = [s for s in moved.stages if s.stage == "retain"]
+    assert stage.detail.startswith("keep 2: archived ens v1 (")
     assert "not archived" not in " ".join(s.detail for s in moved.stages)
     store, copy = world.fleet.store, world.fleet.store.archive()
     assert (store.list_versions("net"), copy.list_versions("net")) == (["2", "3"], ["1"])
@@ -456,6 +462,8 @@ def test_an_archive_on_another_file_system_is_moved_by_a_checked_copy_both_ways(
     back = world.promote("net", "1")  # from the archive, verified; v2 leaves for it
     [stage] = [s for s in back.stages if s.stage == "archive"]
     assert stage.detail.startswith("keep 2: archived net v2 (")
+    [stage] = [s for s in back.stages if s.stage == "retain"]
+    assert stage.detail.startswith("keep 2: archived ens v2 (")
     _settled(world, "1")
     assert (store.list_versions("net"), copy.list_versions("net")) == (["1", "3"], ["2"])
     assert copy.verify_version("net", "2", full=True).status == "verified"
@@ -518,7 +526,13 @@ def test_a_truncated_manifest_of_the_serving_version_is_listed_flagged_and_repai
     assert listing.exit_code == 0, listing.output
     rows = [line.split(None, 2) for line in listing.stdout.splitlines()[1:]]
     assert ["net", "2", "corrupt manifest  0"] in rows  # no file can be counted
-    assert {(r[0], r[1]) for r in rows} == {("ens", "1"), ("pre", "1"), ("net", "1"), ("net", "2")}
+    assert {(r[0], r[1]) for r in rows} == {
+        ("ens", "1"),
+        ("ens", "2"),
+        ("pre", "1"),
+        ("net", "1"),
+        ("net", "2"),
+    }
     listed = CliRunner().invoke(app, ["store", "ls", "--store", root, "--json"])
     [row] = [r for r in json.loads(listed.stdout)["versions"] if (r["model"], r["version"]) == ("net", "2")]
     assert row["state"] == "corrupt manifest"

@@ -1,9 +1,11 @@
-"""An ensemble that serves a Triton folder other than 1, re-pointed by a member's promotion.
+"""An ensemble re-pointed by its members' promotions: one number (issue 48, item 5).
 
-Staging re-points the ensemble and registers its config as a new version (ens v2); production
-promotes that version, so production's ensemble serves folder "2"; a member's promotion in
-production then re-points it again and registers the re-pointed config. The registered artifact is
-a plain model version (``config.pbtxt`` + ``1/``), whatever folder the environment serves it as.
+Staging re-points the ensemble and registers its config as a new version (ens v2), served from
+Triton folder "2"; production promotes that version; a member's promotion in production then
+re-points it again: registered as ens v3 and served from folder "3" -- the version a client asks
+Triton for is the version MLflow shows.  The registered artifact is a plain model version
+(``config.pbtxt`` + ``1/``).  A store made before (an ensemble served from a folder numbered
+otherwise) is migrated by the ensemble's next promotion, and only once.
 
 The fakes of tests/fakes.py, as tests/unit/test_promotion.py uses them (the store is a real folder).
 """
@@ -36,8 +38,13 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(tmp_path: 
     world = World(tmp_path)
     world.promote("ens", "1")
     world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
-    world.promote("net", "2")  # staging: ens re-pointed, registered as ens v2
+    world.promote("net", "2")  # staging: ens re-pointed, registered as ens v2, served from folder 2
     assert world.registry.alias_map["ens"]["test"] == "2"
+    assert serving_versions(world.config("ens")) == ["2"]
+    assert {url: t.states["ens"] for url, t in world.fleet.targets.items()} == {
+        "t0:8001": {"2": "READY"},
+        "t1:8001": {"2": "READY"},
+    }
 
     production_root = tmp_path / "production"
     production_root.mkdir()
@@ -52,15 +59,16 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(tmp_path: 
 
     assert [(s.model, s.version, s.role) for s in result.plan.steps] == [
         ("net", "3", Role.MODEL),
-        ("ens", "2", Role.ENSEMBLE),  # the folder production serves, not a registered version
+        ("ens", "3", Role.ENSEMBLE),  # the registered version, served from its own folder
     ]
     served = fleet.store.read_config("ens") or ""
-    assert serving_versions(served) == ["2"]
-    assert 'model_name: "net"\n    model_version: 3' in served
-    assert fleet.targets["p0:8001"].states["ens"] == {"2": "READY"}
-    # the re-pointed config is registered as a new version laid out as folder 1, like any version
     registered = world.registry.alias_map["ens"]["production"]
     assert registered == "3"
+    assert serving_versions(served) == [registered]  # the folder Triton serves is MLflow's number
+    assert 'model_name: "net"\n    model_version: 3' in served
+    assert fleet.targets["p0:8001"].states["ens"] == {registered: "READY"}
+    assert fleet.store.read_manifest("ens", registered) is not None  # uploaded and verified
+    assert fleet.store.read_manifest("ens", "2") is not None  # the folder served before is kept
     text = (world.registry.root / "ens" / registered / "config.pbtxt").read_text()
     assert serving_versions(text) == ["1"]
     assert world.registry.tags[("ens", registered)]["validation"] == "passed"
@@ -79,3 +87,31 @@ def test_the_stores_ensembles_pinning_a_model_and_following_the_latest(tmp_path:
     followed = follow_latest(ENSEMBLE, ["1"], False, ["net", "absent"])
     assert ensemble_pins(followed) == {"pre": "1", "net": "-1"}
     assert serving_versions(followed) == ["1"]
+
+
+def test_an_ensemble_served_from_a_folder_numbered_otherwise_moves_to_its_own_on_its_next_promotion(
+    tmp_path: Path,
+) -> None:
+    """A store made before one number: folder 1 serves the config MLflow registered as ens v2.  The
+    ensemble's next promotion moves it to folder 2 (nothing else reloads, folder 1 kept); a second
+    is a no-op."""
+    world = World(tmp_path)
+    world.promote("ens", "1")
+    world.registry.add("ens", "2", ENSEMBLE)  # the re-pointed version an older mlreg registered
+    world.registry.alias_map["ens"]["test"] = "2"  # ... and named, while folder 1 serves it
+    before = len(world.events)
+
+    migrated = world.promote("ens", "2")
+
+    assert [(s.model, s.version) for s in migrated.plan.steps] == [("ens", "2")]
+    assert serving_versions(world.config("ens")) == ["2"]
+    assert {url: t.states["ens"] for url, t in world.fleet.targets.items()} == {
+        "t0:8001": {"2": "READY"},
+        "t1:8001": {"2": "READY"},
+    }
+    assert {e[2] for e in world.loads(before)} == {"ens"}  # the members were not touched
+    assert world.fleet.store.read_manifest("ens", "1") is not None  # what served is not lost
+    assert world.registry.alias_map["ens"]["test"] == "2"
+    again = len(world.events)
+    assert world.promote("ens", "2").noop  # migrated once: idempotent
+    assert world.loads(again) == []

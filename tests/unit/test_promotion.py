@@ -98,8 +98,8 @@ def test_a_swap_keeps_the_old_version_until_the_new_one_serves_then_repoints_and
     assert world.loads() == [
         ("load", "t0:8001", "net", ("1", "2")),  # both: v1 keeps serving while v2 loads
         ("load", "t1:8001", "net", ("1", "2")),
-        ("load", "t0:8001", "ens", ("1",)),  # re-pointed to net v2
-        ("load", "t1:8001", "ens", ("1",)),
+        ("load", "t0:8001", "ens", ("2",)),  # re-pointed to net v2: registered ens v2, in folder 2
+        ("load", "t1:8001", "ens", ("2",)),
         ("load", "t0:8001", "net", ("2",)),  # finalize: v1 retired
         ("load", "t1:8001", "net", ("2",)),
     ]
@@ -172,7 +172,7 @@ def test_a_rerun_repairs_an_ensemble_left_on_other_pins_or_missing_on_a_target(d
         ("ens", False, True),
     ]
     assert t0.ensembles["ens"]["net"] == "2"
-    assert t1.is_ready("ens", "1")
+    assert t1.is_ready("ens", "2")  # the re-pointed ensemble's own folder (one number)
     assert t1.ensembles["ens"]["net"] == "2"
     assert world.promote("net", "2").stage_names() == ["noop", "repair"]  # and now it is a no-op
 
