@@ -56,18 +56,30 @@ def export_models(
     on_model: Callable[[str], None] | None = None,
     signer: SigningKey | None = None,
 ) -> list[RegisterResult]:
+    """Build every template model (``on_model("exporting NAME (i/n)")`` before each) and register
+    the results, members before ensembles (``on_model("registering NAME (i/n)")``)."""
+    tell = on_model or (lambda _: None)
+    chosen = template.chosen_models(settings.template_dir, models, "gpu")
+    exporting = iter(range(1, len(chosen) + 1))
     staging = settings.home / "exports"
     if staging.exists():
         shutil.rmtree(staging)
     # registered configs are the template's own (KIND_GPU kept): devices are adapted at deploy
     built = template.build(
-        settings.template_dir, staging, models=models, seed=seed, device="gpu", force=True, on_model=on_model
+        settings.template_dir,
+        staging,
+        models=models,
+        seed=seed,
+        device="gpu",
+        force=True,
+        on_model=lambda name: tell(f"exporting {name} ({next(exporting, len(chosen))}/{len(chosen)})"),
     )
     folders = sorted(
         (p for p in staging.iterdir() if (p / CONFIG_NAME).is_file()), key=lambda p: (_is_ensemble(p), p.name)
     )  # members before ensembles
     results = []
-    for folder in folders:
+    for index, folder in enumerate(folders, 1):
+        tell(f"registering {folder.name} ({index}/{len(folders)})")
         exporter = template.exporter_path(settings.template_dir / folder.name)
         members = member_versions(registry, folder) if _is_ensemble(folder) else None
         info = dict(built.exported.get(folder.name) or {})
@@ -94,14 +106,18 @@ def export(
     force: bool = False,
     against: str | None = None,
     signer: SigningKey | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> list[RegisterResult]:
     """Export the template and register every result in ``registry`` (a ``PlanRegistry``: nothing
     written); with ``against``, return only the versions that alias does not hold yet, refused
     before any exporter runs when no model holds it (``require_base``).  ``signer``: each version
-    registered is signed (``registry.signing``)."""
+    registered is signed (``registry.signing``).  ``on_step``: told what it does now ("exporting
+    NAME (1/4)", "registering NAME (1/4)"), for a progress line."""
     if against is not None:
         require_base(registry, against)
-    results = export_models(settings, registry, models, seed=seed, force=force, signer=signer)
+    results = export_models(
+        settings, registry, models, seed=seed, force=force, on_model=on_step, signer=signer
+    )
     return results if against is None else changed_versions(registry, results, against)
 
 

@@ -139,6 +139,11 @@ def build(
     return result
 
 
+def chosen_models(template: Path, models: list[str] | None, device: str = "auto") -> list[str]:
+    """The names ``build`` would build, in its order (a model or device it does not know: refused)."""
+    return [folder.name for folder in _chosen(template, models, device)]
+
+
 def _chosen(template: Path, models: list[str] | None, device: str) -> list[Path]:
     """The template's model folders to build (all when ``models`` is empty); a model or device
     the template does not know is refused."""

@@ -84,19 +84,23 @@ def export_cmd(
 
     Example: mlreg export image_model --seed 7
     """
+    from mlreg.cli.progress import activity  # lazy: rich, on a terminal only
     from mlreg.ops.export import export_versions  # lazy: MLflow and the exporters, when run
     from mlreg.ops.sign import SignerSpec  # lazy: as above
 
-    report = export_versions(
-        settings_of(ctx),
-        models,
-        seed=seed,
-        force=force,
-        changed=changed,
-        against=against,
-        dry_run=dry_run,
-        signing=SignerSpec(sign_key, sign_cert, sign_chain),
-    )
+    settings = settings_of(ctx)
+    with activity(quiet=as_json, settings=settings) as step:  # "exporting image_model (2/4)"
+        report = export_versions(
+            settings,
+            models,
+            seed=seed,
+            force=force,
+            changed=changed,
+            against=against,
+            dry_run=dry_run,
+            signing=SignerSpec(sign_key, sign_cert, sign_chain),
+            on_step=step,
+        )
     _print_results(Output(as_json), report)
 
 

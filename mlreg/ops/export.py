@@ -8,7 +8,7 @@ be, for ``mlreg promote --from-file F --dry-run`` (a pull request's plan).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mlreg.ops.context import open_registry
 from mlreg.ops.register import RegisterReport
@@ -30,6 +30,7 @@ def export_versions(
     against: str | None = None,
     dry_run: bool = False,
     signing: SignerSpec | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> RegisterReport:
     """Export ``models`` (default: every template model) with ``seed`` and register them."""
     if against is not None and not changed:
@@ -49,6 +50,7 @@ def export_versions(
         force=force,
         against=base,
         signer=signer,
+        on_step=on_step,
     )
     planned = {
         (r.model, r.version): p for r in results if plan and (p := plan.planned_version(r.model, r.version))
