@@ -365,6 +365,10 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
         if self.planned.pop((name, version), None) is None:
             raise RegistryError(f"{READ_ONLY}: delete {name} v{version}", fix="drop --dry-run")
 
+    def delete_model(self, name: str) -> None:
+        """Never: a plan deletes nothing registered (a dry run never reaches the deploy that registers)."""
+        raise RegistryError(f"{READ_ONLY}: delete model {name}", fix="drop --dry-run")
+
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         planned = self.planned.get((name, version))
         if planned is None:

@@ -227,6 +227,13 @@ class FakeRegistry:
         self.deleted[name] = max(self.deleted.get(name, 0), int(version))
         self.events.append(("delete", name, version))
 
+    def delete_model(self, name: str) -> None:
+        self._call("delete_model", name)
+        if any(m == name for m, _ in self.tags):
+            raise RegistryError(f"model '{name}' still has versions")
+        self.alias_map.pop(name, None)
+        self.events.append(("delete_model", name))
+
     def experiment_id(self, name: str = "x") -> str:
         return "0"
 

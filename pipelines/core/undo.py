@@ -27,7 +27,9 @@ never leaves an ensemble pinned to a member version that is gone:
    and is set in the call that creates the version (a version reused, registered by anyone else,
    never carries it); no alias names it; the store's config does not list it and no replica holds
    it (asked again, after the steps above).  A version that fails a proof is kept, and the report
-   says why; one that cannot be asked about is named as not deleted.
+   says why; one that cannot be asked about is named as not deleted.  A registered model the
+   registration created (an ensemble MLflow did not know) goes too, once no version and no alias
+   of it is left.
 
 "Did anything change?" has one answer, ``UndoLog.changed``: the log knows the store session's
 change journal (``journal``), so a store write noted here counts only once the store took it (a
@@ -49,7 +51,7 @@ from typing import Any, Protocol
 from pipelines.core.changes import Change, ready_versions
 from pipelines.core.litter import forget_uploads
 from pipelines.core.plan import Step, desired_config, ensemble_pins, follow_latest, serving_versions
-from pipelines.core.ports import Replicas
+from pipelines.core.ports import Replicas, ServingTarget
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
 
@@ -82,14 +84,21 @@ class Registrar(Protocol):
 
     def delete_version(self, name: str, version: str) -> None: ...
 
+    def versions(self, name: str) -> list[Any]: ...
+
+    def delete_model(self, name: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class Registering:
-    """A version of ``model`` this promotion registers, tagged ``OWNER_TAG`` = ``promotion_id``."""
+    """A version of ``model`` this promotion registers, tagged ``OWNER_TAG`` = ``promotion_id``
+    (``new_model``: ``model`` was no registered model before: the registration creates it)."""
 
     model: str
     promotion_id: str
     registry: Registrar
+    new_model: bool = False
+    pins: tuple[tuple[str, str], ...] = ()  # the member versions the registered config pins
 
 
 @dataclass
@@ -195,10 +204,18 @@ class UndoLog:
     def forget(self, model: str) -> None:
         self.entries.pop(model, None)
 
-    def registering(self, model: str, promotion_id: str, registry: Registrar) -> None:
-        """A version of ``model`` about to be registered with ``OWNER_TAG`` = ``promotion_id``:
-        noted before the call, so an exit during it still finds what it made (step 7)."""
-        noted = Registering(model, promotion_id, registry)
+    def registering(
+        self,
+        model: str,
+        promotion_id: str,
+        registry: Registrar,
+        new_model: bool = False,
+        pins: dict[str, str] | None = None,
+    ) -> None:
+        """A version of ``model`` pinning ``pins`` about to be registered with ``OWNER_TAG`` =
+        ``promotion_id`` (``new_model``: and the model with it): noted before the call, so an exit
+        during it still finds what it made (step 7)."""
+        noted = Registering(model, promotion_id, registry, new_model, tuple(sorted((pins or {}).items())))
         if noted not in self.registrations:
             self.registrations.append(noted)
 
@@ -316,36 +333,11 @@ class UndoLog:
         self, fleet: Replicas, store: RepositoryStore, report: UndoReport, touched: list[str]
     ) -> None:
         """Step 7: each version this promotion registered deleted, once proven its own (nothing
-        serves it: the store's config, and every replica this promotion sent a change to)."""
+        serves it: the store's config, and every replica this promotion sent a change to); then a
+        model its registration created, once it has no version and no alias left."""
         for noted in self.registrations:
-            try:
-                found = noted.registry.find_by_tag(noted.model, OWNER_TAG, noted.promotion_id)
-            except MlregError as exc:
-                report.failed.append(
-                    f"MLflow: the versions of {noted.model} this promotion registered cannot be looked "
-                    f"up, so none was deleted ({exc.message})"
-                )
-                continue
-            for version in sorted((str(v.version) for v in found), key=int):
-                tags = dict(next(v for v in found if str(v.version) == version).tags or {})
-                if tags.get(OWNER_TAG) != noted.promotion_id:  # the search's word is not the proof
-                    continue
-                kept, unknown = _in_use(noted, version, fleet, store, touched)
-                if kept:  # in use: kept, and said so; not known to be unused: kept, named as left over
-                    where = report.failed if unknown else report.restored
-                    where.append(
-                        f"{noted.model} v{version}, registered by this promotion, kept in MLflow ({kept})"
-                    )
-                    continue
-                try:
-                    noted.registry.delete_version(noted.model, version)
-                except MlregError as exc:
-                    report.failed.append(
-                        f"MLflow: {noted.model} v{version}, registered by this promotion and served "
-                        f"nowhere, was not deleted ({exc.message})"
-                    )
-                    continue
-                report.restored.append(f"{noted.model} v{version} (registered by this promotion) deleted")
+            if _versions_back(noted, fleet, store, report, touched) and noted.new_model:
+                _model_back(noted, report)
         self.registrations.clear()
 
     def _unverified(self, members: list[Entry], verify: VerifyStored | None, report: UndoReport) -> set[str]:
@@ -403,30 +395,93 @@ class UndoLog:
             report.restored.append(entry.describe)
 
 
+def _versions_back(
+    noted: Registering, fleet: Replicas, store: RepositoryStore, report: UndoReport, touched: list[str]
+) -> bool:
+    """The versions ``noted`` made deleted where nothing uses them; whether every one was."""
+    try:
+        found = noted.registry.find_by_tag(noted.model, OWNER_TAG, noted.promotion_id)
+    except MlregError as exc:
+        report.failed.append(
+            f"MLflow: the versions of {noted.model} this promotion registered cannot be looked "
+            f"up, so none was deleted ({exc.message})"
+        )
+        return False
+    every = True
+    for version in sorted((str(v.version) for v in found), key=int):
+        tags = dict(next(v for v in found if str(v.version) == version).tags or {})
+        if tags.get(OWNER_TAG) != noted.promotion_id:  # the search's word is not the proof
+            continue
+        kept, unknown = _in_use(noted, version, fleet, store, touched)
+        if kept:  # in use: kept, and said so; not known to be unused: kept, named as left over
+            where = report.failed if unknown else report.restored
+            where.append(f"{noted.model} v{version}, registered by this promotion, kept in MLflow ({kept})")
+            every = False
+            continue
+        try:
+            noted.registry.delete_version(noted.model, version)
+        except MlregError as exc:
+            report.failed.append(
+                f"MLflow: {noted.model} v{version}, registered by this promotion and served "
+                f"nowhere, was not deleted ({exc.message})"
+            )
+            every = False
+            continue
+        report.restored.append(f"{noted.model} v{version} (registered by this promotion) deleted")
+    return every
+
+
+def _model_back(noted: Registering, report: UndoReport) -> None:
+    """The registered model ``noted``'s registration created (none before it), deleted once no
+    version and no alias of it is left (someone else's since: kept)."""
+    try:
+        if noted.registry.versions(noted.model) or noted.registry.aliases(noted.model):
+            return
+        noted.registry.delete_model(noted.model)
+    except MlregError as exc:
+        report.failed.append(
+            f"MLflow: model {noted.model}, new with this promotion's registration and left with no "
+            f"version, was not deleted ({exc.message})"
+        )
+        return
+    report.restored.append(f"model {noted.model} (registered by this promotion) deleted")
+
+
 def _in_use(
     noted: Registering, version: str, fleet: Replicas, store: RepositoryStore, touched: list[str]
 ) -> tuple[str, bool]:
     """Why ``version`` of ``noted.model`` must stay in MLflow -- an alias names it, the store's
-    config lists it, a replica of ``touched`` holds it -- and whether that is only not known
-    (something cannot be asked); ("", False) when nothing uses it."""
-    model = noted.model
+    config serves it, a replica of ``touched`` holds it -- and whether that is only not known
+    (something cannot be asked); ("", False) when nothing uses it.  A folder of that number that
+    serves other pins (the config from before this promotion, in a folder the registry's number
+    happens to name) is not this version."""
+    model, pins = noted.model, dict(noted.pins)
     try:
         named = sorted(a for a, v in noted.registry.aliases(model).items() if v == version)
-        listed = version in serving_versions(store.read_config(model) or "")
+        text = store.read_config(model) or ""
     except MlregError as exc:
         return f"whether anything uses it cannot be told: {exc.message}", True
     if named:
         return f"alias '{', '.join(named)}' names it", False
-    if listed:
+    if version in serving_versions(text) and (not pins or ensemble_pins(text) == pins):
         return f"the store's config of {model} lists it", False
     for url in touched:
         try:
-            state = fleet.target(url).model_states().get(model, {}).get(version)
+            held = _holds(fleet.target(url), model, version, pins)
         except MlregError as exc:
             return f"{url} cannot be asked whether it holds it: {exc.message}", True
-        if state in ("READY", "LOADING"):
+        if held:
             return f"{url} holds it", False
     return "", False
+
+
+def _holds(target: ServingTarget, model: str, version: str, pins: dict[str, str]) -> bool:
+    """``target`` holds ``version`` of ``model`` (LOADING, or READY with ``pins`` where known)."""
+    state = target.model_states().get(model, {}).get(version)
+    if state != "READY" or not pins:
+        return state in ("READY", "LOADING")
+    steps = target.model_config(model).get("ensemble_scheduling", {}).get("step", [])
+    return {s["model_name"]: str(int(s.get("model_version", -1))) for s in steps} == pins
 
 
 def _note(report: UndoReport, failure: str, done: str) -> None:

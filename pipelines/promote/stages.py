@@ -89,7 +89,7 @@ from pipelines.promote.verdicts import peak_verdict
 from pipelines.rollout.all_at_once import check_serves_from_store
 from pipelines.storage import locking
 from registry.contracts.config import CONFIG_NAME, parse_config
-from registry.errors import MlregError, PromotionError, StorageError
+from registry.errors import MlregError, PromotionError, RegistryError, StorageError
 from registry.lineage import deployment_stamp
 from registry.settings import PROMOTIONS_EXPERIMENT
 
@@ -532,13 +532,11 @@ def number_repointed(ctx: PromotionContext) -> None:
             continue
         promotion_id = promotion_id or uuid.uuid4().hex
         folder = repointed_folder(ctx, step)
-        ctx.undo.registering(step.model, promotion_id, ctx.registry)  # noted first: a signal mid-call too
+        new_model, pins = _new_to_registry(ctx, step.model), ensemble_pins(step.config_text)
+        # noted first: an exit during the call (a signal) still finds what it made
+        ctx.undo.registering(step.model, promotion_id, ctx.registry, new_model, pins)
         version = ctx.registry.register_version(
-            step.model,
-            folder / "1",
-            folder / "config.pbtxt",
-            members=ensemble_pins(step.config_text),
-            tags={OWNER_TAG: promotion_id},
+            step.model, folder / "1", folder / "config.pbtxt", members=pins, tags={OWNER_TAG: promotion_id}
         )
         fetched, tags = fetch_version(
             ctx.registry, step.model, version, plan.workdir / f"registered-{step.model}"
@@ -562,6 +560,18 @@ def number_repointed(ctx: PromotionContext) -> None:
                 f"(folder {was} before)"
             )
     checkpoint("numbered")
+
+
+def _new_to_registry(ctx: PromotionContext, model: str) -> bool:
+    """Whether ``model`` is no registered model yet (an ensemble only the store knows): its
+    registration creates it.  MLflow unreachable raises (nothing registered then)."""
+    if ctx.registry.versions(model):
+        return False
+    try:
+        ctx.registry.require_model(model)
+    except RegistryError:  # MLflow just answered: the model is not registered
+        return True
+    return False
 
 
 def _registered_as_folder(ctx: PromotionContext, step: Step) -> bool:

@@ -212,6 +212,9 @@ class MlflowRegistry:
         if run_id:
             self.runs.discard_run(run_id)
 
+    def delete_model(self, name: str) -> None:
+        self.models.delete_model(name)
+
     # -- where versions serve ------------------------------------------------------------------------
 
     def record_deployment(

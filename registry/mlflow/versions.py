@@ -185,6 +185,9 @@ class MlflowVersions:
     def delete_version(self, name: str, version: str) -> None:
         self.connection.call("version deletion", lambda: self._client.delete_model_version(name, version))
 
+    def delete_model(self, name: str) -> None:
+        self.connection.call("model deletion", lambda: self._client.delete_registered_model(name))
+
     def update_version_description(self, name: str, version: str, description: str) -> None:
         self.connection.call(
             "version update",

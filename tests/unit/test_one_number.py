@@ -14,6 +14,7 @@ registry port's fake (tests/fakes.py: versions as folders, tags and aliases in m
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,52 @@ def test_an_abort_after_the_ensemble_was_registered_deletes_exactly_that_version
     world.promote("net", "3")
     assert world.registry.aliases("ens")["test"] == "4"
     assert serving_versions(world.config("ens") or "") == ["4"]
+
+
+def test_an_abort_deletes_the_model_its_registration_created_and_nothing_else(tmp_path: Path) -> None:
+    """ens serves from the store but MLflow does not know it (a hand-written ensemble): net v2's
+    promotion registers the re-pointed ens, creating the model.  Its abort deletes that version,
+    then the model, now with no version and no alias; MLflow is as it was, the store too."""
+    world = World(tmp_path)
+    world.promote("ens", "1")
+    del world.registry.tags[("ens", "1")]  # MLflow knows no ens: only the store does
+    world.registry.alias_map.pop("ens")
+    shutil.rmtree(world.registry.root / "ens")
+    world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.fleet.nan_answers.add(("net", "2"))
+    before, registrations = _state(world), _registrations(world)
+
+    with pytest.raises(PromotionFailed) as aborted:
+        world.promote("net", "2")
+
+    assert [e[:3] for e in _registrations(world)[len(registrations) :]] == [
+        ("register", "ens", "1"),
+        ("delete", "ens", "1"),
+    ]
+    assert ("delete_model", "ens") in world.events
+    assert _state(world)["mlflow"] == before["mlflow"]
+    assert _state(world)["store"] == before["store"]
+    assert "model ens (registered by this promotion) deleted" in str(aborted.value)
+
+
+def test_a_model_that_existed_before_is_never_deleted(tmp_path: Path) -> None:
+    """The same abort where MLflow had the model ens already, with no version and no alias (made by
+    someone else): the version the promotion made goes, the model stays."""
+    world = World(tmp_path)
+    world.promote("ens", "1")
+    del world.registry.tags[("ens", "1")]
+    world.registry.alias_map["ens"] = {}  # a registered model with no version and no alias
+    shutil.rmtree(world.registry.root / "ens")
+    world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.fleet.nan_answers.add(("net", "2"))
+
+    with pytest.raises(PromotionFailed) as aborted:
+        world.promote("net", "2")
+
+    assert ("delete", "ens", "1") in world.events
+    assert all(e[0] != "delete_model" for e in world.events)
+    assert world.registry.alias_map["ens"] == {}  # the model is there still
+    assert "model ens" not in str(aborted.value)
 
 
 class SameBytesRegistry(FakeRegistry):
