@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from pipelines.core.context import PromotionContext, Stage
+from pipelines.core.context import Stage
 from pipelines.core.plan import serving_versions
 from pipelines.core.reports import FleetReport, PromotionFailed, Refusal
+from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import CONFIRM_S, confirm_queued
 from pipelines.ledger.mirror import mirror
 from pipelines.promote.integrity import verifier
@@ -50,7 +51,7 @@ def known(exc: BaseException) -> BaseException:
     return full
 
 
-def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
+def fail(ctx: FleetContext, exc: BaseException, timed: Timed) -> NoReturn:
     detected = time.time()  # the failing check decided and raised: the time to safe starts here
     exc = known(exc)
     result = ctx.result
@@ -92,7 +93,7 @@ def fail(ctx: PromotionContext, exc: BaseException, timed: Timed) -> NoReturn:
     raise failed from exc
 
 
-def _record(ctx: PromotionContext) -> None:
+def _record(ctx: FleetContext) -> None:
     """The attempt recorded in MLflow, as far as it can be: a file it cannot write (its report in
     a full TMPDIR) is a note, never the promotion's error (what was put back must still be said,
     and the locks released)."""
@@ -103,7 +104,7 @@ def _record(ctx: PromotionContext) -> None:
         ctx.result.notes.append(f"the attempt was not recorded in MLflow ({exc.strerror or exc})")
 
 
-def _taken_over(ctx: PromotionContext) -> list[str]:
+def _taken_over(ctx: FleetContext) -> list[str]:
     """The locks this promotion lost to time or to another holder.  A store that cannot be reached
     right now proves nothing either way: its lease is then not used for any store write (the store
     fences them), but while its end has not come no one else can hold the lock, so the servers are
@@ -111,14 +112,14 @@ def _taken_over(ctx: PromotionContext) -> list[str]:
     return ctx.store.fenced(proven_only=True)
 
 
-def _sent(ctx: PromotionContext) -> tuple[int, int]:
+def _sent(ctx: FleetContext) -> tuple[int, int]:
     """What the promotion has sent so far: its server moves (the fleet's roll-outs) and the store
     keys it wrote or deleted (the store's change journal)."""
     return len(ctx.fleet.rollouts), len(ctx.store.session.changed_keys)
 
 
 def _fenced(
-    ctx: PromotionContext, exc: BaseException, lost: list[str], signal_name: str, sent: tuple[int, int]
+    ctx: FleetContext, exc: BaseException, lost: list[str], signal_name: str, sent: tuple[int, int]
 ) -> NoReturn:
     """Another promotion owns the models now: nothing is put back (that would undo its work).  The
     sentence is derived from what was sent since the failure (nothing, unless a bug sent it)."""
@@ -145,7 +146,7 @@ def _fenced(
     raise failed from exc
 
 
-def _failure(ctx: PromotionContext, exc: BaseException, touched: list[str]) -> PromotionFailed:
+def _failure(ctx: FleetContext, exc: BaseException, touched: list[str]) -> PromotionFailed:
     result = ctx.result
     head = f"promotion of {ctx.plan.model} version {ctx.plan.version} to '{ctx.env.name}' failed: "
     notes = "".join(f"; {note}" for note in result.notes)
@@ -173,7 +174,7 @@ def _alias_note(stage: str | None) -> str:
     return "" if stage == "record" else "; the MLflow alias was not moved"
 
 
-def _store_now(ctx: PromotionContext) -> list[str]:
+def _store_now(ctx: FleetContext) -> list[str]:
     """What the store's config of each model this promotion wrote lists now (read again)."""
     lines = []
     for model, written in sorted(ctx.store.session.written_configs.items()):
@@ -191,7 +192,7 @@ def _store_now(ctx: PromotionContext) -> list[str]:
     return lines
 
 
-def _rollback(ctx: PromotionContext) -> FleetReport:
+def _rollback(ctx: FleetContext) -> FleetReport:
     first = len(ctx.fleet.rollouts)
     digests = {(s.model, v): d for s in ctx.plan.steps for v, d in s.previous_digests.items()}
     verify = verifier(ctx.store, digests, ctx.env.signatures, ctx.registry, ctx.plan.workdir)

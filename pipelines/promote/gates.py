@@ -12,20 +12,21 @@ from dataclasses import dataclass
 
 from pipelines.checks.golden import GateFailed, QualityReport, preflight
 from pipelines.core.check import Judging
-from pipelines.core.context import Gate, PromotionContext
+from pipelines.core.context import Gate
 from pipelines.core.reports import QualityStageReport
+from pipelines.fleet.context import FleetContext
 from pipelines.promote.canary_gate import canary_gate
 from pipelines.promote.registered import GATE, gate_checks
 from registry.errors import PromotionError
 
 
-def judging(ctx: PromotionContext, where: str) -> Judging:
+def judging(ctx: FleetContext, where: str) -> Judging:
     """The registered checks a gate runs (``where``: "canary" or "scratch"), what ``--skip`` and
     the environment's ``observe`` name, and each check's settings from the environment."""
     return Judging(tuple(gate_checks(where)), ctx.options.skip, frozenset(ctx.env.observe), ctx.env.setting)
 
 
-def _passed(ctx: PromotionContext, report: QualityReport) -> QualityStageReport:
+def _passed(ctx: FleetContext, report: QualityReport) -> QualityStageReport:
     ctx.checked = report
     ctx.result.shadow = report.shadow  # in every report, refused or not
     ctx.result.verdicts.extend(v.to_dict() for v in report.verdicts)  # after the preflight's
@@ -49,7 +50,7 @@ class CanaryGate:
     name: str = "canary"
     live: bool = True
 
-    def run(self, ctx: PromotionContext) -> QualityStageReport:
+    def run(self, ctx: FleetContext) -> QualityStageReport:
         url = ctx.plan.targets[0]
         checks, metrics_url = judging(ctx, "canary"), ctx.env.metrics_url(url)
         report = canary_gate(ctx.plan, ctx.settings, ctx.fleet, ctx.env.gpu, checks, metrics_url)
@@ -61,7 +62,7 @@ class ScratchGate:
     name: str = "scratch server"
     live: bool = False
 
-    def run(self, ctx: PromotionContext) -> QualityStageReport:
+    def run(self, ctx: FleetContext) -> QualityStageReport:
         if ctx.scratch is None:
             raise PromotionError(
                 "the quality gate of a dry run needs a scratch tritonserver, and none was provided",
@@ -74,7 +75,7 @@ class ScratchGate:
         return _passed(ctx, report)
 
 
-def choose_gate(ctx: PromotionContext) -> Gate | None:
+def choose_gate(ctx: FleetContext) -> Gate | None:
     if GATE in ctx.options.skip:
         return None
     if ctx.options.dry_run:

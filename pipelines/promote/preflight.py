@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipelines.core.check import Judging, Trial, Verdict, run_checks
-from pipelines.core.context import PromotionContext
+from pipelines.fleet.context import FleetContext
 from pipelines.promote.registered import preflight_checks
 from registry.errors import PromotionError
 
@@ -40,7 +40,7 @@ class PreflightReport:
         return text
 
 
-def preflight(ctx: PromotionContext) -> PreflightReport:
+def preflight(ctx: FleetContext) -> PreflightReport:
     """Every preflight check on the whole promotion; its verdicts recorded; a refusal raised."""
     plan, report = ctx.plan, PreflightReport()
     judging = Judging(

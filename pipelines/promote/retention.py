@@ -34,9 +34,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.core.context import PromotionContext
 from pipelines.core.litter import remove_fenced_uploads
 from pipelines.core.plan import Step, ensemble_pins, ensembles_pinning, serving_versions
+from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import checkpoint
 from pipelines.storage import locking
 from pipelines.storage.archive import archive_of, bring_back, complete, drop_archived, move_to_archive
@@ -242,7 +242,7 @@ def _copied(model: str, version: str) -> None:
 # -- in a promotion --------------------------------------------------------------------------------
 
 
-def pending(ctx: PromotionContext) -> bool:
+def pending(ctx: FleetContext) -> bool:
     """Whether ``retain`` has anything to do: retention on, a promotion that changed something, and
     a promoted model with more live versions than the window, or a version both live and archived
     (brought back, or a move a crash cut short).  A no-op rerun keeps its fast path: the next
@@ -263,7 +263,7 @@ def pending(ctx: PromotionContext) -> bool:
     return False
 
 
-def room_needed(ctx: PromotionContext) -> bool:
+def room_needed(ctx: FleetContext) -> bool:
     """Whether the ``archive`` stage has anything to do: retention on and a planned model with
     more versions under Triton's prefix than the window (asked of the store)."""
     keep = ctx.env.keep
@@ -275,12 +275,12 @@ def room_needed(ctx: PromotionContext) -> bool:
         return True  # the stage says why in its report
 
 
-def archive(ctx: PromotionContext) -> RetentionReport:
+def archive(ctx: FleetContext) -> RetentionReport:
     """The ``archive`` stage (after ``assemble``, before any load): ``make_room``."""
     return make_room(ctx) or RetentionReport(ctx.env.keep)
 
 
-def make_room(ctx: PromotionContext) -> RetentionReport | None:
+def make_room(ctx: FleetContext) -> RetentionReport | None:
     """In ``assemble``, after the upload and before the load: the versions that will be beyond the
     window once this promotion is done leave now, so the load localizes only the window.  Never
     what serves now (the undo log would load it again) nor the new versions; the archive's copies
@@ -309,7 +309,7 @@ def _unarchive(store: RepositoryStore, model: str, version: str) -> None:
     move_to_archive(archive_of(store), store, model, version)
 
 
-def _pass(ctx: PromotionContext, pre_deploy: bool) -> RetentionReport:
+def _pass(ctx: FleetContext, pre_deploy: bool) -> RetentionReport:
     archive = archive_of(ctx.store)
     states = ctx.fleet.states()
     missing = unreachable(states) + [f"{u}: {why}" for u, why in ctx.plan.skipped.items()]
@@ -328,7 +328,7 @@ def _pass(ctx: PromotionContext, pre_deploy: bool) -> RetentionReport:
     return apply(ctx.store, archive, found)
 
 
-def retain(ctx: PromotionContext) -> RetentionReport:
+def retain(ctx: FleetContext) -> RetentionReport:
     """After ``record``: what is still beyond the window archived (keep = 1: the version that served
     until this promotion), and the archive's copies of versions brought back dropped."""
     began = time.perf_counter()
@@ -340,7 +340,7 @@ def retain(ctx: PromotionContext) -> RetentionReport:
     return report
 
 
-def _models(ctx: PromotionContext) -> set[str]:
+def _models(ctx: FleetContext) -> set[str]:
     return {s.model for s in ctx.plan.steps}  # each one locked by resolve
 
 

@@ -36,6 +36,7 @@ from pipelines.core.policy import check_fleet
 from pipelines.core.ports import Registry, ScratchServers, ServingTarget
 from pipelines.core.reports import PromotionResult, StageRecord
 from pipelines.core.undo import UndoLog
+from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import Fleet
 from pipelines.fleet.replicas import Connect, reachable, triton_connector
 from pipelines.guards.headroom import Headroom, registry_footprints, replica_versions
@@ -71,7 +72,7 @@ def choose_deployer(env: Environment) -> Deployer:
     return AllAtOnce() if env.policy is None else Staged(env.policy)
 
 
-def pipeline(ctx: PromotionContext) -> list[Stage]:
+def pipeline(ctx: FleetContext) -> list[Stage]:
     """The stages after ``resolve``, with the strategies ``resolve``'s plan chose."""
     if ctx.noop:
         return [Stage("repair", repair, live=True)]
@@ -97,7 +98,7 @@ def pipeline(ctx: PromotionContext) -> list[Stage]:
     ]
 
 
-def bounded_retain(ctx: PromotionContext) -> retention.RetentionReport:
+def bounded_retain(ctx: FleetContext) -> retention.RetentionReport:
     """``retention.retain`` after record, best effort and bounded like capture arming (after.py):
     past ``RETAIN_S`` it is left behind (noted: "promoted; retention did not finish within ..."),
     and a signal ends the wait: ``Terminated`` is raised here, *after* record, which the runner
@@ -145,7 +146,7 @@ class Promotion:
         self.settings, self.env, self.registry, self.options = settings, env, registry, options
         self.connect = connect or triton_connector(settings, env.key(settings), env.load_deadline(settings))
         self.scratch = scratch
-        self.ctx: PromotionContext | None = None
+        self.ctx: FleetContext | None = None
         self.interrupted = ""  # a signal that came after record: the rest of the after-record steps skipped
 
     def run(self, model: str, version: str) -> PromotionResult:
@@ -165,7 +166,7 @@ class Promotion:
         ctx.result.ok = True
         return ctx.result
 
-    def _capture_after(self, ctx: PromotionContext) -> list[str]:
+    def _capture_after(self, ctx: FleetContext) -> list[str]:
         """Capture on again for what now serves (shadow.py), the locks let go: after ``record``, so
         best effort and bounded (after.py) -- a frozen replica or captures prefix, or a signal,
         ends it with a note, never with a false failure of what was promoted."""
@@ -176,7 +177,7 @@ class Promotion:
             "capture arming", lambda progress: capture_after(targets, connect, steps, shadow, progress)
         )
 
-    def _context(self, model: str, version: str, nonce: RequestNonce) -> PromotionContext:
+    def _context(self, model: str, version: str, nonce: RequestNonce) -> FleetContext:
         env = self.env
         if env.shadow is not None:  # the replay knows the nonce; no report or run records it
             env = replace(env, shadow=replace(env.shadow, own=nonce.prefix))
@@ -211,7 +212,7 @@ class Promotion:
         known, held = registry_footprints(self.registry), replica_versions(fleet)
         return Headroom(self.env.metrics_url, self.env.memory_margin, known=known, held=held)
 
-    def _sequence(self, ctx: PromotionContext, stages: list[Stage], planning: bool = False) -> None:
+    def _sequence(self, ctx: FleetContext, stages: list[Stage], planning: bool = False) -> None:
         for stage in stages:
             if stage.live and self.options.dry_run:
                 return
@@ -229,7 +230,7 @@ class Promotion:
                     raise  # nothing changed, nothing to record; or a stage the promotion outlives
                 self.on_error(ctx, exc)
 
-    def _timed(self, ctx: PromotionContext, stage: Stage) -> None:
+    def _timed(self, ctx: FleetContext, stage: Stage) -> None:
         if self.options.on_start is not None:  # e.g. the CLI's progress line (quality: 40 s...)
             self.options.on_start(stage.name)
         began = time.perf_counter()
@@ -248,14 +249,14 @@ class Promotion:
             ctx, StageRecord(name, "ok", time.perf_counter() - began, report.detail(), report, stage.by)
         )
 
-    def _tell(self, ctx: PromotionContext, record: StageRecord) -> None:
+    def _tell(self, ctx: FleetContext, record: StageRecord) -> None:
         ctx.result.stages.append(record)
         if self.options.on_stage:
             self.options.on_stage(record.stage, record.status, record.seconds, record.detail)
 
     # -- the one error hook ------------------------------------------------------------------------
 
-    def on_error(self, ctx: PromotionContext, exc: BaseException) -> None:
+    def on_error(self, ctx: FleetContext, exc: BaseException) -> None:
         """Replay the undo log, record the attempt, raise PromotionFailed saying what was undone
         (exit 130 after SIGINT, 143 after SIGTERM; a second signal cannot cut the replay short)."""
         fail(ctx, exc, lambda stage: self._timed(ctx, stage))

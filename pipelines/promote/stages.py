@@ -40,7 +40,6 @@ import numpy as np
 
 from pipelines.checks import golden as quality
 from pipelines.checks import offline
-from pipelines.core.context import PromotionContext
 from pipelines.core.litter import forget_uploads, note_upload, remove_fenced_uploads
 from pipelines.core.plan import (
     Plan,
@@ -69,6 +68,7 @@ from pipelines.core.reports import (
 )
 from pipelines.core.undo import OWNER_TAG
 from pipelines.core.warmup import WARMUP_BYTES, peak_bytes
+from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import checkpoint, refuse_pending_loads
 from pipelines.fleet.replicas import open_control_notes
 from pipelines.fleet.restarts import not_ready_after_rollout
@@ -96,7 +96,7 @@ from registry.settings import PROMOTIONS_EXPERIMENT
 # -- planning ----------------------------------------------------------------------------------
 
 
-def resolve(ctx: PromotionContext) -> StageReport:
+def resolve(ctx: FleetContext) -> StageReport:
     """The plan, built from under the locks of every model whose config it may write (a plan that
     needs one more model takes its lock and is made again); the no-op decided here, once."""
     plan = ctx.plan
@@ -144,7 +144,7 @@ def resolve(ctx: PromotionContext) -> StageReport:
     return ResolveReport([f"{s.model} v{s.version} ({s.role.value})" for s in plan.steps], sorted(held))
 
 
-def _refuse_open_control(ctx: PromotionContext) -> None:
+def _refuse_open_control(ctx: FleetContext) -> None:
     """A replica whose control API takes anyone's calls refuses the promotion (dry run included),
     unless the environment allows it: then it is noted (``replicas.open_control_notes``)."""
     allowed = ctx.env.open_control == "allow"
@@ -154,7 +154,7 @@ def _refuse_open_control(ctx: PromotionContext) -> None:
     )
 
 
-def repair(ctx: PromotionContext) -> RepairReport:
+def repair(ctx: FleetContext) -> RepairReport:
     """The no-op's one write: each model that serves has the environment's alias on it, and no
     failed attempt's tag is newer than its own (``record.repair_record``).  Written only under the
     locks of the models that serve and of the ensembles over them, once what serves is asked
@@ -184,7 +184,7 @@ def repair(ctx: PromotionContext) -> RepairReport:
     return RepairReport(repaired)
 
 
-def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
+def already_serving(ctx: FleetContext, model: str, version: str) -> bool:
     """The store wants exactly this version, it is complete, every ensemble pins it, and every
     target serves exactly it (and, for an ensemble, every member at the version it pins).  A
     re-pointed ensemble is a registered version served from its old Triton folder: ``version``
@@ -206,7 +206,7 @@ def already_serving(ctx: PromotionContext, model: str, version: str) -> bool:
     return not any(_pins_astray(ctx, name, text) for name, text in ensembles_using(ctx, {model}).items())
 
 
-def _sole_folder(ctx: PromotionContext, model: str, version: str, config: str | None) -> str | None:
+def _sole_folder(ctx: FleetContext, model: str, version: str, config: str | None) -> str | None:
     """The one folder the store's ``config`` serves, when it is complete and is ``version`` (an
     ensemble too: one served from a folder numbered otherwise is migrated by promoting it)."""
     folders = config_facts(config).versions if config is not None else ()
@@ -229,7 +229,7 @@ def _stored_pins(model: str, folder: str, config: str) -> dict[str, str] | None:
     return wanted
 
 
-def serving_pins(ctx: PromotionContext, model: str, version: str) -> dict[str, str]:
+def serving_pins(ctx: FleetContext, model: str, version: str) -> dict[str, str]:
     """``model: version`` and, for an ensemble, each member at the version its store config pins."""
     wanted = {model: version}
     config = ctx.store.read_config(model) or ""
@@ -237,7 +237,7 @@ def serving_pins(ctx: PromotionContext, model: str, version: str) -> dict[str, s
     return wanted
 
 
-def _registered_as_stored(ctx: PromotionContext, model: str, version: str, config: str, folder: str) -> bool:
+def _registered_as_stored(ctx: FleetContext, model: str, version: str, config: str, folder: str) -> bool:
     """The store's ensemble (served from Triton ``folder``) is registered ``version``: in its own
     folder, its pins are that version's (re-pointed ensembles keep their Triton folder, so the
     folder alone cannot tell version 1 from its re-pointed version 2); in another folder (a
@@ -255,7 +255,7 @@ def _registered_as_stored(ctx: PromotionContext, model: str, version: str, confi
     return desired_config(registered, [folder], gpu) == desired_config(config, [folder], gpu)
 
 
-def ensembles_using(ctx: PromotionContext, models: set[str]) -> dict[str, str]:
+def ensembles_using(ctx: FleetContext, models: set[str]) -> dict[str, str]:
     """The store's ensembles that are one of ``models`` or pin one of them: name -> config."""
     return {
         name: text
@@ -264,7 +264,7 @@ def ensembles_using(ctx: PromotionContext, models: set[str]) -> dict[str, str]:
     }
 
 
-def _pins_astray(ctx: PromotionContext, name: str, text: str) -> list[str]:
+def _pins_astray(ctx: FleetContext, name: str, text: str) -> list[str]:
     """Each target where ensemble ``name`` is not READY, or pins other member versions than the
     store's config (e.g. still -1 after an interrupted roll-out)."""
     stored = ensemble_pins(text)
@@ -284,7 +284,7 @@ def _pins(pins: dict[str, str]) -> str:
     return ", ".join(f"{member} v{version}" for member, version in sorted(pins.items()))
 
 
-def _repair_ensembles(ctx: PromotionContext, plan: Plan) -> None:
+def _repair_ensembles(ctx: FleetContext, plan: Plan) -> None:
     """An ensemble over the plan's models that a target does not serve as the store says (not
     loaded, or pinned elsewhere) is loaded again from the store's config by this promotion."""
     present = {s.model for s in plan.steps}
@@ -298,7 +298,7 @@ def _repair_ensembles(ctx: PromotionContext, plan: Plan) -> None:
         )
 
 
-def _preconditions(ctx: PromotionContext) -> None:
+def _preconditions(ctx: FleetContext) -> None:
     """Triton, store and the registry reachable before anything starts."""
     ctx.registry.warm_up()  # MLflow's import overlaps with the work below
     if not ctx.options.skip_quality:
@@ -309,14 +309,14 @@ def _preconditions(ctx: PromotionContext) -> None:
     ctx.registry.ping()
 
 
-def _lock_names(ctx: PromotionContext, model: str) -> set[str]:
+def _lock_names(ctx: FleetContext, model: str) -> set[str]:
     """The model, the members its stored config pins, and every ensemble of the store using it."""
     ensembles = ensembles_pinning(ctx.store)
     names = {model} | {name for name, text in ensembles.items() if model in ensemble_pins(text)}
     return names | set(ensemble_pins(ensembles.get(model, "")))
 
 
-def wants_onnx(ctx: PromotionContext) -> bool:
+def wants_onnx(ctx: FleetContext) -> bool:
     """--serve-as onnx, or auto and a target whose Triton has no TensorFlow backend."""
     step = ctx.plan.step(ctx.plan.model)
     if step.folder is None or step.platform != "tensorflow_savedmodel":
@@ -329,7 +329,7 @@ def wants_onnx(ctx: PromotionContext) -> bool:
     )
 
 
-def convert(ctx: PromotionContext) -> ConvertReport:
+def convert(ctx: FleetContext) -> ConvertReport:
     """The SavedModel converted to ONNX in the work folder and numbered; ``assemble`` registers it."""
     plan = ctx.plan
     step = plan.step(plan.model)
@@ -340,7 +340,7 @@ def convert(ctx: PromotionContext) -> ConvertReport:
     return ConvertReport(step.model, step.version, converted.step.version, worst, converted.registered)
 
 
-def _renumber(ctx: PromotionContext, old: Step, new: Step) -> None:
+def _renumber(ctx: FleetContext, old: Step, new: Step) -> None:
     """``new`` replaces ``old`` in the plan; ensembles re-pointed to ``old`` point at ``new``."""
     plan = ctx.plan
     plan.steps[plan.steps.index(old)] = new
@@ -352,7 +352,7 @@ def _renumber(ctx: PromotionContext, old: Step, new: Step) -> None:
             )
 
 
-def validate(ctx: PromotionContext) -> ValidateReport:
+def validate(ctx: FleetContext) -> ValidateReport:
     plan = ctx.plan
     errors = offline.contract_errors(plan, ctx.store) + _repointed_errors(ctx)
     if errors:
@@ -375,7 +375,7 @@ def validate(ctx: PromotionContext) -> ValidateReport:
     return ValidateReport(len(plan.steps), breaking, verified)
 
 
-def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
+def _check_bytes(ctx: FleetContext, step: Step) -> list[str]:
     """Every stored version this promotion may load -- the new one, and those an abort would load
     again -- against its registered digest; a corrupt one restored from the registry by
     ``assemble`` when the registry's copy verifies (never loaded unverified)."""
@@ -406,7 +406,7 @@ def _check_bytes(ctx: PromotionContext, step: Step) -> list[str]:
     return checked
 
 
-def _repointed_errors(ctx: PromotionContext) -> list[str]:
+def _repointed_errors(ctx: FleetContext) -> list[str]:
     """A re-pointed ensemble is registered as a new version: it must validate before any change."""
     from registry.register import Candidate, validate_candidate  # lazy: reads signatures: onnx, protobuf
 
@@ -419,7 +419,7 @@ def _repointed_errors(ctx: PromotionContext) -> list[str]:
     return errors
 
 
-def repointed_folder(ctx: PromotionContext, step: Step) -> Path:
+def repointed_folder(ctx: FleetContext, step: Step) -> Path:
     """The re-pointed config as a registrable version: ``config.pbtxt`` + ``1/``, its version_policy
     naming folder 1 like every registered version's; the environment may serve it from another
     folder (``step.version``, e.g. "2" once a registered v2 was promoted), which the registry's
@@ -431,7 +431,7 @@ def repointed_folder(ctx: PromotionContext, step: Step) -> Path:
     return folder
 
 
-def _verify_bytes(ctx: PromotionContext, step: Step) -> str:
+def _verify_bytes(ctx: FleetContext, step: Step) -> str:
     """The version's files in the store against its manifest and the digest registered in MLflow:
     the store's ``verify_version`` raises StorageError naming the file.  An upload whose manifest
     (written from the bytes sent) misses the registered digest names the files that differ from the
@@ -449,7 +449,7 @@ def _verify_bytes(ctx: PromotionContext, step: Step) -> str:
 # -- changes -----------------------------------------------------------------------------------
 
 
-def assemble(ctx: PromotionContext) -> UploadReport:
+def assemble(ctx: FleetContext) -> UploadReport:
     """A converted version registered (the registry's number may differ from the planned one),
     then every new version folder uploaded and verified (a re-pointed ensemble's: by ``deploy``,
     once it has its number)."""
@@ -470,7 +470,7 @@ def assemble(ctx: PromotionContext) -> UploadReport:
     return UploadReport(sent, ctx.store.uri, uploaded)
 
 
-def _put(ctx: PromotionContext, step: Step, stage: str = "assemble") -> tuple[int, str]:
+def _put(ctx: FleetContext, step: Step, stage: str = "assemble") -> tuple[int, str]:
     """``step``'s version folder uploaded (noted in the undo log first) by ``stage``, verified and
     its signature published: the bytes sent and what was verified."""
     assert step.folder is not None
@@ -487,7 +487,7 @@ def _put(ctx: PromotionContext, step: Step, stage: str = "assemble") -> tuple[in
     return sent, verified
 
 
-def _uploading(ctx: PromotionContext, step: Step, stage: str) -> Callable[[int], None] | None:
+def _uploading(ctx: FleetContext, step: Step, stage: str) -> Callable[[int], None] | None:
     """The upload's progress for the CLI's line (``Options.on_start``, on a terminal only): the
     stage, the model, its version and the bytes sent so far; None without a listener."""
     told = ctx.options.on_start
@@ -506,18 +506,18 @@ def _uploading(ctx: PromotionContext, step: Step, stage: str) -> Callable[[int],
 Report = TypeVar("Report")
 
 
-def numbered(deploy: Callable[[PromotionContext], Report]) -> Callable[[PromotionContext], Report]:
+def numbered(deploy: Callable[[FleetContext], Report]) -> Callable[[FleetContext], Report]:
     """The ``deploy`` stage: each re-pointed ensemble registered and in its own folder first
     (``number_repointed``), then the deployer's roll-out."""
 
-    def run(ctx: PromotionContext) -> Report:
+    def run(ctx: FleetContext) -> Report:
         number_repointed(ctx)
         return deploy(ctx)
 
     return run
 
 
-def number_repointed(ctx: PromotionContext) -> None:
+def number_repointed(ctx: FleetContext) -> None:
     """Each re-pointed ensemble of the plan registered (an identical config reuses its version) and
     renumbered: from here on its step is that registered version, fetched from the registry as
     any version is, uploaded to its own folder and verified when the store lacks it.  After every
@@ -562,7 +562,7 @@ def number_repointed(ctx: PromotionContext) -> None:
     checkpoint("numbered")
 
 
-def _new_to_registry(ctx: PromotionContext, model: str) -> bool:
+def _new_to_registry(ctx: FleetContext, model: str) -> bool:
     """Whether ``model`` is no registered model yet (an ensemble only the store knows): its
     registration creates it.  MLflow unreachable raises (nothing registered then)."""
     if ctx.registry.versions(model):
@@ -574,7 +574,7 @@ def _new_to_registry(ctx: PromotionContext, model: str) -> bool:
     return False
 
 
-def _registered_as_folder(ctx: PromotionContext, step: Step) -> bool:
+def _registered_as_folder(ctx: FleetContext, step: Step) -> bool:
     """The ensemble's config is already the registered version its folder is numbered as (a
     repair re-loading the store's config where a target lost it): nothing to register or move."""
     assert ctx.plan.workdir is not None
@@ -585,7 +585,7 @@ def _registered_as_folder(ctx: PromotionContext, step: Step) -> bool:
     return ensemble_pins((fetched / CONFIG_NAME).read_text()) == ensemble_pins(step.config_text)
 
 
-def _register_converted(ctx: PromotionContext, converted: Converted) -> None:
+def _register_converted(ctx: FleetContext, converted: Converted) -> None:
     step = converted.step
     version = register_converted(ctx.registry, converted)
     if version != step.version:  # someone registered meanwhile: the registry's number wins
@@ -599,7 +599,7 @@ def _register_converted(ctx: PromotionContext, converted: Converted) -> None:
     converted.registered = True
 
 
-def verify(ctx: PromotionContext) -> VerifyReport:
+def verify(ctx: FleetContext) -> VerifyReport:
     """Every step READY and answering on every target, and every ensemble over them loaded with
     the store's pins there (the servers asked again: the view is not proof)."""
     ctx.fleet.refresh()
@@ -620,7 +620,7 @@ def verify(ctx: PromotionContext) -> VerifyReport:
     return VerifyReport(list(ctx.plan.targets), [s.model for s in ctx.plan.steps])
 
 
-def _peak(ctx: PromotionContext, triton: ServingTarget, step: Step, inputs: dict[str, np.ndarray]) -> None:
+def _peak(ctx: FleetContext, triton: ServingTarget, step: Step, inputs: dict[str, np.ndarray]) -> None:
     """The candidate at its peak batch, asked by version before any traffic meets it: the golden
     row repeated ``max_batch_size`` times (where its config carries no warmup that did so at the
     load, and the batch stays under WARMUP_BYTES).  A failure is the batch-dependent one a batch-1
@@ -648,7 +648,7 @@ def _peak(ctx: PromotionContext, triton: ServingTarget, step: Step, inputs: dict
     peak_verdict(ctx.result, triton.url, step.model, step.version, peak, "")
 
 
-def _smoke(ctx: PromotionContext, triton: ServingTarget, step: Step) -> None:
+def _smoke(ctx: FleetContext, triton: ServingTarget, step: Step) -> None:
     inputs = quality.golden_inputs(ctx.settings, step.model, step.config_text)
     _peak(ctx, triton, step, inputs)
     names = quality.output_names(step.config_text)
@@ -665,7 +665,7 @@ def _smoke(ctx: PromotionContext, triton: ServingTarget, step: Step) -> None:
             )
 
 
-def record(ctx: PromotionContext) -> RecordReport:
+def record(ctx: FleetContext) -> RecordReport:
     """Every other MLflow write (the tags; a re-pointed ensemble's version was registered by
     ``deploy``), then the aliases, all of them last;
     on a failure the aliases already moved and the tags go back (``record.RecordWrites``) and the

@@ -11,15 +11,15 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.core.context import PromotionContext
 from pipelines.core.plan import Role, Step, desired_config, follow_latest
 from pipelines.core.reports import FleetReport
+from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import Change
 from registry.errors import PromotionError
 
 
 def apply(
-    ctx: PromotionContext,
+    ctx: FleetContext,
     step: Step,
     text: str,
     versions: list[str],
@@ -32,7 +32,7 @@ def apply(
     ctx.fleet.apply(Change(step.model, text, tuple(versions), override=override, retired=retired))
 
 
-def check_serves_from_store(ctx: PromotionContext) -> None:
+def check_serves_from_store(ctx: FleetContext) -> None:
     """Each target serves from the environment's store: its repository index (Triton lists every
     model folder of the repository it serves from, loaded or not) names at least one of the store's
     other models -- or, when the store holds none (a new or emptied store, or only this promotion's
@@ -66,7 +66,7 @@ def check_serves_from_store(ctx: PromotionContext) -> None:
     _check_marker(ctx)
 
 
-def _check_recorded(ctx: PromotionContext) -> None:
+def _check_recorded(ctx: FleetContext) -> None:
     """Where a target's own start is on record (the local stack's ``--model-repository``, in
     ``.mlreg/stack/*/triton.json``: ``Environment.served_from``), it must be the environment's
     store: the check that tells two copies of one repository apart (``stack up --s3`` serves an
@@ -88,7 +88,7 @@ def _check_recorded(ctx: PromotionContext) -> None:
 MARKER = "mlreg-serves-from-"  # + 16 hex: the folder _check_marker writes at the store's root
 
 
-def _check_marker(ctx: PromotionContext) -> None:
+def _check_marker(ctx: FleetContext) -> None:
     """The local stack (mlreg's own servers): a folder written at the environment's store's root
     and read back through each target's repository index -- Triton lists every folder of the
     repository it serves from (seen on 2.51, loaded or not, config or none) -- then removed.  A
@@ -128,7 +128,7 @@ def same_store(one: str, other: str) -> bool:
 class AllAtOnce:
     name: str = "all at once"
 
-    def deploy(self, ctx: PromotionContext) -> FleetReport:
+    def deploy(self, ctx: FleetContext) -> FleetReport:
         first = len(ctx.fleet.rollouts)
         for step in ctx.plan.steps:
             if step.noop:
@@ -147,7 +147,7 @@ class AllAtOnce:
         return FleetReport(summary, ctx.fleet.rollouts[first:])
 
     @staticmethod
-    def _follow_latest(ctx: PromotionContext, step: Step) -> None:
+    def _follow_latest(ctx: FleetContext, step: Step) -> None:
         """Before a swap without overlap, ensembles pinned to the old version follow the latest
         loaded version (-1): Triton keeps the old one until the new one is READY, so no request
         through them fails; they are pinned to the new version right after."""
@@ -157,7 +157,7 @@ class AllAtOnce:
                 text = follow_latest(other.previous_config, versions, ctx.env.gpu, [step.model])
                 apply(ctx, other, text, versions)  # its old folder(s): re-numbered only when pinned
 
-    def finalize(self, ctx: PromotionContext) -> FleetReport:
+    def finalize(self, ctx: FleetContext) -> FleetReport:
         """Only the new versions serve now: the old versions unload (waited for, as loads wait
         for READY: a rerun never says "retired" while the old version still serves)."""
         first, retired = len(ctx.fleet.rollouts), []

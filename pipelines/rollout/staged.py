@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from pipelines.checks.golden import golden_inputs, output_names
-from pipelines.core.context import PromotionContext
 from pipelines.core.plan import Step, desired_config, follow_latest
 from pipelines.core.policy import Policy, Verdict, judge, waves_of
 from pipelines.core.reports import FleetReport
+from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import Change, Fleet, Rollout, checkpoint
 from pipelines.fleet.restarts import RestartWatch
 from pipelines.guards.headroom import REFUSED
@@ -296,7 +296,7 @@ def _unavailable(exc: MlregError) -> bool:
     )
 
 
-def _leave_out(ctx: PromotionContext, skipped: dict[str, str]) -> None:
+def _leave_out(ctx: FleetContext, skipped: dict[str, str]) -> None:
     """The replicas the roll-out skipped (short of memory) leave the plan: each is left as it
     serves, and named in every report."""
     if skipped:
@@ -305,7 +305,7 @@ def _leave_out(ctx: PromotionContext, skipped: dict[str, str]) -> None:
         ctx.fleet.only(ctx.plan.targets)
 
 
-def _pin_new(ctx: PromotionContext, repointed: list[Step]) -> None:
+def _pin_new(ctx: FleetContext, repointed: list[Step]) -> None:
     """Each re-pointed ensemble, once its members moved everywhere, pinned to their new versions."""
     for step in repointed:
         text = desired_config(step.config_text, [step.version], ctx.env.gpu)
@@ -319,7 +319,7 @@ class Staged:
     sleep: Callable[[float], None] = field(default=time.sleep)
     name: str = "staged"
 
-    def deploy(self, ctx: PromotionContext) -> FleetReport:
+    def deploy(self, ctx: FleetContext) -> FleetReport:
         plan, fleet, gpu = ctx.plan, ctx.fleet, ctx.env.gpu
         steps = [s for s in plan.steps if not s.noop]
         repointed = [s for s in steps if s.is_ensemble and s.previous_config is not None]
@@ -337,7 +337,7 @@ class Staged:
         _pin_new(ctx, repointed)
         return self._report(ctx, steps, rollout)
 
-    def _rollout(self, ctx: PromotionContext, moves: list[Move]) -> StagedRollout:
+    def _rollout(self, ctx: FleetContext, moves: list[Move]) -> StagedRollout:
         plan = ctx.plan
         rollout = StagedRollout(plan.targets, ctx.fleet, self.policy, self.scrape, self.sleep)
         rollout.may_skip = max(0, self.policy.max_unavailable - len(plan.skipped))
@@ -349,7 +349,7 @@ class Staged:
             rollout.tell = lambda text: told(f"deploy: {text}")
         return rollout
 
-    def _report(self, ctx: PromotionContext, steps: list[Step], rollout: StagedRollout) -> FleetReport:
+    def _report(self, ctx: FleetContext, steps: list[Step], rollout: StagedRollout) -> FleetReport:
         plan = ctx.plan
         baked = "; ".join(f"bake ok: {v.detail}" for v in rollout.verdicts)
         summary = ", ".join(f"{s.model} v{s.version}" for s in steps)
@@ -361,7 +361,7 @@ class Staged:
             dict(plan.skipped),
         )
 
-    def _probes(self, ctx: PromotionContext, moves: list[Move]) -> Probes | None:
+    def _probes(self, ctx: FleetContext, moves: list[Move]) -> Probes | None:
         """The bake's own requests (probes.py): the captured inputs the shadow replay read, else
         the golden inputs, to each model that bakes."""
         if self.policy.probe_rate <= 0 or self.policy.bake_seconds <= 0:
@@ -381,10 +381,10 @@ class Staged:
         return Probes(ctx.fleet.connect, self.policy.probe_rate, targets)
 
     @staticmethod
-    def _write(ctx: PromotionContext, move: Move) -> None:
+    def _write(ctx: FleetContext, move: Move) -> None:
         ctx.fleet.write_config(move.change.model, move.change.config or "")  # noted in the undo log first
 
-    def finalize(self, ctx: PromotionContext) -> FleetReport:
+    def finalize(self, ctx: FleetContext) -> FleetReport:
         """Each replica swapped straight to the new version in its wave: nothing left to retire."""
         retired = [
             f"{s.model} v{','.join(old)} (in its wave)"
