@@ -28,9 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.core.check import Judging, Phase, Place, Trial, Verdict, run_checks
 from pipelines.core.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
@@ -41,8 +39,11 @@ from registry.contracts.config import CONFIG_NAME, data_type_name, parse_config
 from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
 
+if TYPE_CHECKING:
+    import numpy as np  # at run time imported where used: the settings loader imports this module
+
 log = logging.getLogger(__name__)
-Outputs = dict[str, np.ndarray]
+Outputs = dict[str, "np.ndarray"]
 SCRATCH = "a scratch tritonserver"
 
 
@@ -119,6 +120,8 @@ def has_golden_inputs(settings: Settings, model: str) -> bool:
 
 def golden_inputs(settings: Settings, model: str, config_text: str) -> dict[str, np.ndarray]:
     """The template's golden inputs for ``model``, else zeros shaped like its config."""
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     module = _golden_module(settings.template_dir)
     found = module.model_inputs(model) if module is not None else None
     if found is not None:
@@ -333,6 +336,8 @@ def _expectations(
     name: str, values: np.ndarray, expected_shape: tuple[int, ...], ranges: list[tuple[float, float]]
 ) -> list[str]:
     """A great_expectations suite on one output: not null, finite, element count, value ranges."""
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     batch_def = _batch_definition()
     import great_expectations as gx  # lazy: ~4 s, only for the gate
     import pandas as pd  # lazy: ~0.3 s, only for the gate
@@ -443,6 +448,8 @@ def _judge_change(
 ) -> list[tuple[float, float]]:
     """The ranges the output must lie in (declared, learned from the serving version); the change
     against the serving version recorded, and judged against a declared tolerance."""
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     ranges = [(float(spec["min"]), float(spec["max"]))] if "min" in spec and "max" in spec else []
     if old is None or old.shape != new.shape:
         return ranges

@@ -36,14 +36,15 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.checks.golden import golden_inputs, output_names
 from pipelines.core.check import Phase, Place, Trial, Verdict
 from pipelines.triton import metrics
 from registry.errors import MlregError, UsageError
+
+if TYPE_CHECKING:
+    import numpy as np  # at run time imported where used: the settings loader imports this module
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class Side:
     busy_s: float = 0.0  # the sum of its requests' wall times
 
     def p(self, q: float) -> float:
+        import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
         return float(np.percentile(self.latencies, q)) if self.latencies else math.nan
 
     @property
@@ -167,6 +170,8 @@ class PerfResult:
 
 def spread_of(latencies: list[float], blocks: int = BLOCKS) -> float:
     """The relative standard deviation of the p95s of ``blocks`` consecutive blocks."""
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     size = len(latencies) // blocks
     if size < 2:
         return math.nan

@@ -38,20 +38,21 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from pipelines.checks.capture import Shadow
 from pipelines.checks.traces import Captured
 from registry.contracts.config import data_type_name, parse_config
 from registry.errors import MlregError
 
+if TYPE_CHECKING:
+    import numpy as np  # at run time imported where used: the settings loader imports this module
+
 Z = 3.0  # one-sided 99.9 %: the spread of two noisy draws that is not held against a candidate
 FLOATS = {"FP16", "FP32", "FP64", "BF16"}
 FIRST = 5  # divergent requests shown in the report
 SHOWN = 8  # values of a tensor shown
-Answer = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+Answer = Callable[[Mapping[str, "np.ndarray"]], dict[str, "np.ndarray"]]
 
 
 def kind_of(config_text: str) -> dict[str, str]:
@@ -183,7 +184,7 @@ def replay(
     return result
 
 
-Timed = tuple[dict[str, np.ndarray] | None, float]  # (outputs, or None when it failed; ms)
+Timed = tuple[dict[str, "np.ndarray"] | None, float]  # (outputs, or None when it failed; ms)
 
 
 def _answers(answer: Answer, requests: Sequence[Captured]) -> list[Timed]:
@@ -233,6 +234,8 @@ class _Tally:
         return diverged, noisy
 
     def finish(self, top_k: int) -> list[OutputFigures]:
+        import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
         for name, fig in self.figures.items():
             if fig.kind == "classification":
                 _classes(fig, self.rows[name], top_k)
@@ -311,6 +314,8 @@ def judge(result: ShadowResult, shadow: Shadow) -> ShadowResult:
 
 
 def diverges(kind: str, was: np.ndarray, now: np.ndarray | None, tolerance: float) -> bool:
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     if now is None or now.shape != was.shape:
         return True
     if kind == "exact":
@@ -328,6 +333,8 @@ def diverges(kind: str, was: np.ndarray, now: np.ndarray | None, tolerance: floa
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
     """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     a, b = np.sort(a[np.isfinite(a)]), np.sort(b[np.isfinite(b)])
     if not len(a) or not len(b):
         return 0.0
@@ -337,6 +344,8 @@ def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _classes(fig: OutputFigures, pairs: list[tuple[np.ndarray, np.ndarray]], k: int) -> None:
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     if not pairs:
         return
     was = np.concatenate([p[0].reshape(-1, p[0].shape[-1]) for p in pairs])
@@ -357,6 +366,8 @@ def _classes(fig: OutputFigures, pairs: list[tuple[np.ndarray, np.ndarray]], k: 
 
 
 def _histogram(was: np.ndarray, now: np.ndarray, bins: int = 30) -> dict[str, list[float]]:
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     both = np.concatenate([was[np.isfinite(was)], now[np.isfinite(now)]])
     if not both.size:
         return {}
@@ -369,6 +380,8 @@ def _histogram(was: np.ndarray, now: np.ndarray, bins: int = 30) -> dict[str, li
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     if a.dtype.kind not in "fiub" or not a.size:
         return 0.0
     gap = np.abs(b.astype(np.float64) - a.astype(np.float64))
@@ -391,6 +404,8 @@ def _output_line(fig: OutputFigures) -> str:
 def _latency(
     requests: Sequence[Captured], ours: Sequence[Timed], again: Sequence[Timed]
 ) -> dict[str, dict[str, float]]:
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     out = {}
     sides = {
         "candidate": [ms for found, ms in ours if found is not None],
@@ -429,6 +444,8 @@ def _note_first(
 
 
 def _shown(array: np.ndarray) -> str:
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
     flat = array.ravel()
     head = ", ".join(f"{v:.4g}" if isinstance(v, float | np.floating) else str(v) for v in flat[:SHOWN])
     return f"[{head}{', ...' if flat.size > SHOWN else ''}] shape {list(array.shape)}"

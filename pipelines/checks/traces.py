@@ -43,9 +43,11 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np  # at run time imported where used: the settings loader imports this module
+
 
 MAX_TENSOR_BYTES = 64 << 20  # a captured tensor larger than this is not replayed
 OPEN_KEYS = frozenset({"id", "model_name", "model_version", "request_id", "parent_id"})
@@ -68,19 +70,19 @@ CHILDREN = "child traces of an ensemble request (checked, not replayed: the requ
 FORGED = "forged records from request ids that break Triton's trace format"
 NOT_REPLAYABLE = "a tensor that is not replayable (BYTES, or data not matching its shape)"
 NOT_WHOLE = "trace file without a whole request (no model record, or no inputs or outputs)"
-DTYPES = {
-    "BOOL": np.bool_,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
+DTYPES = {  # Triton's data type -> numpy's name for it (numpy is imported where a tensor is built)
+    "BOOL": "bool",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
 }
 
 
@@ -326,7 +328,10 @@ class _Check:
 def tensor_of(tensor: Mapping[str, Any]) -> np.ndarray | None:
     """A traced tensor (``data`` "1,2,3", ``shape`` "1,3", ``dtype`` "FP32") as an array; None when
     it cannot be replayed faithfully (BYTES, a size that does not match, too large)."""
-    dtype = DTYPES.get(str(tensor.get("dtype", "")))
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
+    name = DTYPES.get(str(tensor.get("dtype", "")))
+    dtype = None if name is None else np.dtype(name)
     data, shape_text = tensor.get("data"), tensor.get("shape")
     if dtype is None or not isinstance(data, str) or not isinstance(shape_text, str):
         return None
@@ -343,7 +348,9 @@ def tensor_of(tensor: Mapping[str, Any]) -> np.ndarray | None:
 
 def _array_of(values: list[str], dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
     """Traced values as an array of ``dtype`` (raises ValueError, OverflowError)."""
-    if dtype is np.bool_:
+    import numpy as np  # lazy: see the module's TYPE_CHECKING import
+
+    if np.dtype(dtype).kind == "b":
         return np.array([v.strip() in ("1", "true") for v in values], dtype=dtype).reshape(shape)
     if np.dtype(dtype).kind == "f":
         return np.array([float(v) for v in values]).astype(dtype).reshape(shape)

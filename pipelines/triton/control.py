@@ -16,12 +16,13 @@ import secrets
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import partial
-from typing import Any, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipelines.triton.control_key import REFUSED, ControlKey, control_key
 from registry.errors import TritonError
+
+if TYPE_CHECKING:
+    import numpy as np  # annotations only: numpy (~0.15 s) is not imported by the read-only verbs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

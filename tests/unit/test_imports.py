@@ -130,3 +130,29 @@ BACKGROUND = {
     "help": Background(cli("--help")),
     "schema then grpc": Background([sys.executable, "-c", PB2_THEN_GRPC]),
 }
+
+
+READ_ONLY_VERBS = """
+import json, sys
+import mlreg.ops.status, mlreg.ops.history, mlreg.ops.promote, mlreg.cli.status
+from pipelines.promote.environments import load_environments
+from registry.settings import Settings
+environments = load_environments(Settings.from_env(env={"MLREG_HOME": sys.argv[1]}))
+print(json.dumps({"environments": sorted(environments), "numpy": "numpy" in sys.modules}))
+"""
+
+
+def test_the_read_only_verbs_and_the_settings_loader_import_no_numpy(tmp_path: Path) -> None:
+    """``status``, ``history`` and a refused ``promote`` answer in a second (issue 48): their modules
+    and the settings loader (which imports every registered check) leave numpy (~0.15 s) to the
+    functions that compute with it."""
+    done = subprocess.run(
+        [sys.executable, "-c", READ_ONLY_VERBS, str(tmp_path / "home")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"environments": ["local"], "numpy": False}
