@@ -57,8 +57,8 @@ from registry.settings import Settings, redact_uri
 
 if TYPE_CHECKING:
     from mlreg.ops.promote_many import OnStage
-    from pipelines.core.ports import Registry
     from registry.mlflow.sqlite import VersionRecord
+    from registry.ports import RegistryReader
 
 KEYS = ("environment", "models")
 BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -232,7 +232,7 @@ def pin(
     pins: Mapping[str, str],
     env_name: str | None = None,
     from_alias: str | None = None,
-    registry: Registry | None = None,
+    registry: RegistryReader | None = None,
 ) -> PinResult:
     """``path`` with ``pins`` (after every version ``from_alias`` holds, when given) written in;
     each pinned version must be registered.  Nothing is written when nothing changes.  The file is
@@ -266,7 +266,7 @@ def pin(
     return PinResult(fleet, changes, written)
 
 
-def _alias_pins(registry: Registry, alias: str, where: str) -> dict[str, str]:
+def _alias_pins(registry: RegistryReader, alias: str, where: str) -> dict[str, str]:
     """model -> the version ``alias`` holds, for every registered model; an alias naming none is
     an error (a typo would pin nothing); a lookup that fails while MLflow does not answer is
     MLflow unreachable."""
@@ -374,7 +374,7 @@ def _environment(fleet: FleetFile, env_name: str | None) -> str:
 
 
 def _require_registered(
-    registry: Registry, pins: Mapping[str, str], where: str, configs: dict[str, Path] | None = None
+    registry: RegistryReader, pins: Mapping[str, str], where: str, configs: dict[str, Path] | None = None
 ) -> dict[str, dict[str, str]]:
     """Each pinned version's tags; every version MLflow does not hold named in one RegistryError.
     A lookup that failed for another reason while MLflow does not answer is MLflow unreachable.
@@ -398,7 +398,7 @@ def _require_registered(
 
 
 def _version_tags(
-    registry: Registry, model: str, version: str, configs: dict[str, Path] | None
+    registry: RegistryReader, model: str, version: str, configs: dict[str, Path] | None
 ) -> dict[str, str]:
     """``registry.version_tags``; with ``configs``, the embedded registry's record is read here as
     ``version_tags`` reads it first (the same tags), so that the one read also says where the
@@ -412,7 +412,7 @@ def _version_tags(
     return dict(record.tags)
 
 
-def require_reachable(registry: Registry, where: str, failed: RegistryError | None = None) -> None:
+def require_reachable(registry: RegistryReader, where: str, failed: RegistryError | None = None) -> None:
     """RegistryError "MLflow is unreachable" unless ``registry`` answers now (one bounded call);
     ``failed``: the lookup that made us ask (a registry that answers lets the caller say what that
     lookup found missing)."""
@@ -428,7 +428,7 @@ def require_reachable(registry: Registry, where: str, failed: RegistryError | No
 
 
 def registered_pins(
-    registry: Registry,
+    registry: RegistryReader,
     pins: Mapping[str, str],
     tags: Mapping[str, Mapping[str, str]],
     configs: Mapping[str, Path] | None = None,
@@ -455,7 +455,7 @@ def registered_pins(
 
 @contextlib.contextmanager
 def _config_reader(
-    registry: Registry, configs: Mapping[str, Path] | None
+    registry: RegistryReader, configs: Mapping[str, Path] | None
 ) -> Iterator[Callable[[str, str], str]]:
     """``read(model, version)``: the ``config.pbtxt`` MLflow registered for that version.  The
     embedded registry's file is read where it lies (``configs``' path for the model when the tag
@@ -485,7 +485,7 @@ def _config_reader(
         yield read
 
 
-def _embedded_record(registry: Registry, model: str, version: str) -> VersionRecord | None:
+def _embedded_record(registry: RegistryReader, model: str, version: str) -> VersionRecord | None:
     """The embedded registry's record of ``model`` ``version`` (its sqlite file, as the registry's
     own ``version_tags`` and ``fetch_version`` read it first); None for any other registry."""
     from registry.mlflow import sqlite  # lazy: sqlite3, only where a pin reads the registry
@@ -501,7 +501,7 @@ def _config_beside(record: VersionRecord) -> Path | None:
     return local.parent / CONFIG if local is not None else None
 
 
-def _embedded_config(registry: Registry, model: str, version: str) -> str | None:
+def _embedded_config(registry: RegistryReader, model: str, version: str) -> str | None:
     """The registered config of ``model`` ``version`` read where the embedded registry keeps it
     (``_config_beside`` its record).  None where the registry is not the embedded one or its file
     does not lead to that config: the caller then fetches it as MLflow serves it."""
@@ -530,7 +530,7 @@ def _config_text(path: Path, model: str, version: str) -> str:
     )
 
 
-def _latest(registry: Registry, model: str) -> str:
+def _latest(registry: RegistryReader, model: str) -> str:
     versions = [int(v.version) for v in registry.versions(model)]
     return str(max(versions)) if versions else "0"
 

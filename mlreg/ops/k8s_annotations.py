@@ -12,13 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from mlreg.ops.context import open_registry
-from pipelines.core.ports import Registry
 from pipelines.promote.environments import environment as configured
 from registry.k8s_annotations import model_annotations
+from registry.ports import RegistryReader
 from registry.settings import Settings
 
 
-def annotation_patch(registry: Registry, alias: str, models: list[str], environment: str) -> dict[str, Any]:
+def annotation_patch(
+    registry: RegistryReader, alias: str, models: list[str], environment: str
+) -> dict[str, Any]:
     """A merge patch (``kubectl patch --type merge``) of a Deployment's metadata: every model of
     ``models`` (none: every registered model) whose ``alias`` names a version; a model without it
     is left out."""

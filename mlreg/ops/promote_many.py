@@ -23,6 +23,7 @@ from registry.settings import Settings, redact_uri
 if TYPE_CHECKING:
     from pipelines.core.ports import Registry
     from registry.export import PlannedVersion
+    from registry.ports import RegistryReader
 
 OnStage = Callable[[str, str, float, str], None]
 
@@ -95,7 +96,7 @@ def _not_an_export(path: Path, exc: Exception) -> UsageError:
 
 
 def versions_from_alias(
-    registry: Registry, source: str, target: str, model: str | None = None
+    registry: RegistryReader, source: str, target: str, model: str | None = None
 ) -> list[tuple[str, str]]:
     """Every model whose ``source`` alias names a version the ``target`` alias does not (only
     ``model`` when given).  An alias no version holds is a RegistryError naming it: a typo must not
@@ -119,7 +120,7 @@ def versions_from_alias(
     return [(name, version) for name, version in wanted.items() if held.get(name) != version]
 
 
-def _one_from_alias(registry: Registry, source: str, target: str, model: str) -> list[tuple[str, str]]:
+def _one_from_alias(registry: RegistryReader, source: str, target: str, model: str) -> list[tuple[str, str]]:
     """``model``'s version under ``source``, unless ``target`` holds it already."""
     check_model_name(model)
     aliases = registry.require_model(model)
@@ -134,7 +135,9 @@ def _one_from_alias(registry: Registry, source: str, target: str, model: str) ->
     return [] if aliases.get(target) == wanted else [(model, wanted)]
 
 
-def ordered(registry: Registry, pairs: list[tuple[str, str]], ensembles_first: bool) -> list[tuple[str, str]]:
+def ordered(
+    registry: RegistryReader, pairs: list[tuple[str, str]], ensembles_first: bool
+) -> list[tuple[str, str]]:
     """Members before ensembles (a new export: an ensemble pins its members' versions), or
     ensembles first (another environment's alias: promoting the ensemble version brings the
     member versions it pins, so the target ends up holding exactly the source's versions)."""

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 from mlreg.ops.context import context
 from mlreg.ops.promote import promote
-from pipelines.core.ports import Registry
 from pipelines.ledger.recorder import operation
 from registry.errors import UsageError
+from registry.ports import RegistryReader
 from registry.settings import Settings
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class RollbackTarget:
     serving: tuple[str, ...]  # what serves now, as MLflow records it (the alias, the last promotion)
 
 
-def rollback_target(registry: Registry, model: str, env: str, alias: str) -> RollbackTarget:
+def rollback_target(registry: RegistryReader, model: str, env: str, alias: str) -> RollbackTarget:
     """The newest successful promotion in ``env`` to a version other than what serves now.
 
     What serves is the version ``alias`` names and the one the newest successful promotion
@@ -93,7 +93,9 @@ def rollback_target(registry: Registry, model: str, env: str, alias: str) -> Rol
     )
 
 
-def member_arrival(registry: Registry, model: str, env: str, serving: set[str]) -> tuple[str, str] | None:
+def member_arrival(
+    registry: RegistryReader, model: str, env: str, serving: set[str]
+) -> tuple[str, str] | None:
     """The newest version of ``model`` stamped ``promoted_<env>`` (every model a promotion moved
     is: members brought along by an ensemble's too) that does not serve now and is older than
     what serves (a stamp newer than the serving one's is a failed attempt's), with its stamp."""

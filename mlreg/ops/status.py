@@ -31,11 +31,11 @@ from mlreg.ops.status_replicas import (
 )
 from mlreg.ops.status_rows import ModelRow, model_row
 from mlreg.ops.status_views import STORE_FIX, listed_models, read_views, status_store, views_with_config
-from pipelines.core.ports import Registry
 from pipelines.fleet.replicas import open_control
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError, StorageError
+from registry.ports import RegistryReader
 from registry.settings import Settings
 
 
@@ -87,7 +87,7 @@ def status(settings: Settings, env_name: str, model: str | None = None) -> Statu
 
 
 def model_status(
-    settings: Settings, env: Environment, registry: Registry, models: list[str] | None = None
+    settings: Settings, env: Environment, registry: RegistryReader, models: list[str] | None = None
 ) -> list[ModelRow]:
     """One row per model: the alias, the store's desired versions and what each target serves, as
     registered (MLflow) versions, with the Triton folders beside them; drift flagged."""
@@ -108,7 +108,7 @@ class EnvironmentStatus:
 
 
 def environment_status(
-    settings: Settings, env: Environment, registry: Registry, models: list[str] | None = None
+    settings: Settings, env: Environment, registry: RegistryReader, models: list[str] | None = None
 ) -> EnvironmentStatus:
     """``model_status`` and the store's locks; a store that does not answer within seconds leaves
     what the servers serve in the rows, and says why with a fix (the locks are then unknown)."""
@@ -139,7 +139,7 @@ def _open_control(settings: Settings, env: Environment) -> list[str]:
 def _model_rows(
     settings: Settings,
     env: Environment,
-    registry: Registry,
+    registry: RegistryReader,
     store: RepositoryStore,
     models: list[str] | None,
 ) -> tuple[list[ModelRow], str, list[str], dict[str, str]]:
@@ -165,7 +165,7 @@ def _model_rows(
     return rows, why, readiness_read(live), {u: s for u, s in live.items() if isinstance(s, str)}
 
 
-def _known(registry: Registry, env: Environment, names: list[str]) -> Known:
+def _known(registry: RegistryReader, env: Environment, names: list[str]) -> Known:
     """The models (and versions) a replica read without its index is asked about by name: those
     listed or given, and each version the environment's alias names (MLflow's, when it answers)."""
 

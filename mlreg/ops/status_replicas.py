@@ -9,12 +9,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pipelines.core.ports import Registry, ServingTarget
+from pipelines.core.ports import ServingTarget
 from pipelines.fleet.fleet import Fleet, ready_versions
 from pipelines.fleet.replicas import Connect, triton_connector
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
+from registry.ports import RegistryReader
 from registry.settings import Settings
 
 Pins = dict[str, dict[str, dict[str, str]]]  # url -> ensemble -> member -> version pinned there
@@ -193,7 +194,7 @@ def pin_drift(stored: dict[str, str], live: Pins, model: str) -> list[str]:
     return found
 
 
-def read_aliases(registry: Registry, names: list[str], alias: str) -> tuple[dict[str, str], str]:
+def read_aliases(registry: RegistryReader, names: list[str], alias: str) -> tuple[dict[str, str], str]:
     """model -> the version ``alias`` names ("" when none), and why MLflow could not be asked."""
     try:
         registry.ping()
@@ -279,7 +280,7 @@ def served_models(live: dict[str, Any]) -> set[str]:
     }
 
 
-def aliased_models(registry: Registry, alias: str) -> set[str]:
+def aliased_models(registry: RegistryReader, alias: str) -> set[str]:
     """Every registered model ``alias`` names a version of (none when MLflow cannot say: the
     alias column says why)."""
     try:

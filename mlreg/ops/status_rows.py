@@ -12,7 +12,6 @@ from typing import Any
 from mlreg.ops.status_replicas import Pins, pin_drift, readiness_read
 from mlreg.ops.status_views import StoreView
 from pipelines.core.plan import ensemble_pins
-from pipelines.core.ports import Registry
 from pipelines.fleet.fleet import loading_versions, ready_versions
 from pipelines.fleet.replicas import hung_loads
 from pipelines.promote.environments import Environment
@@ -24,6 +23,7 @@ from pipelines.promote.integrity import (
 )
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
+from registry.ports import RegistryReader
 
 Serving = dict[str, list[str] | str]  # url -> READY versions, or why the target cannot say
 
@@ -86,7 +86,7 @@ class Numbering:
 
 
 def numbering(
-    registry: Registry, model: str, view: StoreView, alias: str, live_pins: Pins, reachable: bool
+    registry: RegistryReader, model: str, view: StoreView, alias: str, live_pins: Pins, reachable: bool
 ) -> Numbering:
     live = {url: pins[model] for url, pins in live_pins.items() if model in pins}
     if not view.is_ensemble and not ((view.error or view.config is None) and live):  # the servers say
@@ -105,7 +105,7 @@ def numbering(
 
 
 def drift(
-    registry: Registry,
+    registry: RegistryReader,
     env_alias: str,
     view: StoreView,
     alias: str,
@@ -146,7 +146,7 @@ def _versions(label: str) -> str:
 
 
 def _pin_drift(
-    registry: Registry, model: str, version: str, alias: str, config: str, known: Tags | None
+    registry: RegistryReader, model: str, version: str, alias: str, config: str, known: Tags | None
 ) -> list[str]:
     try:
         tags = (known or {}).get(version) or registry.version(model, version).tags or {}
@@ -239,7 +239,7 @@ class ModelRow:
 
 def model_row(
     env: Environment,
-    registry: Registry,
+    registry: RegistryReader,
     store: RepositoryStore,
     model: str,
     view: StoreView,
@@ -311,7 +311,7 @@ def _add_loading(row: ModelRow, store: RepositoryStore, live: dict[str, Any], vi
 def _add_store_findings(
     row: ModelRow,
     env: Environment,
-    registry: Registry,
+    registry: RegistryReader,
     store: RepositoryStore,
     view: StoreView,
     folders: Serving,

@@ -25,8 +25,8 @@ from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.core.ports import Registry
     from pipelines.storage.base import RepositoryStore
+    from registry.ports import RegistryReader
 
 
 @dataclass
@@ -50,7 +50,7 @@ def store_repair(
     settings: Settings,
     model: str,
     version: str,
-    registry: Registry,
+    registry: RegistryReader,
     store: RepositoryStore,
 ) -> RepairReport:
     """Put ``model`` ``version``'s registered bytes back into ``store`` (see the module's docstring).
@@ -86,7 +86,7 @@ def _require_repairable(store: RepositoryStore, model: str, version: str) -> Non
 
 
 def _signature_back(
-    store: RepositoryStore, registry: Registry, model: str, version: str, workdir: Path
+    store: RepositoryStore, registry: RegistryReader, model: str, version: str, workdir: Path
 ) -> str:
     registered = registered_signature(registry, model, version, workdir)  # None: not signed
     key = f"{model}/{version}/{SIGNATURE_FILE}"

@@ -30,8 +30,8 @@ from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.core.ports import Registry
     from pipelines.storage.base import RepositoryStore
+    from registry.ports import RegistryReader
 
 DIGEST_TAG = "artifact_digest"
 Check = Callable[["RepositoryStore", str, str], Verification]
@@ -181,7 +181,7 @@ def _require_stored(uri: str, name: str, version: str | None, versions: list[str
 
 
 def verify_registered(
-    registry: Registry, store: RepositoryStore, model: str, version: str, hashing: str = "all"
+    registry: RegistryReader, store: RepositoryStore, model: str, version: str, hashing: str = "all"
 ) -> Verification:
     """``store.check_version`` against what MLflow registered: the manifest's digest must be the
     version's ``artifact_digest``, and a signature beside it the one logged with the version.  A
@@ -214,7 +214,7 @@ def verify_registered(
 
 
 def _signature_problems(
-    registry: Registry, store: RepositoryStore, model: str, version: str
+    registry: RegistryReader, store: RepositoryStore, model: str, version: str
 ) -> list[FileProblem]:
     stored = store.read(f"{model}/{version}/{SIGNATURE_FILE}")
     if stored is None:

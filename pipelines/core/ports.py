@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Registry",
+    "RegistryEditor",
     "RegistryReader",
     "RegistryWriter",
     "Replicas",
@@ -37,6 +38,11 @@ class Registry(RegistryReader, RegistryWriter, RunRecorder, Protocol):
     """The model registry as a promotion uses it (MLflow in production): the union of the three
     ports of :mod:`registry.ports`.  Code that needs less is typed on the narrower one
     (``pipelines.promote.integrity`` only reads)."""
+
+
+class RegistryEditor(RegistryReader, RegistryWriter, Protocol):
+    """Reads what it is about to change, then writes: the record stage's writes and what puts
+    them back (``pipelines.promote.record``), the no-op's repairs (``pipelines.promote.stamps``)."""
 
 
 class ServingTarget(Protocol):

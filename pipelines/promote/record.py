@@ -8,10 +8,10 @@ import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipelines.core.plan import Plan, Role
-from pipelines.core.ports import Registry
+from pipelines.core.ports import RegistryEditor, RegistryWriter, RunRecorder
 from pipelines.core.reports import PromotionResult
 from pipelines.fleet.fleet import checkpoint
 from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
@@ -24,8 +24,13 @@ from registry.settings import redact_uri
 log = logging.getLogger(__name__)
 
 
+class PromotionLog(RegistryWriter, RunRecorder, Protocol):
+    """What recording a promotion writes through: its run, the footprints' version tags and where
+    each moved version serves (the aliases and ``promoted_<env>`` tags go through ``RecordWrites``)."""
+
+
 def record_promotion(
-    registry: Registry,
+    registry: PromotionLog,
     result: PromotionResult,
     env: Environment,
     experiment: str,
@@ -134,7 +139,7 @@ def plot_memory(headroom: dict[str, Any], title: str, path: Path) -> None:
         log.warning("could not plot the replicas' memory: %s: %s", type(exc).__name__, exc)
 
 
-def record_footprints(registry: Registry, result: PromotionResult) -> None:
+def record_footprints(registry: RegistryWriter, result: PromotionResult) -> None:
     """Each measured footprint as version tags, so later loads are checked without measuring:
     a fact about the version, written whatever the promotion's outcome and never put back; a
     registry that cannot be written is a warning (the next promotion measures again)."""
@@ -245,7 +250,7 @@ class RecordWrites:
     deployment tags of every model moved (``serving_<env>``, ``promotion_run_<env>``, on the new
     version and on the versions that served before) are noted the same way (``note_deployment``)."""
 
-    registry: Registry
+    registry: RegistryEditor
     alias: str
     tag: str
     tags: dict[tuple[str, str, str], str | None] = field(default_factory=dict)  # (model, version, key)
@@ -328,7 +333,7 @@ def failed_record(writes: RecordWrites, exc: MlregError) -> PromotionError:
     )
 
 
-def repair_record(registry: Registry, env: Environment, serving: dict[str, str]) -> list[str]:
+def repair_record(registry: RegistryEditor, env: Environment, serving: dict[str, str]) -> list[str]:
     """The no-op path: each ``model: version`` that serves has the environment's alias on it
     (moved back when a failed record stage left it elsewhere), and no other version carries a
     ``promoted_<env>`` tag newer than the serving one's (left by a failed attempt); what was

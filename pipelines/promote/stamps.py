@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from pipelines.core.plan import ensemble_pins, ensembles_pinning
-from pipelines.core.ports import Registry, RegistryReader, RegistryWriter
+from pipelines.core.ports import RegistryEditor, RegistryReader, RegistryWriter
 from pipelines.storage import locking
 from pipelines.storage.base import RepositoryStore
 from registry.contracts.config import CONFIG_NAME
@@ -57,7 +57,7 @@ def hold_repair_locks(
 
 
 def repair_ensemble_stamps(
-    registry: Registry, store: RepositoryStore, env_name: str, models: Iterable[str], workdir: Path
+    registry: RegistryEditor, store: RepositoryStore, env_name: str, models: Iterable[str], workdir: Path
 ) -> list[str]:
     """Remove the ``promoted_<env_name>`` stamps newer than the serving version's from every store
     ensemble pinning one of ``models`` (see the module's docstring); what was removed, one line
@@ -75,7 +75,9 @@ def repair_ensemble_stamps(
     return repaired
 
 
-def _repair_one(registry: Registry, name: str, served: dict[str, str], tag: str, workdir: Path) -> list[str]:
+def _repair_one(
+    registry: RegistryEditor, name: str, served: dict[str, str], tag: str, workdir: Path
+) -> list[str]:
     stamped = sorted(
         (
             (str(dict(getattr(v, "tags", None) or {}).get(tag, "")), str(v.version))
