@@ -232,9 +232,9 @@ SEED_PROMOTIONS = (  # three promotion runs, as pipelines/promote/record.py reco
     "for before, to in (('none', '1'), ('1', '1'), ('1', '1')):\n"
     "    tags = {'mlreg_model': sys.argv[1], 'mlreg_version': to, 'environment': 'local',"
     " 'result': 'promoted', 'user': 'bench'}\n"
-    "    run = registry.start_run(PROMOTIONS_EXPERIMENT, f'{sys.argv[1]}-v{to}-local', tags)\n"
-    "    registry.log(run, {'from_version': before, 'to_version': to}, {})\n"
-    "    registry.finish_run(run, True)\n"
+    "    run = registry.runs.start_run(PROMOTIONS_EXPERIMENT, f'{sys.argv[1]}-v{to}-local', tags)\n"
+    "    registry.runs.log(run, {'from_version': before, 'to_version': to}, {})\n"
+    "    registry.runs.finish_run(run, True)\n"
 )
 REGISTERED = ("table_data_preprocess", "image_preprocess")  # python models: no export, no TensorFlow
 

@@ -222,7 +222,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
                 )
             found = _deployment(env.name, rows[0])
             with contextlib.suppress(MlregError):
-                found.update(registry.deployments(name).get(env.name, {}))
+                found.update(registry.deployed.deployments(name).get(env.name, {}))
                 found.update(_source(registry, name, rows[0]["alias"]))
             return found
 

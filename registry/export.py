@@ -21,12 +21,13 @@ from registry.contracts.config import CONFIG_NAME, load_config
 from registry.errors import RegistryError, UsageError
 from registry.mlflow import MlflowRegistry
 from registry.mlflow.versions import not_found
-from registry.ports import Registrar, RegistryReader, RegistryWriter
+from registry.ports import Registrar, RegistrarRuns, RegistryReader, RegistryWriter
 from registry.register import Candidate, RegisterResult, find_candidate, register
 from registry.settings import EXPORTS_EXPERIMENT, Settings, redact_uri
 
 if TYPE_CHECKING:
     from registry.logged_model import LoggedTritonModel
+    from registry.mlflow.runs import MlflowRuns
     from registry.signing import SigningKey
 
 
@@ -190,20 +191,69 @@ class PlannedVersion:
 READ_ONLY = "a plan (--dry-run) writes nothing to MLflow"
 
 
+class PlanRuns(RegistrarRuns):
+    """A plan's runs: none is created, nothing logged; a logged model kept in memory until its
+    planned version takes its files (``PlanRegistry.create_version``); what real runs hold read
+    from ``base``."""
+
+    def __init__(self, base: MlflowRuns) -> None:
+        self.base = base
+        self.logged: dict[str, LoggedTritonModel] = {}
+        self._ids = itertools.count(1)
+
+    def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
+        return ""
+
+    def start_run(
+        self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
+    ) -> str:
+        return ""  # no run: a plan's report links to none
+
+    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
+        return None
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
+        return None
+
+    def finish_run(self, run_id: str, ok: bool) -> None:
+        return None
+
+    def link_promotion(
+        self,
+        run_id: str,
+        experiment: str,
+        env: str,
+        outcome: str,
+        versions: list[tuple[str, str]],
+        error: str = "",
+    ) -> None:
+        return None
+
+    def discard_run(self, run_id: str) -> None:
+        return None
+
+    def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str:
+        model_id = f"planned-{next(self._ids)}"
+        self.logged[model_id] = model
+        return model_id
+
+    def artifact_uri(self, run_id: str) -> str:
+        return self.base.artifact_uri(run_id)
+
+
 class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
     """The registry as a plan sees it: ``base`` for everything registered, read only, and in
     memory the versions a plan would register (numbered as MLflow would number them next).
-    ``register()`` runs unchanged on it (it is a ``Registrar``): runs and artifacts are dropped,
-    ``create_version`` keeps the files and tags.  As a ``RegistryWriter``, a derived version is
-    planned and a planned version's tags kept; moving an alias, tagging or describing a registered
-    version is refused."""
+    ``register()`` runs unchanged on it (it is a ``Registrar``): runs and artifacts are dropped
+    (``runs``: ``PlanRuns``), ``create_version`` keeps the files and tags.  As a
+    ``RegistryWriter``, a derived version is planned and a planned version's tags kept; moving an
+    alias, tagging or describing a registered version is refused."""
 
     def __init__(self, base: MlflowRegistry, planned: Iterable[PlannedVersion] = ()) -> None:
         self.base = base
         self.settings = base.settings
+        self._runs = PlanRuns(base.runs)
         self.planned: dict[tuple[str, str], PlannedVersion] = {}
-        self._logged: dict[str, LoggedTritonModel] = {}
-        self._ids = itertools.count(1)
         for version in planned:
             self._add(version)
 
@@ -220,6 +270,10 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
     def planned_version(self, name: str, version: str) -> PlannedVersion | None:
         """The version only this plan registers (``registry.ports.VersionPlan``), else None."""
         return self.planned.get((name, version))
+
+    @property
+    def runs(self) -> PlanRuns:
+        return self._runs
 
     @property
     def uri(self) -> str:
@@ -287,49 +341,10 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
     def download(self, run_id: str, path: str, dest: Path) -> Path:
         return self.base.download(run_id, path, dest)
 
-    def artifact_uri(self, run_id: str) -> str:
-        return self.base.artifact_uri(run_id)
-
     # -- writes: kept in memory, or refused -------------------------------------------------------
-
-    def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
-        return ""
-
-    def start_run(
-        self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
-    ) -> str:
-        return ""  # no run: a plan's report links to none
-
-    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
-        return None
-
-    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
-        return None
-
-    def finish_run(self, run_id: str, ok: bool) -> None:
-        return None
-
-    def link_promotion(
-        self,
-        run_id: str,
-        experiment: str,
-        env: str,
-        outcome: str,
-        versions: list[tuple[str, str]],
-        error: str = "",
-    ) -> None:
-        return None
-
-    def discard_run(self, run_id: str) -> None:
-        return None
 
     def ensure_model(self, name: str, description: str) -> None:
         return None
-
-    def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str:
-        model_id = f"planned-{next(self._ids)}"
-        self._logged[model_id] = model
-        return model_id
 
     def create_version(
         self,
@@ -340,7 +355,7 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
         description: str,
         model_id: str | None = None,
     ) -> str:
-        logged = self._logged.pop(str(model_id))
+        logged = self.runs.logged.pop(str(model_id))
         number = str(max((int(v.version) for v in self.versions(name)), default=0) + 1)
         self._add(PlannedVersion(name, number, logged.config_path, logged.version_dir, dict(tags)))
         return number

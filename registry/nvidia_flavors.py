@@ -131,7 +131,7 @@ def choose_flavor(model: str, version: str, found: dict[str, dict[str, Any]], fl
 
 def download_model(registry: LoggedModels, model: str, version: str, dest: Path) -> Path:
     """The registered version's MLflow Model folder (MLmodel + its files), downloaded to ``dest``."""
-    return registry.download_model(model, version, dest)
+    return registry.runs.download_model(model, version, dest)
 
 
 def flavors(logged: Path) -> dict[str, dict[str, Any]]:
@@ -157,11 +157,11 @@ def logged_config(registry: LoggedModels, logged: Path) -> str | None:
     run_id, model_id = mlmodel.get("run_id"), mlmodel.get("model_id")
     if not run_id or not model_id:
         return None
-    name = registry.logged_model_name(model_id)
-    if f"{name}/{CONFIG_NAME}" not in registry.artifact_paths(run_id, name):
+    name = registry.runs.logged_model_name(model_id)
+    if f"{name}/{CONFIG_NAME}" not in registry.runs.artifact_paths(run_id, name):
         return None
     with tempfile.TemporaryDirectory(prefix="mlreg-config-") as tmp:
-        got = registry.download(run_id, f"{name}/{CONFIG_NAME}", Path(tmp))
+        got = registry.runs.download(run_id, f"{name}/{CONFIG_NAME}", Path(tmp))
         return got.read_text()
 
 

@@ -1,10 +1,13 @@
 """The model registry as its callers use it, as Protocols: a reader, a writer, a run recorder.
 
-``MlflowRegistry`` (registry.mlflow) implements all three; ``PlanRegistry`` (registry.export)
-implements them over a real registry read only, keeping what it would write in memory.  The
-promotion's ``Registry`` (pipelines.core.ports) is the union of the three.  ``Registrar`` is
-what ``register()`` and ``sign_registered()`` (registry.register) write a version through: a run,
-its logged model and the registered version.  Nothing here imports MLflow.
+``MlflowRegistry`` (registry.mlflow) implements the reader and the writer; its ``runs`` part
+(``MlflowRuns``) is the run recorder, and what ``register()`` and the NVIDIA flavors' import
+record runs through (``RegistrarRuns``, ``LoggedRuns``).  ``PlanRegistry`` (registry.export)
+implements them over a real registry read only, keeping what it would write in memory (its
+``runs``: ``PlanRuns``).  The promotion's ``Registry`` (pipelines.core.ports) is the reader and
+the writer with their ``runs``.  ``Registrar`` is what ``register()`` and ``sign_registered()``
+(registry.register) write a version through: a run, its logged model and the registered
+version.  Nothing here imports MLflow.
 """
 
 from __future__ import annotations
@@ -106,7 +109,8 @@ class RegistryWriter(Protocol):
 
 
 class RunRecorder(Protocol):
-    """Runs: what an export or a promotion did, with its parameters, metrics and files."""
+    """Runs: what an export or a promotion did, with its parameters, metrics and files (a
+    registry's ``runs`` part: ``MlflowRuns``, ``PlanRuns``)."""
 
     def experiment_id(self, name: str = ...) -> str: ...
 
@@ -136,9 +140,20 @@ class RunRecorder(Protocol):
         ...
 
 
+class SignatoryRuns(Protocol):
+    """What signing reads and writes of a version's run: its files."""
+
+    def artifact_uri(self, run_id: str) -> str: ...
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
+
+
 class Signatory(Protocol):
     """What ``sign_registered`` reads and writes: the version's files and tags, its run's files
-    and its description."""
+    (``runs``) and its description."""
+
+    @property
+    def runs(self) -> SignatoryRuns: ...
 
     def version(self, name: str, version: str) -> Any: ...
 
@@ -146,18 +161,26 @@ class Signatory(Protocol):
 
     def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]: ...
 
-    def artifact_uri(self, run_id: str) -> str: ...
-
-    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
-
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None: ...
 
     def update_version_description(self, name: str, version: str, description: str) -> None: ...
 
 
-class Registrar(RunRecorder, Signatory, Protocol):
-    """What ``register()`` writes a version through: its run, its logged model (MLflow 3) and the
+class RegistrarRuns(RunRecorder, SignatoryRuns, Protocol):
+    """What ``register()`` records a version's run through: the run, its logged model (MLflow
+    3), and the run dropped when its version is not created."""
+
+    def discard_run(self, run_id: str) -> None: ...
+
+    def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str: ...
+
+
+class Registrar(Signatory, Protocol):
+    """What ``register()`` writes a version through: its run and logged model (``runs``) and the
     registered version; identical bytes found by their digest tag (and signed when asked)."""
+
+    @property
+    def runs(self) -> RegistrarRuns: ...
 
     @property
     def local_root(self) -> Path:
@@ -166,11 +189,7 @@ class Registrar(RunRecorder, Signatory, Protocol):
 
     def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]: ...
 
-    def discard_run(self, run_id: str) -> None: ...
-
     def ensure_model(self, name: str, description: str) -> None: ...
-
-    def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str: ...
 
     def create_version(
         self,
@@ -183,9 +202,8 @@ class Registrar(RunRecorder, Signatory, Protocol):
     ) -> str: ...
 
 
-class LoggedModels(Registrar, Protocol):
-    """What turning a version NVIDIA's flows logged into an mlreg version reads and registers
-    through (``registry.nvidia_flavors``): its MLflow Model and the run it was logged from."""
+class LoggedRuns(RegistrarRuns, Protocol):
+    """What the NVIDIA flavors' import reads of the run a version was logged from."""
 
     def download_model(self, model: str, version: str, dest: Path) -> Path:
         """The registered version's MLflow Model folder (MLmodel + its files), written to ``dest``."""
@@ -198,6 +216,15 @@ class LoggedModels(Registrar, Protocol):
         ...
 
     def download(self, run_id: str, path: str, dest: Path) -> Path: ...
+
+
+class LoggedModels(Registrar, Protocol):
+    """What turning a version NVIDIA's flows logged into an mlreg version reads and registers
+    through (``registry.nvidia_flavors``): its MLflow Model and the run it was logged from
+    (``runs``)."""
+
+    @property
+    def runs(self) -> LoggedRuns: ...
 
 
 @runtime_checkable

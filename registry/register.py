@@ -227,7 +227,7 @@ def register(
     signed_by = claimed_identity(bundle) if bundle else ""
     if bundle:
         description += "\n\n" + signature_line(signed_by)
-    run_id = registry.start_run(
+    run_id = registry.runs.start_run(
         EXPORTS_EXPERIMENT, f"{candidate.name}-export", {"mlreg_model": candidate.name}
     )
     try:
@@ -247,12 +247,12 @@ def register(
             version_tags or {},
         )
     except BaseException as exc:
-        registry.discard_run(run_id)
+        registry.runs.discard_run(run_id)
         failure = _after_discard(exc, registry.local_root)
         if failure is exc:
             raise
         raise failure from exc
-    registry.finish_run(run_id, ok=True)
+    registry.runs.finish_run(run_id, ok=True)
     return RegisterResult(candidate.name, version, True, lineage.validation, run_id, errors, signed_by)
 
 
@@ -334,7 +334,7 @@ def _record(
 ) -> str:
     tensors = len(contract["inputs"]) + len(contract["outputs"])
     params = {"platform": lineage.platform, "framework": lineage.framework, **export_info}
-    registry.log(
+    registry.runs.log(
         run_id,
         params,
         {
@@ -355,7 +355,7 @@ def _record(
         )
         if bundle is not None:
             (meta / SIGNATURE_ARTIFACT).write_bytes(bundle)
-        registry.log_artifacts(run_id, meta)
+        registry.runs.log_artifacts(run_id, meta)
     registry.ensure_model(
         candidate.name, f"Triton model `{candidate.name}` ({lineage.platform}), registered by mlreg."
     )
@@ -364,7 +364,7 @@ def _record(
         del tags["git_dirty"]
     if bundle is not None:
         tags[SIGNED_BY_TAG] = claimed_identity(bundle)
-    model_id = registry.log_model(
+    model_id = registry.runs.log_model(
         run_id,
         EXPORTS_EXPERIMENT,
         logged_model(candidate, contract, tags, {k: str(v) for k, v in params.items()}),
@@ -430,7 +430,7 @@ def sign_registered(registry: Signatory, name: str, version: str, signer: Signin
         signed_by = claimed_identity(bundle)
         written = SignatureWrite(registry, name, version, tags.get(SIGNED_BY_TAG, ""))
         try:
-            registry.log_artifacts(written.run_id, meta)
+            registry.runs.log_artifacts(written.run_id, meta)
             registry.set_version_tag(name, version, SIGNED_BY_TAG, signed_by)
         except MlregError as exc:
             raise written.undone(exc) from exc
@@ -449,7 +449,7 @@ class SignatureWrite:
     def __init__(self, registry: Signatory, name: str, version: str, was_signed_by: str) -> None:
         self.name, self.version, self.was_signed_by = name, version, was_signed_by
         self.run_id = str(registry.version(name, version).run_id)
-        folder = local_path(registry.artifact_uri(self.run_id))
+        folder = local_path(registry.runs.artifact_uri(self.run_id))
         self.path = folder / SIGNATURE_ARTIFACT if folder is not None else None
         self.before = self.path.read_bytes() if self.path is not None and self.path.is_file() else None
 

@@ -164,10 +164,15 @@ class FakeRegistry:
         self.events = events if events is not None else []
         self.tags: dict[tuple[str, str], dict[str, str]] = {}
         self.alias_map: dict[str, dict[str, str]] = {}
-        self.runs: list[dict[str, Any]] = []
+        self.recorded: list[dict[str, Any]] = []  # the runs started, newest last
         self.down = False
         self.fail_on: set[str] = set()
         self.deleted: dict[str, int] = {}  # model -> the highest version number deleted
+
+    @property
+    def runs(self) -> FakeRegistry:
+        """The run recorder (``MlflowRegistry.runs``): this fake records its runs itself."""
+        return self
 
     def _call(self, method: str, name: str = "") -> None:
         if self.down or method in self.fail_on or f"{method} {name}" in self.fail_on:
@@ -308,20 +313,20 @@ class FakeRegistry:
         self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
     ) -> str:
         self._call("start_run")
-        self.runs.append({"name": name, "tags": tags, "start_time": start_time})
-        return f"run-{len(self.runs)}"
+        self.recorded.append({"name": name, "tags": tags, "start_time": start_time})
+        return f"run-{len(self.recorded)}"
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
-        self.runs[-1].setdefault("params", {}).update(params)
-        self.runs[-1].setdefault("metrics", {}).update(metrics)
+        self.recorded[-1].setdefault("params", {}).update(params)
+        self.recorded[-1].setdefault("metrics", {}).update(metrics)
 
     def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
         """Each file's bytes kept in the run (``artifacts``: name -> bytes)."""
-        kept = self.runs[-1].setdefault("artifacts", {})
+        kept = self.recorded[-1].setdefault("artifacts", {})
         kept.update({f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()})
 
     def finish_run(self, run_id: str, ok: bool) -> None:
-        self.runs[-1]["ok"] = ok
+        self.recorded[-1]["ok"] = ok
 
     def link_promotion(
         self,
@@ -333,10 +338,10 @@ class FakeRegistry:
         error: str = "",
     ) -> None:
         self._call("link_promotion")
-        self.runs[-1]["linked"] = {"env": env, "outcome": outcome, "versions": list(versions)}
+        self.recorded[-1]["linked"] = {"env": env, "outcome": outcome, "versions": list(versions)}
 
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
-        return [dict(run["tags"]) for run in reversed(self.runs) if run["tags"].get("model") == name]
+        return [dict(run["tags"]) for run in reversed(self.recorded) if run["tags"].get("model") == name]
 
 
 def _like(text: str, pattern: str) -> bool:

@@ -61,7 +61,7 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
     with contextlib.suppress(MlregError):  # the servers are done; the registry's record is best effort
         if env.alias in ctx.registry.aliases(name):
             ctx.registry.delete_alias(name, env.alias)
-        ctx.registry.forget_deployment(name, env.name)
+        ctx.registry.deployed.forget_deployment(name, env.name)
     if unfinished is not None:
         raise unfinished
 

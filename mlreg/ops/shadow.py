@@ -140,7 +140,7 @@ def _scrub_runs(settings: Settings, runs: list[str], report: PurgeReport) -> Non
     registry = open_registry(settings)
     for run in runs:
         try:
-            scrubbed = scrub_run(registry, run)
+            scrubbed = scrub_run(registry.runs, run)
         except MlregError as exc:
             report.unreached.append(f"run {run}: {exc.message}")
             continue

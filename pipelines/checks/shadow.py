@@ -43,7 +43,7 @@ Infer = Callable[..., dict[str, "np.ndarray"]]  # ServingTarget.infer
 
 
 class RunArtifacts(Protocol):
-    """What ``scrub_run`` needs of the registry (``registry.mlflow.MlflowRegistry`` has it)."""
+    """What ``scrub_run`` needs of the registry's runs (``registry.mlflow.MlflowRegistry.runs``)."""
 
     def artifact_paths(self, run_id: str, path: str) -> set[str]: ...
 

@@ -1,7 +1,8 @@
 """What a promotion needs from the outside world, as Protocols.
 
 The registry's three ports (a reader, a writer, a run recorder) are :mod:`registry.ports`' (the
-registry's own code registers through them too); ``Registry`` is their union.  ``MlflowRegistry``
+registry's own code registers through them too); ``Registry`` is the reader and the writer with
+their ``runs`` part, the run recorder.  ``MlflowRegistry``
 (registry/) and ``TritonControl`` (pipelines/triton/control.py) are the real implementations; the unit
 tests drive the runner with small in-memory fakes of both.  ``Servers`` and ``Replicas`` are what the
 shared vocabulary asks of an environment's servers (pipelines/fleet ``Fleet`` is both), so that the
@@ -34,10 +35,14 @@ __all__ = [
 ]
 
 
-class Registry(RegistryReader, RegistryWriter, RunRecorder, Protocol):
-    """The model registry as a promotion uses it (MLflow in production): the union of the three
-    ports of :mod:`registry.ports`.  Code that needs less is typed on the narrower one
+class Registry(RegistryReader, RegistryWriter, Protocol):
+    """The model registry as a promotion uses it (MLflow in production): the reader and the
+    writer of :mod:`registry.ports`, and its ``runs`` part, the run recorder (the promotion's
+    record, the ledger's copy).  Code that needs less is typed on the narrower one
     (``pipelines.promote.integrity`` only reads)."""
+
+    @property
+    def runs(self) -> RunRecorder: ...
 
 
 class RegistryEditor(RegistryReader, RegistryWriter, Protocol):

@@ -99,7 +99,9 @@ def _record(ctx: FleetContext) -> None:
     and the locks released)."""
     try:
         record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT)
-        ctx.result.notes.extend(mirror(ctx.registry, ctx.result.run_id, ctx.fleet.ledger))  # ledger.jsonl
+        ctx.result.notes.extend(
+            mirror(ctx.registry.runs, ctx.result.run_id, ctx.fleet.ledger)
+        )  # ledger.jsonl
     except OSError as exc:
         ctx.result.notes.append(f"the attempt was not recorded in MLflow ({exc.strerror or exc})")
 

@@ -24,9 +24,13 @@ from registry.settings import redact_uri
 log = logging.getLogger(__name__)
 
 
-class PromotionLog(RegistryWriter, RunRecorder, Protocol):
-    """What recording a promotion writes through: its run, the footprints' version tags and where
-    each moved version serves (the aliases and ``promoted_<env>`` tags go through ``RecordWrites``)."""
+class PromotionLog(RegistryWriter, Protocol):
+    """What recording a promotion writes through: its run (``runs``), the footprints' version tags
+    and where each moved version serves (the aliases and ``promoted_<env>`` tags go through
+    ``RecordWrites``)."""
+
+    @property
+    def runs(self) -> RunRecorder: ...
 
 
 def record_promotion(
@@ -47,7 +51,7 @@ def record_promotion(
     except StopIteration:
         previous = "unknown"
     try:
-        run_id = registry.start_run(
+        run_id = registry.runs.start_run(
             experiment,
             f"{plan.model}-v{plan.version}-{env.name}",
             {
@@ -59,7 +63,7 @@ def record_promotion(
             },
             start_time=result.started,  # the run lasts as long as the promotion, not its record
         )
-        registry.log(
+        registry.runs.log(
             run_id,
             {
                 "from_version": previous,
@@ -81,10 +85,10 @@ def record_promotion(
             write_shadow(report.get("shadow") or [], Path(tmp))
             # every check's record, refused or not (pipelines/core/check.py), on every exit: [] too
             (Path(tmp) / "verdict.json").write_text(json.dumps(report["verdicts"], indent=1, default=str))
-            registry.log_artifacts(run_id, Path(tmp))
-        registry.finish_run(run_id, ok=not result.error)
+            registry.runs.log_artifacts(run_id, Path(tmp))
+        registry.runs.finish_run(run_id, ok=not result.error)
         result.run_id = run_id
-        registry.link_promotion(  # the run and the versions link each other in the UI (story.py)
+        registry.runs.link_promotion(  # the run and the versions link each other in the UI (story.py)
             run_id, experiment, env.name, result.outcome, story_versions(result, writes), result.error
         )
         if not result.error:  # version tags, run link, the model's environments

@@ -693,7 +693,7 @@ def record(ctx: FleetContext) -> RecordReport:
         if model in writes.aliases
     )
     record_promotion(ctx.registry, ctx.result, ctx.env, PROMOTIONS_EXPERIMENT, writes)
-    ctx.result.notes.extend(mirror(ctx.registry, ctx.result.run_id, ctx.fleet.ledger))  # ledger.jsonl
+    ctx.result.notes.extend(mirror(ctx.registry.runs, ctx.result.run_id, ctx.fleet.ledger))  # ledger.jsonl
     uploads = [(e.model, v) for e in ctx.undo.entries.values() for v in e.uploaded]
     ctx.result.notes.extend(forget_uploads(ctx.store, uploads))  # finished: no litter
     return RecordReport(ctx.env.alias, plan.model, plan.version, ctx.result.run_id)

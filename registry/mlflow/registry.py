@@ -1,12 +1,13 @@
 """The MLflow adapter: every MLflow call of mlreg goes through here.
 
-``MlflowRegistry`` implements the registry's ports (:mod:`registry.ports`: a reader, a writer, a
-run recorder) over four parts sharing one connection: ``MlflowConnection`` (the client, opened
-once; ``MlflowException`` and HTTP failures translated into ``RegistryError`` in its ``call``
-only, by ``registry.mlflow.translate``; requests and lock waits bounded), ``MlflowRuns``
-(experiments, runs, logged models, artifact downloads, the promotions' history),
-``MlflowVersions`` (registered models, versions, aliases, tags, a version's files) and
-``MlflowDeployments`` (where versions serve).  Read-only queries against an HTTP server use
+``MlflowRegistry`` implements the registry's reader and writer (:mod:`registry.ports`) over four
+parts sharing one connection, each a public attribute its callers may take alone:
+``connection`` (``MlflowConnection``: the client, opened once; ``MlflowException`` and HTTP
+failures translated into ``RegistryError`` in its ``call`` only, by ``registry.mlflow.translate``;
+requests and lock waits bounded), ``runs`` (``MlflowRuns``: the run recorder -- experiments,
+runs, logged models, artifact downloads, the promotions' history), ``models``
+(``MlflowVersions``: registered models, versions, aliases, tags, a version's files) and
+``deployed`` (``MlflowDeployments``: where versions serve).  Read-only queries against an HTTP server use
 MLflow's REST API directly (``registry.mlflow.rest``), and the embedded registry's file is read
 directly (``registry.mlflow.sqlite``), so neither ``mlreg versions`` nor a promotion's plan pays
 MLflow's multi-second import.
@@ -14,7 +15,6 @@ MLflow's multi-second import.
 
 from __future__ import annotations
 
-import threading
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,14 +33,16 @@ __all__ = ["EXPORTS_EXPERIMENT", "PROMOTIONS_EXPERIMENT", "LoggedTritonModel", "
 
 
 class MlflowRegistry:
-    """The registry in MLflow: the parts' methods under one object (``registry.ports``' three ports,
-    and what ``register()`` and the NVIDIA flavors' import write through)."""
+    """The registry in MLflow: the reader and the writer of ``registry.ports`` over its parts, and
+    the parts themselves: ``runs`` is the run recorder (and what ``register()`` and the NVIDIA
+    flavors' import record runs through), ``deployed`` where versions serve."""
 
     def __init__(self, settings: Settings) -> None:
         self.connection = MlflowConnection(settings)
         self.runs = MlflowRuns(self.connection)
         self.models = MlflowVersions(self.connection, self.runs)
         self.deployed = MlflowDeployments(self.connection, self.models, self.runs)
+        self.runs.story = MlflowStory(self.connection, self.models, self.runs)  # links read versions
 
     # -- the connection ------------------------------------------------------------------------
 
@@ -58,10 +60,6 @@ class MlflowRegistry:
         return self.connection.client
 
     @property
-    def warming(self) -> threading.Thread | None:
-        return self.connection.warming
-
-    @property
     def local_root(self) -> Path:
         return self.connection.local_root
 
@@ -76,59 +74,11 @@ class MlflowRegistry:
         if self.uri.startswith(("http://", "https://")):
             rest.ping(self.uri, self.settings.mlflow_timeout)
         elif sqlite.database(self.uri) is None:
-            self.experiment_id(PROMOTIONS_EXPERIMENT)
+            self.runs.experiment_id(PROMOTIONS_EXPERIMENT)
         else:
             self.connection.local(partial(sqlite.wait_unlocked, self.uri, what="MLflow ping"))
 
-    # -- runs (registry.ports.RunRecorder) ----------------------------------------------------------
-
-    def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
-        return self.runs.experiment_id(name)
-
-    def start_run(
-        self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
-    ) -> str:
-        return self.runs.start_run(experiment, name, tags, start_time)
-
-    def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
-        self.runs.log(run_id, params, metrics)
-
-    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
-        self.runs.log_artifacts(run_id, folder, path)
-
-    def finish_run(self, run_id: str, ok: bool) -> None:
-        self.runs.finish_run(run_id, ok)
-
-    def link_promotion(
-        self,
-        run_id: str,
-        experiment: str,
-        env: str,
-        outcome: str,
-        versions: list[tuple[str, str]],
-        error: str = "",
-    ) -> None:
-        MlflowStory(self.connection, self.models, self.runs).link_promotion(
-            run_id, experiment, env, outcome, versions, error
-        )
-
-    def discard_run(self, run_id: str) -> None:
-        self.runs.discard_run(run_id)
-
-    def artifact_uri(self, run_id: str) -> str:
-        return self.runs.artifact_uri(run_id)
-
-    def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str:
-        return self.runs.log_model(run_id, experiment, model)
-
-    def logged_model_name(self, model_id: str) -> str:
-        return self.runs.logged_model_name(model_id)
-
-    def artifact_paths(self, run_id: str, path: str) -> set[str]:
-        return self.runs.artifact_paths(run_id, path)
-
-    def download_model(self, model: str, version: str, dest: Path) -> Path:
-        return self.runs.download_model(model, version, dest)
+    # -- what runs logged (registry.ports.RegistryReader; recording runs: ``runs``) ----------------
 
     def download(self, run_id: str, path: str, dest: Path) -> Path:
         return self.runs.download(run_id, path, dest)
@@ -215,15 +165,9 @@ class MlflowRegistry:
     def delete_model(self, name: str) -> None:
         self.models.delete_model(name)
 
-    # -- where versions serve ------------------------------------------------------------------------
+    # -- where versions serve (the rest: ``deployed``) -----------------------------------------------
 
     def record_deployment(
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
     ) -> None:
         self.deployed.record_deployment(model, version, env, run_id, targets)
-
-    def forget_deployment(self, model: str, env: str) -> None:
-        self.deployed.forget_deployment(model, env)
-
-    def deployments(self, model: str) -> dict[str, dict[str, Any]]:
-        return self.deployed.deployments(model)

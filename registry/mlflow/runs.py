@@ -1,8 +1,8 @@
 """Runs, their artifacts and the models they log: what an export or a promotion recorded in MLflow.
 
-``MlflowRuns`` is the run recorder of the adapter (``registry.ports.RunRecorder``) and the reader
-of what runs logged (artifacts, logged models, the promotions' history).  Every call goes through
-the connection's one translation point.
+``MlflowRuns`` is the run recorder of the adapter (``registry.ports.RunRecorder``: callers take
+``MlflowRegistry.runs``) and the reader of what runs logged (artifacts, logged models, the
+promotions' history).  Every call goes through the connection's one translation point.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from registry.disk import remove_local
 from registry.errors import MlregError, RegistryError
@@ -26,11 +26,29 @@ from registry.mlflow.model import EXPORTS_EXPERIMENT, PROMOTIONS_EXPERIMENT, mlm
 log = logging.getLogger(__name__)
 
 
+class PromotionLinks(Protocol):
+    """What links a promotion run and the versions it moved (``registry.mlflow.story.MlflowStory``,
+    which reads those versions: given to the runs by ``MlflowRegistry``)."""
+
+    def link_promotion(
+        self,
+        run_id: str,
+        experiment: str,
+        env: str,
+        outcome: str,
+        versions: list[tuple[str, str]],
+        error: str = "",
+    ) -> None: ...
+
+
 class MlflowRuns:
-    """Experiments, runs, logged models and artifact downloads over one connection."""
+    """Experiments, runs, logged models and artifact downloads over one connection; a promotion
+    run linked to the versions it moved through ``story`` (``MlflowRegistry`` gives it one: the
+    story reads those versions)."""
 
     def __init__(self, connection: MlflowConnection) -> None:
         self.connection = connection
+        self.story: PromotionLinks | None = None
         self._experiments: dict[str, str] = {}
         self._logged: dict[str, str] = {}  # run id -> the model id it logged (removed if discarded)
 
@@ -95,6 +113,21 @@ class MlflowRuns:
     def finish_run(self, run_id: str, ok: bool) -> None:
         status = "FINISHED" if ok else "FAILED"
         self.connection.call("run update", lambda: self._client.set_terminated(run_id, status))
+
+    def link_promotion(
+        self,
+        run_id: str,
+        experiment: str,
+        env: str,
+        outcome: str,
+        versions: list[tuple[str, str]],
+        error: str = "",
+    ) -> None:
+        """The promotion run and the versions it moved or tried, linked both ways in the UI
+        (``registry.mlflow.story``)."""
+        if self.story is None:
+            raise RegistryError("MLflow runs without a registry cannot link a promotion to its versions")
+        self.story.link_promotion(run_id, experiment, env, outcome, versions, error)
 
     def discard_run(self, run_id: str) -> None:
         """Best effort: a run whose version was not created must not linger as a success.  Its

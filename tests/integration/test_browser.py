@@ -124,7 +124,7 @@ def test_the_promotion_run_and_a_refused_run_link_their_versions_and_carry_the_f
         for r in registry.promotions("table_data_preprocess")
         if r.get("result") == "refused" and r.get("to") == tried
     ]
-    experiment = registry.experiment_id(PROMOTIONS_EXPERIMENT)
+    experiment = registry.runs.experiment_id(PROMOTIONS_EXPERIMENT)
     run = registry.client.get_run(promoted)
     assert run.info.end_time - run.info.start_time > 1000 * _stage_seconds(run.data.metrics)
     shots = native_stack.settings.home / "screenshots"

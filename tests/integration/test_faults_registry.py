@@ -408,7 +408,7 @@ def test_a_full_disk_during_sign_leaves_no_signature_and_a_rerun_signs(
         monkeypatch.delenv("MLREG_DEBUG", raising=False)
         registry = MlflowRegistry(Settings.from_env())
         run_id = register(registry, find_candidate(_version(tmp_path / "v1" / MODEL, "v1"))).run_id
-        signature = Path(registry.artifact_uri(run_id).removeprefix("file://")) / SIGNATURE_ARTIFACT
+        signature = Path(registry.runs.artifact_uri(run_id).removeprefix("file://")) / SIGNATURE_ARTIFACT
         key, runner, files = _signing_key(tmp_path), CliRunner(), _home_files(home)
         failed_steps = []
         for keep in (0, 4096):

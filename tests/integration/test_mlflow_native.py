@@ -124,7 +124,7 @@ def test_versions_registered_before_mlflow_models_are_read_as_before(
     """The old layout, written as mlreg wrote it: the run holds config.pbtxt and model/."""
     registry, client = native_stack.registry, native_stack.registry.client
     folder = native_stack.settings.home / "v2" / "image_model"
-    run = client.create_run(registry.experiment_id(), run_name="old-layout")
+    run = client.create_run(registry.runs.experiment_id(), run_name="old-layout")
     client.log_artifact(run.info.run_id, str(folder / "config.pbtxt"))
     client.log_artifacts(run.info.run_id, str(folder / "1"), "model")
     client.create_registered_model("old_image_model")
@@ -153,7 +153,7 @@ def test_record_deployment_tags_the_version_links_the_run_and_describes_the_mode
     config.write_text(config.read_text().replace('name: "table_data_preprocess"', f'name: "{folder.name}"'))
     v1 = register(registry, find_candidate(folder)).version
     v2 = register(registry, find_candidate(folder), force=True).version
-    runs = [registry.start_run("mlreg-promotions", f"promote-{v}", {}) for v in (v1, v2)]
+    runs = [registry.runs.start_run("mlreg-promotions", f"promote-{v}", {}) for v in (v1, v2)]
     registry.record_deployment(folder.name, v1, "staging", runs[0], ("triton-0:8001", "triton-1:8001"))
     registry.record_deployment(folder.name, v1, "production", runs[0], ("triton-p:8001",))
     registry.record_deployment(folder.name, v2, "staging", runs[1], ("triton-0:8001", "triton-1:8001"))
@@ -172,7 +172,7 @@ def test_record_deployment_tags_the_version_links_the_run_and_describes_the_mode
     assert f"| production | {v1} |" in description
     assert f"| staging | {v2} |" in description
     assert description.count("**Environments**") == 1
-    assert set(registry.deployments(folder.name)) == {"production", "staging"}
+    assert set(registry.deployed.deployments(folder.name)) == {"production", "staging"}
 
 
 # -- mlflow deployments -t mlreg ---------------------------------------------------------------------
@@ -186,7 +186,7 @@ def test_mlflow_deployments_create_promotes_on_the_local_stack(
     assert native_stack.serving("image_model") == ["2"]
     registry = native_stack.registry
     assert registry.aliases("image_model")["local"] == "2"
-    assert registry.deployments("image_model")["local"]["version"] == "2"
+    assert registry.deployed.deployments("image_model")["local"]["version"] == "2"
     tags = registry.version("image_model", "2").tags
     assert tags["serving_local"] == native_stack.grpc_url
     assert "| local | 2 |" in registry.client.get_registered_model("image_model").description
@@ -346,4 +346,4 @@ def test_dry_run_delete_and_bad_requests(
     assert in_project.serving("solo_preprocess") == []
     assert not (in_project.settings.local_repository / "solo_preprocess" / "config.pbtxt").exists()
     assert "local" not in in_project.registry.aliases("solo_preprocess")
-    assert "local" not in in_project.registry.deployments("solo_preprocess")
+    assert "local" not in in_project.registry.deployed.deployments("solo_preprocess")

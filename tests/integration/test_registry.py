@@ -299,7 +299,7 @@ def test_a_failure_after_the_run_started_leaves_no_orphan(
     with pytest.raises(RegistryError, match="simulated"):
         register(registry, find_candidate(folder))
     runs = registry.client.search_runs(
-        [registry.experiment_id()], filter_string=f"tags.mlreg_model = '{name}'", run_view_type=1
+        [registry.runs.experiment_id()], filter_string=f"tags.mlreg_model = '{name}'", run_view_type=1
     )  # ACTIVE_ONLY
     assert runs == []
     assert registry.find_by_tag(name, "validation", "passed") == []
@@ -341,7 +341,7 @@ def create_and_note(*args, **kwargs):
 
 client.get_experiment_by_name = lookup_then_wait_for_the_other
 client.create_experiment = create_and_note
-experiment = registry.experiment_id("mlreg-promotions")
+experiment = registry.runs.experiment_id("mlreg-promotions")
 print(experiment, "|".join(outcome))
 """
 
@@ -407,9 +407,9 @@ def test_a_registration_leaves_the_process_environment_as_it_was(
         registry, find_candidate(copy_model(built_repository, "table_data_model", name, tmp_path))
     )
     registry.set_alias(name, "local", version.version)
-    run_id = registry.start_run(PROMOTIONS_EXPERIMENT, f"{name}-v1-local", {"mlreg_model": name})
-    registry.log(run_id, {"to_version": version.version}, {"deploy_seconds": 1.0})
-    registry.finish_run(run_id, ok=True)
+    run_id = registry.runs.start_run(PROMOTIONS_EXPERIMENT, f"{name}-v1-local", {"mlreg_model": name})
+    registry.runs.log(run_id, {"to_version": version.version}, {"deploy_seconds": 1.0})
+    registry.runs.finish_run(run_id, ok=True)
     registry.record_deployment(name, version.version, "local", run_id, ["triton-0:8001"])
     registry.download(version.run_id, "model", tmp_path / "download")  # the logged model's folder
     assert (tmp_path / "download" / "model").is_dir()
@@ -495,13 +495,13 @@ def test_ping_register_version_aliases_and_promotions(
     assert (staged[name], staged[other]) == (first, "1")
     assert other not in registry.alias_versions("production")
     for to, env_name in (("1", "staging"), ("1", "production")):
-        run = registry.start_run(
+        run = registry.runs.start_run(
             PROMOTIONS_EXPERIMENT,
             f"{name}-{env_name}",
             {"mlreg_model": name, "environment": env_name, "result": "promoted", "user": "me"},
         )
-        registry.log(run, {"from_version": "none", "to_version": to}, {})
-        registry.finish_run(run, ok=True)
+        registry.runs.log(run, {"from_version": "none", "to_version": to}, {})
+        registry.runs.finish_run(run, ok=True)
     found = registry.promotions(name, "staging")
     assert [(p["environment"], p["from"], p["to"], p["result"], p["user"]) for p in found] == [
         ("staging", "none", "1", "promoted", "me")

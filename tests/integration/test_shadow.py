@@ -446,8 +446,8 @@ def run_with_tensors(shadows: Shadows) -> str:
     folder.mkdir()
     (folder / "report.json").write_text(json.dumps({"model": "classifier", "shadow": [result.to_dict()]}))
     write_shadow([result.to_dict()], folder)
-    run_id = shadows.registry.start_run("promotions", "classifier v9 -> shadow", {})
-    shadows.registry.log_artifacts(run_id, folder)
+    run_id = shadows.registry.runs.start_run("promotions", "classifier v9 -> shadow", {})
+    shadows.registry.runs.log_artifacts(run_id, folder)
     return run_id
 
 

@@ -76,7 +76,7 @@ def test_an_open_replica_refuses_the_promotion_before_any_change(
     assert open_store(world.store_root).list_models() == []
     assert world.events == []  # no registration, no alias moved
     assert world.registry.alias_map == {}
-    assert world.registry.runs == []
+    assert world.registry.recorded == []
     with TritonControl(locked, key=ControlKey(KEY, "the tests")) as triton:
         assert "pre" not in triton.model_states()  # nothing loaded on either replica
     with TritonControl(opened, key=None) as triton:
@@ -97,8 +97,8 @@ def test_open_control_allow_promotes_with_a_note_in_the_result_and_the_run(
     assert note in result.to_dict()["notes"]  # --json, and the run's report.json (record.py)
     assert [n for n in result.notes if "model-control" in n] == [note]  # the locked one not named
     assert world.registry.alias_map["pre"]["test"] == "1"
-    assert world.registry.runs
-    assert world.registry.runs[-1]["ok"] is True  # the run recorded
+    assert world.registry.recorded
+    assert world.registry.recorded[-1]["ok"] is True  # the run recorded
     for url, key in ((opened, None), (locked, ControlKey(KEY, "the tests"))):
         with TritonControl(url, key=key) as triton:
             assert triton.is_ready("pre", "1")

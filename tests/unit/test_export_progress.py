@@ -38,7 +38,7 @@ def test_export_says_each_model_it_exports_then_registers_with_how_far_it_is(tmp
     ]
     assert set(plan.planned) == {("image_preprocess", "1"), ("table_data_preprocess", "1")}
     assert base.tags == {}
-    assert base.runs == []
+    assert base.recorded == []
 
 
 def test_export_hands_its_steps_to_the_caller_and_runs_the_same_without_one(tmp_path: Path) -> None:

@@ -49,19 +49,19 @@ for env, before, result in (("local", "none", "promoted"), ("staging", "none", "
                             ("local", "1", "rolled back"), ("local", "1", "promoted")):
     tags = {"mlreg_model": "table_data_preprocess", "mlreg_version": "1", "environment": env,
             "result": result, "user": "h7"}
-    run = registry.start_run(PROMOTIONS_EXPERIMENT, f"table_data_preprocess-v1-{env}", tags)
-    registry.log(run, {"from_version": before, "to_version": "1"}, {"deploy_seconds": 1.0})
-    registry.finish_run(run, result == "promoted")
+    run = registry.runs.start_run(PROMOTIONS_EXPERIMENT, f"table_data_preprocess-v1-{env}", tags)
+    registry.runs.log(run, {"from_version": before, "to_version": "1"}, {"deploy_seconds": 1.0})
+    registry.runs.finish_run(run, result == "promoted")
     runs.append(run)
     time.sleep(0.02)  # distinct start times: the order is MLflow's, not a tie-break
 registry.runs._client.delete_run(runs[1])  # a deleted run is in no history
 # image_preprocess v1 went live as a member of an ensemble's promotion (no run of its own); its other
 # promotion_run_ tags name a deleted run, another model's run in another environment and no run at all
-ensemble = registry.start_run(PROMOTIONS_EXPERIMENT, "an_ensemble-v3-local",
+ensemble = registry.runs.start_run(PROMOTIONS_EXPERIMENT, "an_ensemble-v3-local",
                               {"mlreg_model": "an_ensemble", "mlreg_version": "3", "environment": "local",
                                "result": "promoted", "user": "h7"})
-registry.log(ensemble, {"from_version": "2", "to_version": "3"}, {"deploy_seconds": 1.0})
-registry.finish_run(ensemble, True)
+registry.runs.log(ensemble, {"from_version": "2", "to_version": "3"}, {"deploy_seconds": 1.0})
+registry.runs.finish_run(ensemble, True)
 for env, run_id in (("local", ensemble), ("staging", runs[1]), ("production", runs[0]), ("dev", "../x")):
     registry.set_version_tag("image_preprocess", "1", f"promotion_run_{env}", run_id)
 from mlreg.ops.history import arrivals

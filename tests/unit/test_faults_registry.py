@@ -244,9 +244,9 @@ def _promote_refused(home: Path, tmp_path: Path, capfd: pytest.CaptureFixture[st
     capfd.readouterr()
     with pytest.raises(RegistryError, match="is locked by another process"):
         promotion.run("a", "1")
-    assert registry.warming is not None
-    registry.warming.join(10)
-    assert not registry.warming.is_alive()
+    assert registry.connection.warming is not None
+    registry.connection.warming.join(10)
+    assert not registry.connection.warming.is_alive()
     printed = capfd.readouterr()
     assert "Traceback" not in printed.err + printed.out
     assert "Exception in thread" not in printed.err + printed.out
@@ -283,6 +283,11 @@ class _SignRegistry:
         digest = digest_of_manifest({**manifest_of(source / "1"), CONFIG_ENTRY: config_meta})
         self.source, self.artifacts = source, artifacts
         self.tags = {"artifact_digest": digest, **({SIGNED_BY_TAG: signed_by} if signed_by else {})}
+
+    @property
+    def runs(self) -> _SignRegistry:
+        """The version's run (``registry.ports.SignatoryRuns``): this fake holds its artifacts."""
+        return self
 
     def version_tags(self, name: str, version: str) -> dict[str, str]:
         return dict(self.tags)

@@ -366,7 +366,7 @@ def test_a_local_store_full_at_upload_says_free_space_and_a_rerun_promotes(
     assert failed.value.result.failed_stage == "assemble"
     assert (_files(root), _serving(world), world.registry.aliases("net")) == before
     assert world.fleet.store.locks() == []
-    assert world.registry.runs[-1]["tags"]["result"] == "rolled back"
+    assert world.registry.recorded[-1]["tags"]["result"] == "rolled back"
 
     tmpfs(root, "4m")  # grown
     world.promote("net", "2")
@@ -413,7 +413,7 @@ def test_a_store_full_at_the_uploaded_checkpoint_rolls_back_without_restoring_an
     assert ("ens", "2") not in world.registry.tags  # the version it registered, deleted
     assert world.fleet.loads == loads  # no replica was sent anything
     assert world.fleet.store.locks() == []
-    assert world.registry.runs[-1]["tags"]["result"] == "rolled back"
+    assert world.registry.recorded[-1]["tags"]["result"] == "rolled back"
 
     monkeypatch.setattr(stages, "checkpoint", lambda point: None)
     (root / "filler.bin").unlink()

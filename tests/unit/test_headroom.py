@@ -626,7 +626,7 @@ def test_a_picture_that_cannot_be_drawn_is_a_warning_not_a_failed_promotion(
     assert "memory.png" not in kept
     assert "report.json" in kept
     assert "could not plot the replicas' memory: RuntimeError: no display for you" in caplog.text
-    assert world.registry.runs[-1]["ok"] is True
+    assert world.registry.recorded[-1]["ok"] is True
 
 
 def test_gpus_and_the_host_are_drawn_on_axes_of_their_own(tmp_path: Path) -> None:

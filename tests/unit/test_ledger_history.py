@@ -108,8 +108,8 @@ def test_the_promotions_events_are_mirrored_into_its_mlflow_run(tmp_path: Path) 
     world = World(tmp_path)
     result = world.promote("ens", "1")
     stored = ledger_of(open_store(world.store_root)).read_all()[0]
-    run = world.registry.runs[-1]
-    assert result.run_id == f"run-{len(world.registry.runs)}"
+    run = world.registry.recorded[-1]
+    assert result.run_id == f"run-{len(world.registry.recorded)}"
     folder = tmp_path / LEDGER / "store" / "events"
     stored_bytes = [(folder / f"{e.seq:012d}.json").read_bytes() for e in stored]
     assert run["artifacts"]["ledger.jsonl"] == b"".join(stored_bytes)

@@ -54,7 +54,7 @@ refused.verdicts = [{"name": "shadow", "subject": "image_preprocess v1", "result
                      "value": 0.31, "threshold": 0.05, "sample": 200}]
 record_promotion(registry, refused, env, PROMOTIONS_EXPERIMENT)
 print(json.dumps({"home": str(home), "ok": ok.run_id, "refused": refused.run_id, "began": began,
-                  "experiment": registry.experiment_id(PROMOTIONS_EXPERIMENT)}))
+                  "experiment": registry.runs.experiment_id(PROMOTIONS_EXPERIMENT)}))
 """
 BACKGROUND = {
     "story": Background(

@@ -120,7 +120,7 @@ def test_an_observed_shadow_replay_promotes_what_the_enforced_one_refuses_with_t
     assert "nothing was changed" in refused.message
     # the canary judged it (v2 loaded beside v1, then taken back); no other replica was sent a load
     assert {e[1] for e in enforcing.loads()} == {"t0:8001"}
-    enforced = _shadow(document, enforcing.registry.runs[-1])
+    enforced = _shadow(document, enforcing.registry.recorded[-1])
     assert (enforced["result"], enforced["observed"], enforced["refuses"]) == ("fail", False, True)
     assert document["reason"].startswith("shadow m v2: fail")
     assert "note" not in enforced
@@ -134,8 +134,8 @@ def test_an_observed_shadow_replay_promotes_what_the_enforced_one_refuses_with_t
         assert target.model_states()["m"] == {"2": "READY"}  # both replicas serve the candidate
     assert observing.registry.aliases("m")["test"] == "2"  # the environment's alias moved
     assert enforcing.registry.aliases("m")["test"] == "1"  # where the enforced refusal left it
-    assert observing.registry.runs[-1]["ok"] is True
-    noted = _shadow(document, observing.registry.runs[-1])
+    assert observing.registry.recorded[-1]["ok"] is True
+    noted = _shadow(document, observing.registry.recorded[-1])
     assert (noted["result"], noted["observed"], noted["refuses"]) == ("fail", True, False)
     assert noted["note"] == "observed: would have refused"
 

@@ -194,7 +194,7 @@ def test_a_version_registered_by_someone_else_with_the_same_config_is_never_dele
     and files untouched; only the folder this promotion uploaded for it leaves the store."""
     world = _moved_once(tmp_path)
     registry = SameBytesRegistry(world.registry.root, world.events)
-    registry.tags, registry.alias_map, registry.runs = world.registry.tags, world.registry.alias_map, []
+    registry.tags, registry.alias_map, registry.recorded = world.registry.tags, world.registry.alias_map, []
     world.registry = registry
     pinned = ENSEMBLE.replace('model_name: "net" model_version: 1', 'model_name: "net" model_version: 3')
     assert ensemble_pins(pinned) == {"pre": "1", "net": "3"}

@@ -80,7 +80,7 @@ def test_the_first_deployment_loads_members_then_the_ensemble_canary_first_and_m
     first_alias = next(i for i, e in enumerate(world.events) if e[0] == "alias")
     assert all(e[0] == "alias" for e in world.events[first_alias:])
     assert world.registry.alias_map == {"pre": {"test": "1"}, "net": {"test": "1"}, "ens": {"test": "1"}}
-    assert world.registry.runs[-1]["tags"]["result"] == "promoted"
+    assert world.registry.recorded[-1]["tags"]["result"] == "promoted"
     deploy = next(s for s in result.stages if s.stage == "deploy")
     assert [(r.model, [t.url for t in r.targets]) for r in deploy.report.rollouts] == [  # type: ignore[union-attr]
         ("pre", ["t0:8001", "t1:8001"]),
@@ -155,7 +155,7 @@ def test_a_failure_after_the_repoint_restores_ensembles_first_then_members(deplo
     assert world.config("net") == net_before
     assert world.fleet.store.read_manifest("net", "2") is None  # the upload removed too
     assert world.registry.alias_map["net"]["test"] == "1"  # the alias did not move
-    assert world.registry.runs[-1]["tags"]["result"] == "rolled back"
+    assert world.registry.recorded[-1]["tags"]["result"] == "rolled back"
 
 
 def test_a_rerun_repairs_an_ensemble_left_on_other_pins_or_missing_on_a_target(deployed: World) -> None:
@@ -381,7 +381,7 @@ def test_a_failure_inside_the_rollback_is_recorded_and_reported(deployed: World)
         world.promote("net", "2")
     assert info.value.result.rollback_error
     assert not info.value.result.rolled_back
-    assert world.registry.runs[-1]["tags"]["result"] == "rollback failed"
+    assert world.registry.recorded[-1]["tags"]["result"] == "rollback failed"
     assert "run 'mlreg status'" in (info.value.fix or "")
 
 

@@ -113,7 +113,7 @@ def test_an_onnx_opset_beyond_the_replicas_onnx_runtime_is_refused_before_anythi
     assert refusing["subject"] == "model net/2 ONNX"
     assert refusing["replicas"] == ["t0:8001", "t1:8001"]  # every replica judged, not the canary alone
     assert refusing["window"] == "before any load (preflight)"
-    run = world.registry.runs[-1]  # the attempt is recorded, its verdict with it
+    run = world.registry.recorded[-1]  # the attempt is recorded, its verdict with it
     assert run["tags"]["result"] == "refused"
 
 

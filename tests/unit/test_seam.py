@@ -291,7 +291,7 @@ def test_the_verdicts_go_into_the_run_as_verdict_json_and_one_metric_per_figure(
     )
     result.verdicts = [refused.to_dict(), Verdict("perf", "skipped", "pre v1", why="--skip-perf").to_dict()]
     record_promotion(world.registry, result, world.env, "promotions")
-    kept = json.loads(world.registry.runs[-1]["artifacts"]["verdict.json"])
+    kept = json.loads(world.registry.recorded[-1]["artifacts"]["verdict.json"])
     ours = [v for v in kept if v["name"] in {"shadow", "perf"}]  # the guards' own are added beside them
     assert [(v["name"], v["result"], v["value"], v["threshold"]) for v in ours] == [
         ("shadow", "fail", 60.0, 3.5),

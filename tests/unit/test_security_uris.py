@@ -183,9 +183,9 @@ def test_a_promotion_record_holds_no_secret(tmp_path: Path) -> None:
     result.stages.append(StageRecord("assemble", "failed", 0.1, upload.detail(), upload))
     registry = RecordingRegistry()
     record_promotion(registry, result, env, "mlreg-promotions")
-    recorded: dict[str, Any] = {"runs": registry.runs, "artifacts": registry.artifacts}
+    recorded: dict[str, Any] = {"runs": registry.recorded, "artifacts": registry.artifacts}
     assert "report.json" in registry.artifacts
-    assert registry.runs[0]["params"]["store"] == "s3://http://***@127.0.0.1:9000/bucket/p"
+    assert registry.recorded[0]["params"]["store"] == "s3://http://***@127.0.0.1:9000/bucket/p"
     everything = json.dumps(recorded) + json.dumps(result.to_dict()) + upload.detail()
     assert SECRET not in everything
     assert KEY_ID not in everything

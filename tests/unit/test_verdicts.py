@@ -79,7 +79,7 @@ def _refused(
     with pytest.raises(PromotionFailed) as info:
         promote_render.promotion(Output(True), lambda: promotion.run(model, "2"))
     document = json.loads(capsys.readouterr().out)
-    return info.value, document, world.registry.runs[-1]
+    return info.value, document, world.registry.recorded[-1]
 
 
 def _record(name: str, document: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
@@ -427,7 +427,7 @@ def test_a_promotion_that_passes_records_every_verdict_and_no_reason(tmp_path: P
     [peak] = [v for v in document["verdicts"] if v["name"] == "peak_batch"]
     assert (peak["result"], peak["sample"], sorted(peak["replicas"])) == ("pass", 2, ["t0:8001", "t1:8001"])
     assert (peak["value"], peak["threshold"]) == (4.0, 4.0)
-    assert json.loads(world.registry.runs[-1]["artifacts"]["verdict.json"]) == document["verdicts"]
+    assert json.loads(world.registry.recorded[-1]["artifacts"]["verdict.json"]) == document["verdicts"]
 
 
 # -- signals --------------------------------------------------------------------------------------

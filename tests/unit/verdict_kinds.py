@@ -88,21 +88,21 @@ class RunsInMlflow(FakeRegistry):
         self.mlflow = mlflow
 
     def experiment_id(self, name: str = "x") -> str:
-        return str(self.mlflow.experiment_id(name))
+        return str(self.mlflow.runs.experiment_id(name))
 
     def start_run(
         self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
     ) -> str:
-        return str(self.mlflow.start_run(experiment, name, tags, start_time))
+        return str(self.mlflow.runs.start_run(experiment, name, tags, start_time))
 
     def log(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
-        self.mlflow.log(run_id, params, metrics)
+        self.mlflow.runs.log(run_id, params, metrics)
 
     def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
-        self.mlflow.log_artifacts(run_id, folder, path)
+        self.mlflow.runs.log_artifacts(run_id, folder, path)
 
     def finish_run(self, run_id: str, ok: bool) -> None:
-        self.mlflow.finish_run(run_id, ok)
+        self.mlflow.runs.finish_run(run_id, ok)
 
     def link_promotion(
         self,
@@ -113,7 +113,7 @@ class RunsInMlflow(FakeRegistry):
         versions: list[tuple[str, str]],
         error: str = "",
     ) -> None:
-        self.mlflow.link_promotion(run_id, experiment, env, outcome, versions, error)
+        self.mlflow.runs.link_promotion(run_id, experiment, env, outcome, versions, error)
 
 
 @dataclass
