@@ -20,11 +20,20 @@ class Traffic:
 
     The block starts once every thread has had an answer (traffic flows before the swap) and ends
     once every thread has had one more after it (traffic flows across the swap's end): handshakes,
-    not sleeps."""
+    not sleeps.
 
-    def __init__(self, urls: Sequence[str], request: Request, wait: float = 60.0) -> None:
+    ``pause``: seconds each thread waits after an answer before its next request.  Unpaced, four
+    threads kept both of CI's cores busy with requests for the whole promotion, which then ran
+    slower and slowed the other worker's module; 10 ms between a thread's requests still leaves
+    no window of Triton's longer than a few milliseconds unprobed (the threads are not in step),
+    where a swap's unload-to-load gap, the failure these tests exist for, lasts far longer."""
+
+    def __init__(
+        self, urls: Sequence[str], request: Request, wait: float = 60.0, pause: float = 0.01
+    ) -> None:
         self.request = request
         self.wait = wait
+        self.pause = pause
         self.stop = threading.Event()
         self.lock = threading.Condition()
         self.counts: dict[str, int] = {"ok": 0, "failed": 0}
@@ -47,6 +56,7 @@ class Traffic:
                     self.counts[key] += 1
                     self.sent[index] += 1
                     self.lock.notify_all()
+                self.stop.wait(self.pause)
 
     def _each_thread_past(self, marks: list[int]) -> None:
         """Until every thread has had an answer (or a failure) since ``marks``; an AssertionError
