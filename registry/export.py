@@ -276,6 +276,12 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
         return self._runs
 
     @property
+    def models(self) -> PlanRegistry:
+        """The versions ``register()`` reads and registers through: this plan's own (the real
+        registry's, then those it plans)."""
+        return self
+
+    @property
     def uri(self) -> str:
         return self.base.uri
 

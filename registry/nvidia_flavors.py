@@ -75,7 +75,7 @@ def deployable(registry: LoggedModels, model: str, version: str, flavor: str | N
     """``model`` ``version`` as an mlreg version: itself when mlreg registered it, else the version
     made of NVIDIA's ``onnx`` or ``triton`` flavor (registered now, or found: same bytes)."""
     check_flavor(flavor)
-    tags = registry.version_tags(model, version)
+    tags = registry.models.version_tags(model, version)
     if "artifact_digest" in tags:  # registered by mlreg: a Triton folder with manifest and digest
         _check_own(model, version, tags, flavor)
         return Deployable(model, version, version, flavor or "triton", "registered")
@@ -334,8 +334,8 @@ def _register(
             version=result.version,
         )
     for key, value in ((SOURCE_TAG, source), (FLAVOR_TAG, flavor), (CONFIG_TAG, config_from)):
-        registry.set_version_tag(model, result.version, key, value)
-    registry.set_version_tag(model, source, IMPORTED_TAG, result.version)
+        registry.models.set_version_tag(model, result.version, key, value)
+    registry.models.set_version_tag(model, source, IMPORTED_TAG, result.version)
     return Deployable(model, result.version, source, flavor, config_from, result.created)
 
 

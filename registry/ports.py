@@ -148,12 +148,8 @@ class SignatoryRuns(Protocol):
     def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None: ...
 
 
-class Signatory(Protocol):
-    """What ``sign_registered`` reads and writes: the version's files and tags, its run's files
-    (``runs``) and its description."""
-
-    @property
-    def runs(self) -> SignatoryRuns: ...
+class SignatoryVersions(Protocol):
+    """What signing reads and writes of a registered version: its files, tags and description."""
 
     def version(self, name: str, version: str) -> Any: ...
 
@@ -166,6 +162,17 @@ class Signatory(Protocol):
     def update_version_description(self, name: str, version: str, description: str) -> None: ...
 
 
+class Signatory(Protocol):
+    """What ``sign_registered`` reads and writes: the version's files, tags and description
+    (``models``) and its run's files (``runs``)."""
+
+    @property
+    def runs(self) -> SignatoryRuns: ...
+
+    @property
+    def models(self) -> SignatoryVersions: ...
+
+
 class RegistrarRuns(RunRecorder, SignatoryRuns, Protocol):
     """What ``register()`` records a version's run through: the run, its logged model (MLflow
     3), and the run dropped when its version is not created."""
@@ -175,17 +182,9 @@ class RegistrarRuns(RunRecorder, SignatoryRuns, Protocol):
     def log_model(self, run_id: str, experiment: str, model: LoggedTritonModel) -> str: ...
 
 
-class Registrar(Signatory, Protocol):
-    """What ``register()`` writes a version through: its run and logged model (``runs``) and the
-    registered version; identical bytes found by their digest tag (and signed when asked)."""
-
-    @property
-    def runs(self) -> RegistrarRuns: ...
-
-    @property
-    def local_root(self) -> Path:
-        """Where a local registry writes (a full disk is named by it)."""
-        ...
+class RegistrarVersions(SignatoryVersions, Protocol):
+    """What ``register()`` registers a version through: identical bytes found by their digest
+    tag, the registered model, the version."""
 
     def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]: ...
 
@@ -200,6 +199,23 @@ class Registrar(Signatory, Protocol):
         description: str,
         model_id: str | None = None,
     ) -> str: ...
+
+
+class Registrar(Signatory, Protocol):
+    """What ``register()`` writes a version through: its run and logged model (``runs``) and the
+    registered version (``models``); identical bytes found by their digest tag (and signed when
+    asked)."""
+
+    @property
+    def runs(self) -> RegistrarRuns: ...
+
+    @property
+    def models(self) -> RegistrarVersions: ...
+
+    @property
+    def local_root(self) -> Path:
+        """Where a local registry writes (a full disk is named by it)."""
+        ...
 
 
 class LoggedRuns(RegistrarRuns, Protocol):

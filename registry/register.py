@@ -261,7 +261,7 @@ def _registered_already(
 ) -> RegisterResult | None:
     """The version of ``name`` registered with these bytes (signed now when it was not and
     ``signer`` is given), else None."""
-    for existing in registry.find_by_tag(name, "artifact_digest", artifact_digest):
+    for existing in registry.models.find_by_tag(name, "artifact_digest", artifact_digest):
         tags = existing.tags or {}
         signed_by = tags.get(SIGNED_BY_TAG, "")
         if signer is not None and not signed_by:
@@ -356,7 +356,7 @@ def _record(
         if bundle is not None:
             (meta / SIGNATURE_ARTIFACT).write_bytes(bundle)
         registry.runs.log_artifacts(run_id, meta)
-    registry.ensure_model(
+    registry.models.ensure_model(
         candidate.name, f"Triton model `{candidate.name}` ({lineage.platform}), registered by mlreg."
     )
     tags = lineage.tags()
@@ -369,7 +369,7 @@ def _record(
         EXPORTS_EXPERIMENT,
         logged_model(candidate, contract, tags, {k: str(v) for k, v in params.items()}),
     )
-    return registry.create_version(
+    return registry.models.create_version(
         candidate.name,
         f"models:/{model_id}",
         run_id,
@@ -406,11 +406,11 @@ def sign_registered(registry: Signatory, name: str, version: str, signer: Signin
     """Sign a version registered earlier (``mlreg sign``): its registered files are fetched and
     hashed, and signed only when they match the ``artifact_digest`` MLflow recorded; the signature
     is logged to the version's run beside manifest.json.  Returns who signed."""
-    tags = registry.version_tags(name, version)
+    tags = registry.models.version_tags(name, version)
     expected = tags.get("artifact_digest", "")
     with tempfile.TemporaryDirectory(prefix="mlreg-sign-") as tmp:
         folder = Path(tmp) / name
-        registry.fetch_version(name, version, folder)
+        registry.models.fetch_version(name, version, folder)
         config = folder / CONFIG_NAME
         manifest = manifest_of(folder / version)
         config_sha = sha256_file(config)
@@ -431,7 +431,7 @@ def sign_registered(registry: Signatory, name: str, version: str, signer: Signin
         written = SignatureWrite(registry, name, version, tags.get(SIGNED_BY_TAG, ""))
         try:
             registry.runs.log_artifacts(written.run_id, meta)
-            registry.set_version_tag(name, version, SIGNED_BY_TAG, signed_by)
+            registry.models.set_version_tag(name, version, SIGNED_BY_TAG, signed_by)
         except MlregError as exc:
             raise written.undone(exc) from exc
     try:
@@ -448,7 +448,7 @@ class SignatureWrite:
 
     def __init__(self, registry: Signatory, name: str, version: str, was_signed_by: str) -> None:
         self.name, self.version, self.was_signed_by = name, version, was_signed_by
-        self.run_id = str(registry.version(name, version).run_id)
+        self.run_id = str(registry.models.version(name, version).run_id)
         folder = local_path(registry.runs.artifact_uri(self.run_id))
         self.path = folder / SIGNATURE_ARTIFACT if folder is not None else None
         self.before = self.path.read_bytes() if self.path is not None and self.path.is_file() else None
@@ -491,9 +491,9 @@ def _fixed(exc: MlregError, fix: str) -> MlregError:
 
 def _describe_signature(registry: Signatory, name: str, version: str, signed_by: str) -> None:
     """The version's MLflow description says who signed it (the line replaced when there was one)."""
-    current = str(registry.version(name, version).description or "")
+    current = str(registry.models.version(name, version).description or "")
     kept = "\n".join(line for line in current.splitlines() if not line.startswith("**Signature:"))
     text = kept.rstrip() + "\n\n" + signature_line(signed_by)
     if text == current:  # signed again by the same signer: nothing to write
         return
-    registry.update_version_description(name, version, text)
+    registry.models.update_version_description(name, version, text)

@@ -174,6 +174,11 @@ class FakeRegistry:
         """The run recorder (``MlflowRegistry.runs``): this fake records its runs itself."""
         return self
 
+    @property
+    def models(self) -> FakeRegistry:
+        """The versions part (``MlflowRegistry.models``): this fake holds its versions itself."""
+        return self
+
     def _call(self, method: str, name: str = "") -> None:
         if self.down or method in self.fail_on or f"{method} {name}" in self.fail_on:
             raise RegistryError(f"MLflow ({self.uri}): {method} failed: connection refused")

@@ -88,20 +88,6 @@ class MlflowRegistry:
 
     # -- registered models and versions (registry.ports.RegistryReader / RegistryWriter) ----------
 
-    def ensure_model(self, name: str, description: str) -> None:
-        self.models.ensure_model(name, description)
-
-    def create_version(
-        self,
-        name: str,
-        source: str,
-        run_id: str,
-        tags: dict[str, str],
-        description: str,
-        model_id: str | None = None,
-    ) -> str:
-        return self.models.create_version(name, source, run_id, tags, description, model_id)
-
     def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]:
         return self.models.find_by_tag(name, key, value, like)
 
@@ -134,9 +120,6 @@ class MlflowRegistry:
 
     def delete_version_tag(self, name: str, version: str, key: str) -> None:
         self.models.delete_version_tag(name, version, key)
-
-    def update_version_description(self, name: str, version: str, description: str) -> None:
-        self.models.update_version_description(name, version, description)
 
     def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
         return self.models.fetch_version(name, version, dest)

@@ -295,7 +295,7 @@ def test_a_failure_after_the_run_started_leaves_no_orphan(
     def refuse(*args, **kwargs):
         raise RegistryError("MLflow: version creation failed: simulated", fix="-")
 
-    monkeypatch.setattr(registry, "create_version", refuse)
+    monkeypatch.setattr(registry.models, "create_version", refuse)
     with pytest.raises(RegistryError, match="simulated"):
         register(registry, find_candidate(folder))
     runs = registry.client.search_runs(

@@ -289,6 +289,11 @@ class _SignRegistry:
         """The version's run (``registry.ports.SignatoryRuns``): this fake holds its artifacts."""
         return self
 
+    @property
+    def models(self) -> _SignRegistry:
+        """The version (``registry.ports.SignatoryVersions``): this fake holds it too."""
+        return self
+
     def version_tags(self, name: str, version: str) -> dict[str, str]:
         return dict(self.tags)
 
