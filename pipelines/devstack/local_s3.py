@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,10 @@ class S3Server:
 
 
 def moto_command() -> list[str]:
+    """moto's server: through pipelines.devstack.moto_server (its routing's per-request package
+    listing made once) where this interpreter has moto's server, else the ``moto_server`` script."""
+    if importlib.util.find_spec("moto") is not None and importlib.util.find_spec("flask") is not None:
+        return [sys.executable, "-m", "pipelines.devstack.moto_server"]
     exe = Path(sys.executable).parent / "moto_server"
     if exe.is_file():
         return [str(exe)]
