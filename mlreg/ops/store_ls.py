@@ -19,7 +19,7 @@ from registry.errors import StorageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import ObjectStore, RepositoryStore
     from pipelines.storage.lease import LockInfo
 
 
@@ -58,7 +58,7 @@ def open_listed(uri: str | None, settings: Settings | None = None) -> Repository
 
 
 @contextmanager
-def answering(target: RepositoryStore) -> Iterator[None]:
+def answering(target: ObjectStore) -> Iterator[None]:
     """A remote store that failed a read (it did not answer in time, or refused) ends ``store ls``
     with one error naming it and the fix."""
     try:

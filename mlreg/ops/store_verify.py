@@ -30,7 +30,7 @@ from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import ObjectStore, RepositoryStore
     from registry.ports import RegistryReader
 
 DIGEST_TAG = "artifact_digest"
@@ -214,7 +214,7 @@ def verify_registered(
 
 
 def _signature_problems(
-    registry: RegistryReader, store: RepositoryStore, model: str, version: str
+    registry: RegistryReader, store: ObjectStore, model: str, version: str
 ) -> list[FileProblem]:
     stored = store.read(f"{model}/{version}/{SIGNATURE_FILE}")
     if stored is None:

@@ -24,7 +24,7 @@ from mlreg.relay.wire import DIGITS
 from registry.errors import StorageError
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import ObjectStore, RepositoryStore
     from pipelines.storage.lease import Lease
     from registry.settings import Settings
 
@@ -63,7 +63,7 @@ def lock_name(env: str, model: str) -> str:
     return f"{LOCK_PREFIX}{env}.{model}"
 
 
-def read(store: RepositoryStore, env: str, model: str) -> Deployed:
+def read(store: ObjectStore, env: str, model: str) -> Deployed:
     found = store.read_versioned(key(env, model))
     return Deployed(env, model) if found is None else _parse(env, model, found[0])
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.storage.base import CONFIG, MANIFEST, RepositoryStore, check_part
+from pipelines.storage.base import CONFIG, MANIFEST, ObjectStore, RepositoryStore, check_part
 from pipelines.storage.verify import bytecode_cache, bytecode_guard
 from registry.errors import StorageError
 
@@ -107,7 +107,7 @@ def copy_back(source: RepositoryStore, target: RepositoryStore) -> list[str]:
     return lines
 
 
-def _version_back(source: RepositoryStore, target: RepositoryStore, model: str, version: str) -> list[str]:
+def _version_back(source: ObjectStore, target: RepositoryStore, model: str, version: str) -> list[str]:
     key = f"{model}/{version}/{MANIFEST}"
     manifest = source.read(key)
     held = target.read(key)

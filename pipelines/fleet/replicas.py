@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipelines.core.ports import ServingTarget
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import ObjectStore, RepositoryStore
 from pipelines.triton.control_key import ControlKey, control_key
 from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
@@ -106,7 +106,7 @@ def note_hung_load(
         pass
 
 
-def hung_loads(store: RepositoryStore, model: str) -> dict[str, dict[str, Any]]:
+def hung_loads(store: ObjectStore, model: str) -> dict[str, dict[str, Any]]:
     """url -> {"versions": [...], "since": epoch seconds} of ``model``'s loads past their deadline."""
     try:
         data = store.read(HUNG_LOADS.format(model=model))

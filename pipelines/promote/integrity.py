@@ -31,7 +31,7 @@ from pipelines.core.ports import RegistryReader
 from pipelines.core.reports import Repair
 from pipelines.core.undo import VerifyStored
 from pipelines.storage import closed_world
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import ObjectStore, RepositoryStore
 from pipelines.storage.verify import MANIFEST
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, PromotionError, StorageError
@@ -96,7 +96,7 @@ def check_stored(
     return Repair(step.model, version, folder, problem)
 
 
-def entries_refused(store: RepositoryStore, model: str, version: str, exc: StorageError) -> PromotionError:
+def entries_refused(store: ObjectStore, model: str, version: str, exc: StorageError) -> PromotionError:
     """The refusal of a load whose model folder holds entries no manifest covers (the closed
     world): no copy from the registry removes them, so nothing is restored, nothing changes."""
     return PromotionError(

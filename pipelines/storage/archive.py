@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipelines.storage.base import ARCHIVE, RepositoryStore
+from pipelines.storage.base import ARCHIVE, ObjectStore, RepositoryStore
 from pipelines.storage.verify import MANIFEST, Verification
 from registry.errors import StorageError
 
@@ -140,7 +140,7 @@ def _same_copy(store: RepositoryStore, archive: RepositoryStore, model: str, ver
     )
 
 
-def _copy_version(source: RepositoryStore, dest: RepositoryStore, model: str, version: str) -> None:
+def _copy_version(source: ObjectStore, dest: RepositoryStore, model: str, version: str) -> None:
     """Every object of the version folder (a signature beside the manifest included), the manifest
     last: a copy is whole once it is there."""
     prefix = f"{model}/{version}/"

@@ -23,6 +23,7 @@ from pipelines.storage.base import (
     CONFIG,
     LEASE_S,
     Manifest,
+    ObjectStore,
     Progress,
     RepositoryStore,
     UploadResult,
@@ -94,7 +95,7 @@ def refuse_rewrites(
 
 
 def _refuse_unregistered(
-    store: RepositoryStore, folder: Path, version: str, registered: Registered | None, why: str
+    store: ObjectStore, folder: Path, version: str, registered: Registered | None, why: str
 ) -> None:
     """A version folder stored without a valid manifest is finished only with the registered
     bytes: StorageError unless the folder's digest is MLflow's ``artifact_digest`` for it."""
