@@ -51,6 +51,7 @@ from registry.register import Candidate, RegisterResult, find_candidate, registe
 from registry.settings import Settings
 from registry.template import BuildResult, exporter_path
 from tests.conftest import ROOT, TEMPLATE
+from tests.integration import forkcli
 
 ENSEMBLE = "ensemble_multi_modal_model"
 MEMBERS = (
@@ -384,22 +385,28 @@ def ready_versions(url: str, model: str) -> list[str]:
     return sorted((v for v, s in states.items() if s == "READY"), key=int)
 
 
-def mlreg_process(env_vars: dict[str, str], *args: str, **popen: Any) -> subprocess.Popen[str]:
+def mlreg_process(
+    env_vars: dict[str, str],
+    *args: str,
+    new_session: bool = False,
+    interruptible: bool = False,
+    cwd: Path = ROOT,
+) -> forkcli.Process:
     """``python -m mlreg ARGS`` from the checkout, finding the stack through ``env_vars`` (the test
-    process's MLFLOW_TRACKING_URI left out), with text pipes for stdout and stderr."""
+    process's MLFLOW_TRACKING_URI left out), with text pipes for stdout and stderr: a real process
+    of its own, forked from the session's fork server with MLflow and mlreg imported
+    (tests/integration/forkcli.py), or a fresh interpreter under MLREG_TEST_FRESH_CLI=1."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "mlreg", *args],
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    return forkcli.popen(
+        args,
         env={**env, **env_vars},
-        **popen,
+        cwd=cwd,
+        start_new_session=new_session,
+        interruptible=interruptible,
     )
 
 
-def wait_for_pause(process: subprocess.Popen[str], point: str, timeout: float = 240) -> list[str]:
+def wait_for_pause(process: forkcli.Process, point: str, timeout: float = 240) -> list[str]:
     """Read ``process``'s stderr until mlreg's test hook (``PAUSE_VARIABLE``) says it paused at
     ``point``; the lines read.  An AssertionError showing the last ones when it ended first, or when
     it is still running after ``timeout`` seconds (then SIGABRT first: with PYTHONFAULTHANDLER set,
@@ -428,19 +435,12 @@ def wait_for_pause(process: subprocess.Popen[str], point: str, timeout: float = 
     raise AssertionError(f"the promotion ended before {point}:\n{''.join(lines[-20:])}")
 
 
-def _interruptible() -> None:
-    """The child takes SIGINT as a user's Ctrl-C even when this run started as a background job: a
-    shell starts those with SIGINT ignored, the children inherit it, and Python then never raises
-    KeyboardInterrupt (a clean-clone run launched with ``cmd &`` hung on exactly that)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @dataclass
 class Paused:
     """An ``mlreg`` process stopped by the test hook: the process (a group of its own) and the
     stderr lines it wrote up to the pause."""
 
-    process: subprocess.Popen[str]
+    process: forkcli.Process
     lines: list[str] = field(default_factory=list)
     out: str = ""
 
@@ -473,7 +473,10 @@ def paused_mlreg(
     env = {**env_vars, PAUSE_VARIABLE: point, "PYTHONFAULTHANDLER": "1"}
     if resume is not None:
         env[RESUME_VARIABLE] = str(resume)
-    process = mlreg_process(env, *args, start_new_session=True, preexec_fn=_interruptible)
+    # SIGINT is a Ctrl-C there even when this run started as a background job: a shell starts those
+    # with SIGINT ignored, children inherit it, and Python then never raises KeyboardInterrupt (a
+    # clean-clone run launched with ``cmd &`` hung on exactly that)
+    process = mlreg_process(env, *args, new_session=True, interruptible=True)
     try:
         yield Paused(process, wait_for_pause(process, point))
     finally:

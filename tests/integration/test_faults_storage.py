@@ -39,6 +39,7 @@ from pipelines.storage.s3 import S3Store
 from registry.errors import StorageError
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
+from tests.integration import forkcli
 from tests.integration.stacks import (
     mlreg_process,
     ready_versions,
@@ -253,7 +254,7 @@ class Stack:
     def register(self, tag: str, weights: int = 64 << 10) -> str:
         return register_scorer(self.registry, self.root / "work", tag, weights)
 
-    def cli(self, *args: str) -> subprocess.Popen[str]:
+    def cli(self, *args: str) -> forkcli.Process:
         return mlreg_process(self.env_vars, *args)
 
     def run(self, *args: str) -> tuple[int, str, str]:

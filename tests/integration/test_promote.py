@@ -37,6 +37,7 @@ from registry.settings import Settings
 from registry.template import BuildResult
 from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE, failing_python_model
+from tests.integration import forkcli
 from tests.integration.stacks import (
     ENSEMBLE,
     MODELS,
@@ -262,10 +263,8 @@ def test_a_failure_after_the_repoint_rolls_back_under_traffic_with_no_failed_ens
     assert np.isfinite(out["multi_modal_output"]).all()
 
 
-def _cli(
-    stack: Stack, *args: str, env_extra: dict[str, str] | None = None, **kwargs: Any
-) -> subprocess.Popen[str]:
-    return mlreg_process({**stack.env_vars, **(env_extra or {})}, *args, **kwargs)
+def _cli(stack: Stack, *args: str, env_extra: dict[str, str] | None = None) -> forkcli.Process:
+    return mlreg_process({**stack.env_vars, **(env_extra or {})}, *args)
 
 
 def _run_cli(stack: Stack, *args: str, timeout: float = 300) -> tuple[int, str, str]:

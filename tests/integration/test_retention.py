@@ -12,7 +12,6 @@ nothing uploaded); a promotion SIGKILLed mid-archive loses nothing and a rerun f
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 from tests.cli import CliRunner
 from tests.conftest import failing_python_model
+from tests.integration import forkcli
 from tests.integration.stacks import (
     SCORER_CONFIG,
     SCORER_MODEL,
@@ -93,7 +93,7 @@ class Stack:
     def ready(self, url: str) -> list[str]:
         return ready_versions(url, "scorer")
 
-    def cli(self, *args: str) -> subprocess.Popen[str]:
+    def cli(self, *args: str) -> forkcli.Process:
         return mlreg_process(self.env_vars, *args)
 
     def state(self, env_name: str) -> dict[str, Any]:
