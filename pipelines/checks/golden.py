@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pipelines.checks import lazy_iri
 from pipelines.core.check import Judging, Phase, Place, Trial, Verdict, run_checks
 from pipelines.core.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
 from pipelines.core.ports import ScratchServers
@@ -318,6 +319,7 @@ def _make_batch_definition() -> Any:
     """One in-memory great_expectations context per process (creating one costs ~1 s)."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    lazy_iri.defer()  # jsonschema's IRI grammar (~2 s of CPU) built only if something checks one
     import great_expectations as gx  # lazy: ~4 s, only for the gate
     from great_expectations.data_context.types.base import ProgressBarsConfig  # lazy: ~4 s, only for the gate
 
