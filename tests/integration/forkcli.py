@@ -29,8 +29,11 @@ How the child matches a fresh ``python -m mlreg`` (checked for this file, Dec 20
   numpy's, pandas', scipy's, protobuf's implementation, OpenTelemetry's propagators, MLflow's
   MLFLOW_CONFIGURE_LOGGING and its defaults computed from HOME) and interpreter start-up itself
   (PYTHON*, locale): listed in IMPORT_TIME_ENV; a request that differs there runs fresh.
-- multiprocessing records the cwd at import (ORIGINAL_DIR): set to the request's; sys.path[0] is
-  the request's cwd, as ``-m`` makes it; sys.argv[0] is mlreg/__main__.py (runpy); sys.stdin/out/err
+- multiprocessing records the cwd at import (ORIGINAL_DIR): set to the request's; tempfile's cached
+  folder is forgotten (TMPDIR read again); sys.path starts with the request's cwd, as ``-m`` makes
+  it, then its PYTHONPATH's entries (one that differs from the server's runs fresh, unless it only
+  adds the checkout in front: every first-party module the server imported comes from there);
+  sys.argv[0] is mlreg/__main__.py (runpy); sys.stdin/out/err
   are new text streams on fds 0-2, buffered as a fresh interpreter buffers them (stdout line-buffered
   on a terminal only, stderr line-buffered); every other fd is closed (as Popen's close_fds).
 - Signals: every disposition back to SIG_DFL, SIGPIPE and SIGXFSZ ignored and SIGINT ->
@@ -138,12 +141,32 @@ def fresh() -> bool:
 
 
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` read while the server started and imported (see IMPORT_TIME_ENV)."""
+    """The variables of ``env`` read while the server started and imported (see IMPORT_TIME_ENV).
+    PYTHONFAULTHANDLER is set up in each child; PYTHONPATH is compared by :func:`same_imports`."""
     return {
         k: v
         for k, v in env.items()
-        if (k in IMPORT_TIME_ENV or k.startswith(IMPORT_TIME_PREFIXES)) and k != "PYTHONFAULTHANDLER"
+        if (k in IMPORT_TIME_ENV or k.startswith(IMPORT_TIME_PREFIXES))
+        and k not in ("PYTHONFAULTHANDLER", "PYTHONPATH")
     }
+
+
+def _entries(pythonpath: str | None) -> list[str]:
+    """PYTHONPATH's entries, as start-up reads them (an empty one is the cwd)."""
+    return pythonpath.split(os.pathsep) if pythonpath else []
+
+
+_SERVER_PYTHONPATH = _entries(os.environ.get("PYTHONPATH"))  # as the server started (sys.path[1:])
+
+
+def same_imports(env: Mapping[str, str], server: Mapping[str, str]) -> bool:
+    """A fresh interpreter with ``env`` would import what the server imported, as it did: the same
+    import-time variables, and a PYTHONPATH that is the server's or the checkout (the server's cwd,
+    where every first-party module it imported comes from) before it."""
+    if import_time_env(env) != import_time_env(server):
+        return False
+    asked, had = _entries(env.get("PYTHONPATH")), _entries(server.get("PYTHONPATH"))
+    return asked == had or asked == [str(ROOT), *had]
 
 
 # -- the server (in its own interpreter) -----------------------------------------------------------
@@ -326,7 +349,9 @@ def _child(request: Mapping[str, Any], fds: Sequence[int]) -> None:
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
-        sys.path[0] = request["cwd"]
+        # what ``-m`` and PYTHONPATH put before the rest, as start-up does (same_imports allows ROOT)
+        asked = [os.path.abspath(os.path.join(request["cwd"], e)) for e in _entries(env.get("PYTHONPATH"))]
+        sys.path[: 1 + len(_SERVER_PYTHONPATH)] = [request["cwd"], *asked]
         import multiprocessing.process
 
         multiprocessing.process.ORIGINAL_DIR = request["cwd"]  # type: ignore[attr-defined]
@@ -450,7 +475,7 @@ class ForkServer:
         with self.lock:
             if self.process is None or self.process.poll() is not None:
                 self._start()
-        return self.path if import_time_env(env) == self.env else None
+        return self.path if same_imports(env, self.env) else None
 
     def _start(self) -> None:
         folder = tempfile.mkdtemp(prefix="mlreg-forkcli-")
@@ -480,7 +505,7 @@ class ForkServer:
             process.kill()
             process.wait(30)
             raise RuntimeError(f"the mlreg fork server did not start: {Path(log.name).read_text()[-4000:]}")
-        self.process, self.path, self.env = process, path, import_time_env(env)
+        self.process, self.path, self.env = process, path, env
         import atexit
 
         atexit.register(self.stop)

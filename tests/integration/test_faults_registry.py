@@ -14,7 +14,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from registry.settings import Settings
 from registry.signing import SIGNATURE_ARTIFACT, SIGNED_BY_TAG
 from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE
+from tests.integration import forkcli
 from tests.integration.stacks import (
     paused_mlreg,
     ready_versions,
@@ -322,15 +322,7 @@ def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: P
         env.pop("MLREG_DEBUG", None)
 
         def mlreg(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [sys.executable, "-m", "mlreg", "register", name, str(folder)],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
+            return forkcli.run(["register", name, str(folder)], cwd=ROOT, env=env, timeout=300)
 
         big = _version(tmp_path / "big" / MODEL, "big")
         (big / "1" / "weights.bin").write_bytes(os.urandom(5_000_000))

@@ -33,6 +33,7 @@ from cryptography.fernet import Fernet
 from pipelines.devstack import local_s3
 from pipelines.devstack.local_triton import free_port, http_ok
 from tests.conftest import ROOT, TEMPLATE
+from tests.integration import forkcli
 from tests.integration.infra import compose
 
 pytestmark = pytest.mark.integration
@@ -209,15 +210,7 @@ class Platform:
     env: dict[str, str]
 
     def mlreg(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "mlreg", *args],
-            cwd=self.project,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        done = forkcli.run(args, cwd=self.project, env=self.env, timeout=300)
         if check:
             assert done.returncode == 0, done.stdout + done.stderr
         return done
@@ -308,14 +301,10 @@ def test_export_register_then_two_promotions_at_once_both_record(platform: Platf
 
     models = ("table_data_preprocess", "image_preprocess")
     runs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "mlreg", "promote", model, "--version", "1", "--env", "production"]
-            + ["--skip-quality", "--json"],
+        forkcli.popen(
+            ["promote", model, "--version", "1", "--env", "production", "--skip-quality", "--json"],
             cwd=platform.project,
             env=platform.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
         for model in models
     ]

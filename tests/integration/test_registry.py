@@ -22,6 +22,7 @@ from registry.register import find_candidate, register
 from registry.settings import Settings
 from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE
+from tests.integration import forkcli
 from tests.integration.stacks import seed_registry
 
 pytestmark = pytest.mark.integration
@@ -57,15 +58,7 @@ def copy_model(built: Path, model: str, name: str, dest: Path) -> Path:
 
 def mlreg_process(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI as a separate process, as users run it (this process's MLREG_HOME and MLflow)."""
-    return subprocess.run(
-        [sys.executable, "-m", "mlreg", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=ROOT,
-        env=os.environ.copy(),
-    )
+    return forkcli.run(args, cwd=ROOT, env=os.environ.copy(), timeout=300)
 
 
 def test_register_is_idempotent_and_queryable(env: Settings, built_repository: Path, tmp_path: Path) -> None:

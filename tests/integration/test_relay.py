@@ -19,7 +19,6 @@ import json
 import secrets
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from mlreg.relay.queue import Queue
 from pipelines.devstack import local_mlflow
 from pipelines.devstack.local_triton import free_port
 from pipelines.storage import open_store
+from tests.integration import forkcli
 from tests.integration.nativestack import NativeStack
 
 MODEL = "image_model"
@@ -58,11 +58,6 @@ def webhook_server(
         local_mlflow.stop_mlflow(server.pid, process)
 
 
-def _mlreg(env: dict[str, str], *args: str, **popen: object) -> subprocess.Popen[str]:
-    exe = Path(sys.executable).parent / "mlreg"
-    return subprocess.Popen([str(exe), *args], env=env, text=True, **popen)  # type: ignore[call-overload]
-
-
 def _until(what: str, check: object, deadline: float = DEADLINE_S) -> None:
     end = time.monotonic() + deadline
     while time.monotonic() < end:
@@ -86,26 +81,21 @@ def test_an_alias_moved_through_mlflows_rest_api_promotes_the_environment_throug
     env = {**native_stack.env, "MLREG_RELAY_SECRET": secret, "MLREG_NO_PROGRESS": "1"}
     port = free_port()
     log = (tmp_path / "relay.log").open("w")
-    relay = _mlreg(
-        env,
-        "relay",
-        "serve",
-        "--port",
-        str(port),
+    relay = forkcli.popen(
+        ["relay", "serve", "--port", str(port)],
+        env=env,
         cwd=settings.home.parent,
-        stdout=log,
+        stdout=log.fileno(),
         stderr=subprocess.STDOUT,
     )
     try:
         url = f"http://127.0.0.1:{port}/webhook"
         _until("the relay answers /healthz", lambda: _answers(f"http://127.0.0.1:{port}/healthz"), 60)
-        registered = subprocess.run(
-            [str(Path(sys.executable).parent / "mlreg"), "relay", "register", url, "--json"],
+        registered = forkcli.run(
+            ["relay", "register", url, "--json"],
             env={**env, "MLFLOW_TRACKING_URI": webhook_server},
-            capture_output=True,
-            text=True,
+            cwd=Path.cwd(),
             timeout=120,
-            check=False,
         )
         assert registered.returncode == 0, registered.stderr
         assert secret not in registered.stdout + registered.stderr
@@ -132,14 +122,7 @@ def test_an_alias_moved_through_mlflows_rest_api_promotes_the_environment_throug
         )
         queue = Queue(settings.home / "relay" / "queue.db")
         _until("the relay's job finished", lambda: queue.counts().get("done") == 1, 60)
-        shown = subprocess.run(
-            [str(Path(sys.executable).parent / "mlreg"), "relay", "status", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
+        shown = forkcli.run(["relay", "status", "--json"], env=env, cwd=Path.cwd(), timeout=180)
         assert shown.returncode == 0, shown.stderr
     finally:
         relay.terminate()

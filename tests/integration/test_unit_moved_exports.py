@@ -25,6 +25,7 @@ from registry.contracts.validate import validate_path
 from registry.template import load_exporter
 from tests.cli import CliRunner
 from tests.conftest import ROOT, TEMPLATE
+from tests.integration import forkcli
 from tests.unit.onnx_signatures import read, reference
 
 pytestmark = pytest.mark.integration
@@ -88,14 +89,8 @@ def test_tensorflow_start_up_lines_never_reach_the_cli_output(tmp_path: Path) ->
     """A real export (TensorFlow and tf2onnx imported) with none of TensorFlow's variables set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "MLREG_DEBUG"))}
     env["MLREG_HOME"] = str(tmp_path / "home")
-    run = subprocess.run(
-        [sys.executable, "-m", "mlreg", "template", "build", str(tmp_path / "out"), "-m", "table_data_model"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    build = ["template", "build", str(tmp_path / "out"), "-m", "table_data_model"]
+    run = forkcli.run(build, env=env, cwd=Path.cwd(), timeout=600)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "out/table_data_model/1/model/model.onnx").is_file()
     assert run.stdout == f"built 1 models into {tmp_path / 'out'}\n"

@@ -27,7 +27,7 @@ if what == "message":
 if what == "raise":
     raise RuntimeError("boom")
 if what == "where":
-    print(os.getcwd(), os.environ.get("PROBE"), os.environ.get("NOT_SENT"), sys.argv[0], sys.path[0])
+    print(os.getcwd(), os.environ.get("PROBE"), os.environ.get("NOT_SENT"), sys.argv[0], sys.path[:2])
     print(os.getsid(0) == os.getpid(), signal.getsignal(signal.SIGINT) is signal.default_int_handler)
     term, pipe = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGPIPE)
     print(term == signal.SIG_DFL, pipe == signal.SIG_IGN)
@@ -53,7 +53,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 
 def probe(server: tuple[str, Path], *args: str, **kwargs: object) -> forkcli.ForkedProcess:
     path, folder = server
-    env = kwargs.pop("env", {"PATH": os.environ.get("PATH", ""), "PROBE": "from the request"})
+    env = kwargs.pop(
+        "env", {"PATH": os.environ.get("PATH", ""), "PROBE": "from the request", "PYTHONPATH": "lib"}
+    )
     argv = [sys.executable, "-m", "probe", *args]
     return forkcli.ForkedProcess(path, argv, env, str(folder), module="probe", **kwargs)  # type: ignore[arg-type]
 
@@ -67,7 +69,8 @@ def test_the_exit_code_and_the_request_s_environment_cwd_and_session(server: tup
     folder = str(server[1])
     assert process.returncode == 0, err
     assert out.splitlines() == [
-        f"{folder} from the request None {folder}/probe.py {folder}",  # NOT_SENT: os.environ replaced
+        # NOT_SENT: os.environ replaced; sys.path: the cwd (``-m``), then PYTHONPATH's entries
+        f"{folder} from the request None {folder}/probe.py {[folder, f'{folder}/lib']}",
         "True True",  # a session of its own; SIGINT -> KeyboardInterrupt
         "True True",  # SIGTERM default, SIGPIPE ignored, as a fresh interpreter has them
     ]
@@ -114,7 +117,10 @@ def test_an_fd_passed_as_stdout(server: tuple[str, Path], tmp_path: Path) -> Non
 
 
 def test_an_import_time_variable_of_another_value_is_not_forked() -> None:
-    env = {**os.environ, "PYTHONHASHSEED": "7", "PYTHONFAULTHANDLER": "1", "MLREG_HOME": "/x"}
-    assert forkcli.import_time_env(env)["PYTHONHASHSEED"] == "7"
-    assert "PYTHONFAULTHANDLER" not in forkcli.import_time_env(env)  # set up per child
-    assert "MLREG_HOME" not in forkcli.import_time_env(env)  # read per command, never at import
+    server = {"PATH": "/bin", "PYTHONPATH": "/a"}
+    assert forkcli.same_imports({**server, "MLREG_HOME": "/x", "PYTHONFAULTHANDLER": "1"}, server)
+    assert not forkcli.same_imports({**server, "PYTHONHASHSEED": "7"}, server)
+    assert not forkcli.same_imports({**server, "TYPER_USE_RICH": "0"}, server)
+    assert forkcli.same_imports({**server, "PYTHONPATH": f"{forkcli.ROOT}:/a"}, server)  # the checkout
+    assert not forkcli.same_imports({**server, "PYTHONPATH": "/b:/a"}, server)
+    assert not forkcli.same_imports({"PATH": "/bin"}, server)
