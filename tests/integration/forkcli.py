@@ -47,8 +47,14 @@ How the child matches a fresh ``python -m mlreg`` (checked for this file, Dec 20
 What differs: the hash seed (PYTHONHASHSEED unset: one random seed for all children of a server,
 not one each), native threads started by imports (OpenBLAS' pool from numpy, jemalloc's from
 MLflow's dependencies -- fork-safe by their atfork handlers; the server asserts it runs no Python
-thread besides its own before each fork), the process's command line (the server's), and modules
-the command would not have imported are already in sys.modules.
+thread besides its own before each fork), the process's command line (the server's), modules
+the command would not have imported are already in sys.modules, and the end is ``os._exit`` after
+atexit: objects still alive then get no ``__del__`` from module teardown (atexit's weakref
+finalizers, logging.shutdown and the stdio flush do run).  A daemon thread still running at exit
+races atexit's weakref.finalize sweep in both (seen once: "RuntimeError: dictionary changed size
+during iteration" from weakref._exitfunc after a promotion refused by the ensemble's lock, in 1 of 2
+full runs of test_promote here; which daemon thread made a finalizer then was not established --
+threads that import MLflow in a fresh process find it imported here, so their timing differs).
 """
 
 from __future__ import annotations
