@@ -30,7 +30,7 @@ from mlreg.cli.common import AppState
 from mlreg.cli.failures import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup, silence_stdout
 from mlreg.cli.init import init_cmd
 from mlreg.cli.validate import diff_cmd, validate_cmd
-from registry import __version__
+from registry import __version__, background
 from registry.errors import EXIT_CODES
 from registry.settings import QUIET_TENSORFLOW, redact_uri
 
@@ -149,6 +149,7 @@ def main() -> None:
     try:
         only_the_named(sys.argv[1:])()
     finally:
+        background.settle()  # a warm-up still importing races Python's exit handlers
         # Every object is garbage at exit; sweeping MLflow's and SQLAlchemy's object graph
         # at interpreter shutdown costs over a second per command (measured).  Output is
         # flushed first; open files and connections still close as their references drop.

@@ -36,6 +36,7 @@ from pipelines.core.plan import Plan, Step, desired_config, ensemble_pins, servi
 from pipelines.core.ports import ScratchServers
 from pipelines.core.reports import Refusal
 from pipelines.storage.base import RepositoryStore
+from registry import background
 from registry.contracts.config import CONFIG_NAME, data_type_name, parse_config
 from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
@@ -304,9 +305,7 @@ _GX_LOCK = threading.Lock()
 def warm_up() -> threading.Thread:
     """great_expectations imported and its context made in the background (2-5 s), while the
     candidates load; ``_batch_definition`` waits for it."""
-    thread = threading.Thread(target=_batch_definition, name="mlreg-gx-warm-up", daemon=True)
-    thread.start()
-    return thread
+    return background.start(_batch_definition, "mlreg-gx-warm-up")
 
 
 def _batch_definition() -> Any:

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from registry import background
 from registry.errors import RegistryError
 from registry.mlflow import sqlite
 from registry.mlflow.environ import ENVIRON
@@ -47,8 +48,7 @@ class MlflowConnection:
     def warm_up(self) -> None:
         """Import MLflow and open the client in the background (it takes seconds).  A failure is
         the next call's to report (it opens the client again): no thread prints a traceback."""
-        self.warming = threading.Thread(target=self._warm, daemon=True)
-        self.warming.start()
+        self.warming = background.start(self._warm, "mlreg-mlflow-warm-up")
 
     def _warm(self) -> None:
         try:
