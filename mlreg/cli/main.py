@@ -149,7 +149,10 @@ def main() -> None:
     try:
         only_the_named(sys.argv[1:])()
     finally:
-        background.settle()  # a warm-up still importing races Python's exit handlers
+        try:
+            background.settle()  # a warm-up still importing races Python's exit handlers
+        except KeyboardInterrupt:  # a second Ctrl-C: leave now, as before
+            pass
         # Every object is garbage at exit; sweeping MLflow's and SQLAlchemy's object graph
         # at interpreter shutdown costs over a second per command (measured).  Output is
         # flushed first; open files and connections still close as their references drop.
