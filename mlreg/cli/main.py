@@ -31,7 +31,7 @@ from mlreg.cli.failures import INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, MlregGroup
 from mlreg.cli.init import init_cmd
 from mlreg.cli.validate import diff_cmd, validate_cmd
 from registry import __version__, background
-from registry.errors import EXIT_CODES
+from registry.errors import EXIT_CODES, INTERRUPT_EXIT_CODES
 from registry.settings import QUIET_TENSORFLOW, redact_uri
 
 EXIT_CODES_HELP = (
@@ -145,13 +145,22 @@ def only_the_named(argv: list[str]) -> typer.Typer:
     return named
 
 
+INTERRUPTED = {INTERRUPTED_EXIT, *INTERRUPT_EXIT_CODES.values()}
+
+
 def main() -> None:
+    code: object = None
     try:
         only_the_named(sys.argv[1:])()
+    except SystemExit as exc:
+        code = exc.code
+        raise
     finally:
+        # a warm-up still importing races Python's exit handlers; interrupted, the user waits
+        # half a second at most (a second Ctrl-C: not at all)
         try:
-            background.settle()  # a warm-up still importing races Python's exit handlers
-        except KeyboardInterrupt:  # a second Ctrl-C: leave now, as before
+            background.settle(0.5 if code in INTERRUPTED else background.SETTLE_S)
+        except KeyboardInterrupt:
             pass
         # Every object is garbage at exit; sweeping MLflow's and SQLAlchemy's object graph
         # at interpreter shutdown costs over a second per command (measured).  Output is

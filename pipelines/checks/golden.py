@@ -305,7 +305,16 @@ _GX_LOCK = threading.Lock()
 def warm_up() -> threading.Thread:
     """great_expectations imported and its context made in the background (2-5 s), while the
     candidates load; ``_batch_definition`` waits for it."""
-    return background.start(_batch_definition, "mlreg-gx-warm-up")
+    return background.start(_warm_batch_definition, "mlreg-gx-warm-up")
+
+
+def _warm_batch_definition() -> None:
+    """``_batch_definition`` in the background: a failure (great_expectations not installed,
+    say) is the gate's own call to report, with its fix -- no thread prints a traceback."""
+    try:
+        _batch_definition()
+    except Exception as exc:
+        logging.getLogger(__name__).debug("great_expectations in the background failed: %s", exc)
 
 
 def _batch_definition() -> Any:

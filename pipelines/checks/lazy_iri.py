@@ -43,8 +43,14 @@ class _Deferred(types.ModuleType):
             return self._real
 
     def is_valid_syntax(self, term: str, value: str) -> bool:
-        """jsonschema's ``from rfc3987_syntax import is_valid_syntax``: the real one, on first call."""
-        return bool(self.real().is_valid_syntax(term, value))
+        """jsonschema's ``from rfc3987_syntax import is_valid_syntax``: the real one, on first call.
+        A package that cannot be imported (a dependency broken) answers as jsonschema does where
+        it is missing: it registers no IRI check then, so every value passes."""
+        try:
+            real = self.real()
+        except ImportError:
+            return True
+        return bool(real.is_valid_syntax(term, value))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # the import machinery's probes (__path__, __spec__ ...)
@@ -55,7 +61,13 @@ class _Deferred(types.ModuleType):
 def defer() -> bool:
     """The stand-in in ``sys.modules`` where the package is installed and not imported yet, before
     great_expectations is imported; False (nothing done) otherwise."""
-    if PACKAGE in sys.modules or importlib.util.find_spec(PACKAGE) is None:
+    if PACKAGE in sys.modules:
         return False
-    sys.modules[PACKAGE] = _Deferred()
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None:
+        return False
+    stand_in = _Deferred()
+    stand_in.__spec__ = spec  # find_spec and submodule imports see the real package's
+    stand_in.__path__ = list(spec.submodule_search_locations or [])
+    sys.modules[PACKAGE] = stand_in
     return True

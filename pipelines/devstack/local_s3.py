@@ -37,10 +37,12 @@ class S3Server:
 
 
 def moto_command() -> list[str]:
-    """moto's server: through pipelines.devstack.moto_server (its routing's per-request package
-    listing made once) where this interpreter has moto's server, else the ``moto_server`` script."""
+    """moto's server: pipelines/devstack/moto_server.py (its routing's per-request package listing
+    made once) where this interpreter has moto's server, else the ``moto_server`` script."""
     if importlib.util.find_spec("moto") is not None and importlib.util.find_spec("flask") is not None:
-        return [sys.executable, "-m", "pipelines.devstack.moto_server"]
+        # by path, not ``-m``: ``-m`` puts the cwd first on sys.path, where a user's project may
+        # have a ``pipelines`` package of its own (and a wheel install has no editable finder)
+        return [sys.executable, str(Path(__file__).with_name("moto_server.py"))]
     exe = Path(sys.executable).parent / "moto_server"
     if exe.is_file():
         return [str(exe)]

@@ -1,4 +1,4 @@
-"""``moto_server``, started by the dev stack and the tests as ``python -m pipelines.devstack.moto_server``.
+"""``moto_server``, started by the dev stack and the tests as ``python <this file>``.
 
 moto's own server, unchanged but for one lookup: to route a request, moto asks whether the Host
 header names one of its service packages, and answers by listing its installed package folder
@@ -19,8 +19,9 @@ def main() -> None:
     from moto import backends
     from moto.server import main as moto_main
 
-    modules = tuple(backends.list_of_moto_modules())
-    backends.list_of_moto_modules = lambda: iter(modules)  # type: ignore[assignment]
+    if hasattr(backends, "list_of_moto_modules"):  # moto 5.2's name; another release: as it is
+        modules = tuple(backends.list_of_moto_modules())
+        backends.list_of_moto_modules = lambda: iter(modules)  # type: ignore[assignment]
     moto_main(sys.argv[1:])
 
 

@@ -28,6 +28,7 @@ from registry.errors import MissingDependencyError, PromotionError
 from registry.manifest import artifact_digest
 
 OPSET = 13
+TENSORFLOW_TIMEOUT_S = 900  # a conversion or parity run here: 4-30 s; a hung TensorFlow holds the locks
 PARITY_RTOL = 1e-4
 PARITY_ATOL = 1e-4
 TF_BACKEND_LAST = (2, 55)  # Triton 2.55 = container 25.02, the last one with the TensorFlow backend
@@ -132,31 +133,34 @@ def register_converted(registry: RegistryWriter, converted: Converted) -> str:
 
 
 def _tf2onnx(step: Step, saved_model: Path, onnx_path: Path) -> None:
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tf2onnx.convert",
-            "--saved-model",
-            str(saved_model),
-            "--signature_def",
-            "serving_default",
-            "--opset",
-            str(OPSET),
-            "--output",
-            str(onnx_path),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=tensorflow_env(),
-    )
+    argv = ["-m", "tf2onnx.convert", "--saved-model", str(saved_model), "--signature_def", "serving_default"]
+    argv += ["--opset", str(OPSET), "--output", str(onnx_path)]
+    run = _tensorflow(argv, f"tf2onnx converting {step.model} v{step.version}")
     if run.returncode != 0 or not onnx_path.is_file():
         raise PromotionError(
             f"tf2onnx could not convert {step.model} v{step.version}: "
             f"{run.stderr.strip().splitlines()[-1:] or ['no output']}",
             fix="serve it natively (--serve-as native) on a Triton with TensorFlow",
         )
+
+
+def _tensorflow(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` in tensorflow_env(), its output captured, within TENSORFLOW_TIMEOUT_S."""
+    try:
+        return subprocess.run(
+            [sys.executable, *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=tensorflow_env(),
+            timeout=TENSORFLOW_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PromotionError(
+            f"{what} did not finish within {TENSORFLOW_TIMEOUT_S} s (stopped)",
+            fix="serve it natively (--serve-as native) on a Triton with TensorFlow, "
+            "or check the SavedModel's ops with tf2onnx by hand",
+        ) from exc
 
 
 def _registered_with(registry: RegistryReader, model: str, digest: str) -> str | None:
@@ -174,13 +178,8 @@ def _parity(saved_model: Path, onnx_path: Path, golden: dict[str, np.ndarray]) -
     with tempfile.TemporaryDirectory(prefix="mlreg-parity-") as tmp:
         inputs = Path(tmp) / "golden.npz"
         np.savez(inputs, **golden)
-        run = subprocess.run(
-            [sys.executable, "-c", PARITY_WORKER, str(saved_model), str(onnx_path), str(inputs)],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=tensorflow_env(),
-        )
+        argv = ["-c", PARITY_WORKER, str(saved_model), str(onnx_path), str(inputs)]
+        run = _tensorflow(argv, "the parity check of the ONNX conversion")
     if run.returncode != 0:
         raise PromotionError(
             f"parity check of the ONNX conversion failed: "

@@ -51,6 +51,11 @@ def check_serves_from_store(ctx: FleetContext) -> None:
     for url in ctx.fleet.urls:
         listed = set(ctx.fleet.states_of(url))
         if stored and not stored & listed:
+            # the view may be older than the listing: another promotion's first model, uploaded
+            # since, is in the store and not yet in what this one saw (Triton lists it live)
+            ctx.fleet.refresh([url])
+            listed = set(ctx.fleet.states_of(url))
+        if stored and not stored & listed:
             problem = f"its repository lists none of the store's models ({', '.join(sorted(stored)[:5])})"
         elif not stored and listed - planned:
             foreign = ", ".join(sorted(listed - planned)[:5])

@@ -50,3 +50,23 @@ def test_the_cli_settles_its_warm_ups_before_it_returns(monkeypatch: pytest.Monk
     with pytest.raises(SystemExit):
         cli_main.main()
     assert done.is_set()
+
+
+def test_an_interrupted_command_waits_half_a_second_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (exit 130): the prompt comes back at once, not after MLflow's import."""
+    release = threading.Event()
+
+    def command() -> None:
+        background.start(lambda: release.wait(30), "test-interrupted-warm-up")
+        raise SystemExit(130)
+
+    monkeypatch.setattr(cli_main, "only_the_named", lambda argv: command)
+    monkeypatch.setattr(sys, "argv", ["mlreg", "promote"])
+    began = time.monotonic()
+    try:
+        with pytest.raises(SystemExit) as info:
+            cli_main.main()
+        assert info.value.code == 130
+        assert time.monotonic() - began < 5.0
+    finally:
+        release.set()
