@@ -113,7 +113,7 @@ def write_module_seconds(seconds: dict[str, float], rev: str, load: str) -> Path
     """tests/module_seconds.json of this checkout: what the scheduler reads (tests/conftest.py)."""
     target = ROOT / "tests" / "module_seconds.json"
     about = (
-        "Seconds each test module took in a clean-clone `bash .ci/run` (CI's two pytest-xdist "
+        "Seconds each test module took in a clean-clone `bash .ci/run` (CI's pytest-xdist "
         "workers): the order tests/conftest.py hands modules out in, longest first. Written by "
         "benchmarks/suite.py --full new --update-seconds."
     )
