@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipelines.core.options import Options
 from registry.errors import UsageError
 
 BOOL_KEYS = ("dry_run", "allow_breaking", "skip_quality")
@@ -37,8 +38,8 @@ def _flag(key: str, value: Any) -> bool:
     raise UsageError(f"config '{key}={value}' is not a boolean", fix=f"use -C {key}=true or -C {key}=false")
 
 
-def promote_options(config: dict[str, Any] | None) -> dict[str, Any]:
-    """``-C`` keys as promote options (unknown keys refused, booleans parsed)."""
+def promote_options(config: dict[str, Any] | None) -> Options:
+    """``-C`` keys as the promotion's options (unknown keys refused, booleans parsed)."""
     config = dict(config or {})
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
@@ -51,7 +52,7 @@ def promote_options(config: dict[str, Any] | None) -> dict[str, Any]:
         if config["serve_as"] not in {"auto", "native", "onnx"}:
             raise UsageError(f"unknown serve_as '{config['serve_as']}'", fix="use auto, native or onnx")
         options["serve_as"] = str(config["serve_as"])
-    return options
+    return Options(**options)
 
 
 def _deployment(env: str, row: dict[str, Any]) -> dict[str, Any]:

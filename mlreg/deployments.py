@@ -172,14 +172,14 @@ class MlregDeploymentClient(BaseDeploymentClient):
         version = self._version(registry, name, model_uri)
         found = deployable(registry, name, version, flavor)  # NVIDIA's onnx/triton: an mlreg version
         with operation("deployments"):  # the ledger's events say which verb sent the calls
-            result = promote(settings, env.name, name, found.version, **options)
+            result = promote(settings, env.name, name, found.version, options)
         return {
             "name": name,
             "flavor": found.flavor,
             "version": result.plan.version,
             "source_version": found.source_version,
             "environment": env.name,
-            "dry_run": bool(options.get("dry_run")),
+            "dry_run": options.dry_run,
             "promotion_run": result.run_id,
             "stages": [f"{s.stage}: {s.status} ({s.detail})" for s in result.stages],
         }

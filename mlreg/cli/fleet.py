@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -110,11 +110,12 @@ def sync_cmd(
     Example: mlreg fleet sync fleet/production.toml --env production --json (the PostSync hook Job)
     """
     from mlreg.ops.fleet_pins import sync  # lazy: the registry and the promotion, when run
+    from pipelines.core.options import Options  # lazy: with the verb
 
     settings = settings_of(ctx)
     out = Output(as_json)
-    options: dict[str, Any] = {"skip_quality": skip_quality}
-    result = sync(settings, file, env, dry_run, batch_stage, **options)
+    options = Options(dry_run=dry_run, on_stage=batch_stage, skip_quality=skip_quality)
+    result = sync(settings, file, env, options)
     out.result(result.to_dict(), lambda: _sync_lines(out, result))
     failure_lines(result.failed)
     if result.exit_code:

@@ -5,9 +5,10 @@ parse, call the verb (``mlreg.ops``), render (``mlreg.cli.promote_render``).  `m
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,6 +21,7 @@ from mlreg.cli.status import history_cmd, status_cmd
 from registry.errors import UsageError
 
 if TYPE_CHECKING:
+    from pipelines.core.options import Options
     from registry.settings import Settings
 
 
@@ -89,11 +91,17 @@ def promote_cmd(
     holds, only image_model's)
     """
     from mlreg.ops.promote import promote  # lazy: the verb imports the promotion package
+    from pipelines.core.options import Options  # lazy: with the verb
 
-    aliases = {"quality": skip_quality, "perf": skip_perf, "shadow": skip_shadow}  # the older flags
-    names = [n.strip() for n in skip.split(",") if n.strip()] + [n for n, on in aliases.items() if on]
-    options: dict[str, Any] = dict(
-        dry_run=dry_run, allow_breaking=allow_breaking, serve_as=serve_as, no_way_back=no_way_back, skip=names
+    options = Options(  # the verb refuses a --serve-as or a --skip name it does not know
+        dry_run=dry_run,
+        allow_breaking=allow_breaking,
+        serve_as=serve_as,
+        no_way_back=no_way_back,
+        skip=frozenset(n.strip() for n in skip.split(",") if n.strip()),
+        skip_quality=skip_quality,  # the older flags: aliases of --skip quality, perf, shadow
+        skip_perf=skip_perf,
+        skip_shadow=skip_shadow,
     )
     if from_alias or from_file:  # several versions, members first
         if version:
@@ -101,7 +109,7 @@ def promote_cmd(
                 "--version and --from-alias/--from-file exclude each other: the alias or file names it",
                 fix="drop --version, or drop --from-alias/--from-file to promote MODEL --version N",
             )
-        return promote_many_cmd(settings_of(ctx), env, from_alias, from_file, as_json, model, **options)
+        return promote_many_cmd(settings_of(ctx), env, from_alias, from_file, as_json, model, options)
     if not model or not version:
         raise UsageError(
             "no version to promote", fix="pass MODEL --version N (or --from-alias / --from-file)"
@@ -109,8 +117,8 @@ def promote_cmd(
     settings, out = settings_of(ctx), Output(as_json)
     with activity(quiet=as_json, settings=settings) as step:  # the running stage, on a terminal only
         on_start = None if step is None else partial(_running, step, f"{model} v{version}")
-        call = partial(promote, settings, env, model, version, on_stage=stage_lines(out), **options)
-        result = promotion(out, partial(call, on_start=on_start))
+        told = replace(options, on_stage=stage_lines(out), on_start=on_start)
+        result = promotion(out, partial(promote, settings, env, model, version, told))
     render(out, result, result.plan.env.alias)
 
 
@@ -136,12 +144,13 @@ def rollback_cmd(
     Example: mlreg rollback image_model --to-version 1
     """
     from mlreg.ops.rollback import rollback  # lazy: the verb imports the promotion package
+    from pipelines.core.options import Options  # lazy: with the verb
 
     settings, out = settings_of(ctx), Output(as_json)
-    call = partial(rollback, settings, env, model, to_version, dry_run=dry_run, on_stage=stage_lines(out))
     with activity(quiet=as_json, settings=settings) as step:  # the running stage, on a terminal only
         on_start = None if step is None else partial(_running, step, f"rollback of {model}")
-        result = promotion(out, partial(call, on_start=on_start))
+        options = Options(dry_run=dry_run, on_stage=stage_lines(out), on_start=on_start)
+        result = promotion(out, partial(rollback, settings, env, model, to_version, options))
     render(out, result, result.plan.env.alias)
 
 
@@ -151,14 +160,16 @@ def promote_many_cmd(
     from_alias: str | None,
     from_file: Path | None,
     as_json: bool,
-    model: str | None = None,
-    **options: Any,
+    model: str | None,
+    options: Options,
 ) -> None:
     """``mlreg promote [MODEL] --from-alias A | --from-file F --env E``: several versions, members
     first; MODEL limits --from-alias to that model and is refused with --from-file."""
     from mlreg.ops.promote_many import promote_listed  # lazy: the verb imports the promotion package
 
-    batch = promote_listed(settings, env, from_alias, from_file, model, on_stage=batch_stage, **options)
+    batch = promote_listed(
+        settings, env, from_alias, from_file, model, replace(options, on_stage=batch_stage)
+    )
     doc, out = batch.to_dict(), Output(as_json)
     out.result(doc, lambda: out.line("\n".join(plain(render_batch(doc)))))
     failed = [p for p in batch.promotions if not p["ok"] and not p.get("skipped")]

@@ -14,7 +14,7 @@ from mlreg.cli.sink import Output
 from registry.settings import redact_uri
 
 if TYPE_CHECKING:
-    from pipelines.core.context import OnStage
+    from pipelines.core.options import OnStage
     from pipelines.core.reports import PromotionResult
 
 

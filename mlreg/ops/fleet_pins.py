@@ -50,13 +50,13 @@ from typing import TYPE_CHECKING, Any
 
 from mlreg.ops.context import context, open_registry
 from mlreg.ops.promote_many import promote_many
+from pipelines.core.options import Options
 from pipelines.ledger.recorder import operation
 from registry.errors import MlregError, RegistryError, UsageError
 from registry.register import check_model_name
 from registry.settings import Settings, redact_uri
 
 if TYPE_CHECKING:
-    from mlreg.ops.promote_many import OnStage
     from registry.mlflow.sqlite import VersionRecord
     from registry.ports import RegistryReader
 
@@ -334,11 +334,12 @@ def sync(
     settings: Settings,
     path: Path,
     env_name: str | None = None,
-    dry_run: bool = False,
-    on_stage: OnStage | None = None,
-    **options: Any,
+    options: Options | None = None,
 ) -> SyncResult:
-    """Make ``env_name`` (else the file's ``environment``) serve what ``path`` pins."""
+    """Make ``env_name`` (else the file's ``environment``) serve what ``path`` pins, promoting as
+    ``options`` say (``dry_run``: plan only)."""
+    options = options or Options()
+    dry_run = options.dry_run
     fleet = read_fleet(path)
     name = _environment(fleet, env_name)
     ctx = context(settings, name)
@@ -352,7 +353,7 @@ def sync(
     if not moved:
         return result
     with operation("sync"):  # the ledger's events say which verb sent the calls
-        batch = promote_many(settings, name, moved, dry_run, on_stage, ensembles_first=True, **options)
+        batch = promote_many(settings, name, moved, options, ensembles_first=True)
     result.batch = batch.to_dict()
     if not dry_run and not result.failed:
         result.health = _health(settings, ctx, fleet)

@@ -9,13 +9,13 @@ environment serves, and the error with its fix; ``mlreg report`` renders it as t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlreg.ops.context import context, environment
 from mlreg.ops.promote import promote
+from pipelines.core.options import Options
 from registry.errors import MlregError, RegistryError, UsageError
 from registry.register import check_model_name
 from registry.settings import Settings, redact_uri
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from pipelines.core.ports import Registry
     from registry.export import PlannedVersion
     from registry.ports import RegistryReader
-
-OnStage = Callable[[str, str, float, str], None]
 
 
 @dataclass
@@ -186,19 +184,18 @@ def promote_many(
     settings: Settings,
     env_name: str,
     pairs: list[tuple[str, str]],
-    dry_run: bool,
-    on_stage: OnStage | None = None,
+    options: Options,
     ensembles_first: bool = False,
     planned: list[PlannedVersion] | None = None,
-    **options: Any,
 ) -> BatchResult:
-    """Promote each (model, version) in order.  A real run stops at the first failure (an
-    ensemble must not be promoted over a member that failed); a dry run plans every one.  A
-    version the environment's alias holds by then (an ensemble's promotion brought it) is skipped.
-    ``planned``: versions an ``export --dry-run`` did not register, which only a dry run can plan
-    (MLflow is then only read)."""
+    """Promote each (model, version) in order, each as ``options`` say.  A real run stops at the
+    first failure (an ensemble must not be promoted over a member that failed); a dry run plans
+    every one.  A version the environment's alias holds by then (an ensemble's promotion brought
+    it) is skipped.  ``planned``: versions an ``export --dry-run`` did not register, which only a
+    dry run can plan (MLflow is then only read)."""
     from registry.export import PlanRegistry  # lazy: MLflow's entities
 
+    dry_run = options.dry_run
     if planned and not dry_run:
         listed = ", ".join(f"{v.name} v{v.version}" for v in planned)
         raise UsageError(
@@ -218,16 +215,7 @@ def promote_many(
             batch.promotions.append({"model": model, "version": version, "ok": True, "held": True})
             continue
         try:
-            result = promote(
-                settings,
-                env_name,
-                model,
-                version,
-                dry_run=dry_run,
-                on_stage=on_stage,
-                registry=registry,
-                **options,
-            )
+            result = promote(settings, env_name, model, version, options, registry=registry)
             batch.promotions.append(_entry(model, version, result, None))
         except MlregError as exc:
             batch.promotions.append(_entry(model, version, exc.context.get("result"), exc))
@@ -238,7 +226,6 @@ def promote_many(
 
 __all__ = [
     "BatchResult",
-    "OnStage",
     "contract_diff",
     "ordered",
     "planned_from_export",
@@ -255,10 +242,7 @@ def promote_listed(
     from_alias: str | None,
     from_file: Path | None,
     model: str | None = None,
-    *,
-    dry_run: bool = False,
-    on_stage: OnStage | None = None,
-    **options: Any,
+    options: Options | None = None,
 ) -> BatchResult:
     """``mlreg promote [MODEL] --from-alias A | --from-file F --env E``: the versions another
     environment's alias holds (ensembles first: they bring the members they pin; only MODEL's
@@ -280,12 +264,5 @@ def promote_listed(
         target = environment(settings, env_name).alias
         pairs = versions_from_alias(MlflowRegistry(settings), str(from_alias), target, model or None)
     return promote_many(
-        settings,
-        env_name,
-        pairs,
-        dry_run,
-        on_stage=on_stage,
-        ensembles_first=bool(from_alias),
-        planned=planned,
-        **options,
+        settings, env_name, pairs, options or Options(), ensembles_first=bool(from_alias), planned=planned
     )

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import calendar
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from mlreg.ops.context import context
 from mlreg.ops.promote import promote
+from pipelines.core.options import Options
 from pipelines.ledger.recorder import operation
 from registry.errors import UsageError
 from registry.ports import RegistryReader
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.core.context import OnStage
     from pipelines.core.reports import PromotionResult
 
 
@@ -25,29 +24,17 @@ def rollback(
     env_name: str,
     model: str,
     to_version: str | None = None,
-    *,
-    dry_run: bool = False,
-    on_stage: OnStage | None = None,
-    on_start: Callable[[str], None] | None = None,
+    options: Options | None = None,
 ) -> PromotionResult:
-    """Serve an earlier version again: a promotion without the quality gate (breaking allowed).
-    Without ``to_version``: the newest version promoted in the environment that is not the one
-    serving now (a UsageError when there is none)."""
+    """Serve an earlier version again: a promotion without the quality gate (breaking allowed),
+    otherwise as ``options`` say (``dry_run``, ``on_stage``, ``on_start``).  Without ``to_version``:
+    the newest version promoted in the environment that is not the one serving now (a UsageError
+    when there is none)."""
     if to_version is None:
         to_version = rollback_version(settings, env_name, model)
+    returning = replace(options or Options(), allow_breaking=True, skip_quality=True, rollback=True)
     with operation("rollback"):  # the ledger's events say which verb sent the calls
-        return promote(
-            settings,
-            env_name,
-            model,
-            to_version,
-            dry_run=dry_run,
-            allow_breaking=True,
-            skip_quality=True,
-            on_stage=on_stage,
-            on_start=on_start,
-            rollback=True,
-        )
+        return promote(settings, env_name, model, to_version, returning)
 
 
 def rollback_version(settings: Settings, env_name: str, model: str) -> str:

@@ -23,6 +23,7 @@ from typing import Generic, Protocol, TypeVar
 
 from pipelines.core.check import Checked
 from pipelines.core.environment import Environment
+from pipelines.core.options import Options
 from pipelines.core.plan import Plan
 from pipelines.core.ports import Registry, ScratchServers, Servers
 from pipelines.core.reports import (
@@ -37,33 +38,7 @@ from pipelines.core.undo import UndoLog
 from pipelines.storage.base import RepositoryStore
 from registry.settings import Settings
 
-OnStage = Callable[[str, str, float, str], None]  # stage, status, seconds, detail
 FleetT = TypeVar("FleetT", bound=Servers)  # the environment's servers (pipelines/fleet ``Fleet``)
-
-
-@dataclass
-class Options:
-    """How a promotion runs, built by the CLI and passed down as one object.  ``skip``: the names of
-    the registered checks not to run (``--skip NAME``; ``"quality"``: the whole gate before traffic,
-    pipelines/promote/registered.py); ``skip_quality``, ``skip_perf`` and ``skip_shadow`` are the
-    older flags' names for ``skip`` of "quality", "perf" and "shadow", kept equal to it."""
-
-    dry_run: bool = False
-    allow_breaking: bool = False
-    skip_quality: bool = False  # alias: "quality" in skip
-    serve_as: str = "auto"
-    on_stage: OnStage | None = None
-    skip_perf: bool = False  # alias: "perf" in skip
-    no_way_back: bool = False  # promote although the serving version could not be loaded again
-    skip_shadow: bool = False  # alias: "shadow" in skip
-    on_start: Callable[[str], None] | None = None  # told each stage's name as it starts (progress)
-    rollback: bool = False  # a return to a version that served: its bake may judge mlreg's own probes
-    skip: frozenset[str] = frozenset()  # registered check names not to run (--skip NAME[,NAME])
-
-    def __post_init__(self) -> None:
-        aliases = {"quality": self.skip_quality, "perf": self.skip_perf, "shadow": self.skip_shadow}
-        self.skip = frozenset(self.skip) | {name for name, on in aliases.items() if on}
-        self.skip_quality, self.skip_perf, self.skip_shadow = (n in self.skip for n in aliases)
 
 
 class Deployer(Protocol):

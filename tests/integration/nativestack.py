@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlreg.ops.promote import promote
+from pipelines.core.options import Options
 from pipelines.devstack.stack import stack_down, stack_up
 from pipelines.triton.control import TritonControl
 from registry.export import member_versions
@@ -81,7 +82,7 @@ def start_native_stack(built: Path, home: Path) -> Iterator[NativeStack]:
     registry = MlflowRegistry(settings)
     try:
         register_template(registry, built)
-        promote(settings, "local", ENSEMBLE, "1", skip_quality=True)
+        promote(settings, "local", ENSEMBLE, "1", Options(skip_quality=True))
         exporter = exporter_path(TEMPLATE / "image_model")
         v2 = register(registry, find_candidate(image_model_v2(built, home / "v2")), exporter=exporter)
         assert v2.version == "2"

@@ -21,6 +21,7 @@ import pytest
 
 from mlreg.cli.main import app
 from mlreg.ops.promote import promote
+from pipelines.core.options import Options
 from pipelines.devstack.stack import stack_down, stack_up
 from registry.export import export_models
 from registry.mlflow import MlflowRegistry
@@ -71,7 +72,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     registry = MlflowRegistry(settings)
     try:
         assert [r.version for r in export_models(settings, registry, [MODEL])] == ["1"]
-        promote(settings, "local", MODEL, "1", skip_quality=True)
+        promote(settings, "local", MODEL, "1", Options(skip_quality=True))
         model_py = template / MODEL / "1" / "model.py"
         model_py.write_text(model_py.read_text() + "\n# a pull request's change\n")
         assert status.info is not None

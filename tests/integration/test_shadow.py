@@ -283,7 +283,7 @@ def test_a_candidate_diverging_on_3_percent_of_real_requests_is_refused_and_noth
     before = refusal_state(shadows.root / "one", shadows.urls[:1], shadows.registry)
     # the plan job's dry run replays too, on its scratch server (the serving version beside it)
     with pytest.raises(PromotionFailed) as planned:
-        promote(shadows.settings, "shadow", "classifier", candidate, dry_run=True, skip_perf=True)
+        promote(shadows.settings, "shadow", "classifier", candidate, Options(dry_run=True, skip_perf=True))
     assert planned.value.result.shadow[0]["diverged"] == planted
     assert refusal_state(shadows.root / "one", shadows.urls[:1], shadows.registry) == before
     failure = shadows.refused("shadow", "classifier", candidate)

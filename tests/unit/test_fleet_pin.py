@@ -185,6 +185,7 @@ JUDGE = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from mlreg.ops import fleet_pins as fleet
+    from pipelines.core.options import Options
     from registry.errors import MlregError
     from registry.mlflow import MlflowRegistry
     from registry.settings import Settings
@@ -210,7 +211,7 @@ JUDGE = textwrap.dedent(
     found = {"file": str(path), "before": path.read_text()}
     pinned = fleet.read_fleet(path).models
     for name, call in (
-        ("dry", lambda: fleet.sync(settings, path, "local", dry_run=True)),
+        ("dry", lambda: fleet.sync(settings, path, "local", Options(dry_run=True))),
         ("real", lambda: fleet.sync(settings, path, "local")),
         ("pin", lambda: fleet.pin(settings, path, {"scorer": "2"})),
         ("registered", lambda: fleet.registered_pins(registry, pinned, {m: {} for m in pinned})),

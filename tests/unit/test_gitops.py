@@ -362,8 +362,8 @@ def test_sync_prints_each_failed_promotion_and_its_fix_on_stderr_with_credential
         ]
     }
 
-    def sync(*args: Any, on_stage: Any = None, **options: Any) -> pins.SyncResult:
-        args[4]("upload", "failed", 1.0, "to s3://AKIAKEY:SeCrEt@bucket/models")  # on_stage
+    def sync(*args: Any) -> pins.SyncResult:
+        args[3].on_stage("upload", "failed", 1.0, "to s3://AKIAKEY:SeCrEt@bucket/models")  # the options
         return pins.SyncResult(file, "production", "production", False, [("m", "2")], failed, [])
 
     monkeypatch.setattr(pins, "sync", sync)

@@ -98,8 +98,8 @@ def app_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SimpleNamespac
     monkeypatch.setattr(rollback_op, "context", lambda settings, name: Context(settings, env, registry))
     promoted: list[tuple[Any, ...]] = []
 
-    def promote(settings: Any, env_name: str, model: str, version: str, **options: Any) -> Any:
-        promoted.append((env_name, model, version, options["allow_breaking"], options["skip_quality"]))
+    def promote(settings: Any, env_name: str, model: str, version: str, options: Any) -> Any:
+        promoted.append((env_name, model, version, options.allow_breaking, options.skip_quality))
         return SimpleNamespace(version=version)
 
     monkeypatch.setattr(rollback_op, "promote", promote)
