@@ -59,7 +59,7 @@ def registered(home: Path) -> MlflowRegistry:
     """MLflow with every model at v1 and v2 (``scoring`` vN pinning ``scorer`` vN, its member
     tag saying so too, as an exported ensemble's does)."""
     registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(home)}))
-    client = registry.client
+    client = registry.connection.client
     # artifacts as local files, where the embedded registry keeps them (MLREG_HOME/artifacts)
     experiment = client.create_experiment("exports", artifact_location=(home / "artifacts").as_uri())
     configs = {(m, v): PYTHON.format(name=m) for m in MODELS for v in ("1", "2")}
@@ -93,7 +93,7 @@ def _old_body(registry: MlflowRegistry, path: Path, pins: dict[str, str], swap: 
     found = fleet.read_fleet(path, missing_ok=True)
     found.environment = found.environment or path.stem
     found.models.update(pins)
-    tags = fleet._require_registered(registry, found.models, str(path))
+    tags = fleet._require_registered(registry.models, found.models, str(path))
     for ensemble in found.models:  # the tag-based check of today
         for key, pinned in tags[ensemble].items():
             member = key.removeprefix("member_")
@@ -118,11 +118,11 @@ def main() -> None:
         registry = registered(home)
         path = Path(tmp) / "fleet" / "production.toml"
         every = {m: "1" for m in (*MODELS, "scoring")}
-        fleet.pin(None, path, every, "production", registry=registry)  # type: ignore[arg-type]  # warm: MLflow imported
+        fleet.pin(None, path, every, "production", registry=registry.models)  # type: ignore[arg-type]  # warm: MLflow imported
         paths: dict[str, Callable[[dict[str, str]], object]] = {
             "old": lambda pins: old_pin(registry, path, pins, lock=False),
             "lock": lambda pins: old_pin(registry, path, pins, lock=True),
-            "new": lambda pins: fleet.pin(None, path, pins, registry=registry),  # type: ignore[arg-type]
+            "new": lambda pins: fleet.pin(None, path, pins, registry=registry.models),  # type: ignore[arg-type]
         }
         times: dict[str, list[float]] = {name: [] for name in paths}
         for index in range(args.rounds):

@@ -476,7 +476,7 @@ def faults(root: Path, registry: MlflowRegistry, work: Path, fleet: StandinFleet
     figure(f"{label} abort: replicas back exactly (of {len(urls)})", back, "replicas")
     version = new_version(registry, work, tag + 1)
     for name, value in ((FOOTPRINT_TAG, str(256 * MIB)), (FOOTPRINT_KIND_TAG, "host")):
-        registry.set_version_tag(NAME, version, name, value)
+        registry.models.set_version_tag(NAME, version, name, value)
     count = math.ceil(len(urls) * 0.05)
     short = urls[1:][:: (len(urls) - 1) // count][:count]  # spread over the waves, never the canary
     for url in short:

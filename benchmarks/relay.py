@@ -87,9 +87,9 @@ def make_registry(home: Path) -> Path:
     from registry.mlflow import MlflowRegistry
 
     registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(home)}))
-    registry.client.create_registered_model(MODEL)
+    registry.connection.client.create_registered_model(MODEL)
     for v in range(VERSIONS):
-        registry.client.create_model_version(MODEL, source=f"s3://bench/{MODEL}/{v + 1}")
+        registry.connection.client.create_model_version(MODEL, source=f"s3://bench/{MODEL}/{v + 1}")
     return home / "mlflow.db"
 
 

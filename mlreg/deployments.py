@@ -152,7 +152,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
             )
         if match["version"]:
             return str(match["version"])
-        version = registry.aliases(name).get(match["alias"])
+        version = registry.models.aliases(name).get(match["alias"])
         if version is None:
             raise UsageError(
                 f"model {name} has no alias '{match['alias']}'",
@@ -256,7 +256,7 @@ def _source(registry: Any, name: str, version: str | None) -> dict[str, Any]:
 
     if not version:
         return {}
-    found = source_of(registry.version_tags(name, version))
+    found = source_of(registry.models.version_tags(name, version))
     if found is None:
         return {"mlflow_model_uri": f"models:/{name}/{version}"}
     return {"mlflow_model_uri": f"models:/{name}/{found[0]}", "flavor": found[1]}

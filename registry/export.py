@@ -21,13 +21,14 @@ from registry.contracts.config import CONFIG_NAME, load_config
 from registry.errors import RegistryError, UsageError
 from registry.mlflow import MlflowRegistry
 from registry.mlflow.versions import not_found
-from registry.ports import Registrar, RegistrarRuns, RegistryReader, RegistryWriter
+from registry.ports import RegistrarRuns, RegistrarVersions, RegistryReader, RegistryWriter
 from registry.register import Candidate, RegisterResult, find_candidate, register
 from registry.settings import EXPORTS_EXPERIMENT, Settings, redact_uri
 
 if TYPE_CHECKING:
     from registry.logged_model import LoggedTritonModel
     from registry.mlflow.runs import MlflowRuns
+    from registry.mlflow.versions import MlflowVersions
     from registry.signing import SigningKey
 
 
@@ -82,7 +83,7 @@ def export_models(
     for index, folder in enumerate(folders, 1):
         tell(f"registering {folder.name} ({index}/{len(folders)})")
         exporter = template.exporter_path(settings.template_dir / folder.name)
-        members = member_versions(registry, folder) if _is_ensemble(folder) else None
+        members = member_versions(registry.models, folder) if _is_ensemble(folder) else None
         info = dict(built.exported.get(folder.name) or {})
         results.append(
             register(
@@ -115,11 +116,11 @@ def export(
     registered is signed (``registry.signing``).  ``on_step``: told what it does now ("exporting
     NAME (1/4)", "registering NAME (1/4)"), for a progress line."""
     if against is not None:
-        require_base(registry, against)
+        require_base(registry.models, against)
     results = export_models(
         settings, registry, models, seed=seed, force=force, on_model=on_step, signer=signer
     )
-    return results if against is None else changed_versions(registry, results, against)
+    return results if against is None else changed_versions(registry.models, results, against)
 
 
 def require_base(registry: RegistryReader, alias: str) -> None:
@@ -193,7 +194,7 @@ READ_ONLY = "a plan (--dry-run) writes nothing to MLflow"
 
 class PlanRuns(RegistrarRuns):
     """A plan's runs: none is created, nothing logged; a logged model kept in memory until its
-    planned version takes its files (``PlanRegistry.create_version``); what real runs hold read
+    planned version takes its files (``PlanVersions.create_version``); what real runs hold read
     from ``base``."""
 
     def __init__(self, base: MlflowRuns) -> None:
@@ -240,19 +241,23 @@ class PlanRuns(RegistrarRuns):
     def artifact_uri(self, run_id: str) -> str:
         return self.base.artifact_uri(run_id)
 
+    def download(self, run_id: str, path: str, dest: Path) -> Path:
+        return self.base.download(run_id, path, dest)
 
-class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
-    """The registry as a plan sees it: ``base`` for everything registered, read only, and in
-    memory the versions a plan would register (numbered as MLflow would number them next).
-    ``register()`` runs unchanged on it (it is a ``Registrar``): runs and artifacts are dropped
-    (``runs``: ``PlanRuns``), ``create_version`` keeps the files and tags.  As a
-    ``RegistryWriter``, a derived version is planned and a planned version's tags kept; moving an
-    alias, tagging or describing a registered version is refused."""
+    def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
+        return self.base.promotions(name, env)
 
-    def __init__(self, base: MlflowRegistry, planned: Iterable[PlannedVersion] = ()) -> None:
+
+class PlanVersions(RegistryReader, RegistryWriter, RegistrarVersions):
+    """The registered versions as a plan sees them (``PlanRegistry.models``): ``base``'s, read
+    only, and in memory the versions a plan would register (numbered as MLflow would number them
+    next).  ``create_version`` keeps a planned version's files and tags (its logged model:
+    ``runs``); a planned version's tags are kept; moving an alias, tagging or describing a
+    registered version is refused."""
+
+    def __init__(self, base: MlflowVersions, runs: PlanRuns, planned: Iterable[PlannedVersion] = ()) -> None:
         self.base = base
-        self.settings = base.settings
-        self._runs = PlanRuns(base.runs)
+        self.runs = runs
         self.planned: dict[tuple[str, str], PlannedVersion] = {}
         for version in planned:
             self._add(version)
@@ -272,22 +277,8 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
         return self.planned.get((name, version))
 
     @property
-    def runs(self) -> PlanRuns:
-        return self._runs
-
-    @property
-    def models(self) -> PlanRegistry:
-        """The versions ``register()`` reads and registers through: this plan's own (the real
-        registry's, then those it plans)."""
-        return self
-
-    @property
     def uri(self) -> str:
         return self.base.uri
-
-    @property
-    def local_root(self) -> Path:
-        return self.base.local_root
 
     # -- reads: the real registry, then the plan --------------------------------------------------
 
@@ -341,12 +332,6 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
         shutil.copytree(planned.version_dir, dest / version)
         return dict(planned.tags)
 
-    def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
-        return self.base.promotions(name, env)
-
-    def download(self, run_id: str, path: str, dest: Path) -> Path:
-        return self.base.download(run_id, path, dest)
-
     # -- writes: kept in memory, or refused -------------------------------------------------------
 
     def ensure_model(self, name: str, description: str) -> None:
@@ -365,21 +350,6 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
         number = str(max((int(v.version) for v in self.versions(name)), default=0) + 1)
         self._add(PlannedVersion(name, number, logged.config_path, logged.version_dir, dict(tags)))
         return number
-
-    def register_version(
-        self,
-        name: str,
-        version_dir: Path,
-        config_path: Path,
-        *,
-        members: dict[str, str] | None = None,
-        export_info: dict[str, Any] | None = None,
-        tags: dict[str, str] | None = None,
-    ) -> str:
-        """A version the promotion derives (an ONNX conversion, a re-pointed ensemble): planned."""
-        candidate = Candidate(name, version_dir, config_path)
-        registered = register(self, candidate, members=members, export_info=export_info, version_tags=tags)
-        return registered.version
 
     def delete_version(self, name: str, version: str) -> None:
         """A planned version forgotten; a registered one is never touched (read-only)."""
@@ -408,7 +378,53 @@ class PlanRegistry(RegistryReader, RegistryWriter, Registrar):
     def update_version_description(self, name: str, version: str, description: str) -> None:
         raise RegistryError(f"{READ_ONLY}: description of {name} v{version}", fix="drop --dry-run")
 
+
+class PlanDeployments:
+    """Where versions serve, as a plan records it: never (``PlanRegistry.deployed``)."""
+
     def record_deployment(
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
     ) -> None:
         raise RegistryError(f"{READ_ONLY}: deployment of {model} v{version}", fix="drop --dry-run")
+
+
+class PlanRegistry:
+    """The registry as a plan sees it, in the real one's parts: ``base`` for everything
+    registered, read only, and in memory the versions a plan would register (``models``:
+    ``PlanVersions``).  ``register()`` runs unchanged on it (a ``Registrar``): runs and
+    artifacts are dropped (``runs``: ``PlanRuns``), ``create_version`` keeps the files and tags.
+    A derived version is planned; a deployment is refused (``deployed``: ``PlanDeployments``)."""
+
+    def __init__(self, base: MlflowRegistry, planned: Iterable[PlannedVersion] = ()) -> None:
+        self.base = base
+        self.settings = base.settings
+        self.runs = PlanRuns(base.runs)
+        self.models = PlanVersions(base.models, self.runs, planned)
+        self.deployed = PlanDeployments()
+
+    @property
+    def uri(self) -> str:
+        return self.base.uri
+
+    @property
+    def local_root(self) -> Path:
+        return self.base.local_root
+
+    def register_version(
+        self,
+        name: str,
+        version_dir: Path,
+        config_path: Path,
+        *,
+        members: dict[str, str] | None = None,
+        export_info: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> str:
+        """A version the promotion derives (an ONNX conversion, a re-pointed ensemble): planned."""
+        candidate = Candidate(name, version_dir, config_path)
+        registered = register(self, candidate, members=members, export_info=export_info, version_tags=tags)
+        return registered.version
+
+    def delete_version(self, name: str, version: str) -> None:
+        """A planned version forgotten (it has no run); a registered one is never touched."""
+        self.models.delete_version(name, version)

@@ -14,7 +14,7 @@ from typing import Any
 
 @dataclass
 class LoggedTritonModel:
-    """What ``MlflowRegistry.log_model`` logs: a Triton model folder with its MLmodel facts."""
+    """What ``MlflowRuns.log_model`` logs: a Triton model folder with its MLmodel facts."""
 
     name: str
     config_path: Path

@@ -1,13 +1,16 @@
-"""The model registry as its callers use it, as Protocols: a reader, a writer, a run recorder.
+"""The model registry as its callers use it, as Protocols, one per part of a registry.
 
-``MlflowRegistry`` (registry.mlflow) implements the reader and the writer; its ``runs`` part
-(``MlflowRuns``) is the run recorder, and what ``register()`` and the NVIDIA flavors' import
-record runs through (``RegistrarRuns``, ``LoggedRuns``).  ``PlanRegistry`` (registry.export)
-implements them over a real registry read only, keeping what it would write in memory (its
-``runs``: ``PlanRuns``).  The promotion's ``Registry`` (pipelines.core.ports) is the reader and
-the writer with their ``runs``.  ``Registrar`` is what ``register()`` and ``sign_registered()``
-(registry.register) write a version through: a run, its logged model and the registered
-version.  Nothing here imports MLflow.
+A registry is parts, each a public attribute its callers take alone: ``models`` reads and writes
+registered models, versions, aliases and tags (``RegistryReader``, ``RegistryWriter``), ``runs``
+records and reads runs (``RunRecorder``, ``RunReader``), ``deployed`` records where a version
+serves (``DeploymentRecorder``).  A caller takes the one part it uses; one that reads a version's
+run too takes the ``RegistryView`` (both read parts).  ``MlflowRegistry`` (registry.mlflow) is
+the real one (``MlflowVersions``, ``MlflowRuns``, ``MlflowDeployments``); ``PlanRegistry``
+(registry.export) is the same parts over a real registry read only, keeping what it would write
+in memory.  The promotion's ``Registry`` (pipelines.core.ports) is the three parts and what
+composes them (``DerivedVersions``).  ``Registrar`` is what ``register()`` and
+``sign_registered()`` (registry.register) write a version through: a run, its logged model and
+the registered version.  Nothing here imports MLflow.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from registry.logged_model import LoggedTritonModel
 
 
 class RegistryReader(Protocol):
-    """Reads: registered versions, their tags and files, aliases, the promotions recorded."""
+    """Reads registered models and versions: their tags and files, aliases (a registry's
+    ``models`` part); where the registry is and whether it answers."""
 
     @property
     def uri(self) -> str:
@@ -58,6 +62,28 @@ class RegistryReader(Protocol):
 
     def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]: ...
 
+
+class RegistryWriter(Protocol):
+    """Writes registered models and versions: aliases, version tags, a model deleted (a
+    registry's ``models`` part)."""
+
+    def delete_model(self, name: str) -> None:
+        """Delete a registered model: only one the caller's registration created and that has no
+        version and no alias left (``pipelines/core/undo.py``)."""
+        ...
+
+    def set_alias(self, name: str, alias: str, version: str) -> None: ...
+
+    def delete_alias(self, name: str, alias: str) -> None: ...
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None: ...
+
+    def delete_version_tag(self, name: str, version: str, key: str) -> None: ...
+
+
+class RunReader(Protocol):
+    """Reads what runs logged: a run's files, the promotions recorded (a registry's ``runs``)."""
+
     def download(self, run_id: str, path: str, dest: Path) -> Path: ...
 
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
@@ -66,8 +92,28 @@ class RegistryReader(Protocol):
         ...
 
 
-class RegistryWriter(Protocol):
-    """Writes: derived versions, aliases, version tags, where a version serves."""
+class RegistryView(Protocol):
+    """The registry's two read parts, for a reader of a version's run too (its manifest,
+    signature or replay set): ``models`` and ``runs``."""
+
+    @property
+    def models(self) -> RegistryReader: ...
+
+    @property
+    def runs(self) -> RunReader: ...
+
+
+class DeploymentRecorder(Protocol):
+    """Records where a version serves (a registry's ``deployed`` part)."""
+
+    def record_deployment(
+        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
+    ) -> None: ...
+
+
+class DerivedVersions(Protocol):
+    """What composes a registry's parts: a version mlreg derived registered (a run, its logged
+    model, the version), one it made deleted with its run."""
 
     def register_version(
         self,
@@ -89,23 +135,6 @@ class RegistryWriter(Protocol):
         """Delete a version (and the run that registered it): only for one the caller proved it
         made (``pipelines/core/undo.py``: a promotion's re-pointed ensemble, on its way back)."""
         ...
-
-    def delete_model(self, name: str) -> None:
-        """Delete a registered model: only one the caller's registration created and that has no
-        version and no alias left (``pipelines/core/undo.py``)."""
-        ...
-
-    def set_alias(self, name: str, alias: str, version: str) -> None: ...
-
-    def delete_alias(self, name: str, alias: str) -> None: ...
-
-    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None: ...
-
-    def delete_version_tag(self, name: str, version: str, key: str) -> None: ...
-
-    def record_deployment(
-        self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
-    ) -> None: ...
 
 
 class RunRecorder(Protocol):

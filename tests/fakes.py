@@ -4,8 +4,9 @@
 Triton's state (which versions of which model are READY, an ensemble's pins) and hands every
 request -- ``is_live``, ``load``, ``unload`` -- to ``handler(target, call)`` first; a test records
 calls or provokes a fault there (raise ``TritonError`` to fail the request).  ``FakeRegistry``
-(``Registry``) keeps registered versions as folders and aliases, tags and runs in memory;
-``down`` or ``fail_on`` make its calls fail as an unreachable MLflow does.
+(``Registry``) keeps registered versions as folders and aliases and tags in memory, its runs in
+its ``runs`` part (``FakeRuns``); ``down`` or ``fail_on`` make its calls fail as an unreachable
+MLflow does.
 
 The promotion's Deployer and Gate and the lease's LockStore are not faked: the tests run the real
 ones on a real local store.
@@ -153,9 +154,11 @@ class TritonPythonModel:
 
 
 class FakeRegistry:
-    """Registered versions as folders under ``root`` (config.pbtxt + model/), aliases, tags and
-    runs in memory.  Registrations and alias moves are appended to ``events``.  ``down`` fails
-    every call, ``fail_on`` the calls it names ("set_alias" or "set_alias ens")."""
+    """Registered versions as folders under ``root`` (config.pbtxt + model/), aliases and tags in
+    memory: the registry's ``models`` part itself, with its ``runs`` (``FakeRuns``: the runs
+    started, in ``recorded``) and ``deployed`` (``FakeDeployments``) parts beside it, as
+    ``MlflowRegistry`` has them.  Registrations and alias moves are appended to ``events``.
+    ``down`` fails every call, ``fail_on`` the calls it names ("set_alias" or "set_alias ens")."""
 
     uri = "memory://registry"
 
@@ -164,15 +167,12 @@ class FakeRegistry:
         self.events = events if events is not None else []
         self.tags: dict[tuple[str, str], dict[str, str]] = {}
         self.alias_map: dict[str, dict[str, str]] = {}
-        self.recorded: list[dict[str, Any]] = []  # the runs started, newest last
+        self.recorded: list[dict[str, Any]] = []  # the runs started, newest last (``runs``)
         self.down = False
         self.fail_on: set[str] = set()
         self.deleted: dict[str, int] = {}  # model -> the highest version number deleted
-
-    @property
-    def runs(self) -> FakeRegistry:
-        """The run recorder (``MlflowRegistry.runs``): this fake records its runs itself."""
-        return self
+        self.runs = FakeRuns(self)
+        self.deployed = FakeDeployments(self)
 
     @property
     def models(self) -> FakeRegistry:
@@ -196,20 +196,7 @@ class FakeRegistry:
         digest = artifact_digest(folder / "model", folder / "config.pbtxt")
         self.tags[(name, version)] = {"validation": validation, "artifact_digest": digest}
 
-    # -- the Registry protocol ------------------------------------------------------------------
-
-    def warm_up(self) -> None:
-        pass
-
-    def ping(self) -> None:
-        self._call("ping")
-
-    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
-        self._call("fetch_version", name)
-        source = self.root / name / version
-        shutil.copy2(source / "config.pbtxt", dest / "config.pbtxt")
-        shutil.copytree(source / "model", dest / version)
-        return dict(self.tags[(name, version)])
+    # -- what composes the parts (``DerivedVersions``) --------------------------------------------
 
     def register_version(
         self,
@@ -237,15 +224,27 @@ class FakeRegistry:
         self.deleted[name] = max(self.deleted.get(name, 0), int(version))
         self.events.append(("delete", name, version))
 
+    # -- the models part (``RegistryReader``, ``RegistryWriter``) ---------------------------------
+
+    def warm_up(self) -> None:
+        pass
+
+    def ping(self) -> None:
+        self._call("ping")
+
+    def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
+        self._call("fetch_version", name)
+        source = self.root / name / version
+        shutil.copy2(source / "config.pbtxt", dest / "config.pbtxt")
+        shutil.copytree(source / "model", dest / version)
+        return dict(self.tags[(name, version)])
+
     def delete_model(self, name: str) -> None:
         self._call("delete_model", name)
         if any(m == name for m, _ in self.tags):
             raise RegistryError(f"model '{name}' still has versions")
         self.alias_map.pop(name, None)
         self.events.append(("delete_model", name))
-
-    def experiment_id(self, name: str = "x") -> str:
-        return "0"
 
     def version(self, name: str, version: str) -> Any:
         self._call("version", name)
@@ -298,15 +297,37 @@ class FakeRegistry:
             if m == name and key in tags and (_like(tags[key], value) if like else tags[key] == value)
         ]
 
+
+class FakeDeployments:
+    """Where versions serve (``MlflowRegistry.deployed``): the version's tags of ``registry``."""
+
+    def __init__(self, registry: FakeRegistry) -> None:
+        self.registry = registry
+
     def record_deployment(
         self, model: str, version: str, env: str, run_id: str, targets: tuple[str, ...] | list[str]
     ) -> None:
-        self._call("record_deployment", model)
-        self.tags[(model, version)][f"promotion_run_{env}"] = run_id
-        self.tags[(model, version)][f"serving_{env}"] = ",".join(targets)
+        self.registry._call("record_deployment", model)
+        self.registry.tags[(model, version)][f"promotion_run_{env}"] = run_id
+        self.registry.tags[(model, version)][f"serving_{env}"] = ",".join(targets)
+
+
+class FakeRuns:
+    """The run recorder and reader (``MlflowRegistry.runs``): the runs started kept in
+    ``registry.recorded`` (newest last); a run's files read from ``registry.root / run_id``."""
+
+    def __init__(self, registry: FakeRegistry) -> None:
+        self.registry = registry
+
+    @property
+    def recorded(self) -> list[dict[str, Any]]:
+        return self.registry.recorded
+
+    def experiment_id(self, name: str = "x") -> str:
+        return "0"
 
     def download(self, run_id: str, path: str, dest: Path) -> Path:
-        source = self.root / run_id / path
+        source = self.registry.root / run_id / path
         dest.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, dest / path)
@@ -317,7 +338,7 @@ class FakeRegistry:
     def start_run(
         self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
     ) -> str:
-        self._call("start_run")
+        self.registry._call("start_run")
         self.recorded.append({"name": name, "tags": tags, "start_time": start_time})
         return f"run-{len(self.recorded)}"
 
@@ -342,7 +363,7 @@ class FakeRegistry:
         versions: list[tuple[str, str]],
         error: str = "",
     ) -> None:
-        self._call("link_promotion")
+        self.registry._call("link_promotion")
         self.recorded[-1]["linked"] = {"env": env, "outcome": outcome, "versions": list(versions)}
 
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:

@@ -53,7 +53,9 @@ def export_versions(
         on_step=on_step,
     )
     planned = {
-        (r.model, r.version): p for r in results if plan and (p := plan.planned_version(r.model, r.version))
+        (r.model, r.version): p
+        for r in results
+        if plan and (p := plan.models.planned_version(r.model, r.version))
     }
     return RegisterReport(results, dry_run=dry_run, planned=planned)
 

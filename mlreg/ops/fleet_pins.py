@@ -239,7 +239,7 @@ def pin(
     read, changed and written under ``locked`` (and a compare-and-swap on its digest)."""
     if not pins and not from_alias:
         raise UsageError("nothing to pin", fix="pass MODEL=VERSION (repeatable) or --from-alias ALIAS")
-    registry = registry or open_registry(settings)
+    registry = registry or open_registry(settings).models
     # no ping first: a lookup that fails asks whether MLflow answers (``require_reachable``), so
     # MLflow down is still named as such, and a pin that finds what it needs costs no extra call
     wanted = {**(_alias_pins(registry, from_alias, str(path)) if from_alias else {}), **pins}
@@ -343,10 +343,10 @@ def sync(
     fleet = read_fleet(path)
     name = _environment(fleet, env_name)
     ctx = context(settings, name)
-    require_reachable(ctx.registry, str(path))
+    require_reachable(ctx.registry.models, str(path))
     configs: dict[str, Path] = {}
-    tags = _require_registered(ctx.registry, fleet.models, str(path), configs)
-    refuse_unreachable_pins(fleet, registered_pins(ctx.registry, fleet.models, tags, configs))
+    tags = _require_registered(ctx.registry.models, fleet.models, str(path), configs)
+    refuse_unreachable_pins(fleet, registered_pins(ctx.registry.models, fleet.models, tags, configs))
     before = _health(settings, ctx, fleet) if fleet.models else []
     moved = [(row["model"], row["pinned"]) for row in before if not row["ok"]]
     result = SyncResult(fleet, name, ctx.env.alias, dry_run, moved, health=before)

@@ -38,7 +38,7 @@ def annotation_patch(
 def k8s_annotations(settings: Settings, env_name: str, models: list[str] | None = None) -> dict[str, Any]:
     """The patch for ``env_name``'s Deployment: what its alias holds of ``models`` (default: all)."""
     alias = configured(settings, env_name).alias
-    return annotation_patch(open_registry(settings), alias, models or [], env_name)
+    return annotation_patch(open_registry(settings).models, alias, models or [], env_name)
 
 
 __all__ = ["annotation_patch", "k8s_annotations"]

@@ -207,11 +207,11 @@ def promote_many(
     plan = None if planned is None else PlanRegistry(ctx.registry, planned)
     registry: Registry = plan or ctx.registry
     batch = BatchResult(env.name, env.alias, dry_run, settings.tracking_uri)
-    for model, version in ordered(registry, pairs, ensembles_first):
+    for model, version in ordered(registry.models, pairs, ensembles_first):
         if batch.promotions and not batch.ok and not dry_run:
             batch.promotions.append({"model": model, "version": version, "ok": False, "skipped": True})
             continue
-        if batch.promotions and registry.aliases(model).get(env.alias) == version:
+        if batch.promotions and registry.models.aliases(model).get(env.alias) == version:
             batch.promotions.append({"model": model, "version": version, "ok": True, "held": True})
             continue
         try:
@@ -220,7 +220,7 @@ def promote_many(
         except MlregError as exc:
             batch.promotions.append(_entry(model, version, exc.context.get("result"), exc))
         if plan is not None:  # not in MLflow: the report links to no version page
-            batch.promotions[-1]["registered"] = plan.planned_version(model, version) is None
+            batch.promotions[-1]["registered"] = plan.models.planned_version(model, version) is None
     return batch
 
 
@@ -262,7 +262,7 @@ def promote_listed(
         planned = planned_from_export(from_file)
     else:
         target = environment(settings, env_name).alias
-        pairs = versions_from_alias(MlflowRegistry(settings), str(from_alias), target, model or None)
+        pairs = versions_from_alias(MlflowRegistry(settings).models, str(from_alias), target, model or None)
     return promote_many(
         settings, env_name, pairs, options or Options(), ensembles_first=bool(from_alias), planned=planned
     )

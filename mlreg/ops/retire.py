@@ -59,8 +59,8 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
                 _unload_everywhere(settings, env, store, name, config)
         unfinished = clear_folder(store, name)
     with contextlib.suppress(MlregError):  # the servers are done; the registry's record is best effort
-        if env.alias in ctx.registry.aliases(name):
-            ctx.registry.delete_alias(name, env.alias)
+        if env.alias in ctx.registry.models.aliases(name):
+            ctx.registry.models.delete_alias(name, env.alias)
         ctx.registry.deployed.forget_deployment(name, env.name)
     if unfinished is not None:
         raise unfinished

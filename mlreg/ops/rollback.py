@@ -12,7 +12,7 @@ from mlreg.ops.promote import promote
 from pipelines.core.options import Options
 from pipelines.ledger.recorder import operation
 from registry.errors import UsageError
-from registry.ports import RegistryReader
+from registry.ports import RegistryReader, RegistryView
 from registry.settings import Settings
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class RollbackTarget:
     serving: tuple[str, ...]  # what serves now, as MLflow records it (the alias, the last promotion)
 
 
-def rollback_target(registry: RegistryReader, model: str, env: str, alias: str) -> RollbackTarget:
+def rollback_target(registry: RegistryView, model: str, env: str, alias: str) -> RollbackTarget:
     """The newest successful promotion in ``env`` to a version other than what serves now.
 
     What serves is the version ``alias`` names and the one the newest successful promotion
@@ -67,12 +67,12 @@ def rollback_target(registry: RegistryReader, model: str, env: str, alias: str) 
     (``N -> N``) and a failed attempt are never a way back.  A version that arrived as a member of
     an ensemble's promotion (no run of its own: its ``promoted_<env>`` stamp) counts too, when it
     is newer than the model's own promotion found."""
-    done = [h for h in registry.promotions(model, env) if h.get("result") == "promoted" and h.get("to")]
+    done = [h for h in registry.runs.promotions(model, env) if h.get("result") == "promoted" and h.get("to")]
     serving = {str(done[0]["to"])} if done else set()
-    if named := registry.aliases(model).get(alias):
+    if named := registry.models.aliases(model).get(alias):
         serving.add(str(named))
     earlier = next(((str(h["to"]), h.get("when")) for h in done if str(h["to"]) not in serving), None)
-    arrived = member_arrival(registry, model, env, serving)
+    arrived = member_arrival(registry.models, model, env, serving)
     if arrived is not None and (earlier is None or _ms(arrived[1]) > _number(earlier[1])):
         earlier = (arrived[0], None)
     return RollbackTarget(

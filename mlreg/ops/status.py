@@ -35,7 +35,7 @@ from pipelines.fleet.replicas import open_control
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError, StorageError
-from registry.ports import RegistryReader
+from registry.ports import RegistryReader, RegistryView
 from registry.settings import Settings
 
 
@@ -87,7 +87,7 @@ def status(settings: Settings, env_name: str, model: str | None = None) -> Statu
 
 
 def model_status(
-    settings: Settings, env: Environment, registry: RegistryReader, models: list[str] | None = None
+    settings: Settings, env: Environment, registry: RegistryView, models: list[str] | None = None
 ) -> list[ModelRow]:
     """One row per model: the alias, the store's desired versions and what each target serves, as
     registered (MLflow) versions, with the Triton folders beside them; drift flagged."""
@@ -108,7 +108,7 @@ class EnvironmentStatus:
 
 
 def environment_status(
-    settings: Settings, env: Environment, registry: RegistryReader, models: list[str] | None = None
+    settings: Settings, env: Environment, registry: RegistryView, models: list[str] | None = None
 ) -> EnvironmentStatus:
     """``model_status`` and the store's locks; a store that does not answer within seconds leaves
     what the servers serve in the rows, and says why with a fix (the locks are then unknown)."""
@@ -139,7 +139,7 @@ def _open_control(settings: Settings, env: Environment) -> list[str]:
 def _model_rows(
     settings: Settings,
     env: Environment,
-    registry: RegistryReader,
+    registry: RegistryView,
     store: RepositoryStore,
     models: list[str] | None,
 ) -> tuple[list[ModelRow], str, list[str], dict[str, str]]:
@@ -148,13 +148,13 @@ def _model_rows(
     names, why = (list(models), "") if models else listed_models(store)
     views, why = read_views(store, names, why)
     ensembles = None if why else [m for m in names if views[m].is_ensemble]
-    known = _known(registry, env, names)
+    known = _known(registry.models, env, names)
     live, live_pins = probe_targets(settings, env, store, ensembles, known, store_silent(why))
     if not models:  # what serves and what the alias names, though the store lost it, is drift too
-        names = sorted(set(names) | served_models(live) | aliased_models(registry, env.alias))
+        names = sorted(set(names) | served_models(live) | aliased_models(registry.models, env.alias))
         more, why = read_views(store, [m for m in names if m not in views], why)
         views.update(more)
-    aliases, mlflow_error = read_aliases(registry, names, env.alias)
+    aliases, mlflow_error = read_aliases(registry.models, names, env.alias)
     lost = {m: a for m, a in aliases.items() if a and m not in views_with_config(views)}
     if lost:  # served, though the store lost its folder: asked by name
         ready_outside_index(bounded_connector(settings, env), live, lost, live_pins)

@@ -23,7 +23,7 @@ from pipelines.promote.integrity import (
 )
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError
-from registry.ports import RegistryReader
+from registry.ports import RegistryReader, RegistryView
 
 Serving = dict[str, list[str] | str]  # url -> READY versions, or why the target cannot say
 
@@ -239,7 +239,7 @@ class ModelRow:
 
 def model_row(
     env: Environment,
-    registry: RegistryReader,
+    registry: RegistryView,
     store: RepositoryStore,
     model: str,
     view: StoreView,
@@ -252,7 +252,7 @@ def model_row(
         url: states if isinstance(states, str) else ready_versions(states, model)
         for url, states in live.items()
     }
-    numbered = numbering(registry, model, view, alias, live_pins, reachable=not mlflow_error)
+    numbered = numbering(registry.models, model, view, alias, live_pins, reachable=not mlflow_error)
     serving: Serving = {u: f if isinstance(f, str) else numbered.versions(f, u) for u, f in folders.items()}
     row = ModelRow(
         model,
@@ -261,7 +261,7 @@ def model_row(
         view.desired,
         {url: _as_served(found) for url, found in serving.items()},
         {url: _as_served(found) for url, found in folders.items()},
-        drift(registry, env.alias, view, alias, folders, model, numbered)
+        drift(registry.models, env.alias, view, alias, folders, model, numbered)
         + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
     )
     row.read_by_readiness = readiness_read(live) or None
@@ -311,7 +311,7 @@ def _add_loading(row: ModelRow, store: RepositoryStore, live: dict[str, Any], vi
 def _add_store_findings(
     row: ModelRow,
     env: Environment,
-    registry: RegistryReader,
+    registry: RegistryView,
     store: RepositoryStore,
     view: StoreView,
     folders: Serving,
@@ -329,7 +329,7 @@ def _add_store_findings(
     row.drift.extend(manifest_problems(store, model, view.desired))  # its bytes cannot be verified
     row.drift.extend(folder_problems(store, model, view.desired))  # what no manifest covers: loads refused
     if not view.is_ensemble:  # a manifest the registry does not know covers nothing (issue 44, F2)
-        row.drift.extend(unregistered_problems(store, registry, model))
+        row.drift.extend(unregistered_problems(store, registry.models, model))
     if not view.is_ensemble:  # where the environment checks signatures: the versions it serves
         row.drift.extend(signature_problems(store, registry, model, view.desired, env.signatures))
         return

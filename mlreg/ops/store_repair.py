@@ -26,7 +26,7 @@ from registry.settings import Settings
 
 if TYPE_CHECKING:
     from pipelines.storage.base import RepositoryStore
-    from registry.ports import RegistryReader
+    from registry.ports import RegistryView
 
 
 @dataclass
@@ -50,20 +50,20 @@ def store_repair(
     settings: Settings,
     model: str,
     version: str,
-    registry: RegistryReader,
+    registry: RegistryView,
     store: RepositoryStore,
 ) -> RepairReport:
     """Put ``model`` ``version``'s registered bytes back into ``store`` (see the module's docstring).
     Refused for a version the store does not hold and for an ensemble's folder."""
     _require_repairable(store, model, version)
     try:
-        digest = registry.version_tags(model, version).get(DIGEST_TAG, "")
+        digest = registry.models.version_tags(model, version).get(DIGEST_TAG, "")
     except RegistryError as exc:
         exc.message += ": the store's copy has no registered bytes to be repaired from"
         raise
     step = Step(model, version, Role.MODEL, None, "", None, [])
     with tempfile.TemporaryDirectory(prefix="mlreg-repair-") as tmp, model_lock(store, model, settings):
-        found = check_stored(store, registry, step, version, digest, Path(tmp))
+        found = check_stored(store, registry.models, step, version, digest, Path(tmp))
         repaired = apply_repair(store, found) if found is not None else ""
         signature = _signature_back(store, registry, model, version, Path(tmp))
     return RepairReport(store.uri, model, version, repaired, signature)
@@ -86,7 +86,7 @@ def _require_repairable(store: RepositoryStore, model: str, version: str) -> Non
 
 
 def _signature_back(
-    store: RepositoryStore, registry: RegistryReader, model: str, version: str, workdir: Path
+    store: RepositoryStore, registry: RegistryView, model: str, version: str, workdir: Path
 ) -> str:
     registered = registered_signature(registry, model, version, workdir)  # None: not signed
     key = f"{model}/{version}/{SIGNATURE_FILE}"

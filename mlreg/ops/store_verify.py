@@ -31,7 +31,7 @@ from registry.settings import Settings
 
 if TYPE_CHECKING:
     from pipelines.storage.base import ObjectStore, RepositoryStore
-    from registry.ports import RegistryReader
+    from registry.ports import RegistryView
 
 DIGEST_TAG = "artifact_digest"
 Check = Callable[["RepositoryStore", str, str], Verification]
@@ -181,7 +181,7 @@ def _require_stored(uri: str, name: str, version: str | None, versions: list[str
 
 
 def verify_registered(
-    registry: RegistryReader, store: RepositoryStore, model: str, version: str, hashing: str = "all"
+    registry: RegistryView, store: RepositoryStore, model: str, version: str, hashing: str = "all"
 ) -> Verification:
     """``store.check_version`` against what MLflow registered: the manifest's digest must be the
     version's ``artifact_digest``, and a signature beside it the one logged with the version.  A
@@ -193,7 +193,7 @@ def verify_registered(
         check.note = "an ensemble's folder (no files, re-pointed in place): not compared with MLflow"
         return check
     try:
-        tags = registry.version_tags(model, version)
+        tags = registry.models.version_tags(model, version)
     except RegistryError as exc:
         if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
             raise
@@ -214,7 +214,7 @@ def verify_registered(
 
 
 def _signature_problems(
-    registry: RegistryReader, store: ObjectStore, model: str, version: str
+    registry: RegistryView, store: ObjectStore, model: str, version: str
 ) -> list[FileProblem]:
     stored = store.read(f"{model}/{version}/{SIGNATURE_FILE}")
     if stored is None:

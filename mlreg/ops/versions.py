@@ -16,7 +16,7 @@ def versions(settings: Settings, model: str) -> list[dict[str, Any]]:
 
     rows = list_versions(settings, model)
     if not rows:
-        open_registry(settings).require_model(model)
+        open_registry(settings).models.require_model(model)
     return rows
 
 
@@ -37,11 +37,11 @@ def aliases(settings: Settings, model: str) -> dict[str, str]:
 
 
 def set_alias(settings: Settings, model: str, alias: str, version: str) -> None:
-    open_registry(settings).set_alias(model, alias, version)
+    open_registry(settings).models.set_alias(model, alias, version)
 
 
 def remove_alias(settings: Settings, model: str, alias: str) -> None:
-    open_registry(settings).delete_alias(model, alias)
+    open_registry(settings).models.delete_alias(model, alias)
 
 
 __all__ = ["aliases", "remove_alias", "set_alias", "show", "versions"]

@@ -54,7 +54,7 @@ def register(settings: Settings, url: str, config: RelayConfig | None = None) ->
     secret = config.secret().decode()
     from mlreg.ops.context import open_registry  # lazy: MLflow (~1 s)
 
-    client = open_registry(settings).client
+    client = open_registry(settings).connection.client
     try:
         found = _find(client)
         events = [EVENT_NAME]

@@ -54,7 +54,7 @@ class RegistryAliases:
         from registry.mlflow import sqlite  # lazy: the embedded registry's reader
 
         found = sqlite.alias_holders(self.settings.tracking_uri, alias)
-        return found if found is not None else dict(self._client().alias_versions(alias))
+        return found if found is not None else dict(self._client().models.alias_versions(alias))
 
     def version(self, model: str, alias: str) -> str:
         from registry.mlflow import sqlite  # lazy: the embedded registry's reader
@@ -64,7 +64,7 @@ class RegistryAliases:
             return record.aliases.get(alias, "")
         if sqlite.model_absent(self.settings.tracking_uri, model):
             return ""
-        return str(self._client().aliases(model).get(alias, ""))
+        return str(self._client().models.aliases(model).get(alias, ""))
 
 
 class Stores:

@@ -1,8 +1,8 @@
 """What a promotion needs from the outside world, as Protocols.
 
-The registry's three ports (a reader, a writer, a run recorder) are :mod:`registry.ports`' (the
-registry's own code registers through them too); ``Registry`` is the reader and the writer with
-their ``runs`` part, the run recorder.  ``MlflowRegistry``
+The registry's ports (one per part: its ``models`` read and written, its ``runs`` recorded and
+read, where versions are ``deployed``) are :mod:`registry.ports`' (the registry's own code
+registers through them too); ``Registry`` is those parts and what composes them.  ``MlflowRegistry``
 (registry/) and ``TritonControl`` (pipelines/triton/control.py) are the real implementations; the unit
 tests drive the runner with small in-memory fakes of both.  ``Servers`` and ``Replicas`` are what the
 shared vocabulary asks of an environment's servers (pipelines/fleet ``Fleet`` is both), so that the
@@ -17,17 +17,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.core.changes import Change
-from registry.ports import RegistryReader, RegistryWriter, RunRecorder
+from registry.ports import (
+    DeploymentRecorder,
+    DerivedVersions,
+    RegistryReader,
+    RegistryView,
+    RegistryWriter,
+    RunReader,
+    RunRecorder,
+)
 
 if TYPE_CHECKING:
     import numpy as np  # annotations only: numpy (~0.15 s) is not imported by the read-only verbs
 
 __all__ = [
+    "DeploymentRecorder",
+    "DerivedVersions",
+    "PromotionRuns",
     "Registry",
     "RegistryEditor",
     "RegistryReader",
+    "RegistryView",
     "RegistryWriter",
     "Replicas",
+    "RunReader",
     "RunRecorder",
     "ScratchServers",
     "Servers",
@@ -35,19 +48,35 @@ __all__ = [
 ]
 
 
-class Registry(RegistryReader, RegistryWriter, Protocol):
-    """The model registry as a promotion uses it (MLflow in production): the reader and the
-    writer of :mod:`registry.ports`, and its ``runs`` part, the run recorder (the promotion's
-    record, the ledger's copy).  Code that needs less is typed on the narrower one
-    (``pipelines.promote.integrity`` only reads)."""
+class RegistryEditor(RegistryReader, RegistryWriter, Protocol):
+    """A registry's ``models`` part as a whole: reads what it is about to change, then writes (the
+    record stage's writes and what puts them back, ``pipelines.promote.record``; the no-op's
+    repairs, ``pipelines.promote.stamps``)."""
+
+
+class PromotionRuns(RunRecorder, RunReader, Protocol):
+    """A registry's ``runs`` part as a promotion uses it: the promotion's record (the ledger's
+    copy) written, what earlier runs logged read."""
+
+
+class Registry(DerivedVersions, Protocol):
+    """The model registry as a promotion uses it (MLflow in production): its parts -- ``models``
+    (versions, aliases, tags: read and written), ``runs`` (recorded and read), ``deployed``
+    (where versions serve) -- and what composes them (a derived version registered, one it made
+    deleted).  Code that needs less takes the part it uses (``pipelines.promote.integrity`` takes
+    the ``RegistryView``: it only reads)."""
 
     @property
-    def runs(self) -> RunRecorder: ...
+    def uri(self) -> str: ...
 
+    @property
+    def models(self) -> RegistryEditor: ...
 
-class RegistryEditor(RegistryReader, RegistryWriter, Protocol):
-    """Reads what it is about to change, then writes: the record stage's writes and what puts
-    them back (``pipelines.promote.record``), the no-op's repairs (``pipelines.promote.stamps``)."""
+    @property
+    def runs(self) -> PromotionRuns: ...
+
+    @property
+    def deployed(self) -> DeploymentRecorder: ...
 
 
 class ServingTarget(Protocol):

@@ -75,18 +75,27 @@ class RegistryWrites(Protocol):
     def put_back(self) -> tuple[list[str], list[str]]: ...
 
 
-class Registrar(Protocol):
-    """What deleting a version this promotion registered needs of the registry (``Registry``)."""
+class RegisteredVersions(Protocol):
+    """What the undo log reads of the registered versions and deletes (a registry's ``models``)."""
 
     def find_by_tag(self, name: str, key: str, value: str, like: bool = False) -> list[Any]: ...
 
     def aliases(self, name: str) -> dict[str, str]: ...
 
-    def delete_version(self, name: str, version: str) -> None: ...
-
     def versions(self, name: str) -> list[Any]: ...
 
     def delete_model(self, name: str) -> None: ...
+
+
+class Registrar(Protocol):
+    """What deleting a version this promotion registered needs of the registry (``Registry``):
+    its ``models`` read (a model its registration created deleted) and a version deleted with its
+    run."""
+
+    @property
+    def models(self) -> RegisteredVersions: ...
+
+    def delete_version(self, name: str, version: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -400,7 +409,7 @@ def _versions_back(
 ) -> bool:
     """The versions ``noted`` made deleted where nothing uses them; whether every one was."""
     try:
-        found = noted.registry.find_by_tag(noted.model, OWNER_TAG, noted.promotion_id)
+        found = noted.registry.models.find_by_tag(noted.model, OWNER_TAG, noted.promotion_id)
     except MlregError as exc:
         report.failed.append(
             f"MLflow: the versions of {noted.model} this promotion registered cannot be looked "
@@ -435,9 +444,9 @@ def _model_back(noted: Registering, report: UndoReport) -> None:
     """The registered model ``noted``'s registration created (none before it), deleted once no
     version and no alias of it is left (someone else's since: kept)."""
     try:
-        if noted.registry.versions(noted.model) or noted.registry.aliases(noted.model):
+        if noted.registry.models.versions(noted.model) or noted.registry.models.aliases(noted.model):
             return
-        noted.registry.delete_model(noted.model)
+        noted.registry.models.delete_model(noted.model)
     except MlregError as exc:
         report.failed.append(
             f"MLflow: model {noted.model}, new with this promotion's registration and left with no "
@@ -457,7 +466,7 @@ def _in_use(
     happens to name) is not this version."""
     model, pins = noted.model, dict(noted.pins)
     try:
-        named = sorted(a for a, v in noted.registry.aliases(model).items() if v == version)
+        named = sorted(a for a, v in noted.registry.models.aliases(model).items() if v == version)
         text = store.read_config(model) or ""
     except MlregError as exc:
         return f"whether anything uses it cannot be told: {exc.message}", True

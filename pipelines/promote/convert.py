@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.core.plan import Step, desired_config
-from pipelines.core.ports import RegistryReader, RegistryWriter
+from pipelines.core.ports import DerivedVersions, RegistryReader, RegistryWriter
 from pipelines.core.reports import Converted
 from registry.contracts.config import CONFIG_NAME, format_config, parse_config
 from registry.errors import MissingDependencyError, PromotionError
@@ -121,14 +121,15 @@ def convert_step(step: Step, golden: dict[str, np.ndarray], gpu: bool, registry:
     return Converted(converted, step.version, parity, info, existing is not None)
 
 
-def register_converted(registry: RegistryWriter, converted: Converted) -> str:
-    """Register the ONNX version (an identical one is reused); returns the number it got."""
+def register_converted(registry: DerivedVersions, tags: RegistryWriter, converted: Converted) -> str:
+    """Register the ONNX version (an identical one is reused) and tag what it derives from
+    (``tags``: the registry's ``models``); returns the number it got."""
     step = converted.step
     assert step.folder is not None
     version = registry.register_version(
         step.model, step.folder / step.version, step.folder / CONFIG_NAME, export_info=converted.export_info
     )
-    registry.set_version_tag(step.model, version, "derived_from", converted.source_version)
+    tags.set_version_tag(step.model, version, "derived_from", converted.source_version)
     return version
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.plan import Step
-from pipelines.core.ports import RegistryReader
+from pipelines.core.ports import RegistryReader, RegistryView
 from pipelines.core.reports import Repair
 from pipelines.core.undo import VerifyStored
 from pipelines.storage import closed_world
@@ -120,7 +120,7 @@ def verifier(
     store: RepositoryStore,
     digests: dict[tuple[str, str], str],
     trust: Trust | None = None,
-    registry: RegistryReader | None = None,
+    registry: RegistryView | None = None,
     workdir: Path | None = None,
 ) -> VerifyStored:
     """What the undo log asks before it loads a version again: "" when the bytes verify (and,
@@ -152,7 +152,7 @@ def verifier(
 
 def check_signatures(
     store: RepositoryStore,
-    registry: RegistryReader,
+    registry: RegistryView,
     steps: Iterable[Step],
     trust: Trust | None,
     workdir: Path | None,
@@ -199,12 +199,12 @@ def no_way_back_error(model: str, version: str, why: str, restore: str) -> Promo
 
 
 def _check_new(
-    store: RepositoryStore, registry: RegistryReader, step: Step, trust: Trust, workdir: Path
+    store: RepositoryStore, registry: RegistryView, step: Step, trust: Trust, workdir: Path
 ) -> str:
     what = f"{step.model} v{step.version}"
     # a version only a plan (``mlreg export --dry-run``) would register has no signature yet: the
     # export that registers it signs it
-    if is_planned(registry, step.model, step.version):
+    if is_planned(registry.models, step.model, step.version):
         return f"{what} not checked: a plan's version is signed when it is registered (--sign-key)"
     try:
         signed = _new_signature(store, registry, step, trust, workdir)
@@ -224,7 +224,7 @@ def _check_new(
 
 
 def _new_signature(
-    store: RepositoryStore, registry: RegistryReader, step: Step, trust: Trust, workdir: Path
+    store: RepositoryStore, registry: RegistryView, step: Step, trust: Trust, workdir: Path
 ) -> Signed:
     """A version to upload: the registry's signature over the registry's manifest (bound to the
     registered digest the upload is verified against).  A stored one: the store's signature over the
@@ -241,7 +241,7 @@ def _new_signature(
     return _registered_check(registry, step, trust, workdir)
 
 
-def _registered_check(registry: RegistryReader, step: Step, trust: Trust, workdir: Path) -> Signed:
+def _registered_check(registry: RegistryView, step: Step, trust: Trust, workdir: Path) -> Signed:
     files = _registered_files(registry, step)
     bundle = registered_signature(registry, step.model, step.version, workdir)
     signed = verify_signature(bundle, files, trust, f"{step.model} v{step.version}")
@@ -250,7 +250,7 @@ def _registered_check(registry: RegistryReader, step: Step, trust: Trust, workdi
 
 
 def _check_previous(
-    store: RepositoryStore, registry: RegistryReader, model: str, version: str, trust: Trust, workdir: Path
+    store: RepositoryStore, registry: RegistryView, model: str, version: str, trust: Trust, workdir: Path
 ) -> tuple[str, str]:
     """The validate report's line for a version an abort would load again, and why its signature
     does not verify ("" when it does)."""
@@ -270,7 +270,7 @@ _CHECKED: dict[tuple[str, str, tuple[Any, ...]], Signed] = {}  # (bundle sha256,
 
 def stored_signature_check(
     store: RepositoryStore,
-    registry: RegistryReader | None,
+    registry: RegistryView | None,
     model: str,
     version: str,
     trust: Trust,
@@ -305,16 +305,16 @@ def stored_signature_check(
     return signed
 
 
-def registered_signature(registry: RegistryReader, model: str, version: str, workdir: Path) -> bytes | None:
+def registered_signature(registry: RegistryView, model: str, version: str, workdir: Path) -> bytes | None:
     """The signature logged with the version in MLflow (None: unsigned; read only when the
     version's ``signed_by`` tag says there is one)."""
-    if not registry.version_tags(model, version).get(SIGNED_BY_TAG):
+    if not registry.models.version_tags(model, version).get(SIGNED_BY_TAG):
         return None
     dest = workdir / f"signature-{model}-{version}"
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        run_id = str(registry.version(model, version).run_id)
-        return registry.download(run_id, SIGNATURE_ARTIFACT, dest).read_bytes()
+        run_id = str(registry.models.version(model, version).run_id)
+        return registry.runs.download(run_id, SIGNATURE_ARTIFACT, dest).read_bytes()
     except (MlregError, OSError) as exc:
         raise SignatureError(
             f"{model} v{version} is tagged signed but its signature cannot be read from MLflow: {exc}",
@@ -322,7 +322,7 @@ def registered_signature(registry: RegistryReader, model: str, version: str, wor
         ) from exc
 
 
-def _registered_files(registry: RegistryReader, step: Step) -> dict[str, str]:
+def _registered_files(registry: RegistryView, step: Step) -> dict[str, str]:
     """The registry's manifest of a version still to upload, bound to its registered digest (the
     digest the store's bytes are checked against after the upload): nothing hashed but the config."""
     assert step.folder is not None
@@ -345,16 +345,16 @@ def _registered_files(registry: RegistryReader, step: Step) -> dict[str, str]:
     return signed_files(files, config_sha)
 
 
-def _registered_manifest(registry: RegistryReader, step: Step) -> dict[str, Any]:
+def _registered_manifest(registry: RegistryView, step: Step) -> dict[str, Any]:
     """The ``manifest.json`` logged with the version's MLflow run (downloaded beside its fetch)."""
     assert step.folder is not None
     dest = step.folder.parent / f"manifest-{step.model}-{step.version}"
     dest.mkdir(parents=True, exist_ok=True)
-    run_id = str(registry.version(step.model, step.version).run_id)
-    return dict(json.loads(registry.download(run_id, "manifest.json", dest).read_text()))
+    run_id = str(registry.models.version(step.model, step.version).run_id)
+    return dict(json.loads(registry.runs.download(run_id, "manifest.json", dest).read_text()))
 
 
-def registered_differences(store: RepositoryStore, registry: RegistryReader, step: Step) -> list[str]:
+def registered_differences(store: RepositoryStore, registry: RegistryView, step: Step) -> list[str]:
     """The files of an uploaded version whose bytes differ from those registered in MLflow, one line
     each, from the two manifests (the store's, written from the bytes sent, and the registry's
     ``manifest.json``): nothing hashed.  Empty when either cannot be read (the digest error stands)."""
@@ -400,7 +400,7 @@ def publish_signature(store: RepositoryStore, step: Step, workdir: Path | None) 
 
 def signature_problems(
     store: RepositoryStore,
-    registry: RegistryReader | None,
+    registry: RegistryView | None,
     model: str,
     versions: Iterable[str],
     trust: Trust | None,

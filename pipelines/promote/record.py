@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.core.plan import Plan, Role
-from pipelines.core.ports import RegistryEditor, RegistryWriter, RunRecorder
+from pipelines.core.ports import DeploymentRecorder, RegistryEditor, RegistryWriter, RunRecorder
 from pipelines.core.reports import PromotionResult
 from pipelines.fleet.fleet import checkpoint
 from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
@@ -24,13 +24,19 @@ from registry.settings import redact_uri
 log = logging.getLogger(__name__)
 
 
-class PromotionLog(RegistryWriter, Protocol):
+class PromotionLog(Protocol):
     """What recording a promotion writes through: its run (``runs``), the footprints' version tags
-    and where each moved version serves (the aliases and ``promoted_<env>`` tags go through
-    ``RecordWrites``)."""
+    (``models``) and where each moved version serves (``deployed``; the aliases and
+    ``promoted_<env>`` tags go through ``RecordWrites``)."""
 
     @property
     def runs(self) -> RunRecorder: ...
+
+    @property
+    def models(self) -> RegistryWriter: ...
+
+    @property
+    def deployed(self) -> DeploymentRecorder: ...
 
 
 def record_promotion(
@@ -96,10 +102,10 @@ def record_promotion(
             for model, version in deployed:
                 if writes is not None:
                     writes.note_deployment(model, version, env.name)
-                registry.record_deployment(model, version, env.name, run_id, plan.targets)
+                registry.deployed.record_deployment(model, version, env.name, run_id, plan.targets)
     except MlregError as exc:
         log.warning("could not record the promotion in MLflow: %s", redact_uri(str(exc)))
-    record_footprints(registry, result)
+    record_footprints(registry.models, result)
 
 
 def story_versions(result: PromotionResult, writes: RecordWrites | None) -> list[tuple[str, str]]:

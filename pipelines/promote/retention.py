@@ -42,6 +42,7 @@ from pipelines.storage import locking
 from pipelines.storage.archive import archive_of, bring_back, complete, drop_archived, move_to_archive
 from pipelines.storage.base import RepositoryStore
 from registry.errors import MlregError, StorageError, TritonError
+from registry.ports import RegistryReader
 
 log = logging.getLogger(__name__)
 States = Mapping[str, "dict[str, dict[str, str]] | MlregError"]  # url -> model -> version -> state
@@ -317,7 +318,7 @@ def _pass(ctx: FleetContext, pre_deploy: bool) -> RetentionReport:
         why = f"a target could not be asked what it holds ({'; '.join(missing)})"
         return RetentionReport(ctx.env.keep, skipped=why)
     before = {s.model: s.previous_versions for s in ctx.plan.steps}
-    stamp = registry_stamp(ctx.registry, ctx.env.name)
+    stamp = registry_stamp(ctx.registry.models, ctx.env.name)
     if not pre_deploy:
         found = plan(ctx.store, archive, _models(ctx), ctx.env.keep, states, stamp, before)
         return apply(ctx.store, archive, found)
@@ -344,7 +345,7 @@ def _models(ctx: FleetContext) -> set[str]:
     return {s.model for s in ctx.plan.steps}  # each one locked by resolve
 
 
-def registry_stamp(registry: Any, env_name: str) -> Stamp:
+def registry_stamp(registry: RegistryReader, env_name: str) -> Stamp:
     """When each version was last promoted to ``env_name`` (MLflow's ``promoted_<env>`` tag)."""
 
     def stamp(model: str, version: str) -> str:

@@ -209,7 +209,7 @@ class Promotion:
     def _headroom(self, fleet: Fleet) -> Headroom:
         """Memory headroom before each load and leaks after a failed one (headroom.py), on the
         environment's metrics URLs and margin; footprints known from the registry's version tags."""
-        known, held = registry_footprints(self.registry), replica_versions(fleet)
+        known, held = registry_footprints(self.registry.models), replica_versions(fleet)
         return Headroom(self.env.metrics_url, self.env.memory_margin, known=known, held=held)
 
     def _sequence(self, ctx: FleetContext, stages: list[Stage], planning: bool = False) -> None:

@@ -122,7 +122,7 @@ def resolve(ctx: FleetContext) -> StageReport:
         if not ctx.options.dry_run:  # what a promotion that lost these locks uploaded and left
             ctx.result.notes.extend(remove_fenced_uploads(ctx.store, wanted, fleet.states()))
         plan = build_plan(
-            ctx.registry,
+            ctx.registry.models,
             ctx.store,
             ctx.env,
             plan.targets,
@@ -177,9 +177,11 @@ def repair(ctx: FleetContext) -> RepairReport:
         if skipped:
             ctx.result.notes.append(skipped)
             return RepairReport([])
-        repaired = repair_record(ctx.registry, ctx.env, serving)
+        repaired = repair_record(ctx.registry.models, ctx.env, serving)
         with tempfile.TemporaryDirectory(prefix="mlreg-stamps-") as work:  # the ensembles over them too
-            repaired += repair_ensemble_stamps(ctx.registry, ctx.store, ctx.env.name, serving, Path(work))
+            repaired += repair_ensemble_stamps(
+                ctx.registry.models, ctx.store, ctx.env.name, serving, Path(work)
+            )
     ctx.result.notes.extend(repaired)
     return RepairReport(repaired)
 
@@ -247,7 +249,7 @@ def _registered_as_stored(ctx: FleetContext, model: str, version: str, config: s
     fetched = ctx.plan.workdir / f"registered-{model}-{version}"
     shutil.rmtree(fetched, ignore_errors=True)  # asked again by the repair, under its locks
     fetched.mkdir(parents=True)
-    ctx.registry.fetch_version(model, version, fetched)
+    ctx.registry.models.fetch_version(model, version, fetched)
     registered = (fetched / CONFIG_NAME).read_text()
     if folder == version:
         return ensemble_pins(registered) == ensemble_pins(config)
@@ -300,13 +302,13 @@ def _repair_ensembles(ctx: FleetContext, plan: Plan) -> None:
 
 def _preconditions(ctx: FleetContext) -> None:
     """Triton, store and the registry reachable before anything starts."""
-    ctx.registry.warm_up()  # MLflow's import overlaps with the work below
+    ctx.registry.models.warm_up()  # MLflow's import overlaps with the work below
     if not ctx.options.skip_quality:
         quality.warm_up()  # great_expectations (seconds) imports while the promotion plans
     if ctx.env.policy is None:  # a staged policy checked every replica's liveness already
         ctx.fleet.check_live()
     ctx.store.list_models()
-    ctx.registry.ping()
+    ctx.registry.models.ping()
 
 
 def _lock_names(ctx: FleetContext, model: str) -> set[str]:
@@ -334,7 +336,7 @@ def convert(ctx: FleetContext) -> ConvertReport:
     plan = ctx.plan
     step = plan.step(plan.model)
     golden = quality.golden_inputs(ctx.settings, step.model, step.config_text)
-    ctx.converted = converted = convert_step(step, golden, ctx.env.gpu, ctx.registry)
+    ctx.converted = converted = convert_step(step, golden, ctx.env.gpu, ctx.registry.models)
     _renumber(ctx, step, converted.step)
     worst = max(converted.parity.values(), default=0.0)
     return ConvertReport(step.model, step.version, converted.step.version, worst, converted.registered)
@@ -385,7 +387,7 @@ def _check_bytes(ctx: FleetContext, step: Step) -> list[str]:
     checked = []
     for version, digest in wanted:
         try:
-            repair = check_stored(ctx.store, ctx.registry, step, version, digest, ctx.plan.workdir)
+            repair = check_stored(ctx.store, ctx.registry.models, step, version, digest, ctx.plan.workdir)
         except PromotionError as exc:
             if version == step.version:
                 raise  # what this promotion loads: refused
@@ -539,7 +541,7 @@ def number_repointed(ctx: FleetContext) -> None:
             step.model, folder / "1", folder / "config.pbtxt", members=pins, tags={OWNER_TAG: promotion_id}
         )
         fetched, tags = fetch_version(
-            ctx.registry, step.model, version, plan.workdir / f"registered-{step.model}"
+            ctx.registry.models, step.model, version, plan.workdir / f"registered-{step.model}"
         )
         numbered_step = plan.steps[index] = replace(
             step,
@@ -565,10 +567,10 @@ def number_repointed(ctx: FleetContext) -> None:
 def _new_to_registry(ctx: FleetContext, model: str) -> bool:
     """Whether ``model`` is no registered model yet (an ensemble only the store knows): its
     registration creates it.  MLflow unreachable raises (nothing registered then)."""
-    if ctx.registry.versions(model):
+    if ctx.registry.models.versions(model):
         return False
     try:
-        ctx.registry.require_model(model)
+        ctx.registry.models.require_model(model)
     except RegistryError:  # MLflow just answered: the model is not registered
         return True
     return False
@@ -579,7 +581,9 @@ def _registered_as_folder(ctx: FleetContext, step: Step) -> bool:
     repair re-loading the store's config where a target lost it): nothing to register or move."""
     assert ctx.plan.workdir is not None
     try:
-        fetched, _ = fetch_version(ctx.registry, step.model, step.version, ctx.plan.workdir / "as-folder")
+        fetched, _ = fetch_version(
+            ctx.registry.models, step.model, step.version, ctx.plan.workdir / "as-folder"
+        )
     except (MlregError, LookupError, OSError):  # no such registered version: register it
         return False
     return ensemble_pins((fetched / CONFIG_NAME).read_text()) == ensemble_pins(step.config_text)
@@ -587,7 +591,7 @@ def _registered_as_folder(ctx: FleetContext, step: Step) -> bool:
 
 def _register_converted(ctx: FleetContext, converted: Converted) -> None:
     step = converted.step
-    version = register_converted(ctx.registry, converted)
+    version = register_converted(ctx.registry, ctx.registry.models, converted)
     if version != step.version:  # someone registered meanwhile: the registry's number wins
         assert step.folder is not None
         (step.folder / step.version).rename(step.folder / version)
@@ -672,7 +676,7 @@ def record(ctx: FleetContext) -> RecordReport:
     error says exactly what moved; then the promotion's run."""
     plan = ctx.plan
     stamp = deployment_stamp()
-    writes = RecordWrites(ctx.registry, ctx.env.alias, f"promoted_{ctx.env.name}")
+    writes = RecordWrites(ctx.registry.models, ctx.env.alias, f"promoted_{ctx.env.name}")
     ctx.undo.wrote_registry(writes)  # any exit from here on puts these writes back
     try:
         versions: list[tuple[str, str]] = []

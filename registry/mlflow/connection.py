@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from registry import background
-from registry.errors import RegistryError
-from registry.mlflow import sqlite
+from registry.errors import MlregError, RegistryError
+from registry.mlflow import rest, sqlite
 from registry.mlflow.environ import ENVIRON
 from registry.mlflow.locked import DATABASE_LOCKED, lock_wait
 from registry.mlflow.translate import translated
-from registry.settings import Settings
+from registry.settings import EXPORTS_EXPERIMENT, PROMOTIONS_EXPERIMENT, Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,6 +44,7 @@ class MlflowConnection:
         # waited in vain once (a command fails in seconds, not a wait a call), again after a success
         self._patience = lock_wait(settings)
         self.warming: threading.Thread | None = None
+        self._experiments: dict[str, str] = {}  # name -> id (an experiment is never renamed)
 
     def warm_up(self) -> None:
         """Import MLflow and open the client in the background (it takes seconds).  A failure is
@@ -55,6 +56,45 @@ class MlflowConnection:
             self.client  # noqa: B018
         except Exception as exc:
             log.debug("opening MLflow in the background failed: %s", exc)
+
+    def ping(self) -> None:
+        """Raise RegistryError unless the registry answers: a tracking server within
+        MLREG_MLFLOW_TIMEOUT (over REST: no MLflow import); the embedded registry's database not
+        held by another process (MLREG_MLFLOW_TIMEOUT, at most 5 s), created where it does not
+        exist yet."""
+        if self.uri.startswith(("http://", "https://")):
+            rest.ping(self.uri, self.settings.mlflow_timeout)
+        elif sqlite.database(self.uri) is None:
+            self.experiment_id(PROMOTIONS_EXPERIMENT)
+        else:
+            self.local(partial(sqlite.wait_unlocked, self.uri, what="MLflow ping"))
+
+    def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
+        """The id of experiment ``name``, created where it does not exist yet (the embedded
+        registry's artifacts under ``settings.artifact_root``)."""
+        if name in self._experiments:
+            return self._experiments[name]
+        existing = self.call("experiment lookup", lambda: self.client.get_experiment_by_name(name))
+        if existing is not None:
+            self._experiments[name] = str(existing.experiment_id)
+            return self._experiments[name]
+        location = None
+        if self.uri.startswith("sqlite:"):
+            self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
+            location = self.settings.artifact_root.as_uri()
+        try:
+            created = self.call(
+                "experiment creation",
+                lambda: self.client.create_experiment(name, artifact_location=location),
+            )
+        except MlregError:
+            # another process (a concurrent promotion) created it since the lookup: use theirs
+            raced = self.call("experiment lookup", lambda: self.client.get_experiment_by_name(name))
+            if raced is None:
+                raise
+            created = raced.experiment_id
+        self._experiments[name] = str(created)
+        return self._experiments[name]
 
     @property
     def local_root(self) -> Path:

@@ -1,6 +1,6 @@
 """Where a model serves, as the registered model's tags and description say (no MLflow import).
 
-``MlflowRegistry.record_deployment`` keeps one ``deployed_<env>`` tag per environment (a JSON
+``MlflowDeployments.record_deployment`` keeps one ``deployed_<env>`` tag per environment (a JSON
 entry: version, when, run, targets) and renders them as a table in the model's description.
 """
 

@@ -42,7 +42,7 @@ def _row(
         "validation": tags.get("validation", "unknown"),
         "signed_by": tags.get("signed_by", ""),  # registry.signing.SIGNED_BY_TAG ("": unsigned)
         "promoted": promoted,
-        "serving": serving,  # environments this version serves in now (MlflowRegistry.record_deployment)
+        "serving": serving,  # environments this version serves in now (MlflowDeployments.record_deployment)
     }
 
 
@@ -65,7 +65,7 @@ def list_versions(settings: Settings, model: str) -> list[dict[str, Any]]:
     elif sqlite.model_absent(uri, model, wait):
         alias_map, entries = {}, []
     else:
-        registry = MlflowRegistry(settings)
+        registry = MlflowRegistry(settings).models
         found = registry.versions(model)
         alias_map = registry.aliases(model) if found else {}
         entries = [(str(v.version), v.creation_timestamp, dict(v.tags or {})) for v in found]

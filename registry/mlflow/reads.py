@@ -66,13 +66,13 @@ class ClientReads:
         self.registry = registry
 
     def require_model(self, name: str) -> dict[str, str]:
-        return self.registry.require_model(name)
+        return self.registry.models.require_model(name)
 
     def version(self, name: str, version: str) -> VersionRecord:
-        return self._record(self.registry.version(name, version))
+        return self._record(self.registry.models.version(name, version))
 
     def versions(self, name: str) -> list[VersionRecord]:
-        return [self._record(mv) for mv in self.registry.versions(name)]
+        return [self._record(mv) for mv in self.registry.models.versions(name)]
 
     def promotion(self, run_id: str) -> dict[str, Any] | None:
         return self.registry.runs.promotion(run_id)
@@ -91,10 +91,10 @@ class ClientReads:
 
     def artifact_text(self, run_id: str, path: str) -> str:
         with tempfile.TemporaryDirectory(prefix="mlreg-read-") as tmp:
-            return _bounded_text(self.registry.download(run_id, path, Path(tmp)))
+            return _bounded_text(self.registry.runs.download(run_id, path, Path(tmp)))
 
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
-        return self.registry.promotions(name, env)
+        return self.registry.runs.promotions(name, env)
 
 
 class EmbeddedReads:

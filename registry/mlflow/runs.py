@@ -28,12 +28,12 @@ log = logging.getLogger(__name__)
 
 class PromotionLinks(Protocol):
     """What links a promotion run and the versions it moved (``registry.mlflow.story.MlflowStory``,
-    which reads those versions: given to the runs by ``MlflowRegistry``)."""
+    which reads those versions)."""
 
     def link_promotion(
         self,
         run_id: str,
-        experiment: str,
+        experiment_id: str,
         env: str,
         outcome: str,
         versions: list[tuple[str, str]],
@@ -43,13 +43,12 @@ class PromotionLinks(Protocol):
 
 class MlflowRuns:
     """Experiments, runs, logged models and artifact downloads over one connection; a promotion
-    run linked to the versions it moved through ``story`` (``MlflowRegistry`` gives it one: the
-    story reads those versions)."""
+    run linked to the versions it moved through ``story`` (``MlflowStory``: it reads those
+    versions)."""
 
-    def __init__(self, connection: MlflowConnection) -> None:
+    def __init__(self, connection: MlflowConnection, story: PromotionLinks) -> None:
         self.connection = connection
-        self.story: PromotionLinks | None = None
-        self._experiments: dict[str, str] = {}
+        self.story = story
         self._logged: dict[str, str] = {}  # run id -> the model id it logged (removed if discarded)
 
     @property
@@ -57,30 +56,8 @@ class MlflowRuns:
         return self.connection.client
 
     def experiment_id(self, name: str = EXPORTS_EXPERIMENT) -> str:
-        if name in self._experiments:
-            return self._experiments[name]
-        call, uri = self.connection.call, self.connection.uri
-        existing = call("experiment lookup", lambda: self._client.get_experiment_by_name(name))
-        if existing is not None:
-            self._experiments[name] = str(existing.experiment_id)
-            return self._experiments[name]
-        location = None
-        if uri.startswith("sqlite:"):
-            self.connection.settings.artifact_root.mkdir(parents=True, exist_ok=True)
-            location = self.connection.settings.artifact_root.as_uri()
-        try:
-            created = call(
-                "experiment creation",
-                lambda: self._client.create_experiment(name, artifact_location=location),
-            )
-        except MlregError:
-            # another process (a concurrent promotion) created it since the lookup: use theirs
-            raced = call("experiment lookup", lambda: self._client.get_experiment_by_name(name))
-            if raced is None:
-                raise
-            created = raced.experiment_id
-        self._experiments[name] = str(created)
-        return self._experiments[name]
+        """The id of experiment ``name`` (created where it does not exist: the connection's)."""
+        return self.connection.experiment_id(name)
 
     def start_run(
         self, experiment: str, name: str, tags: dict[str, str], start_time: float | None = None
@@ -125,9 +102,7 @@ class MlflowRuns:
     ) -> None:
         """The promotion run and the versions it moved or tried, linked both ways in the UI
         (``registry.mlflow.story``)."""
-        if self.story is None:
-            raise RegistryError("MLflow runs without a registry cannot link a promotion to its versions")
-        self.story.link_promotion(run_id, experiment, env, outcome, versions, error)
+        self.story.link_promotion(run_id, self.experiment_id(experiment), env, outcome, versions, error)
 
     def discard_run(self, run_id: str) -> None:
         """Best effort: a run whose version was not created must not linger as a success.  Its
@@ -255,51 +230,8 @@ class MlflowRuns:
     # -- reading what runs logged ------------------------------------------------------------------
 
     def download(self, run_id: str, path: str, dest: Path) -> Path:
-        """A run's artifact at ``path``, downloaded into ``dest``.
-
-        An export run whose version is an MLflow Model keeps the version folder in its logged model,
-        not in the run: its ``model`` path resolves to ``<name>/1`` of that logged model, so readers
-        written for the older layout (config.pbtxt + model/ in the run) read both.
-        """
-        try:
-            got = Path(
-                self.connection.call(
-                    "artifact download", lambda: self._client.download_artifacts(run_id, path, str(dest))
-                )
-            )
-        except RegistryError:
-            if path != "model":
-                raise
-            got = dest / path
-        if path == "model" and not got.exists():
-            return self._download_logged_version(run_id, dest / path) or got
-        return got
-
-    def _download_logged_version(self, run_id: str, target: Path) -> Path | None:
-        call = self.connection.call
-        run = call("run lookup", lambda: self._client.get_run(run_id))
-        outputs = getattr(run, "outputs", None)
-        ids = [o.model_id for o in (getattr(outputs, "model_outputs", None) or [])]
-        if not ids:
-            return None
-        import mlflow.artifacts  # lazy: mlflow ~1.5 s of import, already done by the call above
-
-        logged = call("model lookup", lambda: self._client.get_logged_model(ids[0]))
-        uri = f"{logged.artifact_location}/{logged.name}/{VERSION_FOLDER}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with (
-            global_tracking_uri(self.connection.uri),  # mlflow-artifacts:/ URIs resolve against it
-            tempfile.TemporaryDirectory(prefix="mlreg-download-", dir=target.parent) as tmp,
-        ):
-            try:
-                got = call(
-                    "artifact download",
-                    lambda: mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp),
-                )
-            except RegistryError:
-                return None  # an ensemble's version folder is empty: nothing was logged
-            shutil.move(got, target)
-        return target
+        """A run's artifact at ``path``, downloaded into ``dest`` (``download``)."""
+        return download(self.connection, run_id, path, dest)
 
     def promotion(self, run_id: str) -> dict[str, Any] | None:
         """One promotion run as a row of ``promotions`` plus its ``model``; None when ``run_id`` is
@@ -339,3 +271,52 @@ class MlflowRuns:
             "user": run.data.tags.get("user"),
             "run_id": run.info.run_id,
         }
+
+
+def download(connection: MlflowConnection, run_id: str, path: str, dest: Path) -> Path:
+    """A run's artifact at ``path``, downloaded into ``dest``.
+
+    An export run whose version is an MLflow Model keeps the version folder in its logged model,
+    not in the run: its ``model`` path resolves to ``<name>/1`` of that logged model, so readers
+    written for the older layout (config.pbtxt + model/ in the run) read both.
+    """
+    try:
+        got = Path(
+            connection.call(
+                "artifact download", lambda: connection.client.download_artifacts(run_id, path, str(dest))
+            )
+        )
+    except RegistryError:
+        if path != "model":
+            raise
+        got = dest / path
+    if path == "model" and not got.exists():
+        return _download_logged_version(connection, run_id, dest / path) or got
+    return got
+
+
+def _download_logged_version(connection: MlflowConnection, run_id: str, target: Path) -> Path | None:
+    call = connection.call
+    run = call("run lookup", lambda: connection.client.get_run(run_id))
+    outputs = getattr(run, "outputs", None)
+    ids = [o.model_id for o in (getattr(outputs, "model_outputs", None) or [])]
+    if not ids:
+        return None
+    import mlflow.artifacts  # lazy: mlflow ~1.5 s of import, already done by the call above
+
+    logged = call("model lookup", lambda: connection.client.get_logged_model(ids[0]))
+    uri = f"{logged.artifact_location}/{logged.name}/{VERSION_FOLDER}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        global_tracking_uri(connection.uri),  # mlflow-artifacts:/ URIs resolve against it
+        tempfile.TemporaryDirectory(prefix="mlreg-download-", dir=target.parent) as tmp,
+    ):
+        try:
+            got = call(
+                "artifact download",
+                lambda: mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp),
+            )
+        except RegistryError:
+            return None  # an ensemble's version folder is empty: nothing was logged
+        shutil.move(got, target)
+    return target

@@ -22,7 +22,6 @@ from typing import Any
 from registry.errors import MlregError
 from registry.lineage import deployment_stamp
 from registry.mlflow.connection import MlflowConnection
-from registry.mlflow.runs import MlflowRuns
 from registry.mlflow.versions import MlflowVersions
 
 SECTION = "**Promotions**"
@@ -88,10 +87,9 @@ def _one_line(text: str, limit: int) -> str:
 class MlflowStory:
     """Writes the links between a promotion run and the versions it moved or tried."""
 
-    def __init__(self, connection: MlflowConnection, versions: MlflowVersions, runs: MlflowRuns) -> None:
+    def __init__(self, connection: MlflowConnection, versions: MlflowVersions) -> None:
         self.connection = connection
         self.versions = versions
-        self.runs = runs
 
     @property
     def _client(self) -> Any:
@@ -100,7 +98,7 @@ class MlflowStory:
     def link_promotion(
         self,
         run_id: str,
-        experiment: str,
+        experiment_id: str,
         env: str,
         outcome: str,
         versions: list[tuple[str, str]],
@@ -108,13 +106,12 @@ class MlflowStory:
     ) -> None:
         """The run's description and ``mlreg_versions`` tag; each existing version's **Promotions**
         line (a version the registry does not hold -- a re-pointed ensemble a refused promotion
-        never registered -- is left out)."""
-        experiment_id = self.runs.experiment_id(experiment)
+        never registered -- is left out).  ``experiment_id``: the run's experiment (its links)."""
         held = {(m, v): found for m, v in versions if (found := self._version(m, v)) is not None}
         named = list(held) or versions
         text = run_description(experiment_id, run_id, env, outcome, named, error)
-        self.runs.set_run_tag(run_id, NOTE_TAG, text)
-        self.runs.set_run_tag(run_id, "mlreg_versions", ",".join(f"{m}/{v}" for m, v in held)[:5000])
+        self._run_tag(run_id, NOTE_TAG, text)
+        self._run_tag(run_id, "mlreg_versions", ",".join(f"{m}/{v}" for m, v in held)[:5000])
         line = promotion_line(experiment_id, run_id, env, outcome, deployment_stamp())
         for (model, version), found in held.items():
             described = with_promotion(str(getattr(found, "description", "") or ""), line)
@@ -122,6 +119,9 @@ class MlflowStory:
                 "version update",
                 partial(self._client.update_model_version, model, version, description=described),
             )
+
+    def _run_tag(self, run_id: str, key: str, value: str) -> None:
+        self.connection.call("run tag", partial(self._client.set_tag, run_id, key, value))
 
     def _version(self, model: str, version: str) -> Any:
         """The registry's version, or None where it holds none."""

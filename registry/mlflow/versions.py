@@ -18,7 +18,7 @@ from registry.errors import RegistryError
 from registry.mlflow import sqlite
 from registry.mlflow.connection import MlflowConnection
 from registry.mlflow.environ import global_tracking_uri
-from registry.mlflow.runs import MlflowRuns
+from registry.mlflow.runs import download
 from registry.settings import redact_uri
 
 NOT_FOUND, CHECK_NAME = sqlite.NOT_FOUND, sqlite.CHECK_NAME  # shared with registry.mlflow.reads
@@ -30,11 +30,24 @@ def not_found(exc: RegistryError) -> bool:
 
 
 class MlflowVersions:
-    """Registered models, versions, aliases and tags over one connection."""
+    """Registered models, versions, aliases and tags over one connection: the registry's reader
+    and writer (``registry.ports.RegistryReader``, ``RegistryWriter``)."""
 
-    def __init__(self, connection: MlflowConnection, runs: MlflowRuns) -> None:
+    def __init__(self, connection: MlflowConnection) -> None:
         self.connection = connection
-        self.runs = runs
+
+    @property
+    def uri(self) -> str:
+        """Where the registry is (MLflow's tracking URI)."""
+        return self.connection.uri
+
+    def warm_up(self) -> None:
+        """MLflow imported and its client opened in the background (``MlflowConnection.warm_up``)."""
+        self.connection.warm_up()
+
+    def ping(self) -> None:
+        """RegistryError unless the registry answers (``MlflowConnection.ping``)."""
+        self.connection.ping()
 
     @property
     def _client(self) -> Any:
@@ -211,12 +224,12 @@ class MlflowVersions:
         mv = self.version(name, version)
         _fresh(dest)
         with tempfile.TemporaryDirectory(prefix=f".download-{name}-{version}-", dir=dest.parent) as tmp:
-            download = Path(tmp)
-            self.runs.download(str(mv.run_id), CONFIG_NAME, download)
-            shutil.copy2(download / CONFIG_NAME, dest / CONFIG_NAME)
+            fetched = Path(tmp)
+            download(self.connection, str(mv.run_id), CONFIG_NAME, fetched)
+            shutil.copy2(fetched / CONFIG_NAME, dest / CONFIG_NAME)
             try:
-                self.runs.download(str(mv.run_id), "model", download)
-                shutil.copytree(download / "model", dest / version)
+                download(self.connection, str(mv.run_id), "model", fetched)
+                shutil.copytree(fetched / "model", dest / version)
             except (RegistryError, OSError):
                 (dest / version).mkdir(exist_ok=True)  # an ensemble's version folder: nothing logged
         return dict(mv.tags or {})

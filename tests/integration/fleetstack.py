@@ -164,7 +164,7 @@ class FleetStack:
 
     def _aliases(self) -> str:
         try:
-            return str(self.registry.aliases("scorer"))
+            return str(self.registry.models.aliases("scorer"))
         except Exception as exc:  # a diagnostic: it must never hide the failure it explains
             return f"(unreadable: {exc})"
 

@@ -58,7 +58,7 @@ def register_template(registry: MlflowRegistry, built: Path) -> None:
     """The built template's six models, members before the ensemble, with their exporters' lineage."""
     for name in (*sorted(m for m in MODELS if m != ENSEMBLE), ENSEMBLE):
         folder = built / name
-        members = member_versions(registry, folder) if name == ENSEMBLE else None
+        members = member_versions(registry.models, folder) if name == ENSEMBLE else None
         register(registry, find_candidate(folder), exporter=exporter_path(TEMPLATE / name), members=members)
 
 

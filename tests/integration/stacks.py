@@ -115,7 +115,7 @@ def register_template(
     results = []
     for name in sorted(models, key=lambda m: (m == ENSEMBLE, m)):
         folder = exported_folder(build.out, name, dest)
-        members = member_versions(registry, folder) if name == ENSEMBLE else None
+        members = member_versions(registry.models, folder) if name == ENSEMBLE else None
         results.append(
             register(
                 registry,
@@ -238,7 +238,7 @@ class LocalStack:
         the versions it loaded and gave back stay listed in its index, see :meth:`refused`)."""
         return {
             "files": store_files(self.settings.local_repository),
-            "aliases": {m: self.registry.aliases(m) for m in models},
+            "aliases": {m: self.registry.models.aliases(m) for m in models},
             "serving": {m: self.serving(m) for m in models},
         }
 
@@ -525,8 +525,8 @@ def ensemble_pins(url: str, states: dict[str, dict[str, str]]) -> dict[str, dict
 
 def registry_aliases(registry: MlflowRegistry) -> dict[str, dict[str, str]]:
     """Every registered model of ``registry`` -> its aliases (every environment's)."""
-    found = registry.client.search_registered_models(max_results=1000)
-    return {name: registry.aliases(name) for name in sorted(str(m.name) for m in found)}
+    found = registry.connection.client.search_registered_models(max_results=1000)
+    return {name: registry.models.aliases(name) for name in sorted(str(m.name) for m in found)}
 
 
 # A version's footprint is a fact about it, recorded at its first load whatever the promotion's
@@ -538,10 +538,10 @@ MEASURED_TAGS = frozenset({FOOTPRINT_TAG, FOOTPRINT_KIND_TAG})
 def registry_tags(registry: MlflowRegistry) -> dict[str, dict[str, dict[str, str]]]:
     """Every version of every registered model of ``registry`` -> its tags (but MEASURED_TAGS):
     ``promoted_<env>``, ``serving_<env>``, ``promotion_run_<env>``, digests, signers..."""
-    found = registry.client.search_registered_models(max_results=1000)
+    found = registry.connection.client.search_registered_models(max_results=1000)
     tags: dict[str, dict[str, dict[str, str]]] = {}
     for name in sorted(str(m.name) for m in found):
-        versions = registry.client.search_model_versions(f"name='{name}'", max_results=10_000)
+        versions = registry.connection.client.search_model_versions(f"name='{name}'", max_results=10_000)
         tags[name] = {
             str(v.version): {k: str(t) for k, t in sorted(v.tags.items()) if k not in MEASURED_TAGS}
             for v in sorted(versions, key=lambda v: int(v.version))

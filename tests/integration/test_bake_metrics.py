@@ -103,4 +103,4 @@ def test_nan_metrics_fail_the_bake_naming_the_replica_and_the_metric(pair: Fleet
     assert pair.state() == unloaded_on(before, canary, "scorer", "2")
     assert "2" not in pair.serving(other, "scorer")
     assert before["aliases"]["scorer"]["fleet"] == "1"
-    assert "promoted_fleet" not in pair.registry.version("scorer", "2").tags
+    assert "promoted_fleet" not in pair.registry.models.version("scorer", "2").tags

@@ -71,7 +71,7 @@ def test_the_ui_shows_the_signature_the_commit_and_where_version_2_serves(
     from playwright.sync_api import sync_playwright
 
     assert deployed.returncode == 0, deployed.stderr[-3000:]
-    commit = native_stack.registry.version("image_model", "2").tags["git_commit"]
+    commit = native_stack.registry.models.version("image_model", "2").tags["git_commit"]
     assert len(commit) == 40  # the checkout's commit (its exporter is in this repository)
     shots = native_stack.settings.home / "screenshots"
     ui = native_stack.ui_url
@@ -93,7 +93,7 @@ def test_the_ui_shows_the_signature_the_commit_and_where_version_2_serves(
     assert native_stack.grpc_url in version
     assert "local\t2\t" in model  # the registered model's environments table
     assert (shots / "image_model-v2.png").stat().st_size > 10_000
-    run = native_stack.registry.version_tags("image_model", "2")["promotion_run_local"]
+    run = native_stack.registry.models.version_tags("image_model", "2")["promotion_run_local"]
     assert f"local: promoted — run {run[:8]}" in version  # the version page links its promotion run
     _copy_to_docs(shots, ("image_model-v2.png", "image_model.png"))
 
@@ -108,7 +108,7 @@ def test_the_promotion_run_and_a_refused_run_link_their_versions_and_carry_the_f
 
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     registry = native_stack.registry
-    promoted = registry.version_tags("image_model", "2")["promotion_run_local"]
+    promoted = registry.models.version_tags("image_model", "2")["promotion_run_local"]
     folder = tmp_path / "table_data_preprocess"  # a version whose contract breaks the ensemble's
     shutil.copytree(TEMPLATE / "table_data_preprocess", folder)
     config = folder / "config.pbtxt"
@@ -121,11 +121,11 @@ def test_the_promotion_run_and_a_refused_run_link_their_versions_and_carry_the_f
     assert refusal.returncode != 0, refusal.stdout[-2000:]
     [refused] = [
         r["run_id"]
-        for r in registry.promotions("table_data_preprocess")
+        for r in registry.runs.promotions("table_data_preprocess")
         if r.get("result") == "refused" and r.get("to") == tried
     ]
     experiment = registry.runs.experiment_id(PROMOTIONS_EXPERIMENT)
-    run = registry.client.get_run(promoted)
+    run = registry.connection.client.get_run(promoted)
     assert run.info.end_time - run.info.start_time > 1000 * _stage_seconds(run.data.metrics)
     shots = native_stack.settings.home / "screenshots"
     ui = native_stack.ui_url

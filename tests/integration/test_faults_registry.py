@@ -75,10 +75,10 @@ class Stack:
         return serving_versions(open_store(self.settings.local_repository).read_config(MODEL))
 
     def alias(self) -> str | None:
-        return self.registry.aliases(MODEL).get("local")
+        return self.registry.models.aliases(MODEL).get("local")
 
     def tags(self, version: str) -> dict[str, str]:
-        return self.registry.version_tags(MODEL, version)
+        return self.registry.models.version_tags(MODEL, version)
 
     def stop_mlflow(self) -> None:
         stop_mlflow(self.mlflow.pid, self.mlflow_process)
@@ -223,7 +223,7 @@ def test_mlflow_down_at_the_record_stage_moves_no_alias_and_a_rerun_repairs_the_
 def test_an_alias_moved_by_a_failed_attempt_is_repaired_by_the_no_op_rerun(stack: Stack) -> None:
     """Item 2, the no-op path: the alias names v1 (what a failed record left before) while v2
     serves; a rerun of v2 says it already serves and moves the alias back."""
-    stack.registry.set_alias(MODEL, "local", "1")
+    stack.registry.models.set_alias(MODEL, "local", "1")
     result = stack.promote("2")
     assert result.noop
     assert any("alias 'local' of table_data_preprocess moved back to v2" in n for n in result.notes)
@@ -340,7 +340,7 @@ def test_a_full_disk_during_register_is_one_error_and_leaves_nothing(tmp_path: P
         assert len(leftovers) == 1, leftovers  # only the first registration's
 
         settings = Settings.from_env(env={"MLREG_HOME": str(home), "PATH": os.environ["PATH"]})
-        client = MlflowRegistry(settings).client
+        client = MlflowRegistry(settings).connection.client
         runs = client.search_runs(
             [e.experiment_id for e in client.search_experiments()],
             run_view_type=3,  # ALL
@@ -413,13 +413,13 @@ def test_a_full_disk_during_sign_leaves_no_signature_and_a_rerun_signs(
             assert "(what the failed command wrote was removed)" in result.output
             failed_steps.append(result.output.split("MLflow ")[1].split(" failed")[0])
             assert not signature.exists()
-            assert SIGNED_BY_TAG not in registry.version_tags(MODEL, "1")
+            assert SIGNED_BY_TAG not in registry.models.version_tags(MODEL, "1")
             assert _home_files(home) == files  # every file and folder (the db aside)
         assert failed_steps == ["artifact upload", "tag update"]  # both sides of the signature's write
 
         signed = runner.invoke(app, ["sign", MODEL, "1", "--sign-key", str(key)])
         assert signed.exit_code == 0, signed.output
-        signer = registry.version_tags(MODEL, "1")[SIGNED_BY_TAG]
+        signer = registry.models.version_tags(MODEL, "1")[SIGNED_BY_TAG]
         assert f"{MODEL}: version 1 signed by {signer}" in signed.output
         assert signature.is_file()
         listed = runner.invoke(app, ["versions", MODEL])

@@ -277,7 +277,7 @@ class Stack:
         return ready_versions(self.url, "scorer")
 
     def alias(self) -> str | None:
-        return self.registry.aliases("scorer").get("s3")
+        return self.registry.models.aliases("scorer").get("s3")
 
 
 @pytest.fixture(scope="module")

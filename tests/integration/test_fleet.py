@@ -150,7 +150,7 @@ def test_a_good_version_rolls_out_canary_then_waves_with_no_failed_request(
         assert fleet.ready(url, "scorer") == ["2"], url
         assert fleet.pinned(url) == 2, url
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
-    assert fleet.registry.aliases("scorer")["fleet"] == "2"
+    assert fleet.registry.models.aliases("scorer")["fleet"] == "2"
 
 
 def test_a_version_failing_on_real_requests_trips_the_bake_and_is_rolled_back(fleet: FleetStack) -> None:
@@ -174,7 +174,7 @@ def test_a_version_failing_on_real_requests_trips_the_bake_and_is_rolled_back(fl
     for url in fleet.urls[1:]:
         assert "3" not in fleet.serving(url, "scorer"), url
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
-    assert fleet.registry.aliases("scorer")["fleet"] == "2"
+    assert fleet.registry.models.aliases("scorer")["fleet"] == "2"
 
 
 def test_a_slow_version_trips_the_bake_on_latency_and_is_rolled_back(fleet: FleetStack) -> None:
@@ -208,7 +208,7 @@ def test_a_slow_version_trips_the_bake_on_latency_and_is_rolled_back(fleet: Flee
     for url in fleet.urls[1:]:
         assert "4" not in fleet.serving(url, "scorer"), url
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
-    assert fleet.registry.aliases("scorer")["fleet"] == "2"
+    assert fleet.registry.models.aliases("scorer")["fleet"] == "2"
 
 
 def test_a_dry_run_shows_the_roll_out_wave_by_wave(
@@ -327,7 +327,7 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
         assert fleet.pinned(url) == 2, url
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == ["2"]
     assert "model_version: 2" in (open_store(fleet.store).read_config("scoring") or "")
-    assert fleet.registry.aliases("scorer")["fleet"] == "2"
+    assert fleet.registry.models.aliases("scorer")["fleet"] == "2"
     [row] = model_status(fleet.settings, environment(fleet.settings, "fleet"), fleet.registry, ["scorer"])
     assert any(line.startswith(f"{victim.grpc_url} unreachable") for line in row["drift"])
     before = fleet.state(fleet.urls[:2])
@@ -335,7 +335,7 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     with pytest.raises(PromotionError, match=rf"unreachable \({victim.grpc_url}\), max_unavailable = 0"):
         fleet.promote("scorer", "5")  # while it is down: refused before anything changes
     assert fleet.state(fleet.urls[:2]) == before  # the store's objects, both live replicas, aliases
-    assert "promoted_fleet" not in (fleet.registry.version("scorer", "5").tags or {})
+    assert "promoted_fleet" not in (fleet.registry.models.version("scorer", "5").tags or {})
 
     local_triton.remove_shm(victim.shm_prefix)
     fleet.servers[2] = local_triton.start_server(  # locked as the fleet's others (stacks.tritons)
@@ -354,7 +354,7 @@ def test_a_replica_killed_during_a_wave_stops_the_rollout_naming_it_and_a_rerun_
     for url in fleet.urls:
         assert fleet.ready(url, "scorer") == ["5"], url
         assert fleet.pinned(url) == 5, url
-    assert fleet.registry.aliases("scorer")["fleet"] == "5"
+    assert fleet.registry.models.aliases("scorer")["fleet"] == "5"
 
 
 def _environment_with(fleet: FleetStack, targets: list[str], extra: str) -> None:
@@ -415,7 +415,7 @@ def test_a_replica_skipped_under_max_unavailable_is_named_in_every_report(fleet:
     for url in fleet.urls:
         assert fleet.ready(url, "scorer") == ["6"], url
         assert fleet.pinned(url) == 6, url
-    assert fleet.registry.aliases("scorer")["fleet"] == "6"
+    assert fleet.registry.models.aliases("scorer")["fleet"] == "6"
 
 
 @pytest.mark.parametrize(
@@ -442,7 +442,7 @@ def test_a_fleet_with_no_reachable_replica_is_refused_and_the_alias_stays(
     finally:
         fleet.write_environment()
     assert fleet.state() == before  # store, every replica, aliases
-    assert "promoted_fleet" not in (fleet.registry.version("scorer", version).tags or {})
+    assert "promoted_fleet" not in (fleet.registry.models.version("scorer", version).tags or {})
 
 
 def test_an_abort_never_loads_the_previous_versions_corrupt_bytes(fleet: FleetStack) -> None:
@@ -464,7 +464,7 @@ def test_an_abort_never_loads_the_previous_versions_corrupt_bytes(fleet: FleetSt
     assert "scorer/6 (corrupt: restored by assemble)" in validate.detail
     assert "rolled back" in info.value.message
     assert store.read(key) == good  # the registered bytes are back in the store
-    digest = fleet.registry.version("scorer", "6").tags["artifact_digest"]
+    digest = fleet.registry.models.version("scorer", "6").tags["artifact_digest"]
     store.verify_version("scorer", "6", digest)
     x = np.array([1, 2, 3, 4], np.float32)
     for url in fleet.urls:
@@ -579,7 +579,7 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
     assert after == before  # every object of the store, what each replica serves and pins, aliases
     for url in fleet.urls:
         assert fleet.ready(url, "scorer") == [theirs], url
-    assert fleet.registry.aliases("scorer")["fleet"] == theirs
+    assert fleet.registry.models.aliases("scorer")["fleet"] == theirs
     assert f"scorer/{theirs}/model.py" in after["objects"]
 
 
@@ -639,12 +639,12 @@ def test_a_rerun_through_the_serving_ensemble_repairs_the_alias_its_member_was_l
     back; status is clean."""
     store = open_store(fleet.store)
     [serving] = serving_versions(store.read_config("scorer"))
-    ensemble = fleet.registry.aliases("scoring")["fleet"]
+    ensemble = fleet.registry.models.aliases("scoring")["fleet"]
     # one number (issue 48): the re-pointed ensemble serves from the folder MLflow numbered it
     assert (serving_versions(store.read_config("scoring")), ensemble != "1") == ([ensemble], True)
     before = fleet.state()
-    failed = max({str(v.version) for v in fleet.registry.versions("scorer")} - {serving}, key=int)
-    fleet.registry.set_alias("scorer", "fleet", failed)  # moved by the record stage, never put back
+    failed = max({str(v.version) for v in fleet.registry.models.versions("scorer")} - {serving}, key=int)
+    fleet.registry.models.set_alias("scorer", "fleet", failed)  # moved by the record stage, never put back
 
     status = _cli(fleet, monkeypatch, "status", "--env", "fleet")
     assert status.exit_code == 1, status.output
@@ -669,7 +669,7 @@ def test_status_says_what_serves_an_ensemble_whose_store_folder_was_deleted(
     "nothing serves it"; promoting that version again puts the folder back and status is clean."""
     store = open_store(fleet.store)
     [serving] = serving_versions(store.read_config("scorer"))
-    ensemble = fleet.registry.aliases("scoring")["fleet"]
+    ensemble = fleet.registry.models.aliases("scoring")["fleet"]
     for key in store.list_prefix("scoring/"):
         store.delete(key)
     x = np.array([1, 2, 3, 4], np.float32)

@@ -93,7 +93,7 @@ def test_a_version_rolls_out_over_50_replicas_with_one_load_each(fleet: ScaleSta
     assert deploy.detail.count("bake ok:") == 3  # after the canary, 10 % and 50 %
     assert ready(fleet) == dict.fromkeys(fleet.urls, [version])
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == [version]
-    assert fleet.registry.aliases("scorer")["fleet"] == version
+    assert fleet.registry.models.aliases("scorer")["fleet"] == version
     calls = {r.grpc_url: r.calls for r in fleet.standins.replicas}
     # the restart watch (issue 45): one repository index per moved replica before each later wave
     # and after the last -- at most one per replica per wave
@@ -170,7 +170,7 @@ def test_five_percent_of_replicas_failing_their_load_are_named_and_the_rest_conv
     expected = {url: [serving] if url in failing else [version] for url in fleet.urls}
     assert ready(fleet) == expected
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == [version]
-    assert fleet.registry.aliases("scorer")["fleet"] == version
+    assert fleet.registry.models.aliases("scorer")["fleet"] == version
 
 
 def test_a_stand_in_reads_the_store_as_triton_does_and_takes_control_calls_only_with_the_key(

@@ -445,7 +445,7 @@ def test_the_hook_job_promotes_what_the_fleet_file_pins_ensembles_first(stack: L
     assert outcome == [("scoring", True, False), ("scorer", True, True)]  # the ensemble brought scorer v1
     assert (stack.serving("scorer"), stack.serving("scoring")) == (["1"], ["1"])
     assert (stack.desired("scorer"), stack.desired("scoring")) == (["1"], ["1"])  # the store's configs
-    assert {m: stack.registry.aliases(m).get("local") for m in ("scorer", "scoring")} == {
+    assert {m: stack.registry.models.aliases(m).get("local") for m in ("scorer", "scoring")} == {
         "scorer": "1",
         "scoring": "1",
     }

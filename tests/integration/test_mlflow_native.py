@@ -75,7 +75,7 @@ def _check_mlflow_model(registry: MlflowRegistry, name: str, version: str, confi
     from mlflow.models import Model
 
     mlflow.set_tracking_uri(registry.uri)
-    mv = registry.version(name, version)
+    mv = registry.models.version(name, version)
     assert mv.source.startswith("models:/m-")
     model_id = mv.source.removeprefix("models:/")
     model = Model.load(f"models:/{name}/{version}")
@@ -85,10 +85,10 @@ def _check_mlflow_model(registry: MlflowRegistry, name: str, version: str, confi
     assert model.flavors["triton"]["data"] == name
     assert model.flavors["tensorflow"]["saved_model_dir"] == f"{name}/1/model"
     assert (model.model_id, model.run_id) == (model_id, mv.run_id)
-    logged = registry.client.get_logged_model(model_id)
+    logged = registry.connection.client.get_logged_model(model_id)
     assert logged.source_run_id == mv.run_id
     assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": name, "version": version}]
-    run = registry.client.get_run(mv.run_id)
+    run = registry.connection.client.get_run(mv.run_id)
     assert [o.model_id for o in run.outputs.model_outputs] == [model_id]
     files = {f.path for f in mlflow.artifacts.list_artifacts(f"models:/{name}/{version}/{name}")}
     assert files == {f"{name}/config.pbtxt", f"{name}/1"}
@@ -113,7 +113,7 @@ def test_a_version_is_an_mlflow_model_on_a_real_server(
     again = register(registry, find_candidate(folder))  # idempotent by digest, as before
     assert (again.version, again.created) == (first.version, False)
     # the promotion's reader (a remote registry: no local files) gets the Triton folder back
-    got, _ = fetch_version(registry, "image_model", first.version, tmp_path / "fetched")
+    got, _ = fetch_version(registry.models, "image_model", first.version, tmp_path / "fetched")
     assert (got / "config.pbtxt").read_bytes() == (folder / "config.pbtxt").read_bytes()
     assert (got / first.version / "model" / "saved_model.pb").is_file()
 
@@ -122,7 +122,7 @@ def test_versions_registered_before_mlflow_models_are_read_as_before(
     native_stack: NativeStack, tmp_path: Path
 ) -> None:
     """The old layout, written as mlreg wrote it: the run holds config.pbtxt and model/."""
-    registry, client = native_stack.registry, native_stack.registry.client
+    registry, client = native_stack.registry, native_stack.registry.connection.client
     folder = native_stack.settings.home / "v2" / "image_model"
     run = client.create_run(registry.runs.experiment_id(), run_name="old-layout")
     client.log_artifact(run.info.run_id, str(folder / "config.pbtxt"))
@@ -132,7 +132,7 @@ def test_versions_registered_before_mlflow_models_are_read_as_before(
     client.create_model_version(
         "old_image_model", source, run_id=run.info.run_id, tags={"validation": "passed"}
     )
-    got, tags = fetch_version(registry, "old_image_model", "1", tmp_path)
+    got, tags = fetch_version(registry.models, "old_image_model", "1", tmp_path)
     assert tags["validation"] == "passed"
     assert (got / "config.pbtxt").read_bytes() == (folder / "config.pbtxt").read_bytes()
     assert (got / "1" / "model" / "saved_model.pb").is_file()
@@ -154,21 +154,25 @@ def test_record_deployment_tags_the_version_links_the_run_and_describes_the_mode
     v1 = register(registry, find_candidate(folder)).version
     v2 = register(registry, find_candidate(folder), force=True).version
     runs = [registry.runs.start_run("mlreg-promotions", f"promote-{v}", {}) for v in (v1, v2)]
-    registry.record_deployment(folder.name, v1, "staging", runs[0], ("triton-0:8001", "triton-1:8001"))
-    registry.record_deployment(folder.name, v1, "production", runs[0], ("triton-p:8001",))
-    registry.record_deployment(folder.name, v2, "staging", runs[1], ("triton-0:8001", "triton-1:8001"))
+    registry.deployed.record_deployment(
+        folder.name, v1, "staging", runs[0], ("triton-0:8001", "triton-1:8001")
+    )
+    registry.deployed.record_deployment(folder.name, v1, "production", runs[0], ("triton-p:8001",))
+    registry.deployed.record_deployment(
+        folder.name, v2, "staging", runs[1], ("triton-0:8001", "triton-1:8001")
+    )
 
-    old, new = registry.version(folder.name, v1).tags, registry.version(folder.name, v2).tags
+    old, new = registry.models.version(folder.name, v1).tags, registry.models.version(folder.name, v2).tags
     assert "serving_staging" not in old  # v2 replaced it in staging
     assert old["serving_production"] == "triton-p:8001"
     assert new["serving_staging"] == "triton-0:8001,triton-1:8001"
     assert new["promotion_run_staging"] == runs[1]
     assert new["promoted_staging"].endswith("Z")
-    run = registry.client.get_run(runs[1])
+    run = registry.connection.client.get_run(runs[1])
     assert run.data.tags["mlreg_model_version"] == f"models:/{folder.name}/{v2}"
-    model_id = registry.version(folder.name, v2).source.removeprefix("models:/")
+    model_id = registry.models.version(folder.name, v2).source.removeprefix("models:/")
     assert [i.model_id for i in run.inputs.model_inputs] == [model_id]
-    description = registry.client.get_registered_model(folder.name).description
+    description = registry.connection.client.get_registered_model(folder.name).description
     assert f"| production | {v1} |" in description
     assert f"| staging | {v2} |" in description
     assert description.count("**Environments**") == 1
@@ -185,11 +189,11 @@ def test_mlflow_deployments_create_promotes_on_the_local_stack(
     assert "image_model" in deployed.stdout + deployed.stderr
     assert native_stack.serving("image_model") == ["2"]
     registry = native_stack.registry
-    assert registry.aliases("image_model")["local"] == "2"
+    assert registry.models.aliases("image_model")["local"] == "2"
     assert registry.deployed.deployments("image_model")["local"]["version"] == "2"
-    tags = registry.version("image_model", "2").tags
+    tags = registry.models.version("image_model", "2").tags
     assert tags["serving_local"] == native_stack.grpc_url
-    assert "| local | 2 |" in registry.client.get_registered_model("image_model").description
+    assert "| local | 2 |" in registry.connection.client.get_registered_model("image_model").description
 
 
 def test_get_and_list_report_what_the_environment_serves(
@@ -286,7 +290,7 @@ def test_a_contract_breaking_version_is_refused_with_the_reason(
     assert "fix: " in refused.stderr
     assert _untouched(in_project) == before  # the store's configs and bytes, every alias, Triton
     assert in_project.serving("table_data_preprocess") == ["1"]
-    assert in_project.registry.aliases("table_data_preprocess")["local"] == "1"
+    assert in_project.registry.models.aliases("table_data_preprocess")["local"] == "1"
     assert not (in_project.settings.local_repository / "table_data_preprocess" / version).exists()
 
 
@@ -303,7 +307,7 @@ def _untouched(stack: NativeStack) -> dict[str, Any]:
     models = ("table_data_preprocess", ENSEMBLE)
     return {
         "files": files,
-        "aliases": {m: stack.registry.aliases(m) for m in models},
+        "aliases": {m: stack.registry.models.aliases(m) for m in models},
         "serving": {m: stack.serving(m) for m in models},
     }
 
@@ -345,5 +349,5 @@ def test_dry_run_delete_and_bad_requests(
     client.delete_deployment("solo_preprocess")
     assert in_project.serving("solo_preprocess") == []
     assert not (in_project.settings.local_repository / "solo_preprocess" / "config.pbtxt").exists()
-    assert "local" not in in_project.registry.aliases("solo_preprocess")
+    assert "local" not in in_project.registry.models.aliases("solo_preprocess")
     assert "local" not in in_project.registry.deployed.deployments("solo_preprocess")

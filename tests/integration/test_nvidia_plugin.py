@@ -197,8 +197,8 @@ def test_triton_flavor_with_the_mlflow_cli(project: Project, tmp_path: Path) -> 
     )
     assert create.returncode == 0, create.stderr[-3000:]
     registry = project.registry
-    assert registry.version_tags(name, "1")["mlreg_version"] == "2"
-    tags = registry.version_tags(name, "2")
+    assert registry.models.version_tags(name, "1")["mlreg_version"] == "2"
+    tags = registry.models.version_tags(name, "2")
     assert (tags["derived_from"], tags["derived_flavor"], tags["derived_config"]) == (
         "1",
         "triton",
@@ -206,7 +206,7 @@ def test_triton_flavor_with_the_mlflow_cli(project: Project, tmp_path: Path) -> 
     )
     assert tags["validation"] == "passed"
     assert project.serving(name) == ["2"]
-    assert registry.aliases(name)["local"] == "2"
+    assert registry.models.aliases(name)["local"] == "2"
     assert project.served_config(name)["max_batch_size"] == 8  # NVIDIA's config, served as logged
 
     listed = project.mlflow("deployments", "list", "-t", "mlreg")
@@ -231,7 +231,7 @@ def test_triton_flavor_with_the_mlflow_cli(project: Project, tmp_path: Path) -> 
     assert delete.returncode == 0, delete.stderr[-3000:]
     assert project.serving(name) == []
     assert not project.stored_config(name).exists()
-    assert "local" not in registry.aliases(name)
+    assert "local" not in registry.models.aliases(name)
 
 
 # -- onnx flavor, the Python API (NVIDIA's plugin_test.py) ---------------------------------------------
@@ -264,12 +264,12 @@ def _deploy_and_check(project: Project, name: str) -> dict[str, Any]:
     assert not (repository / name).exists()  # the folder gone from the store ...
     archived = repository.parent / ".mlreg-archive" / repository.name / name
     assert sorted(p.name for p in archived.iterdir()) == ["2"]  # ... its version in the archive
-    assert sorted(int(v.version) for v in project.registry.versions(name)) == [1, 2]  # and MLflow
+    assert sorted(int(v.version) for v in project.registry.models.versions(name)) == [1, 2]  # and MLflow
     return served
 
 
 def _registered_config(project: Project, name: str, version: str, dest: Path) -> str:
-    project.registry.fetch_version(name, version, dest)
+    project.registry.models.fetch_version(name, version, dest)
     return (dest / CONFIG_NAME).read_text()
 
 
@@ -296,13 +296,13 @@ def test_onnx_flavor_without_a_config_gets_the_config_triton_would_autocomplete(
         "OUTPUT0": ("TYPE_INT32", ["16"]),
         "OUTPUT1": ("TYPE_INT32", ["16"]),
     }
-    tags = project.registry.version_tags("onnx_model", "2")
+    tags = project.registry.models.version_tags("onnx_model", "2")
     assert (tags["derived_from"], tags["derived_flavor"], tags["derived_config"]) == (
         "1",
         "onnx",
         "generated",
     )
-    assert project.registry.version_tags("onnx_model", "1")["mlreg_version"] == "2"
+    assert project.registry.models.version_tags("onnx_model", "1")["mlreg_version"] == "2"
 
 
 def test_onnx_flavor_with_a_logged_config_serves_that_config(project: Project, tmp_path: Path) -> None:
@@ -322,13 +322,13 @@ def test_onnx_flavor_with_a_logged_config_serves_that_config(project: Project, t
     assert (
         _registered_config(project, name, "2", tmp_path / name) == (EXAMPLE_MODEL / CONFIG_NAME).read_text()
     )
-    assert project.registry.version_tags(name, "2")["derived_config"] == "logged"
+    assert project.registry.models.version_tags(name, "2")["derived_config"] == "logged"
     # deploying the same source again reuses the version made of it (same bytes): no third version
     from mlflow.deployments import get_deploy_client
 
     again = get_deploy_client("mlreg").create_deployment(name, f"models:/{name}/1", flavor="onnx")
     assert again["version"] == "2"
-    assert sorted(int(v.version) for v in project.registry.versions(name)) == [1, 2]
+    assert sorted(int(v.version) for v in project.registry.models.versions(name)) == [1, 2]
     get_deploy_client("mlreg").delete_deployment(name)
 
 
@@ -355,8 +355,8 @@ def test_a_logged_config_that_does_not_fit_the_graph_is_refused_before_anything_
         get_deploy_client("mlreg").create_deployment(name, f"models:/{name}/1", flavor="onnx")
     assert project.serving(name) == []
     assert not project.stored_config(name).exists()
-    assert project.registry.version_tags(name, "2")["validation"] == "failed"  # kept, as any export
-    assert "local" not in project.registry.aliases(name)
+    assert project.registry.models.version_tags(name, "2")["validation"] == "failed"  # kept, as any export
+    assert "local" not in project.registry.models.aliases(name)
 
 
 EMPTY_NAMES = ["", "     ", " ", "\n", "\t", "\r", "\v", "\f"]

@@ -103,7 +103,9 @@ def test_a_first_deployment_records_the_candidates_figures_without_judging(pair:
     assert perf["triton"]["load_seconds_from"] == "mlreg's wall time around the load"
     assert 0 < perf["triton"]["load_seconds"] < gate.seconds
     assert perf["triton"]["candidate"]["compute_us_per_request"] >= SERVING_DELAY * 1e6 * 0.9
-    run = pair.registry.client.get_run(result.run_id)  # the figures as metrics of the promotion's run
+    run = pair.registry.connection.client.get_run(
+        result.run_id
+    )  # the figures as metrics of the promotion's run
     assert run.data.metrics["perf_scorer_candidate_p95_ms"] == perf["candidate"]["p95_ms"]
     for url in pair.urls:
         assert pair.ready(url, "scorer") == ["1"], url
@@ -180,7 +182,7 @@ def test_an_equal_candidate_passes_five_of_five_on_a_busy_machine_then_promotes(
     assert re.fullmatch(r"ok( on a second run \(first: slower by [\d.]+ ms at p95\))?", verdict_cell), row
     for url in pair.urls:
         assert pair.ready(url, "scorer") == ["3"], url
-    assert pair.registry.aliases("scorer")["perf"] == "3"
+    assert pair.registry.models.aliases("scorer")["perf"] == "3"
 
 
 def test_a_candidate_that_makes_requests_wait_in_the_queue_trips_the_bakes_queue_check(
@@ -206,4 +208,4 @@ def test_a_candidate_that_makes_requests_wait_in_the_queue_trips_the_bakes_queue
     for url in pair.urls:
         assert pair.ready(url, "queued") == ["1"], url
     assert pair.state() == unloaded_on(before, pair.urls[0], "queued", "2")  # only the canary had it
-    assert pair.registry.aliases("queued")["queue"] == "1"
+    assert pair.registry.models.aliases("queued")["queue"] == "1"

@@ -47,11 +47,11 @@ class Stack:
         """What a plan must leave alone: MLflow's models, versions and runs, and what any refusal
         must (stacks.refusal_state): the sha256 of every object of the store, Triton's whole index
         and pins, every alias of every model."""
-        client = self.registry.client
+        client = self.registry.connection.client
         experiments = [e.experiment_id for e in client.search_experiments()]
         return {
             "versions": {
-                m.name: sorted(str(v.version) for v in self.registry.versions(m.name))
+                m.name: sorted(str(v.version) for v in self.registry.models.versions(m.name))
                 for m in client.search_registered_models()
             },
             "runs": len(client.search_runs(experiments)) if experiments else 0,
@@ -159,11 +159,15 @@ def test_the_plan_registry_numbers_after_mlflow_and_writes_nothing(tmp_path: Pat
     seed_registry(settings)
     registry = MlflowRegistry(settings)
     assert register(registry, find_candidate(TEMPLATE / MODEL)).version == "1"
-    client = registry.client
+    client = registry.connection.client
 
     def state() -> tuple[list[str], dict[str, str], int]:
         runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-        return [str(v.version) for v in registry.versions(MODEL)], registry.aliases(MODEL), len(runs)
+        return (
+            [str(v.version) for v in registry.models.versions(MODEL)],
+            registry.models.aliases(MODEL),
+            len(runs),
+        )
 
     before = state()
     changed = tmp_path / MODEL
@@ -176,16 +180,16 @@ def test_the_plan_registry_numbers_after_mlflow_and_writes_nothing(tmp_path: Pat
     assert (again.version, again.created) == ("2", False)  # identical bytes: the planned version
     same = register(plan, find_candidate(TEMPLATE / MODEL))  # type: ignore[arg-type]
     assert (same.version, same.created) == ("1", False)  # identical bytes: the registered version
-    assert sorted(str(v.version) for v in plan.versions(MODEL)) == ["1", "2"]
+    assert sorted(str(v.version) for v in plan.models.versions(MODEL)) == ["1", "2"]
     ensemble = tmp_path / ENSEMBLE
     shutil.copytree(TEMPLATE / ENSEMBLE, ensemble)
     config = ensemble / "config.pbtxt"
     following = f'model_name: "{MODEL}"\n      model_version: -1'
     config.write_text(config.read_text().replace(f'model_name: "{MODEL}"\n      model_version: 1', following))
-    assert member_versions(plan, ensemble)[MODEL] == "2"  # the latest, planned, version
-    tags = plan.fetch_version(MODEL, "2", tmp_path / "fetched")
+    assert member_versions(plan.models, ensemble)[MODEL] == "2"  # the latest, planned, version
+    tags = plan.models.fetch_version(MODEL, "2", tmp_path / "fetched")
     assert tags["validation"] == "passed"
     assert (tmp_path / "fetched" / "2" / "model.py").read_text().endswith("# changed\n")
     with pytest.raises(RegistryError, match="a plan \\(--dry-run\\) writes nothing to MLflow: alias staging"):
-        plan.set_alias(MODEL, "staging", "2")
+        plan.models.set_alias(MODEL, "staging", "2")
     assert state() == before  # MLflow: no version, alias or run added

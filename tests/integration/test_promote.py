@@ -90,7 +90,7 @@ def test_first_deployment_promotes_the_ensemble_and_its_members(stack: Stack) ->
         ENSEMBLE,
     ):
         assert stack.serving(model) == ["1"], model
-        assert stack.registry.aliases(model)["local"] == "1"
+        assert stack.registry.models.aliases(model)["local"] == "1"
     with TritonControl(stack.url) as triton:
         out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
     assert out["multi_modal_output"].shape == (1, 1)
@@ -117,7 +117,7 @@ def test_a_new_version_swaps_in_under_traffic_with_no_failed_request(stack: Stac
     assert stack.instance_starts("image_model") == starts + 1
     assert stack.serving("image_model") == ["2"]
     assert stack.desired("image_model") == ["2"]
-    assert stack.registry.aliases("image_model")["local"] == "2"
+    assert stack.registry.models.aliases("image_model")["local"] == "2"
     ensemble = open_store(stack.settings.local_repository).read_config(ENSEMBLE)
     assert 'model_name: "image_model"\n    model_version: 2' in ensemble
 
@@ -164,7 +164,7 @@ def test_a_contract_breaking_version_is_refused_before_any_change(stack: Stack, 
     assert "table_data_preprocess" in info.value.message
     assert stack.refused() == before  # the store's objects, Triton's whole index and pins, every alias
     assert stack.serving("table_data_preprocess") == ["1"]
-    assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
+    assert stack.registry.models.aliases("table_data_preprocess")["local"] == "1"
 
 
 def _failing_version(stack: Stack, tmp_path: Path) -> str:
@@ -229,7 +229,7 @@ def test_a_version_that_fails_to_load_is_rolled_back(stack: Stack, tmp_path: Pat
     assert "(registered by this promotion) deleted" in info.value.message
     assert stack.serving("table_data_preprocess") == ["1"]
     assert stack.desired("table_data_preprocess") == ["1"]
-    assert stack.registry.aliases("table_data_preprocess")["local"] == "1"
+    assert stack.registry.models.aliases("table_data_preprocess")["local"] == "1"
     with TritonControl(stack.url) as triton:
         out = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
     assert np.isfinite(out["multi_modal_output"]).all()
@@ -306,7 +306,7 @@ def _promoted_tags(stack: Stack) -> dict[tuple[str, str], str]:
     return {
         (model, str(found.version)): dict(found.tags or {})["promoted_local"]
         for model in ("table_data_preprocess", ENSEMBLE)
-        for found in stack.registry.find_by_tag(model, "promoted_local", "%", like=True)
+        for found in stack.registry.models.find_by_tag(model, "promoted_local", "%", like=True)
     }
 
 
@@ -329,7 +329,7 @@ def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
     restored."""
     version = _preprocess_version(stack, tmp_path, f"{ONE_HOT}  # {signal.Signals(sig).name} {point}")
     before, tags = stack.snapshot(), _promoted_tags(stack)
-    runs = len(stack.registry.promotions("table_data_preprocess", "local"))
+    runs = len(stack.registry.runs.promotions("table_data_preprocess", "local"))
     gate = () if point.startswith("gate:") else ("--skip-quality",)  # the gate runs where it pauses
     args = ("promote", "table_data_preprocess", "--version", version, *gate)
     returncode, err = _paused_cli(stack, point, *args, sig=sig)
@@ -340,8 +340,8 @@ def test_an_interrupted_promotion_puts_back_what_it_changed_and_says_so(
     assert "Traceback" not in err
     assert stack.snapshot() == before  # what serves, the store's configs and bytes, the aliases
     assert _promoted_tags(stack) == tags  # and every version's promoted_local tag
-    [latest, *_] = stack.registry.promotions("table_data_preprocess", "local")
-    assert len(stack.registry.promotions("table_data_preprocess", "local")) == runs + 1
+    [latest, *_] = stack.registry.runs.promotions("table_data_preprocess", "local")
+    assert len(stack.registry.runs.promotions("table_data_preprocess", "local")) == runs + 1
     assert (latest["to"], latest["result"]) == (version, "rolled back")  # MLflow has the attempt
 
 
@@ -354,7 +354,7 @@ def _status_tells_the_truth(stack: Stack, models: list[str]) -> dict[str, dict[s
     for model, row in rows.items():
         assert row["desired_folders"] == stack.desired(model), model
         assert row["serving_folders"] == {stack.url: stack.serving(model)}, model
-        assert row["alias"] == stack.registry.aliases(model)["local"], model
+        assert row["alias"] == stack.registry.models.aliases(model)["local"], model
         if model != ENSEMBLE:  # one numbering: a model's registered version is its Triton folder
             assert (row["desired"], row["serving"]) == (row["desired_folders"], row["serving_folders"])
     return rows
@@ -370,20 +370,20 @@ def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_com
     assert stack.desired("image_model") == ["2"]
     rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
     assert rows["image_model"]["drift"] == []
-    assert stack.registry.aliases("image_model")["local"] == "2"
+    assert stack.registry.models.aliases("image_model")["local"] == "2"
     # 2. after the config write: the store wants both versions, Triton still serves the old one
     _paused_cli(stack, "config-written:image_model", *args)
     assert stack.desired("image_model") == ["2", v3]
     assert stack.serving("image_model") == ["2"]
     rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
     assert f"{stack.url} serves v2, store wants v2,{v3}" in rows["image_model"]["drift"]
-    assert stack.registry.aliases("image_model")["local"] == "2"  # recorded last: not moved yet
+    assert stack.registry.models.aliases("image_model")["local"] == "2"  # recorded last: not moved yet
     # 3. between the loads: the model loaded, the ensemble not re-pointed yet
     _paused_cli(stack, "loaded:image_model", *args)
     assert stack.serving("image_model") == ["2", v3]
     assert 'model_name: "image_model"\n    model_version: 2' in (store.read_config(ENSEMBLE) or "")
     _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
-    assert stack.registry.aliases("image_model")["local"] == "2"
+    assert stack.registry.models.aliases("image_model")["local"] == "2"
     with TritonControl(stack.url) as triton:  # the ensemble never stopped answering
         triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
     # the crashed holders' locks are stale: a rerun takes them over and completes
@@ -392,7 +392,7 @@ def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_com
     assert proc.returncode == 0, err
     assert json.loads(out)["ok"] is True
     assert stack.serving("image_model") == [v3]
-    assert stack.registry.aliases("image_model")["local"] == v3
+    assert stack.registry.models.aliases("image_model")["local"] == v3
     rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
     assert rows["image_model"]["drift"] == []
     assert rows[ENSEMBLE]["drift"] == []
@@ -413,7 +413,7 @@ def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
     assert 'platform: "onnxruntime_onnx"' in store.read_config("image_model")
     assert (stack.settings.local_repository / "image_model" / onnx_version / "model.onnx").is_file()
     assert f"model_version: {onnx_version}" in store.read_config(ENSEMBLE)
-    mv = stack.registry.version("image_model", onnx_version)
+    mv = stack.registry.models.version("image_model", onnx_version)
     assert mv.tags["derived_from"] == saved
     assert mv.tags["platform"] == "onnxruntime_onnx"
     with TritonControl(stack.url) as triton:
@@ -423,7 +423,7 @@ def test_a_savedmodel_served_as_onnx(stack: Stack) -> None:
 
 def test_rollback_returns_to_the_previous_promotion(stack: Stack) -> None:
     promoted = [
-        h["to"] for h in stack.registry.promotions("image_model", "local") if h["result"] == "promoted"
+        h["to"] for h in stack.registry.runs.promotions("image_model", "local") if h["result"] == "promoted"
     ]
     current, previous = promoted[0], promoted[1]
     assert stack.serving("image_model") == [current]
@@ -432,7 +432,7 @@ def test_rollback_returns_to_the_previous_promotion(stack: Stack) -> None:
     assert proc.returncode == 0, err
     assert json.loads(out)["plan"]["version"] == previous
     assert stack.serving("image_model") == [previous]
-    assert stack.registry.aliases("image_model")["local"] == previous
+    assert stack.registry.models.aliases("image_model")["local"] == previous
     with TritonControl(stack.url) as triton:
         triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])
 
@@ -532,7 +532,7 @@ def test_cli_status_and_history_and_their_bad_input(stack: Stack) -> None:
     assert doc["drift"] is False
     rows = {r["model"]: r for r in doc["models"]}
     assert rows["image_model"]["serving"] == {stack.url: stack.serving("image_model")}
-    assert rows["image_model"]["alias"] == stack.registry.aliases("image_model")["local"]
+    assert rows["image_model"]["alias"] == stack.registry.models.aliases("image_model")["local"]
     code, out, err = _mlreg(stack, "status", "image_model")
     assert code == 0, err
     assert "image_model" in out
@@ -649,7 +649,7 @@ def test_cli_rollback_to_a_version(stack: Stack) -> None:
     assert code == 0, err
     assert json.loads(out)["plan"]["version"] == target
     assert stack.serving("image_model") == [target]
-    assert stack.registry.aliases("image_model")["local"] == target
+    assert stack.registry.models.aliases("image_model")["local"] == target
 
 
 def test_two_promotions_of_two_members_of_one_ensemble_never_take_it_down(stack: Stack) -> None:
@@ -713,7 +713,7 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
         store = open_store(uri)
         for model in MODELS:
             assert serving_versions(store.read_config(model)) == ["1"], model
-            assert stack.registry.aliases(model)["s3"] == "1", model
+            assert stack.registry.models.aliases(model)["s3"] == "1", model
         assert store.read_manifest("image_model", "1") is not None
         with TritonControl(info.grpc_url) as triton:
             assert triton.model_states()["image_model"] == {"1": "READY"}
@@ -746,15 +746,15 @@ def test_an_ensemble_version_whose_pins_differ_from_what_serves_is_promoted_not_
     member = _preprocess_version(stack, tmp_path / "member", f"{ONE_HOT}  # re-points the ensemble")
     stack.promote("table_data_preprocess", member, skip_quality=True)
     (tmp_path / "registered").mkdir()
-    stack.registry.fetch_version(ENSEMBLE, "1", tmp_path / "registered")
+    stack.registry.models.fetch_version(ENSEMBLE, "1", tmp_path / "registered")
     registered = ensemble_pins((tmp_path / "registered" / "config.pbtxt").read_text())
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") != registered  # members moved since
-    newest = str(max(int(v.version) for v in stack.registry.versions(ENSEMBLE)))
+    newest = str(max(int(v.version) for v in stack.registry.models.versions(ENSEMBLE)))
     assert stack.desired(ENSEMBLE) == [newest]  # the re-pointed version, in the folder of its number
     result = stack.promote(ENSEMBLE, "1", skip_quality=True)
     assert result.stage_names()[0] != "noop"
     assert ensemble_pins(store.read_config(ENSEMBLE) or "") == registered
     for member, version in registered.items():
         assert stack.serving(member) == [version], member
-    assert stack.registry.aliases(ENSEMBLE)["local"] == "1"
+    assert stack.registry.models.aliases(ENSEMBLE)["local"] == "1"
     assert stack.promote(ENSEMBLE, "1").stage_names() == ["noop", "repair"]  # now it is

@@ -102,7 +102,7 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(world: Wor
     world.promote("staging", "ens", "1")
     assert world.register("net", MEMBER.format(name="net", src="MID", dst="OUT"), 2.0) == "2"
     world.promote("staging", "net", "2")  # ens re-pointed to net v2, registered as ens v2
-    assert world.registry.aliases("ens")["staging"] == "2"
+    assert world.registry.models.aliases("ens")["staging"] == "2"
 
     args = ("promote", "--from-alias", "staging", "--env", "production", "--skip-quality")
     with mlreg_process(world.env_vars, *args) as process:
@@ -124,7 +124,7 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(world: Wor
     ]
     np.testing.assert_allclose(world.ensemble_output("production"), [3.0, 6.0])
     np.testing.assert_allclose(world.ensemble_output("staging"), [2.0, 4.0])
-    registered = world.registry.aliases("ens")["production"]
+    registered = world.registry.models.aliases("ens")["production"]
     assert registered == "3"
     assert serving_versions(production.read_config("ens")) == [registered]
-    assert world.registry.version("ens", registered).tags["validation"] == "passed"
+    assert world.registry.models.version("ens", registered).tags["validation"] == "passed"

@@ -71,7 +71,7 @@ def test_the_first_deployment_gates_every_member_on_the_canary(stack: Stack) -> 
     assert sorted(gate.checked) == sorted(MODELS)  # ensembles: verify's smoke
     for model in (*MODELS, ENSEMBLE):
         assert stack.serving(model) == ["1"], model
-        assert stack.registry.aliases(model)["local"] == "1"
+        assert stack.registry.models.aliases(model)["local"] == "1"
     assert np.isfinite(ensemble_answers(stack)).all()
 
 
@@ -87,7 +87,7 @@ def test_a_good_version_passes_the_gate_against_the_serving_version_and_promotes
     assert gate.previous == {"image_model": "1"}  # asked version-specifically
     assert set(gate.changes) == {"image_model/output"}
     assert stack.serving("image_model") == [new.version]
-    assert stack.registry.aliases("image_model")["local"] == new.version
+    assert stack.registry.models.aliases("image_model")["local"] == new.version
 
 
 def _nan_version(stack: Stack, tmp_path: Path) -> str:
@@ -122,7 +122,7 @@ def test_a_version_with_nan_outputs_is_refused_with_nothing_changed(stack: Stack
 
 def test_a_dry_run_served_as_onnx_converts_and_gates_but_registers_nothing(stack: Stack) -> None:
     saved = stack.reexport("image_model", "dry-run")
-    versions = len(stack.registry.versions("image_model"))
+    versions = len(stack.registry.models.versions("image_model"))
     before = stack.snapshot()
     result = stack.promotion(serve_as="onnx", dry_run=True).run("image_model", saved)
     assert result.stage_names() == ["resolve", "convert", "validate", "preflight", "quality"]  # planning only
@@ -132,7 +132,7 @@ def test_a_dry_run_served_as_onnx_converts_and_gates_but_registers_nothing(stack
     assert "registered by the first live stage" in convert.detail
     quality = next(s for s in result.stages if s.stage == "quality")
     assert "image_model" in quality.detail  # the ONNX candidate answered on the scratch server
-    assert len(stack.registry.versions("image_model")) == versions  # MLflow: no new version
+    assert len(stack.registry.models.versions("image_model")) == versions  # MLflow: no new version
     assert stack.snapshot() == before  # store, aliases, what serves
 
 
@@ -164,5 +164,5 @@ def test_a_savedmodel_served_as_onnx_passes_the_gate(stack: Stack) -> None:
     assert "image_model/output" in gate.changes
     assert stack.serving("image_model") == [onnx_version]
     assert f"image_model{PRIVATE_SUFFIX}" not in stack.states()
-    assert stack.registry.aliases("image_model")["local"] == onnx_version
+    assert stack.registry.models.aliases("image_model")["local"] == onnx_version
     assert np.isfinite(ensemble_answers(stack)).all()

@@ -95,7 +95,7 @@ def test_version_tags_and_description_carry_the_lineage(
         exporter=ROOT / "model_repository_template/image_model/image_model_exporter.py",
         export_info={"seed": 0, "tensorflow": "2.x"},
     )
-    mv = MlflowRegistry(env).version(name, result.version)
+    mv = MlflowRegistry(env).models.version(name, result.version)
     tags = mv.tags
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
@@ -126,7 +126,7 @@ def weights(registry: MlflowRegistry, name: str, version: str, dest: Path) -> di
     import onnx
     from onnx import numpy_helper
 
-    registry.fetch_version(name, version, dest)
+    registry.models.fetch_version(name, version, dest)
     graph = onnx.load(str(dest / version / "model" / "model.onnx")).graph
     return {i.name: numpy_helper.to_array(i) for i in graph.initializer}
 
@@ -149,13 +149,13 @@ def test_export_registers_and_reexport_is_idempotent(tmp_path: Path, monkeypatch
     again = mlreg_process("export", "table_data_model")
     assert again.returncode == 0, again.stderr
     assert "table_data_model: unchanged, matches version 1" in again.stdout
-    assert [str(v.version) for v in registry.versions("table_data_model")] == ["1"]
+    assert [str(v.version) for v in registry.models.versions("table_data_model")] == ["1"]
     changed = CliRunner().invoke(app, ["export", "table_data_model", "--seed", "7"])
     assert changed.exit_code == 0, changed.output
     assert "table_data_model: registered version 2" in changed.stdout
-    mv = registry.version("table_data_model", "2")
+    mv = registry.models.version("table_data_model", "2")
     assert mv.tags["exporter_sha256"]
-    run = registry.client.get_run(mv.run_id)
+    run = registry.connection.client.get_run(mv.run_id)
     assert run.data.params["seed"] == "7"
     assert run.data.params["opset"] == "13"
     assert run.data.metrics["tensor_count"] == 3
@@ -176,7 +176,7 @@ def test_a_contract_failure_is_registered_but_tagged_failed(
     assert any(
         "unexpected inference output 'output_0', allowed outputs are: output" in f for f in result.findings
     )
-    mv = MlflowRegistry(env).version(name, result.version)
+    mv = MlflowRegistry(env).models.version(name, result.version)
     assert mv.tags["validation"] == "failed"
     assert "**Validation: failed**" in mv.description
 
@@ -291,11 +291,11 @@ def test_a_failure_after_the_run_started_leaves_no_orphan(
     monkeypatch.setattr(registry.models, "create_version", refuse)
     with pytest.raises(RegistryError, match="simulated"):
         register(registry, find_candidate(folder))
-    runs = registry.client.search_runs(
+    runs = registry.connection.client.search_runs(
         [registry.runs.experiment_id()], filter_string=f"tags.mlreg_model = '{name}'", run_view_type=1
     )  # ACTIVE_ONLY
     assert runs == []
-    assert registry.find_by_tag(name, "validation", "passed") == []
+    assert registry.models.find_by_tag(name, "validation", "passed") == []
 
 
 RACE_CHILD = """
@@ -306,7 +306,7 @@ from registry.settings import Settings
 
 home, barrier, me = sys.argv[1:4]
 registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": home}))
-client = registry.client  # MLflow imported and the store opened before the race
+client = registry.connection.client  # MLflow imported and the store opened before the race
 lookup, create = client.get_experiment_by_name, client.create_experiment
 outcome = []
 
@@ -348,7 +348,7 @@ def test_two_processes_creating_one_experiment_at_once_share_it(tmp_path: Path) 
     home, barrier = tmp_path / ".mlreg", tmp_path / "barrier"
     barrier.mkdir()
     registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(home)}))
-    registry.client.search_experiments()  # the database made (schema) before the race, as a server's is
+    registry.connection.client.search_experiments()  # the database made (schema) before the race
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
     children = [
@@ -374,7 +374,7 @@ def test_two_processes_creating_one_experiment_at_once_share_it(tmp_path: Path) 
     ]  # both looked before either created; one creation lost, and its process found the winner's
     from mlflow.entities import ViewType
 
-    named = registry.client.search_experiments(
+    named = registry.connection.client.search_experiments(
         view_type=ViewType.ALL, filter_string="name = 'mlreg-promotions'"
     )
     assert [e.experiment_id for e in named] == list(ids)  # one experiment, the id both use
@@ -399,12 +399,12 @@ def test_a_registration_leaves_the_process_environment_as_it_was(
     version = register(
         registry, find_candidate(copy_model(built_repository, "table_data_model", name, tmp_path))
     )
-    registry.set_alias(name, "local", version.version)
+    registry.models.set_alias(name, "local", version.version)
     run_id = registry.runs.start_run(PROMOTIONS_EXPERIMENT, f"{name}-v1-local", {"mlreg_model": name})
     registry.runs.log(run_id, {"to_version": version.version}, {"deploy_seconds": 1.0})
     registry.runs.finish_run(run_id, ok=True)
-    registry.record_deployment(name, version.version, "local", run_id, ["triton-0:8001"])
-    registry.download(version.run_id, "model", tmp_path / "download")  # the logged model's folder
+    registry.deployed.record_deployment(name, version.version, "local", run_id, ["triton-0:8001"])
+    registry.runs.download(version.run_id, "model", tmp_path / "download")  # the logged model's folder
     assert (tmp_path / "download" / "model").is_dir()
     assert dict(os.environ) == before
     assert mlflow.get_tracking_uri() == uri_before
@@ -419,9 +419,11 @@ def test_fetch_version_writes_a_triton_model_folder_and_returns_the_tags(
     registered = register(registry, find_candidate(source))
     dest = tmp_path / "fetched" / name
     (dest / "stale").mkdir(parents=True)  # whatever was there goes
-    tags = registry.fetch_version(name, registered.version, dest)
+    tags = registry.models.fetch_version(name, registered.version, dest)
     assert tags["validation"] == "passed"
-    assert tags["artifact_digest"] == registry.version(name, registered.version).tags["artifact_digest"]
+    assert (
+        tags["artifact_digest"] == registry.models.version(name, registered.version).tags["artifact_digest"]
+    )
     assert sorted(p.name for p in dest.iterdir()) == ["1", "config.pbtxt"]
     assert (dest / "config.pbtxt").read_text() == (source / "config.pbtxt").read_text()
     fetched = sorted(p.relative_to(dest / "1").as_posix() for p in (dest / "1").rglob("*") if p.is_file())
@@ -429,7 +431,7 @@ def test_fetch_version_writes_a_triton_model_folder_and_returns_the_tags(
         p.relative_to(source / "1").as_posix() for p in (source / "1").rglob("*") if p.is_file()
     )
     with pytest.raises(RegistryError, match="check the name and version"):
-        registry.fetch_version(name, "9", tmp_path / "fetched" / "nothing")
+        registry.models.fetch_version(name, "9", tmp_path / "fetched" / "nothing")
 
 
 FETCH_WITHOUT_MLFLOW = """
@@ -437,7 +439,7 @@ import sys
 from pathlib import Path
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
-tags = MlflowRegistry(Settings.from_env()).fetch_version(sys.argv[1], "1", Path(sys.argv[2]))
+tags = MlflowRegistry(Settings.from_env()).models.fetch_version(sys.argv[1], "1", Path(sys.argv[2]))
 print(tags["validation"], "mlflow" in sys.modules)
 """
 
@@ -472,7 +474,7 @@ def test_ping_register_version_aliases_and_promotions(
     from registry.mlflow.model import PROMOTIONS_EXPERIMENT
 
     registry = MlflowRegistry(env)
-    registry.ping()  # the embedded registry: created if missing; a server: answers
+    registry.models.ping()  # the embedded registry: created if missing; a server: answers
     name, other = unique("table_data_preprocess"), unique("table_data_preprocess")
     source = copy_model(built_repository, "table_data_preprocess", name, tmp_path)
     first = registry.register_version(
@@ -481,12 +483,12 @@ def test_ping_register_version_aliases_and_promotions(
     assert registry.register_version(name, source / "1", source / "config.pbtxt") == first  # identical
     copied = copy_model(built_repository, "table_data_preprocess", other, tmp_path)
     registry.register_version(other, copied / "1", copied / "config.pbtxt")
-    registry.set_alias(name, "staging", first)
-    registry.set_alias(name, "production", first)
-    registry.set_alias(other, "staging", "1")
-    staged = registry.alias_versions("staging")
+    registry.models.set_alias(name, "staging", first)
+    registry.models.set_alias(name, "production", first)
+    registry.models.set_alias(other, "staging", "1")
+    staged = registry.models.alias_versions("staging")
     assert (staged[name], staged[other]) == (first, "1")
-    assert other not in registry.alias_versions("production")
+    assert other not in registry.models.alias_versions("production")
     for to, env_name in (("1", "staging"), ("1", "production")):
         run = registry.runs.start_run(
             PROMOTIONS_EXPERIMENT,
@@ -495,12 +497,15 @@ def test_ping_register_version_aliases_and_promotions(
         )
         registry.runs.log(run, {"from_version": "none", "to_version": to}, {})
         registry.runs.finish_run(run, ok=True)
-    found = registry.promotions(name, "staging")
+    found = registry.runs.promotions(name, "staging")
     assert [(p["environment"], p["from"], p["to"], p["result"], p["user"]) for p in found] == [
         ("staging", "none", "1", "promoted", "me")
     ]
-    assert [p["environment"] for p in registry.promotions(name)] == ["production", "staging"]  # newest first
-    assert registry.promotions(other) == []
+    assert [p["environment"] for p in registry.runs.promotions(name)] == [
+        "production",
+        "staging",
+    ]  # newest first
+    assert registry.runs.promotions(other) == []
 
 
 def test_ping_of_a_server_that_is_down_fails_fast(tmp_path: Path) -> None:
@@ -514,4 +519,4 @@ def test_ping_of_a_server_that_is_down_fails_fast(tmp_path: Path) -> None:
         }
     )
     with pytest.raises(RegistryError, match="check the tracking server"):
-        MlflowRegistry(settings).ping()
+        MlflowRegistry(settings).models.ping()

@@ -147,9 +147,9 @@ def test_an_alias_moved_through_mlflows_rest_api_promotes_the_environment_throug
     stored = record.read(open_store(settings.local_repository), "local", MODEL)
     assert (stored.deployed, stored.previous) == (target, before[0])  # the rollback target
     run_id = job["note"].rsplit(" ", 1)[-1]
-    tags = native_stack.registry.version_tags(MODEL, target)
+    tags = native_stack.registry.models.version_tags(MODEL, target)
     assert tags["promotion_run_local"] == run_id  # the version in the MLflow UI links the promotion's run
-    assert native_stack.registry.aliases(MODEL)["champion"] == target
+    assert native_stack.registry.models.aliases(MODEL)["champion"] == target
     assert secret not in (tmp_path / "relay.log").read_text()
     [local] = json.loads(shown.stdout)["environments"]
     [row] = [r for r in local["models"] if r["model"] == MODEL]

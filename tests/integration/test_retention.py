@@ -84,7 +84,7 @@ class Stack:
         return open_store(environment(self.settings, env_name).store)
 
     def digest(self, version: str) -> str:
-        return self.registry.version_tags("scorer", version)["artifact_digest"]
+        return self.registry.models.version_tags("scorer", version)["artifact_digest"]
 
     def states(self, url: str) -> dict[str, dict[str, str]]:
         with TritonControl(url) as triton:
@@ -163,7 +163,7 @@ def test_a_rollback_to_an_archived_version_serves_it_after_verification(stack: S
     archived = next(s for s in result.stages if s.stage == "archive")
     assert archived.detail.startswith("keep 2: archived scorer v11 (")  # before the load
     assert stack.ready(stack.s3_url) == ["3"]
-    assert stack.registry.aliases("scorer")["s3"] == "3"
+    assert stack.registry.models.aliases("scorer")["s3"] == "3"
     store = stack.store("s3")
     store.verify_version("scorer", "3", stack.digest("3"), full=True)
     assert store.list_versions("scorer") == ["3", "12"]  # what serves, and the one before it
@@ -186,7 +186,7 @@ def test_a_promotion_killed_mid_archive_loses_nothing_and_a_rerun_finishes(stack
     store = stack.store("s3")
     assert stack.ready(stack.s3_url) == ["3"]  # killed before the load
     assert serving_versions(store.read_config("scorer")) == ["3"]  # the store's config as it was
-    assert stack.registry.aliases("scorer")["s3"] == "3"  # and the alias
+    assert stack.registry.models.aliases("scorer")["s3"] == "3"  # and the alias
     verify = CliRunner().invoke(
         app, ["store", "verify", "scorer", "12", "--store", store.uri, "--json"], env=stack.env_vars
     )
@@ -198,7 +198,7 @@ def test_a_promotion_killed_mid_archive_loses_nothing_and_a_rerun_finishes(stack
     assert rerun.returncode == 0, err
     assert "promoted scorer version 13" in out
     assert stack.ready(stack.s3_url) == ["13"]
-    assert stack.registry.aliases("scorer")["s3"] == "13"
+    assert stack.registry.models.aliases("scorer")["s3"] == "13"
     assert store.list_versions("scorer") == ["3", "13"]
     archived_whole(stack, archive_of(store), [str(v) for v in (1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12)])
 
@@ -223,7 +223,7 @@ def test_a_failed_promotion_puts_back_what_it_archived_before_the_load(stack: St
     rollback = next(s for s in info.value.result.stages if s.stage == "rollback")
     assert "scorer/3 back from the archive" in rollback.detail  # the report says so
     assert stack.ready(stack.s3_url) == ["13"]
-    assert stack.registry.aliases("scorer")["s3"] == "13"
+    assert stack.registry.models.aliases("scorer")["s3"] == "13"
 
 
 def test_store_gc_dry_run_lists_and_changes_nothing(stack: Stack) -> None:
@@ -305,4 +305,4 @@ def test_an_archived_copy_corrupted_in_place_is_never_served(
     assert stack.ready(url) == [version]
     assert store.read(key) == good  # the registered bytes serve, not the archive's
     store.verify_version("scorer", version, stack.digest(version), full=True)
-    assert stack.registry.aliases("scorer")[env_name] == version
+    assert stack.registry.models.aliases("scorer")[env_name] == version

@@ -205,8 +205,8 @@ def test_a_replica_whose_control_api_is_open_is_flagged_by_status_and_refuses_a_
     result = json.loads(allowed_out)
     assert any(n.startswith(note) and 'open_control = "allow"' in n for n in result["notes"]), result["notes"]
     assert ready
-    run = secure.stack.registry.promotions("scorer", "open")[0]["run_id"]
-    report = secure.stack.registry.download(run, "report.json", secure.root / "open-run")
+    run = secure.stack.registry.runs.promotions("scorer", "open")[0]["run_id"]
+    report = secure.stack.registry.runs.download(run, "report.json", secure.root / "open-run")
     assert any(n.startswith(note) for n in json.loads(report.read_text())["notes"])  # in the MLflow run
     with secure.control() as triton:  # the probe loaded nothing on the locked local stack either
         assert [m for m in triton.model_states() if m.startswith(PROBE_PREFIX)] == []
@@ -323,7 +323,7 @@ def test_a_config_pointing_triton_outside_the_version_folder_is_refused(
     assert code == 3, out + err
     assert "leaves the version folder" in out + err
     assert "not registered" in out + err
-    assert secure.stack.registry.versions("evil") == []  # nothing written, not even as failed
+    assert secure.stack.registry.models.versions("evil") == []  # nothing written, not even as failed
     # a version an older mlreg (without the rule) registered: the promotion's validation refuses it
     with monkeypatch.context() as older:
         older.setattr(rules, "check_paths", lambda entry: iter(()))
@@ -334,7 +334,7 @@ def test_a_config_pointing_triton_outside_the_version_folder_is_refused(
             SCORER_CONFIG.replace('"scorer"', '"evil"') + ESCAPING,
             {"model.py": SCORER_MODEL},
         )
-    assert secure.stack.registry.version_tags("evil", version)["validation"] == "passed"
+    assert secure.stack.registry.models.version_tags("evil", version)["validation"] == "passed"
     with pytest.raises(PromotionFailed) as refused:
         secure.stack.promote("evil", version)
     result = refused.value.result

@@ -360,7 +360,7 @@ def test_records_forged_through_a_real_request_id_are_named_and_a_wrong_candidat
     for request in captured[:20]:  # fewer honest captures than count: the replay reads every file
         (shadows.traces / request.source.partition("#")[0]).unlink()
     honest = len(captured) - 20
-    assert shadows.registry.aliases("classifier").get("shadow") == serving
+    assert shadows.registry.models.aliases("classifier").get("shadow") == serving
     wrong = shadows.register(
         "classifier",
         CLASSIFIER_CONFIG,
@@ -373,7 +373,7 @@ def test_records_forged_through_a_real_request_id_are_named_and_a_wrong_candidat
     assert shadow["forged"] == 301
     assert "301 forged records from request ids that break Triton's trace format" in failure.message
     assert ready_versions(shadows.urls[0], "classifier") == [serving]
-    assert shadows.registry.aliases("classifier").get("shadow") == serving
+    assert shadows.registry.models.aliases("classifier").get("shadow") == serving
 
 
 def test_an_identical_candidate_passes_five_runs_out_of_five_under_load(shadows: Shadows) -> None:
@@ -389,7 +389,7 @@ def test_an_identical_candidate_passes_five_runs_out_of_five_under_load(shadows:
             assert shadow["judged"] >= 100
             assert (shadow["diverged"], shadow["floor"]) == (0, 0)
             assert ready_versions(shadows.urls[0], "classifier") == [candidate]
-            assert shadows.registry.aliases("classifier").get("shadow") == candidate
+            assert shadows.registry.models.aliases("classifier").get("shadow") == candidate
     assert not clients.failed  # no client saw a failed request through five swaps
 
 
@@ -422,7 +422,7 @@ def test_a_noisy_model_passes_thanks_to_its_floor_and_one_whose_noise_exceeds_th
     assert "noise floor" in failure.message
     assert ready_versions(shadows.urls[0], "noisy") == [third]
     assert serving_versions(open_store(shadows.root / "one").read_config("noisy")) == [third]
-    assert shadows.registry.aliases("noisy").get("shadow") == third
+    assert shadows.registry.models.aliases("noisy").get("shadow") == third
     assert not clients.failed
 
 
@@ -466,7 +466,7 @@ def test_the_purge_switches_capture_off_and_leaves_no_captured_file(shadows: Sha
     assert document["deleted"]
     assert document["runs"] == [f"{run_id}: report.json, shadow.json"]
     for name in ("report.json", "shadow.json"):  # the captured values gone from MLflow, shapes kept
-        text = shadows.registry.download(run_id, name, shadows.work / f"scrubbed-{name}").read_text()
+        text = shadows.registry.runs.download(run_id, name, shadows.work / f"scrubbed-{name}").read_text()
         assert "0.25" not in text
         assert "2.5" not in text
         assert "shape [1, 4]" in text
@@ -496,4 +496,4 @@ def test_a_candidate_failing_8_percent_of_requests_trips_the_bake_on_mlregs_own_
     for url in shadows.urls[1:]:
         assert ready_versions(url, "flaky") == [good], url
     assert store.read_config("flaky") == config
-    assert shadows.registry.aliases("flaky").get("baked") == good
+    assert shadows.registry.models.aliases("flaky").get("baked") == good

@@ -88,13 +88,13 @@ class Stack:
         """Store ``version`` after ``change(folder)``, with the store's manifest and the digest
         registered in MLflow computed again to match: only the signature can tell."""
         folder = self.work / f"tampered-{model}-{version}"
-        self.registry.fetch_version(model, version, folder)
+        self.registry.models.fetch_version(model, version, folder)
         change(folder / version)
         store = open_store(self.settings.local_repository)
         store.put_version(model, version, folder / version, config=folder / "config.pbtxt")
         manifest = store.read_manifest(model, version)
         assert manifest is not None
-        self.registry.set_version_tag(model, version, "artifact_digest", manifest.digest)
+        self.registry.models.set_version_tag(model, version, "artifact_digest", manifest.digest)
 
     def snapshot(self, model: str) -> dict[str, object]:
         """What a refused promotion must leave alone (stacks.refusal_state): the store's objects,
@@ -145,12 +145,12 @@ def test_a_version_signed_with_a_trusted_key_promotes(stack: Stack) -> None:
     result = stack.promote("signed", MODEL, version)
     assert result.ok
     assert stack.serving(MODEL) == [version]
-    assert stack.registry.aliases(MODEL)["signed"] == version
+    assert stack.registry.models.aliases(MODEL)["signed"] == version
     validate = next(s for s in result.stages if s.stage == "validate")
     assert f"{MODEL} v{version} signed by key {_fingerprint(stack, 'trusted')}" in validate.detail
     assert (stack.stored(MODEL, version) / SIGNATURE_FILE).is_file()  # beside the manifest
     assert open_store(stack.settings.local_repository).check_version(MODEL, version).ok
-    description = stack.registry.version(MODEL, version).description
+    description = stack.registry.models.version(MODEL, version).description
     assert f"Signature: signed by key {_fingerprint(stack, 'trusted')}" in description
 
 
@@ -222,7 +222,7 @@ def test_the_previous_versions_signature_is_checked_before_any_change_and_on_an_
     message = caught.value.message
     assert f"{ABORTED} v{first}: its signature does not verify" in message
     assert f"{ABORTED} left as it serves now" in message
-    assert stack.registry.aliases(ABORTED)["signed"] == first
+    assert stack.registry.models.aliases(ABORTED)["signed"] == first
     assert stack.serving(ABORTED) == [first]  # never unloaded, never re-read
     with TritonControl(stack.url) as triton:
         answer = triton.infer(ABORTED, {"INPUT0": np.ones((1, 4), np.float32)}, ["OUTPUT0"])["OUTPUT0"]
@@ -301,7 +301,7 @@ def test_mlreg_sign_signs_an_earlier_version_and_show_says_by_whom(
     rows = {line.split()[0]: line for line in listed.output.splitlines()[1:] if line.strip()}
     assert f"key {fingerprint}" in rows["3"]
     assert "unsigned" in rows["2"]
-    description = stack.registry.version(MODEL, "3").description
+    description = stack.registry.models.version(MODEL, "3").description
     assert f"Signature: signed by key {fingerprint}" in description
     # what serves (v2, promoted through the warn environment on the same store) is unsigned: its way
     # back cannot be verified, so the promotion is refused unless told to go on without one
@@ -351,4 +351,4 @@ def test_mlreg_register_signs_with_the_key_in_mlreg_signing_key(
     (row,) = json.loads(done.output)["versions"]
     assert row["created"]
     assert row["signed_by"] == f"key {_fingerprint(stack, 'trusted')}"
-    assert stack.registry.version_tags(MODEL, row["version"])["signed_by"] == row["signed_by"]
+    assert stack.registry.models.version_tags(MODEL, row["version"])["signed_by"] == row["signed_by"]

@@ -207,7 +207,9 @@ def test_consecutive_swaps_never_re_create_the_serving_version_and_a_changed_ove
     changed = text + 'parameters { key: "note" value { string_value: "other" } }\n'
     store = open_store(swaps.store)
     # a bare Fleet loads only what this run checked against MLflow's digest (issue 44)
-    store.verify_version("scorer", serving, swaps.registry.version_tags("scorer", serving)["artifact_digest"])
+    store.verify_version(
+        "scorer", serving, swaps.registry.models.version_tags("scorer", serving)["artifact_digest"]
+    )
     fleet = Fleet(
         store, swaps.urls[:1], triton_connector(swaps.settings), 60, undo=UndoLog(False, store.session)
     )
@@ -302,7 +304,7 @@ def test_a_footprint_measured_on_the_real_server_is_recorded_and_a_replica_short
         f"metrics = {{ {real} }}\n"
     )
     result = swaps.promote("measured", "scorer", scorer)
-    tags = swaps.registry.version_tags("scorer", scorer)
+    tags = swaps.registry.models.version_tags("scorer", scorer)
     assert tags["memory_footprint_kind"] == "host"
     measured = int(tags["memory_footprint_bytes"])
     assert measured > 0, tags  # a footprint was measured (0 is what a gauge that did not move records)
@@ -311,10 +313,10 @@ def test_a_footprint_measured_on_the_real_server_is_recorded_and_a_replica_short
     assert all(c["ok"] for c in checks), checks
 
     # the same version's footprint known (recorded above): a host with less free than it needs
-    swaps.registry.set_version_tag("scorer", scorer, "memory_footprint_bytes", str(512 * 2**20))
+    swaps.registry.models.set_version_tag("scorer", scorer, "memory_footprint_bytes", str(512 * 2**20))
     again = swaps.register("scorer", SCORER_CONFIG, f"# measured again\n{SCORER_MODEL}")
-    swaps.registry.set_version_tag("scorer", again, "memory_footprint_bytes", str(512 * 2**20))
-    swaps.registry.set_version_tag("scorer", again, "memory_footprint_kind", "host")
+    swaps.registry.models.set_version_tag("scorer", again, "memory_footprint_bytes", str(512 * 2**20))
+    swaps.registry.models.set_version_tag("scorer", again, "memory_footprint_kind", "host")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gauges)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     gb = 2**30

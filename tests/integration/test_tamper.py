@@ -113,7 +113,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def _serves_v2(stack: Stack) -> None:
     assert stack.snapshot()["serving"] == ["2"]
-    assert stack.registry.aliases(MODEL)[ENV] == "2"
+    assert stack.registry.models.aliases(MODEL)[ENV] == "2"
     np.testing.assert_allclose(stack.answers(), X * 2)
 
 
@@ -200,7 +200,7 @@ def test_store_push_finishes_a_version_without_its_manifest_only_with_the_regist
     manifest = stack.settings.local_repository / MODEL / "2" / ".mlreg-manifest.json"
     kept, config = manifest.read_bytes(), store.read_config(MODEL)
     folder = stack.work / "push" / MODEL
-    stack.registry.fetch_version(MODEL, "2", folder)
+    stack.registry.models.fetch_version(MODEL, "2", folder)
     good = (folder / "2" / "model.py").read_bytes()
     manifest.unlink()
     try:
@@ -215,7 +215,7 @@ def test_store_push_finishes_a_version_without_its_manifest_only_with_the_regist
         (folder / "2" / "model.py").write_bytes(good)
         done = stack.mlreg("store", "push", str(folder))
         assert done.exit_code == 0, done.output
-        digest = stack.registry.version_tags(MODEL, "2")["artifact_digest"]
+        digest = stack.registry.models.version_tags(MODEL, "2")["artifact_digest"]
         assert store.verify_version(MODEL, "2", digest, full=True).digest == digest
     finally:
         if not manifest.exists():
@@ -256,8 +256,8 @@ def test_a_rollback_to_a_version_corrupt_in_the_store_loads_the_registered_bytes
     assert done.exit_code == 0, done.output
     assert f"{MODEL}/1 (corrupt: restored by assemble)" in " ".join(done.output.split())
     assert stack.stored("1").read_bytes() == good
-    digest = stack.registry.version_tags(MODEL, "1")["artifact_digest"]
+    digest = stack.registry.models.version_tags(MODEL, "1")["artifact_digest"]
     assert open_store(stack.settings.local_repository).verify_version(MODEL, "1", digest, full=True).ok
     assert stack.snapshot()["serving"] == ["1"]
-    assert stack.registry.aliases(MODEL)[ENV] == "1"
+    assert stack.registry.models.aliases(MODEL)[ENV] == "1"
     np.testing.assert_allclose(stack.answers(), X * 1)

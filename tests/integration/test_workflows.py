@@ -95,7 +95,7 @@ def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Pat
     from mlreg.ops.promote_many import versions_from_alias
 
     registry = _registry(tmp_path)
-    client = registry.client
+    client = registry.connection.client
     for name, staging, production in (("a", "2", "1"), ("b", "1", "1"), ("c", "1", None)):
         client.create_registered_model(name)
         for _ in range(2):
@@ -104,7 +104,7 @@ def test_from_alias_lists_only_the_versions_the_target_alias_lacks(tmp_path: Pat
         if production:
             client.set_registered_model_alias(name, "production", production)
     client.create_registered_model("d")  # no alias at all
-    assert versions_from_alias(registry, "staging", "production") == [("a", "2"), ("c", "1")]
+    assert versions_from_alias(registry.models, "staging", "production") == [("a", "2"), ("c", "1")]
 
 
 def _registry(tmp_path: Path) -> Any:
@@ -121,7 +121,7 @@ def _registry_state(tmp_path: Path) -> tuple[Any, Callable[[], dict[str, tuple[i
     """A sqlite registry under ``tmp_path/.mlreg``: scorer v1, v2 (staging -> 2, local -> 1) and
     ranker v1 (staging -> 1); and a snapshot function of every model's version count and aliases."""
     registry = _registry(tmp_path)
-    client = registry.client
+    client = registry.connection.client
     for name, count, aliases in (
         ("scorer", 2, {"staging": "2", "local": "1"}),
         ("ranker", 1, {"staging": "1"}),
@@ -134,7 +134,7 @@ def _registry_state(tmp_path: Path) -> tuple[Any, Callable[[], dict[str, tuple[i
 
     def state() -> dict[str, tuple[int, dict[str, str]]]:
         return {
-            m.name: (len(registry.versions(m.name)), registry.aliases(m.name))
+            m.name: (len(registry.models.versions(m.name)), registry.models.aliases(m.name))
             for m in client.search_registered_models()
         }
 
@@ -187,11 +187,11 @@ def test_from_alias_with_a_model_promotes_only_that_model(tmp_path: Path) -> Non
 
     registry, state = _registry_state(tmp_path)
     before = state()
-    assert versions_from_alias(registry, "staging", "local") == [("ranker", "1"), ("scorer", "2")]
-    assert versions_from_alias(registry, "staging", "local", "ranker") == [("ranker", "1")]
-    assert versions_from_alias(registry, "staging", "production", "scorer") == [("scorer", "2")]
-    registry.set_alias("scorer", "production", "2")
-    assert versions_from_alias(registry, "staging", "production", "scorer") == []  # held already
+    assert versions_from_alias(registry.models, "staging", "local") == [("ranker", "1"), ("scorer", "2")]
+    assert versions_from_alias(registry.models, "staging", "local", "ranker") == [("ranker", "1")]
+    assert versions_from_alias(registry.models, "staging", "production", "scorer") == [("scorer", "2")]
+    registry.models.set_alias("scorer", "production", "2")
+    assert versions_from_alias(registry.models, "staging", "production", "scorer") == []  # held already
     assert state()["ranker"] == before["ranker"]
 
 

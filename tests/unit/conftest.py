@@ -159,12 +159,12 @@ registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(root / "work"
 def keep(state):
     (root / state).mkdir()
     shutil.copy2(root / "work" / "mlflow.db", root / state / "mlflow.db")
-registry.client.search_registered_models()
+registry.connection.client.search_registered_models()
 keep("empty")
-registry.client.create_registered_model("a")
-registry.client.create_model_version("a", source=str(root / "work"))
+registry.connection.client.create_registered_model("a")
+registry.connection.client.create_model_version("a", source=str(root / "work"))
 keep("a_v1")
-registry.set_alias("a", "production", "1")
+registry.models.set_alias("a", "production", "1")
 keep("a_v1_production")
 """
 REGISTRY_STATES = ("empty", "a_v1", "a_v1_production")

@@ -305,10 +305,10 @@ def test_export_changed_needs_only_one_model_holding_the_alias(
 
     for state in ("empty", "a_v1"):
         with pytest.raises(UsageError, match="no registered model in MLflow .* holds 'production'"):
-            require_base(registry(state), "production")
+            require_base(registry(state).models, "production")
     held = registry("a_v1_production")
-    assert held.alias_versions("production") == {"a": "1"}
-    require_base(held, "production")
+    assert held.models.alias_versions("production") == {"a": "1"}
+    require_base(held.models, "production")
 
 
 # mlreg store: the CLI parses and renders, mlreg/ops/store_* do the work

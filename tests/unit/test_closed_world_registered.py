@@ -91,7 +91,7 @@ def test_a_load_naming_a_version_never_held_to_mlflows_digest_is_refused(tmp_pat
     world = _deployed(tmp_path)
     _plant_foreign(world)
     store = open_store(world.store_root)
-    digest = world.registry.version_tags("net", "1")["artifact_digest"]
+    digest = world.registry.models.version_tags("net", "1")["artifact_digest"]
     store.verify_version("net", "1", digest)  # v1 held to MLflow's digest; v77 never can be
     assert store.check_version("net", "77").status == "verified"  # self-consistent: proves nothing
     with pytest.raises(
@@ -312,7 +312,7 @@ def test_retentions_bring_back_refuses_a_version_whose_model_folder_holds_a_plan
     archive = archive_of(store)
     move_to_archive(store, archive, "net", "1")
     assert store.read_manifest("net", "1") is None
-    digest = world.registry.version_tags("net", "1")["artifact_digest"]
+    digest = world.registry.models.version_tags("net", "1")["artifact_digest"]
     step = Step("net", "1", Role.MEMBER, None, "", None, [], digest=digest)
     (world.store_root / "net" / "1.py").write_text("print('PLANTED')\n")
     assert retention.restored(store, step) is False

@@ -36,7 +36,7 @@ def test_export_says_each_model_it_exports_then_registers_with_how_far_it_is(tmp
         ("image_preprocess", "1", True),
         ("table_data_preprocess", "1", True),
     ]
-    assert set(plan.planned) == {("image_preprocess", "1"), ("table_data_preprocess", "1")}
+    assert set(plan.models.planned) == {("image_preprocess", "1"), ("table_data_preprocess", "1")}
     assert base.tags == {}
     assert base.recorded == []
 

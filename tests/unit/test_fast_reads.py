@@ -43,7 +43,7 @@ settings = Settings.from_env(env={"MLREG_HOME": str(home)})
 registry = MlflowRegistry(settings)
 for model in ("table_data_preprocess", "image_preprocess"):
     registry.register_version(model, template / model / "1", template / model / "config.pbtxt")
-registry.set_alias("table_data_preprocess", "production", "1")
+registry.models.set_alias("table_data_preprocess", "production", "1")
 runs = []
 for env, before, result in (("local", "none", "promoted"), ("staging", "none", "refused"),
                             ("local", "1", "rolled back"), ("local", "1", "promoted")):
@@ -63,7 +63,7 @@ ensemble = registry.runs.start_run(PROMOTIONS_EXPERIMENT, "an_ensemble-v3-local"
 registry.runs.log(ensemble, {"from_version": "2", "to_version": "3"}, {"deploy_seconds": 1.0})
 registry.runs.finish_run(ensemble, True)
 for env, run_id in (("local", ensemble), ("staging", runs[1]), ("production", runs[0]), ("dev", "../x")):
-    registry.set_version_tag("image_preprocess", "1", f"promotion_run_{env}", run_id)
+    registry.models.set_version_tag("image_preprocess", "1", f"promotion_run_{env}", run_id)
 from mlreg.ops.history import arrivals
 client = ClientReads(registry)
 version = client.version("table_data_preprocess", "1")
@@ -85,7 +85,7 @@ print(json.dumps({
         model: [
             {"version": str(v.version), "tags": dict(v.tags), "run_id": v.run_id, "source": v.source,
              "creation_timestamp": v.creation_timestamp}
-            for v in registry.client.search_model_versions(f"name='{model}'")
+            for v in registry.connection.client.search_model_versions(f"name='{model}'")
         ]
         for model in ("table_data_preprocess", "image_preprocess", "nothing_here")
     },

@@ -199,7 +199,7 @@ def test_a_registry_database_another_process_holds_is_one_error_naming_it_and_a_
     assert listed.exit_code == 0, listed.output
     assert [line.split()[0] for line in listed.output.splitlines()[1:]] == ["1"]
     assert "production" in listed.output
-    assert registry.aliases("a") == {"production": "1"}  # the same adapter, patient again
+    assert registry.models.aliases("a") == {"production": "1"}  # the same adapter, patient again
     assert "locked" not in runner.invoke(app, ["status"]).output
 
 
@@ -222,10 +222,10 @@ def _commands_refused(runner: CliRunner, db: Path, pid: int, candidate: Path) ->
 def _adapter_refused(registry: MlflowRegistry) -> None:
     """The adapter's ping waits once in vain; its next read fails at once."""
     with pytest.raises(RegistryError, match="is locked by another process") as info:
-        registry.ping()
+        registry.models.ping()
     assert info.value.context["code"] == "DATABASE_LOCKED"
     with pytest.raises(RegistryError, match="is locked by another process") as info:
-        registry.aliases("a")  # this adapter waited once in vain: at once now
+        registry.models.aliases("a")  # this adapter waited once in vain: at once now
     assert info.value.message.endswith(": reading it failed")  # no "after 0.2 s": no wait
 
 

@@ -98,7 +98,7 @@ def test_a_rerun_of_the_serving_ensemble_after_mlflow_went_down_at_alias_moved_r
     ]
     assert not {v for (m, v), tags in world.registry.tags.items() if "promoted_test" in tags} & {"3"}
     assert _state(world) == before  # nothing uploaded nor loaded; every alias as before the attempt
-    assert world.registry.aliases("net") == {"test": "2"}
+    assert world.registry.models.aliases("net") == {"test": "2"}
     assert world.promote("ens", "2").notes == []  # repaired: nothing more to do
 
 
@@ -116,9 +116,9 @@ def test_an_ensemble_version_with_another_graph_is_promoted_into_its_folder_with
     assert result.stage_names()[0] == "resolve"
     assert result.stage_names()[-1] == "record"
     assert serving_versions(world.config("ens")) == ["3"]
-    assert world.registry.aliases("ens") == {"test": "3"}
-    assert world.registry.aliases("net") == {"test": "2"}
-    assert world.registry.aliases("pre") == {"test": "1"}
+    assert world.registry.models.aliases("ens") == {"test": "3"}
+    assert world.registry.models.aliases("net") == {"test": "2"}
+    assert world.registry.models.aliases("pre") == {"test": "1"}
     assert "alias 'test' of net moved to v2 (was 3): the version ens v3 pins" in result.notes
 
 

@@ -285,7 +285,7 @@ def _settled(world: World, version: str) -> None:
     lock is left and the store's copy verifies against the registered digest."""
     assert _serving(world) == {"t0:8001": [version], "t1:8001": [version]}
     assert serving_versions(world.config("net")) == [version]
-    assert world.registry.aliases("net")["test"] == version
+    assert world.registry.models.aliases("net")["test"] == version
     store = world.fleet.store
     assert store.locks() == []
     store.verify_version("net", version, world.registry.tags[("net", version)]["artifact_digest"])
@@ -306,7 +306,7 @@ def test_tmpdir_full_during_a_promotion_is_one_disk_full_error_and_a_rerun_promo
     _register(world, "2", weights=300_000)
     temp = tmpfs(tmp_path / "tmp", "1m")
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    before = (_files(world.store_root), _serving(world), world.registry.aliases("net"))
+    before = (_files(world.store_root), _serving(world), world.registry.models.aliases("net"))
     filler = _fill(temp)
     with pytest.raises(OSError, match="No space left on device") as caught:
         world.promote("net", "2")
@@ -314,7 +314,7 @@ def test_tmpdir_full_during_a_promotion_is_one_disk_full_error_and_a_rerun_promo
     assert code == StorageError.exit_code, err
     assert f"error: disk full at {temp} (TMPDIR): a file could not be written" in err
     assert f"fix: free space at {temp} ('df -h {temp}'), or point TMPDIR at a folder with room" in err
-    assert (_files(world.store_root), _serving(world), world.registry.aliases("net")) == before
+    assert (_files(world.store_root), _serving(world), world.registry.models.aliases("net")) == before
     assert world.fleet.store.locks() == []
 
     filler.unlink()
@@ -330,7 +330,7 @@ def test_tmpdir_full_during_a_promotion_is_one_disk_full_error_and_a_rerun_promo
     assert f"error: promotion of net version 2 to 'test' failed: disk full at {temp} (TMPDIR)" in err
     assert "; nothing was changed" in err
     assert f"fix: free space at {temp}" in err
-    assert (_files(world.store_root), _serving(world), world.registry.aliases("net")) == before
+    assert (_files(world.store_root), _serving(world), world.registry.models.aliases("net")) == before
     assert world.fleet.store.locks() == []
     assert "the attempt was not recorded in MLflow (No space left on device)" in err  # its report
 
@@ -351,7 +351,7 @@ def test_a_local_store_full_at_upload_says_free_space_and_a_rerun_promotes(
     monkeypatch.delenv("MLREG_DEBUG", raising=False)
     world = _world(tmp_path, tmpfs, "512k")
     _register(world, "2", weights=600_000)
-    before = (_files(world.store_root), _serving(world), world.registry.aliases("net"))
+    before = (_files(world.store_root), _serving(world), world.registry.models.aliases("net"))
     with pytest.raises(PromotionFailed) as failed:
         world.promote("net", "2")
     code, err = _said(failed.value, capsys)
@@ -364,7 +364,7 @@ def test_a_local_store_full_at_upload_says_free_space_and_a_rerun_promotes(
     assert f"fix: free space at {root} ('df -h {root}'), then run the command again" in err
     assert "check the folder exists" not in err
     assert failed.value.result.failed_stage == "assemble"
-    assert (_files(root), _serving(world), world.registry.aliases("net")) == before
+    assert (_files(root), _serving(world), world.registry.models.aliases("net")) == before
     assert world.fleet.store.locks() == []
     assert world.registry.recorded[-1]["tags"]["result"] == "rolled back"
 
@@ -388,7 +388,7 @@ def test_a_store_full_at_the_uploaded_checkpoint_rolls_back_without_restoring_an
     world = _world(tmp_path, tmpfs, "1m")
     _register(world, "2")
     root = world.store_root
-    before = (_files(root), _serving(world), world.registry.aliases("net"))
+    before = (_files(root), _serving(world), world.registry.models.aliases("net"))
     loads = world.fleet.loads
 
     def full_at(point: str) -> None:
@@ -409,7 +409,7 @@ def test_a_store_full_at_the_uploaded_checkpoint_rolls_back_without_restoring_an
     assert f"fix: free space at {root}" in err
     result = failed.value.result
     assert (result.failed_stage, result.rollback, result.rollback_error) == ("deploy", "succeeded", "")
-    assert (_files(root), _serving(world), world.registry.aliases("net")) == before
+    assert (_files(root), _serving(world), world.registry.models.aliases("net")) == before
     assert ("ens", "2") not in world.registry.tags  # the version it registered, deleted
     assert world.fleet.loads == loads  # no replica was sent anything
     assert world.fleet.store.locks() == []
@@ -455,7 +455,7 @@ def test_an_archive_on_another_file_system_is_moved_by_a_checked_copy_both_ways(
     assert (store.list_versions("net"), copy.list_versions("net")) == (["2", "3"], ["1"])
     assert store.verify_version("net", "2", world.registry.tags[("net", "2")]["artifact_digest"])
     assert _serving(world) == {"t0:8001": ["3"], "t1:8001": ["3"]}
-    assert world.registry.aliases("net")["test"] == "3"
+    assert world.registry.models.aliases("net")["test"] == "3"
     assert store.locks() == []
 
     world.fleet.nan_answers.clear()
@@ -538,7 +538,7 @@ def test_a_truncated_manifest_of_the_serving_version_is_listed_flagged_and_repai
     assert row["state"] == "corrupt manifest"
     assert row["problems"][0].startswith(".mlreg-manifest.json is unreadable (truncated or not JSON)")
 
-    assert (_serving(world), world.registry.aliases("net")["test"]) == (
+    assert (_serving(world), world.registry.models.aliases("net")["test"]) == (
         {"t0:8001": ["2"], "t1:8001": ["2"]},
         "2",
     )

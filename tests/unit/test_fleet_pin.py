@@ -194,7 +194,7 @@ JUDGE = textwrap.dedent(
     configs |= {("scoring", v): sys.argv[2].replace("VERSION", v) for v in ("1", "2")}
     settings = Settings.from_env(env={"MLREG_HOME": str(Path("home").resolve())})
     registry = MlflowRegistry(settings)
-    client = registry.client
+    client = registry.connection.client
     # where mlreg's embedded registry keeps artifacts (registry/mlflow/runs.py): local files
     experiment = client.create_experiment("exports", artifact_location=settings.artifact_root.as_uri())
     for (name, version), text in configs.items():
@@ -214,7 +214,7 @@ JUDGE = textwrap.dedent(
         ("dry", lambda: fleet.sync(settings, path, "local", Options(dry_run=True))),
         ("real", lambda: fleet.sync(settings, path, "local")),
         ("pin", lambda: fleet.pin(settings, path, {"scorer": "2"})),
-        ("registered", lambda: fleet.registered_pins(registry, pinned, {m: {} for m in pinned})),
+        ("registered", lambda: fleet.registered_pins(registry.models, pinned, {m: {} for m in pinned})),
     ):
         try:
             answer = call()
@@ -224,17 +224,17 @@ JUDGE = textwrap.dedent(
     for version in ("1", "2"):  # the embedded registry's file read in place: the bytes a fetch copies
         dest = Path(f"fetched-{version}/scoring")
         dest.mkdir(parents=True)
-        registry.fetch_version("scoring", version, dest)
-        read = fleet._embedded_config(registry, "scoring", version)
+        registry.models.fetch_version("scoring", version, dest)
+        read = fleet._embedded_config(registry.models, "scoring", version)
         found[f"in place v{version}"] = read is not None and read == (dest / "config.pbtxt").read_text()
     configs = {}  # where the tag lookups of a pin found each version's config (read there)
-    fleet._require_registered(registry, pinned, str(path), configs)
+    fleet._require_registered(registry.models, pinned, str(path), configs)
     found["noted"] = sorted(configs)
     fetched = Path("fetched-1/scoring/config.pbtxt").read_text()
     found["noted as fetched"] = configs["scoring"].read_text() == fetched
     found["after"] = path.read_text()
-    found["aliases"] = {m: registry.aliases(m) for m in ("scorer", "scoring")}
-    found["versions"] = {m: len(registry.versions(m)) for m in ("scorer", "scoring")}
+    found["aliases"] = {m: registry.models.aliases(m) for m in ("scorer", "scoring")}
+    found["versions"] = {m: len(registry.models.versions(m)) for m in ("scorer", "scoring")}
     found["store"] = sorted(p.name for p in settings.local_repository.glob("*"))
     print(json.dumps(found))
     """

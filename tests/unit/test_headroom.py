@@ -153,7 +153,7 @@ def state(world: World) -> dict[str, Any]:
         "serving": {url: t.model_states() for url, t in world.fleet.targets.items()},
         "pins": {url: dict(t.ensembles) for url, t in world.fleet.targets.items()},
         "store": files(world.store_root),
-        "aliases": {m: world.registry.aliases(m) for m in ("pre", "net", "ens")},
+        "aliases": {m: world.registry.models.aliases(m) for m in ("pre", "net", "ens")},
         "tags": {k: dict(v) for k, v in world.registry.tags.items() if k[0] != "ens"},
     }
 
@@ -213,7 +213,7 @@ def test_under_a_fleet_policy_a_replica_short_of_memory_is_left_out_within_max_u
     assert world.fleet.connect(T1).model_states() == t1  # ensemble told to follow it, put back
     assert world.fleet.connect(T1).ensembles == pins
     assert world.fleet.connect(T0).model_states()["net"] == {"2": "READY"}
-    assert world.registry.aliases("net") == {"test": "2"}
+    assert world.registry.models.aliases("net") == {"test": "2"}
     skipped = result.to_dict()["plan"]["skipped"]
     assert list(skipped) == [T1]
     assert "not enough memory to load net v2" in skipped[T1]
@@ -223,7 +223,7 @@ def test_under_a_fleet_policy_a_replica_short_of_memory_is_left_out_within_max_u
     footprint(world, "net", "3", GIB)
     with pytest.raises(PromotionFailed, match=f"{T0}: not enough memory to load net v3"):
         world.promote("net", "3")
-    assert world.registry.aliases("net") == {"test": "2"}
+    assert world.registry.models.aliases("net") == {"test": "2"}
 
 
 def test_a_replica_with_room_loads_and_its_figures_are_reported(world: World, endpoint: Endpoint) -> None:
@@ -258,13 +258,13 @@ def test_an_unknown_footprint_is_measured_on_the_canary_recorded_and_checked_on_
     for url in (T0, T1):
         endpoint.memory[url].sizes[("net", "2")] = 300 * MIB
     logged: dict[str, float] = {}
-    log = world.registry.log
+    log = world.registry.runs.log
 
     def keep(run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
         logged.update(metrics)
         log(run_id, params, metrics)
 
-    world.registry.log = keep  # type: ignore[method-assign]
+    world.registry.runs.log = keep  # type: ignore[method-assign]
     result = world.promote("net", "2")
     assert result.ok
     tags = world.registry.tags[("net", "2")]
@@ -523,13 +523,13 @@ def served(endpoint: Endpoint) -> list[tuple[str, str, int, int]]:
 def artifacts(world: World) -> dict[str, bytes]:
     """The files of each folder the record stage hands to ``log_artifacts``, read while it exists."""
     kept: dict[str, bytes] = {}
-    logged = world.registry.log_artifacts
+    logged = world.registry.runs.log_artifacts
 
     def keep(run_id: str, folder: Path, path: str | None = None) -> None:
         kept.update(files(folder))
         logged(run_id, folder, path)
 
-    world.registry.log_artifacts = keep  # type: ignore[method-assign]
+    world.registry.runs.log_artifacts = keep  # type: ignore[method-assign]
     return kept
 
 

@@ -27,7 +27,7 @@ from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
 
 registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(Path.cwd() / "home")}))
-client = registry.client
+client = registry.connection.client
 for model, results in (("iris_onnx", ["passed", "passed", "failed"]), ("scaler", ["failed", "failed"]),
                        ("unchecked", ["passed", None])):
     client.create_registered_model(model)
@@ -37,7 +37,8 @@ for model, results in (("iris_onnx", ["passed", "passed", "failed"]), ("scaler",
 answers = {}
 for member, pinned in (("iris_onnx", "-1"), ("iris_onnx", "3"), ("unchecked", "-1"), ("scaler", "-1")):
     try:
-        answers[f"{member}@{pinned}"] = list(member_version_of(registry, "iris_pipeline", member, pinned))
+        found = member_version_of(registry.models, "iris_pipeline", member, pinned)
+        answers[f"{member}@{pinned}"] = list(found)
     except MlregError as exc:
         answers[f"{member}@{pinned}"] = {"error": exc.message, "fix": exc.fix}
 print(json.dumps(answers))

@@ -116,9 +116,9 @@ from registry.settings import Settings
 
 env = {"MLFLOW_TRACKING_URI": sys.argv[1], "MLREG_HOME": sys.argv[2]}
 registry = MlflowRegistry(Settings.from_env(env=env))
-print(registry.version_tags("scorer", "1"))
+print(registry.models.version_tags("scorer", "1"))
 try:
-    registry.version_tags("scorer", "99")
+    registry.models.version_tags("scorer", "99")
 except RegistryError as exc:
     print(exc.message, "|", exc.fix)
 print("mlflow" in sys.modules)

@@ -42,7 +42,7 @@ env = Environment("local", "file:///nowhere", ("127.0.0.1:8001",), "production",
 began = time.time() - 42.0
 ok = PromotionResult(Plan(env, env.targets, "table_data_preprocess", "1"), started=began)
 ok.stages.append(StageRecord("deploy", "ok", 40.0, "deployed"))
-writes = RecordWrites(registry, "production", "promoted_local")
+writes = RecordWrites(registry.models, "production", "promoted_local")
 writes.deployed.append(("table_data_preprocess", "1"))
 record_promotion(registry, ok, env, PROMOTIONS_EXPERIMENT, writes)
 refused = PromotionResult(

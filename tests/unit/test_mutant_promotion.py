@@ -36,7 +36,7 @@ def _serving(world: World) -> dict[str, Any]:
         "configs": {m: world.config(m) for m in ("pre", "net", "ens")},
         "serving": {url: t.model_states() for url, t in sorted(world.fleet.targets.items())},
         "pins": {url: dict(t.ensembles) for url, t in sorted(world.fleet.targets.items())},
-        "aliases": {m: world.registry.aliases(m) for m in ("pre", "net", "ens")},
+        "aliases": {m: world.registry.models.aliases(m) for m in ("pre", "net", "ens")},
     }
 
 

@@ -19,28 +19,33 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from registry.errors import RegistryError
 from registry.register import sign_registered
 from registry.signing import SIGNATURE_ARTIFACT, SIGNED_BY_TAG, SigningKey
-from tests.fakes import FakeRegistry
+from tests.fakes import FakeRegistry, FakeRuns
 from tests.unit.worlds import MEMBER
 
 
+class RunFolders(FakeRuns):
+    """Each run keeps its artifacts under ``root/runs/<run id>``."""
+
+    def artifact_uri(self, run_id: str) -> str:
+        return (self.registry.root / "runs" / run_id).as_uri()
+
+    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
+        shutil.copytree(folder, self.registry.root / "runs" / run_id, dirs_exist_ok=True)
+
+
 class LocalRuns(FakeRegistry):
-    """Each version's run keeps its artifacts under ``root/runs/<run id>``; ``fail_tags`` names
-    the version tags MLflow refuses to write."""
+    """Each version's run keeps its artifacts under ``root/runs/<run id>`` (``runs``:
+    ``RunFolders``); ``fail_tags`` names the version tags MLflow refuses to write."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
+        self.runs = RunFolders(self)
         self.fail_tags: set[str] = set()
         self.descriptions: dict[tuple[str, str], str] = {}
 
     def fetch_version(self, name: str, version: str, dest: Path) -> dict[str, str]:
         dest.mkdir(parents=True, exist_ok=True)  # as the MLflow adapter makes it
         return super().fetch_version(name, version, dest)
-
-    def artifact_uri(self, run_id: str) -> str:
-        return (self.root / "runs" / run_id).as_uri()
-
-    def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
-        shutil.copytree(folder, self.root / "runs" / run_id, dirs_exist_ok=True)
 
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         if key in self.fail_tags:
@@ -73,15 +78,15 @@ def test_a_failed_first_signature_is_removed_and_the_version_stays_unsigned(
 ) -> None:
     registry = LocalRuns(tmp_path / "registry")
     registry.add("net", "1", MEMBER.format(name="net", src="MID", dst="OUT"))
-    run = registry.version("net", "1").run_id
+    run = registry.models.version("net", "1").run_id
     written = tmp_path / "registry" / "runs" / run / SIGNATURE_ARTIFACT
     registry.fail_tags.add(SIGNED_BY_TAG)
     with pytest.raises(RegistryError, match="set_version_tag failed"):
         sign_registered(registry, "net", "1", key)
     assert not written.exists()  # the signature it wrote is gone again
-    assert SIGNED_BY_TAG not in registry.version_tags("net", "1")  # and the version is unsigned
+    assert SIGNED_BY_TAG not in registry.models.version_tags("net", "1")  # and the version is unsigned
     registry.fail_tags.clear()  # the same signing, MLflow answering: signed, file and tag
     signed_by = sign_registered(registry, "net", "1", key)
     assert written.is_file()
-    assert registry.version_tags("net", "1")[SIGNED_BY_TAG] == signed_by
+    assert registry.models.version_tags("net", "1")[SIGNED_BY_TAG] == signed_by
     assert f"signed by {signed_by}" in registry.descriptions[("net", "1")]

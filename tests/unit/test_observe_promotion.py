@@ -50,7 +50,7 @@ def _state(world: World) -> dict[str, Any]:
         "store": _files(world.store_root),
         "serving": {url: t.model_states() for url, t in world.fleet.targets.items()},
         "pins": {url: dict(t.ensembles) for url, t in world.fleet.targets.items()},
-        "aliases": {m: world.registry.aliases(m) for m in ("pre", "net", "ens", "m")},
+        "aliases": {m: world.registry.models.aliases(m) for m in ("pre", "net", "ens", "m")},
         "tags": {k: dict(v) for k, v in world.registry.tags.items()},
     }
 
@@ -132,8 +132,8 @@ def test_an_observed_shadow_replay_promotes_what_the_enforced_one_refuses_with_t
     assert serving_versions(observing.config("m") or "") == ["2"]  # the store's config serves v2
     for target in observing.fleet.targets.values():
         assert target.model_states()["m"] == {"2": "READY"}  # both replicas serve the candidate
-    assert observing.registry.aliases("m")["test"] == "2"  # the environment's alias moved
-    assert enforcing.registry.aliases("m")["test"] == "1"  # where the enforced refusal left it
+    assert observing.registry.models.aliases("m")["test"] == "2"  # the environment's alias moved
+    assert enforcing.registry.models.aliases("m")["test"] == "1"  # where the enforced refusal left it
     assert observing.registry.recorded[-1]["ok"] is True
     noted = _shadow(document, observing.registry.recorded[-1])
     assert (noted["result"], noted["observed"], noted["refuses"]) == ("fail", True, False)

@@ -62,7 +62,9 @@ def _moved_once(tmp_path: Path) -> World:
     for version in ("2", "3"):
         world.registry.add("net", version, MEMBER.format(name="net", src="MID", dst="OUT"))
     world.promote("net", "2")
-    assert serving_versions(world.config("ens") or "") == ["2"] == [world.registry.aliases("ens")["test"]]
+    assert (
+        serving_versions(world.config("ens") or "") == ["2"] == [world.registry.models.aliases("ens")["test"]]
+    )
     return world
 
 
@@ -123,7 +125,7 @@ def test_an_abort_after_the_ensemble_was_registered_deletes_exactly_that_version
     # MLflow's counter moved (a deleted number is never given again): the next ens version is 4
     world.fleet.nan_answers.clear()
     world.promote("net", "3")
-    assert world.registry.aliases("ens")["test"] == "4"
+    assert world.registry.models.aliases("ens")["test"] == "4"
     assert serving_versions(world.config("ens") or "") == ["4"]
 
 

@@ -290,7 +290,7 @@ def _state(world: World) -> dict[str, Any]:
         "configs": {m: world.config(m) for m in ("pre", "net", "ens")},
         "serving": {url: t.model_states() for url, t in world.fleet.targets.items()},
         "pins": {url: dict(t.ensembles) for url, t in world.fleet.targets.items()},
-        "aliases": {m: world.registry.aliases(m) for m in ("pre", "net", "ens")},
+        "aliases": {m: world.registry.models.aliases(m) for m in ("pre", "net", "ens")},
         "net v2 stored": world.fleet.store.read_manifest("net", "2") is not None,
     }
 
@@ -474,7 +474,7 @@ def test_a_signal_right_after_an_alias_moved_puts_back_aliases_tags_and_servers(
         set_alias(name, alias, version)
         if name == moved and signals:
             signals.pop()
-            at_signal.update(world.registry.aliases(name))  # what the registry held at the signal
+            at_signal.update(world.registry.models.aliases(name))  # what the registry held at the signal
             raise KeyboardInterrupt() if signal_name == "SIGINT" else Terminated(signal_name)
 
     world.registry.set_alias = then_signalled  # type: ignore[method-assign]
@@ -554,7 +554,7 @@ def test_every_model_a_promotion_moves_carries_its_deployment_tags_and_an_exit_p
         assert "promoted_test" in tags, model
     world.registry.add("net", "2", MEMBER.format(name="net", src="MID", dst="OUT"))
     before, tags = _state(world), _tags(world)
-    record = world.registry.record_deployment
+    record = world.registry.deployed.record_deployment
     calls: list[str] = []
 
     def interrupted(model: str, *args: Any) -> None:
@@ -563,7 +563,7 @@ def test_every_model_a_promotion_moves_carries_its_deployment_tags_and_an_exit_p
         if len(calls) == 2:  # the second model's deployment tags written: Ctrl-C
             raise KeyboardInterrupt()
 
-    world.registry.record_deployment = interrupted  # type: ignore[method-assign]
+    world.registry.deployed.record_deployment = interrupted  # type: ignore[method-assign]
     with pytest.raises(PromotionFailed, match=r"interrupted \(SIGINT\)"):
         world.promote("net", "2")
     assert calls == ["net", "ens"]

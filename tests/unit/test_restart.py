@@ -96,7 +96,7 @@ def test_a_canary_killed_during_its_load_and_restarted_is_given_back_the_serving
         fleet.urls, [serving]
     )  # the canary too, after its restart
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == [serving]
-    assert fleet.registry.aliases("scorer")["fleet"] == serving
+    assert fleet.registry.models.aliases("scorer")["fleet"] == serving
 
 
 def test_a_replica_that_restarts_after_its_wave_is_given_its_waves_state_again(fleet: RestartStack) -> None:
@@ -121,7 +121,7 @@ def test_a_replica_that_restarts_after_its_wave_is_given_its_waves_state_again(f
         "loaded again" in "\n".join(result.notes)
     )
     assert serving_versions(open_store(fleet.store).read_config("scorer")) == [candidate]
-    assert fleet.registry.aliases("scorer")["fleet"] == candidate
+    assert fleet.registry.models.aliases("scorer")["fleet"] == candidate
     # the restart watch's own calls: one repository index per moved replica per later wave and one
     # after the last (benchmarks/restart_calls.py measures them against a roll-out without the watch)
     checks = {second.grpc_url: 2, last[0].grpc_url: 1, last[1].grpc_url: 1}

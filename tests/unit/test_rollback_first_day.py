@@ -121,7 +121,7 @@ def test_a_member_that_arrived_through_its_ensemble_is_a_way_back(tmp_path: Path
     assert world.promote("ens", "1").ok  # brings pre v1 and net v1 along
     world.registry.add("pre", "2", MEMBER.format(name="pre", src="IN", dst="MID"))
     assert world.promote("pre", "2").ok
-    assert world.registry.aliases("pre") == {"test": "2"}
+    assert world.registry.models.aliases("pre") == {"test": "2"}
     found = rollback_target(world.registry, "pre", world.env.name, world.env.alias)
     assert found.version == "1"
     assert found.serving == ("2",)
@@ -132,7 +132,7 @@ def test_a_failed_attempts_stamp_is_not_a_way_back(tmp_path: Path) -> None:
     world = World(tmp_path)
     assert world.promote("ens", "1").ok
     world.registry.add("pre", "3", MEMBER.format(name="pre", src="IN", dst="MID"))
-    world.registry.set_version_tag("pre", "3", "promoted_test", "2999-01-01T00:00:00.000000Z")
+    world.registry.models.set_version_tag("pre", "3", "promoted_test", "2999-01-01T00:00:00.000000Z")
     found = rollback_target(world.registry, "pre", "test", "test")
     assert found.version is None
     assert found.serving == ("1",)

@@ -1,7 +1,7 @@
 """`mlreg rollback MODEL` without --to-version: the newest version promoted in the environment
 that is not what serves now, never a repair rerun (``N -> N``) nor a failed attempt.
 
-The registry is tests/fakes.py's, its history the rows ``MlflowRegistry.promotions`` returns
+The registry is tests/fakes.py's, its history the rows ``MlflowRuns.promotions`` returns
 (newest first); the promotion itself is not run: ``mlreg.ops.rollback.promote`` is replaced by a recorder.
 """
 
@@ -20,13 +20,13 @@ from mlreg.ops.rollback import rollback_target
 from pipelines.promote.environments import Environment
 from registry.errors import UsageError
 from tests.cli import CliRunner
-from tests.fakes import FakeRegistry
+from tests.fakes import FakeRegistry, FakeRuns
 
 MODEL = "scorer"
 
 
 def run(frm: str, to: str, result: str = "promoted", env: str = "local") -> dict[str, Any]:
-    """One history row as MlflowRegistry.promotions returns it."""
+    """One history row as MlflowRuns.promotions returns it."""
     return {
         "when": 0,
         "environment": env,
@@ -38,18 +38,26 @@ def run(frm: str, to: str, result: str = "promoted", env: str = "local") -> dict
     }
 
 
-class History(FakeRegistry):
-    """A registry whose promotions are ``rows`` (newest first) and whose alias ``local`` names
-    ``alias`` (none when "")."""
+class HistoryRuns(FakeRuns):
+    """Runs whose promotions are ``rows`` (newest first)."""
 
-    def __init__(self, rows: list[dict[str, Any]], alias: str = "") -> None:
-        super().__init__()
+    def __init__(self, registry: FakeRegistry, rows: list[dict[str, Any]]) -> None:
+        super().__init__(registry)
         self.rows = rows
-        if alias:
-            self.alias_map = {MODEL: {"local": alias}}
 
     def promotions(self, name: str, env: str | None = None) -> list[dict[str, Any]]:
         return [r for r in self.rows if env is None or r["environment"] == env]
+
+
+class History(FakeRegistry):
+    """A registry whose promotions are ``rows`` (newest first: ``runs``) and whose alias
+    ``local`` names ``alias`` (none when "")."""
+
+    def __init__(self, rows: list[dict[str, Any]], alias: str = "") -> None:
+        super().__init__()
+        self.runs = HistoryRuns(self, rows)
+        if alias:
+            self.alias_map = {MODEL: {"local": alias}}
 
 
 def target(rows: list[dict[str, Any]], alias: str = "") -> tuple[str | None, tuple[str, ...]]:
@@ -107,7 +115,7 @@ def app_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SimpleNamespac
 
 
 def test_rollback_after_a_repair_rerun_promotes_the_version_before(app_state: SimpleNamespace) -> None:
-    app_state.registry.rows = [run("2", "2"), run("1", "2"), run("none", "1")]
+    app_state.registry.runs.rows = [run("2", "2"), run("1", "2"), run("none", "1")]
     app_state.registry.alias_map = {MODEL: {"local": "2"}}
     rollback_op.rollback(SimpleNamespace(), "local", MODEL)  # type: ignore[arg-type]
     assert app_state.promoted == [("local", MODEL, "1", True, True)]  # breaking allowed, no gate
@@ -116,7 +124,7 @@ def test_rollback_after_a_repair_rerun_promotes_the_version_before(app_state: Si
 def test_rollback_with_no_other_promoted_version_names_what_serves_and_the_fix(
     app_state: SimpleNamespace,
 ) -> None:
-    app_state.registry.rows = [run("2", "2"), run("none", "2")]
+    app_state.registry.runs.rows = [run("2", "2"), run("none", "2")]
     app_state.registry.alias_map = {MODEL: {"local": "2"}}
     with pytest.raises(
         UsageError, match=r"scorer in 'local': no earlier promoted version .*\(v2 serves"
@@ -131,7 +139,7 @@ def test_the_cli_exits_2_with_the_message_and_the_fix(
 ) -> None:
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLREG_DEBUG", raising=False)
-    app_state.registry.rows = [run("1", "1")]
+    app_state.registry.runs.rows = [run("1", "1")]
     app_state.registry.alias_map = {MODEL: {"local": "1"}}
     result = CliRunner().invoke(app, ["rollback", MODEL])
     assert result.exit_code == 2, result.output

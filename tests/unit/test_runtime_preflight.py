@@ -70,7 +70,7 @@ def _state(world: World) -> dict[str, Any]:
         "store": _files(world.store_root),
         "serving": {url: t.model_states() for url, t in world.fleet.targets.items()},
         "pins": {url: dict(t.ensembles) for url, t in world.fleet.targets.items()},
-        "aliases": {m: world.registry.aliases(m) for m in ("pre", "net", "ens")},
+        "aliases": {m: world.registry.models.aliases(m) for m in ("pre", "net", "ens")},
         "tags": {k: dict(v) for k, v in world.registry.tags.items()},
     }
 

@@ -19,7 +19,7 @@ from pipelines.storage import check_store_uri, open_store
 from registry.errors import StorageError, UsageError
 from registry.settings import redact_data, redact_uri
 from tests.cli import CliRunner, Result
-from tests.fakes import FakeRegistry
+from tests.fakes import FakeRegistry, FakeRuns
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzSECRET"  # an AWS secret: '/' and '+' in it
 KEY_ID = "AKIAIOSFODNN7EXAMPLE"
@@ -162,15 +162,23 @@ def test_a_secret_in_the_tracking_uri_is_masked_in_the_error(
 # -- what a promotion records: params and report.json -----------------------------------------------
 
 
-class RecordingRegistry(FakeRegistry):
-    """The fake registry, keeping the artifacts a run logged (report.json)."""
+class RecordingRuns(FakeRuns):
+    """The fake's runs, keeping the artifacts a run logged (report.json) as text."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, registry: FakeRegistry) -> None:
+        super().__init__(registry)
         self.artifacts: dict[str, str] = {}
 
     def log_artifacts(self, run_id: str, folder: Path, path: str | None = None) -> None:
         self.artifacts.update({p.name: p.read_text() for p in folder.iterdir()})
+
+
+class RecordingRegistry(FakeRegistry):
+    """The fake registry, keeping the artifacts a run logged (``runs``: ``RecordingRuns``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = self.recording = RecordingRuns(self)
 
 
 def test_a_promotion_record_holds_no_secret(tmp_path: Path) -> None:
@@ -183,8 +191,8 @@ def test_a_promotion_record_holds_no_secret(tmp_path: Path) -> None:
     result.stages.append(StageRecord("assemble", "failed", 0.1, upload.detail(), upload))
     registry = RecordingRegistry()
     record_promotion(registry, result, env, "mlreg-promotions")
-    recorded: dict[str, Any] = {"runs": registry.recorded, "artifacts": registry.artifacts}
-    assert "report.json" in registry.artifacts
+    recorded: dict[str, Any] = {"runs": registry.recorded, "artifacts": registry.recording.artifacts}
+    assert "report.json" in registry.recording.artifacts
     assert registry.recorded[0]["params"]["store"] == "s3://http://***@127.0.0.1:9000/bucket/p"
     everything = json.dumps(recorded) + json.dumps(result.to_dict()) + upload.detail()
     assert SECRET not in everything

@@ -461,7 +461,7 @@ def test_a_sigterm_while_capture_is_armed_after_record_leaves_a_promotion_that_s
         result = world.promote("pre", "1")
     frozen.set()
     assert result.ok
-    assert world.registry.aliases("pre").get("test") == "1"
+    assert world.registry.models.aliases("pre").get("test") == "1"
     assert "promoted; capture arming interrupted on t0:8001 (SIGTERM)" in result.notes
 
 
@@ -688,7 +688,7 @@ def test_retain_after_record_is_bounded_and_a_sigterm_keeps_the_real_outcome(
     result = world.promote("pre", "2")
     assert time.monotonic() - began < 20
     assert result.ok
-    assert world.registry.aliases("pre").get("test") == "2"
+    assert world.registry.models.aliases("pre").get("test") == "2"
     assert (
         f"promoted; retention did not finish within 0.5 s on {world.env.store}: left behind" in result.notes
     )
@@ -712,7 +712,7 @@ def test_retain_after_record_is_bounded_and_a_sigterm_keeps_the_real_outcome(
     frozen2.set()
     assert elapsed < 20
     assert result.ok
-    assert world2.registry.aliases("pre").get("test") == "2"
+    assert world2.registry.models.aliases("pre").get("test") == "2"
     assert "promoted; retain interrupted (SIGTERM)" in result.notes
 
 

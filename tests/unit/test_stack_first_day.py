@@ -221,7 +221,7 @@ def test_a_target_started_on_another_repository_refuses_before_any_change(tmp_pa
     assert f"it was started on {elsewhere}" in failed.value.message
     assert world.loads() == []
     assert open_store(world.store_root).list_models() == []
-    assert world.registry.aliases("ens") == {}
+    assert world.registry.models.aliases("ens") == {}
 
 
 def test_what_the_s3_server_held_is_copied_back_to_the_projects_folder(
@@ -315,7 +315,7 @@ def test_a_local_target_reading_a_copy_of_the_store_refuses_before_any_change(tm
     assert "is not in its repository index" in failed.value.message
     assert states == {}  # nothing loaded
     assert sorted(world.store_root.rglob("*")) == before  # the marker removed, nothing else written
-    assert world.registry.aliases("pre") == {}
+    assert world.registry.models.aliases("pre") == {}
 
 
 def test_a_local_target_reading_the_store_finds_the_marker_and_it_is_removed(tmp_path: Path) -> None:

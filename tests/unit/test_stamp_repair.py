@@ -101,7 +101,7 @@ def test_no_stamp_is_removed_where_no_stamped_version_pins_what_serves(
 
 
 def _aliases(world: World, model: str) -> dict[str, str]:
-    return dict(world.registry.aliases(model))
+    return dict(world.registry.models.aliases(model))
 
 
 def test_a_promotion_racing_the_repair_is_refused_by_its_locks_and_nothing_is_undone(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ from pipelines.promote.runner import Promotion
 from pipelines.rollout.staged import Staged
 from pipelines.triton import metrics
 from registry.errors import TritonError
-from tests.fakes import FakeRegistry
+from tests.fakes import FakeRegistry, FakeRuns
 from tests.unit.trace_files import CONFIG as TRACED
 from tests.unit.trace_files import write_honest
 from tests.unit.worlds import MEMBER, World
@@ -78,13 +78,11 @@ KINDS = ("golden", "perf", "shadow", *(f"bake.{c}" for c in BAKES), "headroom", 
 OBSERVED = "shadow observed"  # the shadow kind again, in an environment with observe = ["shadow"]
 
 
-class RunsInMlflow(FakeRegistry):
-    """The fake's versions, aliases and tags; every write of a run made by ``mlflow`` (a real
-    ``MlflowRegistry``): the promotion's record is MLflow's own."""
+class RunsOfMlflow(FakeRuns):
+    """Every write of a run made by ``mlflow`` (a real ``MlflowRegistry``)."""
 
-    def __init__(self, world: World, mlflow: Any) -> None:
-        super().__init__(world.registry.root, world.events)
-        self.tags, self.alias_map = world.registry.tags, world.registry.alias_map
+    def __init__(self, registry: FakeRegistry, mlflow: Any) -> None:
+        super().__init__(registry)
         self.mlflow = mlflow
 
     def experiment_id(self, name: str = "x") -> str:
@@ -114,6 +112,17 @@ class RunsInMlflow(FakeRegistry):
         error: str = "",
     ) -> None:
         self.mlflow.runs.link_promotion(run_id, experiment, env, outcome, versions, error)
+
+
+class RunsInMlflow(FakeRegistry):
+    """The fake's versions, aliases and tags; every write of a run made by ``mlflow`` (a real
+    ``MlflowRegistry``: ``runs``): the promotion's record is MLflow's own."""
+
+    def __init__(self, world: World, mlflow: Any) -> None:
+        super().__init__(world.registry.root, world.events)
+        self.tags, self.alias_map = world.registry.tags, world.registry.alias_map
+        self.mlflow = mlflow
+        self.runs = RunsOfMlflow(self, mlflow)
 
 
 @dataclass
@@ -345,13 +354,13 @@ def promote(case: Case, mlflow: Any, refused: bool = True) -> dict[str, Any]:
         "error": error,
         "run": read_run(mlflow, run_id),
         "serving": serving,  # each replica's versions of the model after the promotion
-        "alias": case.world.registry.aliases(case.model).get(case.world.env.alias),
+        "alias": case.world.registry.models.aliases(case.model).get(case.world.env.alias),
     }
 
 
 def read_run(mlflow: Any, run_id: str) -> dict[str, Any]:
     """The run ``run_id`` as MLflow's own client (``MlflowClient``) returns it."""
-    client = mlflow.client
+    client = mlflow.connection.client
     run = client.get_run(run_id)
     artifacts = sorted(a.path for a in client.list_artifacts(run_id))
     kept = None
