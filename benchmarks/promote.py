@@ -32,12 +32,13 @@ from golden_inputs import ensemble_inputs  # noqa: E402
 
 from pipelines.devstack.stack import stack_down, stack_up  # noqa: E402
 from pipelines.triton.control import TritonControl  # noqa: E402
+from pipelines.triton.control_key import GRPC_HEADER, control_key  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 
 ROUNDS = 3
 ONLY_A = os.environ.get("MLREG_BENCH_ONLY") == "a"  # (a) alone: the ratio, without (b) and (c)
 BASELINE = """
-import shutil, sys, time
+import os, shutil, sys, time
 from pathlib import Path
 import tritonclient.grpc as grpcclient
 repo, url, version, source = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
@@ -55,7 +56,9 @@ if start >= 0:  # drop the block, whatever its layout
 config += "version_policy { specific { versions: [%s] } }\\n" % version
 (repo / "image_model" / "config.pbtxt").write_text(config)
 client = grpcclient.InferenceServerClient(url)
-client.load_model("image_model", client_timeout=300)
+# the stack's Triton restricts model control to its key (pipelines/triton/control_key.py), as mlreg sends it
+headers = {os.environ["BENCH_KEY_HEADER"]: os.environ["BENCH_KEY"]} if os.environ.get("BENCH_KEY") else None
+client.load_model("image_model", headers=headers, client_timeout=300)
 while not client.is_model_ready("image_model", version):
     time.sleep(0.05)
 print(time.perf_counter() - began)
@@ -131,6 +134,8 @@ def main() -> int:
         cli(env, "export", "image_model", "--seed", "10")
         baseline_process: list[float] = []
         baseline_inside: list[float] = []
+        key = control_key(settings.home, environ=env)  # the stack's: the baseline's load needs it too
+        bare = {**env, "BENCH_KEY_HEADER": GRPC_HEADER, "BENCH_KEY": key.value if key else ""}
         for number in range(99, 99 - ROUNDS, -1):
             began = time.perf_counter()
             proc = subprocess.run(
@@ -146,14 +151,16 @@ def main() -> int:
                 capture_output=True,
                 text=True,
                 check=True,
+                env=bare,
             )
             baseline_process.append(time.perf_counter() - began)  # as `mlreg promote` is timed
             baseline_inside.append(float(proc.stdout.strip()))  # Python start, imports left out
-        # restore the store's desired state for image_model (the baseline wrote 99, 98, ...): what
-        # serves is the baseline's hand-placed, unregistered folder, so there is no verified way back
-        cli(env, "promote", "image_model", "--version", versions[ROUNDS], "--skip-quality", "--no-way-back")
+        # restore the store's desired state for image_model (the baseline wrote 99, 98, ...): its
+        # hand-placed, unregistered folders go first (a promotion refuses a store holding folders
+        # without a manifest); what serves is then no verified version, so there is no way back
         for number in range(99, 99 - ROUNDS, -1):
             shutil.rmtree(settings.local_repository / "image_model" / str(number), ignore_errors=True)
+        cli(env, "promote", "image_model", "--version", versions[ROUNDS], "--skip-quality", "--no-way-back")
         stages = {k: statistics.median(run[k] for run in stage_runs) for k in stage_runs[0]}
 
         during: list[tuple[float, float, bool]] = []
