@@ -167,15 +167,17 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     store, urls, replicas.__getitem__, load_timeout=10, undo=UndoLog(False, store.session)
                 )
                 if mode == "with":
-                    fleet.guard = guard = Headroom(
+                    guard = Headroom(
                         metrics.url, known=recorded, held=replica_versions(fleet), interval=args.interval
                     )
+                    fleet.guards[:] = [guard]
                 version += 1
                 moves[mode].extend(swap(fleet, version - 1, version))
                 if mode == "with":
                     checks.extend(c["seconds"] for c in guard.checks)
         fleet = Fleet(store, urls, replicas.__getitem__, load_timeout=10, undo=UndoLog(False, store.session))
-        fleet.guard = guard = Headroom(metrics.url, held=replica_versions(fleet), interval=args.interval)
+        guard = Headroom(metrics.url, held=replica_versions(fleet), interval=args.interval)
+        fleet.guards[:] = [guard]
         version += 1
         measured = swap(fleet, version - 2, version - 1, version)  # one version more: 1 GiB per GPU
     finally:

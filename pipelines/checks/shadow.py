@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.checks.capture import Shadow, arm, parse_shadow, prune_all, read_captures, settle
 from pipelines.checks.replay import ShadowResult, inconclusive, kind_of, refused, replay, skipped
-from pipelines.core.check import Phase, Place, Result, Trial, Verdict
+from pipelines.core.check import AfterStep, Phase, Place, Result, Trial, Verdict
 from pipelines.core.plan import Step
 from registry.contracts.config import parse_config
 from registry.contracts.diff import diff_configs
@@ -220,6 +220,18 @@ class ShadowCheck:
         if inputs:
             report.captured[step.model] = inputs
         return [verdict(self.name, result, trial, trial.setting)]
+
+    def after_record(self, ctx: Any) -> AfterStep | None:
+        """Capture on again for what now serves (``capture_after``), once the promotion happened:
+        the runner runs it best effort and bounded (pipelines/promote/after.py) -- a frozen replica
+        or captures prefix, or a signal, ends it with a note, never with a false failure of what was
+        promoted.  ``ctx``: the promotion's ``FleetContext`` (None: the environment captures nothing)."""
+        if ctx.env.shadow is None:
+            return None
+        targets, connect, steps, shadow = ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, ctx.env.shadow
+        return AfterStep(
+            "capture arming", lambda progress: capture_after(targets, connect, steps, shadow, progress)
+        )
 
 
 def outcome(result: ShadowResult) -> Result:

@@ -19,6 +19,16 @@ defines one object satisfying the Protocol, and is registered by one line in
 
 A verdict that ``refuses`` stops the promotion; an *observed* check's verdict is recorded exactly as
 an enforced one's, marked ``observed``, and never refuses ("observed: would have refused").
+
+Around the loads and after ``record`` the engine also reads the registry only:
+
+- each registered ``Guard``'s ``load_guard`` builds its part in one promotion (a ``LoadGuard``, or
+  None), which the fleet asks before each load and tells after it, in the registry's order; a
+  refusal before anything is sent is a ``LoadRefused`` (a staged roll-out may leave that replica out
+  under ``max_unavailable``);
+- each registered ``Check`` that offers one (``AfterRecord``) gets its ``after_record`` step run once
+  the promotion happened (capture armed again: the shadow check's), best effort and bounded
+  (``pipelines/promote/after.py``).
 """
 
 from __future__ import annotations
@@ -28,9 +38,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
+from pipelines.core.changes import Change
 from pipelines.core.plan import Step
+from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
 
 Result = Literal["pass", "fail", "inconclusive", "skipped"]
@@ -210,6 +222,51 @@ class Guard(Protocol):
     def aliases(self) -> tuple[str, ...]: ...
 
     def parse(self, place: Place, raw: Mapping[str, Any]) -> Any: ...
+
+    def load_guard(self, ctx: Any) -> LoadGuard | None:
+        """Its part in one promotion (``ctx``: the promotion's ``FleetContext``, its fleet built),
+        asked around each load (None: nothing to ask); what it finds it reports through ``ctx``
+        (the memory headroom guard: ``ctx.result.headroom``)."""
+        ...
+
+
+class LoadGuard(Protocol):
+    """A guard's part in one promotion, asked around each load (``pipelines/fleet/admission.py``):
+    ``before_load`` raises (a ``LoadRefused`` naming the replica and the fix) to refuse a load before
+    anything is sent -- the guards after it are then not asked, nor told; ``after_load`` hears how
+    it went (``error`` None: every wanted version READY) and returns why the replica must not be
+    loaded again in this promotion ("" when it may); ``notes``: where it could not check (the
+    promotion's notes once it promoted: never a silent pass)."""
+
+    def before_load(self, url: str, change: Change) -> None: ...
+
+    def after_load(self, url: str, change: Change, error: MlregError | None) -> str: ...
+
+    @property
+    def notes(self) -> list[str]: ...
+
+
+class LoadRefused(PromotionError):
+    """A load guard's refusal before anything was sent to the replica: it serves as it did, so a
+    staged roll-out may leave it out under ``max_unavailable`` (``pipelines/rollout/staged.py``)."""
+
+
+@dataclass(frozen=True)
+class AfterStep:
+    """A check's step after ``record`` (the promotion happened): ``what`` names it in the notes
+    ("capture arming did not finish within 30 s"); ``run`` is told where it is (a replica, a
+    location) and returns its notes."""
+
+    what: str
+    run: Callable[[Callable[[str], None]], list[str]]
+
+
+@runtime_checkable
+class AfterRecord(Protocol):
+    """A ``Check`` that offers a step after ``record`` (the shadow check: capture armed again for
+    what now serves); ``after_record`` returns None when it has nothing to do in this promotion."""
+
+    def after_record(self, ctx: Any) -> AfterStep | None: ...
 
 
 class Checked(Protocol):

@@ -26,6 +26,8 @@ class LoadFindings(Protocol):
 
     def footprints(self) -> list[tuple[str, str, int, str]]: ...  # (model, version, bytes, kind)
 
+    def version_tags(self) -> list[tuple[str, str, dict[str, str]]]: ...  # the record stage writes them
+
     def summary(self) -> str: ...
 
     @property

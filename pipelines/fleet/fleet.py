@@ -40,8 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 from pipelines.core.changes import Change, Rollout, States, TargetResult, loading_versions, ready_versions
+from pipelines.core.check import LoadGuard
 from pipelines.core.ports import ServingTarget
-from pipelines.fleet.admission import Admission, LoadGuard
+from pipelines.fleet.admission import Admission
 from pipelines.fleet.putback import PutBack, Queued
 from pipelines.fleet.recreations import Recreations
 from pipelines.fleet.replicas import HUNG_LOADS, Connect, hung_loads, note_hung_load
@@ -140,7 +141,7 @@ class Fleet:
         self.undo = undo
         self.view = ServerView(self._ask)
         self.sender = Sender(self.target, self.view, load_timeout, ledger)
-        self.admission = Admission(store)  # the guard: memory headroom and leaks (pipelines/guards)
+        self.admission = Admission(store)  # the load guards: memory headroom and leaks (pipelines/guards)
         self.recreations = Recreations(self.target)
         self.putback = PutBack(self.sender, RESTART_WAIT_S)
         # what the parts found, read by the failure report and status (the parts' own dicts)
@@ -163,13 +164,9 @@ class Fleet:
         return self.sender.ledger
 
     @property
-    def guard(self) -> LoadGuard | None:
-        """Asked around each load (memory headroom and leaks: pipelines/guards/headroom.py)."""
-        return self.admission.guard
-
-    @guard.setter
-    def guard(self, guard: LoadGuard | None) -> None:
-        self.admission.guard = guard
+    def guards(self) -> list[LoadGuard]:
+        """Asked around each load, in order (the registered guards' parts: pipelines/guards)."""
+        return self.admission.guards
 
     @property
     def restart_wait(self) -> float:

@@ -1,7 +1,8 @@
 """Memory headroom before every load, and a replica that leaked memory fenced off (issue 34).
 
-``Headroom`` is the fleet's ``LoadGuard`` (pipelines/fleet/admission.py): ``Fleet.move`` asks
-``before_load`` before it sends anything and tells ``after_load`` how the load went.  Every figure
+``Headroom`` is this guard's part in a promotion, a ``LoadGuard`` (pipelines/core/check.py) the
+runner builds through ``HeadroomGuard.load_guard``: ``Fleet.move`` asks ``before_load`` before it
+sends anything (a refusal is a ``LoadRefused``) and tells ``after_load`` how the load went.  Every figure
 is read off Triton's own memory gauges, refreshed every ``--metrics-interval-ms`` (2000 by default:
 ``METRICS_INTERVAL``).  pipelines/triton/gauges.py reads them, says where a model's memory goes
 (``placement``) and how far a figure can be trusted; this module holds the guard's decisions
@@ -28,7 +29,8 @@ is read off Triton's own memory gauges, refreshed every ``--metrics-interval-ms`
   there, and a note says so -- never a silent pass.
 
 What it found (``findings``: headroom_findings.py ``Findings``; ``to_dict``) goes into the
-promotion's result; ``footprints()`` is what the record stage writes to the registry.  Every
+promotion's result (``result.headroom``); ``version_tags()`` is what the record stage writes to the
+registry (``footprints()``, as tags).  Every
 reading is kept as a ``Sample`` (the newest ``SAMPLES``), and each load, refusal and leak as an
 ``Event``, on one clock (seconds since the guard was made): the record stage draws them
 (pipelines/promote/plots.py).  Cost: one scrape per replica per load (one
@@ -44,10 +46,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.core.changes import Change
-from pipelines.core.check import PRIVATE_SUFFIX, Place
+from pipelines.core.check import PRIVATE_SUFFIX, LoadRefused, Place
 from pipelines.core.environment import MEMORY_MARGIN
 from pipelines.core.plan import config_facts
 from pipelines.core.ports import RegistryReader
+from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import Fleet
 from pipelines.guards.headroom_findings import SAMPLES, Event, Findings, Footprint
 from pipelines.triton.gauges import (
@@ -60,9 +63,9 @@ from pipelines.triton.gauges import (
     placement,
     read_metrics,
 )
-from registry.errors import MlregError, PromotionError, UsageError
+from registry.errors import MlregError, UsageError
 
-REFUSED = "no-headroom"  # the refusal's status: a replica a fleet policy may skip (staged.py)
+REFUSED = "no-headroom"  # the refusal's status (a LoadRefused: a replica a fleet policy may skip)
 FOOTPRINT_TAG = "memory_footprint_bytes"  # version tags: what a version adds where it loads
 FOOTPRINT_KIND_TAG = "memory_footprint_kind"  # "gpu" (summed over the GPUs) or "host"
 METRICS_INTERVAL = 2.0  # seconds: Triton's --metrics-interval-ms default (2000)
@@ -229,6 +232,14 @@ class Headroom:
         """(model, version, bytes, kind) of every footprint this promotion measured."""
         return self.findings.footprints()
 
+    def version_tags(self) -> list[tuple[str, str, dict[str, str]]]:
+        """(model, version, tags) for each footprint measured: what the record stage writes to the
+        registry, so later loads are checked without measuring (``registry_footprints`` reads it)."""
+        return [
+            (model, version, {FOOTPRINT_TAG: str(size), FOOTPRINT_KIND_TAG: kind})
+            for model, version, size, kind in self.footprints()
+        ]
+
     @property
     def notes(self) -> list[str]:
         return self.findings.notes
@@ -313,7 +324,7 @@ class Headroom:
             f"({needed / self.margin / MIB:,.0f} MiB footprint x memory_margin {self.margin:g}){named}"
         )
         self.findings.refusal(ask.url, message, ask.label)
-        raise PromotionError(
+        raise LoadRefused(
             message,
             fix=f"unload a model {ask.url} does not need, lower memory_margin in mlreg.toml (now "
             f"{self.margin:g}) only if the recorded {FOOTPRINT_TAG} of {ask.name} is too high, or swap "
@@ -447,6 +458,15 @@ class HeadroomGuard:
                 fix=f"write memory_margin = {MEMORY_MARGIN:g} (a number, no quotes) in that section",
             )
         return float(value)
+
+    def load_guard(self, ctx: FleetContext) -> Headroom:
+        """Memory headroom before each load and leaks after a failed one, on the environment's
+        metrics URLs and margin; footprints known from the registry's version tags; what it finds
+        is the promotion's ``result.headroom``."""
+        known, held = registry_footprints(ctx.registry.models), replica_versions(ctx.fleet)
+        guard = Headroom(ctx.env.metrics_url, ctx.env.memory_margin, known=known, held=held)
+        ctx.result.headroom = guard
+        return guard
 
 
 GUARD = HeadroomGuard()

@@ -28,5 +28,9 @@ class WarmupGuard:
             )
         return value
 
+    def load_guard(self, ctx: Any) -> None:
+        """Nothing to ask around a load: Triton itself runs the warmup before READY."""
+        return None
+
 
 GUARD = WarmupGuard()

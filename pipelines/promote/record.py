@@ -14,7 +14,6 @@ from pipelines.core.plan import Plan, Role
 from pipelines.core.ports import DeploymentRecorder, RegistryEditor, RegistryWriter, RunRecorder
 from pipelines.core.reports import PromotionResult
 from pipelines.fleet.fleet import checkpoint
-from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
 from pipelines.promote.environments import Environment
 from pipelines.promote.plots import memory_plot, shadow_plot
 from pipelines.promote.verdicts import complete
@@ -153,10 +152,10 @@ def record_footprints(registry: RegistryWriter, result: PromotionResult) -> None
     """Each measured footprint as version tags, so later loads are checked without measuring:
     a fact about the version, written whatever the promotion's outcome and never put back; a
     registry that cannot be written is a warning (the next promotion measures again)."""
-    for model, version, size, kind in result.headroom.footprints() if result.headroom is not None else []:
+    for model, version, tags in result.headroom.version_tags() if result.headroom is not None else []:
         try:
-            registry.set_version_tag(model, version, FOOTPRINT_TAG, str(size))
-            registry.set_version_tag(model, version, FOOTPRINT_KIND_TAG, kind)
+            for key, value in tags.items():
+                registry.set_version_tag(model, version, key, value)
         except MlregError as exc:
             log.warning("could not record the footprint of %s v%s: %s", model, version, redact_uri(str(exc)))
 

@@ -5,7 +5,9 @@ line in ``CHECKS`` below; a load guard likewise under ``pipelines/guards/`` and 
 of ``CHECKS`` is the order the preflight and the gates run them in (each only while no enforced check
 refused).  The engine reads these lists, never a feature's name: the settings loader parses each one's
 keys with its ``parse``, the preflight (once, before any load) and the gates run each ``Check`` of
-their phase, ``--skip NAME`` and ``observe = [NAME]`` name them.
+their phase, ``--skip NAME`` and ``observe = [NAME]`` name them; the runner asks each guard for its
+part in the promotion (``load_guards``: what the fleet asks around each load, in this order) and
+runs each check's step after ``record`` where it offers one (``after_steps``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pipelines.checks import golden, perf, runtime, shadow
-from pipelines.core.check import Check, Guard, Place
+from pipelines.core.check import AfterRecord, AfterStep, Check, Guard, LoadGuard, Place
 from pipelines.guards import headroom, warmup
 from registry.errors import UsageError
 
@@ -51,6 +53,18 @@ def gate_checks(where: str) -> list[Check]:
 def preflight_checks() -> list[Check]:
     """The checks the preflight runs once per promotion, before any load, in their registered order."""
     return [c for c in CHECKS if c.phase == "preflight"]
+
+
+def load_guards(ctx: Any) -> list[LoadGuard]:
+    """Each registered guard's part in the promotion of ``ctx`` (its fleet built), in order: what the
+    fleet asks before and tells after each load."""
+    return [part for part in (g.load_guard(ctx) for g in GUARDS) if part is not None]
+
+
+def after_steps(ctx: Any) -> list[AfterStep]:
+    """The steps the registered checks offer after ``record`` in the promotion of ``ctx``, in order."""
+    offered = (c.after_record(ctx) for c in CHECKS if isinstance(c, AfterRecord))
+    return [step for step in offered if step is not None]
 
 
 def owned_keys() -> frozenset[str]:

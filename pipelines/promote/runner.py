@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from pipelines.checks.shadow import capture_after
 from pipelines.core.context import Deployer, Options, PromotionContext, Stage
 from pipelines.core.plan import Plan
 from pipelines.core.policy import check_fleet
@@ -39,9 +38,8 @@ from pipelines.core.undo import UndoLog
 from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import Fleet
 from pipelines.fleet.replicas import Connect, reachable, triton_connector
-from pipelines.guards.headroom import Headroom, registry_footprints, replica_versions
 from pipelines.ledger import recorder as ledger_recorder
-from pipelines.promote import retention
+from pipelines.promote import registered, retention
 from pipelines.promote.after import RETAIN_S, Progress, best_effort, bounded
 from pipelines.promote.environments import Environment, resolve_targets
 from pipelines.promote.failure import fail, message_of
@@ -120,6 +118,13 @@ def bounded_retain(ctx: FleetContext) -> retention.RetentionReport:
     return report
 
 
+def after_record(ctx: FleetContext) -> list[str]:
+    """Each registered check's step after ``record`` (capture armed again: the shadow check's), in
+    order, each best effort and bounded (after.py): a frozen replica or captures prefix, or a
+    signal, ends it with a note, never with a false failure of what was promoted."""
+    return [note for step in registered.after_steps(ctx) for note in best_effort(step.what, step.run)]
+
+
 def _stamped(connect: Connect, nonce: RequestNonce) -> Connect:
     """``connect`` whose targets send their requests with ``nonce`` (a Triton client has one;
     another target, such as a test's stand-in, is left as it is)."""
@@ -159,23 +164,12 @@ class Promotion:
         finally:
             ctx.close()
         if not self.options.dry_run and not self.interrupted:
-            ctx.result.notes.extend(self._capture_after(ctx))
+            ctx.result.notes.extend(after_record(ctx))
         ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left
         ctx.result.notes.extend(ctx.fleet.recreation_notes())  # a swap that made a served version anew
-        ctx.result.notes.extend(ctx.result.headroom.notes if ctx.result.headroom else [])  # not checked
+        ctx.result.notes.extend(n for guard in ctx.fleet.guards for n in guard.notes)  # where not checked
         ctx.result.ok = True
         return ctx.result
-
-    def _capture_after(self, ctx: FleetContext) -> list[str]:
-        """Capture on again for what now serves (shadow.py), the locks let go: after ``record``, so
-        best effort and bounded (after.py) -- a frozen replica or captures prefix, or a signal,
-        ends it with a note, never with a false failure of what was promoted."""
-        if self.env.shadow is None:
-            return []
-        targets, connect, steps, shadow = ctx.plan.targets, ctx.fleet.connect, ctx.plan.steps, ctx.env.shadow
-        return best_effort(
-            "capture arming", lambda progress: capture_after(targets, connect, steps, shadow, progress)
-        )
 
     def _context(self, model: str, version: str, nonce: RequestNonce) -> FleetContext:
         env = self.env
@@ -203,14 +197,8 @@ class Promotion:
         ctx = PromotionContext(
             self.settings, env, self.registry, self.options, store, fleet, plan, self.scratch
         )
-        ctx.result.headroom = fleet.guard = self._headroom(fleet)
+        fleet.guards[:] = registered.load_guards(ctx)  # each registered guard's part, asked around each load
         return ctx
-
-    def _headroom(self, fleet: Fleet) -> Headroom:
-        """Memory headroom before each load and leaks after a failed one (headroom.py), on the
-        environment's metrics URLs and margin; footprints known from the registry's version tags."""
-        known, held = registry_footprints(self.registry.models), replica_versions(fleet)
-        return Headroom(self.env.metrics_url, self.env.memory_margin, known=known, held=held)
 
     def _sequence(self, ctx: FleetContext, stages: list[Stage], planning: bool = False) -> None:
         for stage in stages:

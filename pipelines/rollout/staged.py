@@ -21,13 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from pipelines.checks.golden import golden_inputs, output_names
+from pipelines.core.check import LoadRefused
 from pipelines.core.plan import Step, desired_config, follow_latest
 from pipelines.core.policy import Policy, Verdict, judge, waves_of
 from pipelines.core.reports import FleetReport
 from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import Change, Fleet, Rollout, checkpoint
 from pipelines.fleet.restarts import RestartWatch
-from pipelines.guards.headroom import REFUSED
 from pipelines.rollout.probes import Probes, Target, with_probes
 from pipelines.triton import metrics
 from registry.errors import MlregError, PromotionError, TritonError
@@ -288,10 +288,11 @@ def min_requests(policy: Policy) -> float:
 
 
 def _unavailable(exc: MlregError) -> bool:
-    """A replica that may be left out under max_unavailable: refused for headroom, or its load
-    failed there (not a missing key, which every replica would refuse, nor a load still running)."""
+    """A replica that may be left out under max_unavailable: a load guard refused the load before
+    anything was sent (``LoadRefused``: no headroom), or its load failed there (not a missing key,
+    which every replica would refuse, nor a load still running)."""
     status = exc.context.get("status")
-    return status == REFUSED or (
+    return isinstance(exc, LoadRefused) or (
         isinstance(exc, TritonError) and status not in ("unauthorised", "load-deadline")
     )
 

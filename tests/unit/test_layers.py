@@ -388,13 +388,13 @@ OWNS = {
     "pipelines.guards": {"pipelines.core", "pipelines.storage", "pipelines.triton", "pipelines.fleet"},
     # the fleet tells the ledger each call it sent (the ledger's Recorder: an observer it is handed)
     "pipelines.fleet": {"pipelines.core", "pipelines.storage", "pipelines.triton", "pipelines.ledger"},
-    # a deployer moves the fleet, runs the load guards and asks the golden inputs for its probes
+    # a deployer moves the fleet (which asks the load guards: their refusal is core's LoadRefused) and
+    # asks the golden inputs for its probes
     "pipelines.rollout": {
         "pipelines.core",
         "pipelines.storage",
         "pipelines.triton",
         "pipelines.fleet",
-        "pipelines.guards",
         "pipelines.checks",
     },
     "pipelines.promote": {
