@@ -22,7 +22,7 @@ import logging
 import re
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -220,6 +220,11 @@ class ShadowCheck:
         if inputs:
             report.captured[step.model] = inputs
         return [verdict(self.name, result, trial, trial.setting)]
+
+    def own_requests(self, setting: Shadow, prefix: str) -> Shadow:
+        """The replay leaves out the captured requests this promotion sent (their ids start with
+        ``prefix``); no report or run records it."""
+        return replace(setting, own=prefix)
 
     def after_record(self, ctx: Any) -> AfterStep | None:
         """Capture on again for what now serves (``capture_after``), once the promotion happened:

@@ -28,7 +28,9 @@ Around the loads and after ``record`` the engine also reads the registry only:
   under ``max_unavailable``);
 - each registered ``Check`` that offers one (``AfterRecord``) gets its ``after_record`` step run once
   the promotion happened (capture armed again: the shadow check's), best effort and bounded
-  (``pipelines/promote/after.py``).
+  (``pipelines/promote/after.py``);
+- each registered ``Check`` that must tell this promotion's own requests apart (``OwnRequests``: the
+  shadow replay leaves them out of what it replays) has its settings told their secret prefix.
 """
 
 from __future__ import annotations
@@ -267,6 +269,15 @@ class AfterRecord(Protocol):
     what now serves); ``after_record`` returns None when it has nothing to do in this promotion."""
 
     def after_record(self, ctx: Any) -> AfterStep | None: ...
+
+
+@runtime_checkable
+class OwnRequests(Protocol):
+    """A ``Check`` that tells this promotion's own requests apart: ``own_requests`` returns its
+    parsed settings (``setting``, never None) told ``prefix``, the secret every request id this
+    promotion sends starts with (never shown, never recorded)."""
+
+    def own_requests(self, setting: Any, prefix: str) -> Any: ...
 
 
 class Checked(Protocol):

@@ -7,17 +7,20 @@ refused).  The engine reads these lists, never a feature's name: the settings lo
 keys with its ``parse``, the preflight (once, before any load) and the gates run each ``Check`` of
 their phase, ``--skip NAME`` and ``observe = [NAME]`` name them; the runner asks each guard for its
 part in the promotion (``load_guards``: what the fleet asks around each load, in this order) and
-runs each check's step after ``record`` where it offers one (``after_steps``).
+runs each check's step after ``record`` where it offers one (``after_steps``) and tells each check
+that must the promotion's request-id prefix (``own_requests``).
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pipelines.checks import golden, perf, runtime, shadow
-from pipelines.core.check import AfterRecord, AfterStep, Check, Guard, LoadGuard, Place
+from pipelines.core.check import AfterRecord, AfterStep, Check, Guard, LoadGuard, OwnRequests, Place
+from pipelines.core.environment import FIELDS, Environment
 from pipelines.guards import headroom, warmup
 from registry.errors import UsageError
 
@@ -65,6 +68,21 @@ def after_steps(ctx: Any) -> list[AfterStep]:
     """The steps the registered checks offer after ``record`` in the promotion of ``ctx``, in order."""
     offered = (c.after_record(ctx) for c in CHECKS if isinstance(c, AfterRecord))
     return [step for step in offered if step is not None]
+
+
+def own_requests(env: Environment, prefix: str) -> Environment:
+    """``env`` with the settings of each registered check that tells its own requests apart
+    (``OwnRequests``) told ``prefix`` (a check without settings there is left as it is)."""
+    for check in CHECKS:
+        setting = env.setting(check.name)
+        if not isinstance(check, OwnRequests) or setting is None:
+            continue
+        told = check.own_requests(setting, prefix)
+        if check.name in FIELDS:
+            env = replace(env, **{check.name: told})
+        else:
+            env = replace(env, checks=tuple((n, told if n == check.name else s) for n, s in env.checks))
+    return env
 
 
 def owned_keys() -> frozenset[str]:

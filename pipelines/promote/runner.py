@@ -27,7 +27,6 @@ waiting, and reads the configs it plans from under those locks.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from pipelines.core.context import Deployer, Options, PromotionContext, Stage
 from pipelines.core.plan import Plan
@@ -119,7 +118,7 @@ def bounded_retain(ctx: FleetContext) -> retention.RetentionReport:
 
 
 def after_record(ctx: FleetContext) -> list[str]:
-    """Each registered check's step after ``record`` (capture armed again: the shadow check's), in
+    """Each registered check's step after ``record`` where it offers one (capture armed again), in
     order, each best effort and bounded (after.py): a frozen replica or captures prefix, or a
     signal, ends it with a note, never with a false failure of what was promoted."""
     return [note for step in registered.after_steps(ctx) for note in best_effort(step.what, step.run)]
@@ -172,9 +171,7 @@ class Promotion:
         return ctx.result
 
     def _context(self, model: str, version: str, nonce: RequestNonce) -> FleetContext:
-        env = self.env
-        if env.shadow is not None:  # the replay knows the nonce; no report or run records it
-            env = replace(env, shadow=replace(env.shadow, own=nonce.prefix))
+        env = registered.own_requests(self.env, nonce.prefix)  # each check that leaves its requests out
         targets = resolve_targets(self.settings, env)
         policy, skipped = env.policy, dict[str, str]()
         store = open_store(env.store, digest_cache=self.settings.digest_cache)

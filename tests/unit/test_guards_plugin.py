@@ -239,3 +239,47 @@ def test_the_engine_names_no_guard_and_no_after_record_check_outside_the_registr
         "c.py: pipelines.checks.shadow",
         "d.py: pipelines.checks.shadow",
     ]
+
+
+@dataclass
+class NoncedCheck(SpyCheck):
+    """A check that tells this promotion's own requests apart (``OwnRequests``)."""
+
+    told: list[str] = field(default_factory=list)
+    seen: list[Any] = field(default_factory=list)
+
+    def own_requests(self, setting: Any, prefix: str) -> Any:
+        self.told.append(prefix)
+        return (setting, prefix)
+
+    def after_record(self, ctx: Any) -> AfterStep:
+        self.seen.append(ctx.env.setting(self.name))  # what the promotion ran with
+        return AfterStep("nonced", self.run)
+
+
+def test_a_new_check_that_leaves_its_own_requests_out_is_told_each_promotions_secret_prefix(
+    deployed: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check = NoncedCheck(lambda progress: [], name="nonced")
+    monkeypatch.setattr(registered, "CHECKS", (*registered.CHECKS, check))
+    world = deployed
+    world.env = replace(world.env, checks=(("nonced", "its settings"),))
+    world.promote("net", "2")
+    [prefix] = check.told
+    assert prefix.startswith("mlreg-")
+    assert len(prefix) > len("mlreg-") + 16  # the secret
+    assert check.seen == [("its settings", prefix)]  # the promotion ran with the told settings
+    assert world.env.setting("nonced") == "its settings"  # the environment itself is left as it is
+    world.registry.add("net", "3", MEMBER.format(name="net", src="MID", dst="OUT"))
+    world.promote("net", "3")
+    assert len(check.told) == 2
+    assert check.told[1] != prefix  # a new secret for each promotion
+
+
+def test_the_shadow_checks_settings_are_told_the_prefix_its_replay_leaves_out(tmp_path: Path) -> None:
+    from pipelines.checks.capture import Shadow
+
+    env = World(tmp_path).env
+    assert registered.own_requests(env, "mlreg-secret-") == env  # no [shadow] table: nothing to tell
+    told = registered.own_requests(replace(env, shadow=Shadow(captures=str(tmp_path))), "mlreg-secret-")
+    assert told.shadow.own == "mlreg-secret-"
