@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines.storage import RepositoryStore, open_store  # noqa: E402
+from pipelines.storage import Repository, open_store  # noqa: E402
 
 Call = Callable[[], None]
 
@@ -54,18 +54,20 @@ def built_template(work: Path, given: str | None) -> Path:
     return out
 
 
-def store_template(template: Path, store: RepositoryStore) -> dict[str, str]:
+def store_template(template: Path, store: Repository) -> dict[str, str]:
     digests = {}
     for model in sorted(p.name for p in template.iterdir() if (p / "config.pbtxt").is_file()):
-        store.put_version(model, "1", template / model / "1", config=template / model / "config.pbtxt")
-        store.write_config(model, (template / model / "config.pbtxt").read_text())
-        manifest = store.read_manifest(model, "1")
+        store.versions.put_version(
+            model, "1", template / model / "1", config=template / model / "config.pbtxt"
+        )
+        store.session.write_config(model, (template / model / "config.pbtxt").read_text())
+        manifest = store.versions.read_manifest(model, "1")
         assert manifest is not None
         digests[model] = manifest.digest
     return digests
 
 
-def store_many(work: Path, store: RepositoryStore, files: int) -> dict[str, str]:
+def store_many(work: Path, store: Repository, files: int) -> dict[str, str]:
     folder = work / "many" / "many_files" / "1"
     for i in range(files):
         path = folder / f"part{i % 10}" / f"file{i}.bin"
@@ -73,17 +75,17 @@ def store_many(work: Path, store: RepositoryStore, files: int) -> dict[str, str]
         path.write_bytes(os.urandom(4096))
     config = folder.parent / "config.pbtxt"
     config.write_text('name: "many_files"\nbackend: "python"\n')
-    store.put_version("many_files", "1", folder, config=config)
-    store.write_config("many_files", config.read_text())
-    manifest = store.read_manifest("many_files", "1")
+    store.versions.put_version("many_files", "1", folder, config=config)
+    store.session.write_config("many_files", config.read_text())
+    manifest = store.versions.read_manifest("many_files", "1")
     assert manifest is not None
     return {"many_files": manifest.digest}
 
 
-def checker(store: RepositoryStore, digests: dict[str, str], closed: bool, hashing: str) -> Call:
+def checker(store: Repository, digests: dict[str, str], closed: bool, hashing: str) -> Call:
     def call() -> None:
         for model, digest in digests.items():
-            store.check_version(model, "1", digest, hashing, closed_world=closed).raise_if_bad()
+            store.versions.check_version(model, "1", digest, hashing, closed_world=closed).raise_if_bad()
 
     return call
 

@@ -64,7 +64,7 @@ from pipelines.devstack.scratch import scratch_servers  # noqa: E402
 from pipelines.promote.environments import environment  # noqa: E402
 from pipelines.promote.runner import Promotion  # noqa: E402
 from pipelines.storage import open_store  # noqa: E402
-from pipelines.storage.base import RepositoryStore  # noqa: E402
+from pipelines.storage.base import Repository  # noqa: E402
 from pipelines.triton.control import TritonControl  # noqa: E402
 from registry.contracts.validate import validate_path  # noqa: E402
 from registry.mlflow import MlflowRegistry  # noqa: E402
@@ -121,40 +121,40 @@ def built_template(work: Path, given: str | None) -> Path:
     return out
 
 
-def stored_template(template: Path, work: Path) -> tuple[RepositoryStore, dict[str, str], list[Path]]:
+def stored_template(template: Path, work: Path) -> tuple[Repository, dict[str, str], list[Path]]:
     """Every model of ``template`` as version 1 of a local-folder store: the store, each model's
     manifest digest, and where a bytecode cache is planted (beside each python model's model.py)."""
     root = work / "verify-store"
     store = open_store(root, digest_cache=work / "digests.json")
     digests: dict[str, str] = {}
     for model in sorted(p.name for p in template.iterdir() if (p / "config.pbtxt").is_file()):
-        store.put_version(model, "1", template / model / "1")
-        manifest = store.read_manifest(model, "1")
+        store.versions.put_version(model, "1", template / model / "1")
+        manifest = store.versions.read_manifest(model, "1")
         assert manifest is not None
         digests[model] = manifest.digest
     planted = [f.parent / PYC for f in sorted(root.glob("*/1/model.py"))]
     return store, digests, planted
 
 
-def store_verify(store: RepositoryStore, digests: dict[str, str]) -> Callable[[], None]:
+def store_verify(store: Repository, digests: dict[str, str]) -> Callable[[], None]:
     """``mlreg store verify``'s call: every file re-hashed, nothing changed."""
 
     def call() -> None:
         for model, digest in digests.items():
-            store.check_version(model, "1", digest, hashing="all").raise_if_bad()
+            store.versions.check_version(model, "1", digest, hashing="all").raise_if_bad()
 
     return call
 
 
-def promotion_verify(store: RepositoryStore, digests: dict[str, str]) -> Callable[[], None]:
+def promotion_verify(store: Repository, digests: dict[str, str]) -> Callable[[], None]:
     """A promotion's call before Triton reads a version: digests the cache proves reused, and (a
     tree whose ``verify_version`` takes ``drop_bytecode``) the bytecode caches removed."""
-    drops = "drop_bytecode" in inspect.signature(store.verify_version).parameters
+    drops = "drop_bytecode" in inspect.signature(store.versions.verify_version).parameters
     extra = {"drop_bytecode": True} if drops else {}
 
     def call() -> None:
         for model, digest in digests.items():
-            store.verify_version(model, "1", digest, **extra)
+            store.versions.verify_version(model, "1", digest, **extra)
 
     return call
 
@@ -174,7 +174,7 @@ def part_b(args: argparse.Namespace, work: Path) -> None:
     report = validate_path(template)
     if report.errors:
         raise SystemExit(f"validate {template}: {report.summary()}")
-    drops = "drop_bytecode" in inspect.signature(store.verify_version).parameters
+    drops = "drop_bytecode" in inspect.signature(store.versions.verify_version).parameters
     print(f"(b) {len(digests)} models, {len(planted)} python; drop_bytecode: {drops}", file=sys.stderr)
     calls: dict[str, Timed] = {
         f"(b) store verify, all re-hashed, template ({len(digests)} models)": (

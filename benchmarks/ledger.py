@@ -71,7 +71,7 @@ def _version_store(root: Path) -> Path:
     (source / "1").mkdir(parents=True)
     (source / "config.pbtxt").write_text(CONFIG)
     (source / "1" / "model.py").write_text("X = 1\n")
-    open_store(root / "store").put_version("bench", "1", source / "1")
+    open_store(root / "store").versions.put_version("bench", "1", source / "1")
     return root / "store"
 
 
@@ -91,7 +91,7 @@ def per_event(count: int, rounds: int) -> None:
             root = base / f"{index}-{int(receipts)}"
             store = open_store(_version_store(root))
             recorder = Recorder(
-                ledger_of(store), store, "bench", signer=ReceiptSigner(key) if receipts else None
+                ledger_of(store.objects), store, "bench", signer=ReceiptSigner(key) if receipts else None
             )
             began = time.perf_counter()
             for n in range(count):
@@ -100,7 +100,7 @@ def per_event(count: int, rounds: int) -> None:
                 assert event is not None, recorder.problems
             results.append((time.perf_counter() - began) / count * 1000)
             began = time.perf_counter()
-            events, findings = ledger_of(store).read_all()
+            events, findings = ledger_of(store.objects).read_all()
             assert not findings, findings
             assert len(events) == count
             reads.append((time.perf_counter() - began) / count * 1000)
@@ -214,7 +214,7 @@ def fleet_promotion(size: int, load_delay: float, rounds: int) -> None:
                 f"round {index + 1}: with {with_ledger[-1]:.2f} s, without {without[-1]:.2f} s",
                 file=sys.stderr,
             )
-        events, findings = ledger_of(open_store(root / "store")).read_all()
+        events, findings = ledger_of(open_store(root / "store").objects).read_all()
     assert not findings, findings
     label = f"(b) {size}-replica stand-in promotion (load {load_delay:g} s)"
     figure(f"{label} with the ledger", statistics.median(with_ledger), "s")

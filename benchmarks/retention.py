@@ -95,7 +95,7 @@ def register_versions(registry: MlflowRegistry, work: Path, count: int, weights:
 def model_bytes(store_uri: str) -> int:
     """Bytes under the model's prefix in the store (what a load localizes: every version there)."""
     store = open_store(store_uri)
-    stamps = store.object_stamps("bench/")
+    stamps = store.objects.object_stamps("bench/")
     return sum(int(stamp[0]) for stamp in stamps.values())
 
 

@@ -109,14 +109,14 @@ def verification(model: Path, work: Path, rounds: int, public: Path, private: Pa
     from registry.signing import SIGNATURE_FILE, SigningKey, Trust, sign, signed_files
 
     store = open_store(work / "store", digest_cache=work / "digests.json")
-    store.put_version(MODEL, "1", model / "1", config=model / "config.pbtxt")
-    manifest = store.read_manifest(MODEL, "1")
+    store.versions.put_version(MODEL, "1", model / "1", config=model / "config.pbtxt")
+    manifest = store.versions.read_manifest(MODEL, "1")
     assert manifest is not None
     digest = manifest.digest
     bundle = sign(
         signed_files(manifest.files, sha256_file(model / "config.pbtxt")), SigningKey(private), MODEL
     )
-    store.write(f"{MODEL}/1/{SIGNATURE_FILE}", bundle)
+    store.objects.write(f"{MODEL}/1/{SIGNATURE_FILE}", bundle)
     trust = Trust("required", (public,))
     memo.clear()
     checked.clear()
@@ -126,7 +126,7 @@ def verification(model: Path, work: Path, rounds: int, public: Path, private: Pa
 
     def check(full: bool, signature: bool, cold: bool = False) -> Callable[[], object]:
         def run() -> None:
-            result = store.verify_version(MODEL, "1", digest, full=full)
+            result = store.versions.verify_version(MODEL, "1", digest, full=full)
             assert result.ok, result
             assert full or result.hashed_bytes == 0, result
             if signature:

@@ -28,7 +28,7 @@ from pipelines.storage import open_store
 began = time.perf_counter()
 from pathlib import Path
 store = open_store(sys.argv[1], digest_cache=Path(sys.argv[3]))
-result = store.put_version("big_model", "1", Path(sys.argv[2]))
+result = store.versions.put_version("big_model", "1", Path(sys.argv[2]))
 print(json.dumps({"seconds": time.perf_counter() - began, "bytes_sent": result.bytes_sent,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
@@ -85,11 +85,11 @@ def main() -> int:
         f"{mib / baseline['seconds']:8.1f} {baseline['rss_mb']:12.0f} {size:14,}"
     )
     print(
-        f"{'store.put_version (first upload)':34} {first['seconds']:8.2f} "
+        f"{'store.versions.put_version (first upload)':34} {first['seconds']:8.2f} "
         f"{mib / first['seconds']:8.1f} {first['rss_mb']:12.0f} {int(first['bytes_sent']):14,}"
     )
     print(
-        f"{'store.put_version (unchanged)':34} {again['seconds']:8.2f} {'':>8} "
+        f"{'store.versions.put_version (unchanged)':34} {again['seconds']:8.2f} {'':>8} "
         f"{again['rss_mb']:12.0f} {int(again['bytes_sent']):14,}"
     )
     print(

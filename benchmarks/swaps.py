@@ -63,16 +63,16 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 
 @contextlib.contextmanager
 def guard_switched_off(off: bool) -> Iterator[None]:
-    """``off``: LocalStore.guard_bytecode does nothing (mlreg before the guard)."""
-    from pipelines.storage.local import LocalStore
+    """``off``: LocalObjects.guard_bytecode does nothing (mlreg before the guard)."""
+    from pipelines.storage.local import LocalObjects
 
-    kept = LocalStore.guard_bytecode
+    kept = LocalObjects.guard_bytecode
     if off:
-        LocalStore.guard_bytecode = lambda self, model, version: []  # type: ignore[method-assign]
+        LocalObjects.guard_bytecode = lambda self, model, version: []  # type: ignore[method-assign]
     try:
         yield
     finally:
-        LocalStore.guard_bytecode = kept  # type: ignore[method-assign]
+        LocalObjects.guard_bytecode = kept  # type: ignore[method-assign]
 
 
 def client(url: str, stop: threading.Event, latencies: list[float], failures: list[str]) -> None:

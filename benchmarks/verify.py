@@ -38,13 +38,13 @@ VERIFY = """
 import json, sys, time
 from pathlib import Path
 from pipelines.storage import open_store
-store = open_store(sys.argv[1], digest_cache=Path(sys.argv[2]) if sys.argv[2] else None)
+versions = open_store(sys.argv[1], digest_cache=Path(sys.argv[2]) if sys.argv[2] else None).versions
 full = sys.argv[3] == "full"
 began = time.perf_counter()
-result = store.verify_version("big_model", "1", sys.argv[4] or None, full=full)
+result = versions.verify_version("big_model", "1", sys.argv[4] or None, full=full)
 first = time.perf_counter() - began
 began = time.perf_counter()
-again = store.verify_version("big_model", "1", sys.argv[4] or None, full=full) if not full else result
+again = versions.verify_version("big_model", "1", sys.argv[4] or None, full=full) if not full else result
 print(json.dumps({"seconds": first, "warm_seconds": time.perf_counter() - began,
                   "hashed_bytes": result.hashed_bytes + (again.hashed_bytes if not full else 0),
                   "reused": result.reused, "status": result.status}))
@@ -84,8 +84,8 @@ def local_side_by_side(source: Path, work: Path, rounds: int) -> dict[str, objec
 
     store_root = work / "local-store"
     store = open_store(store_root)
-    store.put_version("big_model", "1", source / "big_model" / "1")
-    digest = store.read_manifest("big_model", "1").digest  # type: ignore[union-attr]
+    store.versions.put_version("big_model", "1", source / "big_model" / "1")
+    digest = store.versions.read_manifest("big_model", "1").digest  # type: ignore[union-attr]
     files = sorted((store_root / "big_model" / "1").glob("weights*.bin"))
     ours, theirs, openssl = [], [], []
     for _ in range(rounds):
@@ -121,9 +121,9 @@ def s3_fast_path(source: Path, work: Path, full: bool) -> dict[str, object]:
         cache = work / "digests.json"
         began = time.perf_counter()
         store = open_store(uri, digest_cache=cache)
-        store.put_version("big_model", "1", source / "big_model" / "1")
+        store.versions.put_version("big_model", "1", source / "big_model" / "1")
         upload = time.perf_counter() - began
-        digest = store.read_manifest("big_model", "1").digest  # type: ignore[union-attr]
+        digest = store.versions.read_manifest("big_model", "1").digest  # type: ignore[union-attr]
         fast = [run_json(VERIFY, uri, str(cache), "changed", digest) for _ in range(3)]
         assert all(r["hashed_bytes"] == 0 and r["status"] == "verified" for r in fast), fast
         warm = [float(r["warm_seconds"]) for r in fast]  # type: ignore[arg-type]

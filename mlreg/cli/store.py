@@ -78,7 +78,10 @@ def ls_cmd(store: StoreUri = None, as_json: JsonFlag = False) -> None:
     from mlreg.ops.store_ls import answering, deadline, open_listed, store_ls  # lazy: the storage package
 
     target = open_listed(store)
-    with waiting(f"mlreg store ls: reading {target.uri}", deadline(), quiet=as_json), answering(target):
+    with (
+        waiting(f"mlreg store ls: reading {target.uri}", deadline(), quiet=as_json),
+        answering(target.objects),
+    ):
         listing = store_ls(target)
     out = Output(as_json)
     out.result(listing.to_dict(), lambda: _render_ls(out, listing))

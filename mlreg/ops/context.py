@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from pipelines.devstack.local_triton import ServerInfo
     from pipelines.fleet.fleet import Fleet, UndoNotes
     from pipelines.promote.environments import Environment
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import Repository
     from registry.mlflow import MlflowRegistry
 
 
@@ -71,12 +71,12 @@ def context(settings: Settings, env_name: str) -> Context:
     return Context(settings, environment(settings, env_name), open_registry(settings))
 
 
-def open_store(uri: str | None, settings: Settings | None = None) -> RepositoryStore:
+def open_store(uri: str | None, settings: Settings | None = None) -> Repository:
     """The store at ``uri`` (default: the settings' local repository)."""
     return store_of(settings or Settings.from_env(), uri, None)
 
 
-def store_of(settings: Settings, store: str | None, env_name: str | None) -> RepositoryStore:
+def store_of(settings: Settings, store: str | None, env_name: str | None) -> Repository:
     """``--store URI``, else the store of ``--env`` (``local``: the one its running stack serves),
     else the local repository."""
     from pipelines.storage import open_store  # lazy: boto3 for an S3 store
@@ -88,7 +88,7 @@ def store_of(settings: Settings, store: str | None, env_name: str | None) -> Rep
 
 
 def fleet(
-    settings: Settings, env: Environment, store: RepositoryStore | None = None, undo: UndoNotes | None = None
+    settings: Settings, env: Environment, store: Repository | None = None, undo: UndoNotes | None = None
 ) -> Fleet:
     """The environment's targets (the local stack's must be running) and its store; ``undo``: the
     log its changes are noted in (None: a read-only fleet, which refuses every change)."""

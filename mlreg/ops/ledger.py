@@ -48,7 +48,7 @@ class Verified:
 def ledger(settings: Settings, env_name: str) -> Ledger:
     from pipelines.ledger import ledger_of  # lazy: kept off `mlreg --help`
 
-    return ledger_of(store_of(settings, None, env_name))
+    return ledger_of(store_of(settings, None, env_name).objects)
 
 
 def verify(settings: Settings, env_name: str, receipt_key: Path | None = None) -> Verified:

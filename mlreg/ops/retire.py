@@ -18,10 +18,10 @@ from registry.settings import Settings
 
 if TYPE_CHECKING:
     from pipelines.promote.environments import Environment
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import Repository
 
 
-def ensemble_users(store: RepositoryStore, name: str) -> list[str]:
+def ensemble_users(store: Repository, name: str) -> list[str]:
     """The ensembles in ``store`` whose steps name ``name`` (platform "ensemble" read from each
     parsed config, in the store's order)."""
     from pipelines.core.plan import ensembles_pinning  # lazy: protobuf
@@ -42,7 +42,7 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
     env = ctx.env
     store = open_store(env.store)
     config = store.read_config(name)
-    if config is None and not store.list_prefix(f"{name}/"):
+    if config is None and not store.objects.list_prefix(f"{name}/"):
         raise PromotionError(
             f"{name} is not deployed in '{env.name}' ({env.store} has no {name}/config.pbtxt)",
             fix=f"see 'mlflow deployments list -t mlreg:/{env.name}'",
@@ -53,7 +53,7 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
             f"{name} is used by ensemble(s) {', '.join(users)} in '{env.name}'; retiring it would break them",
             fix="retire the ensemble first, or promote an ensemble version that does not use it",
         )
-    with model_lock(store, name, settings):
+    with model_lock(store.session, name, settings):
         if config is not None:  # None: unloaded by a retire that stopped before its folder was gone
             with operation("retire"):  # the ledger's events say which verb sent the calls
                 _unload_everywhere(settings, env, store, name, config)
@@ -67,7 +67,7 @@ def retire(settings: Settings, env_name: str, name: str) -> None:
 
 
 def _unload_everywhere(
-    settings: Settings, env: Environment, store: RepositoryStore, name: str, config: str
+    settings: Settings, env: Environment, store: Repository, name: str, config: str
 ) -> None:
     """The config deleted, then ``name`` unloaded on every target; any exit before the end replays
     the undo log (the config back, each replica back to what it held) and says what it put back."""
@@ -93,7 +93,7 @@ def _unload_everywhere(
             raise
 
 
-def clear_folder(store: RepositoryStore, name: str) -> StorageError | None:
+def clear_folder(store: Repository, name: str) -> StorageError | None:
     """A retired model's folder gone from the store (so no list shows it): each whole version
     moved to the archive beside the store (never lost; its registered bytes stay in MLflow too),
     one that is not whole (an upload that did not finish) and every other file deleted.  A store
@@ -102,17 +102,17 @@ def clear_folder(store: RepositoryStore, name: str) -> StorageError | None:
     from pipelines.storage.archive import archive_of, complete, move_to_archive  # lazy: storage
 
     try:
-        archive: RepositoryStore | None = archive_of(store)
+        archive: Repository | None = archive_of(store)
     except StorageError:
         archive = None
     try:
         for version in store.list_versions(name):
-            if archive is not None and complete(store, name, version) is not None:
+            if archive is not None and complete(store.versions, name, version) is not None:
                 move_to_archive(store, archive, name, version)
             else:
-                store.delete_version(name, version)
-        for key in store.list_prefix(f"{name}/"):
-            store.delete(key)
+                store.versions.delete_version(name, version)
+        for key in store.objects.list_prefix(f"{name}/"):
+            store.objects.delete(key)
     except StorageError as exc:
         return StorageError(
             f"{name} is unloaded and its config removed, but its folder is not gone from {store.uri}: "

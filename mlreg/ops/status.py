@@ -33,7 +33,7 @@ from mlreg.ops.status_rows import ModelRow, model_row
 from mlreg.ops.status_views import STORE_FIX, listed_models, read_views, status_store, views_with_config
 from pipelines.fleet.replicas import open_control
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.errors import MlregError, StorageError
 from registry.ports import RegistryReader, RegistryView
 from registry.settings import Settings
@@ -117,7 +117,7 @@ def environment_status(
     opened = _open_control(settings, env)
     if not why:
         try:
-            found = store.locks()
+            found = store.session.locks()
         except StorageError as exc:
             why = exc.message
         else:
@@ -140,7 +140,7 @@ def _model_rows(
     settings: Settings,
     env: Environment,
     registry: RegistryView,
-    store: RepositoryStore,
+    store: Repository,
     models: list[str] | None,
 ) -> tuple[list[ModelRow], str, list[str], dict[str, str]]:
     """The rows, why the store could not be read ("" when it could), the targets read from

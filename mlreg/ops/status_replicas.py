@@ -13,7 +13,7 @@ from pipelines.core.ports import ServingTarget
 from pipelines.fleet.fleet import Fleet, ready_versions
 from pipelines.fleet.replicas import Connect, triton_connector
 from pipelines.promote.environments import Environment, resolve_targets
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.errors import MlregError
 from registry.ports import RegistryReader
 from registry.settings import Settings
@@ -52,7 +52,7 @@ class ReadinessStates(dict[str, dict[str, str]]):
 def probe_targets(
     settings: Settings,
     env: Environment,
-    store: RepositoryStore,
+    store: Repository,
     ensembles: Sequence[str] | None = (),
     known: Known | None = None,
     store_silent: bool = False,

@@ -21,7 +21,8 @@ from pipelines.promote.integrity import (
     signature_problems,
     unregistered_problems,
 )
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
+from pipelines.storage.objects import ObjectStore
 from registry.errors import MlregError
 from registry.ports import RegistryReader, RegistryView
 
@@ -240,7 +241,7 @@ class ModelRow:
 def model_row(
     env: Environment,
     registry: RegistryView,
-    store: RepositoryStore,
+    store: Repository,
     model: str,
     view: StoreView,
     alias: str,
@@ -265,7 +266,7 @@ def model_row(
         + ([f"MLflow unreachable: {mlflow_error}"] if mlflow_error else []),
     )
     row.read_by_readiness = readiness_read(live) or None
-    _add_loading(row, store, live, view)
+    _add_loading(row, store.objects, live, view)
     row.drift.extend(_reapply_lines(env, row, folders))
     if view.error:  # the store's columns are unknown, the servers' are not
         row.store = f"store unreachable: {view.error}"
@@ -289,7 +290,7 @@ def _reapply_lines(env: Environment, row: ModelRow, folders: Serving) -> list[st
     ]
 
 
-def _add_loading(row: ModelRow, store: RepositoryStore, live: dict[str, Any], view: StoreView) -> None:
+def _add_loading(row: ModelRow, store: ObjectStore, live: dict[str, Any], view: StoreView) -> None:
     """A load that has not finished (past a promotion's deadline?): nothing loads behind it."""
     loading = {
         url: found
@@ -312,7 +313,7 @@ def _add_store_findings(
     row: ModelRow,
     env: Environment,
     registry: RegistryView,
-    store: RepositoryStore,
+    store: Repository,
     view: StoreView,
     folders: Serving,
     serving: Serving,
@@ -326,8 +327,8 @@ def _add_store_findings(
         row.drift.insert(0, _lost_line(model, row.alias, serving, folders))
         if numbered.live_pins:  # an ensemble the store lost: what each target's loaded one pins
             row.target_pins = numbered.live_pins
-    row.drift.extend(manifest_problems(store, model, view.desired))  # its bytes cannot be verified
-    row.drift.extend(folder_problems(store, model, view.desired))  # what no manifest covers: loads refused
+    row.drift.extend(manifest_problems(store.versions, model, view.desired))  # its bytes cannot be verified
+    row.drift.extend(folder_problems(store.objects, model, view.desired))  # not in a manifest: loads refused
     if not view.is_ensemble:  # a manifest the registry does not know covers nothing (issue 44, F2)
         row.drift.extend(unregistered_problems(store, registry.models, model))
     if not view.is_ensemble:  # where the environment checks signatures: the versions it serves

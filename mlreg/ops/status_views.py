@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipelines.core.plan import config_facts, serving_versions
 from pipelines.storage import open_store
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.errors import StorageError
 
 # A frozen S3 accepts connections and never answers: the promotion's client waits 60 s a request,
@@ -36,7 +36,7 @@ class StoreView:
         return self.config is not None and config_facts(self.config).is_ensemble
 
 
-def read_store(store: RepositoryStore, names: list[str]) -> dict[str, StoreView]:
+def read_store(store: Repository, names: list[str]) -> dict[str, StoreView]:
     views = {}
     for model in names:
         config = store.read_config(model)
@@ -46,14 +46,14 @@ def read_store(store: RepositoryStore, names: list[str]) -> dict[str, StoreView]
     return views
 
 
-def status_store(uri: str | Path, digest_cache: Path | None = None) -> RepositoryStore:
+def status_store(uri: str | Path, digest_cache: Path | None = None) -> Repository:
     """The environment's store for status's reads (and `mlreg store ls`'s): on S3, a request is
     given up after ``STORE_READ_TIMEOUT_S`` and retried ``STORE_RETRIES`` times (seconds, not
     minutes)."""
     return open_store(uri, digest_cache=digest_cache, patience=(STORE_READ_TIMEOUT_S, STORE_RETRIES))
 
 
-def read_views(store: RepositoryStore, names: list[str], why: str = "") -> tuple[dict[str, StoreView], str]:
+def read_views(store: Repository, names: list[str], why: str = "") -> tuple[dict[str, StoreView], str]:
     """``read_store``; when the store cannot be read (or ``why`` says it could not), every view
     is unknown and carries why (the store is not asked again)."""
     if not why:
@@ -64,7 +64,7 @@ def read_views(store: RepositoryStore, names: list[str], why: str = "") -> tuple
     return {model: StoreView(None, [], [], error=why) for model in names}, why
 
 
-def listed_models(store: RepositoryStore) -> tuple[list[str], str]:
+def listed_models(store: Repository) -> tuple[list[str], str]:
     """The store's models, and why it could not list them ("" when it could)."""
     try:
         return store.list_models(), ""

@@ -44,9 +44,9 @@ def store_gc(
 
     window = env.keep if keep is None else keep
     stamp = registry_stamp(ctx.registry.models, env.name)
-    with noting_unreleased(store):  # an outage: each lock it could not release named
+    with noting_unreleased(store.session):  # an outage: each lock it could not release named
         report = collect(store, ask, stamp, window, dry_run=dry_run, models=models)
-    report.failed.extend(f"lock not released: {note}" for note in store.lock_notes)
+    report.failed.extend(f"lock not released: {note}" for note in store.session.lock_notes)
     return report
 
 

@@ -19,8 +19,9 @@ from registry.errors import StorageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import ObjectStore, RepositoryStore
+    from pipelines.storage.base import ObjectStore, Repository
     from pipelines.storage.lease import LockInfo
+    from pipelines.storage.versions import Versions
 
 
 def deadline() -> str:
@@ -51,7 +52,7 @@ class StoreListing:
         }
 
 
-def open_listed(uri: str | None, settings: Settings | None = None) -> RepositoryStore:
+def open_listed(uri: str | None, settings: Settings | None = None) -> Repository:
     """The store at ``uri`` (default: the local repository), with short S3 timeouts."""
     settings = settings or Settings.from_env()
     return status_views.status_store(uri or settings.local_repository, digest_cache=settings.digest_cache)
@@ -73,31 +74,31 @@ def answering(target: ObjectStore) -> Iterator[None]:
         ) from exc
 
 
-def store_ls(target: RepositoryStore) -> StoreListing:
+def store_ls(target: Repository) -> StoreListing:
     """Every version of ``target`` and of its archive, checked without hashing."""
     archive = archive_of(target)
     archived, archive_error = _archived(archive)
-    rows = [_row(target, model, version, "live") for model, version in _live(target)]
+    rows = [_row(target.versions, model, version, "live") for model, version in _live(target)]
     if archive is not None:
-        rows.extend(_row(archive, model, version, "archived") for model, version in archived)
+        rows.extend(_row(archive.versions, model, version, "archived") for model, version in archived)
     return StoreListing(
         target.uri,
         archive.uri if archive is not None else None,
         rows,
         _missing(rows),
         archive_error,
-        target.locks(),
+        target.session.locks(),
     )
 
 
-def _live(target: RepositoryStore) -> Iterator[tuple[str, str]]:
+def _live(target: Repository) -> Iterator[tuple[str, str]]:
     """(model, version) of every live version; ``version`` "" for a model holding none."""
     for model in target.list_models():
         for version in target.list_versions(model) or [""]:
             yield model, version
 
 
-def _row(store: RepositoryStore, model: str, version: str, location: str) -> dict[str, Any]:
+def _row(store: Versions, model: str, version: str, location: str) -> dict[str, Any]:
     """A live copy is checked in the closed world of its model folder (an entry no manifest covers
     is named: Triton reads it); an archived one alone (Triton never reads the archive)."""
     closed = location == "live"
@@ -112,7 +113,7 @@ def _row(store: RepositoryStore, model: str, version: str, location: str) -> dic
     }
 
 
-def archive_of(target: RepositoryStore) -> RepositoryStore | None:
+def archive_of(target: Repository) -> Repository | None:
     """The archive beside ``target`` (pipelines/storage/archive.py); None where it can have none."""
     try:
         return target.archive()
@@ -120,7 +121,7 @@ def archive_of(target: RepositoryStore) -> RepositoryStore | None:
         return None
 
 
-def _archived(archive: RepositoryStore | None) -> tuple[list[tuple[str, str]], str]:
+def _archived(archive: Repository | None) -> tuple[list[tuple[str, str]], str]:
     """(model, version) of every archived copy, and why the archive could not be listed ("")."""
     if archive is None:
         return [], ""

@@ -26,7 +26,7 @@ DIGEST_TAG = "artifact_digest"  # mlreg.ops.store_verify.DIGEST_TAG (not importe
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pipelines.storage.base import RepositoryStore, UploadResult
+    from pipelines.storage.base import Repository, UploadResult
 
 
 @dataclass
@@ -42,14 +42,12 @@ class PushReport:
         return {"store": self.store, "versions": [r.to_dict() for r in self.versions]}
 
 
-def push_target(uri: str | None) -> RepositoryStore:
+def push_target(uri: str | None) -> Repository:
     """The store a push writes to (``uri``, default: the local repository)."""
     return open_store(uri)
 
 
-def store_push(
-    target: RepositoryStore, path: Path, progress: Callable[[int], None] | None = None
-) -> PushReport:
+def store_push(target: Repository, path: Path, progress: Callable[[int], None] | None = None) -> PushReport:
     """Push every version folder under ``path`` into ``target`` (``progress``: bytes just sent)."""
     settings = Settings.from_env()
     results = push_path(

@@ -25,7 +25,8 @@ from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import Repository
+    from pipelines.storage.objects import ObjectStore
     from registry.ports import RegistryView
 
 
@@ -51,7 +52,7 @@ def store_repair(
     model: str,
     version: str,
     registry: RegistryView,
-    store: RepositoryStore,
+    store: Repository,
 ) -> RepairReport:
     """Put ``model`` ``version``'s registered bytes back into ``store`` (see the module's docstring).
     Refused for a version the store does not hold and for an ensemble's folder."""
@@ -62,14 +63,17 @@ def store_repair(
         exc.message += ": the store's copy has no registered bytes to be repaired from"
         raise
     step = Step(model, version, Role.MODEL, None, "", None, [])
-    with tempfile.TemporaryDirectory(prefix="mlreg-repair-") as tmp, model_lock(store, model, settings):
+    with (
+        tempfile.TemporaryDirectory(prefix="mlreg-repair-") as tmp,
+        model_lock(store.session, model, settings),
+    ):
         found = check_stored(store, registry.models, step, version, digest, Path(tmp))
-        repaired = apply_repair(store, found) if found is not None else ""
-        signature = _signature_back(store, registry, model, version, Path(tmp))
+        repaired = apply_repair(store.versions, found) if found is not None else ""
+        signature = _signature_back(store.objects, registry, model, version, Path(tmp))
     return RepairReport(store.uri, model, version, repaired, signature)
 
 
-def _require_repairable(store: RepositoryStore, model: str, version: str) -> None:
+def _require_repairable(store: Repository, model: str, version: str) -> None:
     if not version.isdigit():
         raise UsageError(f"version '{version}' is not a number", fix="pass a positive version number")
     stored = store.list_versions(model)
@@ -86,7 +90,7 @@ def _require_repairable(store: RepositoryStore, model: str, version: str) -> Non
 
 
 def _signature_back(
-    store: RepositoryStore, registry: RegistryView, model: str, version: str, workdir: Path
+    store: ObjectStore, registry: RegistryView, model: str, version: str, workdir: Path
 ) -> str:
     registered = registered_signature(registry, model, version, workdir)  # None: not signed
     key = f"{model}/{version}/{SIGNATURE_FILE}"

@@ -30,11 +30,11 @@ from registry.errors import RegistryError, StorageError, UsageError
 from registry.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import ObjectStore, RepositoryStore
+    from pipelines.storage.base import ObjectStore, Repository
     from registry.ports import RegistryView
 
 DIGEST_TAG = "artifact_digest"
-Check = Callable[["RepositoryStore", str, str], Verification]
+Check = Callable[["Repository", str, str], Verification]
 
 
 @dataclass
@@ -127,7 +127,7 @@ def store_verify(
 
 
 def _manifest_check(digest: str | None) -> Check:
-    return lambda store, model, version: store.check_version(model, version, digest, hashing="all")
+    return lambda store, model, version: store.versions.check_version(model, version, digest, hashing="all")
 
 
 def _registered_check() -> Check:
@@ -136,9 +136,7 @@ def _registered_check() -> Check:
     return lambda store, model, version: verify_registered(registry, store, model, version)
 
 
-def _signatures(
-    found: list[tuple[RepositoryStore, str, str]], keys: Sequence[Path]
-) -> dict[tuple[str, str], str]:
+def _signatures(found: list[tuple[Repository, str, str]], keys: Sequence[Path]) -> dict[tuple[str, str], str]:
     """(model, version) -> "signed by ..." or "NOT verified: why"."""
     if not keys:
         raise UsageError("--signatures needs the keys to trust", fix="pass --trusted-key PATH (repeat)")
@@ -146,7 +144,7 @@ def _signatures(
 
 
 def selected(
-    target: RepositoryStore, model: str | None, version: str | None, archive: RepositoryStore | None
+    target: Repository, model: str | None, version: str | None, archive: Repository | None
 ) -> list[tuple[str, str, str]]:
     """(location, model, version) of every copy to check: live first, then archived."""
     if version is not None and model is None:
@@ -161,7 +159,7 @@ def selected(
     return pairs
 
 
-def _models(target: RepositoryStore, model: str | None, archive: RepositoryStore | None) -> list[str]:
+def _models(target: Repository, model: str | None, archive: Repository | None) -> list[str]:
     if model:
         return [model]
     if archive is None:
@@ -181,15 +179,15 @@ def _require_stored(uri: str, name: str, version: str | None, versions: list[str
 
 
 def verify_registered(
-    registry: RegistryView, store: RepositoryStore, model: str, version: str, hashing: str = "all"
+    registry: RegistryView, store: Repository, model: str, version: str, hashing: str = "all"
 ) -> Verification:
     """``store.check_version`` against what MLflow registered: the manifest's digest must be the
     version's ``artifact_digest``, and a signature beside it the one logged with the version.  A
     version MLflow does not know, and an ensemble's folder, are checked against their manifest
     only (``note`` says so)."""
-    manifest = store.read_manifest(model, version)
+    manifest = store.versions.read_manifest(model, version)
     if manifest is not None and not manifest.files:
-        check = store.check_version(model, version, None, hashing)
+        check = store.versions.check_version(model, version, None, hashing)
         check.note = "an ensemble's folder (no files, re-pointed in place): not compared with MLflow"
         return check
     try:
@@ -197,19 +195,19 @@ def verify_registered(
     except RegistryError as exc:
         if "RESOURCE_DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
             raise
-        check = store.check_version(model, version, None, hashing)
+        check = store.versions.check_version(model, version, None, hashing)
         check.problems.insert(0, FileProblem(MANIFEST, "digest", "a version registered in MLflow", "none"))
         check.note = (
             "not a version registered in MLflow: a manifest alone proves nothing, a load naming it is refused"
         )
         return check
-    check = store.check_version(model, version, tags.get(DIGEST_TAG) or None, hashing)
+    check = store.versions.check_version(model, version, tags.get(DIGEST_TAG) or None, hashing)
     if not tags.get(DIGEST_TAG):  # issue 44: a load naming it is refused, so say so here too
         check.problems.insert(0, FileProblem(MANIFEST, "digest", "an artifact_digest in MLflow", "none"))
         check.note = (
             "MLflow records no digest for it: its bytes cannot be verified, a load naming it is refused"
         )
-    check.problems.extend(_signature_problems(registry, store, model, version))
+    check.problems.extend(_signature_problems(registry, store.objects, model, version))
     return check
 
 

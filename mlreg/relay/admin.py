@@ -114,7 +114,7 @@ def status(relay: Relay, read_serving: bool = True) -> dict[str, Any]:
             row: dict[str, Any] = {"model": model, "alias": version}
             if read_serving:
                 row["serving"] = _quiet(lambda e=env, m=model: relay.deployer_for(e).serving(e, m))
-            deployed = _quiet(lambda e=env, m=model: record.read(relay.store_for(e), e, m).to_dict())
+            deployed = _quiet(lambda e=env, m=model: record.read(relay.store_for(e).objects, e, m).to_dict())
             row["recorded"] = deployed
             entry["models"].append(row)
         environments.append(entry)

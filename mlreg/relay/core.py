@@ -36,7 +36,8 @@ from mlreg.relay.wire import DIGITS, NAME, Delivery, Refused, verify
 from registry.errors import MlregError, StorageError
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import Repository
+    from pipelines.storage.objects import ObjectStore
     from registry.settings import Settings
 
 log = logging.getLogger("mlreg.relay")
@@ -70,7 +71,7 @@ class Relay:
     settings: Settings | None
     config: RelayConfig
     queue: Queue
-    store_for: Callable[[str], RepositoryStore]
+    store_for: Callable[[str], Repository]
     deployer_for: Callable[[str], Deployer]
     aliases: Aliases
     secret: bytes
@@ -139,7 +140,7 @@ class Relay:
             return state
         store = self.store_for(job.env)
         try:
-            with record.lock(store, job.env, job.model, self.settings):
+            with record.lock(store.session, job.env, job.model, self.settings):
                 state, note = self._act_locked(store, job)
         except StorageError as exc:  # the lock is held (another relay acts) or the store is down
             self.queue.finish(job, "pending", f"busy: {exc.message}", self.clock())
@@ -150,7 +151,7 @@ class Relay:
         log.info("relay: %s %s v%s: %s %s", job.env, job.model, job.version, state, note)
         return state
 
-    def _act_locked(self, store: RepositoryStore, job: Job) -> tuple[str, str]:
+    def _act_locked(self, store: Repository, job: Job) -> tuple[str, str]:
         alias = self.config.follows.get(job.env, "")
         named = self.aliases.version(job.model, alias) if alias else ""
         if named != job.version:
@@ -159,7 +160,7 @@ class Relay:
         served = deployer.serving(job.env, job.model)
         if served == job.version:
             return "noop", "already served"
-        if self._in_flight(store, job, served):
+        if self._in_flight(store.objects, job, served):
             return "noop", "dispatched already; its run has not served it yet"
         try:
             outcome = deployer.deploy(job.env, job.model, job.version)
@@ -167,7 +168,7 @@ class Relay:
             outcome = Outcome("failed", exc.message)
         if outcome.state in ("done", "dispatched"):
             try:
-                record.write(store, job.env, job.model, job.version, served, self.clock())
+                record.write(store.objects, job.env, job.model, job.version, served, self.clock())
             except MlregError as exc:  # deployed all the same: said, never retried as if it were not
                 return (
                     outcome.state,
@@ -175,7 +176,7 @@ class Relay:
                 )
         return outcome.state, outcome.note
 
-    def _in_flight(self, store: RepositoryStore, job: Job, served: str) -> bool:
+    def _in_flight(self, store: ObjectStore, job: Job, served: str) -> bool:
         """The relay's last deployment was this version, from what serves now, within the grace: a
         dispatched run that has not served it yet (a promotion in-process serves before it returns)."""
         last = record.read(store, job.env, job.model)

@@ -24,8 +24,9 @@ from mlreg.relay.wire import DIGITS
 from registry.errors import StorageError
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import ObjectStore, RepositoryStore
+    from pipelines.storage.base import ObjectStore
     from pipelines.storage.lease import Lease
+    from pipelines.storage.session import StoreSession
     from registry.settings import Settings
 
 PREFIX = ".mlreg-relay."
@@ -112,7 +113,7 @@ def _entry(entry: object) -> bool:
     )
 
 
-def write(store: RepositoryStore, env: str, model: str, version: str, previous: str, at: float) -> Deployed:
+def write(store: ObjectStore, env: str, model: str, version: str, previous: str, at: float) -> Deployed:
     """Record ``version`` as deployed (``previous`` served before it), conditionally."""
     for _ in range(TRIES):
         found = store.read_versioned(key(env, model))
@@ -131,7 +132,7 @@ def write(store: RepositoryStore, env: str, model: str, version: str, previous: 
 
 
 @contextmanager
-def lock(store: RepositoryStore, env: str, model: str, settings: Settings | None) -> Iterator[Lease]:
+def lock(store: StoreSession, env: str, model: str, settings: Settings | None) -> Iterator[Lease]:
     """The store lock that decides which relay deploys (never waits: StorageError naming the holder)."""
     from pipelines.storage.locking import model_lock  # lazy: the store's lock policy
 

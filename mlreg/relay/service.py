@@ -24,7 +24,7 @@ from mlreg.relay.wire import MAX_BODY
 from registry.errors import MissingDependencyError
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import Repository
     from registry.settings import Settings
 
 log = logging.getLogger("mlreg.relay")
@@ -72,10 +72,10 @@ class Stores:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._open: dict[str, RepositoryStore] = {}
+        self._open: dict[str, Repository] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, env: str) -> RepositoryStore:
+    def __call__(self, env: str) -> Repository:
         with self._lock:
             if env not in self._open:
                 from mlreg.ops.context import environment  # lazy: the environments' settings

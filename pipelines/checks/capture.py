@@ -340,9 +340,9 @@ class Captures:
         self.location = location
         self._s3: ObjectStore | None = None
         if location.startswith("s3://"):
-            from pipelines.storage import open_store  # lazy: store package ~0.15 s, s3:// only
+            from pipelines.storage import open_objects  # lazy: store package ~0.15 s, s3:// only
 
-            self._s3 = open_store(location, patience=S3_PATIENCE)  # a frozen prefix: bounded
+            self._s3 = open_objects(location, patience=S3_PATIENCE)  # a frozen prefix: bounded
 
     def files(self) -> list[TraceFile]:
         """Every trace file, oldest first (then by name: ``trace.json.9`` before ``trace.json.10``);

@@ -35,7 +35,8 @@ from pipelines.core.check import Judging, Phase, Place, Trial, Verdict, run_chec
 from pipelines.core.plan import Plan, Step, desired_config, ensemble_pins, serving_versions
 from pipelines.core.ports import ScratchServers
 from pipelines.core.reports import Refusal
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
+from pipelines.storage.versions import Versions
 from registry import background
 from registry.contracts.config import CONFIG_NAME, data_type_name, parse_config
 from registry.errors import MlregError, PromotionError
@@ -192,14 +193,14 @@ def gate_error(report: QualityReport) -> PromotionError:
 # -- the scratch server ----------------------------------------------------------------------------
 
 
-def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[str]:
+def scratch_repository(plan: Plan, store: Repository, root: Path) -> list[str]:
     """Plan models (new versions) + every ensemble involved and its members; returns models to run.
 
     The serving version sits beside the candidate (its answers are the regression reference) unless
     the promotion changes the runtime (SavedModel -> ONNX): old and new cannot share one config."""
     run = []
     for step in plan.steps:
-        _scratch_step(step, store, root / step.model)
+        _scratch_step(step, store.versions, root / step.model)
         run.append(step.model)
     planned = {s.model for s in plan.steps}
     for step in list(plan.steps):
@@ -211,7 +212,7 @@ def scratch_repository(plan: Plan, store: RepositoryStore, root: Path) -> list[s
     return run
 
 
-def _scratch_step(step: Step, store: RepositoryStore, target: Path) -> None:
+def _scratch_step(step: Step, store: Versions, target: Path) -> None:
     """The step's folder at ``target``: its new version, and the serving one beside it where they
     can share one config."""
     target.mkdir(parents=True)
@@ -230,11 +231,11 @@ def _scratch_step(step: Step, store: RepositoryStore, target: Path) -> None:
         and not step.runtime_changes
         and store.read_manifest(step.model, old)
     ):
-        store.versions.get_version(step.model, old, target / old, digest)
+        store.get_version(step.model, old, target / old, digest)
         (target / CONFIG_NAME).write_text(desired_config(step.config_text, [old, step.version], gpu=False))
 
 
-def _scratch_member(store: RepositoryStore, target: Path, member: str, pinned: str) -> None:
+def _scratch_member(store: Repository, target: Path, member: str, pinned: str) -> None:
     """An ensemble's member the plan does not change, as the store serves it (at the version the
     ensemble pins, or the latest the store serves)."""
     text = store.read_config(member)
@@ -248,7 +249,7 @@ def _scratch_member(store: RepositoryStore, target: Path, member: str, pinned: s
 
 def preflight(
     plan: Plan,
-    store: RepositoryStore,
+    store: Repository,
     settings: Settings,
     scratch: ScratchServers,
     connect: Callable[[str], Answers],

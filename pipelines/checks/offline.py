@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from pipelines.core.plan import Plan, serving_versions
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.contracts.checks import check_artifacts
 from registry.contracts.config import CONFIG_NAME, parse_config
 from registry.contracts.diff import diff_configs
@@ -16,7 +16,7 @@ from registry.contracts.rules import check_model
 from registry.errors import ContractError
 
 
-def shadow_repository(plan: Plan, store: RepositoryStore, root: Path) -> Path:
+def shadow_repository(plan: Plan, store: Repository, root: Path) -> Path:
     """The environment's repository as it will be: store configs + the plan's models and configs."""
     steps = {s.model: s for s in plan.steps}
     for model in set(store.list_models()) | set(steps):
@@ -36,7 +36,7 @@ def shadow_repository(plan: Plan, store: RepositoryStore, root: Path) -> Path:
     return root
 
 
-def contract_errors(plan: Plan, store: RepositoryStore) -> list[str]:
+def contract_errors(plan: Plan, store: Repository) -> list[str]:
     """Errors of the plan's models and of every ensemble of the environment, as they will serve."""
     with tempfile.TemporaryDirectory(prefix="mlreg-shadow-") as tmp:
         repo = read_repository(shadow_repository(plan, store, Path(tmp)))

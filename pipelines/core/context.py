@@ -35,7 +35,7 @@ from pipelines.core.reports import (
     StageReport,
 )
 from pipelines.core.undo import UndoLog
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.settings import Settings
 
 FleetT = TypeVar("FleetT", bound=Servers)  # the environment's servers (pipelines/fleet ``Fleet``)
@@ -72,7 +72,7 @@ class PromotionContext(Generic[FleetT]):
     env: Environment
     registry: Registry
     options: Options
-    store: RepositoryStore
+    store: Repository
     fleet: FleetT
     plan: Plan
     scratch: ScratchServers | None = None

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from pipelines.core.plan import ensemble_pins, ensembles_pinning, serving_versions
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.errors import MlregError
 
 log = logging.getLogger(__name__)
@@ -49,24 +49,24 @@ def marker_key(model: str, version: str) -> str:
     return MARKER.format(model=model, version=version)
 
 
-def note_upload(store: RepositoryStore, model: str, version: str) -> None:
+def note_upload(store: Repository, model: str, version: str) -> None:
     """Before ``model/version`` is uploaded new to the store: the marker naming this promotion's
     lease (none without a held lock: a write nobody could fence is not a promotion's)."""
-    lease = store.leases.get(model)
+    lease = store.session.leases.get(model)
     if lease is None:
         return
     body = {"model": model, "version": version, "owner": lease.owner, "token": lease.token, "at": time.time()}
-    store.write(marker_key(model, version), json.dumps(body).encode("utf-8"))
+    store.objects.write(marker_key(model, version), json.dumps(body).encode("utf-8"))
 
 
-def forget_uploads(store: RepositoryStore, uploads: Iterable[tuple[str, str]]) -> list[str]:
+def forget_uploads(store: Repository, uploads: Iterable[tuple[str, str]]) -> list[str]:
     """The markers of ``uploads`` (model, version) removed: the promotion finished (or put its
     upload back).  A marker that cannot be removed now is a note; its owner's token proves it
     belongs to nobody once the lock is let go, and the version serves: only the marker goes then."""
     notes = []
     for model, version in uploads:
         try:
-            store.delete(marker_key(model, version))
+            store.objects.delete(marker_key(model, version))
         except MlregError as exc:
             notes.append(f"the upload marker of {model}/{version} stays in {store.uri}: {exc.message}")
     return notes
@@ -87,17 +87,19 @@ def live_on_replicas(replicas: Replicas, model: str) -> tuple[set[str], list[str
     return live, unknown
 
 
-def remove_fenced_uploads(store: RepositoryStore, models: Iterable[str], replicas: Replicas) -> list[str]:
+def remove_fenced_uploads(store: Repository, models: Iterable[str], replicas: Replicas) -> list[str]:
     """Under this process's locks of ``models``: every version folder a promotion that no longer
     holds the lock uploaded and never finished, removed (see the module's docstring) unless a
     replica of ``replicas`` (url -> what it holds) holds it; one line each, for the report."""
     lines: list[str] = []
     for model in sorted(set(models)):
-        lease = store.leases.get(model)
+        lease = store.session.leases.get(model)
         if lease is None:  # not held here: nobody else's promotion is proven finished
             continue
         live, unknown = live_on_replicas(replicas, model)
-        if unknown and any(store.read(marker_key(model, v)) is not None for v in store.list_versions(model)):
+        if unknown and any(
+            store.objects.read(marker_key(model, v)) is not None for v in store.list_versions(model)
+        ):
             lines.append(
                 f"upload markers of {model} not checked: {', '.join(sorted(unknown))} cannot be asked what "
                 "it serves, so no upload is removed now (the next promotion or 'mlreg store gc' does)"
@@ -116,9 +118,9 @@ def remove_fenced_uploads(store: RepositoryStore, models: Iterable[str], replica
     return lines
 
 
-def _one(store: RepositoryStore, model: str, version: str, token: str, served: bool, live: bool) -> list[str]:
+def _one(store: Repository, model: str, version: str, token: str, served: bool, live: bool) -> list[str]:
     key = marker_key(model, version)
-    raw = store.read(key)
+    raw = store.objects.read(key)
     if raw is None:
         return []
     marker = _parsed(raw, model, version)
@@ -133,10 +135,10 @@ def _one(store: RepositoryStore, model: str, version: str, token: str, served: b
             "a replica still holds it; 'mlreg status' names where -- put that replica back, then rerun"
         ]
     if served:
-        store.delete(key)  # the version serves: no litter, only a stale marker
+        store.objects.delete(key)  # the version serves: no litter, only a stale marker
         return []
-    store.delete_version(model, version)
-    store.delete(key)
+    store.versions.delete_version(model, version)
+    store.objects.delete(key)
     return [
         f"{model}/{version} removed from {store.uri}: uploaded by {owner}'s promotion, which lost its lock "
         "before it finished (a fenced promotion writes nothing, its undo included)"

@@ -18,7 +18,7 @@ from pipelines.core.environment import Environment
 from pipelines.core.policy import waves_of
 from pipelines.core.ports import RegistryReader
 from pipelines.core.warmup import PYTHON_WARMUP, peak_sample, recreating_fields
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.contracts.config import CONFIG_NAME, format_config, model_config_pb2, parse_config
 from registry.errors import MlregError, PromotionError
 
@@ -206,7 +206,7 @@ def ensemble_pins(config_text: str) -> dict[str, str]:
     return dict(config_facts(config_text).pins)
 
 
-def ensembles_pinning(store: RepositoryStore, models: Iterable[str] | None = None) -> dict[str, str]:
+def ensembles_pinning(store: Repository, models: Iterable[str] | None = None) -> dict[str, str]:
     """The store's ensembles (platform "ensemble") whose steps pin one of ``models`` -- every
     ensemble of the store when ``models`` is None: name -> stored config, in the store's order."""
     wanted = None if models is None else set(models)
@@ -227,7 +227,7 @@ def follow_latest(text: str, versions: list[str], gpu: bool, members: Iterable[s
 
 def build_plan(
     registry: RegistryReader,
-    store: RepositoryStore,
+    store: Repository,
     env: Environment,
     targets: tuple[str, ...],
     model: str,
@@ -304,7 +304,7 @@ def member_version_of(
 
 def _step(
     registry: RegistryReader,
-    store: RepositoryStore,
+    store: Repository,
     env: Environment,
     model: str,
     version: str,
@@ -315,7 +315,7 @@ def _step(
     folder, tags = fetched or fetch_version(registry, model, version, workdir)
     previous = store.read_config(model)
     serving = serving_versions(previous)
-    stored = store.read_manifest(model, version) is not None
+    stored = store.versions.read_manifest(model, version) is not None
     text = (folder / CONFIG_NAME).read_text()
     earlier = {v: _digest_of(registry, model, v) for v in serving if v != version}
     return Step(

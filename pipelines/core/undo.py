@@ -52,7 +52,7 @@ from pipelines.core.changes import Change, ready_versions
 from pipelines.core.litter import forget_uploads
 from pipelines.core.plan import Step, desired_config, ensemble_pins, follow_latest, serving_versions
 from pipelines.core.ports import Replicas, ServingTarget
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.errors import MlregError
 
 OWNER_TAG = "mlreg_registered_by"  # a version a promotion registered: that promotion's id
@@ -278,9 +278,7 @@ class UndoLog:
 
     # -- the replay --------------------------------------------------------------------------------
 
-    def replay(
-        self, fleet: Replicas, store: RepositoryStore, verify: VerifyStored | None = None
-    ) -> UndoReport:
+    def replay(self, fleet: Replicas, store: Repository, verify: VerifyStored | None = None) -> UndoReport:
         """Put everything back (see the module's docstring for the order)."""
         report = UndoReport()
         touched = self.replicas  # before the put-back forgets any (step 7 asks them)
@@ -304,7 +302,7 @@ class UndoLog:
         ensembles: list[Entry],
         kept: set[str],
         fleet: Replicas,
-        store: RepositoryStore,
+        store: Repository,
         report: UndoReport,
     ) -> None:
         """Each ensemble follows the latest version of its members moving back, then every model
@@ -339,7 +337,7 @@ class UndoLog:
         self.archived.clear()
 
     def _registered_back(
-        self, fleet: Replicas, store: RepositoryStore, report: UndoReport, touched: list[str]
+        self, fleet: Replicas, store: Repository, report: UndoReport, touched: list[str]
     ) -> None:
         """Step 7: each version this promotion registered deleted, once proven its own (nothing
         serves it: the store's config, and every replica this promotion sent a change to); then a
@@ -378,7 +376,7 @@ class UndoLog:
                 text = follow_latest(entry.previous, list(held), self.gpu, following)
                 _note(report, fleet.restore(url, Change(entry.model, text, held)), "")
 
-    def _put_back(self, entry: Entry, fleet: Replicas, store: RepositoryStore, report: UndoReport) -> None:
+    def _put_back(self, entry: Entry, fleet: Replicas, store: Repository, report: UndoReport) -> None:
         # the config noted before the first write: nothing is written back where it still is -- a
         # write that failed before it changed the file (a full disk) left nothing to restore
         written = entry.store and not _unchanged(store, entry)
@@ -405,7 +403,7 @@ class UndoLog:
 
 
 def _versions_back(
-    noted: Registering, fleet: Replicas, store: RepositoryStore, report: UndoReport, touched: list[str]
+    noted: Registering, fleet: Replicas, store: Repository, report: UndoReport, touched: list[str]
 ) -> bool:
     """The versions ``noted`` made deleted where nothing uses them; whether every one was."""
     try:
@@ -457,7 +455,7 @@ def _model_back(noted: Registering, report: UndoReport) -> None:
 
 
 def _in_use(
-    noted: Registering, version: str, fleet: Replicas, store: RepositoryStore, touched: list[str]
+    noted: Registering, version: str, fleet: Replicas, store: Repository, touched: list[str]
 ) -> tuple[str, bool]:
     """Why ``version`` of ``noted.model`` must stay in MLflow -- an alias names it, the store's
     config serves it, a replica of ``touched`` holds it -- and whether that is only not known
@@ -520,18 +518,18 @@ def _keep(report: UndoReport, fleet: Replicas, url: str, model: str, before: tup
         )
 
 
-def _write_back(store: RepositoryStore, entry: Entry) -> str:
+def _write_back(store: Repository, entry: Entry) -> str:
     try:
         if entry.previous is None:
-            store.delete(f"{entry.model}/config.pbtxt")
+            store.objects.delete(f"{entry.model}/config.pbtxt")
         else:
-            store.write_config(entry.model, entry.previous)
+            store.session.write_config(entry.model, entry.previous)
     except MlregError as exc:
         return f"{store.uri}: {entry.model}/config.pbtxt: {exc.message}"
     return ""
 
 
-def _unchanged(store: RepositoryStore, entry: Entry) -> bool:
+def _unchanged(store: Repository, entry: Entry) -> bool:
     """Whether the store's config is the one noted before this promotion's first write (False
     when it cannot be read: the write back is tried, and says why it fails)."""
     try:
@@ -540,9 +538,9 @@ def _unchanged(store: RepositoryStore, entry: Entry) -> bool:
         return False
 
 
-def _delete_version(store: RepositoryStore, model: str, version: str) -> str:
+def _delete_version(store: Repository, model: str, version: str) -> str:
     try:
-        store.delete_version(model, version)
+        store.versions.delete_version(model, version)
     except MlregError as exc:
         return f"{store.uri}: {model}/{version}: {exc.message}"
     return ""
@@ -553,7 +551,7 @@ def _pins_any(entry: Entry, models: set[str]) -> bool:
     return bool(models & set(ensemble_pins(entry.previous or "")))
 
 
-def _remove_uploads(entry: Entry, store: RepositoryStore, report: UndoReport) -> None:
+def _remove_uploads(entry: Entry, store: Repository, report: UndoReport) -> None:
     for version in entry.uploaded:
         failure = _delete_version(store, entry.model, version)
         _note(report, failure, f"{entry.model}/{version} removed")

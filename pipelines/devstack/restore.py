@@ -7,7 +7,7 @@ what should serve: each model config a promotion wrote names its versions in
 nothing: those models load only on demand, ``stack up --load``).  ``restore_served`` loads exactly
 that, and only verified bytes, as a promotion does: every version is held to the digest MLflow
 registered for it (``artifact_digest``), the model folder to the closed world
-(``RepositoryStore.verify_load``), before Triton is asked; an ensemble (which Triton would load
+(``Repository.verify_load``), before Triton is asked; an ensemble (which Triton would load
 with its members, read unverified) only when every member it names was loaded here.  A model
 that does not verify, or whose load fails, is left unloaded and named with why -- never a
 half-trusted load, never a failed start.
@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
+from pipelines.storage.versions import Versions
 from registry.errors import ContractError, MlregError
 
 Registered = Callable[[str, str], "str | None"]  # (model, version) -> MLflow's artifact_digest
@@ -54,7 +55,7 @@ class Restored:
         return {"loaded": self.loaded, "left": self.left}
 
 
-def desired_state(store: RepositoryStore) -> list[Desired]:
+def desired_state(store: Repository) -> list[Desired]:
     """The models whose stored config names versions to serve, every ensemble after its members."""
     from registry.contracts.config import parse_config  # lazy: protobuf + tritonclient's config
 
@@ -75,7 +76,7 @@ def desired_state(store: RepositoryStore) -> list[Desired]:
     return sorted(found, key=lambda d: (bool(d.members), d.model))
 
 
-def _verify(store: RepositoryStore, wanted: Desired, registered: Registered) -> str:
+def _verify(store: Versions, wanted: Desired, registered: Registered) -> str:
     """Why ``wanted`` may not be loaded ("" when every version verified)."""
     try:
         if not wanted.members:  # an ensemble's version folders hold no code Triton reads
@@ -91,7 +92,7 @@ def _verify(store: RepositoryStore, wanted: Desired, registered: Registered) -> 
 
 
 def restore_served(
-    store: RepositoryStore,
+    store: Repository,
     urls: Sequence[str],
     connect: Callable[[str], Loader],
     registered: Registered,
@@ -106,7 +107,7 @@ def restore_served(
     for wanted in desired_state(store):
         missing = [m for m in wanted.members if m not in loaded]
         why = f"its member(s) {', '.join(missing)} were not loaded" if missing else ""
-        why = why or _verify(store, wanted, registered)
+        why = why or _verify(store.versions, wanted, registered)
         if not why:
             why = _load_everywhere(
                 urls, connect, wanted, config_json(wanted.config, wanted.model), ready_timeout

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.storage.base import CONFIG, MANIFEST, ObjectStore, RepositoryStore, check_part
+from pipelines.storage.base import CONFIG, MANIFEST, ObjectStore, Repository, check_part
 from pipelines.storage.verify import bytecode_cache, bytecode_guard
 from registry.errors import StorageError
 
@@ -39,9 +39,9 @@ def _copied(key: str) -> bool:
 
 
 def seed_store(
-    source: RepositoryStore,
+    source: Repository,
     root: Path,
-    target: RepositoryStore,
+    target: Repository,
     on_model: Callable[[str], None] | None = None,
 ) -> Seeded:
     """Copy the local repository ``source`` (its folder ``root``) into ``target``; see the module.
@@ -53,39 +53,39 @@ def seed_store(
     for model in models:
         if on_model is not None:
             on_model(model)
-        with target.lock(model, wait=0):
+        with target.session.lock(model, wait=0):
             seeded.models[model] = _copy_model(source, root, target, model, seeded)
     return seeded
 
 
-def _copy_model(
-    source: RepositoryStore, root: Path, target: RepositoryStore, model: str, seeded: Seeded
-) -> list[str]:
-    keys = [k for k in source.list_prefix(f"{model}/") if _copied(k)]
+def _copy_model(source: Repository, root: Path, target: Repository, model: str, seeded: Seeded) -> list[str]:
+    keys = [k for k in source.objects.list_prefix(f"{model}/") if _copied(k)]
     config = f"{model}/{CONFIG}"
     for key in keys:
         if key != config:
             path = root / key
-            target.put_file(key, path, source.digests.sha256(path), None)
+            target.objects.put_file(key, path, source.objects.digests.sha256(path), None)
             seeded.files += 1
     versions = []
     for version in source.list_versions(model):
-        manifest = source.read(f"{model}/{version}/{MANIFEST}")
+        manifest = source.objects.read(f"{model}/{version}/{MANIFEST}")
         if manifest is None:  # an incomplete version stays incomplete: no manifest is made up for it
             continue
-        if not target.create(f"{model}/{version}/{MANIFEST}", manifest):
+        if not target.objects.create(f"{model}/{version}/{MANIFEST}", manifest):
             raise StorageError(
                 f"{target.uri}: {model} v{version} already has a manifest there; the copy of "
                 f"{source.uri} never overwrites one",
                 fix="stop the stack ('mlreg stack down') and start it again: its S3 server starts empty",
             )
         versions.append(version)
-    target.write(config, (root / config).read_bytes())  # last: Triton sees the model with its versions
+    target.objects.write(
+        config, (root / config).read_bytes()
+    )  # last: Triton sees the model with its versions
     seeded.files += 1
     return versions
 
 
-def copy_back(source: RepositoryStore, target: RepositoryStore) -> list[str]:
+def copy_back(source: Repository, target: Repository) -> list[str]:
     """At ``stack down``, what the stack's S3 server holds back into the project's own store folder
     it was copied from (moto_server keeps its objects in memory only: what was promoted there would
     be gone, and the next start would serve nothing of it).  Each version the folder lacks is
@@ -98,16 +98,16 @@ def copy_back(source: RepositoryStore, target: RepositoryStore) -> list[str]:
         if config is None:
             continue
         check_part(model, "model name")
-        with target.lock(model, wait=0):
+        with target.session.lock(model, wait=0):
             for version in source.list_versions(model):
-                lines.extend(_version_back(source, target, model, version))
+                lines.extend(_version_back(source.objects, target.objects, model, version))
             if target.read_config(model) != config:
-                target.write_config(model, config)
+                target.session.write_config(model, config)
                 lines.append(f"{model}: its config (what serves)")
     return lines
 
 
-def _version_back(source: ObjectStore, target: RepositoryStore, model: str, version: str) -> list[str]:
+def _version_back(source: ObjectStore, target: ObjectStore, model: str, version: str) -> list[str]:
     key = f"{model}/{version}/{MANIFEST}"
     manifest = source.read(key)
     held = target.read(key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pipelines.core.changes import Change
 from pipelines.core.check import LoadGuard
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.errors import MlregError, PromotionError
 
 
@@ -17,7 +17,7 @@ class Admission:
     runner sets them from the registered guards); ``fenced``: url -> why nothing loads there again
     in this promotion."""
 
-    def __init__(self, store: RepositoryStore) -> None:
+    def __init__(self, store: Repository) -> None:
         self.store = store
         self.guards: list[LoadGuard] = []
         self.fenced: dict[str, str] = {}
@@ -31,7 +31,7 @@ class Admission:
                 fix="restart that replica (its memory comes back), then promote again",
             )
         if change.config is not None and change.versions and change.files is None:
-            self.store.verify_load(change.model, change.versions, change.config)  # every one it names
+            self.store.versions.verify_load(change.model, change.versions, change.config)  # all it names
         if change.config is not None:
             for guard in self.guards:
                 guard.before_load(url, change)

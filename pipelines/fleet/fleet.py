@@ -48,7 +48,7 @@ from pipelines.fleet.recreations import Recreations
 from pipelines.fleet.replicas import HUNG_LOADS, Connect, hung_loads, note_hung_load
 from pipelines.fleet.sender import Sender
 from pipelines.fleet.view import ServerView
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.errors import MlregError, PromotionError
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class NoUndoLog(PromotionError):
 READY_BY_NAME_CAP = 512  # ModelReady questions one keyless read may ask of a replica
 
 
-def ready_by_name(target: ServingTarget, store: RepositoryStore) -> States:
+def ready_by_name(target: ServingTarget, store: Repository) -> States:
     """What a replica whose repository index needs the control key this process does not hold
     serves (a plan's keyless ``--dry-run`` against locked replicas): each store model's version
     folders asked by ``ModelReady``, which a locked replica answers to anyone (it reads, never
@@ -123,7 +123,7 @@ class Fleet:
 
     def __init__(
         self,
-        store: RepositoryStore,
+        store: Repository,
         urls: Sequence[str],
         connect: Connect,
         load_timeout: float,
@@ -225,7 +225,7 @@ class Fleet:
         except MlregError as exc:
             _failed(rollout, url, time.perf_counter() - began, exc)
             if exc.context.get("status") == "load-deadline":  # status says since when it loads
-                note_hung_load(self.store, change.model, url, change.versions, started)
+                note_hung_load(self.store.objects, change.model, url, change.versions, started)
             self.admission.loaded(url, change, exc)
             raise
         self.admission.loaded(url, change, None)
@@ -255,7 +255,7 @@ class Fleet:
     def write_config(self, model: str, text: str) -> None:
         """The store's config of ``model`` written, noted in the undo log first."""
         self._log(f"write {model}'s config").wrote_config_of(model)
-        self.store.write_config(model, text)
+        self.store.session.write_config(model, text)
 
     def release(self, url: str) -> str:
         """``url`` left out of the operation as it served: put back to its before-state by the
@@ -301,9 +301,9 @@ class Fleet:
         rollout = Rollout(change.model, list(change.versions) if change.config is not None else [])
         self.rollouts.append(rollout)
         if change.config is None:
-            self.store.delete(f"{change.model}/config.pbtxt")
+            self.store.objects.delete(f"{change.model}/config.pbtxt")
         else:
-            self.store.write_config(change.model, change.config)
+            self.store.session.write_config(change.model, change.config)
         checkpoint(f"config-written:{change.model}")
 
         self.each(lambda url: self.move(url, change, rollout))
@@ -434,8 +434,8 @@ def refuse_pending_loads(fleet: Fleet, models: Sequence[str], clear: bool = True
                     model=model,
                 )
     for model in set(models) - loading_anywhere if clear else ():
-        if hung_loads(fleet.store, model):
-            fleet.store.delete(HUNG_LOADS.format(model=model))
+        if hung_loads(fleet.store.objects, model):
+            fleet.store.objects.delete(HUNG_LOADS.format(model=model))
 
 
 def _failed(rollout: Rollout | None, url: str, seconds: float, exc: MlregError) -> None:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipelines.core.ports import ServingTarget
-from pipelines.storage.base import ObjectStore, RepositoryStore
+from pipelines.storage.base import ObjectStore
 from pipelines.triton.control_key import ControlKey, control_key
 from registry.errors import MlregError, PromotionError
 from registry.settings import Settings
@@ -92,9 +92,7 @@ def open_control_notes(
 HUNG_LOADS = ".mlreg-loading.{model}.json"  # at the store's root (never a model): loads past their deadline
 
 
-def note_hung_load(
-    store: RepositoryStore, model: str, url: str, versions: Sequence[str], started: float
-) -> None:
+def note_hung_load(store: ObjectStore, model: str, url: str, versions: Sequence[str], started: float) -> None:
     """Remember that ``url`` was still loading ``model`` past the deadline (since ``started``,
     epoch seconds), for ``mlreg status``; best effort: a store that cannot be written says nothing."""
     try:

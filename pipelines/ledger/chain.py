@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipelines.ledger.events import (
     GENESIS,
@@ -49,9 +49,6 @@ from pipelines.ledger.events import (
 )
 from pipelines.storage.objects import ARCHIVE, ObjectStore
 from registry.errors import StorageError
-
-if TYPE_CHECKING:
-    from pipelines.storage.base import RepositoryStore
 
 log = logging.getLogger(__name__)
 LEDGER = ".mlreg-ledger"  # beside the store, as ARCHIVE is
@@ -433,29 +430,12 @@ def _tail(found: dict[int, Event | str], last: int, pointer: dict[str, Any] | st
 # -- where a store's ledger lives ------------------------------------------------------------------
 
 
-def ledger_of(store: RepositoryStore) -> Ledger:
-    """The ledger beside ``store`` (see the module's docstring)."""
-    from pipelines.storage.local import LocalObjects, LocalStore  # lazy: ~7 ms an S3 store never pays
-
-    if isinstance(store, LocalStore):
-        root = store.root.parent / LEDGER / store.root.name
-        return Ledger(LocalObjects(root), "", str(root))
-    from pipelines.storage.s3 import S3Objects, S3Store  # lazy: ~10 ms of import a local store never pays
-
-    if not isinstance(store, S3Store):
-        raise StorageError(f"{store.uri}: this store keeps no ledger", fix="use a local folder or S3")
-    parent, _, name = store.prefix.rpartition("/")
-    objects = S3Objects(store.bucket, "", store.endpoint_url, uri=store.uri)
-    objects._client = store._client  # the same client (and credentials) as the store's
-    if not store.prefix:  # the bucket's root: files there, which Triton ignores
-        return Ledger(objects, f"{LEDGER}.", f"s3://{store.bucket}/{LEDGER}.*")
-    place = f"{parent}/{LEDGER}/{name}" if parent else f"{LEDGER}/{name}"
-    return Ledger(objects, f"{place}/", f"{_bucket_uri(store)}{place}/")
-
-
-def _bucket_uri(store: Any) -> str:
-    base = str(store.uri).rstrip("/")
-    return base[: -len(store.prefix)] if base.endswith(store.prefix) else f"s3://{store.bucket}/"
+def ledger_of(objects: ObjectStore) -> Ledger:
+    """The ledger beside ``objects`` (a repository's: see the module's docstring): their place
+    beside them (``ObjectStore.place_beside``), through the same client, journaled by no session."""
+    place, prefix = objects.place_beside(LEDGER)
+    uri = f"{place.uri.rstrip('/')}/{prefix}*" if prefix else place.uri
+    return Ledger(place, prefix, uri)
 
 
 __all__ = ["LEDGER", "Finding", "Ledger", "ledger_of", "verify_chain"]

@@ -30,7 +30,7 @@ from registry.signing import SIGNATURE_FILE
 
 if TYPE_CHECKING:
     from pipelines.ledger.receipts import ReceiptSigner
-    from pipelines.storage.base import RepositoryStore
+    from pipelines.storage.base import Repository
 
 log = logging.getLogger(__name__)
 assert MANIFEST == ".mlreg-manifest.json"  # the receipt's input names it (pipelines/ledger/receipts.py)
@@ -49,7 +49,7 @@ class Recorder:
     def __init__(
         self,
         ledger: Ledger,
-        store: RepositoryStore,
+        store: Repository,
         env: str,
         *,
         operation: str = "promote",
@@ -182,8 +182,8 @@ class Recorder:
         once (a stored version is written once), "" where there is none."""
         key = (model, version)
         if key not in self._facts:
-            manifest = self.store.read_manifest(model, version)
-            signature = self.store.read(f"{model}/{version}/{SIGNATURE_FILE}")
+            manifest = self.store.versions.read_manifest(model, version)
+            signature = self.store.objects.read(f"{model}/{version}/{SIGNATURE_FILE}")
             signer = ""
             if signature is not None:
                 from registry.signing import claimed_identity  # lazy: cryptography, ~0.1 s, signed only
@@ -243,7 +243,7 @@ def operation(name: str) -> Iterator[None]:
 
 
 def for_fleet(
-    store: RepositoryStore,
+    store: Repository,
     env: str,
     *,
     operation: str = "",
@@ -255,7 +255,7 @@ def for_fleet(
     ``promotion``: the operation's id (default a fresh one); ``receipt_key``: the environment's
     receipt key -- one that cannot be read refuses here, before anything is sent."""
     try:
-        book = ledger_of(store)
+        book = ledger_of(store.objects)
     except StorageError as exc:
         log.warning("%s: no deployment ledger: %s", redact_uri(store.uri), exc.message)
         return None

@@ -86,7 +86,7 @@ def fail(ctx: FleetContext, exc: BaseException, timed: Timed) -> NoReturn:
         if result.rollback_error:
             result.notes.extend(_store_now(ctx))
         ctx.locks.close()  # released now: a release that fails is a note, never this error
-        result.notes.extend(ctx.store.lock_notes)
+        result.notes.extend(ctx.store.session.lock_notes)
     failed = _failure(ctx, exc, touched)
     if signal_name:
         failed.exit_code = INTERRUPT_EXIT_CODES[signal_name]
@@ -111,7 +111,7 @@ def _taken_over(ctx: FleetContext) -> list[str]:
     right now proves nothing either way: its lease is then not used for any store write (the store
     fences them), but while its end has not come no one else can hold the lock, so the servers are
     still put back."""
-    return ctx.store.fenced(proven_only=True)
+    return ctx.store.session.fenced(proven_only=True)
 
 
 def _sent(ctx: FleetContext) -> tuple[int, int]:
@@ -133,7 +133,7 @@ def _fenced(
         if not (moves or keys)
         else f"yet {moves} server move(s) and {keys} store write(s) were sent after the failure"
     )
-    notes = "".join(f"; {note}" for note in ctx.store.lock_notes)
+    notes = "".join(f"; {note}" for note in ctx.store.session.lock_notes)
     plan = ctx.plan
     failed = PromotionFailed(
         f"promotion of {plan.model} version {plan.version} to '{ctx.env.name}' failed: "

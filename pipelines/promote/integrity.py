@@ -31,8 +31,9 @@ from pipelines.core.ports import RegistryReader, RegistryView
 from pipelines.core.reports import Repair
 from pipelines.core.undo import VerifyStored
 from pipelines.storage import closed_world
-from pipelines.storage.base import ObjectStore, RepositoryStore
+from pipelines.storage.base import ObjectStore, Repository
 from pipelines.storage.verify import MANIFEST
+from pipelines.storage.versions import Versions
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError, PromotionError, StorageError
 from registry.manifest import CONFIG_ENTRY, VOLATILE, artifact_digest, digest_of_manifest, sha256_file
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 
 
 def check_stored(
-    store: RepositoryStore, registry: RegistryReader, step: Step, version: str, digest: str, workdir: Path
+    store: Repository, registry: RegistryReader, step: Step, version: str, digest: str, workdir: Path
 ) -> Repair | None:
     """None when ``step.model``/``version`` in the store is the registered version; a Repair when
     the registry's copy is; else PromotionError naming what is wrong in both."""
@@ -69,12 +70,12 @@ def check_stored(
             version=version,
         )
     try:
-        store.verify_version(step.model, version, digest)
+        store.versions.verify_version(step.model, version, digest)
         return None
     except StorageError as exc:
         problem = exc.message
         if exc.context.get("entries"):  # the model folder's: no copy from the registry removes them
-            raise entries_refused(store, step.model, version, exc) from exc
+            raise entries_refused(store.objects, step.model, version, exc) from exc
     folder = workdir / f"registered-{step.model}-{version}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ def entries_refused(store: ObjectStore, model: str, version: str, exc: StorageEr
     )
 
 
-def apply_repair(store: RepositoryStore, repair: Repair) -> str:
+def apply_repair(store: Versions, repair: Repair) -> str:
     """Rewrite the stored version from the registry's copy, then verify it; returns the detail."""
     folder = repair.folder
     store.put_version(repair.model, repair.version, folder / repair.version, config=folder / CONFIG_NAME)
@@ -117,7 +118,7 @@ def apply_repair(store: RepositoryStore, repair: Repair) -> str:
 
 
 def verifier(
-    store: RepositoryStore,
+    store: Repository,
     digests: dict[tuple[str, str], str],
     trust: Trust | None = None,
     registry: RegistryView | None = None,
@@ -131,7 +132,7 @@ def verifier(
         if not digest:  # only MLflow's digest says these are the registered bytes
             return f"{model} v{version} cannot be verified: MLflow records no artifact_digest for it"
         try:
-            checked = store.verify_version(model, version, digest, drop_bytecode=True)
+            checked = store.versions.verify_version(model, version, digest, drop_bytecode=True)
         except StorageError as exc:
             return f"{model} v{version} does not verify ({exc.message})"
         if trust is None:
@@ -151,7 +152,7 @@ def verifier(
 
 
 def check_signatures(
-    store: RepositoryStore,
+    store: Repository,
     registry: RegistryView,
     steps: Iterable[Step],
     trust: Trust | None,
@@ -198,9 +199,7 @@ def no_way_back_error(model: str, version: str, why: str, restore: str) -> Promo
     )
 
 
-def _check_new(
-    store: RepositoryStore, registry: RegistryView, step: Step, trust: Trust, workdir: Path
-) -> str:
+def _check_new(store: Repository, registry: RegistryView, step: Step, trust: Trust, workdir: Path) -> str:
     what = f"{step.model} v{step.version}"
     # a version only a plan (``mlreg export --dry-run``) would register has no signature yet: the
     # export that registers it signs it
@@ -224,7 +223,7 @@ def _check_new(
 
 
 def _new_signature(
-    store: RepositoryStore, registry: RegistryView, step: Step, trust: Trust, workdir: Path
+    store: Repository, registry: RegistryView, step: Step, trust: Trust, workdir: Path
 ) -> Signed:
     """A version to upload: the registry's signature over the registry's manifest (bound to the
     registered digest the upload is verified against).  A stored one: the store's signature over the
@@ -250,7 +249,7 @@ def _registered_check(registry: RegistryView, step: Step, trust: Trust, workdir:
 
 
 def _check_previous(
-    store: RepositoryStore, registry: RegistryView, model: str, version: str, trust: Trust, workdir: Path
+    store: Repository, registry: RegistryView, model: str, version: str, trust: Trust, workdir: Path
 ) -> tuple[str, str]:
     """The validate report's line for a version an abort would load again, and why its signature
     does not verify ("" when it does)."""
@@ -269,7 +268,7 @@ _CHECKED: dict[tuple[str, str, tuple[Any, ...]], Signed] = {}  # (bundle sha256,
 
 
 def stored_signature_check(
-    store: RepositoryStore,
+    store: Repository,
     registry: RegistryView | None,
     model: str,
     version: str,
@@ -281,11 +280,11 @@ def stored_signature_check(
     verified): the signature beside the manifest, else the registry's.  ``digest``: the manifest
     digest the caller's byte check found (``Verification.digest``); a signature already verified in
     this process against a manifest of that digest is not checked again (nor the manifest read)."""
-    stored = store.read(f"{model}/{version}/{SIGNATURE_FILE}")
+    stored = store.objects.read(f"{model}/{version}/{SIGNATURE_FILE}")
     seen = hashlib.sha256(stored).hexdigest() if stored is not None else ""
     if digest and stored is not None and (seen, digest, trust_stamp(trust)) in _CHECKED:
         return _CHECKED[(seen, digest, trust_stamp(trust))]
-    manifest = store.read_manifest(model, version)
+    manifest = store.versions.read_manifest(model, version)
     if manifest is None:
         raise SignatureError(f"{model} v{version} is not in {store.uri}", fix="promote it first")
     files = signed_files(manifest.files, manifest.config["sha256"] if manifest.config else None)
@@ -354,7 +353,7 @@ def _registered_manifest(registry: RegistryView, step: Step) -> dict[str, Any]:
     return dict(json.loads(registry.runs.download(run_id, "manifest.json", dest).read_text()))
 
 
-def registered_differences(store: RepositoryStore, registry: RegistryView, step: Step) -> list[str]:
+def registered_differences(store: Versions, registry: RegistryView, step: Step) -> list[str]:
     """The files of an uploaded version whose bytes differ from those registered in MLflow, one line
     each, from the two manifests (the store's, written from the bytes sent, and the registry's
     ``manifest.json``): nothing hashed.  Empty when either cannot be read (the digest error stands)."""
@@ -389,7 +388,7 @@ def _keep(workdir: Path, model: str, version: str, bundle: bytes | None) -> None
         (workdir / f"verified-signature-{model}-{version}.json").write_bytes(bundle)
 
 
-def publish_signature(store: RepositoryStore, step: Step, workdir: Path | None) -> None:
+def publish_signature(store: ObjectStore, step: Step, workdir: Path | None) -> None:
     """After ``assemble`` uploaded and verified ``step``'s version: its signature (checked by
     ``check_signatures``) beside the store's manifest, where the undo log, ``mlreg status`` and
     ``mlreg store verify --signatures`` read it."""
@@ -399,7 +398,7 @@ def publish_signature(store: RepositoryStore, step: Step, workdir: Path | None) 
 
 
 def signature_problems(
-    store: RepositoryStore,
+    store: Repository,
     registry: RegistryView | None,
     model: str,
     versions: Iterable[str],
@@ -419,13 +418,13 @@ def signature_problems(
     return found
 
 
-def manifest_problems(store: RepositoryStore, model: str, versions: Iterable[str]) -> list[str]:
+def manifest_problems(store: Versions, model: str, versions: Iterable[str]) -> list[str]:
     """``mlreg status``: one line per version the store serves whose manifest cannot be read (one
     small read each; a store that stops answering is said by its other reads)."""
     found = []
     for version in versions:
         try:
-            _, why = store.versions.load_manifest(model, version)
+            _, why = store.load_manifest(model, version)
         except StorageError:
             break
         if why:
@@ -437,7 +436,7 @@ def manifest_problems(store: RepositoryStore, model: str, versions: Iterable[str
     return found
 
 
-def folder_problems(store: RepositoryStore, model: str, serving: Iterable[str]) -> list[str]:
+def folder_problems(store: ObjectStore, model: str, serving: Iterable[str]) -> list[str]:
     """``mlreg status``: one line per entry of ``<model>/`` outside the closed world's allow-list
     (:mod:`pipelines.storage.closed_world`; nothing hashed: one listing and the manifests), each
     of which refuses every load of the model.  A store that stops answering is said by its other
@@ -454,7 +453,7 @@ def folder_problems(store: RepositoryStore, model: str, serving: Iterable[str]) 
     ]
 
 
-def unregistered_problems(store: RepositoryStore, registry: RegistryReader, model: str) -> list[str]:
+def unregistered_problems(store: Repository, registry: RegistryReader, model: str) -> list[str]:
     """``mlreg status``: one line per version folder of ``<model>/`` whose manifest digest is not
     the ``artifact_digest`` MLflow registered for that version (a hand-made manifest proves nothing;
     a load naming the version is refused).  An ensemble's folder (no files) is left out; a registry
@@ -466,7 +465,7 @@ def unregistered_problems(store: RepositoryStore, registry: RegistryReader, mode
         return []
     for version in versions:
         try:
-            manifest = store.read_manifest(model, version)
+            manifest = store.versions.read_manifest(model, version)
         except StorageError:
             return found
         if manifest is None or not manifest.files:
@@ -494,7 +493,7 @@ def unregistered_problems(store: RepositoryStore, registry: RegistryReader, mode
     return found
 
 
-def signature_status(store: RepositoryStore, model: str, version: str, keys: Iterable[Path]) -> str:
+def signature_status(store: Repository, model: str, version: str, keys: Iterable[Path]) -> str:
     """``mlreg store verify --signatures``: "signed by ..." when the signature beside the stored
     manifest verifies against ``keys`` (public keys or CA certificates), else "NOT verified: why"."""
     try:

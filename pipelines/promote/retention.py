@@ -40,7 +40,8 @@ from pipelines.fleet.context import FleetContext
 from pipelines.fleet.fleet import checkpoint
 from pipelines.storage import locking
 from pipelines.storage.archive import archive_of, bring_back, complete, drop_archived, move_to_archive
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
+from pipelines.storage.versions import Versions
 from registry.errors import MlregError, StorageError, TritonError
 from registry.ports import RegistryReader
 
@@ -128,7 +129,7 @@ def window(
     return ranked[: max(keep, wanted)]
 
 
-def pinned(store: RepositoryStore) -> dict[str, dict[str, str]]:
+def pinned(store: Repository) -> dict[str, dict[str, str]]:
     """model -> version -> "pinned by ensemble E", for every ensemble config of the store."""
     found: dict[str, dict[str, str]] = {}
     for name, text in ensembles_pinning(store).items():
@@ -159,8 +160,8 @@ def unreachable(states: States) -> list[str]:
 
 
 def plan(
-    store: RepositoryStore,
-    archive: RepositoryStore,
+    store: Repository,
+    archive: Repository,
     models: Iterable[str],
     keep: int,
     states: States,
@@ -184,12 +185,12 @@ def plan(
         report.kept[model] = sorted(set(kept) | set(guarded), key=int)
         if guarded:
             report.protected[model] = guarded
-        _sort_versions(store, archive, model, live, report)
+        _sort_versions(store.versions, archive, model, live, report)
     return report
 
 
 def _protected(
-    store: RepositoryStore, guard: Mapping[str, dict[str, str]], states: States
+    store: Repository, guard: Mapping[str, dict[str, str]], states: States
 ) -> dict[str, dict[str, str]]:
     """model -> version -> why it never moves: pinned by an ensemble, guarded, held by a target."""
     protect = pinned(store)
@@ -201,7 +202,7 @@ def _protected(
 
 
 def _sort_versions(
-    store: RepositoryStore, archive: RepositoryStore, model: str, live: list[str], report: RetentionReport
+    store: Versions, archive: Repository, model: str, live: list[str], report: RetentionReport
 ) -> None:
     """Each live version of ``model`` retention does not keep is a move; one it keeps that the
     archive holds too (and the store holds whole) is a copy to tidy."""
@@ -216,7 +217,7 @@ def _sort_versions(
             report.moves.append(Move(model, version, size))
 
 
-def apply(store: RepositoryStore, archive: RepositoryStore, report: RetentionReport) -> RetentionReport:
+def apply(store: Repository, archive: Repository, report: RetentionReport) -> RetentionReport:
     """Carry out ``report``'s moves (a failed one is noted and the others go on), then drop the
     archive's copies of versions live and whole again."""
     done = []
@@ -230,7 +231,7 @@ def apply(store: RepositoryStore, archive: RepositoryStore, report: RetentionRep
     report.moves = done
     for model, version in report.tidy:
         try:
-            drop_archived(archive, model, version)
+            drop_archived(archive.versions, model, version)
         except StorageError as exc:
             report.failed.append(f"archive copy of {model} v{version}: {exc.message}")
     return report
@@ -251,7 +252,7 @@ def pending(ctx: FleetContext) -> bool:
     if ctx.env.keep <= 0 or ctx.options.dry_run or ctx.noop:
         return False
     try:
-        archive: RepositoryStore | None = archive_of(ctx.store)
+        archive: Repository | None = archive_of(ctx.store)
     except StorageError:
         archive = None  # a store at a bucket's root: retain says so once there is more than the window
     try:
@@ -303,7 +304,7 @@ def make_room(ctx: FleetContext) -> RetentionReport | None:
     return report
 
 
-def _unarchive(store: RepositoryStore, model: str, version: str) -> None:
+def _unarchive(store: Repository, model: str, version: str) -> None:
     """A version ``make_room`` moved comes back where Triton reads (as it left: a rename locally,
     a checked copy across file systems or on S3); raises when it cannot (it stays whole in the
     archive)."""
@@ -357,7 +358,7 @@ def registry_stamp(registry: RegistryReader, env_name: str) -> Stamp:
     return stamp
 
 
-def restored(store: RepositoryStore, step: Step) -> bool:
+def restored(store: Repository, step: Step) -> bool:
     """``step``'s version brought back from the archive and verified against the registered digest;
     False when the archive has no whole copy, or its copy does not verify (the caller uploads the
     registry's artifacts then, which re-sends every file that differs)."""
@@ -370,7 +371,7 @@ def restored(store: RepositoryStore, step: Step) -> bool:
     if not bring_back(store, archive, step.model, step.version):
         return False
     try:
-        store.verify_version(step.model, step.version, step.digest, drop_bytecode=True)
+        store.versions.verify_version(step.model, step.version, step.digest, drop_bytecode=True)
     except StorageError:
         return False
     return True
@@ -380,7 +381,7 @@ def restored(store: RepositoryStore, step: Step) -> bool:
 
 
 def collect(
-    store: RepositoryStore,
+    store: Repository,
     ask: Callable[[], States],
     stamp: Stamp,
     keep: int,
@@ -398,7 +399,7 @@ def collect(
     with ExitStack() as locks:
         if not dry_run:  # a dry run only reads: it never blocks a promotion
             for name in names:
-                locks.enter_context(locking.held(store, name))
+                locks.enter_context(locking.held(store.session, name))
         states = ask()
         missing = unreachable(states)
         if missing:

@@ -164,7 +164,7 @@ class Promotion:
             ctx.close()
         if not self.options.dry_run and not self.interrupted:
             ctx.result.notes.extend(after_record(ctx))
-        ctx.result.notes.extend(ctx.store.lock_notes)  # a lock not released: where it was left
+        ctx.result.notes.extend(ctx.store.session.lock_notes)  # a lock not released: where it was left
         ctx.result.notes.extend(ctx.fleet.recreation_notes())  # a swap that made a served version anew
         ctx.result.notes.extend(n for guard in ctx.fleet.guards for n in guard.notes)  # where not checked
         ctx.result.ok = True

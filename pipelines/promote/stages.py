@@ -117,7 +117,7 @@ def resolve(ctx: FleetContext) -> StageReport:
     while wanted:
         for name in sorted(wanted):
             if not ctx.options.dry_run:  # a plan only reads: it never waits for, nor blocks, others
-                ctx.locks.enter_context(locking.held(ctx.store, name, ctx.settings))
+                ctx.locks.enter_context(locking.held(ctx.store.session, name, ctx.settings))
             held.add(name)
         if not ctx.options.dry_run:  # what a promotion that lost these locks uploaded and left
             ctx.result.notes.extend(remove_fenced_uploads(ctx.store, wanted, fleet.states()))
@@ -163,7 +163,8 @@ def repair(ctx: FleetContext) -> RepairReport:
     plan = ctx.plan
     serving = serving_pins(ctx, plan.model, plan.version)
     with contextlib.ExitStack() as locks:  # under the locks of what serves and the ensembles over it
-        skipped = hold_repair_locks(locks, ctx.store, repair_lock_names(ctx.store, serving), ctx.settings)
+        names = repair_lock_names(ctx.store, serving)
+        skipped = hold_repair_locks(locks, ctx.store.session, names, ctx.settings)
         if not skipped:  # what serves, asked again under the locks: a promotion may have ended since
             ctx.fleet.refresh()
             if (
@@ -217,7 +218,7 @@ def _sole_folder(ctx: FleetContext, model: str, version: str, config: str | None
     [folder] = folders
     if folder != version:  # an ensemble served from another folder moves to its own (one number)
         return None
-    return folder if ctx.store.read_manifest(model, folder) is not None else None
+    return folder if ctx.store.versions.read_manifest(model, folder) is not None else None
 
 
 def _stored_pins(model: str, folder: str, config: str) -> dict[str, str] | None:
@@ -439,9 +440,9 @@ def _verify_bytes(ctx: FleetContext, step: Step) -> str:
     (written from the bytes sent) misses the registered digest names the files that differ from the
     registry's own manifest (nothing hashed again: both manifests list every file's sha256)."""
     try:
-        ctx.store.verify_version(step.model, step.version, step.digest or None)
+        ctx.store.versions.verify_version(step.model, step.version, step.digest or None)
     except StorageError as exc:
-        changed = registered_differences(ctx.store, ctx.registry, step)
+        changed = registered_differences(ctx.store.versions, ctx.registry, step)
         if changed:
             exc.message += "\n  " + "\n  ".join(changed)
         raise
@@ -457,7 +458,7 @@ def assemble(ctx: FleetContext) -> UploadReport:
     once it has its number)."""
     if ctx.converted is not None and not ctx.converted.registered:
         _register_converted(ctx, ctx.converted)
-    repaired = [apply_repair(ctx.store, repair) for repair in ctx.repairs]  # the registered bytes back
+    repaired = [apply_repair(ctx.store.versions, repair) for repair in ctx.repairs]  # registered bytes back
     sent, uploaded = 0, repaired
     for step in ctx.plan.steps:
         if step.upload and step.folder is not None:
@@ -481,11 +482,11 @@ def _put(ctx: FleetContext, step: Step, stage: str = "assemble") -> tuple[int, s
     note_upload(ctx.store, step.model, step.version)  # whose upload, if it is never finished
     if not retention.restored(ctx.store, step):  # archived: a server-side copy, verified
         folder = step.folder / step.version
-        sent = ctx.store.put_version(
+        sent = ctx.store.versions.put_version(
             step.model, step.version, folder, _uploading(ctx, step, stage)
         ).bytes_sent
     verified = _verify_bytes(ctx, step)
-    publish_signature(ctx.store, step, ctx.plan.workdir)  # beside the manifest, when checked
+    publish_signature(ctx.store.objects, step, ctx.plan.workdir)  # beside the manifest, when checked
     return sent, verified
 
 
@@ -548,7 +549,7 @@ def number_repointed(ctx: FleetContext) -> None:
             version=version,
             folder=fetched,
             config_text=desired_config(step.config_text, [version], ctx.env.gpu),
-            upload=ctx.store.read_manifest(step.model, version) is None,
+            upload=ctx.store.versions.read_manifest(step.model, version) is None,
             digest=tags.get("artifact_digest", ""),
         )
         ctx.undo.plan(plan.steps)

@@ -25,7 +25,8 @@ from pathlib import Path
 from pipelines.core.plan import ensemble_pins, ensembles_pinning
 from pipelines.core.ports import RegistryEditor, RegistryReader, RegistryWriter
 from pipelines.storage import locking
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
+from pipelines.storage.session import StoreSession
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import MlregError
 from registry.settings import Settings
@@ -34,15 +35,13 @@ log = logging.getLogger(__name__)
 MAX_STAMPED = 20  # stamped versions of one ensemble read back (each is one registry fetch)
 
 
-def repair_lock_names(store: RepositoryStore, serving: Mapping[str, str]) -> list[str]:
+def repair_lock_names(store: Repository, serving: Mapping[str, str]) -> list[str]:
     """The models whose lock the repair holds (issue 45 review, F1): the models that serve and the
     store ensembles over them, sorted as ``resolve`` takes its locks."""
     return sorted({*serving, *ensembles_pinning(store, serving)})
 
 
-def hold_repair_locks(
-    stack: ExitStack, store: RepositoryStore, names: Iterable[str], settings: Settings
-) -> str:
+def hold_repair_locks(stack: ExitStack, store: StoreSession, names: Iterable[str], settings: Settings) -> str:
     """Take each lock of ``names`` into ``stack`` under the one lock policy (no wait); '' when all
     are held, else why the repair is skipped (a lock another writer holds, or the store down):
     the no-op then writes nothing, since a promotion running now may be changing what serves."""
@@ -57,7 +56,7 @@ def hold_repair_locks(
 
 
 def repair_ensemble_stamps(
-    registry: RegistryEditor, store: RepositoryStore, env_name: str, models: Iterable[str], workdir: Path
+    registry: RegistryEditor, store: Repository, env_name: str, models: Iterable[str], workdir: Path
 ) -> list[str]:
     """Remove the ``promoted_<env_name>`` stamps newer than the serving version's from every store
     ensemble pinning one of ``models`` (see the module's docstring); what was removed, one line

@@ -105,13 +105,13 @@ def _check_marker(ctx: FleetContext) -> None:
         return
     name = f"{MARKER}{secrets.token_hex(8)}"
     key = f"{name}/README"
-    ctx.store.write(
+    ctx.store.objects.write(
         key, b"written by an mlreg promotion to see which store its targets read; removed at once\n"
     )
     try:
         missing = [url for url in ctx.fleet.urls if name not in ctx.fleet.target(url).model_states()]
     finally:
-        ctx.store.delete(key)
+        ctx.store.objects.delete(key)
     if missing:
         raise PromotionError(
             f"{', '.join(missing)} does not serve from the store {ctx.store.uri}: the folder {name}/ "
@@ -140,7 +140,7 @@ class AllAtOnce:
                 continue
             # never a version this run found not the registered bytes (--no-way-back): a load
             # naming it would make Triton read it again, so the swap goes without overlap
-            unverified = any(ctx.store.refused(step.model, v) for v in step.previous_versions)
+            unverified = any(ctx.store.versions.refused(step.model, v) for v in step.previous_versions)
             overlap = not step.is_ensemble and not step.runtime_changes and not unverified
             versions = [step.version]
             if overlap:

@@ -1,7 +1,7 @@
 """Repository stores: ``open_store(uri)`` for a local path, ``s3://bucket/prefix``,
 ``s3://host:port/bucket/prefix`` or ``s3://http(s)://host:port/bucket/prefix`` (Triton's syntax).
 
-Before Triton loads a version: ``store.verify_version(model, version, expected_digest)`` (raises
+Before Triton loads a version: ``store.versions.verify_version(model, version, expected_digest)`` (raises
 StorageError naming each file that does not match; ``expected_digest`` is the version's
 ``artifact_digest`` tag in MLflow).  ``ensure_root(uri)`` marks a fresh S3 prefix so Triton can
 start on it.  See :mod:`pipelines.storage.base` for what is verified and how digests are reused.
@@ -17,19 +17,20 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.storage.base import DigestCache, Manifest, RepositoryStore, UploadResult, lock_key
+from pipelines.storage.base import DigestCache, Manifest, ObjectStore, Repository, UploadResult, lock_key
 from registry.errors import MlregError, RegistryError, StorageError
 from registry.settings import redact_uri
 
 __all__ = [
     "MODEL_NAME_MAX",
     "Manifest",
-    "RepositoryStore",
+    "Repository",
     "S3Location",
     "UploadResult",
     "check_model_name_fits",
     "check_store_uri",
     "ensure_root",
+    "open_objects",
     "open_store",
     "parse_s3_uri",
 ]
@@ -105,40 +106,52 @@ def check_model_name_fits(name: str) -> str:
     )
 
 
-def open_store(
+def open_objects(
     uri: str | Path,
     region: str | None = None,
     digest_cache: Path | None = None,
     *,
     patience: tuple[float, int] | None = None,
-) -> RepositoryStore:
-    """The store for ``uri``; ``digest_cache`` (a JSON file) spares re-hashing unchanged files;
-    ``patience`` (read timeout in seconds, retries) bounds each S3 request (default: the upload's)."""
+) -> ObjectStore:
+    """The objects at ``uri`` (no repository: what is not one, e.g. a capture's trace files);
+    ``digest_cache`` (a JSON file) spares re-hashing unchanged files; ``patience`` (read timeout
+    in seconds, retries) bounds each S3 request (default: the upload's)."""
     text = check_store_uri(str(uri))
-    store: RepositoryStore
+    objects: ObjectStore
     if text.startswith("s3://"):
         from pipelines.storage import s3  # lazy: ~10 ms of import a local store never pays
 
         loc = parse_s3_uri(text)
         read, retries = patience or (s3.READ_TIMEOUT_S, s3.RETRIES)
-        store = s3.S3Store(loc.bucket, loc.prefix, loc.endpoint_url, region, text, read, retries)
+        objects = s3.S3Objects(loc.bucket, loc.prefix, loc.endpoint_url, region, text, read, retries)
     elif "://" in text:
         raise StorageError(
             f"unsupported store URI '{redact_uri(text)}'",
             fix="use a local folder or an s3:// URI (gs:// and as:// are not supported yet)",
         )
     else:
-        from pipelines.storage.local import LocalStore  # lazy: ~7 ms an S3 store never pays
+        from pipelines.storage.local import LocalObjects  # lazy: ~7 ms an S3 store never pays
 
-        store = LocalStore(Path(text))
-    store.digests = DigestCache(digest_cache)
-    return store
+        objects = LocalObjects(Path(text))
+    objects.digests = DigestCache(digest_cache)
+    return objects
+
+
+def open_store(
+    uri: str | Path,
+    region: str | None = None,
+    digest_cache: Path | None = None,
+    *,
+    patience: tuple[float, int] | None = None,
+) -> Repository:
+    """The repository at ``uri``: :func:`open_objects` held by a :class:`Repository`."""
+    return Repository(open_objects(uri, region, digest_cache, patience=patience))
 
 
 def ensure_root(uri: str | Path, region: str | None = None) -> bool:
     """Write the root marker when the repository holds no object at all (a fresh S3 prefix, on
     which Triton refuses to start); True when it was written.  A local folder needs none."""
     store = open_store(uri, region)
-    if not store.is_empty():
+    if not store.objects.is_empty():
         return False
     return store.init_root()

@@ -29,8 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipelines.storage.base import ARCHIVE, ObjectStore, RepositoryStore
+from pipelines.storage.base import ARCHIVE, ObjectStore, Repository
 from pipelines.storage.verify import MANIFEST, Verification
+from pipelines.storage.versions import Versions
 from registry.errors import StorageError
 
 __all__ = [
@@ -62,22 +63,22 @@ class Placed:
         return "live" if self.live is not None else "archived"
 
 
-def archive_of(store: RepositoryStore) -> RepositoryStore:
+def archive_of(store: Repository) -> Repository:
     """The archive beside ``store`` (a StorageError for a store at the root of a bucket)."""
     return store.archive()
 
 
-def complete(store: RepositoryStore, model: str, version: str) -> Verification | None:
+def complete(versions: Versions, model: str, version: str) -> Verification | None:
     """The version's check (sizes against its manifest, nothing hashed) when it is whole there:
     manifest present, every file at its size, nothing missing; None otherwise."""
     # no manifest: "incomplete"; the version's own wholeness only (the archive is never read by Triton)
-    check = store.check_version(model, version, hashing="none", closed_world=False)
+    check = versions.check_version(model, version, hashing="none", closed_world=False)
     return check if not check.problems else None
 
 
 def move_to_archive(
-    store: RepositoryStore,
-    archive: RepositoryStore,
+    store: Repository,
+    archive: Repository,
     model: str,
     version: str,
     on_copied: OnCopied | None = None,
@@ -86,10 +87,10 @@ def move_to_archive(
 
     Refuses (StorageError) a live copy that is not whole: an incomplete version is not archived
     (the archive must never be the one copy of something broken)."""
-    live = complete(store, model, version)
+    live = complete(store.versions, model, version)
     if live is None:
-        if complete(archive, model, version) is not None:
-            store.delete_version(model, version)  # a move a crash cut short: the archive is whole
+        if complete(archive.versions, model, version) is not None:
+            store.versions.delete_version(model, version)  # a move a crash cut short: the archive is whole
             return 0
         raise StorageError(
             f"{store.uri}: {model}/{version} is incomplete or does not match its manifest; "
@@ -98,10 +99,10 @@ def move_to_archive(
             model=model,
             version=version,
         )
-    if not store.move_version_to(archive, model, version):
-        if not _same_copy(store, archive, model, version):  # a crash after the copy: not sent again
-            _copy_version(store, archive, model, version)
-        if complete(archive, model, version) is None:
+    if not store.objects.move_version_to(archive.objects, model, version):
+        if not _same_copy(store.versions, archive.versions, model, version):  # a crash after the copy
+            _copy_version(store.objects, archive.objects, model, version)  # (not sent again)
+        if complete(archive.versions, model, version) is None:
             raise StorageError(
                 f"{archive.uri}: the archived copy of {model}/{version} is not whole; the live copy is kept",
                 fix="rerun 'mlreg store gc' (the live copy is untouched)",
@@ -110,25 +111,25 @@ def move_to_archive(
             )
         if on_copied is not None:
             on_copied(model, version)
-        store.delete_version(model, version)  # files first, the manifest last
+        store.versions.delete_version(model, version)  # files first, the manifest last
     return live.bytes
 
 
-def bring_back(store: RepositoryStore, archive: RepositoryStore, model: str, version: str) -> bool:
+def bring_back(store: Repository, archive: Repository, model: str, version: str) -> bool:
     """Copy ``model``/``version`` from the archive into the live store (server-side on S3); False
     when the archive holds no whole copy.  The caller verifies the live copy before any load."""
-    if complete(archive, model, version) is None:
+    if complete(archive.versions, model, version) is None:
         return False
-    _copy_version(archive, store, model, version)
+    _copy_version(archive.objects, store.objects, model, version)
     return True
 
 
-def drop_archived(archive: RepositoryStore, model: str, version: str) -> None:
+def drop_archived(archive: Versions, model: str, version: str) -> None:
     """Remove the archive's copy of a version that is live and whole again."""
     archive.delete_version(model, version)
 
 
-def _same_copy(store: RepositoryStore, archive: RepositoryStore, model: str, version: str) -> bool:
+def _same_copy(store: Versions, archive: Versions, model: str, version: str) -> bool:
     """The archive already holds this very version, whole (the same manifest)."""
     there = archive.read_manifest(model, version)
     here = store.read_manifest(model, version)
@@ -140,7 +141,7 @@ def _same_copy(store: RepositoryStore, archive: RepositoryStore, model: str, ver
     )
 
 
-def _copy_version(source: ObjectStore, dest: RepositoryStore, model: str, version: str) -> None:
+def _copy_version(source: ObjectStore, dest: ObjectStore, model: str, version: str) -> None:
     """Every object of the version folder (a signature beside the manifest included), the manifest
     last: a copy is whole once it is there."""
     prefix = f"{model}/{version}/"
@@ -156,19 +157,19 @@ def _bytecode(key: str) -> bool:
     return "__pycache__" in key.split("/")
 
 
-def placements(store: RepositoryStore, archive: RepositoryStore | None, model: str) -> list[Placed]:
+def placements(store: Repository, archive: Repository | None, model: str) -> list[Placed]:
     """Every version of ``model``, live or archived, with the check of each copy (nothing hashed)."""
     live = set(store.list_versions(model))
     stored = set(archive.list_versions(model)) if archive is not None else set()
     rows = []
     for version in sorted(live | stored, key=int):
         here = (
-            store.check_version(model, version, hashing="none", closed_world=False)
+            store.versions.check_version(model, version, hashing="none", closed_world=False)
             if version in live
             else None
         )
         there = (
-            archive.check_version(model, version, hashing="none", closed_world=False)
+            archive.versions.check_version(model, version, hashing="none", closed_world=False)
             if archive is not None and version in stored
             else None
         )

@@ -7,13 +7,13 @@ compared with the store's clock now (S3: the ``Date`` of the response).  Lock ob
 before leases (``expires_at`` only) are judged by that time on the host's clock.
 
 While held, a :class:`Lease` renews itself every third of the lease on a small thread, and
-``RepositoryStore.write_config`` renews it before each config write of the model.  A renewal is a
+``StoreSession.write_config`` renews it before each config write of the model.  A renewal is a
 compare-and-swap on the object read at the last renewal (S3: a put with ``If-Match`` on its ETag,
 which moto 5.2 honours too: 412 PreconditionFailed): when another process took the lock over
 meanwhile (the lease ran out while this holder was frozen or cut off), the swap fails, the lease is
 lost for good, and every later renewal -- so every config write -- raises :class:`StorageError`.
 
-The fence (``RepositoryStore.note_change``, before every write or delete under the model, its
+The fence (``StoreSession.note_change``, before every write or delete under the model, its
 archive included): a lost lease refuses the write, naming who holds the lock now; a held one is
 proven again (a renewal) when its last proof is older than ``RECHECK_S`` (or a third of the lease).
 
@@ -59,7 +59,7 @@ LockState = tuple[bytes, str, float | None, float | None]  # bytes, token, writt
 
 
 class LockStore(Protocol):
-    """What a lease needs of its store (``RepositoryStore`` has it)."""
+    """What a lease needs of its store (an ``ObjectStore`` has it)."""
 
     uri: str
 
@@ -237,7 +237,7 @@ class Lease:
         self.token = secrets.token_hex(12)
         self.expires_at = time.time() + ttl  # the store's clock once read back (at each renewal)
         self.lost: str = ""  # why the lock is no longer this holder's, in full
-        self.line: str = ""  # the same in one line ("lock of M lost: ..."): RepositoryStore.fenced()
+        self.line: str = ""  # the same in one line ("lock of M lost: ..."): StoreSession.fenced()
         self.taken_by: str = ""  # the holder that took it over (LockInfo.describe()), when one did
         self.unproven = False  # lost only because the store could not be asked (prove)
         self._ends = time.monotonic() + ttl  # this process's clock: the lease surely lasts until then

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from pipelines.storage.base import RepositoryStore
 from pipelines.storage.closed_world import is_version_folder
 from pipelines.storage.disk import disk_full_error, is_disk_full, where_full
 from pipelines.storage.manifest import DigestCache, Stamp, file_stamp
@@ -27,7 +26,6 @@ from pipelines.storage.objects import (
     ObjectStore,
     Progress,
 )
-from pipelines.storage.session import StoreSession
 from pipelines.storage.verify import BYTECODE_GUARD
 from registry.contracts.links import outside_links
 from registry.errors import StorageError
@@ -78,7 +76,7 @@ class LocalObjects(ObjectStore):
         full disk, a signal -- the temporary file is removed."""
         path = self._path(key)
         tmp = self._temp()
-        self.note_change(key)
+        self.journal.note_change(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(data)
@@ -92,7 +90,7 @@ class LocalObjects(ObjectStore):
 
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        self.note_change(key)
+        self.journal.note_change(key)
         tmp = self._temp()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +147,7 @@ class LocalObjects(ObjectStore):
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        self.note_change(key)
+        self.journal.note_change(key)
         try:
             path.unlink(missing_ok=True)
         except IsADirectoryError:
@@ -204,7 +202,7 @@ class LocalObjects(ObjectStore):
         target = self._path(key)
         tmp = self._temp()  # at the root: an interrupted upload leaves nothing Triton reads
         digest = hashlib.sha256()
-        self.note_change(key)
+        self.journal.note_change(key)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with path.open("rb") as src, tmp.open("wb") as dst:
@@ -266,7 +264,7 @@ class LocalObjects(ObjectStore):
             super().copy_object_to(key, dest, dest_key)
             return
         source, target = self._path(key), dest._path(dest_key)
-        dest.note_change(dest_key)
+        dest.journal.note_change(dest_key)
         tmp = dest._temp()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -288,7 +286,7 @@ class LocalObjects(ObjectStore):
         if not isinstance(dest, LocalObjects):
             return False
         source, target = self._path(f"{model}/{version}"), dest._path(f"{model}/{version}")
-        self.note_change(f"{model}/{version}/")
+        self.journal.note_change(f"{model}/{version}/")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.exists():
@@ -330,14 +328,6 @@ class LocalObjects(ObjectStore):
             link.link.relative_to(folder / version).as_posix() if link.link != folder / version else "."
             for link in outside_links(folder, folder / version)
         ]
-
-
-class LocalStore(LocalObjects, RepositoryStore):
-    """A repository in a local folder (the embedded default, which Triton reads directly)."""
-
-    def __init__(self, root: Path, holder: StoreSession | None = None) -> None:
-        LocalObjects.__init__(self, root)
-        RepositoryStore.__init__(self, holder)
 
 
 def _guard(objects: LocalObjects, parent: Path) -> str:

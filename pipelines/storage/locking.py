@@ -6,7 +6,7 @@ A promotion's stages, the retention sweep and every verb that writes under a mod
 - never waits for another holder (``wait=0``): a lock held by a running promotion is a
   ``StorageError`` naming its holder at once, not a hang;
 - takes the lease the settings give (``MLREG_LOCK_LEASE``), renewed while held;
-- never hides a failed release: the store notes where a lock was left (``store.lock_notes``), and
+- never hides a failed release: the store notes where a lock was left (``session.lock_notes``), and
   an ``MlregError`` leaving the block says so in its message (:func:`noting_unreleased`).
 
 Use :func:`model_lock` for one model and :func:`models_locked` for several (taken in the order
@@ -26,8 +26,8 @@ from registry.errors import MlregError
 from registry.settings import DEFAULT_LOCK_LEASE, Settings
 
 if TYPE_CHECKING:
-    from pipelines.storage.base import RepositoryStore
     from pipelines.storage.lease import Lease
+    from pipelines.storage.session import StoreSession
 
 WAIT_S = 0.0  # a verb never queues behind another holder: it says who holds the lock
 
@@ -38,36 +38,36 @@ def lease_of(settings: Settings | None) -> float:
 
 
 def held(
-    store: RepositoryStore, model: str, settings: Settings | None = None
+    session: StoreSession, model: str, settings: Settings | None = None
 ) -> AbstractContextManager[Lease]:
-    """``model``'s lock in ``store`` under the policy: no wait, the settings' lease."""
-    return store.lock(model, ttl=lease_of(settings), wait=WAIT_S)
+    """``model``'s lock in ``session`` under the policy: no wait, the settings' lease."""
+    return session.lock(model, ttl=lease_of(settings), wait=WAIT_S)
 
 
 @contextlib.contextmanager
-def noting_unreleased(store: RepositoryStore) -> Iterator[None]:
-    """An ``MlregError`` leaving the block names each lock the store could not release."""
+def noting_unreleased(session: StoreSession) -> Iterator[None]:
+    """An ``MlregError`` leaving the block names each lock the session could not release."""
     try:
         yield
     except MlregError as exc:
-        exc.message += "".join(f"; {note}" for note in store.lock_notes)
+        exc.message += "".join(f"; {note}" for note in session.lock_notes)
         raise
 
 
 @contextlib.contextmanager
-def model_lock(store: RepositoryStore, model: str, settings: Settings | None = None) -> Iterator[Lease]:
-    """Hold ``model``'s lock in ``store`` under the policy above."""
-    with noting_unreleased(store), held(store, model, settings) as lease:
+def model_lock(session: StoreSession, model: str, settings: Settings | None = None) -> Iterator[Lease]:
+    """Hold ``model``'s lock in ``session`` under the policy above."""
+    with noting_unreleased(session), held(session, model, settings) as lease:
         yield lease
 
 
 @contextlib.contextmanager
 def models_locked(
-    store: RepositoryStore, models: Iterable[str], settings: Settings | None = None
+    session: StoreSession, models: Iterable[str], settings: Settings | None = None
 ) -> Iterator[list[Lease]]:
     """Hold the lock of every model of ``models`` (in that order) under the policy above."""
-    with noting_unreleased(store), contextlib.ExitStack() as stack:
-        yield [stack.enter_context(held(store, model, settings)) for model in models]
+    with noting_unreleased(session), contextlib.ExitStack() as stack:
+        yield [stack.enter_context(held(session, model, settings)) for model in models]
 
 
 __all__ = ["WAIT_S", "held", "lease_of", "model_lock", "models_locked", "noting_unreleased"]

@@ -2,9 +2,10 @@
 uploads, digests), and nothing of a promotion's session.
 
 :class:`ObjectStore` is implemented by a local folder (:mod:`pipelines.storage.local`) and S3
-(:mod:`pipelines.storage.s3`).  Every write or delete first calls :meth:`ObjectStore.note_change`,
-a hook that does nothing here: the repository (:class:`pipelines.storage.base.RepositoryStore`)
-fences it and records it in its session's change journal.  Key names, the lock's and the
+(:mod:`pipelines.storage.s3`).  Every write or delete first tells the objects' ``journal``
+(:class:`Journal`): none for bare objects (a ledger's, a capture's), the session of the
+repository that holds them (:class:`pipelines.storage.base.Repository`), which fences it and
+records it in its change journal.  Key names, the lock's and the
 archive's, are here too (see :mod:`pipelines.storage.base` for the layout).
 """
 
@@ -15,7 +16,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Self
+from typing import Protocol, Self
 
 from pipelines.storage.manifest import DigestCache, Stamp
 from registry.errors import StorageError
@@ -47,12 +48,39 @@ def check_part(part: str, what: str) -> str:
     return part
 
 
+class Journal(Protocol):
+    """What the objects tell before each write or delete (a repository's session: it fences the
+    write and records it)."""
+
+    def note_change(self, key: str) -> bool:
+        """Before a write or delete of ``key``; True when ``key`` is new to the journal."""
+        ...
+
+    def unsent_change(self, key: str) -> None:
+        """The write or delete of ``key`` just noted provably never reached the store."""
+        ...
+
+
+class Unjournaled:
+    """No journal: bare objects, whose writes no lock fences and no undo takes back."""
+
+    def note_change(self, key: str) -> bool:
+        return False
+
+    def unsent_change(self, key: str) -> None:
+        return None
+
+
+UNJOURNALED = Unjournaled()
+
+
 class ObjectStore(ABC):
     """Objects under one root, keyed by relative POSIX paths. Subclasses implement the primitives."""
 
     uri: str
     digests: DigestCache
     clock_grain = 0.0  # how coarse the store's clock is (lock times): S3's are whole seconds
+    journal: Journal = UNJOURNALED  # a repository over these objects sets its session
 
     @abstractmethod
     def read(self, key: str) -> bytes | None:
@@ -90,11 +118,19 @@ class ObjectStore(ABC):
 
     def beside(self, folder: str) -> Self:
         """The objects at ``<parent>/<folder>/<this store's name>``: beside these (in the same bucket,
-        on the same file system), through the same connection and digest cache; a StorageError
-        where there is no place beside them (a store at a bucket's root)."""
+        on the same file system), through the same connection and digest cache, with no journal;
+        a StorageError where there is no place beside them (a store at a bucket's root)."""
         other = copy.copy(self)
+        other.journal = UNJOURNALED
         other.relocate(folder)
         return other
+
+    def place_beside(self, folder: str) -> tuple[Self, str]:
+        """Where a folder ``folder`` beside these objects goes (a ledger's place): the objects
+        there and the prefix of its keys -- ``beside(folder)`` and ``""``; S3 at a bucket's root,
+        which has no place beside it: the root's objects and ``"<folder>."`` (files at the root,
+        which Triton ignores)."""
+        return self.beside(folder), ""
 
     @abstractmethod
     def relocate(self, folder: str) -> None:
@@ -128,14 +164,11 @@ class ObjectStore(ABC):
 
     # -- hooks and primitives with a default ------------------------------------------------------
 
-    def note_change(self, key: str) -> bool:
-        """Called before each write or delete of ``key``; True when ``key`` is new to the journal
-        that records it (none here: the repository keeps one)."""
-        return False
-
-    def unsent_change(self, key: str) -> None:
-        """The write or delete of ``key`` just noted provably never reached the store."""
-        return None
+    def write_newer(self, key: str, data: bytes) -> None:
+        """Write so that the object's modification time is later than the one it replaces (a
+        config: Triton reloads a model folder only when its newest time grew); S3's are whole
+        seconds."""
+        self.write(key, data)
 
     def delete_keys(self, keys: list[str]) -> None:
         """Delete every key, in order (S3: batched)."""

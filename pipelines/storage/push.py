@@ -5,7 +5,7 @@ refused before anything is sent (StorageError naming each file that differs; the
 version), the same bytes are a no-op, and the version's manifest and signature stay as first
 written.  A push holds the model's lock, as a promotion does, so that two writers never change one
 model at once; the manifest of a new version is created only where none is (S3: If-None-Match),
-so of two writers of one new version exactly one makes it (:meth:`RepositoryStore.put_version`).
+so of two writers of one new version exactly one makes it (:meth:`Versions.put_version`).
 
 A version folder the store holds *without* a valid manifest (an upload that did not finish, or a
 manifest removed) is not open: the push finishes it only with the bytes MLflow registered for that
@@ -25,7 +25,7 @@ from pipelines.storage.base import (
     Manifest,
     ObjectStore,
     Progress,
-    RepositoryStore,
+    Repository,
     UploadResult,
     check_part,
     local_files,
@@ -73,7 +73,7 @@ Registered = Callable[[str, str], "str | None"]  # (model, version) -> MLflow's 
 
 
 def refuse_rewrites(
-    store: RepositoryStore,
+    store: Repository,
     folder: Path,
     versions: list[str] | None = None,
     registered: Registered | None = None,
@@ -85,10 +85,10 @@ def refuse_rewrites(
     for version in version_folders(folder, versions):
         stored, why = store.versions.load_manifest(model, version)
         if stored is None:
-            if why or store.list_prefix(f"{model}/{version}/"):  # stored, with no valid manifest
-                _refuse_unregistered(store, folder, version, registered, why)
+            if why or store.objects.list_prefix(f"{model}/{version}/"):  # stored, no valid manifest
+                _refuse_unregistered(store.objects, folder, version, registered, why)
             continue  # a new version
-        pushed = Manifest.of_folder(local_files(folder / version), store.digests)
+        pushed = Manifest.of_folder(local_files(folder / version), store.objects.digests)
         lines = other_bytes(stored.files, pushed.files)
         if lines:
             raise rewrite_refused(store.uri, model, version, lines)
@@ -123,7 +123,7 @@ def _refuse_unregistered(
 
 
 def push_model(
-    store: RepositoryStore,
+    store: Repository,
     folder: Path,
     progress: Progress | None = None,
     versions: list[str] | None = None,
@@ -135,24 +135,24 @@ def push_model(
     version, asked only for one stored without a valid manifest); see the module's docstring."""
     model = check_part(folder.name, "model name")
     refuse_outside_links(folder, error=StorageError)  # before anything is sent
-    with store.lock(model, ttl=lease, wait=0):
+    with store.session.lock(model, ttl=lease, wait=0):
         refuse_rewrites(store, folder, versions, registered)  # again under the lock, then send
         for version in version_folders(folder, versions):
             if store.versions.load_manifest(model, version)[1]:  # unreadable; these are the registered bytes
-                store.delete(f"{model}/{version}/{MANIFEST}")  # written again from them by the upload
+                store.objects.delete(f"{model}/{version}/{MANIFEST}")  # written again from them by the upload
         results = [
-            store.put_version(model, v, folder / v, progress, write_once=True)
+            store.versions.put_version(model, v, folder / v, progress, write_once=True)
             for v in version_folders(folder, versions)
         ]
         # config last: it is what makes Triton see the model with its new versions
         text = (folder / CONFIG).read_text()
         if store.read_config(model) != text:
-            store.write_config(model, text)
+            store.session.write_config(model, text)
     return results
 
 
 def push_path(
-    store: RepositoryStore,
+    store: Repository,
     path: Path,
     progress: Progress | None = None,
     on_model: Callable[[str], None] | None = None,

@@ -4,11 +4,12 @@ botocore's and boto3's errors are translated in one place, :func:`_translating`,
 :class:`StorageError` naming what was tried on which key (credentials, a missing bucket, an
 unreachable endpoint each get their own fix); boto3 and botocore are imported in one place,
 :func:`_sdk`, on the first request.  :class:`S3Objects` holds the object primitives,
-:class:`S3Store` is the repository on them (sessions, versions, the archive beside the prefix).
+a :class:`~pipelines.storage.base.Repository` holds them.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
@@ -22,18 +23,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from pipelines.storage.base import RepositoryStore
 from pipelines.storage.manifest import DigestCache, Stamp
 from pipelines.storage.objects import (
     CHUNK,
-    CONFIG,
     LOCK_PREFIX,
+    UNJOURNALED,
     LockState,
     ObjectStore,
     Progress,
-    check_part,
 )
-from pipelines.storage.session import StoreSession
 from registry.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -239,6 +237,17 @@ class S3Objects(ObjectStore):
         """Beside the prefix Triton reads, in the same bucket (``beside_prefix``)."""
         self.prefix, self.uri = beside_prefix(self.bucket, self.prefix, self.uri, folder)
 
+    def place_beside(self, folder: str) -> tuple[S3Objects, str]:
+        """At the bucket's root (no place beside it): the root's objects and keys ``<folder>.*``."""
+        if self.prefix:
+            return self.beside(folder), ""
+        other = copy.copy(self)
+        other.journal = UNJOURNALED
+        return other, f"{folder}."
+
+    def write_newer(self, key: str, data: bytes) -> None:
+        write_newer(self, key, data)
+
     @property
     def client(self) -> Any:
         """The boto3 client, made on first use (importing boto3 and reading botocore's service
@@ -256,13 +265,13 @@ class S3Objects(ObjectStore):
     def _changing(self, key: str) -> Iterator[None]:
         """A write or delete of ``key``: noted as a change unless the request provably never
         reached the store (refused connection, connect timeout)."""
-        new = self.note_change(key)
+        new = self.journal.note_change(key)
         try:
             yield
         except Exception as exc:
             cause = exc.__cause__ if isinstance(exc, StorageError) else exc
             if new and isinstance(cause, _sdk().unsent):
-                self.unsent_change(key)
+                self.journal.unsent_change(key)
             raise
 
     def _pages(self, what: str, prefix: str, operation: str, **args: Any) -> list[dict[str, Any]]:
@@ -343,7 +352,7 @@ class S3Objects(ObjectStore):
         for start in range(0, len(keys), 1000):  # S3's most keys per request
             batch = keys[start : start + 1000]
             for key in batch:
-                self.note_change(key)  # fenced: nothing deleted under a lock this store lost
+                self.journal.note_change(key)  # fenced: nothing deleted under a lock this store lost
             objects = [{"Key": self._key(k)} for k in batch]
             with _translating(self, "delete", batch[0]):
                 found = self.client.delete_objects(
@@ -483,7 +492,7 @@ class S3Objects(ObjectStore):
             return
         source = {"Bucket": self.bucket, "Key": self._key(key)}
         target = {"Bucket": dest.bucket, "Key": dest._key(dest_key)}
-        dest.note_change(dest_key)
+        dest.journal.note_change(dest_key)
         with _translating(self, "copy", key):
             if size is not None and size < COPY_PART:
                 self.client.copy_object(CopySource=source, **target)
@@ -497,41 +506,24 @@ class S3Objects(ObjectStore):
         abort_uploads(self, prefix, quiet=False)
 
 
-class S3Store(S3Objects, RepositoryStore):
-    """A repository under a prefix of an S3 bucket."""
+def write_newer(objects: S3Objects, key: str, data: bytes) -> None:
+    """Written so that its LastModified is later than the object it replaces: Triton (2.51) takes
+    a model folder whose newest LastModified (whole seconds) did not grow since its last load as
+    unchanged, and a load of it is a no-op -- so a promotion within the same second as the
+    previous one's last config write would not load (seen here: back-to-back promotions of a
+    small model).  Costs two HEADs, and a wait of under a second only in that case."""
 
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        uri: str | None = None,
-        read_timeout: float = READ_TIMEOUT_S,
-        retries: int = RETRIES,
-        holder: StoreSession | None = None,
-    ) -> None:
-        S3Objects.__init__(self, bucket, prefix, endpoint_url, region, uri, read_timeout, retries)
-        RepositoryStore.__init__(self, holder)
-
-    def write_config(self, model: str, text: str) -> None:
-        """Written so that its LastModified is later than the config it replaces: Triton (2.51) takes
-        a model folder whose newest LastModified (whole seconds) did not grow since its last load as
-        unchanged, and a load of it is a no-op -- so a promotion within the same second as the
-        previous one's last config write would not load (seen here: back-to-back promotions of a
-        small model).  Costs two HEADs, and a wait of under a second only in that case."""
-        key = f"{check_part(model, 'model name')}/{CONFIG}"
-        before = self._last_modified(key)
-        while True:
-            super().write_config(model, text)
-            after = self._last_modified(key)
-            if before is None or after is None or after > before:
-                return
-            time.sleep(max(0.05, 1.0 - (time.time() % 1.0)))  # to the next whole second
-
-    def _last_modified(self, key: str) -> Any:
-        head = self._head("inspect", key)
+    def last_modified() -> Any:
+        head = objects._head("inspect", key)
         return None if head is None else head["LastModified"]
+
+    before = last_modified()
+    while True:
+        objects.write(key, data)
+        after = last_modified()
+        if before is None or after is None or after > before:
+            return
+        time.sleep(max(0.05, 1.0 - (time.time() % 1.0)))  # to the next whole second
 
 
 def abort_uploads(objects: S3Objects, prefix: str, quiet: bool = True) -> list[str]:

@@ -70,7 +70,13 @@ class StoreSession:
             lease.check(key)
 
     def fenced(self, proven_only: bool = False) -> list[str]:
-        """One line per model whose lock this session held and lost (see ``RepositoryStore.fenced``)."""
+        """One line per model whose lock this session held and lost ("lock of scorer lost: now held
+        by <holder>", "lock of scorer lost: lease ran out at <when>"); empty while every lease is
+        held.  Asks the store (a renewal) only for leases not known lost; never raises: a store
+        that cannot be reached proves nothing, and its lease counts as lost from then on ("lock of
+        scorer lost: not proven, the store could not be reached (<why>)").  ``proven_only``: only
+        the leases known lost to time or to another holder, not those the store could not be asked
+        about (no one else can hold those before their end)."""
         leases = {**self.lost_leases, **self.leases}
         lines = [(lease, line) for _, lease in sorted(leases.items()) if (line := lease.prove())]
         return [line for lease, line in lines if not (proven_only and lease.unproven)]
@@ -81,19 +87,31 @@ class StoreSession:
             lease.renew()
 
     def write_config(self, model: str, text: str) -> None:
-        """The lease of ``model`` (when held) is renewed first: a lost lock aborts the write."""
+        """Written only while this session still holds ``model``'s lock, when it took it: the lease
+        is renewed first (compare-and-swap on the lock object), and a lost lock aborts the write;
+        written newer than the config it replaces (``ObjectStore.write_newer``)."""
         key = f"{check_part(model, 'model name')}/{CONFIG}"
         lease = self.leases.get(model)
         if lease is not None:
             lease.renew(key)
-        self.store.write(key, text.encode("utf-8"))
+        self.store.write_newer(key, text.encode("utf-8"))
         self.written_configs[model] = text
 
     # -- locks -------------------------------------------------------------------------------------
 
     @contextmanager
-    def lock(self, model: str, owner: str | None, ttl: float, wait: float) -> Iterator[Lease]:
-        """See ``RepositoryStore.lock``."""
+    def lock(
+        self, model: str, owner: str | None = None, ttl: float = LEASE_S, wait: float = 0.0
+    ) -> Iterator[Lease]:
+        """Hold ``model``'s lock; wait up to ``wait`` seconds for another holder, take stale ones.
+
+        The lease (``ttl`` seconds, judged by the store's clock: the lock object's LastModified) is
+        renewed by a thread every third of it while held, and by every config write of the model.
+        A stale lock (lease run out, or its holder on this machine is gone) is taken over with a
+        compare-and-swap on the lock object itself, so of two processes taking over the same
+        stale lock exactly one wins.  A release that fails (the store unreachable) is noted in
+        ``lock_notes``, never raised: it must not hide what the holder was doing.  While held, and
+        after it was lost, every write under the model is fenced (:meth:`fence`)."""
         check_part(model, "model name")
         lease = Lease(self.store, lock_key(model), model, owner or default_owner(), ttl)
         self._take(lease, time.monotonic() + wait)
@@ -138,6 +156,7 @@ class StoreSession:
         return None if found is None else parse_lock(model, *found)
 
     def locks(self) -> list[LockInfo]:
+        """Every lock at the root, with its holder and its lease (the store's clock)."""
         return [info for model in self.store.lock_models() if (info := self.read_lock(model)) is not None]
 
     def unlock(self, model: str, force: str = "") -> LockInfo:

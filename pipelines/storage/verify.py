@@ -1,7 +1,7 @@
 """Checking a stored version's bytes against its manifest and the digest registered in MLflow.
 
-Called through :meth:`RepositoryStore.verify_version` (raises) and
-:meth:`RepositoryStore.check_version` (reports).  What is checked, in order:
+Called through :meth:`Versions.verify_version` (raises) and
+:meth:`Versions.check_version` (reports).  What is checked, in order:
 
 1. the manifest exists and its ``digest`` field matches its own contents (an edited manifest);
 2. the manifest's digest equals ``expected_digest`` (MLflow's ``artifact_digest``), when given;
@@ -162,7 +162,7 @@ def check_version(
     closed_world: bool = True,
     loading: tuple[str, ...] = (),
 ) -> Verification:
-    """See :meth:`RepositoryStore.check_version`."""
+    """See :meth:`Versions.check_version`."""
     if hashing not in HASHING:
         raise ValueError(f"hashing must be one of {HASHING}")
     result = Verification(store.uri, model, version)
@@ -265,7 +265,7 @@ BYTECODE_GUARD = "__pycache__"
 
 def bytecode_guard(key: str) -> bool:
     """The empty regular file named ``__pycache__`` a local store keeps in each folder of a
-    version that holds Python source (``RepositoryStore.guard_bytecode``): Python cannot make its
+    version that holds Python source (``ObjectStore.guard_bytecode``): Python cannot make its
     cache folder there, so Triton's python stub -- which writes one whatever
     PYTHONDONTWRITEBYTECODE says -- changes nothing in a served version folder, and the next load
     does not re-create that version (Triton re-creates a loaded version whose files changed).

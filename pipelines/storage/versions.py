@@ -84,6 +84,17 @@ class Versions:
     def load_manifest(self, model: str, version: str) -> tuple[Manifest | None, str]:
         return parse_manifest(self.store.read(f"{model}/{version}/{MANIFEST}"))
 
+    def read_manifest(self, model: str, version: str) -> Manifest | None:
+        """The version's manifest; None when there is none or it is unreadable (truncated, not a
+        manifest): either way the version has no usable manifest and counts as incomplete -- a
+        promotion sends it again from the registry, ``check_version`` names a corrupt manifest."""
+        return self.load_manifest(model, version)[0]
+
+    def refused(self, model: str, version: str) -> str:
+        """Why this store object found ``model``/``version``'s bytes not the ones registered in
+        MLflow earlier in this run ("" when it did not): such a version is never loaded again."""
+        return self.distrusted.get((model, version), "")
+
     def get_version(self, model: str, version: str, dest: Path, expected_digest: str | None) -> Path:
         self.verify_version(model, version, expected_digest)
         dest.mkdir(parents=True, exist_ok=True)
@@ -109,6 +120,13 @@ class Versions:
         closed_world: bool = True,
         loading: tuple[str, ...] = (),
     ) -> Verification:
+        """Compare the stored version with its manifest (and ``expected_digest``); never raises on
+        a mismatch: the problems are in the result.  ``hashing``: ``"all"`` re-hashes every file,
+        ``"changed"`` only files whose digest the cache cannot prove, ``"none"`` hashes nothing
+        (files it cannot prove are reported unverified).  ``closed_world`` (what Triton reads: the
+        default) also judges every other entry of the model folder
+        (:mod:`pipelines.storage.closed_world`), with ``loading`` the versions the load names
+        (default: this one); False only where Triton never reads (the archive)."""
         return check_version(
             self.store, model, version, expected_digest, hashing, closed_world=closed_world, loading=loading
         )
@@ -123,6 +141,12 @@ class Versions:
         drop_bytecode: bool = False,
         loading: tuple[str, ...] = (),
     ) -> Verification:
+        """Refuse (StorageError naming each bad file) unless every file of ``<model>/<version>/``
+        matches the manifest and the manifest matches ``expected_digest`` (the version's
+        ``artifact_digest`` in MLflow) when given, and nothing else is under ``<model>/`` (the
+        closed world; ``loading``: the versions the load names).  ``full`` re-hashes every file
+        instead of reusing digests the cache proves.  ``drop_bytecode`` (right before Triton reads
+        the folder): a version that verifies then loses its Python bytecode caches."""
         hashing = "all" if full else "changed"
         result = self.check_version(model, version, expected_digest, hashing, loading=loading)
         try:
@@ -140,8 +164,16 @@ class Versions:
             self.store.guard_bytecode(model, version)
         return result
 
-    def verify_load(self, model: str, versions: tuple[str, ...], config: str | None = None) -> None:
-        """See ``RepositoryStore.verify_load``."""
+    def verify_load(self, model: str, waited: tuple[str, ...] | list[str], config: str | None = None) -> None:
+        """Right before a load whose config names ``waited`` (the kept serving version too:
+        Triton re-reads a loaded version whose files changed): each verified against its manifest
+        in the closed world of the model folder (its bytecode caches dropped), the config's
+        execution environment inside one of them, and held to what this object learnt of it
+        against MLflow's digest (the manifest digest that verified, or wrote; a version that did
+        not verify is refused); StorageError naming what is wrong, nothing loaded.  ``config``:
+        the load's config, whose version_policy names the versions Triton reads (all of them
+        verified, whatever versions the caller waits READY for: ``waited``)."""
+        versions = tuple(waited)
         if config is not None:  # every version the config names: the kept serving one too
             named = world.policy_versions(config, self.store.children(f"{model}/"))
             versions = tuple(sorted(set(versions) | set(named), key=int))
@@ -194,11 +226,21 @@ class Versions:
         model: str,
         version: str,
         folder: Path,
-        progress: Progress | None,
-        config: Path | None,
-        write_once: bool,
+        progress: Progress | None = None,
+        config: Path | None = None,
+        *,
+        write_once: bool = False,
     ) -> UploadResult:
-        """See ``RepositoryStore.put_version``."""
+        """Upload ``folder`` as ``<model>/<version>/``; only files not already stored are sent.
+
+        ``config`` (default: ``folder``'s parent's config.pbtxt when there is one) is the model's
+        registered config: recorded in the manifest, so that its digest is MLflow's
+        ``artifact_digest``.  A file is skipped only when the stored bytes are proven equal (by the
+        digest cache, else by hashing the stored copy), so a push also repairs a changed file.
+        The manifest of a new version is created, never overwritten; the signature beside a
+        version's manifest is kept.  ``write_once`` (``mlreg store push``): a version already
+        stored keeps what was first written -- other files are refused (StorageError naming
+        each), its manifest is never rewritten."""
         check_part(model, "model name")
         check_part(version, "version")
         if not world.is_version_folder(version):  # 09: a folder Triton 2.51 ignores, mlreg refuses

@@ -41,7 +41,7 @@ from pipelines.fleet.fleet import PAUSE_VARIABLE, RESUME_VARIABLE
 from pipelines.guards.headroom import FOOTPRINT_KIND_TAG, FOOTPRINT_TAG
 from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
-from pipelines.storage.base import LOCK_PREFIX, RepositoryStore
+from pipelines.storage.base import LOCK_PREFIX, Repository
 from pipelines.triton.control import TritonControl
 from registry.contracts.config import CONFIG_NAME
 from registry.errors import StorageError
@@ -500,11 +500,11 @@ def s3_repository(s3_server: Any, bucket: str, prefix: str = "repository") -> st
 # -- what a refusal must leave alone ----------------------------------------------------------------
 
 
-def store_objects(store: RepositoryStore) -> dict[str, str]:
+def store_objects(store: Repository) -> dict[str, str]:
     """Every object of ``store`` (locks left out) and its sha256."""
     return {
-        key: hashlib.sha256(store.read(key) or b"").hexdigest()
-        for key in store.list_prefix("")
+        key: hashlib.sha256(store.objects.read(key) or b"").hexdigest()
+        for key in store.objects.list_prefix("")
         if not key.startswith(LOCK_PREFIX)
     }
 

@@ -34,8 +34,8 @@ from pipelines.devstack import local_s3
 from pipelines.promote.environments import environment
 from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
-from pipelines.storage.base import lock_key
-from pipelines.storage.s3 import S3Store
+from pipelines.storage.base import Repository, lock_key
+from pipelines.storage.s3 import S3Objects
 from registry.errors import StorageError
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
@@ -199,7 +199,7 @@ def _close(sock: socket.socket) -> None:
 
 
 def _uploads(endpoint: str, bucket: str) -> list[str]:
-    client = S3Store(bucket, "", endpoint).client
+    client = S3Objects(bucket, "", endpoint).client
     return [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
 
 
@@ -225,14 +225,16 @@ def test_an_upload_cut_by_an_outage_leaves_no_multipart_upload_after_the_rerun(
             proxy.down()  # the first bytes of a part: CreateMultipartUpload went through
 
         with pytest.raises(StorageError, match=r"cannot upload 'big/1/weights\.bin'") as caught:
-            S3Store(bucket, "p", through, retries=1).put_version("big", "1", version, progress=cut)
+            Repository(S3Objects(bucket, "p", through, retries=1)).versions.put_version(
+                "big", "1", version, progress=cut
+            )
         assert "check the endpoint is reachable" in (caught.value.fix or "")
         assert _uploads(s3_server.endpoint, bucket) == ["p/big/1/weights.bin"]  # billed until aborted
         proxy.up()
-        store = S3Store(bucket, "p", through)
-        assert store.put_version("big", "1", version).sent == ["weights.bin"]
+        store = Repository(S3Objects(bucket, "p", through))
+        assert store.versions.put_version("big", "1", version).sent == ["weights.bin"]
         assert _uploads(s3_server.endpoint, bucket) == []
-        assert store.verify_version("big", "1", full=True).status == "verified"
+        assert store.versions.verify_version("big", "1", full=True).status == "verified"
     finally:
         proxy.close()
 
@@ -265,9 +267,9 @@ class Stack:
     def promote(self, version: str, *extra: str) -> tuple[int, str, str]:
         return self.run("promote", "scorer", "--version", version, "--env", "s3", "--skip-quality", *extra)
 
-    def store(self) -> S3Store:
+    def store(self) -> Repository:
         store = open_store(self.direct)
-        assert isinstance(store, S3Store)
+        assert isinstance(store.objects, S3Objects)
         return store
 
     def desired(self) -> list[str]:
@@ -309,8 +311,8 @@ def _settled(stack: Stack, version: str) -> None:
     assert stack.serving() == [version]
     assert stack.desired() == [version]
     assert stack.alias() == version
-    assert stack.store().locks() == []
-    assert _uploads(stack.store().endpoint_url or "", "faults") == []
+    assert stack.store().session.locks() == []
+    assert _uploads(stack.store().objects.endpoint_url or "", "faults") == []
 
 
 # -- item 3: the lock's lease --------------------------------------------------------------------
@@ -334,16 +336,16 @@ def test_a_promotion_whose_lease_ran_out_and_whose_lock_was_taken_stops_before_a
     try:
         assert stack.proxy.frozen.wait(timeout=120), "the promotion never reached the upload"
         store = stack.store()
-        held = store.read_lock("scorer")
+        held = store.session.read_lock("scorer")
         assert held is not None
         assert held.clock == "store"
         deadline = time.monotonic() + 10 * LEASE_S
         while not held.stale:  # nothing renews it through the frozen proxy
             assert time.monotonic() < deadline, f"the lease never ran out: {held}"
             time.sleep(0.2)
-            held = store.read_lock("scorer")
+            held = store.session.read_lock("scorer")
             assert held is not None
-        with store.lock("scorer", owner="intruder@elsewhere:1", ttl=600) as intruder:
+        with store.session.lock("scorer", owner="intruder@elsewhere:1", ttl=600) as intruder:
             stack.proxy.thaw()
             out, err = proc.communicate(timeout=300)
             assert proc.returncode == 8, err
@@ -358,7 +360,7 @@ def test_a_promotion_whose_lease_ran_out_and_whose_lock_was_taken_stops_before_a
             assert stack.desired() == before  # no config written
             assert stack.serving() == before
             assert stack.alias() == before[0]
-            lock = json.loads(store.read(lock_key("scorer")) or b"{}")
+            lock = json.loads(store.objects.read(lock_key("scorer")) or b"{}")
             assert (lock["owner"], lock["token"]) == ("intruder@elsewhere:1", intruder.token)
             # the lock, as users see it: refused by unlock while its lease lives, listed with dates
             code, _, err = stack.run("store", "unlock", "scorer", "--env", "s3")
@@ -410,7 +412,7 @@ def test_an_s3_outage_says_the_stage_the_rollback_the_store_and_the_lock_and_a_r
     assert "mlreg store unlock scorer" in err
     assert version not in stack.store().list_versions("scorer")  # nothing of it was sent
     assert (stack.desired(), stack.serving(), stack.alias()) == (serving, serving, old)
-    [left] = stack.store().locks()
+    [left] = stack.store().session.locks()
     assert left.model == "scorer"
     assert left.stale  # its holder exited: a rerun takes it over
     # 2. down once the config listing both versions is written: the rollback cannot put it back
@@ -434,7 +436,7 @@ def test_an_s3_outage_says_the_stage_the_rollback_the_store_and_the_lock_and_a_r
     assert stack.desired() == [old, version]
     assert stack.serving() == [old]
     assert stack.alias() == old
-    assert [lock.model for lock in stack.store().locks()] == ["scorer"]
+    assert [lock.model for lock in stack.store().session.locks()] == ["scorer"]
     # 3. the rerun takes the lock over and converges
     code, _, err = stack.promote(version)
     assert code == 0, err
@@ -495,7 +497,7 @@ def test_a_full_tmpdir_is_one_disk_full_error_and_a_rerun_promotes(stack: Stack,
     assert "internal error" not in err
     assert store_objects(stack.store()) == objects
     assert (stack.serving(), stack.alias()) == ([old], old)
-    assert stack.store().locks() == []
+    assert stack.store().session.locks() == []
     code, _, err = stack.promote(version)
     assert code == 0, err
     _settled(stack, version)

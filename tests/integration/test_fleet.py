@@ -451,10 +451,10 @@ def test_an_abort_never_loads_the_previous_versions_corrupt_bytes(fleet: FleetSt
     before any change, so the abort loads the registered bytes: every replica answers X * 6."""
     store = open_store(fleet.store)
     key = "scorer/6/model.py"
-    good = store.read(key)
+    good = store.objects.read(key)
     assert good is not None
     assert b"y = (x * self.factor)" in good
-    store.write(key, good.replace(b"y = (x * self.factor)", b"y = (x *-self.factor)"))
+    store.objects.write(key, good.replace(b"y = (x * self.factor)", b"y = (x *-self.factor)"))
     with pytest.raises(PromotionFailed, match="scorer weights are missing") as info:
         fleet.promote(
             "scorer",
@@ -463,9 +463,9 @@ def test_an_abort_never_loads_the_previous_versions_corrupt_bytes(fleet: FleetSt
     validate = next(s for s in info.value.result.stages if s.stage == "validate")
     assert "scorer/6 (corrupt: restored by assemble)" in validate.detail
     assert "rolled back" in info.value.message
-    assert store.read(key) == good  # the registered bytes are back in the store
+    assert store.objects.read(key) == good  # the registered bytes are back in the store
     digest = fleet.registry.models.version("scorer", "6").tags["artifact_digest"]
-    store.verify_version("scorer", "6", digest)
+    store.versions.verify_version("scorer", "6", digest)
     x = np.array([1, 2, 3, 4], np.float32)
     for url in fleet.urls:
         assert fleet.ready(url, "scorer") == ["6"], url
@@ -483,7 +483,7 @@ def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_
     store = open_store(fleet.store)
     [serving] = serving_versions(store.read_config("scorer"))
     key = f"scorer/{serving}/model.py"
-    good = store.read(key)
+    good = store.objects.read(key)
     assert good is not None
     assert b"y = (x * self.factor)" in good
     bad = good.replace(b"y = (x * self.factor)", b"y = (x *-self.factor)")
@@ -493,7 +493,7 @@ def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_
     registered = source / "model.py"
     kept = registered.read_bytes()
     new = fleet.register("scorer", SCORER_CONFIG, scorer("after-tamper"))
-    store.write(key, bad)
+    store.objects.write(key, bad)
     registered.write_bytes(bad)
     try:
         before = fleet.state()
@@ -506,7 +506,7 @@ def test_a_serving_version_tampered_in_store_and_registry_refuses_the_promotion_
         assert [s.stage for s in info.value.result.stages][-1] == "validate"  # before any live stage
         assert fleet.state() == before
     finally:
-        store.write(key, good)
+        store.objects.write(key, good)
         registered.write_bytes(kept)
 
 
@@ -544,7 +544,7 @@ def test_a_closed_terminal_at_the_first_wave_puts_every_touched_replica_back(fle
     # every object of the store, the aliases, what every replica lists and pins: the canary's index
     # keeps the version it loaded and gave back (UNAVAILABLE); the others never listed it
     assert fleet.state() == unloaded_on(before, fleet.urls[0], "scorer", version)
-    assert open_store(fleet.store).locks() == []  # released on the way out
+    assert open_store(fleet.store).session.locks() == []  # released on the way out
 
 
 def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its_lock(
@@ -560,7 +560,7 @@ def test_a_promotion_frozen_past_its_lease_touches_nothing_once_another_took_its
     with _paused_at_first_wave(fleet, mine, {"MLREG_LOCK_LEASE": "3"}, resume) as paused:
         assert mine in fleet.ready(fleet.urls[0], "scorer")  # the canary serves A's version now
         os.kill(paused.process.pid, signal.SIGSTOP)  # frozen: its lease is not renewed any more
-        locks = open_store(fleet.store).locks
+        locks = open_store(fleet.store).session.locks
         # past the 3 s lease by the store's clock: every lock A holds reads stale
         assert processes.poll_until(lambda: (held := locks()) and all(lock.stale for lock in held), 60, 0.25)
         with fleet.explained():
@@ -656,7 +656,7 @@ def test_a_rerun_through_the_serving_ensemble_repairs_the_alias_its_member_was_l
     assert f"alias 'fleet' of scorer moved back to v{serving} (was {failed})" in rerun.output
     assert "Traceback" not in rerun.output
     assert fleet.state() == before  # every object of the store, every replica's index and pins, aliases
-    assert store.locks() == []
+    assert store.session.locks() == []
     status = _cli(fleet, monkeypatch, "status", "--env", "fleet")
     assert status.exit_code == 0, status.output
 
@@ -670,8 +670,8 @@ def test_status_says_what_serves_an_ensemble_whose_store_folder_was_deleted(
     store = open_store(fleet.store)
     [serving] = serving_versions(store.read_config("scorer"))
     ensemble = fleet.registry.models.aliases("scoring")["fleet"]
-    for key in store.list_prefix("scoring/"):
-        store.delete(key)
+    for key in store.objects.list_prefix("scoring/"):
+        store.objects.delete(key)
     x = np.array([1, 2, 3, 4], np.float32)
     for url in fleet.urls:  # still loaded, though gone from the repository index
         assert fleet.serving(url, "scoring") == {}, url
@@ -699,6 +699,6 @@ def test_status_says_what_serves_an_ensemble_whose_store_folder_was_deleted(
         assert fleet.ready(url, "scoring") == [ensemble], url
         assert fleet.pinned(url) == int(serving), url
     assert fleet.state()["aliases"] == aliases
-    assert store.locks() == []
+    assert store.session.locks() == []
     status = _cli(fleet, monkeypatch, "status", "--env", "fleet")
     assert status.exit_code == 0, status.output

@@ -136,11 +136,11 @@ def test_status_compares_an_ensembles_pins_with_its_alias(stack: Stack) -> None:
     store = open_store(stack.settings.local_repository)
     serving = store.read_config(ENSEMBLE)
     pinned = 'model_name: "image_model"\n    model_version: 2'
-    store.write_config(ENSEMBLE, serving.replace(pinned, pinned[:-1] + "1"))
+    store.session.write_config(ENSEMBLE, serving.replace(pinned, pinned[:-1] + "1"))
     try:
         [row] = model_status(stack.settings, env, stack.registry, [ENSEMBLE])
     finally:
-        store.write_config(ENSEMBLE, serving)
+        store.session.write_config(ENSEMBLE, serving)
     assert row["drift"] == [
         f"alias local=v{row['alias']} pins image_model v2, the store's config pins v1",
         f"{stack.url} pins image_model v2, the store's config pins v1",  # what the server has loaded
@@ -366,7 +366,7 @@ def test_a_promotion_killed_at_known_points_leaves_a_true_status_and_a_rerun_com
     store = open_store(stack.settings.local_repository)
     # 1. after the upload: the bytes are in the store, nothing else changed
     _paused_cli(stack, "uploaded", *args)
-    assert store.read_manifest("image_model", v3) is not None
+    assert store.versions.read_manifest("image_model", v3) is not None
     assert stack.desired("image_model") == ["2"]
     rows = _status_tells_the_truth(stack, ["image_model", ENSEMBLE])
     assert rows["image_model"]["drift"] == []
@@ -440,7 +440,7 @@ def test_rollback_returns_to_the_previous_promotion(stack: Stack) -> None:
 def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
     holder = (
         "import sys, time\nfrom pipelines.storage import open_store\n"
-        "with open_store(sys.argv[1]).lock('image_model', owner='ci-job-41@elsewhere:1'):\n"
+        "with open_store(sys.argv[1]).session.lock('image_model', owner='ci-job-41@elsewhere:1'):\n"
         "    print('locked', flush=True); time.sleep(20)\n"
     )
     with subprocess.Popen(
@@ -461,7 +461,7 @@ def test_two_concurrent_promotions_of_one_model(stack: Stack) -> None:
             proc.kill()
             # the holder "elsewhere" is gone for good: its lock would stand until it expires (and
             # refuse the module's later promotions of image_model, whatever this test's outcome)
-            open_store(stack.settings.local_repository).delete(lock_key("image_model"))
+            open_store(stack.settings.local_repository).objects.delete(lock_key("image_model"))
 
 
 def test_unreachable_parts_are_refused_before_any_change(stack: Stack, tmp_path: Path) -> None:
@@ -714,7 +714,7 @@ def test_a_promotion_to_an_s3_store(stack: Stack, s3_server: Any, tmp_path: Path
         for model in MODELS:
             assert serving_versions(store.read_config(model)) == ["1"], model
             assert stack.registry.models.aliases(model)["s3"] == "1", model
-        assert store.read_manifest("image_model", "1") is not None
+        assert store.versions.read_manifest("image_model", "1") is not None
         with TritonControl(info.grpc_url) as triton:
             assert triton.model_states()["image_model"] == {"1": "READY"}
             out_s3 = triton.infer(ENSEMBLE, golden().ensemble_inputs(), ["multi_modal_output"])

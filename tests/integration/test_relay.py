@@ -144,7 +144,7 @@ def test_an_alias_moved_through_mlflows_rest_api_promotes_the_environment_throug
         "local",
         target,
     )
-    stored = record.read(open_store(settings.local_repository), "local", MODEL)
+    stored = record.read(open_store(settings.local_repository).objects, "local", MODEL)
     assert (stored.deployed, stored.previous) == (target, before[0])  # the rollback target
     run_id = job["note"].rsplit(" ", 1)[-1]
     tags = native_stack.registry.models.version_tags(MODEL, target)

@@ -29,7 +29,7 @@ from pipelines.promote.environments import environment
 from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
 from pipelines.storage.archive import archive_of
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from pipelines.triton.control import TritonControl
 from registry.mlflow import MlflowRegistry
 from registry.settings import Settings
@@ -80,7 +80,7 @@ class Stack:
         env = environment(self.settings, env_name)
         return Promotion(self.settings, env, self.registry, Options(skip_quality=True)).run("scorer", version)
 
-    def store(self, env_name: str) -> RepositoryStore:
+    def store(self, env_name: str) -> Repository:
         return open_store(environment(self.settings, env_name).store)
 
     def digest(self, version: str) -> str:
@@ -119,12 +119,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[
         yield Stack(settings, MlflowRegistry(settings), root, env_vars, s3_url, disk_url)
 
 
-def archived_whole(stack: Stack, archive: RepositoryStore, versions: list[str]) -> None:
+def archived_whole(stack: Stack, archive: Repository, versions: list[str]) -> None:
     """Each version in the archive with its manifest, every file matching it and the registered digest."""
     assert archive.list_versions("scorer") == versions
     for version in versions:
-        assert archive.read_manifest("scorer", version) is not None, version
-        archive.verify_version("scorer", version, stack.digest(version), full=True)
+        assert archive.versions.read_manifest("scorer", version) is not None, version
+        archive.versions.verify_version("scorer", version, stack.digest(version), full=True)
 
 
 def test_twelve_promotions_leave_what_serves_and_the_one_before_it_under_triton_s_prefix(
@@ -151,7 +151,7 @@ def test_twelve_promotions_leave_what_serves_and_the_one_before_it_under_triton_
     assert archived[2] == f"keep 2: archived scorer v1 ({size:,} bytes)"
     assert all(f"keep 2: archived scorer v{i - 2} (" in archived[i - 1] for i in range(3, 13))
     assert archived[:2] == ["", ""]  # nothing beyond the window yet: the stage did not run
-    keys = store.list_prefix("scorer/")
+    keys = store.objects.list_prefix("scorer/")
     assert {k.split("/")[1] for k in keys} == {"config.pbtxt", "11", "12"}  # what a load localizes
 
 
@@ -165,7 +165,7 @@ def test_a_rollback_to_an_archived_version_serves_it_after_verification(stack: S
     assert stack.ready(stack.s3_url) == ["3"]
     assert stack.registry.models.aliases("scorer")["s3"] == "3"
     store = stack.store("s3")
-    store.verify_version("scorer", "3", stack.digest("3"), full=True)
+    store.versions.verify_version("scorer", "3", stack.digest("3"), full=True)
     assert store.list_versions("scorer") == ["3", "12"]  # what serves, and the one before it
     retain = result.stages[-1]  # once the alias moved: v3's archive copy is not needed any more
     assert (retain.stage, retain.detail) == (
@@ -243,7 +243,7 @@ def test_a_version_an_ensemble_pins_is_never_archived(stack: Stack) -> None:
     """Neither by ``store gc`` nor by a promotion's ``make_room`` (the archive stage, before the
     load), which would otherwise move v3: the new version and v13, serving, fill the window."""
     store = stack.store("s3")
-    store.write_config("scoring", PINNING.replace("PIN", "3"))  # an ensemble of the store pins v3
+    store.session.write_config("scoring", PINNING.replace("PIN", "3"))  # an ensemble of the store pins v3
     try:
         runner = CliRunner()
         result = runner.invoke(
@@ -263,7 +263,7 @@ def test_a_version_an_ensemble_pins_is_never_archived(stack: Stack) -> None:
         assert archived.detail == f"keep 2: archived nothing (0 bytes); {pinned}"
         assert stack.state("s3") == unloaded_on(before, stack.s3_url, "scorer", version)
     finally:
-        store.delete("scoring/config.pbtxt")
+        store.objects.delete("scoring/config.pbtxt")
 
 
 def test_the_same_on_a_local_store(stack: Stack) -> None:
@@ -280,7 +280,7 @@ def test_the_same_on_a_local_store(stack: Stack) -> None:
     result = rollback(stack.settings, "disk", "scorer", "1")
     assert result.ok
     assert stack.ready(stack.disk_url) == ["1"]
-    store.verify_version("scorer", "1", stack.digest("1"), full=True)
+    store.versions.verify_version("scorer", "1", stack.digest("1"), full=True)
     assert store.list_versions("scorer") == ["1", "4"]
     archived_whole(stack, archive, ["2", "3"])
 
@@ -295,14 +295,14 @@ def test_an_archived_copy_corrupted_in_place_is_never_served(
     store = stack.store(env_name)
     archive = archive_of(store)
     key = f"scorer/{version}/model.py"
-    good = archive.read(key)
-    assert good is not None, archive.list_prefix("scorer/")
+    good = archive.objects.read(key)
+    assert good is not None, archive.objects.list_prefix("scorer/")
     assert b"# v" in good
-    archive.write(key, good.replace(b"# v", b"#-v", 1))  # same size: only the hash can tell
+    archive.objects.write(key, good.replace(b"# v", b"#-v", 1))  # same size: only the hash can tell
     result = rollback(stack.settings, env_name, "scorer", version)
     assert result.ok
     url = stack.s3_url if env_name == "s3" else stack.disk_url
     assert stack.ready(url) == [version]
-    assert store.read(key) == good  # the registered bytes serve, not the archive's
-    store.verify_version("scorer", version, stack.digest(version), full=True)
+    assert store.objects.read(key) == good  # the registered bytes serve, not the archive's
+    store.versions.verify_version("scorer", version, stack.digest(version), full=True)
     assert stack.registry.models.aliases("scorer")[env_name] == version

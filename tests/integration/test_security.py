@@ -359,10 +359,10 @@ def test_a_planted_bytecode_cache_on_s3_is_removed_before_a_load(s3_server: Any,
     source = tmp_path / "1"
     source.mkdir()
     (source / "model.py").write_text(SCORER_MODEL)
-    store.put_version("scorer", "1", source)
+    store.versions.put_version("scorer", "1", source)
     planted = "scorer/1/__pycache__/model.cpython-311.pyc"
-    store.write(planted, _unchecked_hash_pyc(EVIL_MODEL))
-    assert store.verify_version("scorer", "1").bytecode == [planted]  # a check reads only
-    assert planted in store.list_prefix("scorer/1/")
+    store.objects.write(planted, _unchecked_hash_pyc(EVIL_MODEL))
+    assert store.versions.verify_version("scorer", "1").bytecode == [planted]  # a check reads only
+    assert planted in store.objects.list_prefix("scorer/1/")
     assert store.versions.drop_bytecode("scorer", "1") == [planted]  # what a promotion does before its loads
-    assert store.list_prefix("scorer/1/") == ["scorer/1/.mlreg-manifest.json", "scorer/1/model.py"]
+    assert store.objects.list_prefix("scorer/1/") == ["scorer/1/.mlreg-manifest.json", "scorer/1/model.py"]

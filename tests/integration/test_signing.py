@@ -91,8 +91,8 @@ class Stack:
         self.registry.models.fetch_version(model, version, folder)
         change(folder / version)
         store = open_store(self.settings.local_repository)
-        store.put_version(model, version, folder / version, config=folder / "config.pbtxt")
-        manifest = store.read_manifest(model, version)
+        store.versions.put_version(model, version, folder / version, config=folder / "config.pbtxt")
+        manifest = store.versions.read_manifest(model, version)
         assert manifest is not None
         self.registry.models.set_version_tag(model, version, "artifact_digest", manifest.digest)
 
@@ -149,7 +149,7 @@ def test_a_version_signed_with_a_trusted_key_promotes(stack: Stack) -> None:
     validate = next(s for s in result.stages if s.stage == "validate")
     assert f"{MODEL} v{version} signed by key {_fingerprint(stack, 'trusted')}" in validate.detail
     assert (stack.stored(MODEL, version) / SIGNATURE_FILE).is_file()  # beside the manifest
-    assert open_store(stack.settings.local_repository).check_version(MODEL, version).ok
+    assert open_store(stack.settings.local_repository).versions.check_version(MODEL, version).ok
     description = stack.registry.models.version(MODEL, version).description
     assert f"Signature: signed by key {_fingerprint(stack, 'trusted')}" in description
 

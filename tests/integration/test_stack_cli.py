@@ -144,7 +144,9 @@ def test_up_with_s3_serves_from_a_local_s3_server(
         assert info["loaded"] == ["table_data_preprocess"]
         served = open_store(info["repository"])
         for model in ("ens", "net", "pre"):
-            assert served.read(f"{model}/1/{MANIFEST}") == (repo / model / "1" / MANIFEST).read_bytes()
+            assert (
+                served.objects.read(f"{model}/1/{MANIFEST}") == (repo / model / "1" / MANIFEST).read_bytes()
+            )
         with TritonControl(info["grpc_url"]) as triton:
             ready = {
                 m["name"]: m.get("version") for m in triton.repository_index() if m.get("state") == "READY"

@@ -16,8 +16,9 @@ import pytest
 
 from mlreg.cli.main import app
 from pipelines.devstack import local_s3
+from pipelines.storage.base import Repository
 from pipelines.storage.push import push_model
-from pipelines.storage.s3 import S3Store
+from pipelines.storage.s3 import S3Objects
 from pipelines.storage.verify import MANIFEST
 from registry.errors import StorageError
 from registry.manifest import sha256_file
@@ -90,12 +91,12 @@ def test_store_verify_names_the_changed_file(runner: CliRunner, built_repository
     [version] = json.loads(good.stdout)["versions"]
     assert (version["status"], version["problems"]) == ("verified", [])
     assert version["hashed_bytes"] == version["bytes"] > 0  # verify re-hashes everything
-    store = S3Store(bucket, "prod", s3_server.endpoint)
+    store = Repository(S3Objects(bucket, "prod", s3_server.endpoint))
     key = "prod/table_data_preprocess/1/model.py"
-    original = store.client.get_object(Bucket=bucket, Key=key)
+    original = store.objects.client.get_object(Bucket=bucket, Key=key)
     body = original["Body"].read()
     tampered = body.replace(b"def ", b"def  ", 1)[: len(body)]
-    store.client.put_object(Bucket=bucket, Key=key, Body=tampered, Metadata=original["Metadata"])
+    store.objects.client.put_object(Bucket=bucket, Key=key, Body=tampered, Metadata=original["Metadata"])
     bad = runner.invoke(app, ["store", "verify", "--store", uri, "--json"])
     assert bad.exit_code == 5
     document = json.loads(bad.stdout)
@@ -155,12 +156,14 @@ def test_store_init_writes_the_root_marker_once(runner: CliRunner, s3_server) ->
 # -- a stored version is written once (real S3: moto_server) --------------------------------------
 
 
-def _objects(store: S3Store) -> dict[str, str]:
+def _objects(store: Repository) -> dict[str, str]:
     """sha256 of every object under the store's prefix (files, manifests, signatures, configs)."""
-    listed = store.client.list_objects_v2(Bucket=store.bucket, Prefix=f"{store.prefix}/")
+    listed = store.objects.client.list_objects_v2(
+        Bucket=store.objects.bucket, Prefix=f"{store.objects.prefix}/"
+    )
     return {
         o["Key"]: hashlib.sha256(
-            store.client.get_object(Bucket=store.bucket, Key=o["Key"])["Body"].read()
+            store.objects.client.get_object(Bucket=store.objects.bucket, Key=o["Key"])["Body"].read()
         ).hexdigest()
         for o in listed.get("Contents", [])
     }
@@ -184,8 +187,10 @@ def test_store_push_over_a_stored_signed_version_with_other_bytes_is_refused(
     uri = s3_server.store_uri(bucket, "prod")
     same = _variant(tmp_path / "same")
     assert runner.invoke(app, ["store", "push", str(same), "--store", uri]).exit_code == 0
-    store = S3Store(bucket, "prod", s3_server.endpoint)
-    store.write(f"table_data_preprocess/1/{SIGNATURE_FILE}", b'{"mediaType": "signature"}')  # as promoted
+    store = Repository(S3Objects(bucket, "prod", s3_server.endpoint))
+    store.objects.write(
+        f"table_data_preprocess/1/{SIGNATURE_FILE}", b'{"mediaType": "signature"}'
+    )  # as promoted
     before = _objects(store)
     other = _variant(tmp_path / "other", b"SIGN = -1\n")
     refused = runner.invoke(app, ["store", "push", str(other.parent), "--store", uri])
@@ -199,7 +204,7 @@ def test_store_push_over_a_stored_signed_version_with_other_bytes_is_refused(
     assert again.exit_code == 0, again.output
     assert "table_data_preprocess/1: sent 0 file(s) (0 bytes), skipped" in again.stdout
     assert _objects(store) == before
-    assert store.locks() == []
+    assert store.session.locks() == []
 
 
 def test_of_two_writers_of_one_new_s3_version_exactly_one_succeeds(s3_server, tmp_path: Path) -> None:
@@ -209,7 +214,7 @@ def test_of_two_writers_of_one_new_s3_version_exactly_one_succeeds(s3_server, tm
     start = threading.Barrier(2)
 
     def push(folder: Path) -> object:
-        store = S3Store(bucket, "prod", s3_server.endpoint)
+        store = Repository(S3Objects(bucket, "prod", s3_server.endpoint))
         start.wait(timeout=60)  # a writer that never comes breaks the barrier: the other fails, not hangs
         try:
             return push_model(store, folder)
@@ -224,13 +229,13 @@ def test_of_two_writers_of_one_new_s3_version_exactly_one_succeeds(s3_server, tm
         r"is locked by|already stored with other bytes|created by another writer", failed[0].message
     )
     winner = folders[outcomes.index(next(o for o in outcomes if not isinstance(o, StorageError)))]
-    store = S3Store(bucket, "prod", s3_server.endpoint)
-    assert store.verify_version("table_data_preprocess", "1", full=True).status == "verified"
-    assert store.read("table_data_preprocess/1/model.py") == (winner / "1" / "model.py").read_bytes()
+    store = Repository(S3Objects(bucket, "prod", s3_server.endpoint))
+    assert store.versions.verify_version("table_data_preprocess", "1", full=True).status == "verified"
+    assert store.objects.read("table_data_preprocess/1/model.py") == (winner / "1" / "model.py").read_bytes()
 
 
-class RacedS3Store(S3Store):
-    """An S3 store on which ``racer`` runs just before it creates a manifest: another writer's
+class RacedS3Objects(S3Objects):
+    """S3 objects on which ``racer`` runs just before it creates a manifest: another writer's
     whole upload of the same new version lands between this one's files and its manifest."""
 
     racer: Callable[[], object] | None = None
@@ -249,14 +254,15 @@ def test_the_manifest_of_a_new_s3_version_is_created_with_if_none_match(s3_serve
     bucket = f"n-{uuid.uuid4().hex[:10]}"
     local_s3.create_bucket(s3_server.endpoint, bucket)
     first, second = (_variant(tmp_path / str(i), f"WRITER = {i}\n".encode()) for i in range(2))
-    other = S3Store(bucket, "prod", s3_server.endpoint)
-    store = RacedS3Store(bucket, "prod", s3_server.endpoint)
-    store.racer = lambda: other.put_version("table_data_preprocess", "1", second / "1")
+    other = Repository(S3Objects(bucket, "prod", s3_server.endpoint))
+    raced = RacedS3Objects(bucket, "prod", s3_server.endpoint)
+    store = Repository(raced)
+    raced.racer = lambda: other.versions.put_version("table_data_preprocess", "1", second / "1")
     with pytest.raises(
         StorageError, match=r"table_data_preprocess v1 was created by another writer"
     ) as caught:
-        store.put_version("table_data_preprocess", "1", first / "1")
+        store.versions.put_version("table_data_preprocess", "1", first / "1")
     assert "mlreg store verify table_data_preprocess 1" in str(caught.value.fix)
-    manifest = store.read_manifest("table_data_preprocess", "1")
+    manifest = store.versions.read_manifest("table_data_preprocess", "1")
     assert manifest is not None
     assert manifest.files["model.py"]["sha256"] == sha256_file(second / "1" / "model.py")

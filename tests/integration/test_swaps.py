@@ -207,7 +207,7 @@ def test_consecutive_swaps_never_re_create_the_serving_version_and_a_changed_ove
     changed = text + 'parameters { key: "note" value { string_value: "other" } }\n'
     store = open_store(swaps.store)
     # a bare Fleet loads only what this run checked against MLflow's digest (issue 44)
-    store.verify_version(
+    store.versions.verify_version(
         "scorer", serving, swaps.registry.models.version_tags("scorer", serving)["artifact_digest"]
     )
     fleet = Fleet(

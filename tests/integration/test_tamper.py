@@ -187,7 +187,7 @@ def test_a_module_planted_beside_the_version_folders_refuses_every_load_and_noth
         assert f"{MODEL}/{version}.py lies beside the version folders" in " ".join(status.output.split())
     finally:
         planted.unlink()
-    assert open_store(stack.settings.local_repository).verify_version(MODEL, "2").ok  # clean again
+    assert open_store(stack.settings.local_repository).versions.verify_version(MODEL, "2").ok  # clean again
 
 
 def test_store_push_finishes_a_version_without_its_manifest_only_with_the_registered_bytes(
@@ -216,7 +216,7 @@ def test_store_push_finishes_a_version_without_its_manifest_only_with_the_regist
         done = stack.mlreg("store", "push", str(folder))
         assert done.exit_code == 0, done.output
         digest = stack.registry.models.version_tags(MODEL, "2")["artifact_digest"]
-        assert store.verify_version(MODEL, "2", digest, full=True).digest == digest
+        assert store.versions.verify_version(MODEL, "2", digest, full=True).digest == digest
     finally:
         if not manifest.exists():
             manifest.write_bytes(kept)
@@ -257,7 +257,9 @@ def test_a_rollback_to_a_version_corrupt_in_the_store_loads_the_registered_bytes
     assert f"{MODEL}/1 (corrupt: restored by assemble)" in " ".join(done.output.split())
     assert stack.stored("1").read_bytes() == good
     digest = stack.registry.models.version_tags(MODEL, "1")["artifact_digest"]
-    assert open_store(stack.settings.local_repository).verify_version(MODEL, "1", digest, full=True).ok
+    assert (
+        open_store(stack.settings.local_repository).versions.verify_version(MODEL, "1", digest, full=True).ok
+    )
     assert stack.snapshot()["serving"] == ["1"]
     assert stack.registry.models.aliases(MODEL)[ENV] == "1"
     np.testing.assert_allclose(stack.answers(), X * 1)

@@ -24,7 +24,7 @@ from mlreg.relay.core import Relay
 from mlreg.relay.queue import Queue
 from mlreg.relay.service import RegistryAliases, app
 from mlreg.relay.wire import payload, sign
-from pipelines.storage.local import LocalStore
+from pipelines.storage.base import Repository
 from registry.settings import Settings
 
 SECRET = b"relay-test-secret-0123456789"
@@ -102,7 +102,7 @@ def make_relay(
     config = RelayConfig(
         settings.home / "mlreg.toml", follows or {"production": "champion"}, targets or {}, interval=1.0
     )
-    store = LocalStore(store_root)
+    store = Repository.local(store_root)
     return Relay(
         None,
         config,

@@ -84,7 +84,7 @@ class Rig:
         (source / "model.py").write_text("x = 1\n")
         for model in ("m", "e", "n"):  # a real Fleet loads only versions the store verifies
             for version in ("1", "2"):
-                store.put_version(model, version, source)
+                store.versions.put_version(model, version, source)
         self.undo = UndoLog(gpu=False, journal=store.session)
         self.fleet = Fleet(store, URLS, _opener(self.replicas), 10, policy.max_parallel, undo=self.undo)
         self.staged = StagedRollout(URLS, self.fleet, policy, **kwargs)

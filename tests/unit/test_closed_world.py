@@ -36,7 +36,7 @@ from pipelines.core.plan import serving_versions
 from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Change, Fleet
 from pipelines.promote.integrity import folder_problems
-from pipelines.storage import RepositoryStore, open_store
+from pipelines.storage import Repository, open_store
 from pipelines.storage.closed_world import folder_entries, unexpected
 from pipelines.storage.local import sweep_temps
 from pipelines.storage.push import push_model
@@ -120,7 +120,7 @@ def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> RepositoryStore:
+def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Repository:
     if kind == "local":
         return open_store(tmp_path / "store")
     from pipelines.devstack import local_s3
@@ -131,28 +131,28 @@ def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Reposit
     return open_store(server.store_uri(bucket, "models"))
 
 
-def _seed(store: RepositoryStore, tmp_path: Path) -> Path:
+def _seed(store: Repository, tmp_path: Path) -> Path:
     """scorer v9 pushed as mlreg pushes it (manifest with the config, the config last)."""
     folder = tmp_path / "src" / MODEL
     (folder / VERSION).mkdir(parents=True)
     (folder / VERSION / "model.py").write_text(MODEL_PY)
     (folder / "config.pbtxt").write_text(CONFIG)
     push_model(store, folder)
-    store.verify_version(MODEL, VERSION)  # clean: verifies
+    store.versions.verify_version(MODEL, VERSION)  # clean: verifies
     return folder
 
 
-def _plant(store: RepositoryStore, plant: Plant, tmp_path: Path) -> None:
+def _plant(store: Repository, plant: Plant, tmp_path: Path) -> None:
     key = f"{MODEL}/{plant.path}"
     if plant.kind == "file":
-        store.write(key, PLANTED.encode())
+        store.objects.write(key, PLANTED.encode())
         return
     if plant.kind == "pyc":
         source = tmp_path / "planted.py"
         source.write_text(PLANTED)
         compiled = tmp_path / "planted.pyc"
         py_compile.compile(str(source), str(compiled), doraise=True)
-        store.write(key, compiled.read_bytes())
+        store.objects.write(key, compiled.read_bytes())
         return
     root = Path(store.uri)
     outside = tmp_path / "outside"
@@ -284,15 +284,15 @@ def stub() -> Iterator[Stub]:
         server.close()
 
 
-def _localized(store: RepositoryStore, tmp_path: Path) -> Path:
+def _localized(store: Repository, tmp_path: Path) -> Path:
     """The model folder as Triton reads it: a local store's own folder; on S3 every object under
     the model's prefix copied to a local folder (core's LocalizePath; read a few at a time)."""
     if not store.uri.startswith("s3://"):
         return Path(store.uri) / MODEL
     dest = tmp_path / "localized" / MODEL
-    keys = store.list_prefix(f"{MODEL}/")
+    keys = store.objects.list_prefix(f"{MODEL}/")
     with ThreadPoolExecutor(max_workers=8) as pool:
-        read = list(pool.map(store.read, keys))
+        read = list(pool.map(store.objects.read, keys))
     for key, data in zip(keys, read, strict=True):
         assert data is not None
         (dest / key[len(MODEL) + 1 :]).parent.mkdir(parents=True, exist_ok=True)
@@ -305,13 +305,13 @@ def test_the_clean_folder_imports_only_what_was_verified(tmp_path: Path, stub: S
     store = open_store(tmp_path / "store")
     _seed(store, tmp_path)
     assert not stub.runs_planted(_localized(store, tmp_path), tmp_path)
-    assert folder_entries(store, MODEL, (VERSION,)) == []
+    assert folder_entries(store.objects, MODEL, (VERSION,)) == []
 
 
 # -- the generated plant test ----------------------------------------------------------------------
 
 
-def _calls_of_a_refused_move(store: RepositoryStore) -> list[str]:
+def _calls_of_a_refused_move(store: Repository) -> list[str]:
     """A real Fleet's move of v9 onto a replica (a fake Triton that records each call): refused
     with a StorageError; the calls the replica heard."""
     sent: list[str] = []
@@ -337,14 +337,14 @@ def test_every_planted_position_is_refused_before_any_load_and_runs_when_the_che
         store.versions.distrusted.clear()  # one run per plant: what the last one learnt of v9 forgotten
         # refused by the verifier (what every load path calls), naming the entry
         with pytest.raises(StorageError) as caught:
-            store.verify_version(MODEL, VERSION)
+            store.versions.verify_version(MODEL, VERSION)
         assert plant.named in caught.value.message, (plant, caught.value.message)
         # before any load (``verify_load``, which every Fleet load calls): the replica hears none
         assert "load" not in _calls_of_a_refused_move(store)
         # named by what `mlreg status` reads (nothing hashed) -- but a covered file's new bytes
         # (9/model.py rewritten in place), which only hashing sees: verify names those above
         if plant.id != f"{VERSION}/model.py":
-            entries = [f"{MODEL}/{rel}" for rel, _ in folder_entries(store, MODEL, (VERSION,))]
+            entries = [f"{MODEL}/{rel}" for rel, _ in folder_entries(store.objects, MODEL, (VERSION,))]
             assert any(plant.named in entry for entry in entries), (plant, entries)
         # the positive control: bypass the check, read the folder as Triton does
         _write_through_hard_link(plant, here)
@@ -356,14 +356,14 @@ def test_every_planted_position_is_refused_before_any_load_and_runs_when_the_che
         _restore(store, clean, plant)
     assert ran == {p.id for p in plants} & IMPORTED
     store.versions.distrusted.clear()
-    store.verify_load(MODEL, (VERSION,))  # every plant gone again: the clean folder loads
+    store.versions.verify_load(MODEL, (VERSION,))  # every plant gone again: the clean folder loads
 
 
-def _snapshot(store: RepositoryStore) -> dict[str, bytes | None]:
-    return {key: store.read(key) for key in store.list_prefix(f"{MODEL}/")}
+def _snapshot(store: Repository) -> dict[str, bytes | None]:
+    return {key: store.objects.read(key) for key in store.objects.list_prefix(f"{MODEL}/")}
 
 
-def _restore(store: RepositoryStore, clean: dict[str, bytes | None], plant: Plant) -> None:
+def _restore(store: Repository, clean: dict[str, bytes | None], plant: Plant) -> None:
     """The model folder as seeded: a local one copied back whole (links and all gone), on S3 the
     planted keys deleted and the one written over put back."""
     if not store.uri.startswith("s3://"):
@@ -372,9 +372,9 @@ def _restore(store: RepositoryStore, clean: dict[str, bytes | None], plant: Plan
             (Path(store.uri) / key).parent.mkdir(parents=True, exist_ok=True)
             (Path(store.uri) / key).write_bytes(data or b"")
         return
-    store.delete_keys([key for key in store.list_prefix(f"{MODEL}/") if key not in clean])
+    store.objects.delete_keys([key for key in store.objects.list_prefix(f"{MODEL}/") if key not in clean])
     if f"{MODEL}/{plant.path}" in clean:
-        store.write(f"{MODEL}/{plant.path}", clean[f"{MODEL}/{plant.path}"] or b"")
+        store.objects.write(f"{MODEL}/{plant.path}", clean[f"{MODEL}/{plant.path}"] or b"")
 
 
 def test_a_hard_link_of_a_covered_file_with_the_verified_bytes_is_refused(tmp_path: Path) -> None:
@@ -385,8 +385,10 @@ def test_a_hard_link_of_a_covered_file_with_the_verified_bytes_is_refused(tmp_pa
     plant = Plant(f"{VERSION}/model.py", "hardlink")
     _plant(store, plant, tmp_path)
     with pytest.raises(StorageError, match=r"model\.py is a hard link \(2 names\)"):
-        store.verify_version(MODEL, VERSION)
-    assert store.check_version(MODEL, VERSION, hashing="all", closed_world=False).ok  # bytes alone pass
+        store.versions.verify_version(MODEL, VERSION)
+    assert store.versions.check_version(
+        MODEL, VERSION, hashing="all", closed_world=False
+    ).ok  # bytes alone pass
 
 
 # -- verbs: store verify and status name it ------------------------------------------------------------
@@ -398,7 +400,7 @@ def test_store_verify_and_status_name_every_unexpected_entry(tmp_path: Path) -> 
     store = open_store(tmp_path / "store")
     _seed(store, tmp_path)
     for path in (f"{VERSION}.py", "numpy.py", "99/model.py", "sub/x.pth"):
-        store.write(f"{MODEL}/{path}", PLANTED.encode())
+        store.objects.write(f"{MODEL}/{path}", PLANTED.encode())
     report = store_verify(str(tmp_path / "store"), MODEL)
     found = {(c.model, c.version, c.status) for _, c in report.checks}
     assert found == {(MODEL, VERSION, "unexpected entries"), (MODEL, "99", "incomplete")}
@@ -406,7 +408,7 @@ def test_store_verify_and_status_name_every_unexpected_entry(tmp_path: Path) -> 
     assert failure is not None
     for named in (f"{MODEL}/{VERSION}.py", f"{MODEL}/numpy.py", f"{MODEL}/99/", f"{MODEL}/sub/x.pth"):
         assert named in failure.message
-    lines = folder_problems(store, MODEL, [VERSION])
+    lines = folder_problems(store.objects, MODEL, [VERSION])
     assert [line.split(" ", 1)[0] for line in lines] == [
         f"{MODEL}/{VERSION}.py",
         f"{MODEL}/99/",
@@ -428,7 +430,7 @@ def test_status_rows_carry_the_entries_as_drift(tmp_path: Path, monkeypatch: pyt
 
     store = open_store(tmp_path / "store")
     _seed(store, tmp_path)
-    store.write(f"{MODEL}/{VERSION}.py", PLANTED.encode())
+    store.objects.write(f"{MODEL}/{VERSION}.py", PLANTED.encode())
     registry = FakeRegistry()
     registry.tags = {(MODEL, VERSION): {}}
     registry.alias_map = {MODEL: {"local": VERSION}}
@@ -447,27 +449,27 @@ def test_what_mlreg_writes_is_allowed(tmp_path: Path) -> None:
     versions: nothing is unexpected, and a load of two versions verifies."""
     store = open_store(tmp_path / "store")
     folder = _seed(store, tmp_path)
-    store.put_version(MODEL, "10", folder / VERSION)
-    store.write(f"{MODEL}/{VERSION}/.mlreg-signature.json", b"{}")
+    store.versions.put_version(MODEL, "10", folder / VERSION)
+    store.objects.write(f"{MODEL}/{VERSION}/.mlreg-signature.json", b"{}")
     (tmp_path / "store" / MODEL / "11").mkdir()
     assert (tmp_path / "store" / MODEL / VERSION / "__pycache__").is_file()  # the guard
     stamps = {f"{MODEL}/": [0, "", None, 0], f"{MODEL}/{VERSION}/": [0, "", None, 0]}  # S3 folder markers
-    assert unexpected(MODEL, stamps, [], {VERSION: store.read_manifest(MODEL, VERSION)}) == []
+    assert unexpected(MODEL, stamps, [], {VERSION: store.versions.read_manifest(MODEL, VERSION)}) == []
     assert unexpected(MODEL, {f"{MODEL}/sub/": [5, "", None, 0]}, [], {}) != []  # one with bytes is not
-    assert folder_entries(store, MODEL, (VERSION,)) == []
-    store.verify_load(MODEL, (VERSION, "10"))
+    assert folder_entries(store.objects, MODEL, (VERSION,)) == []
+    store.versions.verify_load(MODEL, (VERSION, "10"))
 
 
 def test_a_file_listed_in_another_versions_manifest_is_not_named_but_one_outside_is(tmp_path: Path) -> None:
     store = open_store(tmp_path / "store")
     folder = _seed(store, tmp_path)
-    store.put_version(MODEL, "10", folder / VERSION)
-    store.write(f"{MODEL}/10/extra.py", PLANTED.encode())
-    assert folder_entries(store, MODEL, (VERSION,)) == [
+    store.versions.put_version(MODEL, "10", folder / VERSION)
+    store.objects.write(f"{MODEL}/10/extra.py", PLANTED.encode())
+    assert folder_entries(store.objects, MODEL, (VERSION,)) == [
         ("10/extra.py", "is not listed in the manifest of 10/")
     ]
     with pytest.raises(StorageError, match=r"scorer/10/extra\.py is not listed in the manifest of 10/"):
-        store.verify_version(MODEL, VERSION)  # Triton localizes the whole folder: v10's litter too
+        store.versions.verify_version(MODEL, VERSION)  # Triton localizes the whole folder: v10's litter too
 
 
 # -- EXECUTION_ENV_PATH ---------------------------------------------------------------------------------
@@ -481,17 +483,17 @@ def test_an_execution_environment_in_another_version_folder_is_refused_at_the_lo
     store = open_store(tmp_path / "store")
     folder = _seed(store, tmp_path)
     (folder / VERSION / "env.tar.gz").write_bytes(b"archive")
-    store.put_version(MODEL, "10", folder / VERSION)
-    store.write_config(MODEL, _env_config("$$TRITON_MODEL_DIRECTORY/10/env.tar.gz"))
+    store.versions.put_version(MODEL, "10", folder / VERSION)
+    store.session.write_config(MODEL, _env_config("$$TRITON_MODEL_DIRECTORY/10/env.tar.gz"))
     with pytest.raises(StorageError, match=r"lies in version folder 10/, which this load does not load"):
-        store.verify_load(MODEL, (VERSION,))
-    store.verify_load(MODEL, ("10",))  # its own folder, listed in its manifest: loads
-    store.write_config(MODEL, _env_config("$$TRITON_MODEL_DIRECTORY/10/other.tar.gz"))
+        store.versions.verify_load(MODEL, (VERSION,))
+    store.versions.verify_load(MODEL, ("10",))  # its own folder, listed in its manifest: loads
+    store.session.write_config(MODEL, _env_config("$$TRITON_MODEL_DIRECTORY/10/other.tar.gz"))
     with pytest.raises(StorageError, match=r"is not a file listed in the manifest of 10/"):
-        store.verify_load(MODEL, ("10",))
-    store.write_config(MODEL, _env_config("/opt/env.tar.gz"))
+        store.versions.verify_load(MODEL, ("10",))
+    store.session.write_config(MODEL, _env_config("/opt/env.tar.gz"))
     with pytest.raises(StorageError, match=r"lies outside the model's version folders"):
-        store.verify_load(MODEL, ("10",))
+        store.versions.verify_load(MODEL, ("10",))
 
 
 def test_validate_refuses_an_execution_environment_in_a_version_folder_the_model_lacks(
@@ -521,8 +523,8 @@ def test_validate_refuses_an_execution_environment_in_a_version_folder_the_model
 # -- item 3: no way to finish a version with other bytes -------------------------------------------------
 
 
-def _objects(store: RepositoryStore) -> dict[str, bytes | None]:
-    return {key: store.read(key) for key in store.list_prefix("")}
+def _objects(store: Repository) -> dict[str, bytes | None]:
+    return {key: store.objects.read(key) for key in store.objects.list_prefix("")}
 
 
 @pytest.mark.parametrize("how", ["manifest removed", "manifest truncated"])
@@ -532,12 +534,12 @@ def test_a_push_never_finishes_a_version_without_its_manifest_with_other_bytes(
     store = _store(kind, tmp_path, request)
     folder = _seed(store, tmp_path)
     manifest = f"{MODEL}/{VERSION}/.mlreg-manifest.json"
-    registered = store.read_manifest(MODEL, VERSION)
+    registered = store.versions.read_manifest(MODEL, VERSION)
     assert registered is not None
     if how == "manifest removed":
-        store.delete(manifest)
+        store.objects.delete(manifest)
     else:
-        store.write(manifest, b'{"files": ')
+        store.objects.write(manifest, b'{"files": ')
     (folder / VERSION / "model.py").write_text(MODEL_PY.replace("verified", "rewritten"))
     before = _objects(store)
     digests = {(MODEL, VERSION): registered.digest}
@@ -553,13 +555,13 @@ def test_a_push_never_finishes_a_version_without_its_manifest_with_other_bytes(
     # the registered bytes finish it
     (folder / VERSION / "model.py").write_text(MODEL_PY)
     push_model(store, folder, registered=lambda m, v: digests.get((m, v)))
-    assert store.verify_version(MODEL, VERSION, registered.digest).digest == registered.digest
+    assert store.versions.verify_version(MODEL, VERSION, registered.digest).digest == registered.digest
 
 
 def test_a_new_version_needs_no_registry(tmp_path: Path) -> None:
     store = open_store(tmp_path / "store")
     _seed(store, tmp_path)  # pushed with registered=None: nothing was stored under scorer/9/
-    assert store.read_manifest(MODEL, VERSION) is not None
+    assert store.versions.read_manifest(MODEL, VERSION) is not None
 
 
 # -- issue 45 item 8: an interrupted upload leaves nothing in a version folder -------------------------
@@ -580,7 +582,7 @@ def test_an_interrupted_upload_leaves_no_temporary_file_in_the_model_folder(tmp_
         raise Interrupted
 
     with pytest.raises(Interrupted):
-        store.put_version(MODEL, "1", source, progress=cut)
+        store.versions.put_version(MODEL, "1", source, progress=cut)
     leftovers = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert [p for p in leftovers if ".tmp" in p.name or ".mlreg-tmp." in p.name] == []
     assert not (tmp_path / "store" / MODEL / "1" / "weights.bin").exists()
@@ -637,13 +639,15 @@ def test_a_load_holds_each_version_to_the_digest_it_verified_with(tmp_path: Path
     and so is a version that did not verify earlier in this run, whatever it holds now."""
     store = open_store(tmp_path / "store")
     folder = _seed(store, tmp_path)
-    registered = store.verify_version(MODEL, VERSION, store.read_manifest(MODEL, VERSION).digest)  # type: ignore[union-attr]
+    registered = store.versions.verify_version(
+        MODEL, VERSION, store.versions.read_manifest(MODEL, VERSION).digest
+    )  # type: ignore[union-attr]
     other = open_store(tmp_path / "store")  # another writer: a store object of its own
     (folder / VERSION / "model.py").write_text(MODEL_PY.replace("verified", "rewritten"))
-    other.put_version(MODEL, VERSION, folder / VERSION)  # files and a manifest that agree
-    assert other.verify_version(MODEL, VERSION).digest != registered.digest  # self-consistent
+    other.versions.put_version(MODEL, VERSION, folder / VERSION)  # files and a manifest that agree
+    assert other.versions.verify_version(MODEL, VERSION).digest != registered.digest  # self-consistent
     with pytest.raises(StorageError, match=r"does not match the digest registered in MLflow"):
-        store.verify_load(MODEL, (VERSION,))
-    assert store.refused(MODEL, VERSION)  # and from now on, in this run, refused as such
+        store.versions.verify_load(MODEL, (VERSION,))
+    assert store.versions.refused(MODEL, VERSION)  # and from now on, in this run, refused as such
     with pytest.raises(StorageError, match=r"did not verify earlier in this run"):
-        store.verify_load(MODEL, ("10",), CONFIG)  # the config names v9: held to it too
+        store.versions.verify_load(MODEL, ("10",), CONFIG)  # the config names v9: held to it too

@@ -92,18 +92,18 @@ def test_a_load_naming_a_version_never_held_to_mlflows_digest_is_refused(tmp_pat
     _plant_foreign(world)
     store = open_store(world.store_root)
     digest = world.registry.models.version_tags("net", "1")["artifact_digest"]
-    store.verify_version("net", "1", digest)  # v1 held to MLflow's digest; v77 never can be
-    assert store.check_version("net", "77").status == "verified"  # self-consistent: proves nothing
+    store.versions.verify_version("net", "1", digest)  # v1 held to MLflow's digest; v77 never can be
+    assert store.versions.check_version("net", "77").status == "verified"  # self-consistent: proves nothing
     with pytest.raises(
         StorageError, match=r"net v77 was not checked in this run against a digest registered"
     ):
-        store.verify_load("net", ("1", "77"))
+        store.versions.verify_load("net", ("1", "77"))
     config = world.config("net")
     assert config is not None
     assert serving_versions(config) == ["1", "77"]
     with pytest.raises(StorageError, match=r"net v77 was not checked"):
-        store.verify_load("net", ("1",), config)  # the config's version_policy names v77 too
-    store.verify_load("net", ("1",))  # the registered one alone loads
+        store.versions.verify_load("net", ("1",), config)  # the config's version_policy names v77 too
+    store.versions.verify_load("net", ("1",))  # the registered one alone loads
 
 
 def test_the_undo_and_retentions_bring_back_never_fall_back_to_the_manifest_alone(tmp_path: Path) -> None:
@@ -266,13 +266,13 @@ def test_a_folder_mlreg_cannot_list_is_an_entry_never_skipped(
     _, odd = walk_model(tmp_path / "store" / "m", "m")
     assert [rel for rel, why in odd if "cannot be listed by mlreg" in why] == ["helpers/"]
     with pytest.raises(StorageError, match=r"m/helpers/ cannot be listed by mlreg"):
-        store.verify_version("m", "1")
+        store.versions.verify_version("m", "1")
     version = tmp_path / "store" / "m" / "1"
     shutil.rmtree(hidden)
     (version / "sub").mkdir()
     hidden = version / "sub"
     with pytest.raises(StorageError, match=r"cannot guard m/1/ against bytecode caches"):
-        store.guard_bytecode("m", "1")  # a StorageError, never a raw PermissionError
+        store.objects.guard_bytecode("m", "1")  # a StorageError, never a raw PermissionError
 
 
 # -- F8: a version folder Triton would not load as that version -----------------------------------------
@@ -289,10 +289,10 @@ def test_store_push_refuses_a_version_folder_with_a_leading_zero_before_anything
     (folder / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
     with pytest.raises(StorageError, match=r"09/ with a leading zero .* Triton 2.51 ignores such a folder"):
         push_model(store, folder)
-    assert store.list_prefix("m/") == []  # nothing sent, not even v9
+    assert store.objects.list_prefix("m/") == []  # nothing sent, not even v9
     with pytest.raises(StorageError, match=r"version '09' is not a number Triton loads"):
-        store.put_version("m", "09", folder / "09")
-    assert store.list_prefix("m/") == []
+        store.versions.put_version("m", "09", folder / "09")
+    assert store.objects.list_prefix("m/") == []
 
 
 # -- variant verbs: deployments, retention's bring-back ---------------------------------------------
@@ -311,13 +311,13 @@ def test_retentions_bring_back_refuses_a_version_whose_model_folder_holds_a_plan
     store = open_store(world.store_root)
     archive = archive_of(store)
     move_to_archive(store, archive, "net", "1")
-    assert store.read_manifest("net", "1") is None
+    assert store.versions.read_manifest("net", "1") is None
     digest = world.registry.models.version_tags("net", "1")["artifact_digest"]
     step = Step("net", "1", Role.MEMBER, None, "", None, [], digest=digest)
     (world.store_root / "net" / "1.py").write_text("print('PLANTED')\n")
     assert retention.restored(store, step) is False
     (world.store_root / "net" / "1.py").unlink()
-    store.delete_version("net", "1")
+    store.versions.delete_version("net", "1")
     assert retention.restored(open_store(world.store_root), step) is True  # the control
     assert (
         retention.restored(open_store(world.store_root), Step("net", "1", Role.MEMBER, None, "", None, []))

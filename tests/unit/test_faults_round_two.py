@@ -32,7 +32,7 @@ def _state(world: World) -> dict[str, Any]:
         "pins": {url: dict(target.ensembles) for url, target in sorted(world.fleet.targets.items())},
         "files": sorted(str(p.relative_to(world.store_root)) for p in world.store_root.rglob("*")),
         "configs": {m: world.config(m) for m in ("pre", "net", "ens")},
-        "locks": store.locks(),
+        "locks": store.session.locks(),
         "aliases": {m: dict(a) for m, a in world.registry.alias_map.items()},
     }
 
@@ -165,7 +165,7 @@ def test_a_lock_from_a_clock_ahead_is_called_skew_and_unlock_force_naming_its_ho
     root.mkdir()
     path = _lock_from_a_clock_ahead(root)
     store = open_store(root)
-    [held] = store.locks()
+    [held] = store.session.locks()
     assert (held.stale, round(held.skew / 3600)) == (False, 48)
     assert "the lock's time lies 2 days in the future (clock skew: a clock ahead wrote it)" in held.describe()
 
@@ -193,11 +193,11 @@ def test_a_lock_from_a_clock_ahead_is_called_skew_and_unlock_force_naming_its_ho
     assert forced.exit_code == 0, forced.output
     assert f"{root}: removed the lock of 'm' held by {AHEAD} since " in forced.output
     assert not path.exists()
-    assert store.locks() == []
-    with store.lock("m", owner="next@here:1", ttl=60) as lease:  # the model can be locked again
-        assert store.read_lock("m") is not None
+    assert store.session.locks() == []
+    with store.session.lock("m", owner="next@here:1", ttl=60) as lease:  # the model can be locked again
+        assert store.session.read_lock("m") is not None
         assert lease.owner == "next@here:1"
-    assert store.locks() == []
+    assert store.session.locks() == []
 
 
 def test_a_live_lock_of_the_right_clock_is_no_skew_and_force_names_its_holder(
@@ -205,8 +205,8 @@ def test_a_live_lock_of_the_right_clock_is_no_skew_and_force_names_its_holder(
 ) -> None:
     root = tmp_path / "store"
     store = open_store(root)
-    with store.lock("m", owner="alive@elsewhere:1", ttl=60):
-        [held] = store.locks()
+    with store.session.lock("m", owner="alive@elsewhere:1", ttl=60):
+        [held] = store.session.locks()
         assert held.skew == 0.0
         assert "clock skew" not in held.describe()
         refused = cli("store", "unlock", "m", "--store", str(root), "--json")
@@ -214,7 +214,7 @@ def test_a_live_lock_of_the_right_clock_is_no_skew_and_force_names_its_holder(
         assert "its lease is alive" in refused.output
         assert "wait for that promotion to finish" in refused.output
         assert "'mlreg store unlock m --force alive@elsewhere:1'" in refused.output
-        assert [lock.owner for lock in store.locks()] == ["alive@elsewhere:1"]
+        assert [lock.owner for lock in store.session.locks()] == ["alive@elsewhere:1"]
 
 
 # -- item 11: `store ls` on a store that never answers ----------------------------------------------

@@ -26,9 +26,9 @@ from pipelines.core.plan import serving_versions
 from pipelines.core.reports import PromotionFailed
 from pipelines.promote import stages
 from pipelines.storage import open_store
-from pipelines.storage.base import lock_key
-from pipelines.storage.local import LocalStore
-from pipelines.storage.s3 import S3Store, _translating
+from pipelines.storage.base import Repository, lock_key
+from pipelines.storage.local import LocalObjects
+from pipelines.storage.s3 import S3Objects, _translating
 from registry.errors import StorageError
 from registry.manifest import artifact_digest
 from tests.cli import CliRunner
@@ -40,84 +40,84 @@ DATE = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 def test_a_lease_is_judged_by_the_stores_clock_not_the_holders(tmp_path: Path) -> None:
     """A holder whose clock runs an hour ahead wrote ``expires_at`` far in the future; the lock
     file's mtime (the store's clock) says its 60 s lease ran out: it is taken over."""
-    store = LocalStore(tmp_path)
+    store = Repository.local(tmp_path)
     payload = {"owner": "ahead@elsewhere:1", "token": "t", "ttl": 60, "expires_at": time.time() + 3600}
-    assert store.create(lock_key("m"), json.dumps(payload).encode())
+    assert store.objects.create(lock_key("m"), json.dumps(payload).encode())
     old = time.time() - 120
     os.utime(tmp_path / lock_key("m"), (old, old))
-    held = store.read_lock("m")
+    held = store.session.read_lock("m")
     assert held is not None
     assert held.stale
     assert held.clock == "store"
-    with store.lock("m", owner="next") as mine:
+    with store.session.lock("m", owner="next") as mine:
         assert json.loads((tmp_path / lock_key("m")).read_bytes())["token"] == mine.token
-    assert store.read_lock("m") is None
+    assert store.session.read_lock("m") is None
 
 
 def test_a_live_lease_refuses_with_dates_and_unlock_waits_for_it(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
-    other = LocalStore(tmp_path)
-    with store.lock("m", owner="holder@elsewhere:1", ttl=60):
+    store = Repository.local(tmp_path)
+    other = Repository.local(tmp_path)
+    with store.session.lock("m", owner="holder@elsewhere:1", ttl=60):
         with pytest.raises(
             StorageError, match=rf"locked by holder@elsewhere:1 since {DATE}, lease until {DATE}"
         ):
-            with other.lock("m"):
+            with other.session.lock("m"):
                 pass
         with pytest.raises(StorageError, match="its lease is alive"):
             other.session.unlock("m")
-        assert [lock.model for lock in other.locks()] == ["m"]
+        assert [lock.model for lock in other.session.locks()] == ["m"]
         old = time.time() - 120  # the holder stopped renewing (frozen): its lease runs out
         os.utime(tmp_path / lock_key("m"), (old, old))
         assert other.session.unlock("m").owner == "holder@elsewhere:1"
-        assert other.locks() == []
+        assert other.session.locks() == []
     assert not (tmp_path / lock_key("m")).exists()
 
 
 def test_a_lost_lock_stops_the_next_config_write_and_is_not_released(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
-    store.write_config("m", "v1\n")
-    with store.lock("m", ttl=60):
-        store.write_config("m", "v2\n")  # renewed, still ours
-        data, token = store.read_versioned(lock_key("m")) or (b"", "")
+    store = Repository.local(tmp_path)
+    store.session.write_config("m", "v1\n")
+    with store.session.lock("m", ttl=60):
+        store.session.write_config("m", "v2\n")  # renewed, still ours
+        data, token = store.objects.read_versioned(lock_key("m")) or (b"", "")
         intruder = {"owner": "intruder@elsewhere:1", "token": "x", "ttl": 60, "expires_at": 0}
-        assert store.replace(lock_key("m"), json.dumps(intruder).encode(), token)
+        assert store.objects.replace(lock_key("m"), json.dumps(intruder).encode(), token)
         with pytest.raises(StorageError, match=r"the lock of model 'm' was lost: it is held by intruder"):
-            store.write_config("m", "v3\n")
+            store.session.write_config("m", "v3\n")
         with pytest.raises(StorageError, match="was lost"):
             store.session.renew_leases()
     assert store.read_config("m") == "v2\n"
     assert json.loads((tmp_path / lock_key("m")).read_bytes())["owner"] == "intruder@elsewhere:1"
-    assert store.lock_notes == []
+    assert store.session.lock_notes == []
 
 
 def test_a_lease_is_renewed_while_held(tmp_path: Path) -> None:
     """The renewer thread rewrites the lock object (compare-and-swap) every third of the lease."""
-    store = LocalStore(tmp_path)
-    with store.lock("m", ttl=0.6):
+    store = Repository.local(tmp_path)
+    with store.session.lock("m", ttl=0.6):
         first = json.loads((tmp_path / lock_key("m")).read_bytes())["renewal"]
         deadline = time.monotonic() + 30
         while json.loads((tmp_path / lock_key("m")).read_bytes())["renewal"] == first:
             assert time.monotonic() < deadline, "never renewed"
             time.sleep(0.05)
-        assert not store.read_lock("m").stale  # type: ignore[union-attr]
+        assert not store.session.read_lock("m").stale  # type: ignore[union-attr]
 
 
 def test_a_release_that_fails_is_a_note_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store unreachable at the release (a mock: the local folder cannot be taken away from
     under one open lock here): the holder's own error stays, the lock left is a note."""
-    store = LocalStore(tmp_path)
+    store = Repository.local(tmp_path)
 
     def unreachable(key: str) -> None:
         raise StorageError(f"{store.uri}: cannot read '{key}': unreachable")
 
     def promotion() -> None:
-        with store.lock("m", ttl=60):
-            monkeypatch.setattr(store, "lock_state", unreachable)
+        with store.session.lock("m", ttl=60):
+            monkeypatch.setattr(store.objects, "lock_state", unreachable)
             raise RuntimeError("the promotion's own error")
 
     with pytest.raises(RuntimeError, match="the promotion's own error"):
         promotion()
-    [note] = store.lock_notes
+    [note] = store.session.lock_notes
     assert note.startswith(f"the lock of 'm' was left at {store.uri}/.mlreg-lock.m.json")
     assert "mlreg store unlock m" in note
     assert (tmp_path / lock_key("m")).exists()
@@ -131,15 +131,15 @@ def test_a_full_disk_leaves_no_temporary_config_in_the_model_folder(
     fill a tmpfs of their own instead).  The old config stays, no temporary file is left (neither
     in the model folder Triton scans nor at the root); the error says the disk is full and to free
     space."""
-    store = LocalStore(tmp_path)
-    store.write_config("m", "old\n")
+    store = Repository.local(tmp_path)
+    store.session.write_config("m", "old\n")
     tmp = tmp_path / f".mlreg-tmp.{os.getpid()}.full"
     tmp.symlink_to("/dev/full")
-    monkeypatch.setattr(LocalStore, "_temp", lambda self: tmp)  # the name only: the ENOSPC is real
+    monkeypatch.setattr(LocalObjects, "_temp", lambda self: tmp)  # the name only: the ENOSPC is real
     with pytest.raises(
         StorageError, match=r"disk full at .*: cannot write 'm/config.pbtxt' \(No space left on device\)"
     ) as caught:
-        store.write_config("m", "new\n")
+        store.session.write_config("m", "new\n")
     assert (caught.value.fix or "").startswith("free space at ")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.pbtxt"]
     assert not tmp.is_symlink()
@@ -159,23 +159,23 @@ def _client_error(code: str, operation: str = "PutObject") -> Exception:
 def test_credential_errors_say_to_fix_the_credentials(code: str) -> None:
     from boto3.exceptions import S3UploadFailedError
 
-    store = S3Store("b", "p", "http://127.0.0.1:9")
+    store = Repository(S3Objects("b", "p", "http://127.0.0.1:9"))
     for exc in (
         _client_error(code),
         S3UploadFailedError(
             f"Failed to upload f to b/k: An error occurred ({code}) when calling the PutObject"
         ),
     ):
-        error = _translated(store, "upload", "m/1/f", exc)
+        error = _translated(store.objects, "upload", "m/1/f", exc)
         assert f"credentials rejected while trying to upload 'm/1/f' ({code}" in error.message
         fix = error.fix or ""
         assert "rerun to resume" not in fix
         assert "credentials" in fix or "AWS_ACCESS_KEY_ID" in fix
-    token = _translated(store, "write", "k", _client_error(code))
+    token = _translated(store.objects, "write", "k", _client_error(code))
     assert ("session token" in (token.fix or "")) == (code in {"InvalidToken", "ExpiredToken"})
 
 
-def _translated(store: S3Store, what: str, key: str, exc: Exception) -> StorageError:
+def _translated(store: S3Objects, what: str, key: str, exc: Exception) -> StorageError:
     """The StorageError the store's one translation point makes of ``exc``."""
     with pytest.raises(StorageError, match="credentials rejected") as caught, _translating(store, what, key):
         raise exc
@@ -184,10 +184,10 @@ def _translated(store: S3Store, what: str, key: str, exc: Exception) -> StorageE
 
 def test_open_store_keeps_leases_per_store(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
-    with store.lock("a", ttl=60), store.lock("b", ttl=60):
-        assert sorted(store.leases) == ["a", "b"]
+    with store.session.lock("a", ttl=60), store.session.lock("b", ttl=60):
+        assert sorted(store.session.leases) == ["a", "b"]
         store.session.renew_leases()
-    assert store.leases == {}
+    assert store.session.leases == {}
 
 
 # -- issue 38: full disks, an archive on another file system, a truncated manifest (real tmpfs) ----
@@ -287,8 +287,8 @@ def _settled(world: World, version: str) -> None:
     assert serving_versions(world.config("net")) == [version]
     assert world.registry.models.aliases("net")["test"] == version
     store = world.fleet.store
-    assert store.locks() == []
-    store.verify_version("net", version, world.registry.tags[("net", version)]["artifact_digest"])
+    assert store.session.locks() == []
+    store.versions.verify_version("net", version, world.registry.tags[("net", version)]["artifact_digest"])
 
 
 def test_tmpdir_full_during_a_promotion_is_one_disk_full_error_and_a_rerun_promotes(
@@ -315,7 +315,7 @@ def test_tmpdir_full_during_a_promotion_is_one_disk_full_error_and_a_rerun_promo
     assert f"error: disk full at {temp} (TMPDIR): a file could not be written" in err
     assert f"fix: free space at {temp} ('df -h {temp}'), or point TMPDIR at a folder with room" in err
     assert (_files(world.store_root), _serving(world), world.registry.models.aliases("net")) == before
-    assert world.fleet.store.locks() == []
+    assert world.fleet.store.session.locks() == []
 
     filler.unlink()
 
@@ -331,7 +331,7 @@ def test_tmpdir_full_during_a_promotion_is_one_disk_full_error_and_a_rerun_promo
     assert "; nothing was changed" in err
     assert f"fix: free space at {temp}" in err
     assert (_files(world.store_root), _serving(world), world.registry.models.aliases("net")) == before
-    assert world.fleet.store.locks() == []
+    assert world.fleet.store.session.locks() == []
     assert "the attempt was not recorded in MLflow (No space left on device)" in err  # its report
 
     (temp / "filler.bin").unlink()
@@ -365,7 +365,7 @@ def test_a_local_store_full_at_upload_says_free_space_and_a_rerun_promotes(
     assert "check the folder exists" not in err
     assert failed.value.result.failed_stage == "assemble"
     assert (_files(root), _serving(world), world.registry.models.aliases("net")) == before
-    assert world.fleet.store.locks() == []
+    assert world.fleet.store.session.locks() == []
     assert world.registry.recorded[-1]["tags"]["result"] == "rolled back"
 
     tmpfs(root, "4m")  # grown
@@ -412,7 +412,7 @@ def test_a_store_full_at_the_uploaded_checkpoint_rolls_back_without_restoring_an
     assert (_files(root), _serving(world), world.registry.models.aliases("net")) == before
     assert ("ens", "2") not in world.registry.tags  # the version it registered, deleted
     assert world.fleet.loads == loads  # no replica was sent anything
-    assert world.fleet.store.locks() == []
+    assert world.fleet.store.session.locks() == []
     assert world.registry.recorded[-1]["tags"]["result"] == "rolled back"
 
     monkeypatch.setattr(stages, "checkpoint", lambda point: None)
@@ -445,7 +445,7 @@ def test_an_archive_on_another_file_system_is_moved_by_a_checked_copy_both_ways(
     store, copy = world.fleet.store, world.fleet.store.archive()
     assert (store.list_versions("net"), copy.list_versions("net")) == (["2", "3"], ["1"])
     digest = world.registry.tags[("net", "1")]["artifact_digest"]
-    assert copy.verify_version("net", "1", digest, full=True).status == "verified"
+    assert copy.versions.verify_version("net", "1", digest, full=True).status == "verified"
 
     world.fleet.nan_answers.add(("net", "1"))  # the rollback to v1 fails its smoke test
     with pytest.raises(PromotionFailed, match="rolled back, the previous versions serve") as failed:
@@ -453,10 +453,10 @@ def test_an_archive_on_another_file_system_is_moved_by_a_checked_copy_both_ways(
     detail = failed.value.result.stages[-1].detail
     assert "net/2 back from the archive" in detail  # the make_room of this attempt, undone
     assert (store.list_versions("net"), copy.list_versions("net")) == (["2", "3"], ["1"])
-    assert store.verify_version("net", "2", world.registry.tags[("net", "2")]["artifact_digest"])
+    assert store.versions.verify_version("net", "2", world.registry.tags[("net", "2")]["artifact_digest"])
     assert _serving(world) == {"t0:8001": ["3"], "t1:8001": ["3"]}
     assert world.registry.models.aliases("net")["test"] == "3"
-    assert store.locks() == []
+    assert store.session.locks() == []
 
     world.fleet.nan_answers.clear()
     back = world.promote("net", "1")  # from the archive, verified; v2 leaves for it
@@ -466,7 +466,7 @@ def test_an_archive_on_another_file_system_is_moved_by_a_checked_copy_both_ways(
     assert stage.detail.startswith("keep 2: archived ens v2 (")
     _settled(world, "1")
     assert (store.list_versions("net"), copy.list_versions("net")) == (["1", "3"], ["2"])
-    assert copy.verify_version("net", "2", full=True).status == "verified"
+    assert copy.versions.verify_version("net", "2", full=True).status == "verified"
 
 
 def test_store_gc_moves_to_an_archive_on_another_file_system_and_a_rerun_has_nothing_left(
@@ -483,8 +483,10 @@ def test_store_gc_moves_to_an_archive_on_another_file_system_and_a_rerun_has_not
         (source / version).mkdir(parents=True)
         (source / version / "model.py").write_text(f"VERSION = {version}\n")
         (source / version / "weights.bin").write_bytes(os.urandom(50_000))
-        store.put_version("m", version, source / version)
-    store.write_config("m", 'name: "m"\nbackend: "python"\nversion_policy: { specific: { versions: [4] } }\n')
+        store.versions.put_version("m", version, source / version)
+    store.session.write_config(
+        "m", 'name: "m"\nbackend: "python"\nversion_policy: { specific: { versions: [4] } }\n'
+    )
     tmpfs(registry_home / ".mlreg-archive", "4m")
     done = CliRunner().invoke(app, ["store", "gc", "--keep", "2"])
     assert done.exit_code == 0, done.output
@@ -493,8 +495,8 @@ def test_store_gc_moves_to_an_archive_on_another_file_system_and_a_rerun_has_not
     archive = store.archive()
     assert (store.list_versions("m"), archive.list_versions("m")) == (["3", "4"], ["1", "2"])
     for version in "12":
-        assert archive.verify_version("m", version, full=True).status == "verified"
-    assert store.locks() == []
+        assert archive.versions.verify_version("m", version, full=True).status == "verified"
+    assert store.session.locks() == []
     again = CliRunner().invoke(app, ["store", "gc", "--keep", "2", "--json"])
     assert again.exit_code == 0, again.output
     assert (json.loads(again.stdout)["moves"], json.loads(again.stdout)["failed"]) == ([], [])
@@ -564,4 +566,6 @@ def test_a_truncated_manifest_of_the_serving_version_is_listed_flagged_and_repai
     [assemble] = [s for s in result.stages if s.stage == "assemble"]
     assert "net/2 restored from the registry (" in str(assemble.report)
     _settled(world, "3")
-    world.fleet.store.verify_version("net", "2", world.registry.tags[("net", "2")]["artifact_digest"])
+    world.fleet.store.versions.verify_version(
+        "net", "2", world.registry.tags[("net", "2")]["artifact_digest"]
+    )

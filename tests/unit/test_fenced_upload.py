@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.core.litter import forget_uploads, marker_key, note_upload, remove_fenced_uploads
+from pipelines.storage.base import Repository
 from pipelines.storage.lease import Lease
-from pipelines.storage.local import LocalStore
 from registry.errors import TritonError
 from tests.unit.worlds import MEMBER, World
 
@@ -46,10 +46,10 @@ def _tree(root: Path) -> list[str]:
 def repo(tmp_path: Path) -> Path:
     """scorer v7 and v8 stored, the config lists 8."""
     root = tmp_path / "store"
-    seed = LocalStore(root)
+    seed = Repository.local(root)
     for version in ("7", "8"):
-        seed.put_version("scorer", version, _version(tmp_path / "src" / version, f"v{version}\n"))
-    seed.write_config("scorer", CONFIG)
+        seed.versions.put_version("scorer", version, _version(tmp_path / "src" / version, f"v{version}\n"))
+    seed.session.write_config("scorer", CONFIG)
     return root
 
 
@@ -57,15 +57,15 @@ def test_the_next_holder_removes_the_upload_of_a_promotion_that_lost_its_lock(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(Lease, "_renew_loop", lambda self: None)  # the fenced holder is frozen
-    mine = LocalStore(repo)
-    with mine.lock("scorer", ttl=TTL) as lease:
+    mine = Repository.local(repo)
+    with mine.session.lock("scorer", ttl=TTL) as lease:
         note_upload(mine, "scorer", "10")  # as assemble does, before the upload
-        mine.put_version("scorer", "10", _version(tmp_path / "src" / "10", "v10\n"))
+        mine.versions.put_version("scorer", "10", _version(tmp_path / "src" / "10", "v10\n"))
         marker = json.loads((repo / marker_key("scorer", "10")).read_text())
         assert (marker["owner"], marker["token"]) == (lease.owner, lease.token)
         time.sleep(TTL * 1.25)  # frozen past its lease: the lock is another's to take
-        other = LocalStore(repo)
-        with other.lock("scorer", owner=OTHER, ttl=60):
+        other = Repository.local(repo)
+        with other.session.lock("scorer", owner=OTHER, ttl=60):
             before = _tree(repo)
             lines = remove_fenced_uploads(other, ["scorer"], {})
             assert lines == [
@@ -73,7 +73,7 @@ def test_the_next_holder_removes_the_upload_of_a_promotion_that_lost_its_lock(
                 "before it finished (a fenced promotion writes nothing, its undo included)"
             ]
             after = _tree(repo)
-        assert mine.fenced()  # the fenced one could not have removed it itself
+        assert mine.session.fenced()  # the fenced one could not have removed it itself
     assert [p for p in before if p not in after] == sorted(
         [marker_key("scorer", "10"), *[p for p in before if p.startswith("scorer/10/")]]
     )
@@ -82,16 +82,20 @@ def test_the_next_holder_removes_the_upload_of_a_promotion_that_lost_its_lock(
 
 
 def test_only_a_marked_unserved_folder_of_another_holder_is_removed(repo: Path, tmp_path: Path) -> None:
-    store = LocalStore(repo)
-    store.put_version("scorer", "11", _version(tmp_path / "src" / "11", "pushed by hand\n"))  # no marker
-    store.write(
+    store = Repository.local(repo)
+    store.versions.put_version(
+        "scorer", "11", _version(tmp_path / "src" / "11", "pushed by hand\n")
+    )  # no marker
+    store.objects.write(
         marker_key("scorer", "8"),
         json.dumps({"model": "scorer", "version": "8", "owner": "x", "token": "t1"}).encode(),
     )  # serves now
-    store.write(marker_key("scorer", "7"), b"{not json")  # not ours: named, left
-    with store.lock("scorer", owner="me@here:1", ttl=60) as lease:
+    store.objects.write(marker_key("scorer", "7"), b"{not json")  # not ours: named, left
+    with store.session.lock("scorer", owner="me@here:1", ttl=60) as lease:
         note_upload(store, "scorer", "9")
-        store.put_version("scorer", "9", _version(tmp_path / "src" / "9", "mine\n"))  # this holder's own
+        store.versions.put_version(
+            "scorer", "9", _version(tmp_path / "src" / "9", "mine\n")
+        )  # this holder's own
         lines = remove_fenced_uploads(store, ["scorer"], {})
         assert lines == [
             f"{repo}: {marker_key('scorer', '7')} is not an upload marker mlreg wrote: left as it is "
@@ -113,13 +117,13 @@ def test_a_promotion_leaves_no_marker_and_its_resolve_removes_a_fenced_ones_uplo
     world.promote("ens", "1")
     for version in ("2", "3"):
         world.registry.add("net", version, MEMBER.format(name="net", src="MID", dst="OUT"))
-    store = LocalStore(world.store_root)
+    store = Repository.local(world.store_root)
     source = tmp_path / "fenced"
     (source / "model.py").parent.mkdir(parents=True)
     (source / "model.py").write_text("# a fenced promotion's upload of net v3\n")
-    store.put_version("net", "3", source)
+    store.versions.put_version("net", "3", source)
     marker = {"model": "net", "version": "3", "owner": "ci@runner-7:99", "token": "f" * 24, "at": 0}
-    store.write(marker_key("net", "3"), json.dumps(marker).encode())
+    store.objects.write(marker_key("net", "3"), json.dumps(marker).encode())
     result = world.promote("net", "2")
     assert (
         f"net/3 removed from {world.store_root}: uploaded by ci@runner-7:99's promotion, which lost its lock "
@@ -137,10 +141,10 @@ def test_store_gc_removes_a_fenced_promotions_upload_under_the_locks_it_takes(
     """The other way it goes: ``mlreg store gc`` (retention.collect, under each model's lock)."""
     from pipelines.promote import retention
 
-    store = LocalStore(repo)
-    store.put_version("scorer", "10", _version(tmp_path / "src" / "10", "a fenced promotion's\n"))
+    store = Repository.local(repo)
+    store.versions.put_version("scorer", "10", _version(tmp_path / "src" / "10", "a fenced promotion's\n"))
     marker = {"model": "scorer", "version": "10", "owner": "ci@runner-7:99", "token": "e" * 24}
-    store.write(marker_key("scorer", "10"), json.dumps(marker).encode())
+    store.objects.write(marker_key("scorer", "10"), json.dumps(marker).encode())
     dry = retention.collect(store, dict, lambda model, version: "", keep=5, dry_run=True)
     assert dry.litter == []  # a dry run removes nothing
     assert store.list_versions("scorer") == ["7", "8", "10"]
@@ -160,11 +164,11 @@ def test_store_gc_removes_a_fenced_promotions_upload_under_the_locks_it_takes(
 FENCED = {"model": "scorer", "version": "10", "owner": "ci@runner-7:99", "token": "f" * 24, "at": 0}
 
 
-def _fenced_upload(repo: Path, tmp_path: Path) -> LocalStore:
+def _fenced_upload(repo: Path, tmp_path: Path) -> Repository:
     """scorer v10 uploaded by a promotion that lost its lock (its marker names another lease)."""
-    store = LocalStore(repo)
-    store.put_version("scorer", "10", _version(tmp_path / "src" / "10", "v10\n"))
-    store.write(marker_key("scorer", "10"), json.dumps(FENCED).encode())
+    store = Repository.local(repo)
+    store.versions.put_version("scorer", "10", _version(tmp_path / "src" / "10", "v10\n"))
+    store.objects.write(marker_key("scorer", "10"), json.dumps(FENCED).encode())
     return store
 
 
@@ -182,7 +186,7 @@ def test_an_upload_a_replica_still_holds_is_kept(repo: Path, tmp_path: Path, rep
     only v8.  Before: the next holder deleted v10's folder under the replica serving it.  Now kept,
     its marker too (the proof stays for when the replica is put back), and said so."""
     store = _fenced_upload(repo, tmp_path)
-    with store.lock("scorer", owner="me@here:1", ttl=60):
+    with store.session.lock("scorer", owner="me@here:1", ttl=60):
         lines = remove_fenced_uploads(store, ["scorer"], replicas)
     assert lines == [
         f"scorer/10 (uploaded by ci@runner-7:99's promotion, which lost its lock) kept in {repo}: a replica "
@@ -196,7 +200,7 @@ def test_an_upload_a_replica_still_holds_is_kept(repo: Path, tmp_path: Path, rep
 def test_an_upload_is_not_removed_while_a_replica_cannot_be_asked(repo: Path, tmp_path: Path) -> None:
     store = _fenced_upload(repo, tmp_path)
     replicas = {"t0:8001": {"scorer": {"8": "READY"}}, "t1:8001": TritonError("t1:8001 does not answer")}
-    with store.lock("scorer", owner="me@here:1", ttl=60):
+    with store.session.lock("scorer", owner="me@here:1", ttl=60):
         lines = remove_fenced_uploads(store, ["scorer"], replicas)  # type: ignore[arg-type]
     assert lines == [
         "upload markers of scorer not checked: t1:8001 cannot be asked what it serves, so no upload is "
@@ -213,7 +217,7 @@ def test_an_upload_no_replica_holds_is_removed(repo: Path, tmp_path: Path) -> No
         "t0:8001": {"scorer": {"8": "READY", "10": "UNAVAILABLE"}},
         "t1:8001": {"scorer": {"8": "READY"}},
     }
-    with store.lock("scorer", owner="me@here:1", ttl=60):
+    with store.session.lock("scorer", owner="me@here:1", ttl=60):
         lines = remove_fenced_uploads(store, ["scorer"], replicas)
     assert [line.split(":")[0] for line in lines] == ["scorer/10 removed from " + str(repo).split(":")[0]]
     assert store.list_versions("scorer") == ["7", "8"]
@@ -227,13 +231,13 @@ def test_resolve_keeps_a_fenced_candidate_the_canary_still_serves(tmp_path: Path
     world.promote("ens", "1")
     for version in ("2", "3"):
         world.registry.add("net", version, MEMBER.format(name="net", src="MID", dst="OUT"))
-    store = LocalStore(world.store_root)
+    store = Repository.local(world.store_root)
     source = tmp_path / "fenced"
     source.mkdir()
     (source / "model.py").write_text("# a fenced promotion's upload of net v3\n")
-    store.put_version("net", "3", source)
+    store.versions.put_version("net", "3", source)
     marker = {"model": "net", "version": "3", "owner": "ci@runner-7:99", "token": "f" * 24, "at": 0}
-    store.write(marker_key("net", "3"), json.dumps(marker).encode())
+    store.objects.write(marker_key("net", "3"), json.dumps(marker).encode())
     world.fleet.connect("t0:8001").states["net"]["3"] = "READY"  # the fenced gate's candidate, left loaded
     after_resolve: list[tuple[list[str], bool]] = []
 

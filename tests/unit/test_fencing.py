@@ -23,10 +23,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from pipelines.storage.archive import move_to_archive
-from pipelines.storage.base import ARCHIVE, RepositoryStore, lock_key
+from pipelines.storage.base import ARCHIVE, Repository, lock_key
 from pipelines.storage.lease import Lease, parse_lock
-from pipelines.storage.local import LocalStore
-from pipelines.storage.s3 import S3Store
+from pipelines.storage.s3 import S3Objects
 from registry.errors import StorageError
 
 DATE = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
@@ -56,10 +55,10 @@ def _files(root: Path) -> dict[str, str]:
 def repo(tmp_path: Path) -> Path:
     """A store with scorer v7 and v8 (config lists 8), the archive beside it."""
     root = tmp_path / "store"
-    seed = LocalStore(root)
+    seed = Repository.local(root)
     for version in ("7", "8"):
-        seed.put_version("scorer", version, _version(tmp_path / "src" / version, f"v{version}\n"))
-    seed.write_config("scorer", "versions: 8\n")
+        seed.versions.put_version("scorer", version, _version(tmp_path / "src" / version, f"v{version}\n"))
+    seed.session.write_config("scorer", "versions: 8\n")
     return root
 
 
@@ -73,25 +72,29 @@ def _run_out() -> None:
     time.sleep(TTL * 1.25)
 
 
-def _taken_over(root: Path, tmp_path: Path, locks: ExitStack) -> LocalStore:
+def _taken_over(root: Path, tmp_path: Path, locks: ExitStack) -> Repository:
     """The other promotion: takes the stale lock over, uploads v9, lists it in the config."""
-    other = LocalStore(root)
-    locks.enter_context(other.lock("scorer", owner=OTHER, ttl=60))
-    other.put_version("scorer", "9", _version(tmp_path / "src" / "9", "v9\n"))
-    other.write_config("scorer", "versions: 9\n")
+    other = Repository.local(root)
+    locks.enter_context(other.session.lock("scorer", owner=OTHER, ttl=60))
+    other.versions.put_version("scorer", "9", _version(tmp_path / "src" / "9", "v9\n"))
+    other.session.write_config("scorer", "versions: 9\n")
     return other
 
 
-MUTATIONS: dict[str, Callable[[RepositoryStore, Path], Any]] = {
-    "delete_version": lambda store, src: store.delete_version("scorer", "9"),
-    "delete": lambda store, src: store.delete("scorer/9/model.py"),
-    "write_config": lambda store, src: store.write_config("scorer", "versions: 8\n"),
-    "delete config": lambda store, src: store.delete("scorer/config.pbtxt"),
-    "upload new": lambda store, src: store.put_version("scorer", "10", _version(src / "10", "v10\n")),
-    "upload over 9": lambda store, src: store.put_version("scorer", "9", _version(src / "x", "mine\n")),
+MUTATIONS: dict[str, Callable[[Repository, Path], Any]] = {
+    "delete_version": lambda store, src: store.versions.delete_version("scorer", "9"),
+    "delete": lambda store, src: store.objects.delete("scorer/9/model.py"),
+    "write_config": lambda store, src: store.session.write_config("scorer", "versions: 8\n"),
+    "delete config": lambda store, src: store.objects.delete("scorer/config.pbtxt"),
+    "upload new": lambda store, src: store.versions.put_version(
+        "scorer", "10", _version(src / "10", "v10\n")
+    ),
+    "upload over 9": lambda store, src: store.versions.put_version(
+        "scorer", "9", _version(src / "x", "mine\n")
+    ),
     "archive move": lambda store, src: move_to_archive(store, store.archive(), "scorer", "9"),
-    "archive copy": lambda store, src: store.copy_object_to(
-        "scorer/8/model.py", store.archive(), "scorer/8/model.py"
+    "archive copy": lambda store, src: store.objects.copy_object_to(
+        "scorer/8/model.py", store.archive().objects, "scorer/8/model.py"
     ),
 }
 
@@ -104,9 +107,9 @@ def test_a_holder_whose_lock_was_taken_over_changes_nothing(
     """Item 9: the undo of a fenced promotion deleted the live folder the other one promoted.
     Every write or delete under the model -- the archive's copy included -- is refused, naming
     who holds the lock now, and every file (lock objects included) stays as the new holder left it."""
-    mine = LocalStore(repo)
+    mine = Repository.local(repo)
     with ExitStack() as locks:
-        locks.enter_context(mine.lock("scorer", ttl=TTL))
+        locks.enter_context(mine.session.lock("scorer", ttl=TTL))
         _run_out()
         _taken_over(repo, tmp_path, locks)
         before = _files(tmp_path)
@@ -119,31 +122,31 @@ def test_a_holder_whose_lock_was_taken_over_changes_nothing(
         assert "the other promotion owns 'scorer' now" in fix
         assert "mlreg status" in fix
         assert _files(tmp_path) == before
-        held = mine.read_lock("scorer")
+        held = mine.session.read_lock("scorer")
         assert held is not None
-        assert mine.fenced() == [f"lock of scorer lost: now held by {held.describe()}"]
-    assert mine.lock_notes == []
+        assert mine.session.fenced() == [f"lock of scorer lost: now held by {held.describe()}"]
+    assert mine.session.lock_notes == []
 
 
 @pytest.mark.usefixtures("frozen")
 def test_fenced_names_the_new_holder_and_stays_fenced_after_the_release(repo: Path, tmp_path: Path) -> None:
-    mine = LocalStore(repo)
+    mine = Repository.local(repo)
     with ExitStack() as locks:
-        locks.enter_context(mine.lock("scorer", ttl=TTL))
-        assert mine.fenced() == []  # held: proven by a renewal
+        locks.enter_context(mine.session.lock("scorer", ttl=TTL))
+        assert mine.session.fenced() == []  # held: proven by a renewal
         _run_out()
         other = _taken_over(repo, tmp_path, locks)
         lock_before = (repo / lock_key("scorer")).read_bytes()
-        [line] = mine.fenced()
+        [line] = mine.session.fenced()
         assert re.fullmatch(rf"lock of scorer lost: now held by {HELD_BY_OTHER}", line), line
-        assert mine.fenced() == [line]  # known lost: the store is not asked again
+        assert mine.session.fenced() == [line]  # known lost: the store is not asked again
         assert (repo / lock_key("scorer")).read_bytes() == lock_before
         with pytest.raises(StorageError, match="held by other@elsewhere:2"):
             mine.session.renew_leases()
-        assert other.fenced() == []
-    assert mine.fenced() == [line]  # released, still lost: its writes stay refused
+        assert other.session.fenced() == []
+    assert mine.session.fenced() == [line]  # released, still lost: its writes stay refused
     with pytest.raises(StorageError, match="was lost"):
-        mine.delete_version("scorer", "9")
+        mine.versions.delete_version("scorer", "9")
     assert mine.read_config("scorer") == "versions: 9\n"
 
 
@@ -152,48 +155,48 @@ def test_a_lease_that_ran_out_is_never_renewed(repo: Path) -> None:
     """Item 10: past its end (this process's clock, the store's too) nothing is sent: the lock
     object stays byte for byte, its mtime (the store's clock) too; the lease is lost, and the
     release removes the object only because it still carries this holder's own token."""
-    mine = LocalStore(repo)
+    mine = Repository.local(repo)
     lock = repo / lock_key("scorer")
-    with mine.lock("scorer", ttl=TTL) as lease:
+    with mine.session.lock("scorer", ttl=TTL) as lease:
         _run_out()
         before = (lock.read_bytes(), lock.stat().st_mtime_ns)
         with pytest.raises(StorageError, match=rf"its lease ran out at {DATE} before it was renewed"):
             lease.renew()
         assert (lock.read_bytes(), lock.stat().st_mtime_ns) == before
-        assert re.fullmatch(rf"lock of scorer lost: lease ran out at {DATE}", mine.fenced()[0])
+        assert re.fullmatch(rf"lock of scorer lost: lease ran out at {DATE}", mine.session.fenced()[0])
         with pytest.raises(StorageError, match="rerun the promotion"):
-            mine.write_config("scorer", "versions: 7\n")
+            mine.session.write_config("scorer", "versions: 7\n")
         assert (lock.read_bytes(), lock.stat().st_mtime_ns) == before
-        described = mine.read_lock("scorer").describe()  # type: ignore[union-attr]
+        described = mine.session.read_lock("scorer").describe()  # type: ignore[union-attr]
         assert re.search(rf"lease ran out at {DATE} \(the store's clock\)$", described), described
     assert not lock.exists()
     assert mine.read_config("scorer") == "versions: 8\n"
-    assert mine.lock_notes == []
+    assert mine.session.lock_notes == []
 
 
 def test_a_renewal_delivered_late_renews_nothing(repo: Path) -> None:
     """A renewal queued in a frozen store lands after the lease it renews had run out (its
     ``renew_by``): every reader judges the lock run out then, and the holder's next proof loses
     the lease without writing; another process takes it over."""
-    mine = LocalStore(repo)
+    mine = Repository.local(repo)
     lock = repo / lock_key("scorer")
-    with mine.lock("scorer", ttl=60) as lease:
+    with mine.session.lock("scorer", ttl=60) as lease:
         lease.renew()
         renewed = json.loads(lock.read_bytes())
         assert renewed["renew_by"] == pytest.approx(time.time() + 60, abs=5)  # the lease it renewed
         late = {**renewed, "renewal": renewed["renewal"] + 1, "renew_by": time.time() - 30}
         lock.write_bytes(json.dumps(late).encode())  # the late PUT lands now, 30 s after renew_by
-        held = mine.read_lock("scorer")
+        held = mine.session.read_lock("scorer")
         assert held is not None
         assert held.stale
         landed = (lock.read_bytes(), lock.stat().st_mtime_ns)
-        [line] = mine.fenced()
+        [line] = mine.session.fenced()
         assert re.fullmatch(rf"lock of scorer lost: lease ran out at {DATE}", line), line
         assert (lock.read_bytes(), lock.stat().st_mtime_ns) == landed
-        with LocalStore(repo).lock("scorer", owner=OTHER, ttl=60):  # taken over
-            assert mine.read_lock("scorer").owner == OTHER  # type: ignore[union-attr]
+        with Repository.local(repo).session.lock("scorer", owner=OTHER, ttl=60):  # taken over
+            assert mine.session.read_lock("scorer").owner == OTHER  # type: ignore[union-attr]
         with pytest.raises(StorageError, match="was lost"):
-            mine.delete("scorer/8/model.py")
+            mine.objects.delete("scorer/8/model.py")
 
 
 def test_parse_lock_ends_a_late_renewal_at_the_lease_it_renewed() -> None:
@@ -207,20 +210,20 @@ def test_parse_lock_ends_a_late_renewal_at_the_lease_it_renewed() -> None:
 
 def test_a_held_lease_lets_every_mutation_through(repo: Path, tmp_path: Path) -> None:
     """The positive control: each mutation of the fenced test works while the lease is held."""
-    mine = LocalStore(repo)
-    with mine.lock("scorer", ttl=60):
-        mine.put_version("scorer", "9", _version(tmp_path / "src" / "9", "v9\n"))
-        mine.write_config("scorer", "versions: 9\n")
+    mine = Repository.local(repo)
+    with mine.session.lock("scorer", ttl=60):
+        mine.versions.put_version("scorer", "9", _version(tmp_path / "src" / "9", "v9\n"))
+        mine.session.write_config("scorer", "versions: 9\n")
         for name, mutation in MUTATIONS.items():
             if name != "archive move":
                 mutation(mine, tmp_path / "mine")
-        mine.put_version("scorer", "9", _version(tmp_path / "src" / "9", "v9\n"))
+        mine.versions.put_version("scorer", "9", _version(tmp_path / "src" / "9", "v9\n"))
         move_to_archive(mine, mine.archive(), "scorer", "9")
-        assert mine.fenced() == []
+        assert mine.session.fenced() == []
     assert mine.list_versions("scorer") == ["7", "8", "10"]
     assert (tmp_path / ARCHIVE / "store" / "scorer" / "9" / "model.py").read_text() == "v9\n"
     assert not (repo / lock_key("scorer")).exists()
-    assert mine.lock_notes == []
+    assert mine.session.lock_notes == []
 
 
 def test_a_renewal_whose_first_attempt_landed_is_not_a_loss(
@@ -228,35 +231,35 @@ def test_a_renewal_whose_first_attempt_landed_is_not_a_loss(
 ) -> None:
     """A retried request: the first PUT landed, its retry is refused (412 on S3): the object is
     this holder's own renewal, so the lease is held, not lost."""
-    mine = LocalStore(repo)
-    replace = mine.replace
+    mine = Repository.local(repo)
+    replace = mine.objects.replace
 
     def landed_then_refused(key: str, data: bytes, token: str) -> bool:
         replace(key, data, token)
         return False
 
-    with mine.lock("scorer", ttl=60) as lease:
-        monkeypatch.setattr(mine, "replace", landed_then_refused)
+    with mine.session.lock("scorer", ttl=60) as lease:
+        monkeypatch.setattr(mine.objects, "replace", landed_then_refused)
         lease.renew()
         assert json.loads((repo / lock_key("scorer")).read_bytes())["renewal"] == 1
-        assert mine.fenced() == []
+        assert mine.session.fenced() == []
 
 
 def test_a_store_that_cannot_be_reached_proves_nothing(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``fenced()`` never raises: the lease it cannot prove counts as lost, and nothing is written."""
-    mine = LocalStore(repo)
+    mine = Repository.local(repo)
 
     def unreachable(*args: object) -> bool:
         raise StorageError(f"{mine.uri}: cannot write '.mlreg-lock.scorer.json': unreachable")
 
-    with mine.lock("scorer", ttl=60):
-        monkeypatch.setattr(mine, "replace", unreachable)
-        [line] = mine.fenced()
+    with mine.session.lock("scorer", ttl=60):
+        monkeypatch.setattr(mine.objects, "replace", unreachable)
+        [line] = mine.session.fenced()
         assert line.startswith("lock of scorer lost: not proven, the store could not be reached (")
         assert "unreachable" in line
         before = _files(repo.parent)
         with pytest.raises(StorageError, match="could not be reached to prove it is still held"):
-            mine.write_config("scorer", "versions: 7\n")
+            mine.session.write_config("scorer", "versions: 7\n")
         assert _files(repo.parent) == before
         monkeypatch.undo()
     assert not (repo / lock_key("scorer")).exists()  # still its own object: released
@@ -265,7 +268,7 @@ def test_a_store_that_cannot_be_reached_proves_nothing(repo: Path, monkeypatch: 
 def test_every_lock_left_by_an_outage_is_noted(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 12 (``mlreg store gc`` locks every model it moves): the store goes away mid-run, the
     run's own error stays, and each lock that could not be released is named in ``lock_notes``."""
-    store = LocalStore(repo)
+    store = Repository.local(repo)
 
     def outage(key: str) -> None:
         raise StorageError(f"{store.uri}: cannot read '{key}': unreachable")
@@ -273,17 +276,17 @@ def test_every_lock_left_by_an_outage_is_noted(repo: Path, monkeypatch: pytest.M
     def gc() -> None:
         with ExitStack() as locks:
             for model in ("ensemble", "scorer"):
-                locks.enter_context(store.lock(model, ttl=60))
-            monkeypatch.setattr(store, "lock_state", outage)
+                locks.enter_context(store.session.lock(model, ttl=60))
+            monkeypatch.setattr(store.objects, "lock_state", outage)
             raise RuntimeError("the run's own error")
 
     with pytest.raises(RuntimeError, match="the run's own error"):
         gc()
-    assert [note.split(" was left at ")[0] for note in store.lock_notes] == [
+    assert [note.split(" was left at ")[0] for note in store.session.lock_notes] == [
         "the lock of 'scorer'",
         "the lock of 'ensemble'",
     ]
-    assert all("mlreg store unlock" in note for note in store.lock_notes)
+    assert all("mlreg store unlock" in note for note in store.session.lock_notes)
 
 
 def test_a_lock_whose_read_back_fails_is_released_not_left(
@@ -291,9 +294,9 @@ def test_a_lock_whose_read_back_fails_is_released_not_left(
 ) -> None:
     """The lock object is written, then the read-back that starts its lease fails: the error is
     raised and the lock object this process wrote is removed (no lock left until its lease ends)."""
-    store = LocalStore(repo)
+    store = Repository.local(repo)
     reads = iter([StorageError(f"{store.uri}: cannot read: unreachable")])
-    real = store.lock_state
+    real = store.objects.lock_state
 
     def flaky(key: str) -> Any:
         failure = next(reads, None)
@@ -301,12 +304,12 @@ def test_a_lock_whose_read_back_fails_is_released_not_left(
             raise failure
         return real(key)
 
-    monkeypatch.setattr(store, "lock_state", flaky)
-    with pytest.raises(StorageError, match="unreachable"), store.lock("scorer", ttl=60):
+    monkeypatch.setattr(store.objects, "lock_state", flaky)
+    with pytest.raises(StorageError, match="unreachable"), store.session.lock("scorer", ttl=60):
         pytest.fail("the lock was held although its read-back failed")
     assert not (repo / lock_key("scorer")).exists()
-    assert store.leases == {}
-    assert store.lock_notes == []
+    assert store.session.leases == {}
+    assert store.session.lock_notes == []
 
 
 # -- S3: the batched delete goes through the fence too (no server: a client that records) --------
@@ -364,12 +367,12 @@ class _Body:
 
 
 @pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> tuple[S3Store, _Objects]:
-    store = S3Store("bucket", "p", "http://127.0.0.1:9")
+def s3(monkeypatch: pytest.MonkeyPatch) -> tuple[Repository, _Objects]:
+    store = Repository(S3Objects("bucket", "p", "http://127.0.0.1:9"))
     fake = _Objects()
-    monkeypatch.setattr(store._client, "get", lambda: fake)
+    monkeypatch.setattr(store.objects._client, "get", lambda: fake)
     monkeypatch.setattr(
-        store,
+        store.objects,
         "list_prefix",
         lambda prefix: sorted(k[2:] for k in fake.objects if k.startswith(f"p/{prefix}")),
     )
@@ -379,16 +382,16 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> tuple[S3Store, _Objects]:
 
 
 def test_an_s3_batched_delete_is_fenced(
-    s3: tuple[S3Store, _Objects], monkeypatch: pytest.MonkeyPatch
+    s3: tuple[Repository, _Objects], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, fake = s3
-    with store.lock("scorer", ttl=60):
+    with store.session.lock("scorer", ttl=60):
         key = "p/" + lock_key("scorer")
         intruder = {"owner": OTHER, "token": "x", "ttl": 60, "expires_at": time.time() + 60}
         fake._put(key, json.dumps(intruder).encode())  # taken over (a stale lease, by CAS)
-        assert store.fenced()[0].startswith(f"lock of scorer lost: now held by {OTHER}")
+        assert store.session.fenced()[0].startswith(f"lock of scorer lost: now held by {OTHER}")
         with pytest.raises(StorageError, match=f"held by {OTHER}.*'scorer/9/model.py' left as it is"):
-            store.delete_version("scorer", "9")
+            store.versions.delete_version("scorer", "9")
     assert fake.deleted == []
     assert sorted(fake.objects) == [
         "p/.mlreg-lock.scorer.json",
@@ -397,10 +400,10 @@ def test_an_s3_batched_delete_is_fenced(
     assert json.loads(fake.objects[key])["owner"] == OTHER
 
 
-def test_an_s3_batched_delete_under_a_held_lease_deletes(s3: tuple[S3Store, _Objects]) -> None:
+def test_an_s3_batched_delete_under_a_held_lease_deletes(s3: tuple[Repository, _Objects]) -> None:
     store, fake = s3
-    with store.lock("scorer", ttl=60):
-        store.delete_version("scorer", "9")
+    with store.session.lock("scorer", ttl=60):
+        store.versions.delete_version("scorer", "9")
     assert fake.deleted == [
         "p/scorer/9/model.py",
         "p/scorer/9/weights.bin",

@@ -15,7 +15,7 @@ import pytest
 
 from pipelines.core.undo import UndoLog
 from pipelines.fleet.fleet import Change, Fleet, NoUndoLog
-from pipelines.storage import RepositoryStore, open_store
+from pipelines.storage import Repository, open_store
 from tests.fakes import FakeTarget
 
 URLS = ["r0:8001", "r1:8001"]
@@ -27,13 +27,13 @@ def _config(*versions: int) -> str:
     return f'name: "net"\nbackend: "python"\nversion_policy {{ specific {{ versions: [ {listed} ] }} }}\n'
 
 
-def _store(tmp_path: Path) -> RepositoryStore:
+def _store(tmp_path: Path) -> Repository:
     store = open_store(tmp_path / "store")
     source = tmp_path / "version"
     source.mkdir()
     (source / "model.py").write_text("x = 1\n")
     for version in ("1", "2"):  # a real Fleet loads only versions the store verifies
-        store.put_version("net", version, source)
+        store.versions.put_version("net", version, source)
     return store
 
 
@@ -99,7 +99,7 @@ def test_did_anything_change_has_one_answer_that_knows_the_stores_journal(tmp_pa
     undo.wrote_config_of("net")  # noted before a write that never reached the store
     assert not undo.empty  # noted
     assert not undo.changed  # but nothing to put back: no rollback
-    store.write_config("net", _config(1))
+    store.session.write_config("net", _config(1))
     assert undo.changed  # the store took it: the log says so
     touched = UndoLog(gpu=False, journal=store.session)
     touched.touched(URLS[0], "other", ("1",))  # a replica sent a change

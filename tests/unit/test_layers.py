@@ -478,7 +478,7 @@ def test_the_package_rule_flags_a_module_importing_a_feature_it_does_not_own(tmp
                 "from typing import TYPE_CHECKING\n"
                 "if TYPE_CHECKING:\n    from pipelines.checks.golden import G\n"
                 "def f():\n    import pipelines.rollout.staged\nfrom ..ledger import chain\n"
-                "from pipelines.storage.base import RepositoryStore\nfrom pipelines.triton import control\n"
+                "from pipelines.storage.base import Repository\nfrom pipelines.triton import control\n"
                 "from . import plan\n"
             ),
             "pipelines/core/plan.py": "import os\n",

@@ -19,7 +19,7 @@ import pytest
 from pipelines.ledger import LEDGER, Ledger, ledger_of
 from pipelines.ledger.events import GENESIS, Event, Unreadable, decode, encode
 from pipelines.storage import open_store
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from registry.errors import StorageError
 from tests.unit.ledger_fixtures import fields
 
@@ -45,7 +45,7 @@ def assert_one_chain(events: list[Event], count: int) -> None:
 
 def test_a_local_ledger_lives_beside_the_store_never_in_what_triton_reads(tmp_path: Path) -> None:
     store = open_store(tmp_path / "repo")
-    ledger = ledger_of(store)
+    ledger = ledger_of(store.objects)
     ledger.append(**fields())
     assert (tmp_path / LEDGER / "repo" / "events" / "000000000001.json").is_file()
     assert (tmp_path / LEDGER / "repo" / "head.json").is_file()
@@ -54,7 +54,7 @@ def test_a_local_ledger_lives_beside_the_store_never_in_what_triton_reads(tmp_pa
 
 
 def test_an_appended_event_is_stored_as_its_canonical_bytes_and_read_back(tmp_path: Path) -> None:
-    ledger = ledger_of(open_store(tmp_path / "repo"))
+    ledger = ledger_of(open_store(tmp_path / "repo").objects)
     first = ledger.append(**fields())
     second = ledger.append(**fields(kind="unload", versions=(), version="", digests={}))
     stored = (tmp_path / LEDGER / "repo" / "events" / "000000000002.json").read_bytes()
@@ -63,12 +63,12 @@ def test_an_appended_event_is_stored_as_its_canonical_bytes_and_read_back(tmp_pa
     assert second.prev == first.hash
     assert second.prev_time == first.time
     assert second.prev_replica == "r0:8001"
-    assert_one_chain(chain_of(ledger_of(open_store(tmp_path / "repo"))), 2)
+    assert_one_chain(chain_of(ledger_of(open_store(tmp_path / "repo").objects)), 2)
 
 
 def test_a_new_ledger_object_appends_after_the_last_event_another_wrote(tmp_path: Path) -> None:
     store = open_store(tmp_path / "repo")
-    one, two = ledger_of(store), ledger_of(store)
+    one, two = ledger_of(store.objects), ledger_of(store.objects)
     one.append(**fields())
     two.append(**fields())
     one.append(**fields())  # its head is stale: the create of 2 loses, it appends 3 after the winner
@@ -77,12 +77,12 @@ def test_a_new_ledger_object_appends_after_the_last_event_another_wrote(tmp_path
 
 def test_an_append_after_a_removed_last_event_is_refused(tmp_path: Path) -> None:
     store = open_store(tmp_path / "repo")
-    ledger = ledger_of(store)
+    ledger = ledger_of(store.objects)
     for _ in range(3):
         ledger.append(**fields())
     (tmp_path / LEDGER / "repo" / "events" / "000000000003.json").unlink()
     with pytest.raises(StorageError, match="event 3 was changed: it is missing"):
-        ledger_of(store).append(**fields())
+        ledger_of(store.objects).append(**fields())
     assert not (tmp_path / LEDGER / "repo" / "events" / "000000000003.json").exists()
 
 
@@ -95,7 +95,7 @@ def test_eight_threads_with_a_ledger_object_each_never_fork_the_chain(tmp_path: 
     errors: list[BaseException] = []
 
     def writer(index: int) -> None:
-        ledger = ledger_of(store)  # its own head: every create races the others
+        ledger = ledger_of(store.objects)  # its own head: every create races the others
         start.wait(timeout=10)
         try:
             for _ in range(25):
@@ -110,13 +110,13 @@ def test_eight_threads_with_a_ledger_object_each_never_fork_the_chain(tmp_path: 
         thread.join(timeout=120)
     assert errors == []
     assert not any(t.is_alive() for t in threads)
-    events = chain_of(ledger_of(store))
+    events = chain_of(ledger_of(store.objects))
     assert_one_chain(events, 200)
     assert {e.replica for e in events} == {f"r{i}:8001" for i in range(8)}
 
 
 def _process_writer(root: str, index: int, count: int) -> None:
-    ledger = ledger_of(open_store(root))
+    ledger = ledger_of(open_store(root).objects)
     for _ in range(count):
         ledger.append(**fields(replica=f"p{index}:8001"))
 
@@ -131,7 +131,7 @@ def test_four_processes_appending_at_once_never_fork_the_chain(tmp_path: Path) -
     for worker in workers:
         worker.join(timeout=120)
     assert [w.exitcode for w in workers] == [0, 0, 0, 0]
-    events = chain_of(ledger_of(open_store(tmp_path / "repo")))
+    events = chain_of(ledger_of(open_store(tmp_path / "repo").objects))
     assert_one_chain(events, 80)
     assert sorted(e.replica for e in events) == sorted(f"p{i}:8001" for i in range(4) for _ in range(20))
 
@@ -171,12 +171,12 @@ def test_any_one_edited_removed_or_reordered_event_is_named_in_100_of_100_trials
     named = 0
     for trial in range(100):
         store = open_store(tmp_path / f"repo{trial}")
-        ledger = ledger_of(store)
+        ledger = ledger_of(store.objects)
         count = rng.randint(2, 12)
         for i in range(count):
             ledger.append(**fields(replica=f"r{i % 3}:8001", versions=(str(i + 1),)))
         how, positions = _tamper(rng, tmp_path / LEDGER / f"repo{trial}" / "events", count)
-        findings = ledger_of(store).read_all()[1]
+        findings = ledger_of(store.objects).read_all()[1]
         assert {f.position for f in findings} == positions, (trial, how, [f.line() for f in findings])
         if how != "garble":  # each named with its time and replica (a removed one: its successor's link)
             assert all(f.time for f in findings), (trial, how, findings)
@@ -186,7 +186,7 @@ def test_any_one_edited_removed_or_reordered_event_is_named_in_100_of_100_trials
 
 
 def test_a_removed_last_event_is_named_with_its_time_and_replica(tmp_path: Path) -> None:
-    ledger = ledger_of(open_store(tmp_path / "repo"))
+    ledger = ledger_of(open_store(tmp_path / "repo").objects)
     for i in range(3):
         last = ledger.append(**fields(replica=f"r{i}:8001"))
     (tmp_path / LEDGER / "repo" / "events" / "000000000003.json").unlink()
@@ -197,7 +197,7 @@ def test_a_removed_last_event_is_named_with_its_time_and_replica(tmp_path: Path)
 
 
 def test_a_removed_first_event_is_named_from_its_successor(tmp_path: Path) -> None:
-    ledger = ledger_of(open_store(tmp_path / "repo"))
+    ledger = ledger_of(open_store(tmp_path / "repo").objects)
     first = ledger.append(**fields(replica="r7:8001"))
     ledger.append(**fields())
     (tmp_path / LEDGER / "repo" / "events" / "000000000001.json").unlink()
@@ -206,7 +206,7 @@ def test_a_removed_first_event_is_named_from_its_successor(tmp_path: Path) -> No
 
 
 def test_an_object_added_beside_the_events_is_named(tmp_path: Path) -> None:
-    ledger = ledger_of(open_store(tmp_path / "repo"))
+    ledger = ledger_of(open_store(tmp_path / "repo").objects)
     ledger.append(**fields())
     (tmp_path / LEDGER / "repo" / "events" / "extra.json").write_text("{}")
     findings = ledger.read_all()[1]
@@ -218,7 +218,7 @@ def test_an_object_added_beside_the_events_is_named(tmp_path: Path) -> None:
 
 
 def _stored(tmp_path: Path) -> bytes:
-    ledger_of(open_store(tmp_path / "repo")).append(**fields())
+    ledger_of(open_store(tmp_path / "repo").objects).append(**fields())
     return (tmp_path / LEDGER / "repo" / "events" / "000000000001.json").read_bytes()
 
 
@@ -284,14 +284,14 @@ def test_on_s3_the_ledger_sits_beside_the_prefix_and_two_writers_never_fork_it(s
     threads can both "create" one key on moto, which AWS never lets happen -- the threaded and
     multi-process races run on the local store, whose create is one atomic ``link``."""
     store = open_store(f"s3://{s3_bucket}/models/staging", region="us-east-1")
-    first, second = ledger_of(store), ledger_of(store)
+    first, second = ledger_of(store.objects), ledger_of(store.objects)
     first.append(**fields(replica="s0:8001"))
     for _ in range(9):
         second.append(**fields(replica="s1:8001"))  # knows none, or an old head: loses, then follows
         first.append(**fields(replica="s0:8001"))  # its head is one behind: loses, then follows
     second.append(**fields(replica="s1:8001"))
-    assert_one_chain(chain_of(ledger_of(store)), 20)
-    replicas = [event.replica for event in chain_of(ledger_of(store))]
+    assert_one_chain(chain_of(ledger_of(store.objects)), 20)
+    replicas = [event.replica for event in chain_of(ledger_of(store.objects))]
     assert replicas.count("s0:8001") == replicas.count("s1:8001") == 10
     keys = _keys(s3_bucket)
     assert all(k.startswith("models/.mlreg-ledger/staging/") for k in keys), keys
@@ -304,7 +304,7 @@ def test_on_s3_a_store_at_the_buckets_root_keeps_its_ledger_in_files_triton_igno
 
     boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="rooted")
     store = open_store("s3://rooted", region="us-east-1")
-    ledger = ledger_of(store)
+    ledger = ledger_of(store.objects)
     ledger.append(**fields())
     ledger.append(**fields())
     assert _keys("rooted") == [
@@ -313,34 +313,34 @@ def test_on_s3_a_store_at_the_buckets_root_keeps_its_ledger_in_files_triton_igno
         ".mlreg-ledger.head.json",
     ]
     assert store.list_models() == []  # no folder at the root: Triton sees no model
-    assert_one_chain(chain_of(ledger_of(store)), 2)
+    assert_one_chain(chain_of(ledger_of(store.objects)), 2)
 
 
 def test_on_s3_a_removed_event_is_named(s3_bucket: str) -> None:
     import boto3
 
     store = open_store(f"s3://{s3_bucket}/tamper/prod", region="us-east-1")
-    ledger = ledger_of(store)
+    ledger = ledger_of(store.objects)
     for i in range(4):
         ledger.append(**fields(replica=f"r{i}:8001"))
     boto3.client("s3", region_name="us-east-1").delete_object(
         Bucket=s3_bucket, Key="tamper/.mlreg-ledger/prod/events/000000000002.json"
     )
-    findings = ledger_of(store).read_all()[1]
+    findings = ledger_of(store.objects).read_all()[1]
     assert [(f.position, f.replica) for f in findings] == [(2, "r1:8001")]
     assert json.loads(encode(ledger.read_all()[0][0]))["seq"] == 1
 
 
 def test_a_ledger_store_object_is_not_the_repository_session(tmp_path: Path) -> None:
     """Its writes are no change of the repository: no journal entry an undo would take back."""
-    store: RepositoryStore = open_store(tmp_path / "repo")
-    ledger_of(store).append(**fields())
+    store: Repository = open_store(tmp_path / "repo")
+    ledger_of(store.objects).append(**fields())
     assert store.session.changed_keys == set()
 
 
 def test_an_append_never_follows_an_event_that_does_not_name_its_head(tmp_path: Path) -> None:
     store = open_store(tmp_path / "repo")
-    ledger = ledger_of(store)
+    ledger = ledger_of(store.objects)
     ledger.append(**fields())
     head = ledger.append(**fields())
     forged = Event(
@@ -357,7 +357,7 @@ def test_a_recorder_whose_ledger_cannot_be_written_notes_it_and_never_raises(tmp
 
     store = open_store(tmp_path / "repo")
     (tmp_path / LEDGER).write_text("a file where the ledger's folder would be")
-    recorder = Recorder(ledger_of(store), store, "local")
+    recorder = Recorder(ledger_of(store.objects), store, "local")
     assert recorder.sent("r0:8001", "m", ("1",), ()) is None
     assert len(recorder.problems) == 1
     assert "the m call to r0:8001 is not in the ledger" in recorder.problems[0]
@@ -368,7 +368,7 @@ def test_a_background_recorder_appends_every_call_in_the_order_each_replica_sent
     from pipelines.ledger import Recorder
 
     store = open_store(tmp_path / "repo")
-    recorder = Recorder(ledger_of(store), store, "local", background=True)
+    recorder = Recorder(ledger_of(store.objects), store, "local", background=True)
     start = threading.Barrier(8)
 
     def replica(index: int) -> None:
@@ -383,7 +383,7 @@ def test_a_background_recorder_appends_every_call_in_the_order_each_replica_sent
         thread.join(timeout=60)
     recorder.flush()
     assert recorder.problems == []
-    events = chain_of(ledger_of(store))
+    events = chain_of(ledger_of(store.objects))
     assert_one_chain(events, 160)
     for index in range(8):
         mine = [e for e in events if e.replica == f"r{index}:8001"]
@@ -395,18 +395,18 @@ def test_what_a_replica_or_a_failure_said_is_recorded_printable_and_verifies(tmp
     from pipelines.ledger import Recorder
 
     store = open_store(tmp_path / "repo")
-    recorder = Recorder(ledger_of(store), store, "local")
+    recorder = Recorder(ledger_of(store.objects), store, "local")
     said = 'failed to load\x00 "\x1b[31m' + "x" * 5000
     event = recorder.sent("r0:8001\x07", "m", ("1",), (), result="failed", detail=said)
     assert event is not None
     assert event.replica == "r0:8001?"
     assert event.detail.startswith('failed to load? "?[31mxxx')
     assert len(event.detail) == 1024
-    assert chain_of(ledger_of(store)) == [event]
+    assert chain_of(ledger_of(store.objects)) == [event]
 
 
 def test_an_event_no_reader_would_take_is_never_written(tmp_path: Path) -> None:
-    ledger = ledger_of(open_store(tmp_path / "repo"))
+    ledger = ledger_of(open_store(tmp_path / "repo").objects)
     with pytest.raises(StorageError, match="is not one the ledger takes: field 'model' is not a model name"):
         ledger.append(**fields(model="../escape"))
     assert ledger.seqs() == []
@@ -429,4 +429,6 @@ def test_the_verb_that_asked_names_the_operation_of_the_fleets_made_under_it(tmp
     assert synced.promotion != plain.promotion
     assert synced.sent("r0:8001", "m", ("1",), (), undo=True) is None  # in the background
     synced.flush()
-    assert [(e.operation, e.promotion) for e in chain_of(ledger_of(store))] == [("undo", synced.promotion)]
+    assert [(e.operation, e.promotion) for e in chain_of(ledger_of(store.objects))] == [
+        ("undo", synced.promotion)
+    ]

@@ -32,7 +32,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _events(project: Path) -> list[Event]:
-    ledger = ledger_of(open_store(project / "repo"))
+    ledger = ledger_of(open_store(project / "repo").objects)
     return [
         ledger.append(**fields(replica="t0:8001", model="scorer", versions=("1",))),
         ledger.append(**fields(replica="t1:8001", model="scorer", versions=("1",))),
@@ -128,18 +128,18 @@ def test_verify_checks_every_receipt_against_the_public_key_and_names_one_anothe
     (source / "config.pbtxt").write_text('name: "scorer"\nbackend: "python"\nmax_batch_size: 0\n')
     (source / "1" / "model.py").write_text("X = 1\n")
     store = open_store(project / "repo")
-    store.put_version("scorer", "1", source / "1")
+    store.versions.put_version("scorer", "1", source / "1")
     (project / "ours").mkdir()
     (project / "theirs").mkdir()
     ours, public = receipt_keys(project / "ours")
     theirs, _ = receipt_keys(project / "theirs")
     (project / "receipts.pub").write_bytes(public)
-    good = Recorder(ledger_of(store), store, "staging", signer=ReceiptSigner(ours))
+    good = Recorder(ledger_of(store.objects), store, "staging", signer=ReceiptSigner(ours))
     good.sent("t0:8001", "scorer", ("1",), ())
     result = runner.invoke(app, ["ledger", "verify", "-e", "staging", "--receipt-key", "receipts.pub"])
     assert result.exit_code == 0, result.output
     assert result.output.strip().endswith("1 events, 1 receipts verified: verifies")
-    other = Recorder(ledger_of(store), store, "staging", signer=ReceiptSigner(theirs))
+    other = Recorder(ledger_of(store.objects), store, "staging", signer=ReceiptSigner(theirs))
     forged = other.sent("t1:8001", "scorer", ("1",), ())
     assert forged is not None
     result = runner.invoke(

@@ -78,7 +78,7 @@ def test_100_operations_then_1000_random_questions_are_answered_right(tmp_path: 
     windows.append((datetime.now(UTC), datetime.now(UTC), truth(world)))
     assert {"promote", "rollback", "undo"} <= set(kinds)
 
-    events, findings = ledger_of(open_store(world.store_root)).read_all()
+    events, findings = ledger_of(open_store(world.store_root).objects).read_all()
     assert findings == []
     assert {e.operation for e in events} >= {"promote", "rollback", "undo"}
     assert any(e.result == "failed" for e in events)
@@ -92,11 +92,11 @@ def test_100_operations_then_1000_random_questions_are_answered_right(tmp_path: 
 def test_a_promotions_events_name_its_replicas_versions_and_digests(tmp_path: Path) -> None:
     world = World(tmp_path)
     world.promote("ens", "1")
-    events = ledger_of(open_store(world.store_root)).read_all()[0]
+    events = ledger_of(open_store(world.store_root).objects).read_all()[0]
     loads = [(e.replica, e.model, e.versions, e.kind, e.result) for e in events]
     assert ("t0:8001", "net", ("1",), "load", "ok") in loads
     assert ("t1:8001", "ens", ("1",), "load", "ok") in loads
-    manifest = open_store(world.store_root).read_manifest("net", "1")
+    manifest = open_store(world.store_root).versions.read_manifest("net", "1")
     assert manifest is not None
     net = next(e for e in events if e.model == "net")
     assert net.digests == {"1": manifest.digest}
@@ -107,7 +107,7 @@ def test_a_promotions_events_name_its_replicas_versions_and_digests(tmp_path: Pa
 def test_the_promotions_events_are_mirrored_into_its_mlflow_run(tmp_path: Path) -> None:
     world = World(tmp_path)
     result = world.promote("ens", "1")
-    stored = ledger_of(open_store(world.store_root)).read_all()[0]
+    stored = ledger_of(open_store(world.store_root).objects).read_all()[0]
     run = world.registry.recorded[-1]
     assert result.run_id == f"run-{len(world.registry.recorded)}"
     folder = tmp_path / LEDGER / "store" / "events"
@@ -134,7 +134,7 @@ def test_an_environment_with_a_receipt_key_gets_a_verifiable_receipt_for_each_lo
     key, public = receipt_keys(tmp_path)
     world.env = dataclasses.replace(world.env, receipt_key=str(key))
     world.promote("ens", "1")
-    events = ledger_of(open_store(world.store_root)).read_all()[0]
+    events = ledger_of(open_store(world.store_root).objects).read_all()[0]
     loads = [e for e in events if e.kind == "load" and e.result == "ok"]
     assert len(loads) == 6  # pre, net, ens on two replicas
     for event in loads:

@@ -54,11 +54,11 @@ def _loaded_event(tmp_path: Path, key: Path) -> tuple[dict[str, object], str]:
     (source / "config.pbtxt").write_text('name: "scorer"\nbackend: "python"\nmax_batch_size: 0\n')
     (source / "3" / "model.py").write_text("X = 3\n")
     store = open_store(tmp_path / "repo")
-    store.put_version("scorer", "3", source / "3")
-    store.write(f"scorer/3/{SIGNATURE_FILE}", b'{"signed": "by someone"}')
-    manifest = store.read_manifest("scorer", "3")
+    store.versions.put_version("scorer", "3", source / "3")
+    store.objects.write(f"scorer/3/{SIGNATURE_FILE}", b'{"signed": "by someone"}')
+    manifest = store.versions.read_manifest("scorer", "3")
     assert manifest is not None
-    recorder = Recorder(ledger_of(store), store, "prod", promotion="p-7", signer=ReceiptSigner(key))
+    recorder = Recorder(ledger_of(store.objects), store, "prod", promotion="p-7", signer=ReceiptSigner(key))
     event = recorder.sent("triton-0:8001", "scorer", ("3",), ())
     assert event is not None
     assert event.receipt is not None
@@ -118,10 +118,10 @@ def test_only_loads_carry_receipts_and_no_key_means_none(tmp_path: Path) -> None
     key, _ = _keys(tmp_path)
     _loaded_event(tmp_path, key)
     store = open_store(tmp_path / "repo")
-    signed = Recorder(ledger_of(store), store, "prod", signer=ReceiptSigner(key))
+    signed = Recorder(ledger_of(store.objects), store, "prod", signer=ReceiptSigner(key))
     unload = signed.sent("triton-0:8001", "scorer", (), ("3",), unload=True)
     config = signed.sent("triton-0:8001", "scorer", ("3",), ("3",))  # nothing new: a config update
-    plain = Recorder(ledger_of(store), store, "prod").sent("triton-1:8001", "scorer", ("3",), ())
+    plain = Recorder(ledger_of(store.objects), store, "prod").sent("triton-1:8001", "scorer", ("3",), ())
     assert unload is not None
     assert unload.kind == "unload"
     assert unload.receipt is None

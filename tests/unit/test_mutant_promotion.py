@@ -54,8 +54,8 @@ def test_locks_are_taken_in_sorted_name_order(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(locking, "held", recorded)
     world.promote("net", "2")
     assert taken == ["ens", "net"]  # net's swap re-points ens: both locked, ens first by name
-    assert world.fleet.store.read_lock("net") is None  # and released at the end
-    assert world.fleet.store.read_lock("ens") is None
+    assert world.fleet.store.session.read_lock("net") is None  # and released at the end
+    assert world.fleet.store.session.read_lock("ens") is None
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_a_promotion_that_lost_its_lease_puts_nothing_back_and_says_so(tmp_path:
         if call.method == "load" and call.model == "net" and "2" in call.versions:
             intruder = {"owner": OTHER, "token": "theirs", "ttl": 60, "expires_at": time.time() + 60}
             lock.write_text(json.dumps(intruder))  # the other promotion took the lock over
-            at_failure.update(_serving(world), net_v2=world.fleet.store.read_manifest("net", "2"))
+            at_failure.update(_serving(world), net_v2=world.fleet.store.versions.read_manifest("net", "2"))
             raise TritonError(f"{call.url}: model 'net' version 2 failed to load")
 
     world.fleet.handle = taken_over_then_failing  # type: ignore[method-assign]
@@ -110,7 +110,9 @@ def test_a_promotion_that_lost_its_lease_puts_nothing_back_and_says_so(tmp_path:
         world.promote("net", "2")
     assert at_failure, "the load of net v2 was never sent"
     assert _serving(world) == {k: v for k, v in at_failure.items() if k != "net_v2"}  # nothing put back
-    assert world.fleet.store.read_manifest("net", "2") == at_failure["net_v2"]  # its upload not removed
+    assert (
+        world.fleet.store.versions.read_manifest("net", "2") == at_failure["net_v2"]
+    )  # its upload not removed
     assert json.loads(lock.read_text())["owner"] == OTHER  # the new holder's lock left alone
     assert info.value.exit_code == PromotionFailed.exit_code
     assert "rolled back" not in info.value.message

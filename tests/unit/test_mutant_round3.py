@@ -134,7 +134,7 @@ def test_an_upload_under_way_shows_no_partial_file_under_the_model_folder(tmp_pa
         )
         temps.extend(p.name for p in root.iterdir() if p.is_file())
 
-    store.put_version("m", "1", source, progress=watch)
+    store.versions.put_version("m", "1", source, progress=watch)
     assert [(name, size) for name, size in seen if name.startswith("m/")] == []  # nothing partial
     assert temps  # the copy was under way in a temporary file at the root
     assert (root / "m" / "1" / "weights.bin").read_bytes() == data

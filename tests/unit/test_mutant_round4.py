@@ -18,9 +18,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pipelines.checks import traces
 from pipelines.checks.traces import CHILDREN, FORGED, Reading, load_records, parse_trace, tensor_of
 from pipelines.core.litter import MAX_MARKER_BYTES, marker_key, remove_fenced_uploads
-from pipelines.storage import RepositoryStore, lock_key, open_store
+from pipelines.storage import Repository, lock_key, open_store
 from pipelines.storage.closed_world import folder_entries
-from pipelines.storage.local import LocalStore
 from pipelines.storage.locking import model_lock
 from pipelines.storage.push import push_model
 from pipelines.triton.control_key import MAX_KEY_FILE, control_key
@@ -34,7 +33,7 @@ MODEL_PY = "import triton_python_backend_utils as pb_utils\n\nSOURCE = 'verified
 PLANTED = "print('PLANTED-RAN')\n"
 
 
-def _seeded(tmp_path: Path) -> RepositoryStore:
+def _seeded(tmp_path: Path) -> Repository:
     """scorer v9 pushed as mlreg pushes it, verified clean."""
     folder = tmp_path / "src" / MODEL
     (folder / VERSION).mkdir(parents=True)
@@ -42,7 +41,7 @@ def _seeded(tmp_path: Path) -> RepositoryStore:
     (folder / "config.pbtxt").write_text(CONFIG)
     store = open_store(tmp_path / "store")
     push_model(store, folder)
-    store.verify_version(MODEL, VERSION)
+    store.versions.verify_version(MODEL, VERSION)
     return store
 
 
@@ -59,19 +58,19 @@ def test_a_sourceless_module_in_a_version_folder_is_an_unexpected_entry(tmp_path
     source.write_text(PLANTED)
     compiled = tmp_path / "planted.pyc"
     py_compile.compile(str(source), str(compiled), doraise=True)
-    store.write(f"{MODEL}/{VERSION}/triton_python_backend_utils.pyc", compiled.read_bytes())
+    store.objects.write(f"{MODEL}/{VERSION}/triton_python_backend_utils.pyc", compiled.read_bytes())
     store.versions.distrusted.clear()
     with pytest.raises(StorageError) as caught:
-        store.verify_version(MODEL, VERSION)
+        store.versions.verify_version(MODEL, VERSION)
     assert "triton_python_backend_utils.pyc" in caught.value.message
-    assert folder_entries(store, MODEL, (VERSION,)) == [
+    assert folder_entries(store.objects, MODEL, (VERSION,)) == [
         (f"{VERSION}/triton_python_backend_utils.pyc", f"is not listed in the manifest of {VERSION}/")
     ]
     # the control: removed again, the folder verifies and nothing is named
     (tmp_path / "store" / MODEL / VERSION / "triton_python_backend_utils.pyc").unlink()
     store.versions.distrusted.clear()
-    store.verify_version(MODEL, VERSION)
-    assert folder_entries(store, MODEL, (VERSION,)) == []
+    store.versions.verify_version(MODEL, VERSION)
+    assert folder_entries(store.objects, MODEL, (VERSION,)) == []
 
 
 # -- Inputs we did not write: a trace file that is not Triton's ------------------------------------
@@ -205,13 +204,13 @@ def test_an_upload_marker_over_4_kib_is_not_mlregs_and_removes_nothing(tmp_path:
     """scorer v10 unserved, its marker naming another holder's lease: the next holder removes that
     upload (the control) -- unless the marker is over MAX_MARKER_BYTES, which mlreg never writes
     (~150 bytes): then it is not one of mlreg's, left and named, and the version stays."""
-    store = LocalStore(tmp_path / "store")
+    store = Repository.local(tmp_path / "store")
     for version in ("8", "10"):
         folder = tmp_path / "src" / version
         folder.mkdir(parents=True)
         (folder / "model.py").write_text(f"v{version}\n")
-        store.put_version("scorer", version, folder)
-    store.write_config("scorer", LITTER_CONFIG)
+        store.versions.put_version("scorer", version, folder)
+    store.session.write_config("scorer", LITTER_CONFIG)
     marker: dict[str, object] = {
         "model": "scorer",
         "version": "10",
@@ -222,8 +221,8 @@ def test_an_upload_marker_over_4_kib_is_not_mlregs_and_removes_nothing(tmp_path:
         marker["at"] = " " * MAX_MARKER_BYTES  # valid, naming scorer/10, but past the bound
     raw = json.dumps(marker).encode()
     assert (len(raw) > MAX_MARKER_BYTES) is padded
-    store.write(marker_key("scorer", "10"), raw)
-    with store.lock("scorer", owner="me@here:1", ttl=60):
+    store.objects.write(marker_key("scorer", "10"), raw)
+    with store.session.lock("scorer", owner="me@here:1", ttl=60):
         lines = remove_fenced_uploads(store, ["scorer"], {})
     if padded:
         assert lines == [
@@ -231,14 +230,14 @@ def test_an_upload_marker_over_4_kib_is_not_mlregs_and_removes_nothing(tmp_path:
             "(remove it by hand)"
         ]
         assert store.list_versions("scorer") == ["8", "10"]
-        assert store.read(marker_key("scorer", "10")) == raw
+        assert store.objects.read(marker_key("scorer", "10")) == raw
     else:
         assert lines == [
             f"scorer/10 removed from {store.uri}: uploaded by ci@runner-7:99's promotion, which lost its "
             "lock before it finished (a fenced promotion writes nothing, its undo included)"
         ]
         assert store.list_versions("scorer") == ["8"]
-        assert store.read(marker_key("scorer", "10")) is None
+        assert store.objects.read(marker_key("scorer", "10")) is None
 
 
 # -- Inputs we did not write: a metrics answer over its bound ------------------------------------------
@@ -267,16 +266,16 @@ def test_a_metrics_answer_over_32_mib_is_not_tritons() -> None:
 def test_a_verb_refuses_a_lock_another_holder_has_at_once(tmp_path: Path) -> None:
     """A verb that writes under a model (store push, retire, repair...) takes its lock without
     waiting: a live lock of another holder is refused at once, naming the holder, not a wait."""
-    store, other = LocalStore(tmp_path / "store"), LocalStore(tmp_path / "store")
-    with other.lock("m", owner="ci@elsewhere:1", ttl=60):
+    store, other = Repository.local(tmp_path / "store"), Repository.local(tmp_path / "store")
+    with other.session.lock("m", owner="ci@elsewhere:1", ttl=60):
         started = time.monotonic()
         with (
             pytest.raises(StorageError, match="model 'm' is locked by ci@elsewhere:1"),
-            model_lock(store, "m"),
+            model_lock(store.session, "m"),
         ):
             pass
         assert time.monotonic() - started < 2.0  # at once (a wait would be seconds)
-    with model_lock(store, "m") as lease:  # the control: released, it is taken
+    with model_lock(store.session, "m") as lease:  # the control: released, it is taken
         assert lease.owner != "ci@elsewhere:1"
 
 
@@ -285,11 +284,11 @@ def test_an_error_under_a_verbs_lock_names_the_lock_it_could_not_release(tmp_pat
     """The verb's own error stays, and names each lock its release could not remove (here for
     real: the lock object turned into a folder, which cannot be read as a lock); the control: a
     lock released leaves the message as it was, and no lock behind."""
-    store = LocalStore(tmp_path / "store")
+    store = Repository.local(tmp_path / "store")
     lock = tmp_path / "store" / lock_key("m")
 
     def verb() -> None:
-        with model_lock(store, "m"):
+        with model_lock(store.session, "m"):
             if left:
                 lock.unlink()
                 lock.mkdir()

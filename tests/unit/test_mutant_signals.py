@@ -47,7 +47,7 @@ def _state(world: World) -> dict[str, Any]:
         "configs": {m: world.config(m) for m in ("pre", "net", "ens")},
         "serving": {url: t.model_states() for url, t in sorted(world.fleet.targets.items())},
         "aliases": {m: world.registry.models.aliases(m) for m in ("pre", "net", "ens")},
-        "net v2 stored": world.fleet.store.read_manifest("net", "2") is not None,
+        "net v2 stored": world.fleet.store.versions.read_manifest("net", "2") is not None,
     }
 
 

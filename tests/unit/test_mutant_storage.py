@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.storage import open_store
-from pipelines.storage.base import RepositoryStore
+from pipelines.storage.base import Repository
 from pipelines.storage.push import push_path
 from registry.errors import StorageError
 
@@ -103,13 +103,13 @@ def s3_bucket() -> Iterator[str]:
 
 
 @pytest.fixture
-def s3_store(s3_bucket: str, request: pytest.FixtureRequest) -> RepositoryStore:
+def s3_store(s3_bucket: str, request: pytest.FixtureRequest) -> Repository:
     """An S3 store of its own (a prefix named after the test) in the module's bucket."""
     return open_store(f"s3://{s3_bucket}/{request.node.name[:60]}", region="us-east-1")
 
 
 def test_of_two_s3_writers_of_one_new_version_exactly_one_creates_its_manifest(
-    s3_store: RepositoryStore, tmp_path: Path
+    s3_store: Repository, tmp_path: Path
 ) -> None:
     """Every create is a put with ``If-None-Match: *`` (not only the locks'): the second create
     of the same key is refused by S3 and leaves the first writer's bytes.  The two writers come one
@@ -118,41 +118,39 @@ def test_of_two_s3_writers_of_one_new_version_exactly_one_creates_its_manifest(
     a threaded test of it was flaky; the race itself is the store's conditional put, which AWS
     decides."""
     key = "m/1/.mlreg-manifest.json"
-    assert s3_store.create(key, b"writer 0") is True
-    assert s3_store.create(key, b"writer 1") is False  # the second writer is refused ...
-    assert s3_store.read(key) == b"writer 0"  # ... and the first writer's bytes stay
-    assert s3_store.create(key, b"a third") is False  # and later creates too
-    assert s3_store.read(key) == b"writer 0"
+    assert s3_store.objects.create(key, b"writer 0") is True
+    assert s3_store.objects.create(key, b"writer 1") is False  # the second writer is refused ...
+    assert s3_store.objects.read(key) == b"writer 0"  # ... and the first writer's bytes stay
+    assert s3_store.objects.create(key, b"a third") is False  # and later creates too
+    assert s3_store.objects.read(key) == b"writer 0"
 
 
 def test_a_second_push_of_a_new_version_with_other_bytes_is_refused_on_s3(
-    s3_store: RepositoryStore, tmp_path: Path
+    s3_store: Repository, tmp_path: Path
 ) -> None:
     """The version's manifest is created, never overwritten: a writer that finds it made by
     another with other files is refused."""
     one = _model(tmp_path / "one", "m", "1", "A = 1\n")
     two = _model(tmp_path / "two", "m", "1", "A = 2\n")
-    s3_store.put_version("m", "1", one / "1", None, write_once=False)
-    manifest = s3_store.read("m/1/.mlreg-manifest.json")
+    s3_store.versions.put_version("m", "1", one / "1", None, write_once=False)
+    manifest = s3_store.objects.read("m/1/.mlreg-manifest.json")
     with pytest.raises(StorageError):
-        s3_store.put_version("m", "1", two / "1", None, write_once=True)
-    assert s3_store.read("m/1/.mlreg-manifest.json") == manifest
+        s3_store.versions.put_version("m", "1", two / "1", None, write_once=True)
+    assert s3_store.objects.read("m/1/.mlreg-manifest.json") == manifest
 
 
-def test_the_verifier_on_s3_deletes_a_planted_bytecode_cache(
-    s3_store: RepositoryStore, tmp_path: Path
-) -> None:
+def test_the_verifier_on_s3_deletes_a_planted_bytecode_cache(s3_store: Repository, tmp_path: Path) -> None:
     """``verify_version(drop_bytecode=True)`` -- what the undo, ``apply_repair`` and the archive's
     bring-back call before a load -- removes a ``__pycache__/*.pyc`` no manifest covers."""
     folder = _model(tmp_path / "src", "m", "1", "ANSWER = 1\n")
-    s3_store.put_version("m", "1", folder / "1", None, write_once=True)
-    manifest = s3_store.read_manifest("m", "1")
+    s3_store.versions.put_version("m", "1", folder / "1", None, write_once=True)
+    manifest = s3_store.versions.read_manifest("m", "1")
     assert manifest is not None
     planted = "m/1/__pycache__/model.cpython-311.pyc"
-    s3_store.write(planted, b"\x00 not the verified source")
-    assert planted in s3_store.list_prefix("m/1/")
-    s3_store.verify_version("m", "1", manifest.digest, drop_bytecode=True)
-    left = s3_store.list_prefix("m/1/")
+    s3_store.objects.write(planted, b"\x00 not the verified source")
+    assert planted in s3_store.objects.list_prefix("m/1/")
+    s3_store.versions.verify_version("m", "1", manifest.digest, drop_bytecode=True)
+    left = s3_store.objects.list_prefix("m/1/")
     assert planted not in left, left
     assert not [k for k in left if k.endswith(".pyc")]
     assert "m/1/model.py" in left  # the verified source stays
@@ -166,12 +164,12 @@ def test_a_stored_version_is_never_rewritten_by_put_version(tmp_path: Path) -> N
     store_root.mkdir()
     store = open_store(store_root)
     stored = _model(tmp_path / "stored", "m", "1", "STORED = 1\n")
-    store.put_version("m", "1", stored / "1", None, write_once=True)
+    store.versions.put_version("m", "1", stored / "1", None, write_once=True)
     before = _snapshot(store_root)
     other = _model(tmp_path / "other", "m", "1", "STORED = 2\n")
     with pytest.raises(
         StorageError, match=r"m v1 is already stored with other bytes.*nothing was sent"
     ) as info:
-        open_store(store_root).put_version("m", "1", other / "1", None, write_once=True)
+        open_store(store_root).versions.put_version("m", "1", other / "1", None, write_once=True)
     assert "model.py" in info.value.message
     assert _snapshot(store_root) == before

@@ -67,8 +67,8 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(tmp_path: 
     assert serving_versions(served) == [registered]  # the folder Triton serves is MLflow's number
     assert 'model_name: "net"\n    model_version: 3' in served
     assert fleet.targets["p0:8001"].states["ens"] == {registered: "READY"}
-    assert fleet.store.read_manifest("ens", registered) is not None  # uploaded and verified
-    assert fleet.store.read_manifest("ens", "2") is not None  # the folder served before is kept
+    assert fleet.store.versions.read_manifest("ens", registered) is not None  # uploaded and verified
+    assert fleet.store.versions.read_manifest("ens", "2") is not None  # the folder served before is kept
     text = (world.registry.root / "ens" / registered / "config.pbtxt").read_text()
     assert serving_versions(text) == ["1"]
     assert world.registry.tags[("ens", registered)]["validation"] == "passed"
@@ -76,9 +76,11 @@ def test_a_member_promotion_repoints_an_ensemble_served_from_folder_2(tmp_path: 
 
 def test_the_stores_ensembles_pinning_a_model_and_following_the_latest(tmp_path: Path) -> None:
     store = open_store(tmp_path)
-    store.write_config("ens", ENSEMBLE)
-    store.write_config("net", MEMBER.format(name="net", src="MID", dst="OUT"))
-    store.write_config("fake", '# platform: "ensemble"\n' + MEMBER.format(name="fake", src="A", dst="B"))
+    store.session.write_config("ens", ENSEMBLE)
+    store.session.write_config("net", MEMBER.format(name="net", src="MID", dst="OUT"))
+    store.session.write_config(
+        "fake", '# platform: "ensemble"\n' + MEMBER.format(name="fake", src="A", dst="B")
+    )
 
     assert ensembles_pinning(store) == {"ens": ENSEMBLE}  # parsed, not matched as text
     assert list(ensembles_pinning(store, ["net", "other"])) == ["ens"]
@@ -110,7 +112,7 @@ def test_an_ensemble_served_from_a_folder_numbered_otherwise_moves_to_its_own_on
         "t1:8001": {"2": "READY"},
     }
     assert {e[2] for e in world.loads(before)} == {"ens"}  # the members were not touched
-    assert world.fleet.store.read_manifest("ens", "1") is not None  # what served is not lost
+    assert world.fleet.store.versions.read_manifest("ens", "1") is not None  # what served is not lost
     assert world.registry.alias_map["ens"]["test"] == "2"
     again = len(world.events)
     assert world.promote("ens", "2").noop  # migrated once: idempotent

@@ -112,8 +112,8 @@ def test_a_swap_keeps_the_old_version_until_the_new_one_serves_then_repoints_and
     assert world.registry.alias_map["net"]["test"] == "2"
     # the promotion held the locks of every model whose config it wrote, during every load
     assert all({"net", "ens"} <= held for held in world.fleet.locks_seen)
-    assert world.fleet.store.read_lock("net") is None
-    assert world.fleet.store.read_lock("ens") is None
+    assert world.fleet.store.session.read_lock("net") is None
+    assert world.fleet.store.session.read_lock("ens") is None
 
 
 def test_a_failure_after_the_repoint_restores_ensembles_first_then_members(deployed: World) -> None:
@@ -153,7 +153,7 @@ def test_a_failure_after_the_repoint_restores_ensembles_first_then_members(deplo
     assert world.fleet.broken == []  # no ensemble ever pinned a member version that was gone
     assert world.config("ens") == ens_before
     assert world.config("net") == net_before
-    assert world.fleet.store.read_manifest("net", "2") is None  # the upload removed too
+    assert world.fleet.store.versions.read_manifest("net", "2") is None  # the upload removed too
     assert world.registry.alias_map["net"]["test"] == "1"  # the alias did not move
     assert world.registry.recorded[-1]["tags"]["result"] == "rolled back"
 
@@ -215,7 +215,9 @@ def test_a_corrupt_previous_version_is_restored_from_the_registry_before_the_rol
     assemble = next(s for s in info.value.result.stages if s.stage == "assemble")
     assert "net/1 restored from the registry" in str(assemble.report)
     assert "#-version" not in path.read_text()  # the registered bytes are back
-    world.fleet.store.verify_version("net", "1", world.registry.tags[("net", "1")]["artifact_digest"])
+    world.fleet.store.versions.verify_version(
+        "net", "1", world.registry.tags[("net", "1")]["artifact_digest"]
+    )
     assert serving_versions(world.config("net")) == ["1"]
 
 
@@ -291,7 +293,7 @@ def _state(world: World) -> dict[str, Any]:
         "serving": {url: t.model_states() for url, t in world.fleet.targets.items()},
         "pins": {url: dict(t.ensembles) for url, t in world.fleet.targets.items()},
         "aliases": {m: world.registry.models.aliases(m) for m in ("pre", "net", "ens")},
-        "net v2 stored": world.fleet.store.read_manifest("net", "2") is not None,
+        "net v2 stored": world.fleet.store.versions.read_manifest("net", "2") is not None,
     }
 
 
@@ -399,7 +401,7 @@ def test_the_noop_asks_every_target_about_every_member(deployed: World) -> None:
 
 def test_a_held_lock_of_a_repointed_ensemble_refuses_the_promotion_before_any_change(deployed: World) -> None:
     world = deployed
-    with world.fleet.store.lock("ens", owner="other-job@elsewhere:1"):
+    with world.fleet.store.session.lock("ens", owner="other-job@elsewhere:1"):
         with pytest.raises(StorageError, match="model 'ens' is locked by other-job@elsewhere:1"):
             world.promote("net", "2")
     assert world.events == []
@@ -420,13 +422,13 @@ def test_a_repointed_ensemble_that_does_not_validate_stops_the_promotion_before_
     world = deployed
     store = world.fleet.store
     broken = (world.config("ens") or "") + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-    store.write_config("ens", broken)  # edited by hand in the store: the re-pointed copy keeps it
+    store.session.write_config("ens", broken)  # edited by hand in the store: the re-pointed copy keeps it
     with pytest.raises(PromotionFailed, match="(?s)re-pointed ens: .*instance group.*nothing was changed"):
         world.promote("net", "2")
     assert world.events == []  # no load, no registration, no alias
     assert world.config("ens") == broken
     assert serving_versions(world.config("net")) == ["1"]
-    assert store.read_manifest("net", "2") is None
+    assert store.versions.read_manifest("net", "2") is None
 
 
 def test_status_counts_a_stopped_local_stack_and_a_missing_folder_as_drift(world: World) -> None:
@@ -436,7 +438,7 @@ def test_status_counts_a_stopped_local_stack_and_a_missing_folder_as_drift(world
 
     env = local_environment(world.settings)
     store = open_store(env.store)
-    store.write_config(
+    store.session.write_config(
         "net", desired_config(MEMBER.format(name="net", src="MID", dst="OUT"), ["1"], gpu=False)
     )
     [row] = model_status(world.settings, env, world.registry, ["net"])

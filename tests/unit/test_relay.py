@@ -16,7 +16,7 @@ import pytest
 from mlreg.relay import record
 from mlreg.relay.queue import Queue
 from mlreg.relay.wire import MAX_BODY, Refused, sign, signature_ok, verify
-from pipelines.storage.local import LocalStore
+from pipelines.storage.base import Repository
 from tests.unit.relay_world import (
     MODEL,
     SECRET,
@@ -79,7 +79,7 @@ def test_forged_replayed_and_stale_deliveries_are_refused_and_deploy_nothing(wor
     relay.drain()
     assert standin.deploys == [("production", MODEL, "2")]  # the one good delivery, once
     assert standin.served[MODEL] == "2"
-    stored = record.read(LocalStore(tmp / "store"), "production", MODEL)
+    stored = record.read(Repository.local(tmp / "store").objects, "production", MODEL)
     assert (stored.deployed, stored.previous) == ("2", "1")  # the rollback target: what served before
 
 
@@ -101,7 +101,9 @@ def test_a_move_to_what_already_serves_deploys_nothing(world) -> None:  # type: 
     assert [state for _, state in relay.drain()] == ["noop"]
     assert standin.deploys == []
     assert relay.queue.last_final("production", MODEL, "1", ("noop",)) is not None
-    assert LocalStore(tmp / "store").read(record.key("production", MODEL)) is None  # no record written
+    assert (
+        Repository.local(tmp / "store").objects.read(record.key("production", MODEL)) is None
+    )  # no record written
 
 
 def test_the_queue_survives_a_restart_and_still_refuses_a_replay(world) -> None:  # type: ignore[no-untyped-def]
@@ -146,8 +148,8 @@ def test_a_held_store_lock_leaves_the_job_pending(world) -> None:  # type: ignor
     settings, relay, standin, clock, tmp = world
     set_alias(settings.home / "mlflow.db", MODEL, "champion", "2")
     relay.receive(*delivery(MODEL, "champion", "2", clock.now))
-    other = LocalStore(tmp / "store")
-    with record.lock(other, "production", MODEL, None):  # another relay acts on this environment
+    other = Repository.local(tmp / "store")
+    with record.lock(other.session, "production", MODEL, None):  # another relay acts on this environment
         assert [state for _, state in relay.drain()] == ["busy"]
     assert standin.deploys == []
     assert [state for _, state in relay.drain()] == ["done"]

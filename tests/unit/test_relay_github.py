@@ -20,7 +20,7 @@ import yaml
 from mlreg.relay import record
 from mlreg.relay.actions import GitHub
 from mlreg.relay.config import Target, load
-from pipelines.storage.local import LocalStore
+from pipelines.storage.base import Repository
 from registry.errors import UsageError
 from registry.settings import Settings
 from tests.conftest import ROOT
@@ -128,7 +128,7 @@ def test_a_move_dispatches_the_workflow_with_inputs_it_declares(
     assert sent["body"]["inputs"] == (
         expected if action == "dispatch" else {"environment": "production", "pins": "a=2"}
     )
-    stored = record.read(LocalStore(tmp_path / "store"), "production", MODEL)
+    stored = record.read(Repository.local(tmp_path / "store").objects, "production", MODEL)
     assert (stored.deployed, stored.previous) == ("2", "1")
     # reconcile within the grace: the alias still differs from what serves, the run is under way
     relay.reconcile()
@@ -152,7 +152,9 @@ def test_a_refused_dispatch_never_writes_the_token(
     assert "GitHub answered 401" in job["note"]
     assert TOKEN not in job["note"]
     assert TOKEN.encode() not in (settings.home / "relay" / "queue.db").read_bytes()
-    assert LocalStore(tmp_path / "store").read(record.key("production", MODEL)) is None  # nothing recorded
+    assert (
+        Repository.local(tmp_path / "store").objects.read(record.key("production", MODEL)) is None
+    )  # nothing recorded
 
 
 def test_the_workflow_the_dispatch_names_declares_the_environment_choice() -> None:

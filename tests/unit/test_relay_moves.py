@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlreg.relay import record
-from pipelines.storage.local import LocalStore
+from pipelines.storage.base import Repository
 from tests.unit.relay_world import MODEL, Clock, StandIn, delivery, home_with_registry, make_relay, set_alias
 
 MOVES = 100
@@ -73,7 +73,7 @@ def test_100_moves_reach_the_environment_once_each_with_the_right_rollback_targe
             late.append((move, kind, reached))
         deployed = standin.deploys[deploys_before:]
         assert deployed == [("production", MODEL, version)], f"move {move} ({kind}): deploys {deployed}"
-        stored = record.read(LocalStore(tmp_path / "store"), "production", MODEL)
+        stored = record.read(Repository.local(tmp_path / "store").objects, "production", MODEL)
         assert (stored.deployed, stored.previous) == (version, before), f"move {move}: rollback target"
         current = version
     assert late == []

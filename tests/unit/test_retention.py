@@ -13,8 +13,8 @@ from pipelines.promote import retention
 from pipelines.promote.environments import environment
 from pipelines.storage import open_store
 from pipelines.storage.archive import archive_of, bring_back, complete, move_to_archive
-from pipelines.storage.base import RepositoryStore
-from pipelines.storage.s3 import S3Store
+from pipelines.storage.base import Repository
+from pipelines.storage.s3 import S3Objects
 from registry.errors import StorageError, TritonError, UsageError
 from registry.settings import Settings
 from tests.cli import CliRunner
@@ -28,21 +28,21 @@ ENSEMBLE = (
 SIZE = len("VERSION = 1\n") + 4096 + 1  # model.py + weights.bin of one version
 
 
-def push(store: RepositoryStore, tmp: Path, model: str, version: str, payload: bytes = b"w" * 4096) -> None:
+def push(store: Repository, tmp: Path, model: str, version: str, payload: bytes = b"w" * 4096) -> None:
     folder = tmp / "src" / model / version
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.py").write_text(f"VERSION = {version}\n")
     (folder / "weights.bin").write_bytes(payload + version.encode())
-    store.put_version(model, version, folder)
+    store.versions.put_version(model, version, folder)
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> RepositoryStore:
+def store(tmp_path: Path) -> Repository:
     """``m`` v1..v5 in a local store whose config serves v5."""
     store = open_store(tmp_path / "home" / "model_repository")
     for version in "12345":
         push(store, tmp_path, "m", version)
-    store.write_config("m", CONFIG.format(versions="5"))
+    store.session.write_config("m", CONFIG.format(versions="5"))
     return store
 
 
@@ -63,63 +63,65 @@ def test_the_window_keeps_what_serves_then_what_served_before_then_the_latest_pr
     assert retention.window(1, live, ["2", "3"], [], no_stamp, "m") == ["2", "3"]  # all it serves
 
 
-def test_the_archive_sits_beside_the_store_never_in_it(store: RepositoryStore, tmp_path: Path) -> None:
+def test_the_archive_sits_beside_the_store_never_in_it(store: Repository, tmp_path: Path) -> None:
     archive = archive_of(store)
     assert archive.uri == str(tmp_path / "home" / ".mlreg-archive" / "model_repository")
-    s3 = S3Store(
-        "bucket", "models/staging", "http://127.0.0.1:9", uri="s3://127.0.0.1:9/bucket/models/staging"
+    s3 = Repository(
+        S3Objects(
+            "bucket", "models/staging", "http://127.0.0.1:9", uri="s3://127.0.0.1:9/bucket/models/staging"
+        )
     )
     assert s3.archive().uri == "s3://127.0.0.1:9/bucket/models/.mlreg-archive/staging"
-    assert S3Store("bucket", "staging").archive().uri == "s3://bucket/.mlreg-archive/staging"
+    assert Repository(S3Objects("bucket", "staging")).archive().uri == "s3://bucket/.mlreg-archive/staging"
     with pytest.raises(
         StorageError, match="a store at the root of bucket 'bucket' has no place for an archive"
     ):
-        S3Store("bucket", "").archive()
+        Repository(S3Objects("bucket", "")).archive()
 
 
-def test_a_local_move_is_a_rename_and_the_version_comes_back_whole(store: RepositoryStore) -> None:
+def test_a_local_move_is_a_rename_and_the_version_comes_back_whole(store: Repository) -> None:
     archive = archive_of(store)
-    manifest = store.read_manifest("m", "2")
+    manifest = store.versions.read_manifest("m", "2")
     assert manifest is not None
     assert move_to_archive(store, archive, "m", "2") == SIZE
     assert store.list_versions("m") == ["1", "3", "4", "5"]
     assert archive.list_versions("m") == ["2"]
-    assert archive.read_manifest("m", "2") == manifest  # the manifest travels with the files
-    archive.verify_version("m", "2", manifest.digest)
+    assert archive.versions.read_manifest("m", "2") == manifest  # the manifest travels with the files
+    archive.versions.verify_version("m", "2", manifest.digest)
     assert bring_back(store, archive, "m", "2")
-    store.verify_version("m", "2", manifest.digest)
+    store.versions.verify_version("m", "2", manifest.digest)
     assert archive.list_versions("m") == ["2"]  # kept until the version is live again for good
     assert not bring_back(store, archive, "m", "9")
 
 
-def test_an_incomplete_version_is_never_the_archive_s_only_copy(store: RepositoryStore) -> None:
-    store.delete("m/3/weights.bin")
+def test_an_incomplete_version_is_never_the_archive_s_only_copy(store: Repository) -> None:
+    store.objects.delete("m/3/weights.bin")
     with pytest.raises(StorageError, match="m/3 is incomplete or does not match its manifest; not moved to "):
         move_to_archive(store, archive_of(store), "m", "3")
     assert store.list_versions("m") == ["1", "2", "3", "4", "5"]
 
 
-def test_a_move_cut_short_by_a_crash_is_finished_and_loses_nothing(store: RepositoryStore) -> None:
+def test_a_move_cut_short_by_a_crash_is_finished_and_loses_nothing(store: Repository) -> None:
     """The two states a crash can leave on S3 (a local move is one rename): the archive's copy
     partial beside the whole live one, and the live one partly deleted beside a whole copy."""
     archive = archive_of(store)
-    store.copy_object_to("m/1/model.py", archive, "m/1/model.py")  # copy cut short: no manifest
+    store.objects.copy_object_to("m/1/model.py", archive.objects, "m/1/model.py")  # cut short: no manifest
     report = retention.plan(store, archive, ["m"], 2, {}, no_stamp)
     assert [(m.model, m.version) for m in report.moves] == [("m", "1"), ("m", "2"), ("m", "3")]
-    for key in store.list_prefix("m/2/"):
-        store.copy_object_to(key, archive, key)  # copy finished ...
-    store.delete("m/2/model.py")  # ... and the delete cut short
+    for key in store.objects.list_prefix("m/2/"):
+        store.objects.copy_object_to(key, archive.objects, key)  # copy finished ...
+    store.objects.delete("m/2/model.py")  # ... and the delete cut short
     retention.apply(store, archive, report)
     assert report.failed == []
     assert store.list_versions("m") == ["4", "5"]
     assert archive.list_versions("m") == ["1", "2", "3"]
     for version in "123":
-        assert complete(archive, "m", version) is not None
-        archive.verify_version("m", version)
+        assert complete(archive.versions, "m", version) is not None
+        archive.versions.verify_version("m", version)
 
 
-def test_what_an_ensemble_pins_or_a_target_holds_is_never_archived(store: RepositoryStore) -> None:
-    store.write_config("ens", ENSEMBLE.replace("PIN", "1"))
+def test_what_an_ensemble_pins_or_a_target_holds_is_never_archived(store: Repository) -> None:
+    store.session.write_config("ens", ENSEMBLE.replace("PIN", "1"))
     held = {"127.0.0.1:8001": {"m": {"5": "READY", "3": "LOADING", "2": "UNLOADING", "4": "UNAVAILABLE"}}}
     report = retention.plan(store, archive_of(store), ["m"], 1, held, no_stamp)
     assert [m.version for m in report.moves] == ["2", "4"]
@@ -127,19 +129,19 @@ def test_what_an_ensemble_pins_or_a_target_holds_is_never_archived(store: Reposi
     assert report.protected == {"m": {"1": "pinned by ensemble ens", "3": "held by 127.0.0.1:8001 (LOADING)"}}
 
 
-def test_gc_dry_run_lists_and_changes_nothing_then_gc_moves(store: RepositoryStore) -> None:
-    before = store.list_prefix("")
+def test_gc_dry_run_lists_and_changes_nothing_then_gc_moves(store: Repository) -> None:
+    before = store.objects.list_prefix("")
     report = retention.collect(store, dict, no_stamp, 2, dry_run=True)
     assert [(m.version, m.bytes) for m in report.moves] == [(v, SIZE) for v in "123"]
     assert report.bytes_freed == 3 * SIZE
-    assert store.list_prefix("") == before
+    assert store.objects.list_prefix("") == before
     assert archive_of(store).list_models() == []
     done = retention.collect(store, dict, no_stamp, 2)
     assert [m.version for m in done.moves] == ["1", "2", "3"]
     assert store.list_versions("m") == ["4", "5"]
 
 
-def test_gc_refuses_when_a_target_cannot_be_asked(store: RepositoryStore) -> None:
+def test_gc_refuses_when_a_target_cannot_be_asked(store: Repository) -> None:
     def ask() -> retention.States:
         return {"10.0.0.9:8001": TritonError("10.0.0.9:8001: unreachable")}
 
@@ -166,7 +168,7 @@ def test_keep_in_mlreg_toml(tmp_path: Path) -> None:
 
 
 def test_store_gc_and_ls_on_the_cli(
-    store: RepositoryStore, registry_home: Path, monkeypatch: pytest.MonkeyPatch
+    store: Repository, registry_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLREG_HOME", str(registry_home))  # the local store is home/model_repository
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

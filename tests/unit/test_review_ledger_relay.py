@@ -20,7 +20,7 @@ from mlreg.relay.config import Target
 from pipelines.ledger import ledger_of
 from pipelines.ledger.chain import verify_chain
 from pipelines.storage import open_store
-from pipelines.storage.local import LocalStore
+from pipelines.storage.base import Repository
 from registry.errors import StorageError
 from tests.unit.relay_world import MODEL, Clock, StandIn, home_with_registry, make_relay, set_alias
 
@@ -116,7 +116,7 @@ def test_a_token_with_a_character_no_header_takes_is_never_quoted_in_the_answer(
 
 def _ledger_with_events(tmp_path: Path, count: int):  # type: ignore[no-untyped-def]
     store = open_store(str(tmp_path / "store"))
-    ledger = ledger_of(store)
+    ledger = ledger_of(store.objects)
     from tests.unit.ledger_fixtures import fields
 
     for _ in range(count):
@@ -223,20 +223,20 @@ def test_a_job_planted_in_the_queue_file_with_path_characters_is_refused_before_
 
 def test_a_record_planted_with_a_future_time_does_not_stop_the_relay_deploying(world) -> None:  # type: ignore[no-untyped-def]
     settings, relay, standin, clock, tmp = world
-    store = LocalStore(tmp / "store")
+    store = Repository.local(tmp / "store")
     forged = record.Deployed("production", MODEL, "2", "1", clock.now + 10**9)
-    store.write(record.key("production", MODEL), json.dumps(forged.to_dict()).encode())
+    store.objects.write(record.key("production", MODEL), json.dumps(forged.to_dict()).encode())
     set_alias(settings.home / "mlflow.db", MODEL, "champion", "2")
     relay.reconcile()
     relay.drain()
     assert standin.deploys == [("production", MODEL, "2")]  # before the fix: "dispatched already"
-    assert record.read(store, "production", MODEL).previous == "1"
+    assert record.read(store.objects, "production", MODEL).previous == "1"
 
 
 def test_a_record_within_the_grace_still_holds_a_dispatch_back(world) -> None:  # type: ignore[no-untyped-def]
     settings, relay, standin, clock, tmp = world
-    store = LocalStore(tmp / "store")
-    record.write(store, "production", MODEL, "2", "1", clock.now - 5)
+    store = Repository.local(tmp / "store")
+    record.write(store.objects, "production", MODEL, "2", "1", clock.now - 5)
     set_alias(settings.home / "mlflow.db", MODEL, "champion", "2")
     relay.reconcile()
     relay.drain()
@@ -274,21 +274,21 @@ def test_an_event_file_replaced_by_a_link_is_named_never_read_through(tmp_path: 
 def test_a_record_planted_with_a_version_that_is_no_number_is_refused_not_shown(
     tmp_path: Path, field: str
 ) -> None:
-    store = LocalStore(tmp_path / "store")
+    store = Repository.local(tmp_path / "store")
     doc = record.Deployed("production", MODEL, "2", "1", 1.0).to_dict() | {field: "\x1b]0;owned\x07 9"}
-    store.write(record.key("production", MODEL), json.dumps(doc).encode())
+    store.objects.write(record.key("production", MODEL), json.dumps(doc).encode())
     with pytest.raises(StorageError, match="not one the relay wrote"):
-        record.read(store, "production", MODEL)
+        record.read(store.objects, "production", MODEL)
 
 
 def test_a_record_s_history_keeps_only_entries_the_relay_writes(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "store")
+    store = Repository.local(tmp_path / "store")
     mine = {"version": "2", "previous": "1", "at": 5.0}
     doc = record.Deployed("production", MODEL, "2", "1", 5.0).to_dict() | {
         "history": [{"version": "../x", "previous": "1", "at": 1.0}, mine, {"version": "3"}]
     }
-    store.write(record.key("production", MODEL), json.dumps(doc).encode())
-    assert record.read(store, "production", MODEL).history == [mine]
+    store.objects.write(record.key("production", MODEL), json.dumps(doc).encode())
+    assert record.read(store.objects, "production", MODEL).history == [mine]
 
 
 def test_a_receipt_moved_onto_an_event_of_another_model_with_the_same_digest_is_refused(
@@ -322,7 +322,7 @@ def test_a_receipt_moved_onto_an_event_of_another_model_with_the_same_digest_is_
         )
     )
     store = open_store(str(tmp_path / "store"))
-    ledger = ledger_of(store)
+    ledger = ledger_of(store.objects)
     honest = ledger.append(**fields(model="a", versions=("3",), receipt=signed))
     forged = ledger.append(**fields(model="b", versions=("3",), receipt=signed))  # b's digest set to a's
     result = Verified("local", "x", 2, [])

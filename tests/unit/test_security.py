@@ -202,16 +202,16 @@ def test_a_verified_version_loses_its_bytecode_caches_and_a_refused_one_keeps_ev
     source.mkdir()
     (source / "model.py").write_text("x = 1\n")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", source)
+    store.versions.put_version("m", "1", source)
     cache = tmp_path / "store" / "m" / "1" / "__pycache__" / "model.cpython-311.pyc"
     assert cache.parent.read_bytes() == b""  # the guard a local store keeps
     cache.parent.unlink()  # someone with write access to the store replaces it with a cache
     cache.parent.mkdir()
     cache.write_bytes(b"planted")
-    checked = store.check_version("m", "1")
+    checked = store.versions.check_version("m", "1")
     assert (checked.ok, checked.bytecode) == (True, ["m/1/__pycache__/model.cpython-311.pyc"])
     assert cache.is_file()  # a check only reads
-    store.verify_version("m", "1", drop_bytecode=True)
+    store.versions.verify_version("m", "1", drop_bytecode=True)
     assert not cache.exists()  # removed before anything loads it, and the empty guard back
     assert cache.parent.read_bytes() == b""
     cache.parent.unlink()
@@ -219,5 +219,5 @@ def test_a_verified_version_loses_its_bytecode_caches_and_a_refused_one_keeps_ev
     cache.write_bytes(b"planted")
     (tmp_path / "store" / "m" / "1" / "model.py").write_text("x = 2\n")  # other bytes: refused
     with pytest.raises(Exception, match="does not match what was registered"):
-        store.verify_version("m", "1", drop_bytecode=True)
+        store.versions.verify_version("m", "1", drop_bytecode=True)
     assert cache.read_bytes() == b"planted"  # a refusal changes nothing

@@ -149,9 +149,12 @@ def test_model_name_limit_is_what_a_local_store_can_lock(tmp_path: Path) -> None
     longest_temp = len(".") + len(lock_key("x" * MODEL_NAME_MAX)) + len(".new4194304.") + 8
     assert longest_temp == NAME_MAX == 255
     store = open_store(tmp_path / "store")
-    with store.lock("m" * MODEL_NAME_MAX, wait=0):
-        assert store.locks()[0].model == "m" * MODEL_NAME_MAX
-    with pytest.raises((StorageError, OSError), match="File name too long"), store.lock("m" * 250, wait=0):
+    with store.session.lock("m" * MODEL_NAME_MAX, wait=0):
+        assert store.session.locks()[0].model == "m" * MODEL_NAME_MAX
+    with (
+        pytest.raises((StorageError, OSError), match="File name too long"),
+        store.session.lock("m" * 250, wait=0),
+    ):
         pass  # (a raw OSError today: the local store's cleanup of its temporary file fails the same way)
 
 
@@ -298,7 +301,7 @@ def test_store_ls_names_archived_versions_that_disappeared(runner: CliRunner, tm
     source.mkdir()
     (source / "model.py").write_text("x = 1\n")
     for version in "1234":
-        store.put_version("m", version, source)
+        store.versions.put_version("m", version, source)
     archive = store.archive()
     for version in "123":
         move_to_archive(store, archive, "m", version)

@@ -328,10 +328,10 @@ def test_the_store_does_not_take_the_signature_for_an_unregistered_file(tmp_path
     version.mkdir(parents=True)
     (version / "model.py").write_text("x = 1\n")
     store = open_store(tmp_path / "repo")
-    store.put_version("m", "1", version)
-    store.write(f"m/1/{SIGNATURE_FILE}", b"{}")
-    store.write("m/1/extra.py", b"y = 2\n")
-    problems = [p.file for p in store.check_version("m", "1").problems]
+    store.versions.put_version("m", "1", version)
+    store.objects.write(f"m/1/{SIGNATURE_FILE}", b"{}")
+    store.objects.write("m/1/extra.py", b"y = 2\n")
+    problems = [p.file for p in store.versions.check_version("m", "1").problems]
     assert problems == ["extra.py"]
 
 

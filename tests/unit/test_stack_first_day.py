@@ -18,7 +18,7 @@ from pipelines.devstack import local_s3
 from pipelines.devstack.restore import desired_state, restore_served
 from pipelines.devstack.seed import seed_store
 from pipelines.storage import ensure_root, open_store
-from pipelines.storage.base import MANIFEST, RepositoryStore
+from pipelines.storage.base import MANIFEST, Repository
 from pipelines.storage.push import push_path
 from pipelines.triton.control import TritonControl
 from registry.errors import StorageError
@@ -26,7 +26,7 @@ from tests.standin_triton import StandinFleet
 from tests.unit.worlds import World
 
 
-def _bucket(request: pytest.FixtureRequest) -> RepositoryStore:
+def _bucket(request: pytest.FixtureRequest) -> Repository:
     server = request.getfixturevalue("s3_server")
     bucket = f"seed-{uuid.uuid4().hex[:12]}"
     local_s3.create_bucket(server.endpoint, bucket)
@@ -57,11 +57,11 @@ def test_seed_copies_a_promoted_repository_manifests_created_never_pushed_as_fil
     assert seeded.models == {"ens": ["1"], "net": ["1"], "pre": ["1"]}
     for model in ("ens", "net", "pre"):
         assert target.read_config(model) == source.read_config(model)  # the promotion's config
-        assert target.read(f"{model}/1/{MANIFEST}") == source.read(f"{model}/1/{MANIFEST}")
+        assert target.objects.read(f"{model}/1/{MANIFEST}") == source.objects.read(f"{model}/1/{MANIFEST}")
         # the copy verifies against MLflow's digest, as a promotion's load would
-        target.verify_version(model, "1", world.registry.tags[(model, "1")]["artifact_digest"])
-    assert target.locks() == []  # its own locks released; none of the source's copied
-    assert not [k for k in target.list_prefix("") if "__pycache__" in k]
+        target.versions.verify_version(model, "1", world.registry.tags[(model, "1")]["artifact_digest"])
+    assert target.session.locks() == []  # its own locks released; none of the source's copied
+    assert not [k for k in target.objects.list_prefix("") if "__pycache__" in k]
 
 
 def test_seed_of_an_empty_project_copies_nothing_and_marks_the_root(
@@ -76,7 +76,7 @@ def test_seed_of_an_empty_project_copies_nothing_and_marks_the_root(
     assert seeded.models == {}
     assert seeded.files == 0
     assert ensure_root(target.uri)  # Triton can start on it: the root marker, nothing else
-    assert target.list_prefix("") == [".mlreg-root.json"]
+    assert target.objects.list_prefix("") == [".mlreg-root.json"]
 
 
 def test_seed_refuses_a_version_whose_manifest_is_there_already(
@@ -84,10 +84,10 @@ def test_seed_refuses_a_version_whose_manifest_is_there_already(
 ) -> None:
     world = _promoted(tmp_path)
     target = _bucket(request)
-    target.write(f"pre/1/{MANIFEST}", b"{}")  # someone else's
+    target.objects.write(f"pre/1/{MANIFEST}", b"{}")  # someone else's
     with pytest.raises(StorageError, match="already has a manifest"):
         seed_store(open_store(world.store_root), world.store_root, target)
-    assert target.read(f"pre/1/{MANIFEST}") == b"{}"  # never overwritten
+    assert target.objects.read(f"pre/1/{MANIFEST}") == b"{}"  # never overwritten
 
 
 def test_desired_state_is_the_promoted_configs_members_first(tmp_path: Path) -> None:
@@ -200,7 +200,9 @@ def test_the_local_environment_writes_the_store_the_stack_serves(tmp_path: Path)
         assert env.store == served
         assert env.served_from == ((status.info.grpc_url, served),)
         assert store_of(settings, None, "local").uri == served
-        assert open_store(env.store).list_prefix("") == [".mlreg-root.json"]  # reachable: the stack's S3
+        assert open_store(env.store).objects.list_prefix("") == [
+            ".mlreg-root.json"
+        ]  # reachable: the stack's S3
     finally:
         stop_stack(settings)
     assert environment(settings, "local").store == str(settings.local_repository)  # down: the folder
@@ -248,9 +250,9 @@ def test_what_the_s3_server_held_is_copied_back_to_the_projects_folder(
     ]
     back = open_store(folder)
     for model in ("ens", "net", "pre"):
-        assert back.read(f"{model}/1/{MANIFEST}") == served.read(f"{model}/1/{MANIFEST}")
+        assert back.objects.read(f"{model}/1/{MANIFEST}") == served.objects.read(f"{model}/1/{MANIFEST}")
         assert back.read_config(model) == served.read_config(model)
-        back.verify_version(model, "1", world.registry.tags[(model, "1")]["artifact_digest"])
+        back.versions.verify_version(model, "1", world.registry.tags[(model, "1")]["artifact_digest"])
     assert [(d.model, d.versions) for d in desired_state(back)] == [
         ("net", ("1",)),
         ("pre", ("1",)),

@@ -91,7 +91,7 @@ def test_no_stamp_is_removed_where_no_stamped_version_pins_what_serves(
     before = {m: _stamps(world, m) for m in ("ens", "net", "pre")}
     store = open_store(world.store_root)
     text = re.sub(r'(model_name: "pre"\s+model_version: )1\b', r"\g<1>7", world.config("ens") or "")
-    store.write_config("ens", text)
+    store.session.write_config("ens", text)
     assert ensemble_pins(store.read_config("ens") or "") == {"pre": "7", "net": "2"}
     assert repair_ensemble_stamps(world.registry, store, "test", ["net"], tmp_path / "work") == []  # type: ignore[arg-type]
     assert {m: _stamps(world, m) for m in ("ens", "net", "pre")} == before
@@ -171,7 +171,7 @@ def test_a_lock_another_writer_holds_skips_the_repair_and_says_so(stamped: World
     world = stamped
     left = _stamps(world, "ens")
     other = open_store(world.store_root)
-    with other.lock("ens", ttl=60, wait=0):
+    with other.session.lock("ens", ttl=60, wait=0):
         rerun = world.promote("net", "2")
     assert rerun.stage_names() == ["noop", "repair"]
     assert [

@@ -46,8 +46,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """After a promotion of net v2: net serves folder 2; ens, re-pointed to net v2, was registered
     as v2 and serves from folder 1 (its v1 pinned net v1)."""
     store = open_store(tmp_path / "store")
-    store.write_config("net", desired_config(MEMBER, ["2"], gpu=False))
-    store.write_config("ens", desired_config(ENSEMBLE.replace("NET", "2"), ["1"], gpu=False))
+    store.session.write_config("net", desired_config(MEMBER, ["2"], gpu=False))
+    store.session.write_config("ens", desired_config(ENSEMBLE.replace("NET", "2"), ["1"], gpu=False))
     for folder in ("net/2", "ens/1"):
         (tmp_path / "store" / folder).mkdir(parents=True)
     registry = FakeRegistry()
@@ -97,7 +97,7 @@ def test_a_target_pinning_the_old_member_serves_the_old_registered_version(world
 def test_the_store_pinning_what_the_alias_does_not_is_drift_and_named_by_its_version(
     world: SimpleNamespace,
 ) -> None:
-    world.store.write_config("ens", desired_config(ENSEMBLE.replace("NET", "1"), ["1"], gpu=False))
+    world.store.session.write_config("ens", desired_config(ENSEMBLE.replace("NET", "1"), ["1"], gpu=False))
     ens = rows(world)["ens"]
     assert (ens["desired"], ens["desired_folders"]) == (["1"], ["1"])  # v1 pins net v1
     assert ens["serving"] == {URL: ["2"]}  # what the replica loaded still pins net v2
@@ -125,7 +125,7 @@ def test_a_target_that_lost_a_model_serves_nothing(world: SimpleNamespace) -> No
 
 
 def test_an_ensemble_no_registered_version_explains_reads_unknown(world: SimpleNamespace) -> None:
-    world.store.write_config("ens", desired_config(ENSEMBLE.replace("NET", "7"), ["1"], gpu=False))
+    world.store.session.write_config("ens", desired_config(ENSEMBLE.replace("NET", "7"), ["1"], gpu=False))
     ens = rows(world)["ens"]
     assert (ens["desired"], ens["desired_folders"]) == (["?"], ["1"])
 
@@ -212,7 +212,7 @@ FROZEN = "S3 (s3://models/repo): cannot list '': ReadTimeoutError: Read timeout 
 
 
 class FrozenStore:
-    """An S3 store whose every request timed out (as S3Store raises it: the upload's fix)."""
+    """An S3 store whose every request timed out (as S3Objects raises it: the upload's fix)."""
 
     uri = "s3://models/repo"
     asked = 0
@@ -226,6 +226,12 @@ class FrozenStore:
         )
 
     list_models = read_config = list_versions = locks = read = _frozen
+
+    @property
+    def objects(self) -> FrozenStore:  # the repository's parts: each as frozen
+        return self
+
+    session = versions = objects
 
 
 @pytest.fixture
@@ -280,7 +286,7 @@ def test_the_status_table_of_a_frozen_store_lists_each_replica(
 
 def test_status_gives_up_on_an_s3_store_within_seconds() -> None:
     store = status.status_store("s3://127.0.0.1:9/models/repo")
-    config = store.client.meta.config  # type: ignore[attr-defined]
+    config = store.objects.client.meta.config  # type: ignore[attr-defined]
     assert (config.connect_timeout, config.read_timeout) == (5, status_views.STORE_READ_TIMEOUT_S)
     assert config.retries["total_max_attempts"] == 1 + status_views.STORE_RETRIES == 2  # not 4 x 60 s
 

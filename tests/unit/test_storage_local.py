@@ -41,12 +41,12 @@ def test_deleted_files_disappear_from_the_version(tmp_path: Path) -> None:
     (src / "a.txt").write_text("a")
     (src / "b.txt").write_text("b")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", src)
+    store.versions.put_version("m", "1", src)
     (src / "b.txt").unlink()
-    result = store.put_version("m", "1", src)
+    result = store.versions.put_version("m", "1", src)
     assert result.skipped == ["a.txt"]
-    assert store.list_prefix("m/1/") == ["m/1/.mlreg-manifest.json", "m/1/a.txt"]
-    store.delete_version("m", "1")
+    assert store.objects.list_prefix("m/1/") == ["m/1/.mlreg-manifest.json", "m/1/a.txt"]
+    store.versions.delete_version("m", "1")
     assert store.list_versions("m") == []
 
 
@@ -64,7 +64,7 @@ def test_bad_store_uris(uri: str, message: str) -> None:
 
 def test_non_numeric_versions_are_refused(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="version 'latest' is not a number"):
-        open_store(tmp_path).put_version("m", "latest", tmp_path)
+        open_store(tmp_path).versions.put_version("m", "latest", tmp_path)
 
 
 # -- manifests, verification before a load, links (a real local folder store) --------------------
@@ -100,8 +100,8 @@ def store_bytes(root: Path) -> dict[str, bytes]:
 def test_manifest_lists_every_file_with_size_digest_and_the_registered_digest(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", folder / "1")
-    manifest = store.read_manifest("m", "1")
+    store.versions.put_version("m", "1", folder / "1")
+    manifest = store.versions.read_manifest("m", "1")
     assert manifest is not None
     assert manifest.files == {
         "model.py": {"sha256": sha256_file(folder / "1" / "model.py"), "size": 9},
@@ -122,10 +122,10 @@ def test_the_digest_leaves_out_tensorflows_random_fingerprint() -> None:
 def test_verify_after_upload_reuses_the_digest_proven_while_copying(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store", digest_cache=tmp_path / "digests.json")
-    store.put_version("m", "1", folder / "1")
-    result = store.verify_version("m", "1", registered_digest(folder))
+    store.versions.put_version("m", "1", folder / "1")
+    result = store.versions.verify_version("m", "1", registered_digest(folder))
     assert (result.status, result.files, result.reused, result.hashed_bytes) == ("verified", 2, 2, 0)
-    full = store.verify_version("m", "1", registered_digest(folder), full=True)
+    full = store.versions.verify_version("m", "1", registered_digest(folder), full=True)
     assert (full.reused, full.hashed_bytes) == (0, 3009)
 
 
@@ -133,7 +133,7 @@ def test_verify_after_upload_reuses_the_digest_proven_while_copying(tmp_path: Pa
 def test_a_file_changed_in_the_store_is_refused_naming_it(tmp_path: Path, restore_mtime: bool) -> None:
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store", digest_cache=tmp_path / "digests.json")
-    store.put_version("m", "1", folder / "1")
+    store.versions.put_version("m", "1", folder / "1")
     stored = tmp_path / "store" / "m" / "1" / "sub" / "w.bin"
     before = stored.stat()
     stored.write_bytes(b"v" * 3000)  # same size
@@ -146,23 +146,23 @@ def test_a_file_changed_in_the_store_is_refused_naming_it(tmp_path: Path, restor
         rf"sha256 differs from the manifest \(expected sha256 {sha256_file(folder / '1' / 'sub' / 'w.bin')}"
         rf", found sha256 {sha256_file(stored)}\)",
     ):
-        store.verify_version("m", "1", registered_digest(folder))
+        store.versions.verify_version("m", "1", registered_digest(folder))
     assert store_bytes(tmp_path / "store") == snapshot  # nothing changed
     # pushing the registered bytes again repairs exactly that file
-    again = store.put_version("m", "1", folder / "1")
+    again = store.versions.put_version("m", "1", folder / "1")
     assert (again.sent, again.skipped) == (["sub/w.bin"], ["model.py"])
-    assert store.verify_version("m", "1", registered_digest(folder)).ok
+    assert store.versions.verify_version("m", "1", registered_digest(folder)).ok
 
 
 def test_missing_added_and_resized_files_are_named(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", folder / "1")
+    store.versions.put_version("m", "1", folder / "1")
     version = tmp_path / "store" / "m" / "1"
     (version / "model.py").unlink()
     (version / "sub" / "w.bin").write_bytes(b"w" * 10)
     (version / "evil.py").write_text("import os")
-    result = store.check_version("m", "1")
+    result = store.versions.check_version("m", "1")
     assert result.status == "corrupt"
     assert [p.line() for p in result.problems] == [
         "evil.py is stored but not in the manifest",
@@ -176,32 +176,32 @@ def test_the_python_backends_bytecode_cache_is_not_a_stranger(tmp_path: Path) ->
     loads model.py; only that (a .pyc under __pycache__/) is tolerated beside the manifest."""
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", folder / "1")
+    store.versions.put_version("m", "1", folder / "1")
     cache = tmp_path / "store" / "m" / "1" / "__pycache__"
     assert cache.read_bytes() == b""  # the empty guard a local store keeps
-    assert store.check_version("m", "1").status == "verified"
+    assert store.versions.check_version("m", "1").status == "verified"
     cache.write_bytes(b"x")  # a guard that is not empty: dropped and made again before a load
-    assert store.check_version("m", "1").bytecode == ["m/1/__pycache__"]
-    store.verify_version("m", "1", drop_bytecode=True)
+    assert store.versions.check_version("m", "1").bytecode == ["m/1/__pycache__"]
+    store.versions.verify_version("m", "1", drop_bytecode=True)
     assert cache.read_bytes() == b""
     cache.unlink()  # a version stored before the guard: the stub wrote its cache folder there
     cache.mkdir()
     (cache / "model.cpython-311.pyc").write_bytes(b"\x00" * 16)
-    assert store.check_version("m", "1").status == "verified"
+    assert store.versions.check_version("m", "1").status == "verified"
     (cache / "payload.py").write_text("import os")
-    result = store.check_version("m", "1")
+    result = store.versions.check_version("m", "1")
     assert [p.line() for p in result.problems] == ["__pycache__/payload.py is stored but not in the manifest"]
 
 
 def test_a_manifest_holding_a_wrong_sha256_is_refused(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", folder / "1")
+    store.versions.put_version("m", "1", folder / "1")
     manifest_file = tmp_path / "store" / "m" / "1" / ".mlreg-manifest.json"
     data = json.loads(manifest_file.read_text())
     data["files"]["model.py"]["sha256"] = "0" * 64
     manifest_file.write_text(json.dumps(data))
-    result = store.check_version("m", "1")
+    result = store.versions.check_version("m", "1")
     assert [(p.file, p.problem) for p in result.problems] == [
         (".mlreg-manifest.json", "manifest"),
         ("model.py", "sha256"),
@@ -213,22 +213,22 @@ def test_a_manifest_holding_a_wrong_sha256_is_refused(tmp_path: Path) -> None:
     data["files"]["model.py"]["sha256"] = sha256_file(changed)
     data["digest"] = Manifest.from_json(json.dumps(data)).digest
     manifest_file.write_text(json.dumps(data))
-    assert store.check_version("m", "1").ok
+    assert store.versions.check_version("m", "1").ok
     with pytest.raises(
         StorageError,
         match=rf"\.mlreg-manifest\.json does not match the digest registered in MLflow "
         rf"\(expected {registered_digest(folder)}, found {data['digest']}\)",
     ):
-        store.verify_version("m", "1", registered_digest(folder))
+        store.versions.verify_version("m", "1", registered_digest(folder))
 
 
 def test_a_version_without_manifest_is_incomplete(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", folder / "1")
+    store.versions.put_version("m", "1", folder / "1")
     (tmp_path / "store" / "m" / "1" / ".mlreg-manifest.json").unlink()
     with pytest.raises(StorageError, match=r"\.mlreg-manifest\.json is missing: the version is incomplete"):
-        store.verify_version("m", "1")
+        store.versions.verify_version("m", "1")
 
 
 @pytest.mark.parametrize("cut", [0, 1, 40])
@@ -242,12 +242,12 @@ def test_an_unreadable_manifest_is_a_corrupt_manifest_a_push_refuses_and_an_uplo
     writes the manifest again."""
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", folder / "1")
+    store.versions.put_version("m", "1", folder / "1")
     manifest = tmp_path / "store" / "m" / "1" / ".mlreg-manifest.json"
     whole = manifest.read_bytes()
     manifest.write_bytes(whole[:cut])
-    assert store.read_manifest("m", "1") is None
-    check = store.check_version("m", "1")
+    assert store.versions.read_manifest("m", "1") is None
+    check = store.versions.check_version("m", "1")
     assert check.status == "corrupt manifest"
     [problem] = check.problems
     assert problem.line().startswith(
@@ -255,14 +255,14 @@ def test_an_unreadable_manifest_is_a_corrupt_manifest_a_push_refuses_and_an_uplo
         f"checked (expected a manifest, found {cut} bytes, JSONDecodeError: "
     )
     with pytest.raises(StorageError, match=r"(?s)m/1 does not match.*\.mlreg-manifest\.json is unreadable"):
-        store.verify_version("m", "1")
+        store.versions.verify_version("m", "1")
     with pytest.raises(StorageError, match="the manifest of m v1 is unreadable") as refused:
-        store.put_version("m", "1", folder / "1", write_once=True)
+        store.versions.put_version("m", "1", folder / "1", write_once=True)
     assert "'mlreg store repair m 1'" in (refused.value.fix or "")
     assert manifest.read_bytes() == whole[:cut]
-    again = store.put_version("m", "1", folder / "1")
+    again = store.versions.put_version("m", "1", folder / "1")
     assert (again.sent, sorted(again.skipped)) == ([], ["model.py", "sub/w.bin"])
-    assert store.verify_version("m", "1", registered_digest(folder)).status == "verified"
+    assert store.versions.verify_version("m", "1", registered_digest(folder)).status == "verified"
 
 
 def test_push_refuses_a_link_leaving_the_model_folder_and_sends_nothing(tmp_path: Path) -> None:
@@ -294,7 +294,7 @@ def test_a_version_folder_linked_outside_is_refused_a_link_inside_is_not(tmp_pat
     ):
         push_model(store, folder)
     with pytest.raises(StorageError, match=rf"{folder / '2'} is a link to {outside}"):
-        store.put_version("m", "2", folder / "2")
+        store.versions.put_version("m", "2", folder / "2")
     assert store.list_models() == []
     (folder / "2").unlink()
     (folder / "1" / "same.py").symlink_to(folder / "1" / "model.py")  # stays inside: allowed
@@ -327,12 +327,12 @@ def test_register_and_validate_apply_the_same_link_rule(tmp_path: Path) -> None:
 def test_a_link_planted_in_the_local_store_is_refused(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "src")
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", folder / "1")
+    store.versions.put_version("m", "1", folder / "1")
     stored = tmp_path / "store" / "m" / "1" / "model.py"
     stored.unlink()
     stored.symlink_to(folder / "1" / "model.py")  # same bytes, but outside the store's model folder
     with pytest.raises(StorageError, match=r"model\.py is a link leaving the model folder"):
-        store.verify_version("m", "1")
+        store.versions.verify_version("m", "1")
 
 
 def test_init_writes_a_root_marker_that_is_not_a_model(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import pytest
 
 from mlreg.cli.main import app
 from pipelines.storage import open_store
-from pipelines.storage.base import RepositoryStore
-from pipelines.storage.local import LocalStore
+from pipelines.storage.base import Repository
+from pipelines.storage.local import LocalObjects
 from pipelines.storage.push import push_model, push_path
 from pipelines.storage.verify import MANIFEST
 from registry.errors import StorageError
@@ -47,11 +47,11 @@ def shas(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def stored(tmp_path: Path) -> tuple[RepositoryStore, Path]:
+def stored(tmp_path: Path) -> tuple[Repository, Path]:
     """``m`` v1 pushed, with a signature beside its manifest (as a promotion publishes it)."""
     store = open_store(tmp_path / "store")
     push_model(store, model_folder(tmp_path / "src"))
-    store.write(f"m/1/{SIGNATURE_FILE}", b'{"signed": "bundle"}')
+    store.objects.write(f"m/1/{SIGNATURE_FILE}", b'{"signed": "bundle"}')
     return store, tmp_path / "store"
 
 
@@ -59,7 +59,7 @@ def stored(tmp_path: Path) -> tuple[RepositoryStore, Path]:
 
 
 def test_a_push_of_other_bytes_over_a_stored_version_is_refused_and_changes_nothing(
-    stored: tuple[RepositoryStore, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stored: tuple[Repository, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, root = stored
     before = shas(root)
@@ -87,7 +87,7 @@ def test_a_push_of_other_bytes_over_a_stored_version_is_refused_and_changes_noth
 
 
 def test_a_push_of_the_same_bytes_is_a_no_op_that_keeps_manifest_and_signature(
-    stored: tuple[RepositoryStore, Path], tmp_path: Path
+    stored: tuple[Repository, Path], tmp_path: Path
 ) -> None:
     store, root = stored
     before = shas(root)
@@ -97,7 +97,7 @@ def test_a_push_of_the_same_bytes_is_a_no_op_that_keeps_manifest_and_signature(
 
 
 def test_a_push_with_another_config_keeps_the_version_as_first_written(
-    stored: tuple[RepositoryStore, Path], tmp_path: Path
+    stored: tuple[Repository, Path], tmp_path: Path
 ) -> None:
     """The config is the model's desired state (written); the version's manifest keeps the config
     it was written with, so its digest stays the registered one."""
@@ -112,7 +112,7 @@ def test_a_push_with_another_config_keeps_the_version_as_first_written(
 
 
 def test_a_push_of_the_same_bytes_puts_a_changed_stored_file_back(
-    stored: tuple[RepositoryStore, Path], tmp_path: Path
+    stored: tuple[Repository, Path], tmp_path: Path
 ) -> None:
     store, root = stored
     before = shas(root)
@@ -122,12 +122,12 @@ def test_a_push_of_the_same_bytes_puts_a_changed_stored_file_back(
     assert shas(root) == before  # the first-written bytes; manifest and signature untouched
 
 
-def test_a_push_takes_the_models_lock(stored: tuple[RepositoryStore, Path], tmp_path: Path) -> None:
+def test_a_push_takes_the_models_lock(stored: tuple[Repository, Path], tmp_path: Path) -> None:
     store, root = stored
     (tmp_path / "src" / "m" / "2").mkdir()
     (tmp_path / "src" / "m" / "2" / "model.py").write_text("print(2)\n")
     other = open_store(root)
-    with other.lock("m", owner="promotion@elsewhere:1"):
+    with other.session.lock("m", owner="promotion@elsewhere:1"):
         before = shas(root)
         with pytest.raises(StorageError, match="model 'm' is locked by promotion@elsewhere:1"):
             push_model(store, tmp_path / "src" / "m")
@@ -136,11 +136,11 @@ def test_a_push_takes_the_models_lock(stored: tuple[RepositoryStore, Path], tmp_
         }
     push_model(store, tmp_path / "src" / "m")
     assert store.list_versions("m") == ["1", "2"]
-    assert store.locks() == []  # released
+    assert store.session.locks() == []  # released
 
 
-class RacedStore(LocalStore):
-    """A local store on which ``racer`` runs just before this writer creates a manifest: another
+class RacedObjects(LocalObjects):
+    """A local folder on which ``racer`` runs just before this writer creates a manifest: another
     writer's whole upload of the same version lands between this one's files and its manifest."""
 
     def __init__(self, root: Path, racer: Callable[[], object]) -> None:
@@ -161,33 +161,35 @@ def test_of_two_writers_of_a_new_version_one_creates_it(tmp_path: Path, same: bo
     first = model_folder(tmp_path / "a", {"model.py": b"print('a')\n"})
     second = model_folder(tmp_path / "b", {"model.py": b"print('a')\n" if same else b"print('b')\n"})
     other = open_store(tmp_path / "store")
-    store = RacedStore(tmp_path / "store", lambda: other.put_version("m", "1", second / "1"))
+    store = Repository(
+        RacedObjects(tmp_path / "store", lambda: other.versions.put_version("m", "1", second / "1"))
+    )
     if same:
-        assert store.put_version("m", "1", first / "1").sent == ["model.py"]
+        assert store.versions.put_version("m", "1", first / "1").sent == ["model.py"]
     else:
         with pytest.raises(StorageError, match=r"m v1 was created by another writer while this push sent it"):
-            store.put_version("m", "1", first / "1")
-    manifest = store.read_manifest("m", "1")
+            store.versions.put_version("m", "1", first / "1")
+    manifest = store.versions.read_manifest("m", "1")
     assert manifest is not None
     assert manifest.files["model.py"]["sha256"] == sha256_file(second / "1" / "model.py")  # the first made
-    assert store.check_version("m", "1", hashing="all").ok  # the other writer's version, whole
+    assert store.versions.check_version("m", "1", hashing="all").ok  # the other writer's version, whole
 
 
 def test_a_repair_keeps_the_signature_beside_the_manifest(
-    stored: tuple[RepositoryStore, Path], tmp_path: Path
+    stored: tuple[Repository, Path], tmp_path: Path
 ) -> None:
     store, root = stored
     (root / "m" / "1" / "model.py").write_bytes(b"print(666)\n")
-    store.put_version("m", "1", tmp_path / "src" / "m" / "1")  # what a promotion's repair sends
+    store.versions.put_version("m", "1", tmp_path / "src" / "m" / "1")  # what a promotion's repair sends
     assert (root / "m" / "1" / SIGNATURE_FILE).read_bytes() == b'{"signed": "bundle"}'
-    assert store.verify_version("m", "1").ok
+    assert store.versions.verify_version("m", "1").ok
 
 
 # -- mlreg store repair, mlreg store verify --registered (a registry stand-in) -------------------
 
 
 @pytest.fixture
-def registered(tmp_path: Path) -> tuple[FakeRegistry, RepositoryStore, Path]:
+def registered(tmp_path: Path) -> tuple[FakeRegistry, Repository, Path]:
     """``m`` v1 registered (signed) and stored as registered, its signature beside the manifest."""
     registry = FakeRegistry(tmp_path / "registry")
     registry.add("m", "1", CONFIG)
@@ -195,10 +197,10 @@ def registered(tmp_path: Path) -> tuple[FakeRegistry, RepositoryStore, Path]:
     (source / "signature.sigstore.json").write_bytes(b'{"registered": "signature"}')
     registry.tags[("m", "1")][SIGNED_BY_TAG] = "key:abc"
     store = open_store(tmp_path / "store")
-    store.put_version("m", "1", source / "model", config=source / "config.pbtxt")
-    store.write_config("m", CONFIG)
-    store.write(f"m/1/{SIGNATURE_FILE}", b'{"registered": "signature"}')
-    assert store.verify_version("m", "1", registry.tags[("m", "1")]["artifact_digest"]).ok
+    store.versions.put_version("m", "1", source / "model", config=source / "config.pbtxt")
+    store.session.write_config("m", CONFIG)
+    store.objects.write(f"m/1/{SIGNATURE_FILE}", b'{"registered": "signature"}')
+    assert store.versions.verify_version("m", "1", registry.tags[("m", "1")]["artifact_digest"]).ok
     return registry, store, tmp_path / "store"
 
 
@@ -207,7 +209,7 @@ def _settings(tmp_path: Path) -> Settings:
 
 
 def test_repair_puts_the_registered_bytes_back_and_keeps_the_signature(
-    registered: tuple[FakeRegistry, RepositoryStore, Path], tmp_path: Path
+    registered: tuple[FakeRegistry, Repository, Path], tmp_path: Path
 ) -> None:
     from mlreg.ops.store_repair import store_repair
 
@@ -226,9 +228,9 @@ def test_repair_puts_the_registered_bytes_back_and_keeps_the_signature(
         k: v for k, v in before.items() if ".mlreg-manifest" not in k
     }
     assert set(after) == set(before)
-    assert store.verify_version("m", "1", registry.tags[("m", "1")]["artifact_digest"]).ok
+    assert store.versions.verify_version("m", "1", registry.tags[("m", "1")]["artifact_digest"]).ok
     # a signature replaced in the store: MLflow's is put back
-    store.write(f"m/1/{SIGNATURE_FILE}", b"{}")
+    store.objects.write(f"m/1/{SIGNATURE_FILE}", b"{}")
     assert store_repair(_settings(tmp_path), "m", "1", registry, store).signature == "put back from MLflow"
     assert (root / "m" / "1" / SIGNATURE_FILE).read_bytes() == b'{"registered": "signature"}'
     with pytest.raises(StorageError, match=r"m v7 is not in the store \(stored: 1\)"):
@@ -236,31 +238,31 @@ def test_repair_puts_the_registered_bytes_back_and_keeps_the_signature(
 
 
 def test_verify_registered_flags_a_manifest_or_signature_changed_after_it_was_written(
-    registered: tuple[FakeRegistry, RepositoryStore, Path], tmp_path: Path
+    registered: tuple[FakeRegistry, Repository, Path], tmp_path: Path
 ) -> None:
     from mlreg.ops.store_verify import verify_registered
 
     registry, store, root = registered
     assert verify_registered(registry, store, "m", "1").ok
-    store.write(f"m/1/{SIGNATURE_FILE}", b'{"another": "signature"}')
+    store.objects.write(f"m/1/{SIGNATURE_FILE}", b'{"another": "signature"}')
     [problem] = verify_registered(registry, store, "m", "1").problems
     assert problem.line().startswith(
         ".mlreg-signature.json was changed after it was written: it differs from the signature "
         "registered in MLflow (expected sha256 "
     )
-    store.write(f"m/1/{SIGNATURE_FILE}", b'{"registered": "signature"}')
+    store.objects.write(f"m/1/{SIGNATURE_FILE}", b'{"registered": "signature"}')
     # the whole version rewritten, its manifest consistent with the new bytes (an old push did this)
     (root / "m" / "1" / ".mlreg-manifest.json").unlink()
     (root / "m" / "1" / "model.py").write_text("print('other')\n")
-    store.put_version("m", "1", root / "m" / "1", config=root / "m" / "config.pbtxt")
-    assert store.verify_version("m", "1").ok  # consistent with itself...
+    store.versions.put_version("m", "1", root / "m" / "1", config=root / "m" / "config.pbtxt")
+    assert store.versions.verify_version("m", "1").ok  # consistent with itself...
     check = verify_registered(registry, store, "m", "1")
     assert [p.problem for p in check.problems] == ["digest"]  # ...but not what was registered
     assert check.problems[0].line().startswith(".mlreg-manifest.json does not match the digest registered")
 
 
 def test_verify_registered_from_the_cli_without_mlflow_running(
-    registered: tuple[FakeRegistry, RepositoryStore, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    registered: tuple[FakeRegistry, Repository, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     result = CliRunner().invoke(
@@ -281,11 +283,11 @@ def test_a_retired_models_folder_goes_to_the_archive(tmp_path: Path) -> None:
     shutil.copytree(folder / "1", folder / "2")
     push_model(store, folder)
     (tmp_path / "repo" / "m" / "2" / ".mlreg-manifest.json").unlink()  # an upload that did not finish
-    store.delete("m/config.pbtxt")  # what the unload did first
+    store.objects.delete("m/config.pbtxt")  # what the unload did first
     assert _clear_folder(store, "m") is None
     assert not (tmp_path / "repo" / "m").exists()
     assert store.list_models() == []
     archive = store.archive()
     assert archive.list_versions("m") == ["1"]
-    assert archive.verify_version("m", "1").ok
+    assert archive.versions.verify_version("m", "1").ok
     assert json.loads((tmp_path / ".mlreg-archive" / "repo" / "m" / "1" / ".mlreg-manifest.json").read_text())

@@ -66,7 +66,7 @@ class Servers:
         self.events.append(("load", call.url, call.model, call.versions))
         if call.pins:
             self.pins.append((call.url, call.model, dict(call.pins)))
-        self.locks_seen.append({m for m in ("pre", "net", "ens") if self.store.read_lock(m)})
+        self.locks_seen.append({m for m in ("pre", "net", "ens") if self.store.session.read_lock(m)})
         self.loads += 1
         if self.loads == self.fail_at_load:
             raise TritonError(f"{call.url}: model '{call.model}' failed to load (load {self.loads})")
