@@ -181,7 +181,7 @@ def _require_stored(uri: str, name: str, version: str | None, versions: list[str
 def verify_registered(
     registry: RegistryView, store: Repository, model: str, version: str, hashing: str = "all"
 ) -> Verification:
-    """``store.check_version`` against what MLflow registered: the manifest's digest must be the
+    """``store.versions.check_version`` against what MLflow registered: the manifest's digest must be the
     version's ``artifact_digest``, and a signature beside it the one logged with the version.  A
     version MLflow does not know, and an ensemble's folder, are checked against their manifest
     only (``note`` says so)."""

@@ -7,7 +7,7 @@ what should serve: each model config a promotion wrote names its versions in
 nothing: those models load only on demand, ``stack up --load``).  ``restore_served`` loads exactly
 that, and only verified bytes, as a promotion does: every version is held to the digest MLflow
 registered for it (``artifact_digest``), the model folder to the closed world
-(``Repository.verify_load``), before Triton is asked; an ensemble (which Triton would load
+(``Versions.verify_load``), before Triton is asked; an ensemble (which Triton would load
 with its members, read unverified) only when every member it names was loaded here.  A model
 that does not verify, or whose load fails, is left unloaded and named with why -- never a
 half-trusted load, never a failed start.
