@@ -65,7 +65,7 @@ def registered_digest(settings: Settings) -> Callable[[str, str], str | None]:
         if not opened:
             opened.append(open_registry(settings))
         try:
-            tags = opened[0].version_tags(model, version)
+            tags = opened[0].models.version_tags(model, version)
         except RegistryError as exc:
             if "DOES_NOT_EXIST" not in str(exc.context.get("code", "")):
                 raise

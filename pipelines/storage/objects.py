@@ -15,6 +15,7 @@ import copy
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol, Self
 
@@ -164,11 +165,11 @@ class ObjectStore(ABC):
 
     # -- hooks and primitives with a default ------------------------------------------------------
 
-    def write_newer(self, key: str, data: bytes) -> None:
-        """Write so that the object's modification time is later than the one it replaces (a
-        config: Triton reloads a model folder only when its newest time grew); S3's are whole
-        seconds."""
-        self.write(key, data)
+    def write_stamp(self, key: str) -> datetime | None:
+        """When the object was last written, where a reader compares those times at a grain a
+        rewrite can miss (S3's LastModified: whole seconds; ``StoreSession.write_config`` writes
+        a config again until it grew); None where none does (a local folder) or it is absent."""
+        return None
 
     def delete_keys(self, keys: list[str]) -> None:
         """Delete every key, in order (S3: batched)."""

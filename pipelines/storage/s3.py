@@ -15,9 +15,9 @@ import hashlib
 import logging
 import re
 import threading
-import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -245,8 +245,10 @@ class S3Objects(ObjectStore):
         other.journal = UNJOURNALED
         return other, f"{folder}."
 
-    def write_newer(self, key: str, data: bytes) -> None:
-        write_newer(self, key, data)
+    def write_stamp(self, key: str) -> datetime | None:
+        """LastModified (whole seconds), by a HEAD; None when the object is absent."""
+        head = self._head("inspect", key)
+        return None if head is None else head["LastModified"]
 
     @property
     def client(self) -> Any:
@@ -504,26 +506,6 @@ class S3Objects(ObjectStore):
         """Abort the multipart uploads an earlier, interrupted upload under ``prefix`` left behind
         (S3 keeps, and bills, their parts until aborted): the caller holds the model's lock."""
         abort_uploads(self, prefix, quiet=False)
-
-
-def write_newer(objects: S3Objects, key: str, data: bytes) -> None:
-    """Written so that its LastModified is later than the object it replaces: Triton (2.51) takes
-    a model folder whose newest LastModified (whole seconds) did not grow since its last load as
-    unchanged, and a load of it is a no-op -- so a promotion within the same second as the
-    previous one's last config write would not load (seen here: back-to-back promotions of a
-    small model).  Costs two HEADs, and a wait of under a second only in that case."""
-
-    def last_modified() -> Any:
-        head = objects._head("inspect", key)
-        return None if head is None else head["LastModified"]
-
-    before = last_modified()
-    while True:
-        objects.write(key, data)
-        after = last_modified()
-        if before is None or after is None or after > before:
-            return
-        time.sleep(max(0.05, 1.0 - (time.time() % 1.0)))  # to the next whole second
 
 
 def abort_uploads(objects: S3Objects, prefix: str, quiet: bool = True) -> list[str]:

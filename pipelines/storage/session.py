@@ -88,14 +88,26 @@ class StoreSession:
 
     def write_config(self, model: str, text: str) -> None:
         """Written only while this session still holds ``model``'s lock, when it took it: the lease
-        is renewed first (compare-and-swap on the lock object), and a lost lock aborts the write;
-        written newer than the config it replaces (``ObjectStore.write_newer``)."""
+        is renewed first (compare-and-swap on the lock object), and a lost lock aborts the write.
+
+        Where the store's times are coarse (``ObjectStore.write_stamp``: S3), written so that its
+        LastModified is later than the config it replaces: Triton (2.51) takes a model folder whose
+        newest LastModified (whole seconds) did not grow since its last load as unchanged, and a
+        load of it is a no-op -- so a promotion within the same second as the previous one's last
+        config write would not load (seen here: back-to-back promotions of a small model).  Costs
+        two HEADs, and a wait of under a second only in that case."""
         key = f"{check_part(model, 'model name')}/{CONFIG}"
-        lease = self.leases.get(model)
-        if lease is not None:
-            lease.renew(key)
-        self.store.write_newer(key, text.encode("utf-8"))
-        self.written_configs[model] = text
+        before = self.store.write_stamp(key)
+        while True:
+            lease = self.leases.get(model)
+            if lease is not None:
+                lease.renew(key)
+            self.store.write(key, text.encode("utf-8"))
+            self.written_configs[model] = text
+            after = self.store.write_stamp(key)
+            if before is None or after is None or after > before:
+                return
+            time.sleep(max(0.05, 1.0 - (time.time() % 1.0)))  # to the next whole second
 
     # -- locks -------------------------------------------------------------------------------------
 
