@@ -434,7 +434,10 @@ def ledger_of(objects: ObjectStore) -> Ledger:
     """The ledger beside ``objects`` (a repository's: see the module's docstring): their place
     beside them (``ObjectStore.place_beside``), through the same client, journaled by no session."""
     place, prefix = objects.place_beside(LEDGER)
-    uri = f"{place.uri.rstrip('/')}/{prefix}*" if prefix else place.uri
+    if prefix:  # keys at a bucket's root: <LEDGER>.*
+        uri = f"{place.uri.rstrip('/')}/{prefix}*"
+    else:  # a folder: an S3 one named with its trailing slash, as the ledger has always been
+        uri = f"{place.uri.rstrip('/')}/" if place.uri.startswith("s3://") else place.uri
     return Ledger(place, prefix, uri)
 
 

@@ -297,6 +297,8 @@ def test_on_s3_the_ledger_sits_beside_the_prefix_and_two_writers_never_fork_it(s
     assert all(k.startswith("models/.mlreg-ledger/staging/") for k in keys), keys
     assert "models/.mlreg-ledger/staging/head.json" in keys
     assert store.list_models() == []
+    # the place `mlreg ledger verify --json` and the ledger's errors name: its folder, with its slash
+    assert first.uri == f"s3://{s3_bucket}/models/.mlreg-ledger/staging/"
 
 
 def test_on_s3_a_store_at_the_buckets_root_keeps_its_ledger_in_files_triton_ignores(s3_bucket: str) -> None:
