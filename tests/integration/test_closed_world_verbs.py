@@ -44,7 +44,7 @@ def test_mlflow_deployments_refuses_a_planted_entry_before_any_load(
     monkeypatch.setattr(
         mlreg.ops.promote,
         "promote",
-        lambda settings, env, name, version, **options: world.promote(name, version),
+        lambda settings, env, name, version, options=None, registry=None: world.promote(name, version),
     )
     client = MlregDeploymentClient("mlreg:/test")
     with pytest.raises(MlflowException, match=r"net/1\.py lies beside the version folders"):
