@@ -245,7 +245,10 @@ def shadows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shadows]:
             f"[environments.shadow.shadow]\nrate = 1\ncount = {COUNT}\n"
             f'captures = "{traces}"\nmax_bytes = 1500000\ntop_k = 2\n'
             f'[environments.baked]\nstore = "{root / "two"}"\ntargets = ["{urls[1]}", "{urls[2]}"]\n'
+            # the latency check kept out of the failure-ratio claim: on a loaded machine (three
+            # workers on two cores) a canary's mean latency passed twice the serving one's once
             "gpu = false\ncanary = 1\nwaves = [100]\nbake_seconds = 2\nprobe_rate = 50\n"
+            "max_latency_ratio = 50.0\n"
             f"metrics = {{ {metrics} }}\n"
         )
         yield Shadows(root, urls, traces, [info.http_url for info, _ in servers])
