@@ -31,7 +31,7 @@ import contextlib
 import os
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow.deployments import BaseDeploymentClient, PredictionsResponse
 from mlflow.exceptions import MlflowException
@@ -39,6 +39,9 @@ from mlflow.exceptions import MlflowException
 from mlreg.deployment_io import _arrays, _deployment, check_name, promote_options
 from registry.errors import MlregError, UsageError
 from registry.settings import Settings
+
+if TYPE_CHECKING:
+    from registry.mlflow import MlflowRegistry
 
 TARGET = "mlreg"
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w.\-]+))$")
@@ -126,7 +129,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _context(self, config: dict[str, Any] | None = None) -> tuple[Settings, Any, Any]:
+    def _context(self, config: dict[str, Any] | None = None) -> tuple[Settings, Any, MlflowRegistry]:
         from mlreg.ops.context import context  # lazy: the verbs import the promotion package
 
         settings = Settings.from_env()
@@ -138,7 +141,7 @@ class MlregDeploymentClient(BaseDeploymentClient):
         return str((config or {}).get("env") or self.default_env)
 
     @staticmethod
-    def _version(registry: Any, name: str, model_uri: str) -> str:
+    def _version(registry: MlflowRegistry, name: str, model_uri: str) -> str:
         match = MODEL_URI.match(model_uri or "")
         if match is None:
             raise UsageError(
@@ -241,7 +244,9 @@ class MlregDeploymentClient(BaseDeploymentClient):
             return PredictionsResponse({"outputs": {key: value.tolist() for key, value in answer.items()}})
 
 
-def _status(settings: Settings, env: Any, registry: Any, models: list[str] | None) -> list[dict[str, Any]]:
+def _status(
+    settings: Settings, env: Any, registry: MlflowRegistry, models: list[str] | None
+) -> list[dict[str, Any]]:
     """``mlreg status``'s rows (their JSON documents) for ``models`` (None: every model)."""
     from mlreg.ops.status import status  # lazy: the verbs import the promotion package
 
@@ -250,7 +255,7 @@ def _status(settings: Settings, env: Any, registry: Any, models: list[str] | Non
     return [row.to_dict() for model in models for row in status(settings, env.name, model).models]
 
 
-def _source(registry: Any, name: str, version: str | None) -> dict[str, Any]:
+def _source(registry: MlflowRegistry, name: str, version: str | None) -> dict[str, Any]:
     """The MLflow model a deployment came from (NVIDIA's ``mlflow_model_uri``) and its flavor."""
     from registry.nvidia_flavors import source_of  # lazy: NVIDIA's flavors only here
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pipelines.storage.base import Repository, UploadResult
+    from registry.mlflow import MlflowRegistry
 
 
 @dataclass
@@ -59,7 +60,7 @@ def store_push(target: Repository, path: Path, progress: Callable[[int], None] |
 def registered_digest(settings: Settings) -> Callable[[str, str], str | None]:
     """(model, version) -> the ``artifact_digest`` MLflow recorded for it (None: a version MLflow
     does not know, or one registered without a digest); the registry opened on the first ask."""
-    opened: list[Any] = []
+    opened: list[MlflowRegistry] = []
 
     def digest(model: str, version: str) -> str | None:
         if not opened:

@@ -25,6 +25,7 @@ from registry.errors import MissingDependencyError
 
 if TYPE_CHECKING:
     from pipelines.storage.base import Repository
+    from registry.mlflow import MlflowRegistry
     from registry.settings import Settings
 
 log = logging.getLogger("mlreg.relay")
@@ -41,9 +42,9 @@ class RegistryAliases:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._registry: Any = None
+        self._registry: MlflowRegistry | None = None
 
-    def _client(self) -> Any:
+    def _client(self) -> MlflowRegistry:
         if self._registry is None:
             from mlreg.ops.context import open_registry  # lazy: MLflow (~1 s)
 
