@@ -196,9 +196,6 @@ class UndoLog:
                 entry.before[url] = ready
                 entry.replicas.append(url)
 
-    def wrote_config(self, step: Step) -> None:
-        self.wrote_config_of(step.model)
-
     def uploaded(self, step: Step, version: str) -> None:
         if version not in step.previous_versions:
             self.entry(step.model).uploaded.append(version)
