@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import PYTHONPATH
 from tests.unit.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ for member, pinned in (("iris_onnx", "-1"), ("iris_onnx", "3"), ("unchecked", "-
 print(json.dumps(answers))
 """
 BACKGROUND = {
-    "resolve": Background([sys.executable, "-c", RESOLVE], cwd=SCRATCH, env={"PYTHONPATH": str(ROOT)})
+    "resolve": Background([sys.executable, "-c", RESOLVE], cwd=SCRATCH, env={"PYTHONPATH": PYTHONPATH})
 }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from registry.mlflow.environ import MlflowEnviron
+from tests.conftest import PYTHONPATH
 from tests.unit.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ BACKGROUND = {
         where: Background(
             [sys.executable, "-c", REAL_MLFLOW],
             cwd=None if where == "checkout" else SCRATCH,
-            env={"PYTHONPATH": str(ROOT)},
+            env={"PYTHONPATH": PYTHONPATH},
         )
         for where in ("checkout", "elsewhere")
     },
