@@ -22,6 +22,7 @@ from mlreg.relay.wire import MAX_BODY, Refused, parse, payload, sign, verify
 from pipelines.checks.capture import Captures, purge
 from pipelines.core.litter import marker_key, remove_fenced_uploads
 from pipelines.fleet.replicas import open_control, open_control_notes
+from pipelines.storage.archive import archive_of, move_to_archive
 from pipelines.storage.base import Repository
 from pipelines.storage.local import LocalObjects
 from pipelines.triton import metrics
@@ -381,3 +382,40 @@ def test_a_warmup_bound_that_is_no_bound_is_refused(name: str, raw: str) -> None
     with pytest.raises(SettingsError, match=f"{name}={raw!r} is not a positive number"):
         WarmupBound.from_env({name: raw})
     assert WarmupBound.from_env({name: "0.5"}) != WarmupBound()  # the control: a small one is taken
+
+
+# -- the archive: a version is live or in both places, never neither --------------------------------
+
+
+def test_a_copy_to_the_archive_that_is_not_whole_keeps_the_live_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: a move to the archive leaves the version live or in both places, never neither.  On
+    S3 (and a local archive on another file system) it is a copy, a check, then the delete: here
+    the copy loses one object (a fake for a fault no local folder makes: an object gone between
+    its copy and the check), so the check fails and the live copy stays, every file of it."""
+    store = Repository.local(tmp_path / "store")
+    source = tmp_path / "src" / "1"
+    source.mkdir(parents=True)
+    (source / "model.py").write_text("SOURCE = 'v1'\n")
+    (source / "weights.bin").write_bytes(b"w" * 4096)
+    store.versions.put_version("scorer", "1", source)
+    live = _files(tmp_path / "store" / "scorer")
+    archive = archive_of(store)
+    copy = store.objects.copy_object_to
+    monkeypatch.setattr(store.objects, "move_version_to", lambda *args: False)  # copy, check, delete
+    monkeypatch.setattr(
+        store.objects,
+        "copy_object_to",
+        lambda key, *rest: None if key.endswith("weights.bin") else copy(key, *rest),
+    )
+    with pytest.raises(
+        StorageError, match="the archived copy of scorer/1 is not whole; the live copy is kept"
+    ):
+        move_to_archive(store, archive, "scorer", "1")
+    assert _files(tmp_path / "store" / "scorer") == live
+    assert store.list_versions("scorer") == ["1"]
+    monkeypatch.setattr(store.objects, "copy_object_to", copy)  # the control: a whole copy moves it
+    assert move_to_archive(store, archive, "scorer", "1") > 0
+    assert store.list_versions("scorer") == []
+    assert archive.list_versions("scorer") == ["1"]
