@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import importlib.util
 import json
 import os
 import secrets
@@ -28,17 +27,6 @@ for _key, _value in QUIET_TENSORFLOW.items():  # TensorFlow imported by tests st
 os.environ.setdefault("MLREG_CONTROL_KEY", secrets.token_urlsafe(24))
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "model_repository_template"
-# A new sqlite MLflow database starts as a copy of one MLflow migrated (tests/boot/sitecustomize.py:
-# 0.07 s where MLflow's migrations take 1.8 s of CPU), in this process and, through PYTHONPATH, in
-# every Python process a test starts.  MLREG_TEST_FRESH_MLFLOW_DB=1 runs MLflow's own migrations.
-BOOT = ROOT / "tests" / "boot"
-if str(BOOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOT), os.environ.get("PYTHONPATH")) if p)
-PYTHONPATH = os.pathsep.join([str(ROOT), str(BOOT)])  # a test's subprocess that imports the checkout
-_boot_spec = importlib.util.spec_from_file_location("mlreg_tests_boot", BOOT / "sitecustomize.py")
-assert _boot_spec is not None
-assert _boot_spec.loader is not None
-_boot_spec.loader.exec_module(importlib.util.module_from_spec(_boot_spec))
 
 
 # A skipped test proves nothing: the suite fails on any skip (everything a test needs is installed by

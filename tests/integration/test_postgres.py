@@ -32,7 +32,7 @@ from cryptography.fernet import Fernet
 
 from pipelines.devstack import local_s3
 from pipelines.devstack.local_triton import free_port, http_ok
-from tests.conftest import PYTHONPATH, TEMPLATE
+from tests.conftest import ROOT, TEMPLATE
 from tests.integration import forkcli
 from tests.integration.infra import compose
 
@@ -256,7 +256,7 @@ def platform(
             "MLREG_HOME": str(project / ".mlreg"),
             "MLFLOW_TRACKING_URI": url,
             "MLREG_NO_PROGRESS": "1",
-            "PYTHONPATH": PYTHONPATH,
+            "PYTHONPATH": str(ROOT),
         }
         yield Platform(postgres, url, command, s3_server.endpoint, store, project, env)
     finally:

@@ -20,7 +20,6 @@ import pytest
 
 from docs import tutorial_blocks
 from registry.mlflow import sqlite
-from tests.conftest import BOOT
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +29,8 @@ MEAN, SCALE = (5.8, 3.0, 3.8, 1.2), (0.8, 0.4, 1.8, 0.8)
 
 
 def clean_env() -> dict[str, str]:
-    """A newcomer's shell: no MLREG_/MLFLOW_ settings of this run, this interpreter's tools first,
-    and none of the suite's start-up hooks (so MLflow's migrations make its database, as on a first day)."""
+    """A newcomer's shell: no MLREG_/MLFLOW_ settings of this run, this interpreter's tools first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLREG_", "MLFLOW_"))}
-    hooks = str(BOOT)
-    kept = [entry for entry in env.pop("PYTHONPATH", "").split(os.pathsep) if entry and entry != hooks]
-    if kept:
-        env["PYTHONPATH"] = os.pathsep.join(kept)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 

@@ -43,7 +43,7 @@ from pipelines.rollout.staged import StagedRollout
 from pipelines.storage.lease import Lease, LockInfo, when
 from pipelines.triton import metrics
 from registry.errors import MlregError, PromotionError, RegistryError, StorageError, TritonError, UsageError
-from tests.conftest import PYTHONPATH
+from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
 from tests.unit.conftest import SCRATCH, Background, Finished
 from tests.unit.worlds import MEMBER, World
@@ -65,7 +65,7 @@ BACKGROUND = {
     "sync with MLflow down": Background(
         ["sh", "-c", SYNC_DOWN],
         cwd=SCRATCH,
-        env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9", "MLREG_HOME": "home", "PYTHONPATH": PYTHONPATH},
+        env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9", "MLREG_HOME": "home", "PYTHONPATH": str(ROOT)},
     ),
 }
 

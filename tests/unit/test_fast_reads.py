@@ -27,7 +27,6 @@ from registry.mlflow import sqlite
 from registry.mlflow.reads import EmbeddedReads, open_reads
 from registry.mlflow.registry import MlflowRegistry
 from registry.settings import Settings
-from tests.conftest import PYTHONPATH
 from tests.unit.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +95,7 @@ BACKGROUND = {
     "registry": Background(
         [sys.executable, "-c", MADE_BY_MLFLOW, str(ROOT / "model_repository_template")],
         cwd=SCRATCH,
-        env={"PYTHONPATH": PYTHONPATH, "MLFLOW_TRACKING_URI": ""},
+        env={"PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": ""},
     )
 }
 

@@ -19,12 +19,12 @@ import pytest
 
 from mlreg.ops import fleet_pins as fleet
 from registry.errors import RegistryError, UsageError
-from tests.conftest import PYTHONPATH
+from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
 from tests.unit.conftest import SCRATCH, Background, Finished
 
 PYTHON_MODEL = 'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
-ENV = {"PYTHONPATH": PYTHONPATH}
+ENV = {"PYTHONPATH": str(ROOT)}
 MODELS_EACH = 12  # pins per process: each one a read, a change and a write of the same file
 
 RACER = textwrap.dedent(

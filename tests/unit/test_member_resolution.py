@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PYTHONPATH
 from tests.unit.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +44,7 @@ for member, pinned in (("iris_onnx", "-1"), ("iris_onnx", "3"), ("unchecked", "-
 print(json.dumps(answers))
 """
 BACKGROUND = {
-    "resolve": Background([sys.executable, "-c", RESOLVE], cwd=SCRATCH, env={"PYTHONPATH": PYTHONPATH})
+    "resolve": Background([sys.executable, "-c", RESOLVE], cwd=SCRATCH, env={"PYTHONPATH": str(ROOT)})
 }
 
 

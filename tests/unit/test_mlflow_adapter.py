@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from registry.mlflow.environ import MlflowEnviron
-from tests.conftest import PYTHONPATH
 from tests.unit.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +38,7 @@ BACKGROUND = {
         where: Background(
             [sys.executable, "-c", REAL_MLFLOW],
             cwd=None if where == "checkout" else SCRATCH,
-            env={"PYTHONPATH": PYTHONPATH},
+            env={"PYTHONPATH": str(ROOT)},
         )
         for where in ("checkout", "elsewhere")
     },

@@ -20,7 +20,6 @@ import pytest
 
 from registry.lineage import GitState, Lineage, describe
 from registry.mlflow.story import KEPT, SECTION, promotion_line, with_promotion
-from tests.conftest import PYTHONPATH
 from tests.unit.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +60,7 @@ BACKGROUND = {
     "story": Background(
         [sys.executable, "-c", MADE_BY_MLFLOW, str(ROOT / "model_repository_template")],
         cwd=SCRATCH,
-        env={"PYTHONPATH": PYTHONPATH, "MLFLOW_TRACKING_URI": ""},
+        env={"PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": ""},
     )
 }
 

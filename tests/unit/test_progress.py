@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import PYTHONPATH
 from tests.unit.worlds import World
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +32,7 @@ with activity(quiet=sys.argv[1] == "quiet") as tell:
 
 def _run(mode: str, tty: bool, env: dict[str, str] | None = None) -> tuple[str, str]:
     """``DRAW`` in a fresh interpreter, stderr on a pseudo-terminal (``tty``) or a pipe: (stdout, stderr)."""
-    environ = {**os.environ, "PYTHONPATH": PYTHONPATH, "MLREG_NO_PROGRESS": "", **(env or {})}
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "MLREG_NO_PROGRESS": "", **(env or {})}
     if not tty:
         proc = subprocess.run(
             [sys.executable, "-c", DRAW, mode], capture_output=True, text=True, env=environ, timeout=60

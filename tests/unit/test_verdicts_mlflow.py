@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PYTHONPATH
 from tests.unit.conftest import SCRATCH, Background, Finished
 from tests.unit.verdict_kinds import BAKES, CAPTURED, FREE, GIB, KINDS, OBSERVED
 
@@ -28,7 +27,7 @@ BACKGROUND = {
     "kinds": Background(
         [sys.executable, "-m", "tests.unit.verdict_kinds"],
         cwd=SCRATCH,
-        env={"PYTHONPATH": PYTHONPATH, "MLFLOW_TRACKING_URI": ""},
+        env={"PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": ""},
     )
 }
 FIGURES = ("value", "threshold", "sample")
