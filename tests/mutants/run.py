@@ -136,6 +136,34 @@ def stale(mutant: Mutant, tree: Path) -> str:
     return ""
 
 
+# A mutant breaks the code that decides which processes are ours: one that dropped
+# group_members' process-group check made a test's teardown kill every process of the machine
+# (session 19, rv2-stack-down-group-members-only).  Where this runs as root and util-linux's unshare
+# is there, each run of the tests is in a PID namespace of its own: it sees (/proc) and can signal
+# only its own processes, and whatever it leaves is killed with it.  ``sh`` is the namespace's
+# init, so pytest is not PID 1 (init ignores the signals it has no handler for: a test that signals
+# its own process would see another outcome).  Elsewhere (no root, no unshare): [] and the runs are
+# not contained, which the table's last line says.
+NAMESPACE = ["--pid", "--fork", "--mount-proc", "--kill-child"]
+INIT = ["sh", "-c", '"$@"; exit $?', "sh"]
+
+
+def contained() -> list[str]:
+    """The argv prefix that runs a command in a PID namespace of its own, or [] where none can be
+    made here."""
+    exe = shutil.which("unshare")
+    if exe is None or os.geteuid() != 0:
+        return []
+    try:
+        probe = subprocess.run([exe, *NAMESPACE, *INIT, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [exe, *NAMESPACE, *INIT] if probe.returncode == 0 else []
+
+
+CONTAINED = contained() if __name__ == "__main__" else []  # probed once, by the runner
+
+
 def pytest(
     tree: Path, guard: Path, tests: list[str], module: str = "", stop_first: bool = True, total: float = 0
 ) -> tuple[int, str, float]:
@@ -151,7 +179,9 @@ def pytest(
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     env.pop("MLREG_ALLOW_SKIPS", None)
-    argv = [sys.executable, "-m", "pytest", *tests, "-q", "-rfE", "--strict-markers"]
+    if CONTAINED:  # the unit runs' /dev/shm folders are judged abandoned by pid, which it cannot see
+        env["MLREG_TEST_TMPFS"] = "0"
+    argv = [*CONTAINED, sys.executable, "-m", "pytest", *tests, "-q", "-rfE", "--strict-markers"]
     argv += ["-x"] if stop_first else []
     argv += ["-p", "no:cacheprovider", "-p", "no:randomly", "-p", "_mutant_guard", "-o", "addopts="]
     argv += [f"--timeout={PER_MUTANT_S}"]
@@ -312,7 +342,12 @@ def _run(mutants: list[Mutant], work: Path, start: float, jobs: int = 1) -> int:
     print(
         f"\n{len(mutants) - len(bad)} of {len(mutants)} mutants killed ({by_unit} by unit tests; "
         f"an integration test needed for {len(needs)}: {', '.join(needs) or 'none'}) "
-        f"in {time.monotonic() - start:.0f} s"
+        f"in {time.monotonic() - start:.0f} s; "
+        + (
+            "each run in a PID namespace of its own"
+            if CONTAINED
+            else "the runs not contained (no root or unshare)"
+        )
     )
     return 1 if bad else 0
 

@@ -5,6 +5,10 @@ existing test files, pytest's summary is read for the killing test, and the tabl
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -70,3 +74,31 @@ def test_the_killing_test_is_read_from_pytests_summary_and_the_table_shows_it(ru
     assert lines[0].split() == ["guarantee", "mutant", "outcome", "killed", "by", "seconds"]
     assert lines[2].split() == ["g", "m", "killed", "tests/unit/test_x.py::test_y", "2.5"]
     assert lines[3].split() == ["g", "old", "STALE", "-", "-"]
+
+
+def test_a_contained_run_sees_only_its_own_processes_and_its_pytest_is_not_init(run: ModuleType) -> None:
+    """Where the runner can make a PID namespace (root, unshare), a mutant's tests see and can
+    signal only their own processes: a mutant that widens "ours" to every process (one did: the
+    teardown killed the machine's) reaches nothing outside.  Elsewhere the runner says it cannot."""
+    prefix = run.contained()
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        assert prefix == []
+        return
+    assert prefix[-4:] == run.INIT
+    outside = subprocess.Popen(["sleep", "60"])
+    try:
+        probe = (
+            "import json, os; "
+            "print(json.dumps([os.getpid(), [int(p) for p in os.listdir('/proc') if p.isdigit()]]))"
+        )
+        done = subprocess.run(
+            [*prefix, sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        pid, seen = json.loads(done.stdout)
+        assert sorted(seen) == [1, pid]  # the namespace's init (sh) and the command: nothing else
+        assert pid != 1  # signals a test sends its own process keep their default effect
+        assert outside.poll() is None
+    finally:
+        outside.kill()
+        outside.wait()
