@@ -26,6 +26,7 @@ from pipelines.triton.control_key import MAX_KEY_FILE, control_key
 from pipelines.triton.metrics import MAX_BODY, parse_answer
 from registry.errors import PromotionError, StorageError, UsageError
 from registry.signing import SignatureError, SigningKey, Trust, sign, verify
+from tests.unit.worlds import scorer_8_and_10
 
 MODEL, VERSION = "scorer", "9"
 CONFIG = f'name: "{MODEL}"\nbackend: "python"\nversion_policy {{ specific {{ versions: [ {VERSION} ] }} }}\n'
@@ -204,13 +205,7 @@ def test_an_upload_marker_over_4_kib_is_not_mlregs_and_removes_nothing(tmp_path:
     """scorer v10 unserved, its marker naming another holder's lease: the next holder removes that
     upload (the control) -- unless the marker is over MAX_MARKER_BYTES, which mlreg never writes
     (~150 bytes): then it is not one of mlreg's, left and named, and the version stays."""
-    store = Repository.local(tmp_path / "store")
-    for version in ("8", "10"):
-        folder = tmp_path / "src" / version
-        folder.mkdir(parents=True)
-        (folder / "model.py").write_text(f"v{version}\n")
-        store.versions.put_version("scorer", version, folder)
-    store.session.write_config("scorer", LITTER_CONFIG)
+    store = scorer_8_and_10(tmp_path, LITTER_CONFIG)
     marker: dict[str, object] = {
         "model": "scorer",
         "version": "10",

@@ -31,6 +31,7 @@ from registry.contracts.warmup import MB_VARIABLE, REQUESTS_VARIABLE, WarmupBoun
 from registry.errors import PromotionError, SettingsError, StorageError
 from registry.settings import redact_uri
 from tests.standin_triton import StandinFleet
+from tests.unit.worlds import scorer_8_and_10
 
 # -- the relay's webhook: signed with the secret, bounded, a storable model name ---------------------
 
@@ -111,13 +112,7 @@ def _files(root: Path) -> list[str]:
 def _store_with_fenced_upload(tmp_path: Path, marker: dict[str, object]) -> Repository:
     """scorer v8 serves (the config lists it); v10 was uploaded by a promotion that lost its lock,
     its marker at the root as ``marker``."""
-    store = Repository.local(tmp_path / "store")
-    for version in ("8", "10"):
-        source = tmp_path / "src" / version
-        source.mkdir(parents=True)
-        (source / "model.py").write_text(f"v{version}\n")
-        store.versions.put_version("scorer", version, source)
-    store.session.write_config("scorer", CONFIG)
+    store = scorer_8_and_10(tmp_path, CONFIG)
     store.objects.write(marker_key("scorer", "10"), json.dumps(marker).encode())
     return store
 

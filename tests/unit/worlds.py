@@ -15,6 +15,7 @@ from pipelines.core.reports import PromotionResult
 from pipelines.promote.environments import Environment
 from pipelines.promote.runner import Promotion
 from pipelines.storage import open_store
+from pipelines.storage.base import Repository
 from registry.errors import TritonError
 from registry.settings import Settings
 from tests.fakes import Call, FakeRegistry, FakeTarget
@@ -40,6 +41,20 @@ ensemble_scheduling {
   ]
 }
 """
+
+
+def scorer_8_and_10(tmp_path: Path, config: str) -> Repository:
+    """A local store with scorer v8 and v10 stored (``model.py`` reads ``v8`` / ``v10``) and
+    ``config`` as scorer's config: the set-up of the fenced-upload tests (which versions serve is
+    the config's word; the caller adds the upload's marker)."""
+    store = Repository.local(tmp_path / "store")
+    for version in ("8", "10"):
+        folder = tmp_path / "src" / version
+        folder.mkdir(parents=True)
+        (folder / "model.py").write_text(f"v{version}\n")
+        store.versions.put_version("scorer", version, folder)
+    store.session.write_config("scorer", config)
+    return store
 
 
 class Servers:
