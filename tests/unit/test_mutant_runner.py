@@ -76,7 +76,7 @@ def test_the_killing_test_is_read_from_pytests_summary_and_the_table_shows_it(ru
     assert lines[3].split() == ["g", "old", "STALE", "-", "-"]
 
 
-def test_a_contained_run_sees_only_its_own_processes_and_its_pytest_is_not_init(run: ModuleType) -> None:
+def test_a_contained_run_sees_only_its_own_processes_and_its_command_is_not_init(run: ModuleType) -> None:
     """Where the runner can make a PID namespace (root, unshare), a mutant's tests see and can
     signal only their own processes: a mutant that widens "ours" to every process (one did: the
     teardown killed the machine's) reaches nothing outside.  Elsewhere the runner says it cannot."""
