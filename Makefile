@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	bash .ci/install.sh $(VENV)
-	$(PY) -c "import registry, pipelines, tensorflow, tf2onnx, onnxruntime, pytriton, tritonclient.grpc, mlflow, boto3, great_expectations, moto"
+	$(PY) .ci/bytecode.py  # what mlreg needs imports; the bytecode of what its processes import, written once
 	touch $(STAMP)
 
 # Debian packages the tests need (PostgreSQL, kubectl, Chromium, gcc): installed when missing.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs mlreg[all,dev] (editable) into the virtualenv $1: with uv where it can (~55 s on a fresh
 # venv and an empty uv cache here, 16 s with the cache filled), else with pip (~90 s; ~140 s when it
-# byte-compiles every dependency, which neither does: Python compiles what it imports).
+# byte-compiles every dependency, which neither does: `make install` then writes the bytecode of what
+# mlreg's processes import, .ci/bytecode.py).
 # uv reads none of pip's configuration: the indexes, find-links, constraints and certificate pip is
 # configured with (pip.conf, PIP_* variables) are handed to uv, so both install the same versions.
 # MLREG_INSTALL_WITH=pip skips uv.
