@@ -70,11 +70,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # test_mlflow_native.py's stack (built once per process: ~40 s more on another worker); test_wheel.py
 # serves the wheel of test_release.py's act run (tests/act/release.py; another worker would wait);
 # test_serving.py and test_store_cli.py use the session's tritonserver with the whole ensemble
-# loaded (tests/integration/conftest.py ``triton``: ~20 s to start, once per worker).
+# loaded (tests/integration/conftest.py ``triton``: ~20 s to start, once per worker); the modules
+# of the session's ``mlflow_server`` (tests/conftest.py) start it once.
 SAME_WORKER = {
     "tests/integration/test_serving.py": "tests/integration/test_store_cli.py",
     "tests/integration/test_browser.py": "tests/integration/test_mlflow_native.py",
     "tests/integration/test_relay.py": "tests/integration/test_mlflow_native.py",  # its stack, its Triton
+    # the session's ``mlflow_server`` (one start: ~15 s of CPU for the server and its uvicorn worker)
+    "tests/integration/test_nvidia_plugin.py": "tests/integration/test_mlflow_native.py",
+    "tests/integration/test_registry.py": "tests/integration/test_mlflow_native.py",
     "tests/integration/test_wheel.py": "tests/integration/test_release.py",
 }
 # The order modules are handed out in: the longest first (a greedy longest-first schedule: the
