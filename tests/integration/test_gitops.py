@@ -36,7 +36,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import numpy as np
 import pytest
 import yaml
@@ -138,6 +137,10 @@ def strict(schema: Any) -> Any:
 
 def schema_errors(doc: dict[str, Any]) -> list[str]:
     schema = crd_schemas()[(doc["apiVersion"], doc["kind"])]
+    # lazy: jsonschema's import builds its IRI parsers (~2 s of CPU), paid by every worker that
+    # collects this module otherwise; only the worker that runs it needs it
+    import jsonschema
+
     validator = jsonschema.Draft7Validator(schema)
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
 
