@@ -189,6 +189,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1.  Each is held bound until all are picked: a port
+    ``free_port`` returns is free again once it returns, so the kernel may hand it out twice, and a
+    tritonserver given one port for two of its endpoints exits at start ("cannot listen to HTTP
+    requests and metrics requests at the same address and port"; seen once in a suite run)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def three_free_ports() -> tuple[int, int, int]:
+    """HTTP, gRPC and metrics ports for one tritonserver, all different (``free_ports``)."""
+    http, grpc, metrics = free_ports(3)
+    return http, grpc, metrics
+
+
 def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -295,7 +316,7 @@ def start_server(
             )
     last_error: StackError | None = None
     for _ in range(PORT_ATTEMPTS if ports is None else 1):
-        chosen = ports or (free_port(), free_port(), free_port())
+        chosen = ports or three_free_ports()
         try:
             return _launch(
                 install, env, str(repository), backend_dir, chosen, state_dir, timeout, control_key

@@ -630,7 +630,7 @@ def test_compose_triton_arguments_start_a_real_server_on_an_initialised_s3_store
     install = local_triton.locate_triton()
     env = local_triton.server_env(install)
     backends = local_triton.build_backend_dir(install, Settings.from_env().backends_source, tmp_path / "b")
-    http, grpc, metrics = (local_triton.free_port() for _ in range(3))
+    http, grpc, metrics = local_triton.three_free_ports()
     ports = {"--http-port": http, "--grpc-port": grpc, "--metrics-port": metrics}
     args = [
         f"--model-repository={uri}" if a.startswith("--model-repository=") else a

@@ -111,3 +111,42 @@ def test_server_info_round_trips(tmp_path: Path) -> None:
     assert loaded.to_dict()["grpc_url"] == "127.0.0.1:2"
     (tmp_path / "bad.json").write_text("{not json")
     assert local_triton.load_info(tmp_path / "bad.json") is None
+
+
+def test_a_server_s_three_ports_are_picked_held_together_so_never_the_same_twice() -> None:
+    """``three_free_ports`` holds each picked port bound until all three are picked: a port is not
+    handed out twice within a triple (three ``free_port`` calls could: a tritonserver once got one
+    port for HTTP and metrics and exited at start).  While one port of a triple is held, the
+    kernel's next pick is another; checked on 500 triples, and each port was really free (bindable
+    again at once)."""
+    for _ in range(500):
+        ports = local_triton.three_free_ports()
+        assert len(set(ports)) == 3, ports
+        for port in ports:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", port))
+    held = local_triton.free_ports(40)
+    assert len(set(held)) == 40, held
+
+
+def test_no_port_of_a_triple_is_let_go_before_the_last_is_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes the three ports distinct, seen directly: every socket is bound before any is
+    closed.  (That the kernel would hand a released port out again cannot be provoked at will: its
+    pick is random, so the test above alone would not fail reliably if the ports were let go one by
+    one.  The real sockets are used; the subclass only records the order of the calls.)"""
+    calls: list[str] = []
+
+    class Recorded(socket.socket):
+        def bind(self, address: object) -> None:
+            super().bind(address)
+            calls.append("bind")
+
+        def close(self) -> None:
+            if self.fileno() != -1:
+                calls.append("close")
+            super().close()
+
+    monkeypatch.setattr(socket, "socket", Recorded)
+    ports = local_triton.three_free_ports()
+    assert len(set(ports)) == 3, ports
+    assert calls == ["bind"] * 3 + ["close"] * 3, calls

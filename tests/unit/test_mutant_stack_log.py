@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.devstack.local_triton import TritonInstall, free_port, server_command, triton_process
+from pipelines.devstack.local_triton import TritonInstall, server_command, three_free_ports, triton_process
 from pipelines.devstack.processes import stop_process
 from pipelines.triton.control_key import HEADER
 
@@ -48,7 +48,7 @@ def test_the_start_up_line_names_the_restriction_but_never_the_control_key(
     server.chmod(server.stat().st_mode | stat.S_IXUSR)
     install = TritonInstall(server, (), tmp_path / "python", tmp_path / "stub")
     key = "k3y-" + os.urandom(12).hex()
-    ports = (free_port(), free_port(), free_port())
+    ports = three_free_ports()
     command = server_command(install, str(tmp_path / "repo"), tmp_path / "backends", ports, "h5", key)
     assert any(key in arg for arg in command)  # the key is on the command line Triton gets
     process = triton_process(command, dict(os.environ), ports[1], tmp_path / "triton.log", timeout=30)
