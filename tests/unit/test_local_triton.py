@@ -113,12 +113,11 @@ def test_server_info_round_trips(tmp_path: Path) -> None:
     assert local_triton.load_info(tmp_path / "bad.json") is None
 
 
-def test_a_server_s_three_ports_are_picked_held_together_so_never_the_same_twice() -> None:
-    """``three_free_ports`` holds each picked port bound until all three are picked: a port is not
-    handed out twice within a triple (three ``free_port`` calls could: a tritonserver once got one
-    port for HTTP and metrics and exited at start).  While one port of a triple is held, the
-    kernel's next pick is another; checked on 500 triples, and each port was really free (bindable
-    again at once)."""
+def test_a_server_s_three_ports_are_distinct_and_free() -> None:
+    """500 triples from ``three_free_ports``, each of three different ports (three ``free_port``
+    calls could repeat one: a tritonserver once got one port for HTTP and metrics and exited at
+    start), each port bindable again at once; 40 from ``free_ports``, all different.  That they are
+    held together is the next test's."""
     for _ in range(500):
         ports = local_triton.three_free_ports()
         assert len(set(ports)) == 3, ports
