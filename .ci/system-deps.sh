@@ -3,7 +3,7 @@
 # Add a package here, with the test that needs it in the comment, never by hand on a machine.
 set -euo pipefail
 packages=(
-  gcc            # tests/unit/test_local_triton.py builds a real ELF whose library is missing
+  gcc            # tests/component/test_local_triton.py builds a real ELF whose library is missing
   kubectl        # tests/integration/test_infra.py renders infra/k8s overlays (kubectl kustomize)
   postgresql     # tests/integration/test_postgres.py runs MLflow on a real PostgreSQL server
   chromium       # tests/integration/test_browser.py opens the MLflow UI headless (--dump-dom, --screenshot)

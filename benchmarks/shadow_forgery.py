@@ -4,7 +4,7 @@ was before issue 44 (``read_captures`` newest first, ``json.loads`` and ``parse_
 records by trace id, no structure check), kept below as the baseline -- in one run.
 
 The files are written byte for byte as Triton 2.51 writes one sampled HTTP request with
-``log_frequency 1`` (``tests/unit/test_shadow_forgery.triton_file``: 15 records, a ``[1, 4]`` FP32
+``log_frequency 1`` (``tests/component/test_shadow_forgery.triton_file``: 15 records, a ``[1, 4]`` FP32
 input and a ``[1, 1]`` output), ``--forged`` of them (default 1 %) forged through their request id
 (10 fake requests each).  Both sides read every file (limit above the file count: the old early
 stop would otherwise read fewer), in interleaved rounds (ABAB...), on a warm page cache.  Each
@@ -45,7 +45,7 @@ from pipelines.checks.traces import (  # noqa: E402
     tensor_of,
 )
 
-FORGERY: Any = importlib.import_module("tests.unit.test_shadow_forgery")
+FORGERY: Any = importlib.import_module("tests.component.test_shadow_forgery")
 
 
 # -- today's read (before issue 44), kept as the baseline ------------------------------------------------

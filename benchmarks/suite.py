@@ -6,8 +6,15 @@ Two figures, each for two commits of this repository (``--old``, default the com
 - ``unit``: ``pytest tests/unit`` wall time and pytest's own figure, old and new alternated for
   ``--rounds`` rounds on this checkout's virtualenv (each tree imports its own code: cwd and
   PYTHONPATH = the tree); the new tree also with ``MLREG_TEST_TMPFS=0`` (its throwaway files on
-  the disk, not /dev/shm), and on ``--workers`` pytest-xdist workers (default 2: ``make unit``).
-  Target: < 8 s (issue 46: <= 10 s on an idle machine).  Print the machine's load with the
+  the disk, not /dev/shm), on ``--workers`` pytest-xdist workers (default 2), and as a fresh
+  clone with no test module's rewrite kept (``new, not primed``).  Each tree is first primed as
+  ``make install`` primes a checkout (``.ci/bytecode.py --tests``: pytest's rewritten test modules
+  kept; this machine sets PYTHONDONTWRITEBYTECODE, so pytest keeps none by itself), the old one
+  included.  Since issue 46 tests/unit is the in-process tier and tests/component the tests that
+  start processes or wait (tests/unit/conftest.py): before it, tests/unit held both, so the old
+  tree's figure is both tiers; ``--component`` (default 1 round) times the new tree's
+  tests/component on two workers, so the two tiers' sum is beside it.
+  Target: issue 46: <= 10 s on an idle machine.  Print the machine's load with the
   figures (``uptime``): on a shared machine they grow with it.
 - ``full``: what CI does on a clean clone, ``bash .ci/run`` (a fresh .venv: install, lint,
   mypy, the whole suite), wall time and pytest's own time, and the 25 slowest tests.
@@ -20,6 +27,7 @@ Two figures, each for two commits of this repository (``--old``, default the com
     .venv/bin/python benchmarks/suite.py --full both        # + a clean clone of each, in turn
     .venv/bin/python benchmarks/suite.py --old f1adb88 --full new --rounds 1
     .venv/bin/python benchmarks/suite.py --old 77d4639 --rounds 3   # issue 46's round, before/after
+    .venv/bin/python benchmarks/suite.py --old 475d1ed --rounds 3   # issue 46's tiers, before/after
     .venv/bin/python benchmarks/suite.py --full new --rounds 0 --update-seconds  # CI's module table
 
 Each clean-clone run is started through ``setsid`` with SIGINT at its default (a suite started as
@@ -52,9 +60,21 @@ def checkout(rev: str, dest: Path) -> Path:
     return dest
 
 
-def unit_seconds(tree: Path, log: Path, tmpfs: bool = True, workers: int = 0) -> tuple[float, float]:
-    """``pytest tests/unit`` in ``tree`` (``workers`` > 0: on that many pytest-xdist workers, as
-    ``make unit`` runs it): wall seconds and pytest's own figure ("passed in").  A run with failures
+def prime(tree: Path) -> None:
+    """Keep pytest's rewritten test modules in ``tree``, as ``make install`` does (.ci/bytecode.py
+    --tests, this checkout's, run in ``tree``)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    script = ROOT / ".ci" / "bytecode.py"
+    subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), str(script), "--tests"], cwd=tree, env=env, check=True
+    )
+
+
+def unit_seconds(
+    tree: Path, log: Path, tmpfs: bool = True, workers: int = 0, folder: str = "tests/unit"
+) -> tuple[float, float]:
+    """``pytest tests/unit`` (or ``folder``) in ``tree`` (``workers`` > 0: on that many pytest-xdist
+    workers): wall seconds and pytest's own figure ("passed in").  A run with failures
     still counts (its figure is what the suite cost) and is said; the log keeps the 10 slowest
     tests (``slowest``)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "MLREG_TEST_TMPFS": "1" if tmpfs else "0"}
@@ -62,7 +82,7 @@ def unit_seconds(tree: Path, log: Path, tmpfs: bool = True, workers: int = 0) ->
     xdist = ["-n", str(workers), "--dist", "loadfile"] if workers else []  # as the Makefile's
     start = time.monotonic()
     done = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "pytest"), "tests/unit", "-q", "-p", "no:cacheprovider", *xdist]
+        [str(ROOT / ".venv" / "bin" / "pytest"), folder, "-q", "-p", "no:cacheprovider", *xdist]
         + ["-o", "addopts=--strict-markers", "--durations=10"],
         cwd=tree,
         env=env,
@@ -73,9 +93,7 @@ def unit_seconds(tree: Path, log: Path, tmpfs: bool = True, workers: int = 0) ->
     log.write_text(done.stdout + done.stderr)
     failed = re.search(r"(\d+) (failed|error)", done.stdout)
     if done.returncode != 0:
-        print(
-            f"  (pytest tests/unit in {tree}: exit {done.returncode}, {failed[0] if failed else '?'}: {log})"
-        )
+        print(f"  (pytest {folder} in {tree}: exit {done.returncode}, {failed[0] if failed else '?'}: {log})")
     reported = re.search(r" in ([0-9.]+)s", done.stdout.splitlines()[-1] if done.stdout else "")
     return seconds, float(reported[1]) if reported else float("nan")
 
@@ -151,6 +169,49 @@ def full_run(tree: Path, log: Path) -> dict[str, object]:
     }
 
 
+def unit_figures(trees: dict[str, Path], work: Path, rounds: int, workers: int) -> None:
+    """``pytest tests/unit`` of each tree (and the new one's variants), ``rounds`` rounds alternated."""
+    # the new tree twice: as it runs (throwaway files on /dev/shm when there is room) and with
+    # MLREG_TEST_TMPFS=0 (pytest's default basetemp), so the tmpfs's share is measured too
+    runs = {
+        "old": (trees["old"], True, 0),
+        "new": (trees["new"], True, 0),
+        "new, no tmpfs": (trees["new"], False, 0),
+    }
+    if workers:  # the new tree on pytest-xdist workers
+        runs[f"new, -n {workers}"] = (trees["new"], True, workers)
+    runs["new, not primed"] = (trees["cold"], True, 0)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for round_ in range(rounds):
+        for name, (tree, tmpfs, n) in runs.items():
+            log = work / f"unit-{name.replace(', ', '-').replace(' ', '-')}-{round_}.log"
+            times[name].append(unit_seconds(tree, log, tmpfs, n))
+            print(f"  {name}, round {round_ + 1}: {times[name][-1][0]:.1f} s (load {_load()})", flush=True)
+    old = statistics.median(w for w, _ in times["old"])
+    print(f"pytest tests/unit, median of {rounds} rounds (wall; pytest's own figure); load {_load()}:")
+    for name, measured in times.items():
+        wall = statistics.median(w for w, _ in measured)
+        reported = statistics.median(r for _, r in measured)
+        each = [round(w, 1) for w, _ in measured]
+        print(f"  {name:15} {wall:5.1f} s; {reported:5.1f} s  ({wall / old:.2f}x old)  rounds {each}")
+    print("the new tree's 10 slowest unit tests (its last round):")
+    for line in slowest(work / f"unit-new-{rounds - 1}.log"):
+        print(f"  {line}")
+
+
+def component_figure(tree: Path, work: Path, rounds: int) -> None:
+    """The new tree's other fast tier, tests/component, on two pytest-xdist workers."""
+    measured = [
+        unit_seconds(tree, work / f"component-{n}.log", True, 2, "tests/component") for n in range(rounds)
+    ]
+    wall = statistics.median(w for w, _ in measured)
+    reported = statistics.median(r for _, r in measured)
+    print(
+        f"pytest tests/component -n 2 (the new tree), median of {rounds}: {wall:.1f} s; "
+        f"{reported:.1f} s (load {_load()})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,40 +228,20 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=2, help="the new tree also on N pytest-xdist workers (0: not)"
     )
+    parser.add_argument(
+        "--component", type=int, default=1, help="rounds of the new tree's tests/component, two workers"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlreg-suite-"))
     trees = {"old": checkout(args.old, work / "old"), "new": checkout(args.new, work / "new")}
+    for tree in trees.values():
+        prime(tree)
+    trees["cold"] = checkout(args.new, work / "cold")  # a fresh clone: nothing kept
     print(f"old = {args.old}, new = {args.new}; logs under {work}; load {_load()}", flush=True)
     if args.rounds:
-        # the new tree twice: as it runs (throwaway files on /dev/shm when there is room) and with
-        # MLREG_TEST_TMPFS=0 (pytest's default basetemp), so the tmpfs's share is measured too
-        runs = {
-            "old": (trees["old"], True, 0),
-            "new": (trees["new"], True, 0),
-            "new, no tmpfs": (trees["new"], False, 0),
-        }
-        if args.workers:  # the new tree as `make unit` runs it (pytest-xdist)
-            runs[f"new, -n {args.workers}"] = (trees["new"], True, args.workers)
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
-        for round_ in range(args.rounds):
-            for name, (tree, tmpfs, workers) in runs.items():
-                log = work / f"unit-{name.replace(', ', '-').replace(' ', '-')}-{round_}.log"
-                times[name].append(unit_seconds(tree, log, tmpfs, workers))
-                print(
-                    f"  {name}, round {round_ + 1}: {times[name][-1][0]:.1f} s (load {_load()})", flush=True
-                )
-        old = statistics.median(w for w, _ in times["old"])
-        print(
-            f"pytest tests/unit, median of {args.rounds} rounds (wall; pytest's own figure); load {_load()}:"
-        )
-        for name, measured in times.items():
-            wall = statistics.median(w for w, _ in measured)
-            reported = statistics.median(r for _, r in measured)
-            rounds = [round(w, 1) for w, _ in measured]
-            print(f"  {name:14} {wall:5.1f} s; {reported:5.1f} s  ({wall / old:.2f}x old)  rounds {rounds}")
-        print("the new tree's 10 slowest unit tests (its last round):")
-        for line in slowest(work / f"unit-new-{args.rounds - 1}.log"):
-            print(f"  {line}")
+        unit_figures(trees, work, args.rounds, args.workers)
+    if args.component and (trees["new"] / "tests" / "component").is_dir():
+        component_figure(trees["new"], work, args.component)
     for name in ("old", "new") if args.full == "both" else ("new",) if args.full == "new" else ():
         result = full_run(trees[name], work / f"full-{name}.log")
         print(

@@ -1,4 +1,4 @@
-"""Session fixtures shared by unit and integration tests."""
+"""Session fixtures shared by the unit, component and integration tests."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +29,7 @@ for _key, _value in QUIET_TENSORFLOW.items():  # TensorFlow imported by tests st
 os.environ.setdefault("MLREG_CONTROL_KEY", secrets.token_urlsafe(24))
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "model_repository_template"
+FAST_TIERS = (ROOT / "tests" / "unit", ROOT / "tests" / "component")  # tests/unit/conftest.py
 
 
 # A skipped test proves nothing: the suite fails on any skip (everything a test needs is installed by
@@ -55,6 +58,7 @@ def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _SKIPPED and exitstatus == 0 and os.environ.get("MLREG_ALLOW_SKIPS") != "1":
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    session.config.stash[PASSED] = session.exitstatus == 0
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -62,6 +66,80 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("unexpected skips (the suite fails on any skip)")
         for line in _SKIPPED:
             terminalreporter.write_line(line)
+
+
+# A run of the fast tiers writes ~3,000 small throwaway files (stores, registries, scratch copies): on
+# a tmpfs they cost a third of what they cost on a journaled disk.  ``pytest tests/unit`` (or
+# tests/component, or both) puts them, and
+# the temporary folders the code under test makes, on /dev/shm when it has room; MLREG_TEST_TMPFS=0
+# or an explicit --basetemp keeps pytest's default.  The folder goes after a run that passed, and
+# stays after one that failed (its path is in the failures), until a later run finds its process gone.
+SHM = Path("/dev/shm")
+SHM_NEEDED = 256 * 2**20
+SHM_PREFIX = "mlreg-unit-"
+TMPFS = pytest.StashKey[tuple[Path, str | None]]()
+PASSED = pytest.StashKey[bool]()
+
+
+def _fast_only(config: pytest.Config) -> bool:
+    """Every path the run was given is in a fast tier (tests/unit, tests/component)."""
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args] or [Path.cwd()]
+    return all(any(path == tier or tier in path.parents for tier in FAST_TIERS) for path in paths)
+
+
+def _shm_room() -> bool:
+    try:
+        stat = os.statvfs(SHM)
+    except OSError:
+        return False
+    return os.access(SHM, os.W_OK) and stat.f_bavail * stat.f_frsize >= SHM_NEEDED
+
+
+def _remove_abandoned() -> None:
+    for folder in SHM.glob(f"{SHM_PREFIX}*"):
+        pid = folder.name.removeprefix(SHM_PREFIX).split("-")[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, OSError):
+            continue
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if (
+        config.option.basetemp is not None
+        or os.environ.get("MLREG_TEST_TMPFS", "1") == "0"
+        or hasattr(config, "workerinput")  # an xdist worker: its controller chose
+        or not _fast_only(config)
+        or not _shm_room()
+    ):
+        return
+    _remove_abandoned()
+    root = Path(tempfile.mkdtemp(dir=SHM, prefix=f"{SHM_PREFIX}{os.getpid()}-"))
+    (root / "tmp").mkdir()
+    config.option.basetemp = str(root / "pytest")
+    config.stash[TMPFS] = (root, os.environ.get("TMPDIR"))
+    os.environ["TMPDIR"] = str(root / "tmp")
+    tempfile.tempdir = None  # read TMPDIR again
+
+
+def _leave_tmpfs(config: pytest.Config) -> None:
+    if TMPFS not in config.stash:
+        return
+    root, tmpdir = config.stash[TMPFS]
+    if tmpdir is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = None
+    if config.stash.get(PASSED, False):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _leave_tmpfs(config)
 
 
 # -- pytest-xdist (make test: two workers, a module per worker at a time) -------------------------
@@ -88,7 +166,7 @@ SAME_WORKER = {
 # one) is estimated from its number of tests.  pytest-xdist's own order (most tests first) put the
 # unit modules first and integration modules of one test and a minute or more last.
 MODULE_SECONDS = ROOT / "tests" / "module_seconds.json"
-NEW_TEST_SECONDS = {"tests/integration/": 10.0, "tests/unit/": 0.3}
+NEW_TEST_SECONDS = {"tests/integration/": 10.0, "tests/component/": 1.0, "tests/unit/": 0.01}
 
 
 def expected_seconds(scope: str, tests: int, table: dict[str, float]) -> float:

@@ -6,7 +6,7 @@ columns padded to their widest cell; ``plain_lines`` draws those lines itself wh
 printable ASCII (one character, one column) and the table fits the width, and returns None
 otherwise (wide or combining characters, a table wider than the terminal: rich shrinks it).
 On a terminal the header is bold and the title italic, as rich draws them.
-tests/unit/test_fast_reads.py checks the lines against rich's own on the same tables.
+tests/component/test_fast_reads.py checks the lines against rich's own on the same tables.
 """
 
 from __future__ import annotations

@@ -2,4 +2,4 @@
 the rollout policy, the change vocabulary a fleet and the undo log share (changes.py) and the ports (the
 Protocols the engine talks to: the servers too, as ``Servers`` and ``Replicas``). It is the floor of the
 promotion: the engine (pipelines.promote) and every feature package (checks, guards, rollout, fleet,
-triton) may import it; it imports no feature package (tests/unit/test_layers.py)."""
+triton) may import it; it imports no feature package (tests/component/test_layers.py)."""

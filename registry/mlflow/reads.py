@@ -5,7 +5,7 @@
 registry's sqlite file (``registry.mlflow.sqlite``) without importing MLflow (its import alone is
 seconds), handing a question to ``ClientReads`` where the file does not read as expected.
 ``open_reads`` picks one; callers never ask which.  Both answer in the same shapes:
-tests/unit/test_fast_reads.py compares them on one registry MLflow made.
+tests/component/test_fast_reads.py compares them on one registry MLflow made.
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def test_bad_input_gets_a_clear_error(env: Settings, built_repository: Path, tmp
 def test_register_findings_name_the_users_folder_not_a_scratch_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On the embedded registry (moved from tests/unit/test_cli.py: it writes through MLflow)."""
+    """On the embedded registry (moved from tests/component/test_cli.py: it writes through MLflow)."""
     monkeypatch.setenv("MLREG_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLREG_DEBUG", raising=False)

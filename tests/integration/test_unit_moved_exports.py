@@ -80,7 +80,7 @@ def test_the_built_template_onnx_model_reads_as_with_onnx(built_repository: Path
     assert read_onnx(path).to_dict()["inputs"][0]["name"] == "categorical_col_1"
 
 
-# -- from tests/unit/test_cli.py -------------------------------------------------------------------
+# -- from tests/component/test_cli.py -------------------------------------------------------------------
 
 TENSORFLOW_LINES = ("oneDNN", "absl", "cpu_feature_guard", "This TensorFlow binary", "tensorflow/core")
 

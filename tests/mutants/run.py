@@ -337,10 +337,11 @@ def _run(mutants: list[Mutant], work: Path, start: float, jobs: int = 1) -> int:
     for m in bad:
         print(f"\n{m.id}: {m.outcome}")
         print("\n".join(f"  {line}" for line in m.detail))
-    by_unit = sum(1 for m in mutants if m.outcome == "killed" and not m.integration)
+    tiers = killed_by_tier(mutants)
     needs = [m.id for m in mutants if m.integration]
     print(
-        f"\n{len(mutants) - len(bad)} of {len(mutants)} mutants killed ({by_unit} by unit tests; "
+        f"\n{len(mutants) - len(bad)} of {len(mutants)} mutants killed ({tiers['unit']} by tests/unit, "
+        f"{tiers['component']} by tests/component, {tiers['integration']} by tests/integration; "
         f"an integration test needed for {len(needs)}: {', '.join(needs) or 'none'}) "
         f"in {time.monotonic() - start:.0f} s; "
         + (
@@ -350,6 +351,17 @@ def _run(mutants: list[Mutant], work: Path, start: float, jobs: int = 1) -> int:
         )
     )
     return 1 if bad else 0
+
+
+def killed_by_tier(mutants: list[Mutant]) -> dict[str, int]:
+    """How many killed mutants the first failing test of each tier killed: tests/unit (in the pytest
+    process), tests/component (local processes), tests/integration (real servers)."""
+    tiers = {"unit": 0, "component": 0, "integration": 0, "other": 0}
+    for m in mutants:
+        if m.outcome == "killed":
+            folder = m.killed_by.split("/")[1] if m.killed_by.startswith("tests/") else ""
+            tiers[folder if folder in tiers else "other"] += 1
+    return tiers
 
 
 if __name__ == "__main__":

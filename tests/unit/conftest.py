@@ -1,136 +1,127 @@
-"""Unit fixtures: seconds, no TensorFlow, no MLflow import, no export.
+"""Unit fixtures: in this process, seconds for the whole tier, no TensorFlow, no MLflow import.
+
+The suite's fast tiers (README.md, "The test suite"):
+
+- tests/unit (this folder): a test runs in the pytest process and starts no other (``_no_process``
+  fails one that does); the whole folder runs in under 10 s (``make unit``, benchmarks/suite.py).
+- tests/component: tests that start local processes (the CLI, the registries MLflow makes, the checks
+  of ``BACKGROUND``, real signals) or wait for seconds (deadlines, retries, the code base's own parse).
+  Its conftest.py re-uses this one's fixtures and adds those processes.
 
 A unit test that needs a model repository gets ``standin_repository``: the template built by the
 real ``registry.template.build`` (``--device cpu``) with each exporter replaced by a stand-in that
 writes the config's tensors (tests/unit/standins.py).  Tests that need real exported bytes live in
-tests/integration, where ``built_repository`` is.  Any unit test that imports TensorFlow fails, and
-so does one that imports MLflow: unit tests read the registries of ``registry_state``, which MLflow
-makes beside the run, through the embedded registry's reader (registry.mlflow.sqlite).
+tests/integration, where ``built_repository`` is.  A test of either fast tier that imports
+TensorFlow fails, and so does one that imports MLflow.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import select
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, TEMPLATE
+from tests.conftest import FAST_TIERS, TEMPLATE
 from tests.unit import standins
 
-HERE = Path(__file__).resolve().parent
 NOT_IN_UNIT_TESTS = ("tensorflow", "keras", "tf2onnx")
 MOVE_IT = "a test that needs a real export belongs in tests/integration (built_repository)"
+NOT_MLFLOW = (
+    "MLflow's import alone takes 1.5 s: a fast test reads the embedded registry through "
+    "registry.mlflow.sqlite, from registry_home or registry_state (tests/component, made by MLflow "
+    "beside the run); a test that writes through MLflow belongs in tests/integration"
+)
+NO_PROCESS = (
+    "a unit test runs in the pytest process and starts none: one that starts a process belongs in "
+    "tests/component (tests/unit/conftest.py)"
+)
+# What starts a process from Python: subprocess (its _execute_child), multiprocessing and os.fork,
+# os.posix_spawn, and os.system.  Each is replaced for the test by a refusal that records it.
+PROCESS_STARTS: tuple[tuple[Any, str, str], ...] = (
+    (subprocess.Popen, "_execute_child", "subprocess.Popen._execute_child"),
+    (os, "fork", "os.fork"),
+    (os, "forkpty", "os.forkpty"),
+    (os, "posix_spawn", "os.posix_spawn"),
+    (os, "posix_spawnp", "os.posix_spawnp"),
+    (os, "system", "os.system"),
+)
 
 
 def _loaded() -> set[str]:
     return {name for name in NOT_IN_UNIT_TESTS if name in sys.modules}
 
 
-# A unit run writes ~3,000 small throwaway files (stores, registries, scratch copies): on a tmpfs
-# they cost a third of what they cost on a journaled disk.  ``pytest tests/unit`` puts them, and
-# the temporary folders the code under test makes, on /dev/shm when it has room; MLREG_TEST_TMPFS=0
-# or an explicit --basetemp keeps pytest's default.  The folder goes after a run that passed, and
-# stays after one that failed (its path is in the failures), until a later run finds its process gone.
-SHM = Path("/dev/shm")
-SHM_NEEDED = 256 * 2**20
-SHM_PREFIX = "mlreg-unit-"
-TMPFS = pytest.StashKey[tuple[Path, str | None]]()
-PASSED = pytest.StashKey[bool]()
-
-
-def _unit_only(config: pytest.Config) -> bool:
-    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args] or [Path.cwd()]
-    return all(path == HERE or HERE in path.parents for path in paths)
-
-
-def _shm_room() -> bool:
-    try:
-        stat = os.statvfs(SHM)
-    except OSError:
-        return False
-    return os.access(SHM, os.W_OK) and stat.f_bavail * stat.f_frsize >= SHM_NEEDED
-
-
-def _remove_abandoned() -> None:
-    for folder in SHM.glob(f"{SHM_PREFIX}*"):
-        pid = folder.name.removeprefix(SHM_PREFIX).split("-")[0]
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except (ValueError, OSError):
-            continue
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config: pytest.Config) -> None:
-    if (
-        config.option.basetemp is not None
-        or os.environ.get("MLREG_TEST_TMPFS", "1") == "0"
-        or hasattr(config, "workerinput")  # an xdist worker: its controller chose
-        or not _unit_only(config)
-        or not _shm_room()
-    ):
-        return
-    _remove_abandoned()
-    root = Path(tempfile.mkdtemp(dir=SHM, prefix=f"{SHM_PREFIX}{os.getpid()}-"))
-    (root / "tmp").mkdir()
-    config.option.basetemp = str(root / "pytest")
-    config.stash[TMPFS] = (root, os.environ.get("TMPDIR"))
-    os.environ["TMPDIR"] = str(root / "tmp")
-    tempfile.tempdir = None  # read TMPDIR again
-
-
-def _leave_tmpfs(config: pytest.Config) -> None:
-    if TMPFS not in config.stash:
-        return
-    root, tmpdir = config.stash[TMPFS]
-    if tmpdir is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = tmpdir
-    tempfile.tempdir = None
-    if config.stash.get(PASSED, False):
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    session.config.stash[PASSED] = exitstatus == 0
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _collected_without_tensorflow(request: pytest.FixtureRequest) -> None:
-    """A unit-only run imported no TensorFlow while collecting (a module-level import)."""
-    if all(HERE in Path(item.path).resolve().parents for item in request.session.items):
-        assert not _loaded(), f"collecting the unit tests imported {sorted(_loaded())}: {MOVE_IT}"
+    """A run of the fast tiers only imported no TensorFlow while collecting (a module-level import)."""
+    paths = [Path(item.path).resolve() for item in request.session.items]
+    if all(any(tier in path.parents for tier in FAST_TIERS) for path in paths):
+        assert not _loaded(), f"collecting the fast tests imported {sorted(_loaded())}: {MOVE_IT}"
 
 
 @pytest.fixture(autouse=True)
 def _no_tensorflow() -> Iterator[None]:
-    """Each unit test leaves TensorFlow and MLflow unimported (checked where they were not loaded
+    """Each fast test leaves TensorFlow and MLflow unimported (checked where they were not loaded
     before it)."""
     before = _loaded()
     mlflow_before = "mlflow" in sys.modules
     yield
     if _loaded() - before:
-        pytest.fail(f"this unit test imported {sorted(_loaded() - before)}: {MOVE_IT}", pytrace=False)
+        pytest.fail(f"this test imported {sorted(_loaded() - before)}: {MOVE_IT}", pytrace=False)
     if "mlflow" in sys.modules and not mlflow_before:
-        pytest.fail(f"this unit test imported mlflow: {NOT_MLFLOW}", pytrace=False)
+        pytest.fail(f"this test imported mlflow: {NOT_MLFLOW}", pytrace=False)
+
+
+class ProcessRefused(OSError):
+    """What a unit test's attempt to start a process raises (an OSError, as a failed start is)."""
+
+
+def refusing_processes(patch: pytest.MonkeyPatch) -> list[str]:
+    """Replace each of PROCESS_STARTS with a refusal (ProcessRefused, nothing started) for as long
+    as ``patch`` holds; the list returned names each start refused, in order."""
+    refused: list[str] = []
+
+    def refusal(name: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            refused.append(name)
+            raise ProcessRefused(f"{name}: {NO_PROCESS}")
+
+        return refuse
+
+    for owner, attribute, name in PROCESS_STARTS:
+        if hasattr(owner, attribute):
+            patch.setattr(owner, attribute, refusal(name))
+    return refused
+
+
+@contextlib.contextmanager
+def no_process() -> Iterator[list[str]]:
+    """Inside: every process start refused (``refusing_processes``); on leaving, a failure naming
+    each start refused, even where the code under test caught the error."""
+    with pytest.MonkeyPatch.context() as patch:
+        refused = refusing_processes(patch)
+        yield refused
+    if refused:
+        pytest.fail(f"this test tried to start a process ({', '.join(refused)}): {NO_PROCESS}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_process() -> Iterator[None]:
+    """A unit test starts no process (``no_process``)."""
+    with no_process():
+        yield
 
 
 @pytest.fixture(scope="session")
 def built_repository() -> Path:
-    """Unit tests export nothing: the session's TensorFlow build is for tests/integration."""
-    pytest.fail(f"unit tests use standin_repository, not built_repository: {MOVE_IT}", pytrace=False)
+    """Fast tests export nothing: the session's TensorFlow build is for tests/integration."""
+    pytest.fail(f"fast tests use standin_repository, not built_repository: {MOVE_IT}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -143,263 +134,3 @@ def standin_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         patch.setattr(template, "run_exporter", standins.run_exporter)
         template.build(TEMPLATE, out, device="cpu")
     return out
-
-
-# MLflow creates its database through its migrations (2-4 s) and its import alone takes 1.5 s: the
-# registries the unit tests read are made once a run, by MLflow itself, in a process started as soon
-# as the tests are collected; the tests that need them run last, so it runs beside the others
-CREATE_REGISTRIES = """
-import shutil, sys
-from pathlib import Path
-from registry.mlflow import MlflowRegistry
-from registry.settings import Settings
-
-root = Path(sys.argv[1])
-registry = MlflowRegistry(Settings.from_env(env={"MLREG_HOME": str(root / "work")}))
-def keep(state):
-    (root / state).mkdir()
-    shutil.copy2(root / "work" / "mlflow.db", root / state / "mlflow.db")
-registry.connection.client.search_registered_models()
-keep("empty")
-registry.connection.client.create_registered_model("a")
-registry.connection.client.create_model_version("a", source=str(root / "work"))
-keep("a_v1")
-registry.models.set_alias("a", "production", "1")
-keep("a_v1_production")
-"""
-REGISTRY_STATES = ("empty", "a_v1", "a_v1_production")
-REGISTRY_FIXTURES = {"registry_home", "registry_state"}
-
-# The CLI with MLflow imported, for the few unit tests whose command writes through MLflow (register):
-# one interpreter, started as soon as the tests are collected, imports MLflow and the CLI beside the
-# run (~1.5-3 s, no test waits on it); each ``mlreg_cli`` call is a child forked from it -- a fresh
-# process with the imports done, nothing run before it -- whose MLREG_HOME, cwd and output are its own.
-CLI_SERVER = """
-import json, os, sys, time
-import mlflow, mlflow.tracking  # noqa: F401 -- paid once, before any request
-from mlflow.store.model_registry import sqlalchemy_store  # noqa: F401
-from mlflow.store.tracking import sqlalchemy_store as tracking_store  # noqa: F401
-from typer.testing import CliRunner
-from mlreg.cli.main import app
-import registry.mlflow  # noqa: F401
-print("ready", flush=True)
-for line in sys.stdin:
-    request = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.environ.update(request["set"])
-        for name in request["unset"]:
-            os.environ.pop(name, None)
-        os.chdir(request["cwd"])
-        try:
-            runs = [CliRunner().invoke(app, argv) for argv in request["argvs"]]
-            found = [{"exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr} for r in runs]
-            with open(request["out"], "w") as out:
-                json.dump(found, out)
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    deadline, status = time.monotonic() + 300, None
-    while status is None and time.monotonic() < deadline:
-        done, code = os.waitpid(pid, os.WNOHANG)
-        status = code if done else time.sleep(0.005)
-    if status is None:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-    print(json.dumps("timeout" if status is None else status), flush=True)
-"""
-CLI_FIXTURE = "mlreg_cli"
-CliRuns = Callable[..., list[dict[str, Any]]]  # the ``mlreg_cli`` fixture
-NOT_MLFLOW = (
-    "MLflow's import alone takes 1.5 s: a unit test reads the embedded registry through "
-    "registry.mlflow.sqlite, from registry_home or registry_state (made by MLflow, beside the run); "
-    "a test that writes through MLflow belongs in tests/integration"
-)
-
-
-class Background(NamedTuple):
-    """A check's subprocess, known before any test runs: a module's ``BACKGROUND`` maps a name to
-    one.  ``cwd`` None is the checkout; ``SCRATCH``, a new empty folder outside it."""
-
-    argv: list[str]
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-
-
-SCRATCH = "scratch"
-Finished = Callable[[str], subprocess.CompletedProcess[str]]  # the ``background`` fixture
-BACKGROUND = pytest.StashKey[dict[str, subprocess.Popen[str]]]()
-BACKGROUND_ROOT = pytest.StashKey[Path]()
-CLI_READY = pytest.StashKey[bool]()
-DEFERRED = pytest.StashKey[dict[str, list[pytest.Item]]]()  # an xdist worker's modules not started
-
-
-def _needs_registry(item: pytest.Item) -> bool:
-    return bool(REGISTRY_FIXTURES & set(getattr(item, "fixturenames", ())))
-
-
-def _runs_last(item: pytest.Item) -> bool:
-    """Waits on a process started at collection (a registry, a background check, the CLI with
-    MLflow imported): run it last."""
-    fixtures = set(getattr(item, "fixturenames", ()))
-    return _needs_registry(item) or bool({"background", CLI_FIXTURE} & fixtures)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items[:] = [i for i in items if not _runs_last(i)] + [i for i in items if _runs_last(i)]
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start, beside the run, what the selected tests will wait on (see CREATE_REGISTRIES and
-    ``background``).  A pytest-xdist worker collects every test but runs only the modules it is
-    handed: it starts a module's needs when that module's first test is set up (each started once
-    per worker), so two workers never both pay what only one of them runs."""
-    root = Path(tempfile.mkdtemp(prefix="mlreg-unit-background-"))
-    session.config.stash[BACKGROUND_ROOT] = root
-    session.config.stash[BACKGROUND] = {}
-    if hasattr(session.config, "workerinput"):
-        by_module: dict[str, list[pytest.Item]] = {}
-        for item in session.items:
-            by_module.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-        session.config.stash[DEFERRED] = by_module
-        return
-    _start_needs(session.config, session.items)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """On a pytest-xdist worker: the needs of ``item``'s module, started with its first test."""
-    deferred = item.config.stash.get(DEFERRED, None)
-    if deferred is not None:
-        _start_needs(item.config, deferred.pop(item.nodeid.split("::", 1)[0], []))
-
-
-def _start_needs(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start what ``items`` will wait on that is not started yet: the registries, the CLI server,
-    their modules' BACKGROUND commands."""
-    root, started = config.stash[BACKGROUND_ROOT], config.stash[BACKGROUND]
-    if "registries" not in started and any(_needs_registry(item) for item in items):
-        started["registries"] = _start([sys.executable, "-c", CREATE_REGISTRIES, str(root / "registries")])
-    if CLI_FIXTURE not in started and any(CLI_FIXTURE in getattr(item, "fixturenames", ()) for item in items):
-        started[CLI_FIXTURE] = subprocess.Popen(
-            [sys.executable, "-c", CLI_SERVER],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-    modules = {item.module for item in items if isinstance(item, pytest.Function)}
-    for module in sorted(modules, key=lambda m: m.__name__):
-        for name, command in getattr(module, "BACKGROUND", {}).items():
-            if f"{module.__name__}:{name}" in started:
-                continue
-            cwd = ROOT if command.cwd is None else Path(tempfile.mkdtemp(dir=root, prefix=f"{name}-"))
-            env = {**os.environ, **command.env} if command.env else None
-            started[f"{module.__name__}:{name}"] = _start(command.argv, cwd, env)
-
-
-def _start(argv: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    for process in config.stash.get(BACKGROUND, {}).values():
-        if process.returncode is None:
-            process.kill()
-            process.communicate(timeout=30)
-    if BACKGROUND_ROOT in config.stash:
-        shutil.rmtree(config.stash[BACKGROUND_ROOT], ignore_errors=True)
-    _leave_tmpfs(config)
-
-
-_FINISHED: dict[str, subprocess.CompletedProcess[str]] = {}
-
-
-def _finished(config: pytest.Config, key: str) -> subprocess.CompletedProcess[str]:
-    if key not in _FINISHED:
-        process = config.stash[BACKGROUND][key]
-        out, err = process.communicate(timeout=300)
-        _FINISHED[key] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
-    return _FINISHED[key]
-
-
-@pytest.fixture
-def background(request: pytest.FixtureRequest) -> Finished:
-    """``name`` -> the finished subprocess ``BACKGROUND[name]`` of the test's module: started when the
-    tests were collected, it ran beside the others (a fresh interpreter costs 0.1-0.3 s)."""
-    module = request.module.__name__
-    return lambda name: _finished(request.config, f"{module}:{name}")
-
-
-@pytest.fixture(scope="session")
-def _registries(request: pytest.FixtureRequest) -> Path:
-    """The embedded registries MLflow made for this run (see above): one folder a state."""
-    made = _finished(request.config, "registries")
-    assert made.returncode == 0, f"creating the unit tests' MLflow registries failed:\n{made.stderr}"
-    return request.config.stash[BACKGROUND_ROOT] / "registries"
-
-
-@pytest.fixture
-def registry_state(_registries: Path, tmp_path: Path) -> Callable[[str], Path]:
-    """``state`` -> a fresh MLREG_HOME (``tmp_path/state``) holding a copy of that registry: ``empty``;
-    ``a_v1`` (model ``a``, version 1); ``a_v1_production`` (its alias ``production`` on version 1)."""
-
-    def home(state: str) -> Path:
-        assert state in REGISTRY_STATES, f"no registry state {state!r}: one of {REGISTRY_STATES}"
-        folder = tmp_path / state
-        folder.mkdir(exist_ok=True)
-        shutil.copy2(_registries / state / "mlflow.db", folder / "mlflow.db")
-        return folder
-
-    return home
-
-
-@pytest.fixture
-def registry_home(registry_state: Callable[[str], Path], tmp_path: Path) -> Path:
-    """``tmp_path/home``: an MLREG_HOME whose embedded registry exists and is empty (a copy of the
-    run's, so no test pays MLflow's import and migrations)."""
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    shutil.copy2(registry_state("empty") / "mlflow.db", home / "mlflow.db")
-    return home
-
-
-def _answer(process: subprocess.Popen[str], seconds: float) -> str:
-    """The server's next line, waited for at most ``seconds``."""
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], seconds)
-    assert ready, f"the CLI server (pid {process.pid}) did not answer within {seconds:.0f} s"
-    return process.stdout.readline()
-
-
-@pytest.fixture
-def mlreg_cli(request: pytest.FixtureRequest, tmp_path: Path) -> CliRuns:
-    """``(home, *argvs)`` -> each argv run through the CLI (CliRunner) with MLREG_HOME=home and no
-    MLFLOW_TRACKING_URI, all in one child process of CLI_SERVER (MLflow imported there, never in
-    this process): each run's ``exit_code``, ``stdout`` and ``stderr``."""
-    process = request.config.stash[BACKGROUND][CLI_FIXTURE]
-    if not request.config.stash.get(CLI_READY, False):
-        line = _answer(process, 300)
-        assert line == "ready\n", f"the CLI server did not start: {line!r} (exit {process.poll()})"
-        request.config.stash[CLI_READY] = True
-
-    def runs(home: Path, *argvs: list[str]) -> list[dict[str, Any]]:
-        assert process.stdin is not None
-        out = tmp_path / f"cli-{len(list(tmp_path.glob('cli-*.json')))}.json"
-        log = out.with_suffix(".log")
-        asked = {"set": {"MLREG_HOME": str(home)}, "unset": ["MLFLOW_TRACKING_URI"], "cwd": str(ROOT)}
-        process.stdin.write(json.dumps({**asked, "argvs": argvs, "out": str(out), "log": str(log)}) + "\n")
-        process.stdin.flush()
-        status = json.loads(_answer(process, 330))
-        assert status == 0, f"the CLI child ended with {status}: {log.read_text()}"
-        assert out.is_file(), f"the CLI child wrote no answer: {log.read_text()}"
-        found: list[dict[str, Any]] = json.loads(out.read_text())
-        return found
-
-    return runs

@@ -7,7 +7,7 @@ Triton for is the version MLflow shows.  The registered artifact is a plain mode
 (``config.pbtxt`` + ``1/``).  A store made before (an ensemble served from a folder numbered
 otherwise) is migrated by the ensemble's next promotion, and only once.
 
-The fakes of tests/fakes.py, as tests/unit/test_promotion.py uses them (the store is a real folder).
+The fakes of tests/fakes.py, as tests/component/test_promotion.py uses them (the store is a real folder).
 """
 
 from __future__ import annotations

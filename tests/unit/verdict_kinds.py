@@ -8,7 +8,7 @@ run -- ``start_run``, ``log``, ``log_artifacts``, ``finish_run``, ``link_promoti
 ``MlflowRegistry`` on sqlite, the calls ``record_promotion`` makes on every exit.
 
 A unit test never imports MLflow (tests/unit/conftest.py): this module imports it only when run as
-a script, beside the suite (tests/unit/test_verdicts_mlflow.py ``BACKGROUND``)::
+a script, beside the suite (tests/component/test_verdicts_mlflow.py ``BACKGROUND``)::
 
     python -m tests.unit.verdict_kinds
 

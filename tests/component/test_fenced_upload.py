@@ -1,7 +1,7 @@
 """Issue 45 item 8 (first half): a fenced promotion's upload is removed by the lock's next holder
 (pipelines/promote/litter.py), on a real local store.
 
-The fenced promotion is played as tests/unit/test_fencing.py plays it: a lease whose renewer never
+The fenced promotion is played as tests/component/test_fencing.py plays it: a lease whose renewer never
 runs (the holder's process stopped) and a short lease that really runs out; another store object on
 the same folder takes the stale lock over.  Before: the fenced promotion's upload (scorer v10, new to
 the store) stayed live under the prefix Triton reads, nobody's to remove.

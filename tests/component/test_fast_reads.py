@@ -27,7 +27,7 @@ from registry.mlflow import sqlite
 from registry.mlflow.reads import EmbeddedReads, open_reads
 from registry.mlflow.registry import MlflowRegistry
 from registry.settings import Settings
-from tests.unit.conftest import SCRATCH, Background, Finished
+from tests.component.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, OTHER = "table_data_preprocess", "image_preprocess"

@@ -1,7 +1,7 @@
 """A second reviewer's mutant of ``mlreg stack down`` (issue 46, tests/mutants/reviewer2.toml,
 ``rv2-stack-down-group-members-only``): a python stub is the server's only when it is in the
 server's process group *and* its shared-memory region carries the server's prefix.  Every test of
-tests/unit/test_stack_down.py puts the stranger in the group under another prefix; none puts one
+tests/component/test_stack_down.py puts the stranger in the group under another prefix; none puts one
 under the server's own prefix outside its group, so the group half of the proof could go unseen.
 
 Real processes, as in test_stack_down.py: a "tritonserver" (a Python interpreter reached through a

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from registry.mlflow.environ import MlflowEnviron
-from tests.unit.conftest import SCRATCH, Background, Finished
+from tests.component.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 IMPORT_ONLY = """
@@ -31,7 +31,7 @@ print(importlib.util.find_spec("mlflow").origin)
 """
 
 
-# fresh interpreters, run beside the suite (tests/unit/conftest.py)
+# fresh interpreters, run beside the suite (tests/component/conftest.py)
 BACKGROUND = {
     "import only": Background([sys.executable, "-c", IMPORT_ONLY]),
     **{

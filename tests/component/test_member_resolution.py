@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.conftest import SCRATCH, Background, Finished
+from tests.component.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOLVE = r"""

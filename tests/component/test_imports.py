@@ -4,7 +4,7 @@ nor pydantic and rich, which typer would load.
 Each check runs in a fresh interpreter (a subprocess), so what this test process has already
 imported does not count; the CLI runs in-process there through its real entry point, and
 ``sys.modules`` is read afterwards.  The checks whose command is known up front run beside the
-suite (``BACKGROUND``, tests/unit/conftest.py).
+suite (``BACKGROUND``, tests/component/conftest.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.unit.conftest import Background, Finished
+from tests.component.conftest import Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = (

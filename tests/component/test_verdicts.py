@@ -8,7 +8,7 @@ refusal before anything changed and a real SIGTERM inside the promotion leave ``
 an abort records its time to safe (detection -> every replica back).
 
 The world of tests/unit/worlds.py: a real local store, fake Tritons, the registry port's fake
-(unit tests never import MLflow: tests/unit/conftest.py); the bake reads Triton's counters from a
+(a fast test never imports MLflow: tests/unit/conftest.py); the bake reads Triton's counters from a
 stand-in ``scrape`` (the fake Tritons serve no /metrics), the headroom guard real HTTP pages.
 """
 

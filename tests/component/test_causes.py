@@ -43,9 +43,9 @@ from pipelines.rollout.staged import StagedRollout
 from pipelines.storage.lease import Lease, LockInfo, when
 from pipelines.triton import metrics
 from registry.errors import MlregError, PromotionError, RegistryError, StorageError, TritonError, UsageError
+from tests.component.conftest import SCRATCH, Background, Finished
 from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
-from tests.unit.conftest import SCRATCH, Background, Finished
 from tests.unit.worlds import MEMBER, World
 
 TRITON_TEXT = (

@@ -105,3 +105,16 @@ def test_a_contained_run_sees_only_its_own_processes_and_its_command_is_not_init
     finally:
         outside.kill()
         outside.wait()
+
+
+def test_the_summary_counts_each_kill_by_the_tier_of_the_test_that_made_it(run: ModuleType) -> None:
+    """A mutant killed by tests/unit counts for the unit tier, not for tests/component (the two fast
+    tiers are told apart, as the README's table of them is)."""
+    mutants = [
+        _mutant(run, id="a", outcome="killed", killed_by="tests/unit/test_x.py::test_y"),
+        _mutant(run, id="b", outcome="killed", killed_by="tests/component/test_x.py::test_y[p]"),
+        _mutant(run, id="c", outcome="killed", killed_by="tests/component/test_z.py::test_w"),
+        _mutant(run, id="d", outcome="killed", killed_by="tests/integration/test_x.py::test_y"),
+        _mutant(run, id="e", outcome="survived"),
+    ]
+    assert run.killed_by_tier(mutants) == {"unit": 1, "component": 2, "integration": 1, "other": 0}

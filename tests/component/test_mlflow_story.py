@@ -20,7 +20,7 @@ import pytest
 
 from registry.lineage import GitState, Lineage, describe
 from registry.mlflow.story import KEPT, SECTION, promotion_line, with_promotion
-from tests.unit.conftest import SCRATCH, Background, Finished
+from tests.component.conftest import SCRATCH, Background, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, OTHER = "table_data_preprocess", "image_preprocess"

@@ -22,8 +22,8 @@ from pipelines.promote.environments import load_environments
 from registry.contracts.config import data_type_name, load_config, parse_config
 from registry.mlflow import sqlite
 from registry.settings import Settings
+from tests.component.conftest import CliRuns
 from tests.unit import standins
-from tests.unit.conftest import CliRuns
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_MODEL = """

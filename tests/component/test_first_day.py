@@ -20,7 +20,7 @@ from pipelines.checks.replay import ShadowResult, judge
 from pipelines.core.reports import QualityStageReport
 from pipelines.devstack.processes import process_runs
 from registry.mlflow import sqlite
-from tests.unit.conftest import Background, CliRuns, Finished
+from tests.component.conftest import Background, CliRuns, Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 MLREG = str(Path(sys.executable).parent / "mlreg")  # the console script: completion keys on its name
@@ -42,7 +42,7 @@ def _complete(shell: str, words: str) -> Background:
     return Background([MLREG], env=env)
 
 
-# fresh interpreters, run beside the suite (tests/unit/conftest.py)
+# fresh interpreters, run beside the suite (tests/component/conftest.py)
 # typer detects the user's shell (shellingham); its testing switch takes the shell as a value instead
 NAMED_SHELL = {"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
 BACKGROUND = {

@@ -147,7 +147,7 @@ A, B = "a:8001", "b:8001"
 @pytest.fixture(autouse=True)
 def _every_version_ready(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every version these tests judge is READY on every replica (the fake replicas have no
-    readiness to ask; tests/unit/test_causes.py judges what does not serve)."""
+    readiness to ask; tests/component/test_causes.py judges what does not serve)."""
     monkeypatch.setattr(bake, "version_ready", lambda target, model, version: True)
 
 

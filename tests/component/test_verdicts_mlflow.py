@@ -7,7 +7,7 @@ record's result is ``fail`` and it names its fix.
 
 The promotions are whole ones in the unit world, their runs recorded by ``record_promotion`` (the
 failure path's record) into one real ``MlflowRegistry``: tests/unit/verdict_kinds.py, run beside
-the suite (``BACKGROUND``: a unit test never imports MLflow, tests/unit/conftest.py).
+the suite (``BACKGROUND``, tests/component/conftest.py: a fast test never imports MLflow).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.conftest import SCRATCH, Background, Finished
+from tests.component.conftest import SCRATCH, Background, Finished
 from tests.unit.verdict_kinds import BAKES, CAPTURED, FREE, GIB, KINDS, OBSERVED
 
 ROOT = Path(__file__).resolve().parents[2]

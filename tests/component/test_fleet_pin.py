@@ -4,7 +4,7 @@ refusing an inconsistent file before any change, in the dry run and the real run
 
 The race is run by real processes (this machine's ``flock`` and ``os.replace``); the registry of
 the consistency checks is a real embedded MLflow (sqlite), written by MLflow in a subprocess (a
-unit test never imports MLflow, tests/unit/conftest.py)."""
+fast test never imports MLflow, tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import pytest
 
 from mlreg.ops import fleet_pins as fleet
 from registry.errors import RegistryError, UsageError
+from tests.component.conftest import SCRATCH, Background, Finished
 from tests.conftest import ROOT
 from tests.fakes import FakeRegistry
-from tests.unit.conftest import SCRATCH, Background, Finished
 
 PYTHON_MODEL = 'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
 ENV = {"PYTHONPATH": str(ROOT)}
@@ -62,7 +62,7 @@ UNLOCKED_PIN = (  # the old path (read, modify, write; no lock): the positive co
     "    partial.write_text(fleet.render(found))\n"
     "    __import__('os').replace(partial, path)\n"
 ) + RACER.replace("fleet.pin(", "unlocked_pin(fleet, ")
-# The race, run beside the suite (tests/unit/conftest.py ``background``: two interpreters' imports
+# The race, run beside the suite (tests/component/conftest.py ``background``: two interpreters' imports
 # and set-up are most of its cost): in its scratch folder, per attempt, the two racers started,
 # both set up (imports, registries), then ``go``; each attempt's exit codes, errors, the file's
 # text and what its folder holds after.  The unlocked control tries up to three times (a race:
@@ -176,7 +176,7 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
 ensemble_scheduling { step [ { model_name: "scorer" model_version: VERSION
   input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
 """
-# Run beside the suite (tests/unit/conftest.py BACKGROUND), in a folder of its own: MLflow registers
+# Run beside the suite (tests/component/conftest.py BACKGROUND), in a folder of its own: MLflow registers
 # scorer v1, v2 and scoring v1 (pinning scorer v1), v2 (pinning scorer v2) -- each version's
 # config.pbtxt logged to its run, scoring's tags lying (member_scorer = 2, no platform) -- then the
 # file pinning scoring = 1 and scorer = 2 is synced (dry run, real run) and pinned onto.
