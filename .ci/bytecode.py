@@ -39,6 +39,7 @@ import compileall
 import importlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
@@ -100,35 +101,53 @@ DEADLINE_S = 900  # TensorFlow's half takes ~20 s here with nothing compiled
 COLLECT_S = 300  # the suite's collection takes ~15 s here with nothing rewritten
 
 
+# Folders whose files are copied into a Triton model repository, where the closed world refuses any
+# entry it did not verify: the collection must leave no ``__pycache__`` there.  None is written today
+# (no test module imports model code when it is collected); one that appears is this step's, and goes.
+MODEL_FOLDERS = ("model_repository_template", "tests/fixtures")
+
+
+def caches_under(root: str) -> set[str]:
+    """The ``__pycache__`` folders under MODEL_FOLDERS of ``root``."""
+    return {
+        os.path.join(folder, name)
+        for top in MODEL_FOLDERS
+        for folder, names, _ in os.walk(os.path.join(root, top))
+        for name in names
+        if name == "__pycache__"
+    }
+
+
 def rewritten_tests(root: str) -> int:
     """pytest's rewritten form of every test module under ``root``/tests, kept (step 4): one
     ``pytest --collect-only`` in a child with bytecode writing on.  pytest reads a kept form only
     while the module's size and mtime match, so an edited test is rewritten again.  A collection
-    error is pytest's to report when the suite runs: here it is said and passed over (exit 0)."""
+    error is pytest's to report when the suite runs: here it is said and passed over (exit 0).  A
+    ``__pycache__`` the collection wrote under MODEL_FOLDERS (none there before it) is removed."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--collect-only",
-        "-q",
-        "-p",
-        "no:randomly",
-        "-p",
-        "no:cacheprovider",
-    ]
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly"]
+    before = caches_under(root)
     try:
         done = subprocess.run(
-            [*argv, "tests"], cwd=root, env=env, capture_output=True, text=True, timeout=COLLECT_S
+            [*argv, "-p", "no:cacheprovider", "tests"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=COLLECT_S,
         )
     except subprocess.TimeoutExpired:
         sys.stderr.write(
             f"bytecode: collecting the tests took over {COLLECT_S} s; their rewrite is not kept\n"
         )
-        return 0
-    if done.returncode != 0:
-        last = (done.stdout.strip().splitlines() or ["no output"])[-1]
-        sys.stderr.write(f"bytecode: collecting the tests ended with exit {done.returncode} ({last})\n")
+        done = None
+    for made in sorted(caches_under(root) - before):
+        shutil.rmtree(made, ignore_errors=True)
+        sys.stderr.write(f"bytecode: removed {made}, written while collecting the tests (a model folder)\n")
+    if done is not None and done.returncode != 0:
+        said = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
+        sys.stderr.write(f"bytecode: collecting the tests ended with exit {done.returncode}:\n")
+        sys.stderr.write("".join(f"  {line}\n" for line in said[-5:]))
     return 0
 
 

@@ -284,6 +284,20 @@ def template_build(tmp_path_factory: pytest.TempPathFactory) -> template.BuildRe
 
 
 @pytest.fixture(scope="session")
+def standin_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The template as ``mlreg template build --device cpu`` writes it, stand-in artifacts inside
+    (tests/unit/standins.py): the fast tiers' model repository (one definition, for both)."""
+    from registry import template
+    from tests.unit import standins
+
+    out = tmp_path_factory.mktemp("standin") / "repository"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(template, "run_exporter", standins.run_exporter)
+        template.build(TEMPLATE, out, device="cpu")
+    return out
+
+
+@pytest.fixture(scope="session")
 def built_repository(template_build: template.BuildResult) -> Path:
     """The session's built template, for this CPU (KIND_GPU instance groups rewritten as KIND_CPU)."""
     return template_build.out

@@ -6,7 +6,8 @@ server that imported MLflow (``mlreg_cli``), the registries MLflow itself made f
 ``background``), real signals and deadlines.  Each process is started as soon as the tests that
 need it are collected, and those tests run last, so the processes run beside the others.  The
 unit tier's rules hold here too (tests/unit/conftest.py: no TensorFlow, no MLflow imported in this
-process, ``standin_repository`` for a model repository); only starting processes is allowed.
+process; ``standin_repository``, tests/conftest.py, for a model repository); only starting processes
+is allowed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from tests.unit.conftest import (  # noqa: F401 -- the unit tier's fixtures, for
     _collected_without_tensorflow,
     _no_tensorflow,
     built_repository,
-    standin_repository,
 )
 
 # MLflow creates its database through its migrations (2-4 s) and its import alone takes 1.5 s: the

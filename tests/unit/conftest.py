@@ -8,15 +8,16 @@ The suite's fast tiers (README.md, "The test suite"):
   of ``BACKGROUND``, real signals) or wait for seconds (deadlines, retries, the code base's own parse).
   Its conftest.py re-uses this one's fixtures and adds those processes.
 
-A unit test that needs a model repository gets ``standin_repository``: the template built by the
-real ``registry.template.build`` (``--device cpu``) with each exporter replaced by a stand-in that
-writes the config's tensors (tests/unit/standins.py).  Tests that need real exported bytes live in
-tests/integration, where ``built_repository`` is.  A test of either fast tier that imports
-TensorFlow fails, and so does one that imports MLflow.
+A unit test that needs a model repository gets ``standin_repository`` (tests/conftest.py): the
+template built by the real ``registry.template.build`` (``--device cpu``) with each exporter
+replaced by a stand-in that writes the config's tensors (tests/unit/standins.py).  Tests that need
+real exported bytes live in tests/integration, where ``built_repository`` is.  A test of either
+fast tier that imports TensorFlow fails, and so does one that imports MLflow.
 """
 
 from __future__ import annotations
 
+import _posixsubprocess
 import contextlib
 import os
 import subprocess
@@ -27,8 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FAST_TIERS, TEMPLATE
-from tests.unit import standins
+from tests.conftest import FAST_TIERS
 
 NOT_IN_UNIT_TESTS = ("tensorflow", "keras", "tf2onnx")
 MOVE_IT = "a test that needs a real export belongs in tests/integration (built_repository)"
@@ -41,15 +41,26 @@ NO_PROCESS = (
     "a unit test runs in the pytest process and starts none: one that starts a process belongs in "
     "tests/component (tests/unit/conftest.py)"
 )
-# What starts a process from Python: subprocess (its _execute_child), multiprocessing and os.fork,
-# os.posix_spawn, and os.system.  Each is replaced for the test by a refusal that records it.
+# What starts a process from Python: subprocess (its _execute_child), the fork_exec under it and
+# under multiprocessing's spawn and forkserver contexts, os.fork (multiprocessing's fork context,
+# os.spawn*, pty.fork), os.forkpty, os.posix_spawn*, os.system, and the os.exec* that would replace
+# the pytest process itself.  Each is replaced for the test by a refusal that records it.  The
+# session's servers (tests/conftest.py) are refused as fixtures: they are set up before any test's
+# own fixtures, so the refusals could not see them start.
 PROCESS_STARTS: tuple[tuple[Any, str, str], ...] = (
     (subprocess.Popen, "_execute_child", "subprocess.Popen._execute_child"),
+    (_posixsubprocess, "fork_exec", "_posixsubprocess.fork_exec"),
     (os, "fork", "os.fork"),
     (os, "forkpty", "os.forkpty"),
     (os, "posix_spawn", "os.posix_spawn"),
     (os, "posix_spawnp", "os.posix_spawnp"),
     (os, "system", "os.system"),
+    (os, "execv", "os.execv"),
+    (os, "execve", "os.execve"),
+)
+SERVERS = (
+    "a unit test starts no server: a test with the session's {} belongs in tests/component or "
+    "tests/integration"
 )
 
 
@@ -125,12 +136,18 @@ def built_repository() -> Path:
 
 
 @pytest.fixture(scope="session")
-def standin_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The template as ``mlreg template build --device cpu`` writes it, stand-in artifacts inside."""
-    from registry import template
+def s3_server() -> None:
+    """Refused in a unit test (``SERVERS``)."""
+    pytest.fail(SERVERS.format("moto_server (s3_server)"), pytrace=False)
 
-    out = tmp_path_factory.mktemp("standin") / "repository"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(template, "run_exporter", standins.run_exporter)
-        template.build(TEMPLATE, out, device="cpu")
-    return out
+
+@pytest.fixture(scope="session")
+def mlflow_server() -> None:
+    """Refused in a unit test (``SERVERS``)."""
+    pytest.fail(SERVERS.format("`mlflow server` (mlflow_server)"), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def template_build() -> None:
+    """Refused in a unit test: the session's export (TensorFlow) is for tests/integration."""
+    pytest.fail(f"a unit test exports nothing (template_build): {MOVE_IT}", pytrace=False)

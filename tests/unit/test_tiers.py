@@ -4,16 +4,25 @@ the error (tests/unit/conftest.py ``no_process``).  What starts processes lives 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable
+from multiprocessing.util import spawnv_passfds
 from pathlib import Path
 
 import pytest
 
-from tests.unit.conftest import PROCESS_STARTS, ProcessRefused, no_process
+from tests.unit.conftest import PROCESS_STARTS, SERVERS, ProcessRefused, no_process
+
+
+def _forked(marker: Path) -> None:
+    pid = os.fork()
+    if pid == 0:  # reached only if the fork was not refused: the child marks and leaves at once
+        marker.touch()
+        os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _starts(marker: Path) -> dict[str, Callable[[], object]]:
@@ -21,9 +30,11 @@ def _starts(marker: Path) -> dict[str, Callable[[], object]]:
     touch = ["touch", str(marker)]
     return {
         "subprocess.Popen._execute_child": lambda: subprocess.run(touch, check=True),
+        # multiprocessing's spawn and forkserver contexts start their interpreter this way
+        "_posixsubprocess.fork_exec": lambda: spawnv_passfds(shutil.which("touch") or "touch", touch, ()),
         "os.system": lambda: os.system(f"touch {marker}"),
         "os.posix_spawnp": lambda: os.posix_spawnp("touch", touch, dict(os.environ)),
-        "os.fork": lambda: multiprocessing.get_context("fork").Process(target=marker.touch).start(),
+        "os.fork": lambda: _forked(marker),
     }
 
 
@@ -85,3 +96,22 @@ def test_a_test_that_starts_nothing_passes_through_and_the_starts_come_back(tmp_
         if hasattr(owner, attribute)
     }
     assert after == before
+
+
+REFUSED_FIXTURES = {
+    "s3_server": SERVERS.format("moto_server (s3_server)"),
+    "mlflow_server": SERVERS.format("`mlflow server` (mlflow_server)"),
+    "template_build": "a unit test exports nothing (template_build)",
+    "built_repository": "fast tests use standin_repository, not built_repository",
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(REFUSED_FIXTURES))
+def test_the_session_s_servers_and_export_are_refused_to_a_unit_test(
+    request: pytest.FixtureRequest, fixture: str
+) -> None:
+    """Session fixtures are set up before a test's own, so the refusals cannot see their processes
+    start: the unit tier refuses them by name instead."""
+    with pytest.raises(pytest.fail.Exception) as refused:
+        request.getfixturevalue(fixture)
+    assert str(refused.value).startswith(REFUSED_FIXTURES[fixture])
