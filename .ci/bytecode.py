@@ -42,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 # What mlreg needs, in two halves imported side by side (two processes: the imports are serial and
 # most of this step's time): TensorFlow's side, then the rest.  A failed import fails the install.
@@ -130,32 +131,53 @@ def caches_under(root: str) -> set[str]:
     }
 
 
+def written_since(folder: str, start: float) -> bool:
+    """``folder`` holds only bytecode (``.pyc`` files, nothing else), every file written at or after
+    ``start``: what a collection begun then made, and nothing it did not."""
+    entries = list(os.scandir(folder))
+    return all(e.is_file(follow_symlinks=False) and e.name.endswith(".pyc") for e in entries) and all(
+        e.stat(follow_symlinks=False).st_mtime >= start for e in entries
+    )
+
+
 def rewritten_tests(root: str) -> int:
     """pytest's rewritten form of every test module under ``root``/tests, kept (step 4): one
     ``pytest --collect-only`` in a child with bytecode writing on.  pytest reads a kept form only
     while the module's size and mtime match, so an edited test is rewritten again.  A collection
     error is pytest's to report when the suite runs: here it is said and passed over (exit 0).  A
-    ``__pycache__`` the collection wrote under MODEL_FOLDERS (none there before it) is removed."""
+    ``__pycache__`` under MODEL_FOLDERS that the collection made (absent before it, only bytecode
+    written since it began) is removed; one not proven its own is named and left."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+    ]
     before = caches_under(root)
+    start = time.time() - 1  # file times' granularity: a file written in the first second counts
     try:
         done = subprocess.run(
-            [*argv, "-p", "no:cacheprovider", "tests"],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=COLLECT_S,
+            [*argv, "tests"], cwd=root, env=env, capture_output=True, text=True, timeout=COLLECT_S
         )
     except subprocess.TimeoutExpired:
         sys.stderr.write(
             f"bytecode: collecting the tests took over {COLLECT_S} s; their rewrite is not kept\n"
         )
         done = None
-    for made in sorted(caches_under(root) - before):
-        shutil.rmtree(made, ignore_errors=True)
-        sys.stderr.write(f"bytecode: removed {made}, written while collecting the tests (a model folder)\n")
+    for found in sorted(caches_under(root) - before):
+        if written_since(found, start):
+            shutil.rmtree(found)
+            sys.stderr.write(
+                f"bytecode: removed {found}, written while collecting the tests (a model folder)\n"
+            )
+        else:
+            sys.stderr.write(f"bytecode: {found} appeared in a model folder, not only this step's: left\n")
     if done is not None and done.returncode != 0:
         said = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
         sys.stderr.write(f"bytecode: collecting the tests ended with exit {done.returncode}:\n")

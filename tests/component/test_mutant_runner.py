@@ -118,3 +118,11 @@ def test_the_summary_counts_each_kill_by_the_tier_of_the_test_that_made_it(run: 
         _mutant(run, id="e", outcome="survived"),
     ]
     assert run.killed_by_tier(mutants) == {"unit": 1, "component": 2, "integration": 1, "other": 0}
+
+
+def test_a_script_outside_the_packages_has_no_module_for_the_guard(run: ModuleType) -> None:
+    """A mutant of .ci/bytecode.py is judged by tests that run the copy's script by its path; a
+    package module is named so the guard can check it is imported from the copy."""
+    assert _mutant(run, file=".ci/bytecode.py").module == ""
+    assert _mutant(run, file="pipelines/devstack/local_triton.py").module == "pipelines.devstack.local_triton"
+    assert _mutant(run, file="registry/__init__.py").module == "registry"

@@ -80,6 +80,10 @@ class Mutant:
 
     @property
     def module(self) -> str:
+        """The mutated module's import name, which the guard checks is the copy's; none for a script
+        outside the packages (``.ci/``: its tests run it by its path in the copy)."""
+        if any(part.startswith(".") for part in self.file.split("/")):
+            return ""
         return self.file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
